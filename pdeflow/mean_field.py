@@ -1,0 +1,174 @@
+"""Logits, risk, Phi and grad Phi of a weighted particle measure, on plain arrays (MODEL.md).
+
+For a measure ``rho = sum_i m_i delta_{theta_i}`` over head parameters:
+
+- head output ``o_l(theta) = WO c_l``, ``c_l = sum_{j<=l} a[l, j] WV x_j``; the head feature is ``U o_l``;
+- aggregate output ``O[b, l] = sum_i m_i o_l(x_b; theta_i)`` [B, T, d], logits ``z = O U^T`` [B, T, V];
+- loss weights ``lw[b, l] = w_b mask[b, l] / |L_b|``; risk ``R = sum lw (logsumexp z - z_y)``;
+- residual features ``G[b, l] = lw[b, l] (softmax z[b, l] - onehot y[b, l]) U`` [B, T, d] - the shared
+  unembedding product, computed once per measure;
+- data part of the first variation ``Phi_data(theta) = sum_{b,l} <G[b, l], o_l(x_b; theta)>``, whose
+  gradient is a vector-Jacobian product of one head.
+
+Heads are processed in chunks of ``n`` so that every projection is one large matrix product
+``X [BT, d] @ W^T [d, n dh]`` (BLAS) and memory stays ``O(B T n dh)``; the causal core runs in
+:mod:`pdeflow.kernels`. Every function is generic in the dtype: float64, float32 and complex128
+(complex-step Hessian-vector products).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels
+from .jit import num_threads
+from .model import join_theta, split_theta
+
+CHUNK_BYTES = 64 * 2**20  # per-call working memory of the head chunks, whatever N is
+
+
+@dataclass(frozen=True)
+class AttentionData:
+    """The arrays one evaluation needs: a data set and the fixed tables of the layer.
+
+    inputs ``x`` [B, T, d] (= E[tok] + P); unembedding ``U`` [V, d]; targets [B, T] (int);
+    loss_weights ``lw`` [B, T]; ``head_dim`` dh; ``score_scale``.
+    """
+    inputs: np.ndarray
+    unembedding: np.ndarray
+    targets: np.ndarray
+    loss_weights: np.ndarray
+    head_dim: int
+    score_scale: float
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(B, T, d)."""
+        return self.inputs.shape
+
+    def astype(self, dtype: np.dtype) -> "AttentionData":
+        """The same data with float tables in ``dtype`` (targets stay integers)."""
+        return AttentionData(self.inputs.astype(dtype), self.unembedding.astype(dtype), self.targets,
+                             self.loss_weights.astype(dtype), self.head_dim, self.score_scale)
+
+
+def loss_weights(mask: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``lw[b, l] = w_b mask[b, l] / |L_b|`` with ``|L_b| = sum_l mask[b, l]``: [B, T]."""
+    return weights[:, None] * mask / mask.sum(axis=1, keepdims=True)
+
+
+def _chunk(data: AttentionData, itemsize: int, n_total: int) -> int:
+    B, T, _ = data.shape
+    per_head = 8 * B * T * data.head_dim * itemsize  # q, k, v, c, dc, dq, dk, dv
+    return int(max(1, min(n_total, CHUNK_BYTES // per_head)))
+
+
+def _dtype(theta: np.ndarray, data: AttentionData) -> np.dtype:
+    return np.result_type(theta.dtype, data.inputs.dtype)
+
+
+def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
+    """``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``: theta [N, p], mass [N] -> [B, T, d]."""
+    B, T, d = data.shape
+    dh = data.head_dim
+    dtype = _dtype(theta, data)
+    x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
+    N = theta.shape[0]
+    n = _chunk(data, np.dtype(dtype).itemsize, N)
+    out = np.zeros((B * T, d), dtype=dtype)
+    bufs = [np.empty(B * T * n * dh, dtype=dtype) for _ in range(4)]
+    threads = num_threads()
+    for start in range(0, N, n):
+        stop = min(N, start + n)
+        m = stop - start
+        wq, wk, wv, wo = split_theta(theta[start:stop].astype(dtype, copy=False), d, dh)
+        q, k, v, c = (buf[:B * T * m * dh].reshape(B * T, m * dh) for buf in bufs)
+        np.matmul(x, wq.reshape(m * dh, d).T, out=q)
+        np.matmul(x, wk.reshape(m * dh, d).T, out=k)
+        np.matmul(x, wv.reshape(m * dh, d).T, out=v)
+        shape4 = (B, T, m, dh)
+        kernels.causal_attention(q.reshape(shape4), k.reshape(shape4), v.reshape(shape4),
+                                 data.score_scale, c.reshape(shape4), threads)
+        # rows (i, h) of WO_i^T, scaled by the head's mass, so the mass-weighted sum is one product
+        wo_t = (wo.transpose(0, 2, 1) * mass[start:stop, None, None]).reshape(m * dh, d)
+        out += c @ wo_t
+    return out.reshape(B, T, d)
+
+
+def logits(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
+    """``z = O U^T``: [B, T, V]."""
+    return aggregate_output(theta, mass, data) @ data.unembedding.T.astype(_dtype(theta, data), copy=False)
+
+
+def cross_entropy(z: np.ndarray, data: AttentionData) -> tuple[complex | float, np.ndarray]:
+    """Risk ``R = sum_{b,l} lw (logsumexp z[b,l] - z[b,l,y])`` and residual features ``G`` [B, T, d].
+
+    ``G[b, l] = lw[b, l] (softmax z[b, l] - onehot y[b, l]) @ U``. The softmax shift uses the real part,
+    so the function stays analytic for complex-step differentiation.
+    """
+    shift = z.real.max(axis=-1, keepdims=True)
+    e = np.exp(z - shift)
+    total = e.sum(axis=-1, keepdims=True)
+    lse = (np.log(total) + shift)[..., 0]
+    zy = np.take_along_axis(z, data.targets[..., None], axis=-1)[..., 0]
+    lw = data.loss_weights.astype(z.dtype, copy=False)
+    risk = np.sum(lw * (lse - zy))
+    r = e / total
+    np.put_along_axis(r, data.targets[..., None], np.take_along_axis(r, data.targets[..., None], axis=-1) - 1.0,
+                      axis=-1)
+    G = (lw[..., None] * r) @ data.unembedding.astype(z.dtype, copy=False)
+    return risk, G
+
+
+def phi_data(theta: np.ndarray, G: np.ndarray, data: AttentionData) -> np.ndarray:
+    """``Phi_data(theta_q) = sum_{b,l} <G[b,l], o_l(x_b; theta_q)>`` for query heads theta [Q, p] -> [Q]."""
+    return _evaluate(theta, G, data, with_grad=False)[0]
+
+
+def grad_phi_data(theta: np.ndarray, G: np.ndarray, data: AttentionData) -> tuple[np.ndarray, np.ndarray]:
+    """``Phi_data`` [Q] and its gradient in theta [Q, p] at query heads theta [Q, p]."""
+    return _evaluate(theta, G, data, with_grad=True)
+
+
+def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: bool):
+    B, T, d = data.shape
+    dh = data.head_dim
+    dtype = np.result_type(_dtype(theta, data), G.dtype)
+    x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
+    g = G.reshape(B * T, d).astype(dtype, copy=False)
+    Q = theta.shape[0]
+    n = _chunk(data, np.dtype(dtype).itemsize, Q)
+    phi = np.empty(Q, dtype=dtype)
+    grad = np.empty(theta.shape, dtype=dtype) if with_grad else None
+    bufs = [np.empty(B * T * n * dh, dtype=dtype) for _ in range(8 if with_grad else 4)]
+    threads = num_threads()
+    for start in range(0, Q, n):
+        stop = min(Q, start + n)
+        m = stop - start
+        wq, wk, wv, wo = split_theta(theta[start:stop].astype(dtype, copy=False), d, dh)
+        views = [buf[:B * T * m * dh].reshape(B * T, m * dh) for buf in bufs]
+        q, k, v, c = views[:4]
+        np.matmul(x, wq.reshape(m * dh, d).T, out=q)
+        np.matmul(x, wk.reshape(m * dh, d).T, out=k)
+        np.matmul(x, wv.reshape(m * dh, d).T, out=v)
+        shape4 = (B, T, m, dh)
+        wo_cat = np.ascontiguousarray(wo.transpose(1, 0, 2)).reshape(d, m * dh)  # column (i, h) = WO_i[:, h]
+        if with_grad:
+            dc, dq, dk, dv = views[4:]
+            np.matmul(g, wo_cat, out=dc)
+            kernels.causal_attention_vjp(q.reshape(shape4), k.reshape(shape4), v.reshape(shape4),
+                                         dc.reshape(shape4), data.score_scale, c.reshape(shape4),
+                                         dq.reshape(shape4), dk.reshape(shape4), dv.reshape(shape4), threads)
+        else:
+            kernels.causal_attention(q.reshape(shape4), k.reshape(shape4), v.reshape(shape4),
+                                     data.score_scale, c.reshape(shape4), threads)
+        g_c = g.T @ c  # [d, m dh]: the gradient of Phi_data in WO, column (i, h)
+        phi[start:stop] = (g_c * wo_cat).reshape(d, m, dh).sum(axis=(0, 2))
+        if with_grad:
+            d_wo = g_c.reshape(d, m, dh).transpose(1, 0, 2)
+            d_wq = (dq.T @ x).reshape(m, dh, d)
+            d_wk = (dk.T @ x).reshape(m, dh, d)
+            d_wv = (dv.T @ x).reshape(m, dh, d)
+            grad[start:stop] = join_theta(d_wq, d_wk, d_wv, d_wo)
+    return phi, grad

@@ -1,0 +1,265 @@
+"""``Problem``: the one object every solver and diagnostic talks to.
+
+A Problem holds a data set and the fixed layer (MODEL.md) and evaluates, for a weighted particle measure
+``rho = sum_i m_i delta_{omega_i}`` on reduced coordinates ``omega`` [N, k] with masses ``mass`` [N]:
+
+- ``risk(omega, mass)``: ``R(rho)``;
+- ``energy(omega, mass)``: ``E(rho) = R(rho) + (lam/2) sum_i m_i |omega_i|^2`` (the entropy term of a grid
+  measure is added by the grid solver, which owns the density);
+- ``phi(query, omega, mass)`` [Q]: ``Phi(q; rho) = Phi_data(theta(q)) + (lam/2) |q|^2``;
+- ``grad_phi(query, omega, mass)`` [Q, k]: ``basis^T grad_theta Phi_data + lam q``;
+- ``hvp(point, vector, omega, mass)`` [k]: ``Hessian_omega Phi(point; rho) @ vector`` with rho frozen;
+- ``translation_hvp(point, vector)`` [k]: ``Hessian e(point) @ vector``, ``e(w) = E(delta_w)``.
+
+Hessian-vector products use the complex step: ``H v = Im grad(w + i h v) / h`` with ``h = 1e-30 / |v|``.
+The evaluation chain is analytic (softmax shifted by a real constant), so this is exact to rounding:
+its truncation error is O(h^2), some 1e-60 relative, and it involves no cancellation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import mean_field
+from .config import Config, ConfigError
+from .mean_field import AttentionData
+from .model import Coordinates, make_coordinates, make_tables, n_params
+
+COMPLEX_STEP = 1e-30
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Everything one evaluation at the particles gives: energy, risk, Phi and grad Phi at the particles.
+
+    ``dissipation = sum_i m_i |grad_phi_i|^2`` (the integral of |grad Phi|^2 d rho).
+    """
+    energy: float
+    risk: float
+    phi: np.ndarray        # [N]
+    grad_phi: np.ndarray   # [N, k]
+    dissipation: float
+
+
+class Problem:
+    """A data set, the fixed tables of the attention layer and the reduced coordinates.
+
+    Build with :meth:`from_config` or :meth:`from_arrays` (the inverse of :meth:`arrays`).
+    """
+
+    def __init__(self, arrays: dict[str, Any], precision: str = "float64", beta: float = np.inf) -> None:
+        self._arrays = {key: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v)
+                        for key, v in arrays.items()}
+        a = self._arrays
+        for key in ("embedding", "positions", "unembedding", "tokens", "targets", "mask", "weights", "theta0"):
+            if not isinstance(a.get(key), np.ndarray):
+                raise ValueError(f"problem array {key!r} is missing")
+        for key, arr in a.items():
+            if isinstance(arr, np.ndarray):
+                arr.setflags(write=False)
+        self.beta = float(beta)
+        self.precision = precision
+        self.dtype = np.dtype(precision)
+        E, P, U = a["embedding"], a["positions"], a["unembedding"]
+        self.vocab_size, self.d = E.shape
+        self.seq_len = P.shape[0]
+        self.head_dim = int(a["head_dim"])
+        self.p = n_params(self.d, self.head_dim)
+        basis = a.get("basis")
+        self.coords = Coordinates(theta0=a["theta0"], basis=basis, k=self.p if basis is None else basis.shape[1])
+        self.k = self.coords.k
+        self.weight_decay = float(a["weight_decay"])
+        inputs = E[a["tokens"]] + P[None, :, :]
+        self._data64 = AttentionData(inputs, U, np.asarray(a["targets"], dtype=np.int64),
+                                     mean_field.loss_weights(a["mask"], a["weights"]),
+                                     self.head_dim, float(a["score_scale"]))
+        self._data = self._data64 if self.dtype == np.float64 else self._data64.astype(self.dtype)
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: Config) -> "Problem":
+        """Task data, tables and coordinates from a validated config; ConfigError on inconsistent shapes."""
+        from .tasks import TaskError, make_task
+
+        t, m = cfg.task, cfg.model
+        params: dict[str, Any] = {}
+        if t.name == "markov":
+            params = {"concentration": t.concentration, "chain_seed": t.seed if t.chain_seed < 0 else t.chain_seed}
+        elif t.name == "lookback":
+            params = {"lag": t.lag}
+        elif t.name == "associative" and t.n_pairs > 0:
+            params = {"n_pairs": t.n_pairs}
+        elif t.name == "text":
+            params = {"path": str(cfg.resolve_path(t.path))}
+        try:
+            task = make_task(t.name, vocab_size=t.vocab_size, seq_len=t.seq_len, exact=t.exact,
+                             n_samples=t.n_samples, seed=t.seed, **params)
+        except TaskError as exc:
+            raise ConfigError(f"task: {exc}") from None
+        E, P, U = make_tables(m, task.vocab_size, t.seq_len)
+        base = cfg.resolve_path(".") if cfg.source else None
+        coords = make_coordinates(m, base)
+        scale = m.score_scale if m.score_scale > 0 else 1.0 / np.sqrt(m.head_dim)
+        arrays = {"embedding": E, "positions": P, "unembedding": U, "tokens": task.tokens,
+                  "targets": task.targets, "mask": task.mask, "weights": task.weights,
+                  "theta0": coords.theta0, "basis": coords.basis, "head_dim": m.head_dim,
+                  "score_scale": float(scale), "weight_decay": m.weight_decay}
+        return cls(arrays, precision=m.precision, beta=m.beta)
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, Any], precision: str = "float64", beta: float = np.inf) -> "Problem":
+        """A Problem from the dictionary :meth:`arrays` returns (as stored in a trajectory file)."""
+        return cls(arrays, precision=precision, beta=beta)
+
+    def arrays(self) -> dict[str, Any]:
+        """``embedding`` [V,d], ``positions`` [T,d], ``unembedding`` [V,d], ``tokens``, ``targets``, ``mask`` [B,T],
+        ``weights`` [B], ``theta0`` [p], ``basis`` [p,k] or None, ``head_dim``, ``score_scale``, ``weight_decay``."""
+        return dict(self._arrays)
+
+    def with_data(self, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray, weights: np.ndarray) -> "Problem":
+        """The same layer on another data set (minibatches, probe sets)."""
+        arrays = self.arrays()
+        arrays.update(tokens=tokens, targets=targets, mask=mask, weights=weights)
+        return Problem(arrays, precision=self.precision, beta=self.beta)
+
+    def with_weight_decay(self, weight_decay: float) -> "Problem":
+        """The same problem with another weight decay lam."""
+        arrays = self.arrays()
+        arrays["weight_decay"] = float(weight_decay)
+        return Problem(arrays, precision=self.precision, beta=self.beta)
+
+    # ---- measures -----------------------------------------------------------------------------
+    def initial_particles(self, n: int, seed: int, distribution: str = "gaussian", scale: float = 0.5,
+                          mean: Any = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """N i.i.d. initial particles [n, k] (gaussian: mean + scale N(0, I); uniform: mean + scale U(-1, 1)^k;
+        point: all at mean) and equal masses 1/n [n]."""
+        centre = np.zeros(self.k)
+        mean = np.atleast_1d(np.asarray(mean, dtype=float))
+        if mean.size not in (0, 1, self.k):
+            raise ConfigError(f"init.mean must hold 0, 1 or k = {self.k} numbers, got {mean.size}")
+        if mean.size:
+            centre[:] = mean
+        rng = np.random.default_rng(seed)
+        if distribution == "gaussian":
+            omega = centre + scale * rng.standard_normal((n, self.k))
+        elif distribution == "uniform":
+            omega = centre + scale * rng.uniform(-1.0, 1.0, size=(n, self.k))
+        elif distribution == "point":
+            omega = np.tile(centre, (n, 1))
+        else:
+            raise ConfigError(f"init.distribution must be gaussian, uniform or point, got {distribution!r}")
+        return omega, np.full(n, 1.0 / n)
+
+    def initial_measure(self, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+        """The initial particles and masses of ``cfg.init``."""
+        i = cfg.init
+        return self.initial_particles(i.n_particles, i.seed, i.distribution, i.scale, i.mean)
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def _cast(self, omega: np.ndarray) -> np.ndarray:
+        omega = np.asarray(omega)
+        if np.iscomplexobj(omega):
+            return omega.astype(np.complex128, copy=False)
+        return omega.astype(self.dtype, copy=False)
+
+    def _data_for(self, omega: np.ndarray) -> AttentionData:
+        return self._data64 if np.iscomplexobj(omega) else self._data
+
+    def theta(self, omega: np.ndarray) -> np.ndarray:
+        """Head parameters ``theta0 + basis @ omega``: [N, k] -> [N, p]."""
+        omega = self._cast(omega)
+        return self.coords.theta(omega).astype(omega.dtype, copy=False)
+
+    def logits(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """``z[b, l] = sum_i m_i psi_l(x_b; theta(omega_i))``: [B, T, V]."""
+        omega = self._cast(omega)
+        return mean_field.logits(self.theta(omega), np.asarray(mass, dtype=omega.dtype), self._data_for(omega))
+
+    def _risk_and_residual(self, omega: np.ndarray, mass: np.ndarray):
+        z = self.logits(omega, mass)
+        return mean_field.cross_entropy(z, self._data_for(omega))
+
+    def risk(self, omega: np.ndarray, mass: np.ndarray) -> float:
+        """``R(rho)``, the weighted masked cross-entropy of the mean-field logits."""
+        return float(self._risk_and_residual(omega, mass)[0])
+
+    def confinement(self, omega: np.ndarray, mass: np.ndarray) -> float:
+        """``(lam/2) sum_i m_i |omega_i|^2``."""
+        omega = np.asarray(omega, dtype=float)
+        return 0.5 * self.weight_decay * float(np.dot(mass, np.einsum("ik,ik->i", omega, omega)))
+
+    def energy(self, omega: np.ndarray, mass: np.ndarray) -> float:
+        """``E(rho) = R(rho) + (lam/2) sum_i m_i |omega_i|^2`` (no entropy: see the module docstring)."""
+        return self.risk(omega, mass) + self.confinement(omega, mass)
+
+    def residual_features(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """``G[b, l] = lw[b, l] (softmax z - onehot y) U``: [B, T, d], what Phi needs of rho."""
+        return self._risk_and_residual(omega, mass)[1]
+
+    def phi_field(self, query: np.ndarray, G: np.ndarray) -> np.ndarray:
+        """``Phi(q; rho)`` [Q] at query points [Q, k] for a measure given by its residual features G."""
+        query = self._cast(np.atleast_2d(query))
+        data = self._data_for(query) if not np.iscomplexobj(G) else self._data64
+        phi = mean_field.phi_data(self.theta(query), G, data)
+        return self._real(phi + 0.5 * self.weight_decay * np.einsum("qk,qk->q", query, query))
+
+    def grad_phi_field(self, query: np.ndarray, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``Phi`` [Q] and ``grad_omega Phi`` [Q, k] at query points for residual features G."""
+        query = self._cast(np.atleast_2d(query))
+        data = self._data_for(query) if not np.iscomplexobj(G) else self._data64
+        phi, grad_theta = mean_field.grad_phi_data(self.theta(query), G, data)
+        phi = phi + 0.5 * self.weight_decay * np.einsum("qk,qk->q", query, query)
+        grad = self.coords.pullback(grad_theta) + self.weight_decay * query
+        return self._real(phi), self._real(grad)
+
+    def _real(self, x: np.ndarray) -> np.ndarray:
+        return x if np.iscomplexobj(x) else x.astype(np.float64, copy=False)
+
+    def phi(self, query: np.ndarray, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """``Phi(q; rho) = sum_b w_b/|L_b| sum_l <r[b,l], psi_l(x_b; theta(q))> + (lam/2)|q|^2`` for q [Q, k] -> [Q]."""
+        return self.phi_field(query, self.residual_features(omega, mass))
+
+    def grad_phi(self, query: np.ndarray, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """``grad_omega Phi(q; rho)`` at query points [Q, k] -> [Q, k]."""
+        return self.grad_phi_field(query, self.residual_features(omega, mass))[1]
+
+    def velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """The particle velocity ``-grad Phi(omega_i; rho_N)``: [N, k]."""
+        return -self.grad_phi(omega, omega, mass)
+
+    def evaluate(self, omega: np.ndarray, mass: np.ndarray) -> Evaluation:
+        """Energy, risk, Phi and grad Phi at the particles, and the dissipation, from one pass."""
+        risk, G = self._risk_and_residual(omega, mass)
+        phi, grad = self.grad_phi_field(omega, G)
+        dissipation = float(np.dot(mass, np.einsum("ik,ik->i", grad, grad)))
+        risk = float(risk)
+        return Evaluation(energy=risk + self.confinement(omega, mass), risk=risk, phi=phi, grad_phi=grad,
+                          dissipation=dissipation)
+
+    # ---- second order -------------------------------------------------------------------------
+    def hvp(self, point: np.ndarray, vector: np.ndarray, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """``Hessian_omega Phi(point; rho) @ vector`` with rho frozen: point, vector [k] -> [k].
+
+        Complex step on grad Phi (exact to rounding, see the module docstring).
+        """
+        G = self.residual_features(np.asarray(omega, dtype=float), mass)
+        return self._complex_step(point, vector, lambda z: self.grad_phi_field(z[None, :], G)[1][0])
+
+    def translation_hvp(self, point: np.ndarray, vector: np.ndarray) -> np.ndarray:
+        """``Hessian e(point) @ vector`` for the one-head energy ``e(w) = E(delta_w)``: [k] -> [k].
+
+        ``grad e(w) = grad Phi(w; delta_w)``; the complex step moves the head and the measure together.
+        """
+        one = np.ones(1)
+        return self._complex_step(point, vector, lambda z: self.grad_phi(z[None, :], z[None, :], one)[0])
+
+    def _complex_step(self, point: np.ndarray, vector: np.ndarray, grad) -> np.ndarray:
+        vector = np.asarray(vector, dtype=float)
+        norm = float(np.linalg.norm(vector))
+        if norm == 0.0:
+            return np.zeros_like(vector)
+        h = COMPLEX_STEP / norm
+        z = np.asarray(point, dtype=float) + 1j * h * vector
+        return np.asarray(grad(z)).imag / h
