@@ -73,6 +73,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class InitConfig:
+    measure: str = spec("particles", "discretization of rho: particles, or a grid on reduced coordinates (k <= 3)",
+                        choices=("particles", "grid"))
     n_particles: int = spec(64, "number N of particles (heads)", ge=1)
     seed: int = spec(0, "seed of the initial particles", ge=0)
     distribution: str = spec("gaussian", "law of the initial particles", choices=("gaussian", "uniform", "point"))
@@ -188,8 +190,13 @@ class Config:
     source: str | None = None
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """The config as nested plain values (sections -> keys), the inverse of :func:`config_from_dict`."""
-        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        """The config as nested plain values (sections -> keys), the inverse of :func:`config_from_dict`.
+
+        ``[task]`` holds only the keys its task reads."""
+        data = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        unused = {k for ks in TASK_PARAMS.values() for k in ks} - set(TASK_PARAMS[self.task.name])
+        data["task"] = {k: v for k, v in data["task"].items() if k not in unused}
+        return data
 
     def to_toml(self) -> str:
         """The full config (every key, defaults included) as TOML text; parses back to an equal config."""
@@ -207,9 +214,16 @@ class Config:
         data = self.to_dict()
         for name, values in sections.items():
             if name not in SECTIONS:
-                raise ConfigError(f"unknown section [{name}]; sections are {', '.join(SECTIONS)}")
+                raise ConfigError(f"unknown section [{_short(name)}]; sections are {', '.join(SECTIONS)}")
             data[name].update(values)
         return config_from_dict(data, source=self.source)
+
+
+def _short(value: Any, limit: int | None = 60) -> str:
+    """A value or name for a one-line message: control characters escaped, at most ``limit`` characters."""
+    text = value if isinstance(value, str) else repr(value)
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text if limit is None or len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _type_name(tp: Any) -> str:
@@ -222,19 +236,26 @@ def _check_value(section: str, key: str, f: dataclasses.Field, value: Any) -> An
     tp = {"int": int, "float": float, "bool": bool, "str": str, "list": list}[str(f.type)]
     meta = f.metadata
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > 2**1023:
+            raise ConfigError(f"{name} must be a finite number, got an integer of {len(str(value))} digits")
         value = float(value)
     if tp is float and isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
         value = math.inf
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise ConfigError(f"{name} must be {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{name} must be {_type_name(tp)}, got {_short(value)}")
     if tp is list:
         for item in value:
             if isinstance(item, bool) or not isinstance(item, (int, float)):
-                raise ConfigError(f"{name} must be a list of numbers, got {value!r}")
-        value = [float(v) if isinstance(v, float) else v for v in value]
+                raise ConfigError(f"{name} must be a list of numbers, got {_short(value)}")
+            if isinstance(item, int) and abs(item) > 2**53:
+                raise ConfigError(f"{name} must hold numbers below 2**53, got an integer of {len(str(item))} digits")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"{name} must hold finite numbers, got {item!r}")
     if tp in (int, float):
         if tp is float and math.isnan(value) and not math.isnan(f.default):
             raise ConfigError(f"{name} must be a number, got nan")
+        if tp is float and math.isinf(value) and math.isfinite(f.default):
+            raise ConfigError(f"{name} must be finite, got {value!r}")
         if meta["ge"] is not None and not value >= meta["ge"]:
             raise ConfigError(f"{name} must be >= {meta['ge']}, got {value!r}")
         if meta["gt"] is not None and not value > meta["gt"]:
@@ -249,19 +270,19 @@ def _check_value(section: str, key: str, f: dataclasses.Field, value: Any) -> An
 
 def _section(name: str, cls: type, values: Any) -> Any:
     if not isinstance(values, dict):
-        raise ConfigError(f"[{name}] must be a table of keys, got {values!r}")
+        raise ConfigError(f"[{_short(name)}] must be a table of keys, got {_short(values)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in values.items():
         if key not in fields:
             close = [k for k in fields if k.replace("_", "") == key.replace("_", "").lower()]
             hint = f" (did you mean {name}.{close[0]}?)" if close else ""
-            raise ConfigError(f"unknown key {name}.{key}{hint}; keys of [{name}]: {', '.join(fields)}")
+            raise ConfigError(f"unknown key {name}.{_short(key)}{hint}; keys of [{name}]: {', '.join(fields)}")
         kwargs[key] = _check_value(name, key, fields[key], value)
     return cls(**kwargs)
 
 
-def _check_consistency(cfg: Config) -> None:
+def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None:
     """Cross-key rules that do not need the task data (those are checked when the Problem is built)."""
     t, m = cfg.task, cfg.model
     if t.name != "text" and t.vocab_size < 2:
@@ -269,7 +290,7 @@ def _check_consistency(cfg: Config) -> None:
     used = {k for ks in TASK_PARAMS.values() for k in ks}
     defaults = TaskConfig()
     for key in used - set(TASK_PARAMS[t.name]):
-        if getattr(t, key) != getattr(defaults, key):
+        if key in given_task_keys or getattr(t, key) != getattr(defaults, key):
             raise ConfigError(f"task.{key} is not used by task {t.name!r}; its keys are "
                               f"{', '.join(TASK_PARAMS[t.name]) or 'none beyond the common ones'}")
     if t.name == "text" and not t.path:
@@ -287,13 +308,20 @@ def _check_consistency(cfg: Config) -> None:
     if r.frame_spacing == "linear" and r.frame_interval > r.t_end:
         raise ConfigError(f"run.frame_interval must be <= run.t_end = {r.t_end}, got {r.frame_interval}")
     s = cfg.solver
+    grid_only, particle_only = ("fv",), ("euler", "heun", "rk4", "adaptive", "sgd")
+    if s.method in grid_only and cfg.init.measure != "grid":
+        raise ConfigError(f"solver.method = {s.method!r} evolves a grid density: set init.measure = 'grid'")
+    if s.method in particle_only and cfg.init.measure != "particles":
+        raise ConfigError(f"solver.method = {s.method!r} moves particles: set init.measure = 'particles'")
+    if cfg.init.measure == "grid" and m.coordinates == "full":
+        raise ConfigError("init.measure = 'grid' needs reduced coordinates (model.coordinates with k <= 3)")
     if s.dt_min > s.dt_max:
         raise ConfigError(f"solver.dt_min must be <= solver.dt_max = {s.dt_max}, got {s.dt_min}")
     for key in ("n_list", "eta_list"):
         values = getattr(cfg.chaos, key)
         if not values or any(v <= 0 for v in values):
             raise ConfigError(f"chaos.{key} must be a non-empty list of positive numbers, got {values!r}")
-    if any(not float(v).is_integer() for v in cfg.chaos.n_list):
+    if any(not (isinstance(v, int) or float(v).is_integer()) for v in cfg.chaos.n_list):
         raise ConfigError(f"chaos.n_list must hold whole numbers, got {cfg.chaos.n_list!r}")
     if any(v < 0 for v in cfg.stability.weight_decays):
         raise ConfigError(f"stability.weight_decays must be >= 0, got {cfg.stability.weight_decays!r}")
@@ -309,22 +337,23 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> Conf
     sections = {}
     for name, values in data.items():
         if name not in SECTIONS:
-            raise ConfigError(f"unknown section [{name}]; sections are {', '.join(SECTIONS)}")
+            raise ConfigError(f"unknown section [{_short(name)}]; sections are {', '.join(SECTIONS)}")
         sections[name] = _section(name, SECTIONS[name], values)
     cfg = Config(**sections, source=source)
-    _check_consistency(cfg)
+    task = data.get("task", {})
+    _check_consistency(cfg, task.keys() if isinstance(task, Mapping) else ())
     return cfg
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
     """``"section.key=value"`` -> (section, key, value); the value is read as TOML, else as a string."""
     if "=" not in text or "." not in text.split("=", 1)[0]:
-        raise ConfigError(f"override {text!r} must look like section.key=value")
+        raise ConfigError(f"override {_short(text)!r} must look like section.key=value")
     lhs, raw = text.split("=", 1)
     section, key = (s.strip() for s in lhs.split(".", 1))
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         value = raw.strip()
     return section, key, value
 
@@ -348,16 +377,28 @@ def loads_config(text: str, overrides: Iterable[str] = (), source: str | None = 
     """Like :func:`load_config` for TOML text."""
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        where = f" in {source!r}" if source else ""
-        raise ConfigError(f"malformed TOML{where}: {str(exc).splitlines()[0]}") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        where = f" in {_short(source, None)!r}" if source else ""
+        reason = str(exc).splitlines()[0] if isinstance(exc, tomllib.TOMLDecodeError) else "nested too deeply"
+        raise ConfigError(f"malformed TOML{where}: {reason}") from None
     for item in overrides:
         section, key, value = parse_override(item)
         table = data.setdefault(section, {})
         if not isinstance(table, dict):
-            raise ConfigError(f"[{section}] must be a table of keys")
+            raise ConfigError(f"[{_short(section)}] must be a table of keys")
         table[key] = value
     return config_from_dict(data, source=source)
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_char(c: str) -> str:
+    if c in _TOML_ESCAPES:
+        return _TOML_ESCAPES[c]
+    if ord(c) < 0x20 or ord(c) == 0x7F:
+        return f"\\u{ord(c):04x}"
+    return c
 
 
 def _toml_value(value: Any) -> str:
@@ -372,7 +413,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + "".join(_toml_char(c) for c in value) + '"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")

@@ -1,0 +1,4 @@
+"""``python -m pdeflow`` is the ``pdeflow`` command."""
+from .cli import entry
+
+entry()

@@ -1,0 +1,178 @@
+"""The ``pdeflow`` command line: ``run``, ``info`` and the analysis commands.
+
+Exit codes: 0 done; 1 a check failed (compare, validate); 2 bad input (config, files, arguments),
+one line on stderr and no output touched; 3 numerical failure (non-finite state, failed inner solve;
+the last good frame is kept); 130 interrupted by SIGINT, 143 by SIGTERM (state checkpointed; resume
+with ``--resume``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+from .config import Config, ConfigError, describe_schema, load_config
+from .trajectory import TrajectoryError, check_file, open_trajectory
+
+EXIT_CODES = """exit codes:
+  0    done
+  1    a check failed (compare, validate)
+  2    bad input: one line on stderr naming the problem; no output file created or touched
+  3    numerical failure (non-finite state, failed inner solve); the last good frame is kept
+  130  interrupted by SIGINT, 143 by SIGTERM; the state is checkpointed, continue with --resume
+"""
+# Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
+COMMAND_MODULES: tuple[str, ...] = ()
+# Keys that may differ between a file and the config resuming it (they extend or limit the run).
+RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("output", "path")}
+
+
+class UsageError(Exception):
+    """Bad input found by a command; reported as one line with exit code 2."""
+
+
+def output_path(cfg: Config, config_path: str, explicit: str | None) -> Path:
+    """``-o`` if given, else ``output.path``, else ``<config stem>.h5`` in the current directory."""
+    if explicit:
+        return Path(explicit)
+    if cfg.output.path:
+        return Path(cfg.output.path)
+    return Path(Path(config_path).stem + ".h5")
+
+
+def config_difference(a: Config, b: Config) -> str | None:
+    """The first ``section.key`` whose value differs (ignoring RESUMABLE_KEYS), or None."""
+    da, db = a.to_dict(), b.to_dict()
+    for section, values in da.items():
+        for key, value in values.items():
+            if (section, key) in RESUMABLE_KEYS:
+                continue
+            other = db[section][key]
+            if value != other and not (value != value and other != other):  # nan == nan here
+                return f"{section}.{key}"
+    return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from solvers import make_stepper
+    from solvers.driver import run
+
+    from .problem import Problem
+
+    cfg = load_config(args.config, args.set)
+    out = output_path(cfg, args.config, args.output)
+    if not out.parent.exists():
+        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
+    if out.exists() and out.is_dir():
+        raise UsageError(f"output path {str(out)!r} is a directory")
+    if args.resume:
+        if args.force:
+            raise UsageError("--resume and --force exclude each other")
+        if not out.exists():
+            raise UsageError(f"--resume: {str(out)!r} does not exist")
+        stored = open_trajectory(out)
+        diff = config_difference(stored.config, cfg)
+        if diff is not None:
+            raise UsageError(f"--resume: {str(out)!r} was written by another config ({diff} differs)")
+        if stored.checkpoint is None:
+            raise UsageError(f"--resume: {str(out)!r} holds no checkpoint to continue from")
+    elif out.exists() and not args.force:
+        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it or --resume to continue it")
+    problem = Problem.from_config(cfg)
+    stepper = make_stepper(problem, cfg)
+    if out.exists() and args.force:
+        out.unlink()
+    on_finish = None
+    if cfg.diagnostics.enabled:
+        try:
+            from .diagnostics import analyse_run as on_finish  # noqa: N813
+        except ImportError:
+            on_finish = None
+    result = run(cfg, problem, out, resume=args.resume, quiet=args.quiet, stepper=stepper, on_finish=on_finish)
+    stream = sys.stdout if result.exit_code == 0 else sys.stderr
+    print(f"pdeflow: {result.status}: {result.message} -> {out}", file=stream)
+    return result.exit_code
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    traj = open_trajectory(args.file)
+    print(format_info(traj))
+    return 0
+
+
+def format_info(traj) -> str:
+    """A short human summary of a trajectory file."""
+    cfg, a = traj.config, traj.arrays
+    V, d = a["embedding"].shape
+    B, T = a["tokens"].shape
+    lines = [f"file        {traj.path}",
+             f"problem     task {cfg.task.name}, V={V} T={T} B={B} d={d} dh={a['head_dim']} "
+             f"k={traj.model_attrs.get('k')} ({cfg.model.coordinates} coordinates), "
+             f"weight decay {a['weight_decay']:g}, beta {traj.model_attrs.get('beta')}",
+             f"solver      {traj.attrs.get('method')} on {traj.measure}, solver.dt = {cfg.solver.dt:g}",
+             f"frames      {len(traj.time)}" + (f", t = {traj.time[0]:g} .. {traj.time[-1]:g}" if len(traj.time) else "")]
+    if "omega" in traj.frames and len(traj.time):
+        lines.append(f"particles   N = {traj.frames['omega'].shape[1]}")
+    if "density" in traj.frames and len(traj.time):
+        from .measure import grid_summary  # grid runs only
+        lines.append(grid_summary(traj))
+    if len(traj.steps.get("time", [])):
+        lines.append(f"steps       {len(traj.steps['time']) - 1}")
+        lines.append(f"final       energy {traj.steps['energy'][-1]:.10g}, dissipation {traj.steps['dissipation'][-1]:.4g}")
+    lines.append(f"status      {traj.attrs.get('status')}: {traj.attrs.get('message')}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdeflow", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
+        description="Mean-field Wasserstein gradient flow of multi-head causal self-attention.")
+    parser.add_argument("--version", action="version", version=f"pdeflow {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    p = sub.add_parser("run", help="integrate a config into an HDF5 trajectory", epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="TOML config file")
+    p.add_argument("-o", "--output", help="trajectory file (default: output.path, else <config>.h5)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.add_argument("--resume", action="store_true", help="continue the run in the output file from its checkpoint")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("info", help="summarize a trajectory file", epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("config", help="print every config key with its default and meaning")
+    p.set_defaults(func=lambda args: print(describe_schema()) or 0)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``pdeflow`` console script; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's own usage errors already printed one usage line
+        return int(exc.code or 0) if exc.code in (0, None) else 2
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, TrajectoryError, UsageError) as exc:
+        print(f"pdeflow: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pdeflow: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+__all__ = ["main", "build_parser", "output_path", "config_difference", "check_file", "EXIT_CODES"]

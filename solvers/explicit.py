@@ -1,0 +1,135 @@
+"""Explicit Runge-Kutta steppers for particle and weighted-particle measures.
+
+The particle system of MODEL.md, ``d omega_i/dt = -grad Phi(omega_i; rho_N)`` with the masses fixed, is an
+ODE ``y' = f(y)`` in ``y = omega`` [N, k]; every stage evaluates the velocity at all particles at once.
+
+- ``euler`` (order 1), ``heun`` (order 2), ``rk4`` (classical, order 4): fixed step ``solver.dt``.
+- ``adaptive``: the Dormand-Prince 5(4) pair with first-same-as-last reuse. The error of a step is
+  ``err = rms((y5 - y4) / (atol + rtol max(|y_n|, |y5|)))``; a step is accepted when ``err <= 1`` and the
+  next step is ``dt * clip(0.9 err^(-1/5), 0.2, max_growth)``, within ``[dt_min, dt_max]``.
+  Rejected steps are counted in the ``rejected`` column of ``/steps``.
+
+The evaluation at the end of a step is kept on the new state, so it serves both the step diagnostics
+(energy, dissipation) and the first stage of the next step: one evaluation per stage, no more.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from . import register
+from .base import SolverError, State, Stepper
+
+
+class ExplicitRK(Stepper):
+    """A fixed-step explicit Runge-Kutta method given by its Butcher tableau (``A``, ``b``)."""
+    A: ClassVar[tuple[tuple[float, ...], ...]] = ()
+    b: ClassVar[tuple[float, ...]] = ()
+    order: ClassVar[int] = 1
+
+    def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        return -self.problem.grad_phi(omega, omega, mass)
+
+    def _stages(self, state: State, h: float, n_stages: int) -> list[np.ndarray]:
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        stages = [-self.evaluate(state).grad_phi]
+        for i in range(1, n_stages):
+            y = omega.copy()
+            for j, a in enumerate(self.A[i][:i]):
+                if a != 0.0:
+                    y += (h * a) * stages[j]
+            stages.append(self._velocity(y, mass))
+        return stages
+
+    @staticmethod
+    def _combine(omega: np.ndarray, h: float, weights: tuple[float, ...], stages: list[np.ndarray]) -> np.ndarray:
+        y = omega.copy()
+        for w, k in zip(weights, stages):
+            if w != 0.0:
+                y += (h * w) * k
+        return y
+
+    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+        h = min(self.cfg.solver.dt, dt_limit)
+        stages = self._stages(state, h, len(self.b))
+        omega = self._combine(state.fields["omega"], h, self.b, stages)
+        return state.advanced({"omega": omega, "mass": state.fields["mass"]}, h), {}
+
+
+@register
+class Euler(ExplicitRK):
+    """Explicit Euler: ``y_{n+1} = y_n + h f(y_n)``."""
+    name = "euler"
+    A = ((),)
+    b = (1.0,)
+    order = 1
+
+
+@register
+class Heun(ExplicitRK):
+    """Heun's method (explicit trapezoid, RK2)."""
+    name = "heun"
+    A = ((), (1.0,))
+    b = (0.5, 0.5)
+    order = 2
+
+
+@register
+class RK4(ExplicitRK):
+    """The classical fourth-order Runge-Kutta method."""
+    name = "rk4"
+    A = ((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
+    b = (1 / 6, 1 / 3, 1 / 3, 1 / 6)
+    order = 4
+
+
+@register
+class DormandPrince(ExplicitRK):
+    """Adaptive Dormand-Prince 5(4) with error control (see the module docstring)."""
+    name = "adaptive"
+    order = 5
+    step_columns = ("rejected",)
+    A = ((),
+         (1 / 5,),
+         (3 / 40, 9 / 40),
+         (44 / 45, -56 / 15, 32 / 9),
+         (19372 / 6561, -25360 / 2187, 64448 / 6561, -212 / 729),
+         (9017 / 3168, -355 / 33, 46732 / 5247, 49 / 176, -5103 / 18656),
+         (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84))
+    b = (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0.0)
+    # b - b_hat: the embedded fourth-order solution's difference, as in the published pair
+    e = (71 / 57600, 0.0, -71 / 16695, 71 / 1920, -17253 / 339200, 22 / 525, -1 / 40)
+
+    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+        s = self.cfg.solver
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        dt = min(state.dt, s.dt_max)
+        rejected = 0
+        while True:
+            h = min(dt, dt_limit)
+            stages = self._stages(state, h, 6)
+            y5 = self._combine(omega, h, self.b[:6], stages)
+            new = state.advanced({"omega": y5, "mass": mass}, h)
+            ev = self.evaluate(new)
+            stages.append(-ev.grad_phi)
+            err_vec = self._combine(np.zeros_like(omega), h, self.e, stages)
+            scale = s.atol + s.rtol * np.maximum(np.abs(omega), np.abs(y5))
+            err = float(np.sqrt(np.mean((err_vec / scale) ** 2))) if err_vec.size else 0.0
+            if not np.isfinite(err):
+                err = np.inf
+            factor = s.max_growth if err == 0.0 else min(s.max_growth, max(0.2, 0.9 * err ** -0.2))
+            if err <= 1.0:
+                # a step cut short by a frame time does not shrink the controller's proposal
+                proposal = dt * factor if h >= dt else max(dt, h * factor)
+                new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
+                return new, {"rejected": float(rejected)}
+            rejected += 1
+            dt = h * max(0.2, factor)
+            if dt < s.dt_min:
+                raise SolverError(f"adaptive step size fell below solver.dt_min = {s.dt_min:g} at t = {state.t:.6g} "
+                                  f"(error estimate {err:.3g}); loosen solver.rtol/atol or lower solver.dt_min")
+
+    def likely_cause(self, state: State) -> str:
+        return (f"the adaptive stepper's tolerances (solver.rtol = {self.cfg.solver.rtol:g}, "
+                f"solver.atol = {self.cfg.solver.atol:g}) are too loose for this problem; tighten them")

@@ -1,0 +1,102 @@
+"""Shared helpers of the core tests: small problems from TOML text or from raw arrays, random measures.
+
+``make_problem(**overrides)`` (fixture) builds ``Problem.from_config(loads_config(toml_text))`` from a
+small base config; overrides are ``section={key: value}`` tables merged into it, e.g.
+``make_problem(model={"coordinates": "gain2"}, task={"name": "lookback", "lag": 1})``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pdeflow.config import Config, dumps_toml, loads_config
+from pdeflow.problem import Problem
+
+# Small everything (the suite must stay fast): V = 3, T = 3, d = 7, dh = 2, so p = 56.
+BASE: dict[str, dict[str, Any]] = {
+    "task": {"name": "markov", "vocab_size": 3, "seq_len": 3, "exact": True, "concentration": 0.7},
+    "model": {"d": 7, "head_dim": 2, "weight_decay": 0.05, "family_scale": 3.0, "family_seed": 1},
+}
+
+
+def config_text(**overrides: dict[str, Any]) -> str:
+    """TOML text of BASE updated with ``section={key: value}`` overrides."""
+    data = {name: dict(values) for name, values in BASE.items()}
+    for name, values in overrides.items():
+        data.setdefault(name, {}).update(values)
+    return dumps_toml(data)
+
+
+def build_config(**overrides: dict[str, Any]) -> Config:
+    return loads_config(config_text(**overrides))
+
+
+def build_problem(**overrides: dict[str, Any]) -> Problem:
+    return Problem.from_config(build_config(**overrides))
+
+
+@pytest.fixture
+def make_problem():
+    """``make_problem(**overrides) -> Problem`` built through TOML text and ``Problem.from_config``."""
+    return build_problem
+
+
+@pytest.fixture
+def make_config():
+    """``make_config(**overrides) -> Config`` parsed from TOML text."""
+    return build_config
+
+
+def rel_err(a, b) -> float:
+    """Norm-wise relative difference ``|a - b| / |b|`` (``|a - b|`` when b = 0)."""
+    a = np.asarray(a, dtype=complex if np.iscomplexobj(a) else float)
+    b = np.asarray(b, dtype=complex if np.iscomplexobj(b) else float)
+    den = float(np.linalg.norm(np.ravel(b)))
+    num = float(np.linalg.norm(np.ravel(a - b)))
+    return num / den if den > 0 else num
+
+
+def random_measure(k: int, n: int, rng: np.random.Generator, scale: float = 1.0,
+                   uniform: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """n particles N(0, scale^2 I_k) with Dirichlet (non-uniform) masses summing to 1, or 1/n."""
+    omega = scale * rng.standard_normal((n, k))
+    mass = np.full(n, 1.0 / n) if uniform else rng.dirichlet(np.full(n, 2.0))
+    return omega, mass
+
+
+def random_mask_and_weights(B: int, T: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A 0/1 mask with zeros (at least one 1 per row) and non-uniform weights summing to 1."""
+    mask = (rng.random((B, T)) < 0.6).astype(float)
+    mask[np.arange(B), rng.integers(0, T, size=B)] = 1.0
+    mask[0, :] = 1.0
+    mask[0, 0] = 0.0 if T > 1 else 1.0          # at least one zero somewhere
+    weights = rng.random(B) ** 2 + 1e-3
+    return mask, weights / weights.sum()
+
+
+def with_random_data(problem: Problem, rng: np.random.Generator) -> Problem:
+    """The same layer built directly with ``Problem(arrays)``, with masks with zeros and non-uniform weights."""
+    arrays = problem.arrays()
+    B, T = arrays["tokens"].shape
+    mask, weights = random_mask_and_weights(B, T, rng)
+    arrays = dict(arrays, mask=mask, weights=weights)
+    return Problem(arrays, precision=problem.precision, beta=problem.beta)
+
+
+def random_arrays(rng: np.random.Generator, V: int = 4, T: int = 4, d: int = 6, dh: int = 2, B: int = 9,
+                  k: int | None = None, score_scale: float = 0.8, weight_decay: float = 0.07) -> dict[str, Any]:
+    """A fully random problem for ``Problem(arrays)``: gaussian tables, random data, optional random basis."""
+    p = 4 * d * dh
+    mask, weights = random_mask_and_weights(B, T, rng)
+    return {
+        "embedding": rng.normal(size=(V, d)), "positions": 0.5 * rng.normal(size=(T, d)),
+        "unembedding": rng.normal(size=(V, d)) / math.sqrt(d),
+        "tokens": rng.integers(0, V, size=(B, T)), "targets": rng.integers(0, V, size=(B, T)),
+        "mask": mask, "weights": weights,
+        "theta0": np.zeros(p) if k is None else 0.3 * rng.normal(size=p),
+        "basis": None if k is None else rng.normal(size=(p, k)) / math.sqrt(p) * 4,
+        "head_dim": dh, "score_scale": score_scale, "weight_decay": weight_decay,
+    }
