@@ -25,7 +25,13 @@ EXIT_CODES = """exit codes:
   130  interrupted by SIGINT, 143 by SIGTERM; the state is checkpointed, continue with --resume
 """
 # Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "pdeflow.cli_diagnostics",   # diagnose, plot
+    "pdeflow.cli_reference",     # compare, validate
+    "pdeflow.cli_chaos",         # chaos
+    "pdeflow.cli_stability",     # stability
+    "pdeflow.cli_bench",         # bench
+)
 # Keys that may differ between a file and the config resuming it (they extend or limit the run).
 RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("output", "path")}
 
@@ -150,7 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print every config key with its default and meaning")
     p.set_defaults(func=lambda args: print(describe_schema()) or 0)
     for module in COMMAND_MODULES:
-        importlib.import_module(module).add_command(sub)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        mod.add_command(sub)
     return parser
 
 
