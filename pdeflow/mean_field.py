@@ -23,7 +23,7 @@ import numpy as np
 
 from . import kernels
 from .jit import num_threads
-from .model import join_theta, split_theta
+from .model import split_theta
 
 CHUNK_BYTES = 64 * 2**20  # per-call working memory of the head chunks, whatever N is
 
@@ -68,6 +68,16 @@ def _dtype(theta: np.ndarray, data: AttentionData) -> np.dtype:
     return np.result_type(theta.dtype, data.inputs.dtype)
 
 
+def _qkv_weights(theta: np.ndarray, d: int, dh: int, out: np.ndarray) -> np.ndarray:
+    """``Wcat [d, 3, dh, m]`` with ``Wcat[c, w, h, i] = W_w[i][h, c]`` (w = q, k, v) in the buffer ``out``,
+    so that ``X @ Wcat`` is the [B T, 3, dh, m] layout of :mod:`pdeflow.kernels`."""
+    m = theta.shape[0]
+    wcat = out[:d * 3 * dh * m].reshape(d, 3, dh, m)
+    for w, wx in enumerate(split_theta(theta, d, dh)[:3]):
+        wcat[:, w] = wx.transpose(2, 1, 0)
+    return wcat.reshape(d, 3 * dh * m)
+
+
 def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
     """``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``: theta [N, p], mass [N] -> [B, T, d]."""
     B, T, d = data.shape
@@ -76,23 +86,27 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
     x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
     N = theta.shape[0]
     n = _chunk(data, np.dtype(dtype).itemsize, N)
+    mass = np.asarray(mass).astype(dtype, copy=False)
     out = np.zeros((B * T, d), dtype=dtype)
-    bufs = [np.empty(B * T * n * dh, dtype=dtype) for _ in range(4)]
+    part = np.empty((B * T, d), dtype=dtype)
+    qkv_buf = np.empty(B * T * 3 * dh * n, dtype=dtype)
+    c_buf = np.empty(B * T * dh * n, dtype=dtype)
+    wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+    wo_buf = np.empty(dh * n * d, dtype=dtype)
     threads = num_threads()
     for start in range(0, N, n):
         stop = min(N, start + n)
         m = stop - start
-        wq, wk, wv, wo = split_theta(theta[start:stop].astype(dtype, copy=False), d, dh)
-        q, k, v, c = (buf[:B * T * m * dh].reshape(B * T, m * dh) for buf in bufs)
-        np.matmul(x, wq.reshape(m * dh, d).T, out=q)
-        np.matmul(x, wk.reshape(m * dh, d).T, out=k)
-        np.matmul(x, wv.reshape(m * dh, d).T, out=v)
-        shape4 = (B, T, m, dh)
-        kernels.causal_attention(q.reshape(shape4), k.reshape(shape4), v.reshape(shape4),
-                                 data.score_scale, c.reshape(shape4), threads)
-        # rows (i, h) of WO_i^T, scaled by the head's mass, so the mass-weighted sum is one product
-        wo_t = (wo.transpose(0, 2, 1) * mass[start:stop, None, None]).reshape(m * dh, d)
-        out += c @ wo_t
+        th = theta[start:stop].astype(dtype, copy=False)
+        qkv = qkv_buf[:B * T * 3 * dh * m].reshape(B * T, 3 * dh * m)
+        c = c_buf[:B * T * dh * m].reshape(B * T, dh * m)
+        np.matmul(x, _qkv_weights(th, d, dh, wcat_buf), out=qkv)
+        kernels.causal_attention(qkv.reshape(B, T, 3, dh, m), data.score_scale, c.reshape(B, T, dh, m), threads)
+        # rows (h, i) of WO_i^T, scaled by the head's mass, so the mass-weighted sum is one product
+        wo_t = wo_buf[:dh * m * d].reshape(dh, m, d)
+        np.multiply(split_theta(th, d, dh)[3].transpose(2, 0, 1), mass[None, start:stop, None], out=wo_t)
+        np.matmul(c, wo_t.reshape(dh * m, d), out=part)
+        out += part
     return out.reshape(B, T, d)
 
 
@@ -138,37 +152,48 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
     x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
     g = G.reshape(B * T, d).astype(dtype, copy=False)
     Q = theta.shape[0]
+    s = dh * d
     n = _chunk(data, np.dtype(dtype).itemsize, Q)
     phi = np.empty(Q, dtype=dtype)
     grad = np.empty(theta.shape, dtype=dtype) if with_grad else None
-    bufs = [np.empty(B * T * n * dh, dtype=dtype) for _ in range(8 if with_grad else 4)]
+    qkv_buf = np.empty(B * T * 3 * dh * n, dtype=dtype)
+    c_buf = np.empty(B * T * dh * n, dtype=dtype)
+    wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+    wo_buf = np.empty(d * dh * n, dtype=dtype)
+    gc_buf = np.empty(d * dh * n, dtype=dtype)
+    if with_grad:
+        dqkv_buf = np.empty(B * T * 3 * dh * n, dtype=dtype)
+        dc_buf = np.empty(B * T * dh * n, dtype=dtype)
+        dw_buf = np.empty(d * 3 * dh * n, dtype=dtype)
     threads = num_threads()
     for start in range(0, Q, n):
         stop = min(Q, start + n)
         m = stop - start
-        wq, wk, wv, wo = split_theta(theta[start:stop].astype(dtype, copy=False), d, dh)
-        views = [buf[:B * T * m * dh].reshape(B * T, m * dh) for buf in bufs]
-        q, k, v, c = views[:4]
-        np.matmul(x, wq.reshape(m * dh, d).T, out=q)
-        np.matmul(x, wk.reshape(m * dh, d).T, out=k)
-        np.matmul(x, wv.reshape(m * dh, d).T, out=v)
-        shape4 = (B, T, m, dh)
-        wo_cat = np.ascontiguousarray(wo.transpose(1, 0, 2)).reshape(d, m * dh)  # column (i, h) = WO_i[:, h]
+        th = theta[start:stop].astype(dtype, copy=False)
+        qkv = qkv_buf[:B * T * 3 * dh * m].reshape(B * T, 3 * dh * m)
+        c = c_buf[:B * T * dh * m].reshape(B * T, dh * m)
+        np.matmul(x, _qkv_weights(th, d, dh, wcat_buf), out=qkv)
+        wo = wo_buf[:d * dh * m].reshape(d, dh, m)  # wo[c, h, i] = WO_i[c, h]
+        wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
+        shape5, shape4 = (B, T, 3, dh, m), (B, T, dh, m)
         if with_grad:
-            dc, dq, dk, dv = views[4:]
-            np.matmul(g, wo_cat, out=dc)
-            kernels.causal_attention_vjp(q.reshape(shape4), k.reshape(shape4), v.reshape(shape4),
-                                         dc.reshape(shape4), data.score_scale, c.reshape(shape4),
-                                         dq.reshape(shape4), dk.reshape(shape4), dv.reshape(shape4), threads)
+            dc = dc_buf[:B * T * dh * m].reshape(B * T, dh * m)
+            dqkv = dqkv_buf[:B * T * 3 * dh * m].reshape(B * T, 3 * dh * m)
+            np.matmul(g, wo.reshape(d, dh * m), out=dc)
+            kernels.causal_attention_vjp(qkv.reshape(shape5), dc.reshape(shape4), data.score_scale,
+                                         c.reshape(shape4), dqkv.reshape(shape5), threads)
         else:
-            kernels.causal_attention(q.reshape(shape4), k.reshape(shape4), v.reshape(shape4),
-                                     data.score_scale, c.reshape(shape4), threads)
-        g_c = g.T @ c  # [d, m dh]: the gradient of Phi_data in WO, column (i, h)
-        phi[start:stop] = (g_c * wo_cat).reshape(d, m, dh).sum(axis=(0, 2))
+            kernels.causal_attention(qkv.reshape(shape5), data.score_scale, c.reshape(shape4), threads)
+        g_c = gc_buf[:d * dh * m].reshape(d, dh * m)  # the gradient of Phi_data in WO: g_c[c, (h, i)]
+        np.matmul(g.T, c, out=g_c)
+        g_c = g_c.reshape(d, dh, m)
+        phi[start:stop] = np.einsum("chi,chi->i", g_c, wo)
         if with_grad:
-            d_wo = g_c.reshape(d, m, dh).transpose(1, 0, 2)
-            d_wq = (dq.T @ x).reshape(m, dh, d)
-            d_wk = (dk.T @ x).reshape(m, dh, d)
-            d_wv = (dv.T @ x).reshape(m, dh, d)
-            grad[start:stop] = join_theta(d_wq, d_wk, d_wv, d_wo)
+            dw = dw_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)  # dw[c, (w, h, i)] = dW_w[i][h, c]
+            np.matmul(x.T, dqkv, out=dw)
+            dw = dw.reshape(d, 3, dh, m)
+            rows = grad[start:stop]
+            for w in range(3):
+                rows[:, w * s:(w + 1) * s].reshape(m, dh, d)[...] = dw[:, w].transpose(2, 1, 0)
+            rows[:, 3 * s:].reshape(m, d, dh)[...] = g_c.transpose(2, 0, 1)
     return phi, grad

@@ -1,0 +1,19 @@
+"""pdeflow's performance benchmarks (issue 4): ``python -m benchmarks [--quick] [--out DIR]``.
+
+Times grad Phi at the particles of ``data/configs/bench-reference.toml`` (N = 1024 heads, B = 128, T = 32,
+d = 32, dh = 8), counts its flops (:mod:`benchmarks.flops`), compares with the float64 matrix-multiply rate
+measured in the same run, with PyTorch autograd (float64, float32) and with plain numpy
+(:mod:`benchmarks.baselines`), and measures scaling in N, B and T, 1 vs 2 threads, the overhead of an
+explicit step, peak memory and float32 speed (:mod:`benchmarks.suite`). Results: a JSON record and a
+markdown table in ``benchmarks/results/`` (git-ignored); the table is also printed.
+"""
+from .suite import PRESETS, markdown, run, write
+
+__all__ = ["PRESETS", "markdown", "run", "write", "main"]
+
+
+def main(argv=None) -> int:
+    """The command line; see ``python -m benchmarks --help``."""
+    from .__main__ import main as _main
+
+    return _main(argv)

@@ -1,0 +1,29 @@
+"""``python -m benchmarks [--quick] [--out DIR]``: run the benchmark suite, write JSON + markdown, print the table."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .common import REFERENCE_CONFIG
+from .suite import PRESETS, markdown, run, write
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (a few minutes)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="full (default), quick, or tiny (smoke test)")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"),
+                   help="directory of the JSON and markdown results (default: benchmarks/results)")
+    p.add_argument("--config", default=str(REFERENCE_CONFIG), help="problem config (default: bench-reference)")
+    args = p.parse_args(argv)
+    preset = args.preset or ("quick" if args.quick else "full")
+    res = run(preset, args.config, log=lambda s: print(s, file=sys.stderr, flush=True))
+    js, md = write(res, args.out)
+    print(markdown(res))
+    print(f"results: {js} and {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Floating-point operation counts of one grad Phi evaluation (MODEL.md), documented term by term.
+
+"grad Phi at the particles" is what one explicit step needs: the logits of the measure (forward pass over
+all N heads), the residual features ``G = lw (softmax z - onehot y) U`` and the gradient of
+``Phi_data(theta_i) = sum_{b,l} <G[b,l], o_l(x_b; theta_i)>`` for every head (backward pass). A PyTorch user
+computes the same numbers with one forward and one backward pass of the finite-head model.
+
+Counting rules: a multiply-add is 2 flops; a matrix product ``[M, K] @ [K, N]`` is ``2 M K N``; causal
+products only count the ``P = T (T + 1) / 2`` pairs ``j <= l`` that exist; softmax and elementwise work
+count one flop per arithmetic operation (``exp`` counts as 1). Per head and sequence, with ``pr = 2 T d dh``
+the flops of one projection:
+
+- forward: Q, K, V projections ``3 pr``; scores ``2 dh P``; softmax ``5 P`` (max, subtract, exp, sum,
+  normalize); context ``2 dh P``; output projection ``WO c`` ``pr``;
+- backward: ``dc = WO^T G`` ``pr``; ``dWO = G^T c`` ``pr``; ``dA = dc V^T`` ``2 dh P``;
+  ``dV = A^T dc`` ``2 dh P``; ``dS = A (dA - sum A dA) scale`` ``5 P``; ``dQ = dS K`` ``2 dh P``;
+  ``dK = dS^T Q`` ``2 dh P``; ``dWQ, dWK, dWV`` ``3 pr``;
+- shared by all heads (once per evaluation): logits ``z = O U^T`` ``2 B T d V``, cross-entropy softmax
+  ``5 B T V``, ``G = r U`` ``2 B T V d``.
+
+``model`` is that sum - the work of one forward and one backward pass, and the number every GFLOP/s in the
+report divides by. ``executed`` adds what pdeflow recomputes to keep memory O(B T n dh) per chunk of n
+heads instead of storing q, k, v for all N heads between the passes: the Q, K, V projections ``3 pr`` and
+the forward causal core ``(4 dh + 5) P`` once more in the gradient pass (and it skips nothing).
+"""
+from __future__ import annotations
+
+
+def grad_phi_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str, float]:
+    """Flop counts of grad Phi at N particles: the parts and the ``model`` and ``executed`` totals."""
+    P = T * (T + 1) / 2
+    pr = 2.0 * T * d * dh
+    heads = float(N) * B
+    parts = {
+        "projections_forward": heads * 4 * pr,
+        "core_forward": heads * (4 * dh + 5) * P,
+        "unembedding": 2.0 * B * T * d * V * 2 + 5.0 * B * T * V,
+        "projections_backward": heads * 5 * pr,
+        "core_backward": heads * (8 * dh + 5) * P,
+    }
+    model = sum(parts.values())
+    recomputed = heads * (3 * pr + (4 * dh + 5) * P)
+    out = dict(parts)
+    out["projections_share"] = (parts["projections_forward"] + parts["projections_backward"]) / model
+    out["model"] = model
+    out["executed"] = model + recomputed
+    return out
+
+
+def matmul_flops(n: int) -> float:
+    """``2 n^3`` for an ``n x n`` by ``n x n`` product."""
+    return 2.0 * n ** 3

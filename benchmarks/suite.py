@@ -1,0 +1,295 @@
+"""The benchmark suite: every measurement of issue 4, its targets, the JSON record and the markdown table.
+
+All times are wall-clock seconds of ``Problem.grad_phi(omega, omega, mass)`` - grad Phi at the particles,
+i.e. the logits pass over all heads plus the gradient pass, what one explicit step needs - unless said
+otherwise. Ratios are ratios of medians of runs interleaved in the same process (see
+:func:`benchmarks.common.interleaved`), so a noisy machine affects both sides alike.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import flops as _flops
+from .common import (REFERENCE_CONFIG, build, interleaved, loglog_exponent, machine, matmul_rate, median, ratio,
+                     sizes, summary)
+from .worker import spawn
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes and repeat counts of one benchmark run."""
+    name: str
+    n: int | None = None            # particles at the reference point (None: the config's, 1024)
+    b: int | None = None            # sequences (None: the config's, 128)
+    t: int | None = None            # sequence length (None: the config's, 32)
+    repeats: int = 5                # timed runs of every pdeflow measurement
+    baseline_repeats: int = 5       # timed runs of the PyTorch baselines
+    numpy_repeats: int = 3
+    scale_n: tuple = (256, 512, 1024, 2048)
+    scale_b: tuple = (32, 64, 128, 256)
+    scale_t: tuple = (8, 16, 32, 64)
+    scale_repeats: int = 3
+    memory_n: int = 65536
+    memory_b: int = 64
+    matmul_n: int = 2000
+    notes: list = field(default_factory=list)
+
+
+PRESETS = {
+    "full": Preset("full"),
+    "quick": Preset("quick", n=256, repeats=5, baseline_repeats=3, numpy_repeats=1, scale_n=(128, 256, 512),
+                    scale_b=(32, 64, 128), scale_t=(8, 16, 32), scale_repeats=3, memory_n=8192, memory_b=64,
+                    notes=["quick preset: reference point N=256, memory measured at N=8192 (not the target's "
+                           "N=65536), fewer repeats"]),
+    "tiny": Preset("tiny", n=16, b=8, t=8, repeats=2, baseline_repeats=1, numpy_repeats=1, scale_n=(8, 16),
+                   scale_b=(4, 8), scale_t=(4, 8), scale_repeats=1, memory_n=64, memory_b=8, matmul_n=200,
+                   notes=["tiny preset (smoke test): sizes far below the reference; numbers are not meaningful"]),
+}
+
+TARGETS = {
+    "speedup_vs_torch_float64": (">=", 5.0),
+    "speedup_vs_torch_float32": (">", 1.0),
+    "fraction_of_matmul": (">=", 0.20),
+    "thread_speedup_1_to_2": (">=", 1.8),
+    "step_over_grad_phi": ("<=", 1.1),
+    "exponent_N": ("within", (0.9, 1.1)),
+    "exponent_B": ("within", (0.9, 1.1)),
+    "peak_memory_mib": ("<", 2048.0),
+    "float32_speedup": (">=", 1.6),
+}
+
+
+def _met(key: str, value: float | None) -> bool | None:
+    if value is None or key not in TARGETS:
+        return None
+    op, bound = TARGETS[key]
+    if op == ">=":
+        return value >= bound
+    if op == ">":
+        return value > bound
+    if op == "<=":
+        return value <= bound
+    if op == "<":
+        return value < bound
+    lo, hi = bound
+    return lo <= value <= hi
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(np.asarray(a, float) - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every measurement; returns the JSON-ready record (see :func:`markdown` for the table)."""
+    import numba
+
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    res: dict[str, Any] = {"preset": asdict(p), "config": str(config),
+                           "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    res["machine"] = machine()
+    threads = numba.get_num_threads()
+
+    log(f"[bench] float64 matrix multiply {p.matmul_n}x{p.matmul_n}")
+    res["matmul"] = matmul_rate(p.matmul_n, max(5, p.repeats))
+    res["matmul_float32"] = matmul_rate(p.matmul_n, max(5, p.repeats), np.float32)
+
+    problem, omega, mass = build(config, n=p.n, b=p.b, t=p.t)
+    p32 = build(config, n=p.n, b=p.b, t=p.t, precision="float32")[0]
+    sz = sizes(problem, omega)
+    res["sizes"] = sz
+    fl = _flops.grad_phi_flops(**sz)
+    res["flops"] = fl
+
+    # ---- grad Phi, the explicit step and float32, interleaved ---------------------------------------
+    log(f"[bench] grad Phi at {sz}: float64, float32, explicit Euler step ({p.repeats} interleaved runs)")
+    dt = 1e-3
+    G = problem.residual_features(omega, mass)
+
+    def step():
+        ev = problem.evaluate(omega, mass)
+        return omega - dt * ev.grad_phi
+
+    fns = {"grad_phi": lambda: problem.grad_phi(omega, omega, mass),
+           "step": step,
+           "grad_phi_float32": lambda: p32.grad_phi(omega, omega, mass),
+           "logits_pass": lambda: problem.residual_features(omega, mass),
+           "gradient_pass": lambda: problem.grad_phi_field(omega, G)}
+    t = interleaved(fns, p.repeats)
+    res["times"] = {k: summary(v) for k, v in t.items()}
+    tg = median(t["grad_phi"])
+    res["grad_phi_seconds"] = tg
+    res["gflops_model"] = fl["model"] / tg / 1e9
+    res["gflops_executed"] = fl["executed"] / tg / 1e9
+    res["fraction_of_matmul"] = res["gflops_model"] / res["matmul"]["gflops"]
+    res["step_over_grad_phi"] = ratio(t["step"], t["grad_phi"])
+    res["float32_speedup"] = ratio(t["grad_phi"], t["grad_phi_float32"])
+    res["gflops_model_float32"] = fl["model"] / median(t["grad_phi_float32"]) / 1e9
+    res["fraction_of_matmul_float32"] = res["gflops_model_float32"] / res["matmul_float32"]["gflops"]
+    ref_grad = problem.grad_phi(omega, omega, mass)
+    res["float32_rel_error"] = _rel(p32.grad_phi(omega, omega, mass), ref_grad)
+
+    # ---- baselines --------------------------------------------------------------------------------
+    res["torch"] = _torch_baselines(problem, omega, mass, ref_grad, threads, p.baseline_repeats, log)
+    for dtype in ("float64", "float32"):
+        entry = res["torch"].get(dtype)
+        if entry and "speedup" in entry:
+            res[f"speedup_vs_torch_{dtype}"] = entry["speedup"]
+    log(f"[bench] numpy baseline ({p.numpy_repeats} runs)")
+    from .baselines import numpy_grad_phi
+
+    arrays = problem.arrays()
+    tn = interleaved({"numpy": lambda: numpy_grad_phi(arrays, omega, mass),
+                      "pdeflow": lambda: problem.grad_phi(omega, omega, mass)}, p.numpy_repeats, warmup=0)
+    res["numpy"] = {"time": summary(tn["numpy"]), "speedup": ratio(tn["numpy"], tn["pdeflow"]),
+                    "rel_error": _rel(numpy_grad_phi(arrays, omega, mass), ref_grad)}
+
+    # ---- scaling ------------------------------------------------------------------------------------
+    res["scaling"] = {}
+    for axis, values in (("N", p.scale_n), ("B", p.scale_b), ("T", p.scale_t)):
+        log(f"[bench] scaling in {axis}: {list(values)}")
+        pts = []
+        for v in values:
+            kw = {"n": p.n, "b": p.b, "t": p.t}
+            kw[{"N": "n", "B": "b", "T": "t"}[axis]] = v
+            pb, om, ms = build(config, **kw)
+            ts = interleaved({"g": lambda: pb.grad_phi(om, om, ms)}, p.scale_repeats)["g"]
+            pts.append({axis: v, "seconds": median(ts), "samples": ts})
+        res["scaling"][axis] = {"points": pts,
+                                "exponent": loglog_exponent([q[axis] for q in pts], [q["seconds"] for q in pts])}
+        res[f"exponent_{axis}"] = res["scaling"][axis]["exponent"]
+
+    # ---- threads (subprocesses) -------------------------------------------------------------------
+    log("[bench] 1 vs 2 threads (subprocesses)")
+    runs = {}
+    for th in (1, 2):
+        runs[th] = spawn("grad_phi", threads=th, config=config, n=p.n, repeats=p.repeats) if p.b is None \
+            else spawn("grad_phi", threads=th, config=config, n=p.n, b=p.b, repeats=p.repeats)
+    res["threads"] = {str(k): v for k, v in runs.items()}
+    res["thread_speedup_1_to_2"] = runs[1]["time"]["median"] / runs[2]["time"]["median"]
+
+    # ---- peak memory (subprocesses) ---------------------------------------------------------------
+    log(f"[bench] peak memory at N={p.memory_n}, B={p.memory_b} (subprocesses)")
+    mem_step = spawn("memory-step", config=config, n=p.memory_n, b=p.memory_b, repeats=1)
+    mem_kernel = spawn("memory-kernel", config=config, n=p.memory_n, b=p.memory_b, repeats=1)
+    res["memory"] = {"step": mem_step, "kernel": mem_kernel}
+    res["peak_memory_mib"] = mem_step["peak_rss_mib"]
+
+    res["targets"] = {k: {"value": res.get(k), "target": f"{op} {bound}", "met": _met(k, res.get(k))}
+                      for k, (op, bound) in TARGETS.items()}
+    return res
+
+
+def _torch_baselines(problem, omega, mass, ref_grad, threads, repeats, log) -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        log("[bench] torch is not installed: PyTorch baselines skipped (pip install '.[bench]')")
+        return {"skipped": "torch is not installed (pip install '.[bench]')"}
+    from .baselines import TorchModel
+
+    torch.set_num_threads(threads)
+    out: dict[str, Any] = {"version": torch.__version__, "threads": torch.get_num_threads()}
+    arrays = problem.arrays()
+    models = {dtype: TorchModel(arrays, dtype) for dtype in ("float64", "float32")}
+    log(f"[bench] PyTorch autograd float64 and float32, {torch.get_num_threads()} threads ({repeats} runs)")
+    fns = {"pdeflow": lambda: problem.grad_phi(omega, omega, mass)}
+    fns.update({f"torch_{k}": (lambda m=m: m.grad_phi(omega, mass)) for k, m in models.items()})
+    t = interleaved(fns, repeats)
+    for dtype, model in models.items():
+        out[dtype] = {"time": summary(t[f"torch_{dtype}"]), "speedup": ratio(t[f"torch_{dtype}"], t["pdeflow"]),
+                      "rel_error": _rel(model.grad_phi(omega, mass), ref_grad)}
+    out["pdeflow_time"] = summary(t["pdeflow"])
+    return out
+
+
+def _fmt(x: Any, spec: str = ".3g") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, (float, int, np.floating)):
+        return format(float(x), spec)
+    return str(x)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The results as a markdown table (value, target, met) with the machine it ran on."""
+    m = res["machine"]
+    sz = res["sizes"]
+    mark = {True: "yes", False: "**no**", None: ""}
+    tgt = res["targets"]
+
+    def row(name, value, key=None, extra=""):
+        target = tgt[key]["target"] if key else ""
+        met = mark[tgt[key]["met"]] if key else ""
+        return f"| {name} | {value}{extra} | {target} | {met} |"
+
+    torch_ = res["torch"]
+    lines = [f"Machine: {m.get('lscpu Model name', '?')}, {m.get('lscpu CPU(s)', m.get('cpu_count'))} CPUs "
+             f"({m.get('lscpu Core(s) per socket', '?')} cores/socket, {m.get('lscpu Thread(s) per core', '?')} "
+             f"threads/core), numba {m['numba']} ({m['numba_threads']} threads, "
+             f"{m.get('numba_threading_layer')}), numpy {m['numpy']}"
+             + (f", torch {torch_['version']}" if "version" in torch_ else "") + f"; {res['date']}, preset "
+             f"`{res['preset']['name']}`.",
+             f"Problem: {Path(res['config']).name} with N={sz['N']}, B={sz['B']}, T={sz['T']}, d={sz['d']}, "
+             f"dh={sz['dh']}, V={sz['V']}; model flops per grad Phi {res['flops']['model'] / 1e9:.2f} GFLOP "
+             f"(executed, with recomputation: {res['flops']['executed'] / 1e9:.2f}).",
+             "",
+             "| measurement | value | target | met |",
+             "| --- | --- | --- | --- |"]
+    times = res["times"]
+    lines.append(row("grad Phi float64 (median)", f"{res['grad_phi_seconds']:.3f} s "
+                     f"(logits pass {times['logits_pass']['median']:.3f} s + gradient pass "
+                     f"{times['gradient_pass']['median']:.3f} s)"))
+    lines.append(row("GFLOP/s (model flops)", f"{res['gflops_model']:.1f} (executed {res['gflops_executed']:.1f})"))
+    lines.append(row("float64 matmul 2000^2 (numpy @)", f"{res['matmul']['gflops']:.1f} GFLOP/s"))
+    lines.append(row("fraction of matmul rate", f"{100 * res['fraction_of_matmul']:.1f} %", "fraction_of_matmul"))
+    for dtype, key in (("float64", "speedup_vs_torch_float64"), ("float32", "speedup_vs_torch_float32")):
+        e = torch_.get(dtype)
+        if e:
+            lines.append(row(f"PyTorch {dtype} autograd", f"{e['time']['median']:.3f} s; pdeflow float64 is "
+                             f"{e['speedup']:.2f}x faster (grad agrees to {e['rel_error']:.1e})", key))
+        else:
+            lines.append(f"| PyTorch {dtype} autograd | skipped: {torch_.get('skipped')} | "
+                         f"{tgt[key]['target']} | n/a |")
+    lines.append(row("numpy (batched einsum over heads)", f"{res['numpy']['time']['median']:.3f} s; pdeflow is "
+                     f"{res['numpy']['speedup']:.2f}x faster (agrees to {res['numpy']['rel_error']:.1e})"))
+    thr = res["threads"]
+    lines.append(row("1 -> 2 threads", f"{res['thread_speedup_1_to_2']:.2f}x ({thr['1']['time']['median']:.3f} s -> "
+                     f"{thr['2']['time']['median']:.3f} s)", "thread_speedup_1_to_2"))
+    lines.append(row("explicit Euler step / grad Phi", f"{res['step_over_grad_phi']:.3f}", "step_over_grad_phi"))
+    for axis in ("N", "B", "T"):
+        s = res["scaling"][axis]
+        pts = ", ".join(f"{q[axis]}: {q['seconds']:.3g} s" for q in s["points"])
+        key = f"exponent_{axis}" if axis != "T" else None
+        lines.append(row(f"scaling in {axis} (fitted exponent)", f"{s['exponent']:.3f} ({pts})", key))
+    mem = res["memory"]
+    lines.append(row(f"peak memory, N={mem['step']['N']} B={mem['step']['B']}, evaluate + Euler update",
+                     f"{mem['step']['peak_rss_mib']:.0f} MiB (omega alone {mem['step']['omega_mib']:.0f} MiB)",
+                     "peak_memory_mib"))
+    lines.append(row("peak memory, grad_phi_data alone", f"{mem['kernel']['peak_rss_mib']:.0f} MiB"))
+    lines.append(row("float32 speedup over float64", f"{res['float32_speedup']:.2f}x ({times['grad_phi_float32']['median']:.3f} s, "
+                     f"{100 * res['fraction_of_matmul_float32']:.1f} % of float32 matmul "
+                     f"{res['matmul_float32']['gflops']:.0f} GFLOP/s; rel. error {res['float32_rel_error']:.1e})",
+                     "float32_speedup"))
+    for note in res["preset"].get("notes", []):
+        lines.append("")
+        lines.append(f"Note: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def write(res: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
+    """``bench-<preset>-<time>.json`` and ``.md`` in out_dir (created); returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = res["date"].replace(":", "").replace("-", "").replace("+0000", "Z")
+    stem = out / f"bench-{res['preset']['name']}-{stamp}"
+    js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
+    js.write_text(json.dumps(res, indent=2, default=float) + "\n")
+    md.write_text(markdown(res))
+    return js, md

@@ -1,0 +1,88 @@
+"""Measurements that need a process of their own: thread counts (set before numba and BLAS start) and
+peak memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is a process-wide high-water mark).
+
+``python -m benchmarks.worker TASK --config PATH [--n N] [--b B] [--repeats R]`` prints one JSON line.
+Tasks: ``grad_phi`` (median time of ``Problem.grad_phi`` at the particles), ``memory-step`` (peak memory of
+one ``Problem.evaluate`` + explicit Euler update), ``memory-kernel`` (peak memory of
+``mean_field.grad_phi_data`` alone, given the residual features).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import THREAD_VARIABLES, REFERENCE_CONFIG, build, interleaved, summary
+
+
+def _maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int) -> dict[str, Any]:
+    import numba
+
+    problem, omega, mass = build(config, n=n, b=b)
+    out: dict[str, Any] = {"task": task, "numba_threads": numba.get_num_threads(), "N": int(omega.shape[0]),
+                           "B": int(problem.arrays()["tokens"].shape[0])}
+    if task == "grad_phi":
+        times = interleaved({"grad_phi": lambda: problem.grad_phi(omega, omega, mass)}, repeats)["grad_phi"]
+        out["time"] = summary(times)
+    elif task == "memory-step":
+        out["rss_before_mib"] = _maxrss_mib()
+        ev = problem.evaluate(omega, mass)
+        omega = omega - 0.01 * ev.grad_phi
+        out["peak_rss_mib"] = _maxrss_mib()
+    elif task == "memory-kernel":
+        from pdeflow import mean_field
+
+        G = problem.residual_features(omega, mass)
+        out["rss_before_mib"] = _maxrss_mib()
+        mean_field.grad_phi_data(problem.theta(omega), G, problem._data)
+        out["peak_rss_mib"] = _maxrss_mib()
+    else:
+        raise ValueError(f"unknown worker task {task!r}")
+    out["omega_mib"] = omega.nbytes / 2**20
+    return out
+
+
+def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_CONFIG, n: int | None = None,
+          b: int | None = None, repeats: int = 3, timeout: float = 1800.0) -> dict[str, Any]:
+    """Run a worker task in a fresh interpreter; ``threads`` sets every thread-count variable (numba,
+    OpenMP, OpenBLAS, MKL) so that numba and BLAS use exactly that many threads."""
+    env = dict(os.environ)
+    if threads is not None:
+        for var in THREAD_VARIABLES:
+            env[var] = str(threads)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    cmd = [sys.executable, "-m", "benchmarks.worker", task, "--config", str(config), "--repeats", str(repeats)]
+    if n is not None:
+        cmd += ["--n", str(n)]
+    if b is not None:
+        cmd += ["--b", str(b)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=root)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark worker {task} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.worker")
+    p.add_argument("task", choices=("grad_phi", "memory-step", "memory-kernel"))
+    p.add_argument("--config", default=str(REFERENCE_CONFIG))
+    p.add_argument("--n", type=int)
+    p.add_argument("--b", type=int)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    print(json.dumps(run_task(args.task, args.config, args.n, args.b, args.repeats)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Smoke test of the benchmark suite (issue 4): ``python -m benchmarks --preset tiny`` runs every measurement
+at a tiny size - PyTorch baselines only where torch is installed - and writes a JSON record and a markdown
+table. The numbers are not checked (benchmarks stay out of the test suite); the structure is."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_benchmark_runs_at_tiny_size(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--preset", "tiny", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| measurement | value | target | met |" in proc.stdout
+    (js,) = tmp_path.glob("bench-tiny-*.json")
+    (md,) = tmp_path.glob("bench-tiny-*.md")
+    res = json.loads(js.read_text())
+    assert md.read_text() in proc.stdout
+    for key in ("grad_phi_seconds", "gflops_model", "fraction_of_matmul", "step_over_grad_phi", "float32_speedup",
+                "thread_speedup_1_to_2", "peak_memory_mib", "exponent_N", "exponent_B", "exponent_T"):
+        assert np.isfinite(res[key]) and res[key] > 0 or key.startswith("exponent"), key
+    assert set(res["targets"]) >= {"speedup_vs_torch_float64", "fraction_of_matmul", "peak_memory_mib"}
+    assert res["flops"]["model"] < res["flops"]["executed"]
+    # the baselines compute the same numbers as pdeflow
+    assert res["numpy"]["rel_error"] < 1e-10
+    if "skipped" not in res["torch"]:
+        assert res["torch"]["float64"]["rel_error"] < 1e-10
+    assert res["machine"]["cpu_count"] >= 1
