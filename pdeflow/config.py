@@ -140,7 +140,7 @@ class GridConfig:
 
 @dataclass(frozen=True)
 class SGDConfig:
-    batch_size: int = spec(32, "minibatch size", ge=1)
+    batch_size: int = spec(32, "minibatch size (resample: >= the data set size B is full-batch gradient descent)", ge=1)
     sampling: str = spec("resample", "minibatches: 'fresh' samples from the task, or 'resample' the data set",
                          choices=("fresh", "resample"))
     seed: int = spec(0, "seed of the minibatch stream and the Langevin noise", ge=0)
@@ -154,6 +154,8 @@ class ChaosConfig:
     seeds: int = spec(4, "independent seeds per N", ge=1)
     eta_list: list = spec([0.04, 0.02, 0.01], "SGD steps eta")
     probe_size: int = spec(64, "sequences in the logit probe set", ge=1)
+    static_draws: int = spec(32, "static approximation: i.i.d. draws of N heads from the converged reference, per N", ge=2)
+    converge_time: float = spec(50.0, "static approximation: time the reference flow runs to (>= run.t_end)", gt=0)
 
 
 @dataclass(frozen=True)

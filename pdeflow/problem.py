@@ -43,6 +43,21 @@ class Evaluation:
     dissipation: float
 
 
+def task_params(cfg: Config) -> dict[str, Any]:
+    """The task-specific keyword arguments of :func:`pdeflow.tasks.make_task` / ``sample_task`` for ``cfg.task``
+    (the Markov chain seed defaults to ``task.seed``; text paths are resolved relative to the config)."""
+    t = cfg.task
+    if t.name == "markov":
+        return {"concentration": t.concentration, "chain_seed": t.seed if t.chain_seed < 0 else t.chain_seed}
+    if t.name == "lookback":
+        return {"lag": t.lag}
+    if t.name == "associative" and t.n_pairs > 0:
+        return {"n_pairs": t.n_pairs}
+    if t.name == "text":
+        return {"path": str(cfg.resolve_path(t.path))}
+    return {}
+
+
 class Problem:
     """A data set, the fixed tables of the attention layer and the reduced coordinates.
 
@@ -84,18 +99,9 @@ class Problem:
         from .tasks import TaskError, make_task
 
         t, m = cfg.task, cfg.model
-        params: dict[str, Any] = {}
-        if t.name == "markov":
-            params = {"concentration": t.concentration, "chain_seed": t.seed if t.chain_seed < 0 else t.chain_seed}
-        elif t.name == "lookback":
-            params = {"lag": t.lag}
-        elif t.name == "associative" and t.n_pairs > 0:
-            params = {"n_pairs": t.n_pairs}
-        elif t.name == "text":
-            params = {"path": str(cfg.resolve_path(t.path))}
         try:
             task = make_task(t.name, vocab_size=t.vocab_size, seq_len=t.seq_len, exact=t.exact,
-                             n_samples=t.n_samples, seed=t.seed, **params)
+                             n_samples=t.n_samples, seed=t.seed, **task_params(cfg))
         except TaskError as exc:
             raise ConfigError(f"task: {exc}") from None
         E, P, U = make_tables(m, task.vocab_size, t.seq_len)

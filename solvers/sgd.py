@@ -1,0 +1,105 @@
+"""Finite-head SGD: the training process whose mean-field limit is the particle flow (MODEL.md).
+
+``solver.method = "sgd"`` moves N heads with masses ``1/N`` by
+
+    omega_i <- omega_i - eta g_i (+ sqrt(2 eta / beta) xi_i),   t <- t + eta,
+
+with ``eta = solver.dt`` in mean-field time, ``g_i = grad Phi(omega_i; rho_N)`` evaluated on a minibatch
+(the same weight decay ``lam omega_i``), and, when ``sgd.noise`` is on, i.i.d. standard normal ``xi_i``
+[k] (Langevin noise at inverse temperature ``model.beta``). A step cut short by a frame time uses the
+shorter length ``h`` for both the drift and the noise variance ``2 h / beta``.
+
+Minibatches (``sgd.batch_size = n``):
+
+- ``sampling = "resample"``: n sequences of the data set drawn uniformly without replacement, weighted
+  ``w_b B / n`` (so that the minibatch gradient is an unbiased estimate of the full one), in data-set
+  order. ``n >= B`` is the whole data set: full-batch gradient descent, which is explicit Euler with
+  ``dt = eta`` bit for bit.
+- ``sampling = "fresh"``: n new sequences from the task (:func:`pdeflow.tasks.sample_task`, weights
+  ``1/n``) with a seed drawn from the stepper's generator: online SGD on the population.
+
+The generator lives in ``State.rng`` (seeded by ``sgd.seed``) and is saved with every checkpoint, so a
+resumed run continues bit for bit. Per step it draws, in this order: the minibatch (indices, or the
+seed of the fresh sample), then the noise. The energy, risk and dissipation the driver records are those
+of the full data set; the ``batch_risk`` column holds the minibatch risk the step descended.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pdeflow.config import Config, ConfigError
+from pdeflow.problem import Problem, task_params
+from pdeflow.tasks import TaskError, sample_task
+
+from . import register
+from .base import State, Stepper, rng_from_state, rng_state
+
+SEED_BOUND = 2**63 - 1  # seeds of fresh minibatches are drawn in [0, SEED_BOUND)
+
+
+@register
+class SGD(Stepper):
+    """Minibatch SGD (optionally Langevin) on N heads in mean-field time; see the module docstring."""
+    name = "sgd"
+    step_columns = ("batch_risk",)
+
+    def __init__(self, problem: Problem, cfg: Config) -> None:
+        super().__init__(problem, cfg)
+        s = cfg.sgd
+        if s.noise and not math.isfinite(problem.beta):
+            raise ConfigError("sgd.noise = true needs a finite model.beta (the noise is sqrt(2 eta / beta) xi)")
+        self.n_data = int(problem.arrays()["tokens"].shape[0])
+        self.full_batch = s.sampling == "resample" and s.batch_size >= self.n_data
+        if s.sampling == "fresh":
+            self._check_fresh_sampling()
+
+    def _check_fresh_sampling(self) -> None:
+        """Draw one fresh minibatch now, so that a task that cannot be sampled fails before any output."""
+        try:
+            self._fresh_batch(0)
+        except TaskError as exc:
+            raise ConfigError(f"sgd.sampling = 'fresh': task: {exc}") from None
+
+    # ---- state --------------------------------------------------------------------------------
+    def initial_state(self) -> State:
+        state = super().initial_state()
+        state.rng = np.random.default_rng(self.cfg.sgd.seed)
+        return state
+
+    # ---- minibatches --------------------------------------------------------------------------
+    def _fresh_batch(self, seed: int) -> Problem:
+        t = self.cfg.task
+        data = sample_task(t.name, vocab_size=t.vocab_size, seq_len=t.seq_len, n_samples=self.cfg.sgd.batch_size,
+                           seed=seed, **task_params(self.cfg))
+        return self.problem.with_data(data.tokens, data.targets, data.mask, data.weights)
+
+    def minibatch(self, rng: np.random.Generator) -> Problem | None:
+        """The Problem on the next minibatch drawn from ``rng``; None for the full data set."""
+        if self.full_batch:
+            return None
+        if self.cfg.sgd.sampling == "fresh":
+            return self._fresh_batch(int(rng.integers(SEED_BOUND)))
+        n = self.cfg.sgd.batch_size
+        index = np.sort(rng.choice(self.n_data, size=n, replace=False))
+        a = self.problem.arrays()
+        return self.problem.with_data(a["tokens"][index], a["targets"][index], a["mask"][index],
+                                      a["weights"][index] * (self.n_data / n))
+
+    # ---- stepping -----------------------------------------------------------------------------
+    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+        h = min(self.cfg.solver.dt, dt_limit)
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        # a copy: the state handed in keeps its generator, so an interrupted step checkpoints cleanly
+        rng = rng_from_state(rng_state(state.rng))
+        batch = self.minibatch(rng)
+        ev = self.evaluate(state) if batch is None else batch.evaluate(omega, mass)
+        new = omega - h * ev.grad_phi
+        if self.cfg.sgd.noise:
+            new += math.sqrt(2.0 * h / self.problem.beta) * rng.standard_normal(omega.shape)
+        return state.advanced({"omega": new, "mass": mass}, h, rng=rng), {"batch_risk": ev.risk}
+
+    def likely_cause(self, state: State) -> str:
+        return (f"the SGD step solver.dt = eta = {self.cfg.solver.dt:g} is likely too large for this problem "
+                f"(mean-field time: the finite-head learning rate is N eta); reduce solver.dt")
