@@ -1,0 +1,356 @@
+"""JKO (minimizing-movement) steppers: ``rho_{n+1} = argmin_rho E(rho) + W2^2(rho, rho_n) / (2 tau)``.
+
+An implicit, variational time step of the Wasserstein gradient flow (MODEL.md). For any ``tau`` it
+decreases the energy, ``E(rho_{n+1}) + W2^2(rho_{n+1}, rho_n)/(2 tau) <= E(rho_n)``, which no explicit
+stepper does beyond its stability limit; it is first order in ``tau``. ``tau = solver.tau`` (0: ``solver.dt``);
+steps are shortened to land on frame times.
+
+Particles (``init.measure = "particles"``)
+    The new cloud ``Y`` [N, k] keeps the masses and the labels of the old cloud ``omega`` and minimizes
+
+        F(Y) = E(rho_Y) + (1/(2 tau)) sum_i m_i |y_i - omega_i|^2,
+        d F / d y_i = m_i (grad Phi(y_i; rho_Y) + (y_i - omega_i) / tau),
+
+    with scipy's L-BFGS-B and this analytic gradient. The minimizer solves the implicit Euler equations
+    ``y_i = omega_i - tau grad Phi(y_i; rho_Y)``. The inner solve runs in the scaled variables
+    ``z_i = sqrt(m_i / tau) (y_i - omega_i)``, in which ``F = E(rho_Y) + |z|^2 / 2`` has Hessian
+    ``I + O(tau)``, and stops when the Euler-Lagrange residual (velocity units)
+
+        r = sqrt( sum_i m_i |grad Phi(y_i; rho_Y) + (y_i - omega_i) / tau|^2 )
+
+    is at most ``solver.inner_tol``; otherwise the step fails (:class:`~solvers.base.SolverError`).
+    Zero-mass (tracer) particles do not move the measure; each then solves its own proximal problem
+    ``min_y Phi(y; rho_Y) + |y - omega_i|^2 / (2 tau)`` in the field of the new measure.
+    Keeping labels is the W2 JKO step restricted to clouds only while the identity coupling is optimal
+    between ``omega`` and ``Y``: every step re-solves the optimal coupling with POT (``ot.emd2`` on the
+    squared distances with the masses) and reports ``coupling_optimal`` (1/0) and the relative
+    ``transport_gap = (sum_i m_i |y_i - omega_i|^2 - W2^2) / sum_i m_i |y_i - omega_i|^2``; the first
+    non-optimal step is warned about and ``non_optimal_couplings`` counts them.
+
+``/steps`` columns: ``inner_iterations``, ``inner_evaluations``, ``inner_grad_norm`` (r above),
+``inner_tol``, ``coupling_optimal``, ``transport_gap``.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import ot
+from scipy.optimize import minimize
+from scipy.spatial.distance import cdist
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, minres
+
+from pdeflow.config import Config
+from pdeflow.problem import COMPLEX_STEP, Evaluation, Problem
+
+from . import register
+from .base import SolverError, State, Stepper
+
+# A coupling counts as optimal when the identity's cost exceeds W2^2 by at most this (relative) amount:
+# ot.emd2's network simplex is exact up to rounding of the cost matrix.
+COUPLING_RTOL = 1e-9
+
+
+def jko_tau(cfg: Config) -> float:
+    """The proximal step ``tau``: ``solver.tau``, or ``solver.dt`` when it is 0."""
+    return cfg.solver.tau if cfg.solver.tau > 0 else cfg.solver.dt
+
+
+# ---- the particle proximal step -------------------------------------------------------------------
+@dataclass
+class ProximalResult:
+    """The outcome of one particle proximal step.
+
+    ``omega`` [N, k] the new cloud, ``evaluation`` the Problem evaluation there, ``residual`` the
+    Euler-Lagrange residual r (module docstring), ``iterations`` (L-BFGS-B iterations plus Newton steps),
+    ``evaluations`` (gradient evaluations plus Hessian-vector products), ``converged`` whether
+    ``residual <= tol``, ``message`` the optimizer's last status.
+    """
+    omega: np.ndarray
+    evaluation: Evaluation
+    residual: float
+    iterations: int
+    evaluations: int
+    converged: bool
+    message: str
+
+
+def velocity_jvp(problem: Problem, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
+    """``d/ds grad Phi(omega_i + s u_i; rho_{omega + s u})`` at s = 0: the particles and the measure move
+    together. ``omega``, ``direction`` [N, k] -> [N, k]; complex step, exact to rounding (see Problem)."""
+    norm = float(np.linalg.norm(direction))
+    if norm == 0.0:
+        return np.zeros_like(omega)
+    h = COMPLEX_STEP / norm
+    z = omega + 1j * h * direction
+    return problem.grad_phi(z, z, mass).imag / h
+
+
+class _Objective:
+    """``F`` in the scaled variables ``z`` [n] (flattened [N', k]), its gradient and Hessian-vector products.
+
+    ``energy(y) -> (value, grad, info)`` is the part of F besides ``|z|^2 / 2`` with its gradient
+    divided by the masses (``grad Phi`` at the particles); ``jvp(y, u)`` is that gradient's derivative in
+    the direction ``u``. ``scale`` [N', 1] holds ``sqrt(tau / m_i)`` (so ``y = omega + scale * z``),
+    ``weight`` [N', 1] holds ``sqrt(tau m_i)`` (so ``dF/dz = weight * grad Phi + z``). The last point is cached.
+    """
+
+    def __init__(self, energy: Callable[[np.ndarray], tuple[float, np.ndarray, Any]],
+                 jvp: Callable[[np.ndarray, np.ndarray], np.ndarray], omega: np.ndarray,
+                 scale: np.ndarray, weight: np.ndarray) -> None:
+        self.energy, self.jvp, self.omega, self.scale, self.weight = energy, jvp, omega, scale, weight
+        self.key: bytes | None = None
+        self.value = 0.0
+        self.grad = np.zeros(omega.size)
+        self.info: Any = None
+        self.evaluations = 0
+
+    def y(self, z: np.ndarray) -> np.ndarray:
+        return self.omega + self.scale * z.reshape(self.omega.shape)
+
+    def __call__(self, z: np.ndarray) -> tuple[float, np.ndarray]:
+        key = z.tobytes()
+        if key != self.key:
+            value, grad_phi, info = self.energy(self.y(z))
+            self.value = value + 0.5 * float(z @ z)
+            self.grad = (self.weight * grad_phi).ravel() + z
+            self.key, self.info = key, info
+            self.evaluations += 1
+        return self.value, self.grad.copy()
+
+    def hvp(self, z: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``Hess_z F @ v = v + weight * J(scale * v)``: symmetric, ``I + O(tau)``."""
+        self.evaluations += 1
+        u = self.scale * v.reshape(self.omega.shape)
+        return (self.weight * self.jvp(self.y(z), u)).ravel() + v
+
+
+def _minimize(objective: _Objective, z0: np.ndarray, tol_z: float, maxiter: int,
+              magnitude: float) -> tuple[np.ndarray, int, str]:
+    """Minimize ``objective`` from ``z0`` until ``|grad_z F| <= tol_z`` or ``maxiter`` iterations;
+    ``magnitude`` is the size of the terms F is computed from (its rounding is ``eps * magnitude``).
+
+    L-BFGS-B first. Its line search compares values of F, which stop resolving progress once
+    ``tau r^2 / 2`` nears the rounding of E (``r ~ sqrt(eps |E| / tau)``, some 1e-8 to 1e-7); from there
+    (or after an iteration that decreased F by no more than its rounding) Newton steps finish the solve:
+    MINRES on Hessian-vector products, which need gradients only. Returns ``z``, iterations and the last status.
+    """
+    z, iterations, message = z0, 0, "converged"
+    # progress of F below this is rounding: hand over to Newton
+    resolution = 16 * np.finfo(float).eps * (magnitude + abs(objective(z0)[0]))
+    last = [objective(z0)[0]]
+
+    def gnorm(zz: np.ndarray) -> float:
+        return float(np.linalg.norm(objective(zz)[1]))
+
+    def callback(intermediate_result) -> None:
+        stalled = last[0] - intermediate_result.fun <= resolution
+        last[0] = intermediate_result.fun
+        if stalled or gnorm(intermediate_result.x) <= tol_z:
+            raise StopIteration
+
+    if gnorm(z) > tol_z:
+        res = minimize(objective, z, jac=True, method="L-BFGS-B", callback=callback,
+                       options={"maxiter": maxiter, "maxfun": 20 * maxiter + 20, "ftol": 0.0, "gtol": 0.0,
+                                "maxcor": 20})
+        iterations, z = int(res.nit), res.x
+        message = "L-BFGS-B: " + str(res.message).replace("`callback` raised `StopIteration`.", "stopped")
+    while iterations < maxiter:
+        g = objective(z)[1]
+        norm = float(np.linalg.norm(g))
+        if norm <= tol_z:
+            break
+        op = LinearOperator((z.size, z.size), matvec=lambda v: objective.hvp(z, v), dtype=float)
+        step, _ = minres(op, -g, rtol=min(0.1, 0.1 * tol_z / norm), maxiter=max(20, min(z.size, 200)))
+        iterations += 1
+        if gnorm(z + step) >= norm:
+            message += "; Newton polish made no progress"
+            break
+        z = z + step
+        message = "Newton polish"
+    objective(z)
+    return z, iterations, message
+
+
+def proximal_step(problem: Problem, omega: np.ndarray, mass: np.ndarray, tau: float, tol: float, maxiter: int,
+                  start: Evaluation | None = None) -> ProximalResult:
+    """One particle JKO step: ``argmin_Y E(rho_Y) + (1/(2 tau)) sum_i m_i |y_i - omega_i|^2``.
+
+    ``omega`` [N, k], ``mass`` [N] (>= 0); ``start`` the evaluation at ``omega`` if known. The inner solve
+    starts from the better (lower F) of ``omega`` and the explicit Euler predictor ``omega - tau grad Phi``
+    and stops when the Euler-Lagrange residual r <= ``tol`` or after ``maxiter`` iterations (see the
+    module docstring); the result says which.
+    """
+    omega = np.asarray(omega, dtype=float)
+    mass = np.asarray(mass, dtype=float)
+    start = start if start is not None else problem.evaluate(omega, mass)
+    heavy = mass > 0
+    om_h, m_h = omega[heavy], mass[heavy]
+    energy0 = start.energy
+
+    def measure_energy(y: np.ndarray) -> tuple[float, np.ndarray, Evaluation]:
+        # relative to the start, so that F is small and compared with its own rounding only
+        ev = problem.evaluate(y, m_h)
+        return ev.energy - energy0, ev.grad_phi, ev
+
+    objective = _Objective(measure_energy, lambda y, u: velocity_jvp(problem, y, m_h, u), om_h,
+                           np.sqrt(tau / m_h)[:, None], np.sqrt(tau * m_h)[:, None])
+    # |grad_z F| = sqrt(tau) r
+    tol_z = tol * np.sqrt(tau)
+    zero = np.zeros(om_h.size)
+    predictor = (-(start.grad_phi[heavy] * tau) / objective.scale).ravel()
+    z0 = predictor if objective(predictor)[0] < objective(zero)[0] else zero
+    z, iterations, message = _minimize(objective, z0, tol_z, maxiter, abs(energy0))
+    residual = float(np.linalg.norm(objective.grad)) / np.sqrt(tau)
+    evaluations = objective.evaluations
+    y = omega.copy()
+    y[heavy] = objective.y(z)
+    evaluation = objective.info
+    if not np.all(heavy):
+        # tracers: independent proximal problems in the frozen field of the new measure
+        G = problem.residual_features(y[heavy], m_h)
+        om_t = omega[~heavy]
+
+        def field(q: np.ndarray) -> tuple[float, np.ndarray, None]:
+            phi, grad = problem.grad_phi_field(q, G)
+            return float(phi.sum()), grad, None
+
+        def field_jvp(q: np.ndarray, u: np.ndarray) -> np.ndarray:
+            h = COMPLEX_STEP / max(float(np.linalg.norm(u)), 1e-300)
+            return problem.grad_phi_field(q + 1j * h * u, G)[1].imag / h
+
+        root = np.full((om_t.shape[0], 1), np.sqrt(tau))
+        tracers = _Objective(field, field_jvp, om_t, root, root)
+        # each tracer's residual counts with weight 1 besides r: the tolerance is on the sum of squares
+        zt, it_t, msg_t = _minimize(tracers, np.zeros(om_t.size), tol_z, maxiter, 0.0)
+        y[~heavy] = tracers.y(zt)
+        residual = float(np.hypot(residual, np.linalg.norm(tracers.grad) / np.sqrt(tau)))
+        iterations, evaluations = iterations + it_t, evaluations + tracers.evaluations
+        message = f"{message}; tracers: {msg_t}"
+        evaluation = problem.evaluate(y, mass)
+    return ProximalResult(omega=y, evaluation=evaluation, residual=residual, iterations=iterations,
+                          evaluations=evaluations, converged=residual <= tol, message=message)
+
+
+def coupling_gap(old: np.ndarray, new: np.ndarray, mass: np.ndarray) -> float:
+    """Relative excess of the identity coupling over the optimal one between two labelled clouds.
+
+    ``(sum_i m_i |new_i - old_i|^2 - W2^2) / sum_i m_i |new_i - old_i|^2`` with ``W2^2 = ot.emd2(m, m, C)``,
+    ``C_ij = |new_i - old_j|^2``: 0 when keeping the labels is an optimal transport (0 also for no motion).
+    """
+    sq = np.einsum("ik,ik->i", new - old, new - old)
+    identity = float(np.dot(mass, sq))
+    if identity == 0.0:
+        return 0.0
+    m = np.asarray(mass, dtype=np.float64)
+    m = m / m.sum()
+    # differences, not ot.dist's |x|^2 + |y|^2 - 2 x.y, whose cancellation swamps small displacements
+    cost = cdist(new, old, metric="sqeuclidean")
+    optimal = float(ot.emd2(m, m, cost, numItermax=max(100_000, 50 * m.size ** 2)))
+    return max(0.0, (identity / mass.sum() - optimal) / (identity / mass.sum()))
+
+
+def euler_stability_limit(problem: Problem, omega: np.ndarray, mass: np.ndarray, tol: float = 1e-4) -> float:
+    """The explicit Euler stability limit ``2 / lambda_max`` of the particle system at a cloud.
+
+    ``lambda_max`` is the largest eigenvalue of the Jacobian ``J = d grad Phi(omega_i; rho) / d omega_j``
+    [N k, N k] of minus the particle velocity (measure moving with the particles), which is
+    ``M^{-1} Hess E`` with ``M = diag(m_i)``; it is found (Lanczos, relative tolerance ``tol``) on the
+    symmetric ``M^{1/2} J M^{-1/2}``, each product by the complex step on ``grad Phi``. Euler's
+    amplification of that mode, ``|1 - dt lambda_max|``, exceeds 1 for ``dt > 2 / lambda_max``.
+    Returns ``inf`` when no eigenvalue is positive. Costs some tens of complex evaluations.
+    """
+    omega = np.asarray(omega, dtype=float)
+    mass = np.asarray(mass, dtype=float)
+    root = np.sqrt(mass)[:, None]
+    shape, n = omega.shape, omega.size
+
+    def matvec(v: np.ndarray) -> np.ndarray:
+        u = np.asarray(v, dtype=float).reshape(shape) / root
+        return (root * velocity_jvp(problem, omega, mass, u)).ravel()
+
+    op = LinearOperator((n, n), matvec=matvec, dtype=float)
+    if n <= 2:
+        dense = np.column_stack([matvec(e) for e in np.eye(n)])
+        lam = float(np.max(np.linalg.eigvalsh(0.5 * (dense + dense.T))))
+    else:
+        v0 = np.random.default_rng(0).standard_normal(n)
+        try:
+            lam = float(eigsh(op, k=1, which="LA", tol=tol, v0=v0, return_eigenvectors=False)[0])
+        except ArpackNoConvergence as exc:
+            if len(exc.eigenvalues) == 0:
+                raise
+            lam = float(np.max(exc.eigenvalues))
+    return 2.0 / lam if lam > 0 else np.inf
+
+
+# ---- steppers -------------------------------------------------------------------------------------
+@register
+class JKO(Stepper):
+    """``solver.method = "jko"``: builds :class:`ParticleJKO` or :class:`GridJKO` after ``init.measure``."""
+    name = "jko"
+
+    def __new__(cls, problem: Problem, cfg: Config) -> "JKO":
+        if cls is JKO:
+            cls = GridJKO if cfg.init.measure == "grid" else ParticleJKO
+        return super().__new__(cls)
+
+    @property
+    def tau(self) -> float:
+        return jko_tau(self.cfg)
+
+    def likely_cause(self, state: State) -> str:
+        return (f"the JKO step with solver.tau = {self.tau:g} left the region where the problem is finite; "
+                f"reduce solver.tau")
+
+
+class ParticleJKO(JKO):
+    """Particle JKO: the proximal step of the module docstring, one L-BFGS-B solve per step."""
+    measure = "particles"
+    step_columns = ("inner_iterations", "inner_evaluations", "inner_grad_norm", "inner_tol",
+                    "coupling_optimal", "transport_gap")
+
+    def __init__(self, problem: Problem, cfg: Config) -> None:
+        super().__init__(problem, cfg)
+        self.non_optimal_couplings = 0
+
+    def initial_state(self) -> State:
+        state = super().initial_state()
+        state.dt = self.tau
+        return state
+
+    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+        s = self.cfg.solver
+        h = min(self.tau, dt_limit)
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        result = proximal_step(self.problem, omega, mass, h, s.inner_tol, s.inner_maxiter, self.evaluate(state))
+        if not result.converged:
+            raise SolverError(
+                f"the inner L-BFGS-B solve of JKO step {state.step + 1} (t = {state.t:.6g}, tau = {h:.3g}) stopped "
+                f"after {result.iterations} iterations with Euler-Lagrange residual {result.residual:.3g} > "
+                f"solver.inner_tol = {s.inner_tol:g} ({result.message}); raise solver.inner_maxiter or "
+                f"solver.inner_tol, or reduce solver.tau")
+        gap = coupling_gap(omega, result.omega, mass)
+        optimal = gap <= COUPLING_RTOL
+        if not optimal:
+            self.non_optimal_couplings += 1
+            if self.non_optimal_couplings == 1:
+                warnings.warn(f"JKO step {state.step + 1} (t = {state.t:.6g}): the identity coupling between the "
+                              f"old and new particles is not optimal (transport gap {gap:.2e}), so the step is not "
+                              f"the W2 JKO step of the cloud; /steps/coupling_optimal marks every such step - "
+                              f"reduce solver.tau", RuntimeWarning, stacklevel=2)
+        new = state.advanced({"omega": result.omega, "mass": mass}, h, dt=self.tau)
+        new.evaluation = result.evaluation
+        return new, {"inner_iterations": float(result.iterations), "inner_evaluations": float(result.evaluations),
+                     "inner_grad_norm": result.residual, "inner_tol": s.inner_tol,
+                     "coupling_optimal": float(optimal), "transport_gap": gap}
+
+
+class GridJKO(JKO):
+    """Entropic JKO on a grid density (see the module docstring)."""
+    measure = "grid"
+
+    def __init__(self, problem: Problem, cfg: Config) -> None:
+        raise SolverError("the grid JKO stepper is not available yet")
