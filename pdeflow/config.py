@@ -122,12 +122,19 @@ class DiagnosticsConfig:
     enabled: bool = spec(True, "write the rate analysis into the trajectory when a run ends")
     gap: bool = spec(True, "search min Phi for the optimality gap (off for huge runs)")
     gap_frames: int = spec(5, "number of frames (the last included) where the gap is computed", ge=0)
-    domain: str = spec("ball", "parameter set Omega of the gap search", choices=("ball", "box"))
+    domain: str = spec("ball", "parameter set Omega of the gap search (grid: the box of a grid run)",
+                       choices=("ball", "box", "grid"))
     radius: float = spec(5.0, "radius (ball) or half-width (box) of Omega", gt=0)
     n_starts: int = spec(32, "random starts of the gap search besides the particles", ge=0)
-    grid_points: int = spec(64, "k <= 3: exhaustive grid points per axis before polishing", ge=2)
-    e_star: float = spec(math.nan, "known optimal energy for PL/KL (nan: best lower bound)")
-    kl_window: float = spec(0.5, "fraction of the trajectory (the end) used for the KL fit", gt=0, le=1)
+    grid_points: int = spec(32, "k <= 3: exhaustive grid points per axis before polishing (k = 3 costs its cube)",
+                            ge=2)
+    seed: int = spec(0, "seed of the random starts of the gap search", ge=0)
+    e_star: float = spec(math.nan, "known optimal energy for PL/KL (nan: best lower bound, else a fitted limit)")
+    kl_window: float = spec(0.5, "fraction of the time span (the end) used for the KL fit", gt=0, le=1)
+    stationary_tol: float = spec(0.0, "dissipation below which (to the end) the flow counts as stationary "
+                                      "(0: run.stationary_tol, else 1e-8 times the initial dissipation)", ge=0)
+    cluster_tol: float = spec(0.1, "heads closer than this times the rms |omega| share a cluster", gt=0)
+    attention_maps: int = spec(4, "attention maps stored for the heaviest head clusters", ge=0)
 
 
 @dataclass(frozen=True)
@@ -315,6 +322,9 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
         raise ConfigError(f"solver.method = {s.method!r} evolves a grid density: set init.measure = 'grid'")
     if s.method in particle_only and cfg.init.measure != "particles":
         raise ConfigError(f"solver.method = {s.method!r} moves particles: set init.measure = 'particles'")
+    if cfg.diagnostics.domain == "grid" and cfg.init.measure != "grid":
+        raise ConfigError("diagnostics.domain = 'grid' is the box of a grid run: set init.measure = 'grid' "
+                          "or use 'ball' or 'box'")
     if cfg.init.measure == "grid" and m.coordinates == "full":
         raise ConfigError("init.measure = 'grid' needs reduced coordinates (model.coordinates with k <= 3)")
     if s.dt_min > s.dt_max:

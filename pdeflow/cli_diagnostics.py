@@ -1,0 +1,180 @@
+"""``pdeflow diagnose FILE`` and ``pdeflow plot FILE``: the analysis of a trajectory, as a table and figures.
+
+``diagnose`` recomputes the analysis (energy identity, optimality gap, PL/KL rates, head clusters) with the
+file's ``[diagnostics]`` settings changed by the options, prints it and stores it as /analysis (replacing
+only that group). Minimizers of Phi found by an earlier analysis seed the new gap search.
+``plot`` draws the stored analysis (computed in memory when the file has none) into a folder.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import Config, ConfigError, parse_override
+from .diagnostics import Analysis, analyse, read_analysis, write_analysis
+from .trajectory import Trajectory, open_trajectory
+
+MAX_TABLE_ROWS = 16
+
+
+def _usage_error(message: str) -> Exception:
+    from .cli import UsageError  # the CLI's error type (imported late: cli imports this module)
+    return UsageError(message)
+
+
+def settings_from_args(traj: Trajectory, args: argparse.Namespace) -> Config:
+    """The file's config with its ``[diagnostics]`` keys changed by the options (validated)."""
+    changes: dict[str, Any] = {}
+    for item in args.set:
+        text = item if "=" in item and "." in item.split("=", 1)[0] else f"diagnostics.{item}"
+        section, key, value = parse_override(text)
+        if section != "diagnostics":
+            raise _usage_error(f"--set {item!r}: only [diagnostics] keys can be changed here")
+        changes[key] = value
+    if getattr(args, "e_star", None) is not None:
+        changes["e_star"] = args.e_star
+    if getattr(args, "frames", None) is not None:
+        changes["gap_frames"] = args.frames
+    if args.no_gap:
+        changes["gap"] = False
+    return traj.config.replace(diagnostics=changes) if changes else traj.config
+
+
+def _fmt(x: float, spec: str = ".6g") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def format_analysis(traj: Trajectory, a: Analysis) -> str:
+    """The analysis as a short report and a table over frames (the gap frames and an even subsample)."""
+    k = traj.model_attrs.get("k")
+    n = traj.frames["omega"].shape[1] if "omega" in traj.frames else int(np.prod(np.shape(traj.frames["density"])[1:]))
+    what = f"{n} particles" if "omega" in traj.frames else f"grid of {n} cells"
+    lines = [f"file          {traj.path} ({traj.attrs.get('method')}, {what}, k = {k})"]
+    res = a.energy_identity_residual
+    drop = float(a.energy[0] - np.min(a.energy)) if a.energy.size else math.nan
+    lines.append(f"energy ident. max |E(t) - E(0) + int I| = {_fmt(float(np.max(np.abs(res))) if res.size else math.nan, '.3e')}"
+                 f" (energy decrease {_fmt(drop, '.3e')})")
+    lines.append(f"stationary    " + (f"from t = {a.stationary_time:.6g}" if math.isfinite(a.stationary_time)
+                                      else "not reached") + f" (I <= {_fmt(a.stationary_tol, '.3g')})")
+    lines.append(f"E*            {_fmt(a.e_star, '.12g')} ({a.e_star_source})")
+    lo, hi = a.kl_theta_ci
+    lines.append(f"KL exponent   theta = {_fmt(a.kl_theta, '.4f')} [{_fmt(lo, '.4f')}, {_fmt(hi, '.4f')}] over "
+                 f"t >= {_fmt(a.kl_window_start, '.4g')} ({a.kl_points} points; 0.5 = PL); C = {_fmt(a.kl_constant, '.4g')};"
+                 f" predicted vs observed E - E*: max |log ratio| {_fmt(a.kl_decay_error, '.3g')}")
+    if a.gap_computed:
+        kind = "estimate (multi-start search)" if a.gap_is_estimate else "exhaustive grid search + polishing"
+        lines.append(f"gap search    Omega = {a.gap_domain} {a.gap_radius:g}; {kind}")
+        last = a.gap_frames[-1]
+        lines.append(f"last gap      G = {a.gap[last]:.6g} at t = {a.time[last]:.6g}, argmin Phi = "
+                     + np.array2string(a.minimizer[last][:6], precision=4, separator=", ")
+                     + (" ..." if a.minimizer.shape[1] > 6 else ""))
+    else:
+        lines.append("gap search    off")
+    c = a.clusters
+    if c is not None:
+        shown = ", ".join(f"{m:.3g} ({int(s)})" for m, s in zip(c.mass[:8], c.size[:8]))
+        lines.append(f"head clusters {len(c.mass)} at distance {c.threshold:.3g}; mass (heads): {shown}"
+                     + (" ..." if len(c.mass) > 8 else ""))
+    for note in a.notes:
+        lines.append(f"note          {note}")
+    F = a.time.size
+    rows = set(a.gap_frames.tolist()) | set(np.round(np.linspace(0, F - 1, min(F, MAX_TABLE_ROWS))).astype(int).tolist())
+    lines.append("")
+    lines.append(f"{'t':>10} {'energy':>16} {'dissipation':>12} {'gap':>12} {'E - G':>16} {'mu':>10} {'residual':>10}")
+    for f in sorted(rows):
+        lines.append(f"{a.time[f]:>10.4g} {a.energy[f]:>16.10g} {a.dissipation[f]:>12.4e} {_fmt(a.gap[f], '.4e'):>12} "
+                     f"{_fmt(a.lower_bound[f], '.10g'):>16} {_fmt(a.pl_mu[f], '.4g'):>10} "
+                     f"{_fmt(a.energy_identity_residual[f], '.2e'):>10}")
+    return "\n".join(lines)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    traj = open_trajectory(args.file)
+    cfg = settings_from_args(traj, args)
+    analysis = analyse(traj, cfg.diagnostics, previous=read_analysis(traj), run_stationary_tol=cfg.run.stationary_tol)
+    if not args.no_write:
+        write_analysis(traj.path, analysis)
+    print(format_analysis(traj, analysis))
+    if not args.no_write:
+        print(f"\nstored as /analysis in {traj.path}")
+    return 0
+
+
+def _coords(text: str | None, k: int) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        coords = [int(c) for c in text.split(",")]
+    except ValueError:
+        raise _usage_error(f"--coords must be two integers I,J, got {text!r}") from None
+    if len(coords) != 2 or coords[0] == coords[1] or not all(0 <= c < k for c in coords):
+        raise _usage_error(f"--coords must be two different coordinates in 0..{k - 1}, got {text!r}")
+    return coords
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .plotting import plot_all  # matplotlib only for this command
+
+    traj = open_trajectory(args.file)
+    if len(traj.time) == 0:
+        raise _usage_error(f"{traj.path}: no frames to plot")
+    out = Path(args.output) if args.output else traj.path.with_name(traj.path.stem + "_plots")
+    if out.exists() and not out.is_dir():
+        raise _usage_error(f"output {str(out)!r} exists and is not a directory")
+    if not out.parent.exists():
+        raise _usage_error(f"output directory {str(out.parent)!r} does not exist")
+    coords = _coords(args.coords, int(traj.model_attrs.get("k", 0)))
+    if coords is not None and "omega" not in traj.frames:
+        raise _usage_error("--coords applies to particle runs only")
+    if not -len(traj.time) <= args.frame < len(traj.time):
+        raise _usage_error(f"--frame must be in {-len(traj.time)}..{len(traj.time) - 1}, got {args.frame}")
+    if args.fps < 1:
+        raise _usage_error(f"--fps must be >= 1, got {args.fps}")
+    analysis = None if args.recompute else read_analysis(traj)
+    if analysis is None:
+        cfg = settings_from_args(traj, args)
+        analysis = analyse(traj, cfg.diagnostics, run_stationary_tol=cfg.run.stationary_tol)
+    out.mkdir(exist_ok=True)
+    for path in plot_all(traj, analysis, out, coords=coords, frame=args.frame, movie=not args.no_animation,
+                         fps=args.fps):
+        print(path)
+    return 0
+
+
+def add_command(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``diagnose`` and ``plot``."""
+    from .cli import EXIT_CODES
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", help="trajectory file (.h5)")
+        p.add_argument("--no-gap", action="store_true", help="skip the search for min Phi (diagnostics.gap = false)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="change a [diagnostics] key, e.g. --set radius=3 --set domain=box (repeatable)")
+
+    p = subparsers.add_parser("diagnose", help="energy identity, optimality gap, PL/KL rates, head clusters",
+                              description=__doc__, epilog=EXIT_CODES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(p)
+    p.add_argument("--e-star", type=float, metavar="X", help="known optimal energy E* (diagnostics.e_star)")
+    p.add_argument("--frames", type=int, metavar="N", help="frames where the gap is computed (diagnostics.gap_frames)")
+    p.add_argument("--no-write", action="store_true", help="print only; leave the file untouched")
+    p.set_defaults(func=cmd_diagnose)
+
+    p = subparsers.add_parser("plot", help="figures and an animation of a trajectory (headless)",
+                              description=__doc__, epilog=EXIT_CODES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(p)
+    p.add_argument("-o", "--output", metavar="DIR", help="output folder (default: <file stem>_plots beside the file)")
+    p.add_argument("--coords", metavar="I,J", help="particle coordinates to plot (default: principal axes; k = 2: both)")
+    p.add_argument("--frame", type=int, default=-1, help="frame of the particle / density figure (default: last)")
+    p.add_argument("--fps", type=int, default=5, help="frames per second of the animation")
+    p.add_argument("--no-animation", action="store_true", help="no GIF / MP4")
+    p.add_argument("--recompute", action="store_true", help="recompute the analysis (in memory) instead of reading it")
+    p.set_defaults(func=cmd_plot)
+
+
+__all__ = ["add_command", "format_analysis", "settings_from_args"]

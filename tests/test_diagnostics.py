@@ -1,0 +1,387 @@
+"""Acceptance tests of pdeflow.diagnostics and the ``pdeflow diagnose`` command.
+
+Every expectation is recomputed independently: closed forms (synthetic energy curves, the quadratic Phi of
+the output-gain family, the translation Hessian of a Dirac), brute-force evaluation of Phi on fine grids,
+the KKT conditions of the constrained minimum, and energies of other runs and random measures.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import h5py
+import numba
+import numpy as np
+import pytest
+
+from conftest import build_config
+from pdeflow import diagnostics as D
+from pdeflow.cli import main
+from pdeflow.config import Config, DiagnosticsConfig
+from pdeflow.problem import Problem
+from pdeflow.trajectory import TrajectoryWriter, open_trajectory
+from solvers.driver import run
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_numba_thread():
+    """Tiny kernels on a loaded 2-core machine run many times faster on one thread than on two."""
+    old = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(old)
+
+
+def run_config(tmp_path: Path, name: str, on_finish=None, **overrides) -> tuple[Config, Path]:
+    cfg = build_config(**overrides)
+    path = tmp_path / f"{name}.h5"
+    result = run(cfg, Problem.from_config(cfg), path, quiet=True, on_finish=on_finish)
+    assert result.status == "finished", result.message
+    return cfg, path
+
+
+# ---- synthetic curves: PL, KL, energy identity ------------------------------------------------
+def test_pl_constant_recovers_mu_on_exponential_curve():
+    """E - E* = A exp(-2 mu t) with I = -dE/dt by second-order differences: mu within 1% at every time."""
+    mu, e_star = 0.7, 0.3
+    t = np.linspace(0.0, 10.0, 401)
+    energy = e_star + 2.0 * np.exp(-2 * mu * t)
+    dissipation = -np.gradient(energy, t, edge_order=2)
+    estimate = D.pl_constant(energy, dissipation, e_star)
+    assert np.max(np.abs(estimate / mu - 1)) < 0.01
+    # a wrong E* is visible: the ratio drifts by far more than 1%
+    assert np.max(np.abs(D.pl_constant(energy, dissipation, e_star - 1e-3) / mu - 1)) > 0.1
+    assert np.isnan(D.pl_constant([1.0, 2.0], [1.0, 1.0], 1.0)[0])
+
+
+@pytest.mark.parametrize("a", [1.0, 2.0, 4.0])
+def test_kl_exponent_recovers_theta_on_power_law(a):
+    """E - E* = (1 + t)^(-a) gives I = a (E - E*)^((a + 1)/a), i.e. theta = (a - 1) / (2 a); I from differences."""
+    t = np.linspace(0.0, 200.0, 2001)
+    energy = 1.5 + (1.0 + t) ** (-a)
+    dissipation = -np.gradient(energy, t, edge_order=2)
+    theta, lo, hi = D.kl_exponent(energy, dissipation, 1.5, window=0.5)
+    assert abs(theta - (a - 1) / (2 * a)) < 0.02
+    assert lo <= theta <= hi and hi - lo < 0.02
+
+
+def test_kl_exponent_is_one_half_for_exponential_decay_and_fit_finds_e_star():
+    t = np.linspace(0.0, 20.0, 801)
+    energy = -0.4 + 3.0 * np.exp(-0.5 * t)
+    dissipation = -np.gradient(energy, t, edge_order=2)
+    assert abs(D.kl_exponent(energy, dissipation, -0.4)[0] - 0.5) < 0.02
+    e_star = D.fit_e_star(energy, dissipation)
+    assert abs(e_star - (-0.4)) < 1e-6 * 3.0
+    # a power-law tail too: its limit is found from the curve alone
+    energy = 2.0 + (1.0 + t) ** -2.0
+    assert abs(D.fit_e_star(energy, -np.gradient(energy, t, edge_order=2)) - 2.0) < 1e-3
+    assert math.isnan(D.kl_exponent([1.0, 1.0], [0.0, 0.0], 0.0)[0])
+
+
+def test_energy_identity_residual_is_second_order_and_exact_for_linear_dissipation():
+    def residual(n):
+        t = np.linspace(0.0, 2.0, n + 1)
+        return D.energy_identity_residual(t, np.exp(-t), np.exp(-t))[-1]
+    order = math.log2(abs(residual(20) / residual(40)))
+    assert abs(order - 2.0) < 0.05
+    t = np.linspace(0.0, 3.0, 7)
+    assert np.max(np.abs(D.energy_identity_residual(t, -(t + t ** 2 / 2), 1.0 + t))) < 1e-14
+
+
+# ---- the optimality gap ------------------------------------------------------------------------
+def brute_force_min(problem: Problem, G: np.ndarray, domain: D.Domain, n: int) -> float:
+    mesh, inside = domain.grid(n)
+    return float(np.min(problem.phi_field(mesh[inside], G)))
+
+
+@pytest.mark.parametrize("domain,radius", [("ball", 2.0), ("box", 2.0), ("ball", 0.4)])
+def test_gap_search_agrees_with_brute_force_on_two_coordinates(domain, radius):
+    """k = 2: the gap's minimum is no higher than Phi on a 161 x 161 grid of Omega and at most a grid cell's
+    curvature below it; with the small ball the minimum sits on the circle."""
+    problem = build_config_problem(model={"coordinates": "gain2", "weight_decay": 0.05})
+    rng = np.random.default_rng(3)
+    omega, mass = rng.normal(size=(6, 2)), rng.dirichlet(np.ones(6))
+    res = D.optimality_gap(problem, omega, mass, domain=domain, radius=radius, n_starts=4, grid_points=16)
+    G = problem.residual_features(omega, mass)
+    dom = D.Domain.make(domain, 2, radius)
+    brute = brute_force_min(problem, G, dom, 161)
+    assert res.exhaustive
+    assert res.min_phi <= brute + 1e-12
+    assert brute - res.min_phi < 1e-3
+    assert abs(problem.phi(res.minimizer[None], omega, mass)[0] - res.min_phi) < 1e-13
+    assert abs(res.mean_phi - mass @ problem.phi(omega, omega, mass)) < 1e-13
+    assert not dom.outside(res.minimizer[None])[0]
+    if radius < 1:
+        assert abs(np.linalg.norm(res.minimizer) - radius) < 1e-9
+
+
+def build_config_problem(**overrides) -> Problem:
+    return Problem.from_config(build_config(**overrides))
+
+
+def test_zero_head_is_stationary_but_not_optimal():
+    """The Dirac at omega = 0 (full coordinates) is stationary: theta = 0 has WO = WV = 0, so every
+    component of grad Phi vanishes; with a small weight decay Phi is lower elsewhere and G > 0."""
+    problem = build_config_problem(model={"weight_decay": 0.01})
+    omega, mass = np.zeros((1, problem.k)), np.ones(1)
+    assert np.max(np.abs(problem.grad_phi(omega, omega, mass))) == 0.0
+    res = D.optimality_gap(problem, omega, mass, radius=3.0, n_starts=8)
+    assert not res.exhaustive
+    assert res.mean_phi == 0.0
+    assert res.gap > 0.05
+    assert np.linalg.norm(res.minimizer) <= 3.0 * (1 + 1e-12)
+    assert abs(problem.phi(res.minimizer[None], omega, mass)[0] + res.gap) < 1e-13
+    # the minimizer is a KKT point of min Phi on the ball: grad Phi = -nu omega with nu >= 0 on the sphere
+    g = problem.grad_phi(res.minimizer[None], omega, mass)[0]
+    w = res.minimizer
+    if np.linalg.norm(w) > 3.0 * (1 - 1e-6):
+        nu = -(g @ w) / (w @ w)
+        assert nu >= 0
+        assert np.linalg.norm(g + nu * w) < 1e-5 * max(1.0, np.linalg.norm(g))
+    else:
+        assert np.linalg.norm(g) < 1e-5
+
+
+def test_gap_search_in_full_coordinates_ends_at_kkt_points():
+    """k = 56, random measure: minimizer in the box / ball and satisfying the KKT conditions there."""
+    problem = build_config_problem(model={"weight_decay": 0.1})
+    rng = np.random.default_rng(0)
+    omega, mass = 0.5 * rng.normal(size=(8, problem.k)), np.full(8, 1 / 8)
+    for domain in ("ball", "box"):
+        res = D.optimality_gap(problem, omega, mass, domain=domain, radius=2.0, n_starts=4, seed=1)
+        g = problem.grad_phi(res.minimizer[None], omega, mass)[0]
+        w = res.minimizer
+        assert res.gap >= 0 and res.min_phi <= np.min(problem.phi(omega, omega, mass))
+        if domain == "box":
+            assert np.all(np.abs(w) <= 2.0)
+            free = np.abs(w) < 2.0 - 1e-8
+            assert np.max(np.abs(g[free])) < 1e-5
+            assert np.all(g[~free] * np.sign(w[~free]) <= 1e-8)     # pushing outward only
+        else:
+            assert np.linalg.norm(w) <= 2.0 * (1 + 1e-12)
+            nu = max(0.0, -(g @ w) / (w @ w)) if np.linalg.norm(w) > 2.0 * (1 - 1e-6) else 0.0
+            assert np.linalg.norm(g + nu * w) < 1e-5
+
+
+def test_output_gain_long_run_reaches_the_support_condition(tmp_path):
+    """1-D output gain: Phi(w) = a w + (lam/2) w^2 + c, so G = (lam/2) sum_i m_i (w_i - w*)^2 with w* = -a/lam.
+    Particles uniform on Omega = [-4, 4] converge; the gap falls below 1e-3 and equals the closed form,
+    and the PL ratio tends to lam (the spread contracts at rate lam)."""
+    lam, R = 0.2, 4.0
+    cfg, path = run_config(tmp_path, "gain", on_finish=D.analyse_run,
+                           model={"coordinates": "output_gain", "weight_decay": lam},
+                           init={"n_particles": 24, "distribution": "uniform", "scale": R},
+                           solver={"method": "rk4", "dt": 0.5}, run={"t_end": 40.0, "frame_interval": 4.0},
+                           diagnostics={"gap_frames": 3, "n_starts": 4, "grid_points": 64, "radius": R})
+    traj = open_trajectory(path)
+    a = D.read_analysis(traj)
+    problem = traj.problem()
+    omega, mass = D.frame_measure(traj, -1)
+    G = problem.residual_features(omega, mass)
+    phi0, phi1 = problem.phi_field(np.array([[0.0], [1.0]]), G)
+    w_star = -(phi1 - phi0 - lam / 2) / lam
+    assert abs(w_star) < R
+    closed = lam / 2 * np.sum(mass * (omega[:, 0] - w_star) ** 2)
+    assert a.gap[-1] < 1e-3
+    assert abs(a.gap[-1] - closed) < 1e-9 + 1e-6 * closed
+    assert abs(a.minimizer[-1, 0] - w_star) < 1e-7
+    assert a.gap[0] > 0.1 and not a.gap_is_estimate
+    assert abs(a.pl_mu[-1] / lam - 1) < 1e-3
+    assert abs(a.kl_theta - 0.5) < 0.02
+    assert np.max(np.abs(a.energy_identity_residual)) < 1e-2 * (a.energy[0] - a.energy[-1])  # trapezoid, dt = 0.5
+
+
+def test_pl_ratio_of_a_dirac_tends_to_the_translation_hessian(tmp_path):
+    """A Dirac moves by the one-head energy e(w): near its minimizer w*, I / (2 (e - e*)) -> e''(w*),
+    which Problem.translation_hvp gives independently; E* from a scalar minimization of e."""
+    from scipy.optimize import minimize_scalar
+
+    cfg, path = run_config(tmp_path, "dirac", model={"coordinates": "output_gain", "weight_decay": 0.05},
+                           init={"n_particles": 1, "distribution": "point", "mean": [2.0]},
+                           solver={"method": "rk4", "dt": 0.1}, run={"t_end": 30.0, "frame_interval": 3.0})
+    problem = Problem.from_config(cfg)
+    e = minimize_scalar(lambda w: problem.energy(np.array([[w]]), np.ones(1)), bracket=(-1.0, 1.0), tol=1e-12)
+    htr = problem.translation_hvp(np.array([e.x]), np.ones(1))[0]
+    a = D.analyse(open_trajectory(path), DiagnosticsConfig(gap=False, e_star=float(e.fun)))
+    assert a.e_star_source == "given"
+    assert abs(a.pl_mu[-1] / htr - 1) < 0.01
+    assert abs(a.kl_theta - 0.5) < 0.02
+
+
+def test_lower_bound_never_exceeds_the_energy_of_any_run(tmp_path):
+    """gain2 (exhaustive search): E - G at every analysed frame of three runs (methods and seeds differ) is
+    below the lowest energy any run reached and below E of random measures on Omega; the runs' final
+    bounds agree with each other far more closely than with the energies reached (all approach min E
+    from below)."""
+    R = 3.0
+    common = {"model": {"coordinates": "gain2", "weight_decay": 0.2},
+              "run": {"t_end": 10.0, "frame_interval": 1.0},
+              "diagnostics": {"gap_frames": 4, "n_starts": 4, "grid_points": 24, "radius": R}}
+    lower, lowest, final = [], math.inf, []
+    for method, seed, dt in [("rk4", 0, 0.2), ("heun", 1, 0.1), ("adaptive", 2, 0.2)]:
+        _, path = run_config(tmp_path, method, on_finish=D.analyse_run, **common,
+                             init={"n_particles": 12, "seed": seed, "scale": 0.8}, solver={"method": method, "dt": dt})
+        traj = open_trajectory(path)
+        a = D.read_analysis(traj)
+        assert np.all(a.outside_mass[a.gap_frames] == 0) and not a.gap_is_estimate
+        lower.extend(a.lower_bound[a.gap_frames])
+        final.append(a.lower_bound[-1])
+        lowest = min(lowest, float(np.min(traj.steps["energy"])))
+    problem = traj.problem()
+    rng = np.random.default_rng(5)
+    dom = D.Domain.make("ball", 2, R)
+    random_energies = [problem.energy(dom.sample(8, rng), rng.dirichlet(np.ones(8))) for _ in range(50)]
+    assert max(lower) <= lowest
+    assert max(lower) <= min(random_energies)
+    assert max(final) - min(final) < 1e-4 < lowest - max(final)
+
+
+# ---- attention maps and head clusters ----------------------------------------------------------
+def test_attention_pattern_reproduces_the_problem_logits():
+    """z[l] = U WO sum_j a[l, j] WV x_j for one head of mass one: the attention helper and Problem.logits agree."""
+    problem = build_config_problem(model={"positions": "sinusoidal", "embedding": "gaussian"})
+    rng = np.random.default_rng(1)
+    omega = rng.normal(size=(3, problem.k))
+    probe = D.probe_sequence(problem)
+    att = D.attention_pattern(problem, problem.theta(omega), probe)
+    T = probe.size
+    assert att.shape == (3, T, T)
+    assert np.allclose(att.sum(axis=-1), 1.0) and np.all(att[:, np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
+    arrays = problem.arrays()
+    x = arrays["embedding"][probe] + arrays["positions"]
+    b = int(np.argmax(arrays["weights"]))
+    from pdeflow.model import split_theta
+    _, _, wv, wo = split_theta(problem.theta(omega), problem.d, problem.head_dim)
+    for h in range(3):
+        z = (att[h] @ (x @ wv[h].T)) @ wo[h].T @ arrays["unembedding"].T
+        expected = problem.logits(omega[h:h + 1], np.ones(1))[b]
+        assert np.max(np.abs(z - expected)) < 1e-12 * max(1.0, np.max(np.abs(expected)))
+
+
+def test_head_clusters_find_separated_groups_and_their_masses():
+    problem = build_config_problem(model={"coordinates": "gain3"})
+    rng = np.random.default_rng(2)
+    centres = np.array([[2.0, 0.0, 0.0], [-2.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+    sizes = [5, 9, 3]
+    omega = np.concatenate([c + 1e-3 * rng.normal(size=(n, 3)) for c, n in zip(centres, sizes)])
+    mass = rng.dirichlet(np.ones(omega.shape[0]))
+    hc = D.head_clusters(problem, omega, mass, tol=0.1, attention_maps=2)
+    assert len(hc.mass) == 3
+    group = np.repeat(np.arange(3), sizes)
+    for c in range(3):
+        members = hc.labels == c
+        assert len(set(group[members])) == 1
+        assert abs(hc.mass[c] - mass[members].sum()) < 1e-15
+        assert hc.labels[hc.representative[c]] == c
+    assert np.all(np.diff(hc.mass) <= 0) and hc.size.sum() == omega.shape[0]
+    assert hc.attention.shape == (2, problem.seq_len, problem.seq_len)
+    # far more heads than the linkage takes: the subsample-and-assign path gives the same grouping
+    many = np.concatenate([c + 1e-3 * rng.normal(size=(900, 3)) for c in centres])
+    hc = D.head_clusters(problem, many, np.full(2700, 1 / 2700), tol=0.1, attention_maps=0)
+    assert len(hc.mass) == 3 and np.allclose(hc.mass, 1 / 3)
+
+
+# ---- the file: /analysis, analyse_run, grid files ----------------------------------------------
+def test_analyse_run_writes_only_analysis_and_respects_settings(tmp_path):
+    cfg, path = run_config(tmp_path, "plain", model={"coordinates": "gain2"}, init={"n_particles": 8},
+                           run={"t_end": 2.0, "frame_interval": 0.5})
+    with h5py.File(path, "r") as f:
+        before = {k: f["frames"][k][()] for k in f["frames"]}
+        steps = f["steps"]["energy"][()]
+    assert "analysis" not in h5py.File(path, "r")
+    D.analyse_run(path, cfg.replace(diagnostics={"enabled": False}))
+    assert "analysis" not in h5py.File(path, "r")
+    D.analyse_run(path, cfg.replace(diagnostics={"gap": False}))
+    a = D.read_analysis(open_trajectory(path))
+    assert not a.gap_computed and np.all(np.isnan(a.gap)) and a.e_star_source == "fit"
+    D.analyse_run(path, cfg.replace(diagnostics={"gap_frames": 2, "n_starts": 2, "grid_points": 8}))
+    traj = open_trajectory(path)
+    a = D.read_analysis(traj)
+    assert list(a.gap_frames) == [0, len(traj.time) - 1] and a.gap_computed
+    with h5py.File(path, "r") as f:
+        assert set(f.keys()) == {"model", "data", "frames", "steps", "checkpoint", "analysis"}
+        for k, v in before.items():
+            assert np.array_equal(f["frames"][k][()], v)
+        assert np.array_equal(f["steps"]["energy"][()], steps)
+        for key in ("time", "gap", "lower_bound", "pl_mu", "energy_identity_residual"):
+            assert f["analysis"][key].shape == (len(traj.time),)
+        for key in ("kl_theta", "e_star", "stationary_time", "gap_is_estimate"):
+            assert key in f["analysis"].attrs
+        assert f["analysis"].attrs["kl_theta_ci"].shape == (2,)
+    assert traj.attrs["status"] == "finished"
+
+
+def test_stationary_time_is_the_first_frame_after_which_dissipation_stays_small(tmp_path):
+    cfg, path = run_config(tmp_path, "stat", model={"coordinates": "output_gain", "weight_decay": 0.5},
+                           init={"n_particles": 4}, solver={"dt": 0.25}, run={"t_end": 40.0, "frame_interval": 2.0})
+    traj = open_trajectory(path)
+    tol = 1e-6
+    a = D.analyse(traj, DiagnosticsConfig(gap=False, stationary_tol=tol))
+    i = traj.frames["dissipation"]
+    first = np.flatnonzero(i <= tol)[0]
+    assert np.all(i[first:] <= tol) and i[first - 1] > tol
+    assert a.stationary_time == traj.time[first]
+
+
+def write_grid_file(path: Path, k: int = 2, n: int = 12) -> Path:
+    """A grid trajectory as a grid solver writes it: /frames/density with lower, upper, shape attributes.
+    The densities are Gaussians contracting in time (masses density * cell volume sum to one)."""
+    cfg = build_config(model={"coordinates": {1: "output_gain", 2: "gain2", 3: "gain3"}[k]},
+                       init={"measure": "grid"}, solver={"method": "fv"}, diagnostics={"domain": "grid"})
+    problem = Problem.from_config(cfg)
+    lower, upper, shape = np.full(k, -2.0), np.full(k, 2.0), np.full(k, n)
+    h = 4.0 / n
+    axes = [-2.0 + (np.arange(n) + 0.5) * h] * k
+    r2 = sum(np.meshgrid(*[a ** 2 for a in axes], indexing="ij"))
+    writer = TrajectoryWriter.create(path, cfg, problem.arrays(), {"density": np.zeros((n,) * k)},
+                                     frame_attrs={"lower": lower, "upper": upper, "shape": shape}, measure="grid")
+    for j, s in enumerate([1.0, 0.7, 0.5]):
+        density = np.exp(-r2 / (2 * s * s))
+        density /= density.sum() * h ** k
+        writer.append_frame({"density": density}, {"time": float(j), "step": j, "dt": 1.0, "wall_time": 0.0,
+                                                   "energy": 1.0 - 0.1 * j, "dissipation": 0.1 / (j + 1)})
+    writer.finish("finished", "synthetic")
+    return path
+
+
+def test_grid_files_are_analysed_as_weighted_cell_centres(tmp_path):
+    path = write_grid_file(tmp_path / "grid.h5")
+    traj = open_trajectory(path)
+    omega, mass = D.frame_measure(traj, 1)
+    assert omega.shape == (144, 2) and abs(mass.sum() - 1) < 1e-12
+    assert np.allclose(omega[:12, 1], -2 + (np.arange(12) + 0.5) / 3) and np.allclose(omega[::12, 0], omega[:12, 1])
+    a = D.analyse(traj, DiagnosticsConfig(domain="grid", gap_frames=1, grid_points=12, n_starts=2))
+    problem = traj.problem()
+    G = problem.residual_features(omega, D.frame_measure(traj, 2)[1])
+    dom = D.Domain.make("grid", 2, 0.0, D.grid_bounds(traj))
+    assert a.min_phi[-1] <= brute_force_min(problem, G, dom, 201) + 1e-12
+    assert np.all(np.abs(a.minimizer[-1]) <= 2.0)
+    with pytest.raises(Exception, match="diagnostics.domain"):
+        D.optimality_gap(problem, omega, mass, domain="grid")
+
+
+# ---- the command -------------------------------------------------------------------------------
+def test_diagnose_command_prints_stores_and_refuses_bad_input(tmp_path, capsys):
+    _, path = run_config(tmp_path, "cli", model={"coordinates": "gain2"}, init={"n_particles": 6},
+                         run={"t_end": 2.0, "frame_interval": 1.0})
+    assert main(["diagnose", str(path), "--frames", "2", "--set", "n_starts=2", "--set", "grid_points=8"]) == 0
+    out = capsys.readouterr().out
+    assert "KL exponent" in out and "exhaustive grid" in out and "stored as /analysis" in out
+    first = D.read_analysis(open_trajectory(path))
+    # a rerun is seeded by the stored minimizers: the minimum found can only go down
+    assert main(["diagnose", str(path), "--frames", "2", "--e-star", "0.5", "--set", "n_starts=0",
+                 "--set", "grid_points=4"]) == 0
+    second = D.read_analysis(open_trajectory(path))
+    assert second.e_star == 0.5 and second.e_star_source == "given"
+    assert np.all(second.min_phi[second.gap_frames] <= first.min_phi[first.gap_frames] + 1e-14)
+    assert main(["diagnose", str(path), "--no-gap", "--no-write"]) == 0
+    assert D.read_analysis(open_trajectory(path)).e_star == 0.5
+    capsys.readouterr()
+    for argv, needle in [(["--set", "radius=-1"], "diagnostics.radius"), (["--frames", "-1"], "diagnostics.gap_frames"),
+                         (["--set", "run.t_end=3"], "only [diagnostics]"), (["--set", "domain=grid"], "diagnostics.domain"),
+                         (["--set", "nope=1"], "diagnostics.nope")]:
+        assert main(["diagnose", str(path), *argv]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1
+    assert main(["diagnose", str(tmp_path / "missing.h5")]) == 2
+    assert main(["diagnose", str(path), "--e-star", "abc"]) == 2
