@@ -1,0 +1,163 @@
+"""``pdeflow stability CONFIG -o OUT.h5``: Dirac stationary measures, their stability, checked by simulation.
+
+Finds the stationary Diracs of the config's problem, computes ``H0``, ``Htr``, verdicts and optimality gaps,
+integrates perturbed particle systems with the explicit RK4 stepper of :mod:`solvers` and compares the
+measured exponential rates with the predicted ones, then sweeps the zero head over
+``stability.weight_decays`` (:mod:`pdeflow.stability`). Writes ``/stability`` into OUT.h5 and three PNG
+figures beside it: ``<OUT>-spectra.png``, ``<OUT>-rates.png`` and (with a sweep) ``<OUT>-sweep.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .config import Config, load_config
+from .problem import Problem
+from .stability import MEAN, SPREAD, Integrator, StabilityResult, run_stability, write_stability
+
+
+def particle_integrator(cfg: Config) -> Integrator:
+    """An :data:`pdeflow.stability.Integrator` advancing particles with ``solvers.make_stepper`` (RK4 with
+    the step the analysis asks for), landing exactly on the requested times."""
+    from solvers import make_stepper
+    from solvers.base import State
+
+    def integrate(problem: Problem, omega0: np.ndarray, mass: np.ndarray, times: np.ndarray,
+                  dt: float) -> np.ndarray:
+        stepper = make_stepper(problem, cfg.replace(solver={"method": "rk4", "dt": float(dt)}))
+        state = State(t=0.0, step=0, dt=float(dt), fields={"omega": np.array(omega0, dtype=float), "mass": mass})
+        out = [state.fields["omega"]]
+        for t in times[1:]:
+            while t - state.t > 1e-12 * max(1.0, t):
+                state, _ = stepper.step(state, t - state.t)
+            out.append(state.fields["omega"])
+        return np.stack(out)
+
+    return integrate
+
+
+def figure_paths(out: Path) -> dict[str, Path]:
+    """The PNG files written beside the output file."""
+    stem = out.with_suffix("")
+    return {name: stem.with_name(f"{stem.name}-{name}.png") for name in ("spectra", "rates", "sweep")}
+
+
+def plot_stability(result: StabilityResult, cfg: Config, out: Path) -> list[Path]:
+    """Spectra of H0 and Htr per point, predicted against measured rates, and the weight-decay sweep."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = figure_paths(out)
+    written = []
+    S = len(result.points)
+    if S:
+        fig, axes = plt.subplots(1, S, figsize=(4.2 * S, 3.6), squeeze=False)
+        for ax, (i, a) in zip(axes[0], enumerate(result.points)):
+            idx = np.arange(len(a.h0_values))
+            ax.plot(idx, a.h0_values, "o", ms=3, label="H0 (frozen)")
+            ax.plot(idx, a.htr_values, "x", ms=3, label="Htr (translation)")
+            ax.axhline(0.0, color="k", lw=0.6)
+            ax.set_title(f"point {i} ({a.origin}): {a.verdict}", fontsize=8)
+            ax.set_xlabel("eigenvalue index")
+            ax.set_ylabel("eigenvalue")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(paths["spectra"], dpi=120)
+        plt.close(fig)
+        written.append(paths["spectra"])
+    pairs = [(r.predicted[ax], r.measured[ax], ax) for runs in result.runs for r in runs for ax in (MEAN, SPREAD)]
+    if result.sweep is not None:
+        pairs += [(r.predicted[ax], r.measured[ax], ax) for r in result.sweep.runs for ax in (MEAN, SPREAD)]
+    pairs = [p for p in pairs if np.isfinite(p[0]) and np.isfinite(p[1])]
+    if pairs:
+        fig, ax = plt.subplots(figsize=(4.5, 4.2))
+        for axis, marker, label in ((MEAN, "o", "mean (-eig Htr)"), (SPREAD, "s", "spread (-eig H0)")):
+            pr = np.array([p[0] for p in pairs if p[2] == axis])
+            me = np.array([p[1] for p in pairs if p[2] == axis])
+            ax.plot(pr, me, marker, mfc="none", label=label)
+        lim = max(abs(p[0]) for p in pairs) * 1.1
+        ax.plot([-lim, lim], [-lim, lim], "k-", lw=0.6)
+        ax.set_xlabel("predicted rate")
+        ax.set_ylabel("measured rate")
+        ax.set_title("exponential rates of perturbations", fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(paths["rates"], dpi=120)
+        plt.close(fig)
+        written.append(paths["rates"])
+    if result.sweep is not None and len(result.sweep.weight_decay):
+        sw = result.sweep
+        fig, ax = plt.subplots(figsize=(5.0, 3.8))
+        ax.plot(sw.weight_decay, sw.predicted[:, SPREAD], "-", label="predicted  -lambda_min(H0)")
+        ax.plot(sw.weight_decay, sw.measured[:, SPREAD], "o", mfc="none", label="measured (simulation)")
+        ax.axhline(0.0, color="k", lw=0.6)
+        ax.axvline(sw.lam_c_predicted, color="C2", ls="--", lw=0.8, label=f"lam_c = {sw.lam_c_predicted:.4f}")
+        ax.set_xlabel("weight decay lam")
+        ax.set_ylabel("growth rate of the zero head's perturbation")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(paths["sweep"], dpi=120)
+        plt.close(fig)
+        written.append(paths["sweep"])
+    return written
+
+
+def cmd_stability(args: argparse.Namespace) -> int:
+    from .cli import UsageError, output_path
+
+    cfg = load_config(args.config, args.set)
+    out = output_path(cfg, args.config, args.output)
+    if not out.parent.exists():
+        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
+    if out.exists() and out.is_dir():
+        raise UsageError(f"output path {str(out)!r} is a directory")
+    if out.exists() and not args.force:
+        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it")
+    problem = Problem.from_config(cfg)
+    if problem.k > 256:
+        raise UsageError(f"stability needs k <= 256 coordinates for its dense Hessians, got k = {problem.k} "
+                         f"(reduce model.d or model.head_dim, or use reduced coordinates)")
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
+    result = run_stability(cfg, problem, particle_integrator(cfg), progress=say)
+    write_stability(out, result, cfg, problem.k)
+    figures = [] if args.no_plots else plot_stability(result, cfg, out)
+    print(summary(result), file=sys.stdout)
+    print(f"pdeflow: stability: {len(result.points)} point(s) -> {out}"
+          + (f" (figures: {', '.join(p.name for p in figures)})" if figures else ""))
+    return 0
+
+
+def summary(result: StabilityResult) -> str:
+    """A table of the points (verdict, gap, worst rate error) and the sweep's critical weight decay."""
+    lines = ["point  origin      e               verdict               lmin(H0)     lmin(Htr)    gap        "
+             "max rel. rate error"]
+    for i, (a, runs) in enumerate(zip(result.points, result.runs)):
+        errs = [abs(r.measured[ax] - r.predicted[ax]) / abs(r.predicted[ax]) for r in runs for ax in (MEAN, SPREAD)
+                if np.isfinite(r.measured[ax])]
+        lines.append(f"{i:<6d} {a.origin:<11s} {a.energy:<15.10g} {a.verdict:<21s} {a.h0_relevant[0]:+.4e}  "
+                     f"{a.htr_relevant[0]:+.4e}  {a.gap:<10.3g} {max(errs) if errs else float('nan'):.2e}")
+    if result.sweep is not None and len(result.sweep.weight_decay):
+        sw = result.sweep
+        lines.append(f"zero head: lam_c predicted {sw.lam_c_predicted:.6f}, measured {sw.lam_c_measured:.6f} "
+                     f"(slope {sw.slope:.4f}; verdicts {', '.join(sw.verdicts)})")
+    return "\n".join(lines)
+
+
+def add_command(subparsers) -> None:
+    """Register ``pdeflow stability``."""
+    from .cli import EXIT_CODES
+
+    p = subparsers.add_parser("stability", help="stationary Dirac measures: stability analysis checked by simulation",
+                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="TOML config file ([stability] section)")
+    p.add_argument("-o", "--output", help="output HDF5 file (default: output.path, else <config>.h5)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--no-plots", action="store_true", help="do not write the PNG figures")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_stability)

@@ -1,0 +1,238 @@
+"""Dirac stationary measures (:mod:`pdeflow.stability`, ``pdeflow stability``): the verdict logic on constructed
+spectra, the dense Hessians against central differences, the zero head against its closed form, the symmetry
+directions, and the predicted rates against the particle flow itself (MODEL.md, last section)."""
+from __future__ import annotations
+
+import h5py
+import numba
+import numpy as np
+import pytest
+import scipy.linalg
+
+from pdeflow import Problem, loads_config
+from pdeflow.cli import main
+from pdeflow.cli_stability import particle_integrator
+from pdeflow.model import join_theta, split_theta
+from pdeflow.stability import (MEAN, SPREAD, analyse_point, complement_spectrum, find_stationary_points,
+                               frozen_hessian, one_head_energy, relevant_modes, simulate_point,
+                               symmetry_tangents, translation_hessian, verdict, zero_head_sweep)
+
+# Tiny problem: V = T = 3, d = 4, dh = 2, full coordinates k = 32; exact enumeration (27 sequences).
+TINY = """
+[task]
+name = "lookback"
+vocab_size = 3
+seq_len = 3
+lag = 1
+exact = true
+[model]
+d = 4
+head_dim = 2
+positions = "sinusoidal"
+weight_decay = 0.05
+[diagnostics]
+n_starts = 8
+[stability]
+n_starts = 1
+n_modes = 1
+weight_decays = [0.05, 0.25]
+"""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Problems this small run fastest on one numba thread (thread start-up dominates otherwise)."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(before)
+
+
+def build(*overrides: str):
+    cfg = loads_config(TINY, list(overrides))
+    return cfg, Problem.from_config(cfg)
+
+
+@pytest.fixture(scope="module")
+def nonzero_point(one_thread):
+    """A nonzero stationary Dirac of the tiny problem (the minimizer of e from one start) and its analysis."""
+    cfg, problem = build()
+    cands, info = find_stationary_points(problem, n_starts=1, seed=0, start_scale=1.0, grad_tol=1e-10)
+    assert cands[0].origin == "zero head" and np.all(cands[0].point == 0)
+    assert len(cands) == 2 and info["n_converged"] == 1
+    return cfg, problem, analyse_point(problem, cands[1].point, cfg.stability.tol)
+
+
+# ---- verdict logic ------------------------------------------------------------------------------
+@pytest.mark.parametrize("h0,htr,expected", [
+    ([0.1, 0.5, 2.0], [0.2, 0.5, 3.0], "stable"),
+    ([-0.3, 0.5], [-0.1, 0.6], "translation-unstable"),
+    ([-0.3, 0.5], [0.05, 0.6], "splitting-unstable"),
+    ([-0.3, 0.5], [5e-9, 0.6], "splitting-unstable"),     # Htr undecided, H0 decisively negative
+    ([-5e-9, 0.5], [1e-3, 0.6], "inconclusive"),          # smallest of H0 within tol of 0
+    ([5e-9, 0.5], [1e-3, 0.6], "inconclusive"),
+    ([0.0, 0.5], [0.0, 0.6], "inconclusive"),
+    ([2e-8, 0.5], [2e-8, 0.6], "stable"),                 # just beyond tol
+    ([-2e-8, 0.5], [2e-8, 0.6], "splitting-unstable"),
+    ([-0.3, -0.2], [-2e-8, 0.6], "translation-unstable"),
+])
+def test_verdict_on_constructed_spectra(h0, htr, expected):
+    assert verdict(np.array(h0), np.array(htr), tol=1e-8) == expected
+
+
+def test_verdict_ignores_symmetry_null_directions():
+    """A constructed H0 with a null direction t and a negative one: removing t leaves exactly the other
+    eigenvalues; a positive H0 whose only zero is t is stable once t is removed, inconclusive otherwise."""
+    rng = np.random.default_rng(3)
+    Q = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+    values = np.array([0.0, -0.4, 0.3, 0.7, 1.1, 2.0])
+    H = Q @ np.diag(values) @ Q.T
+    rest, vectors = complement_spectrum(H, Q[:, :1])
+    np.testing.assert_allclose(rest, np.sort(values[1:]), atol=1e-13)
+    np.testing.assert_allclose(H @ vectors, vectors * rest, atol=1e-13)   # eigenvectors of H itself
+    assert np.allclose(Q[:, 0] @ vectors, 0.0, atol=1e-13)
+    positive = Q @ np.diag(np.abs(values)) @ Q.T
+    assert verdict(complement_spectrum(positive, Q[:, :1])[0], np.abs(values[1:]), 1e-8) == "stable"
+    assert verdict(np.linalg.eigvalsh(positive), np.abs(values), 1e-8) == "inconclusive"
+    # simulated modes: distinct eigenvalues, none within tol of 0
+    modes = relevant_modes(np.array([-1.0, -1.0, 0.0, 2.0]), np.eye(4), 1e-8, 3)
+    assert [m[0] for m in modes] == [-1.0, 2.0]
+
+
+# ---- Hessians ----------------------------------------------------------------------------------
+def test_dense_hessians_match_central_differences():
+    """H0: central differences of grad Phi(.; delta_w) (measure frozen); Htr: of grad e = grad Phi(w; delta_w);
+    both symmetric, and M = Htr - H0 positive semidefinite."""
+    _, problem = build()
+    k = problem.k
+    w = 0.7 * np.random.default_rng(1).normal(size=k)
+    one, h = np.ones(1), 1e-5
+    H0, Htr = frozen_hessian(problem, w), translation_hessian(problem, w)
+    fd0, fdtr = np.empty((k, k)), np.empty((k, k))
+    for j in range(k):
+        step = np.zeros(k)
+        step[j] = h
+        plus, minus = w + step, w - step
+        fd0[:, j] = (problem.grad_phi(plus[None], w[None], one)[0] - problem.grad_phi(minus[None], w[None], one)[0]) / (2 * h)
+        fdtr[:, j] = (problem.grad_phi(plus[None], plus[None], one)[0]
+                      - problem.grad_phi(minus[None], minus[None], one)[0]) / (2 * h)
+    scale = np.abs(Htr).max()
+    assert np.abs(H0 - 0.5 * (fd0 + fd0.T)).max() <= 1e-7 * scale
+    assert np.abs(Htr - 0.5 * (fdtr + fdtr.T)).max() <= 1e-7 * scale
+    assert np.abs(fd0 - fd0.T).max() <= 1e-7 * scale and np.abs(fdtr - fdtr.T).max() <= 1e-7 * scale
+    M = np.linalg.eigvalsh(Htr - H0)
+    assert M[0] >= -1e-12 * scale and M[-1] > 1e-3 * scale
+
+
+def test_zero_head_derivatives_vanish_and_h0_is_the_bilinear_coupling():
+    """At omega = 0 every first derivative of the head feature vanishes: grad Phi(0; rho) = 0 for any measure,
+    so M = 0 and Htr = H0. With uniform causal attention, Phi_data = <WO WV, A>_F with
+    A = sum_{b,l} lw U^T r xbar^T, r = 1/V - onehot(y), xbar the prefix mean of x: the spectrum of H0 is
+    lam +- sigma_i(A) (each dh times) and lam on the remaining 2 d dh directions."""
+    cfg, problem = build()
+    k, zero, lam = problem.k, np.zeros(problem.k), problem.weight_decay
+    rng = np.random.default_rng(2)
+    omega, mass = rng.normal(size=(5, k)), rng.dirichlet(np.ones(5))
+    assert np.all(problem.grad_phi(zero[None], omega, mass) == 0.0)
+    assert np.all(one_head_energy(problem, zero)[1] == 0.0)
+    H0, Htr = frozen_hessian(problem, zero), translation_hessian(problem, zero)
+    assert np.abs(Htr - H0).max() <= 1e-15
+    a = problem.arrays()
+    x = a["embedding"][a["tokens"]] + a["positions"][None]                       # [B, T, d]
+    B, T, d = x.shape
+    xbar = np.cumsum(x, axis=1) / np.arange(1, T + 1)[None, :, None]
+    r = np.full((B, T, problem.vocab_size), 1.0 / problem.vocab_size)
+    np.put_along_axis(r, a["targets"][..., None], r[0, 0, 0] - 1.0, axis=-1)
+    lw = a["weights"][:, None] * a["mask"] / a["mask"].sum(axis=1, keepdims=True)
+    A = np.einsum("bl,bli,blj->ij", lw, r @ a["unembedding"], xbar)
+    sigma = np.linalg.svd(A, compute_uv=False)
+    dh = problem.head_dim
+    expected = np.sort(np.concatenate([np.repeat(lam + sigma, dh), np.repeat(lam - sigma, dh),
+                                       np.full(2 * d * dh, lam)]))
+    np.testing.assert_allclose(np.linalg.eigvalsh(H0), expected, atol=1e-13)
+    sweep = zero_head_sweep(problem, particle_integrator(cfg), cfg.replace(stability={"weight_decays": []}))
+    assert sweep.lam_c_predicted == pytest.approx(sigma[0], rel=1e-12)
+
+
+def test_symmetry_directions_are_exact_symmetries_and_null_vectors(nonzero_point):
+    """The orbit (G WQ, G WK, H WV, WO H^T), G, H rotations, leaves e unchanged at any point; at a stationary
+    point its tangents are null vectors of H0 and Htr, and they are what the analysis removes."""
+    cfg, problem, a = nonzero_point
+    d, dh = problem.d, problem.head_dim
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=problem.k)
+    G = scipy.linalg.expm(0.8 * np.array([[0.0, 1.0], [-1.0, 0.0]]))
+    Hrot = scipy.linalg.expm(-1.3 * np.array([[0.0, 1.0], [-1.0, 0.0]]))
+    wq, wk, wv, wo = (m[0] for m in split_theta(w[None], d, dh))
+    moved = join_theta((G @ wq)[None], (G @ wk)[None], (Hrot @ wv)[None], (wo @ Hrot.T)[None])[0]
+    e, e_moved = one_head_energy(problem, w)[0], one_head_energy(problem, moved)[0]
+    assert abs(e - e_moved) <= 1e-13 * abs(e)
+    assert np.linalg.norm(moved - w) > 0.5
+    T = symmetry_tangents(problem, a.point)
+    assert T.shape == (problem.k, 2) and a.n_symmetry == 2
+    np.testing.assert_allclose(T.T @ T, np.eye(2), atol=1e-12)
+    scale = np.abs(a.htr).max()
+    assert np.abs(a.h0 @ T).max() <= 1e-10 * scale and np.abs(a.htr @ T).max() <= 1e-10 * scale
+    assert a.symmetry_residual <= 1e-10 * scale
+    assert len(a.h0_relevant) == problem.k - 2
+    # reduced coordinates have no orbit to remove
+    _, reduced = build('model.coordinates="gain2"')
+    assert symmetry_tangents(reduced, np.ones(reduced.k)).shape == (reduced.k, 0)
+
+
+# ---- the check by simulation -------------------------------------------------------------------
+def test_zero_head_critical_weight_decay_matches_simulation():
+    """Below lam_c the perturbations of the zero head grow, above they decay, at -lambda_min(H0) (5%: here far
+    better), and the zero of the measured rates against lam is lam_c."""
+    cfg, problem = build("stability.weight_decays=[0.05, 0.25]", "stability.t_end=20.0")
+    sweep = zero_head_sweep(problem, particle_integrator(cfg), cfg)
+    lam_c = sweep.lam_c_predicted
+    assert 0.05 < lam_c < 0.25
+    assert sweep.verdicts == ["translation-unstable", "stable"]
+    np.testing.assert_allclose(sweep.predicted[:, SPREAD], lam_c - sweep.weight_decay, rtol=1e-10)
+    np.testing.assert_allclose(sweep.measured, sweep.predicted, rtol=1e-3)
+    assert sweep.measured[0, SPREAD] > 0 > sweep.measured[1, SPREAD]
+    assert sweep.lam_c_measured == pytest.approx(lam_c, rel=1e-3)
+
+
+def test_nonzero_stationary_dirac_rates_match_simulation(nonzero_point):
+    """The minimizer of e is splitting-unstable here: the mean of a perturbation decays at -lambda(Htr) > ...
+    while its spread grows at -lambda_min(H0); both measured within 5% (here far better)."""
+    cfg, problem, a = nonzero_point
+    assert a.verdict == "splitting-unstable"
+    assert a.htr_relevant[0] > cfg.stability.tol and a.h0_relevant[0] < -cfg.stability.tol
+    runs = simulate_point(problem, a, particle_integrator(cfg), cfg, seed=0)
+    assert len(runs) == 1
+    r = runs[0]
+    np.testing.assert_allclose(r.predicted, [-a.htr_relevant[0], -a.h0_relevant[0]], rtol=1e-12)
+    np.testing.assert_allclose(r.measured, r.predicted, rtol=0.05)
+    np.testing.assert_allclose(r.measured, r.predicted, rtol=1e-3)
+    assert r.measured[MEAN] < 0 < r.measured[SPREAD]
+    assert r.mean_amplitude[-1] < r.mean_amplitude[0] and r.spread_amplitude[-1] > r.spread_amplitude[0]
+
+
+# ---- the command --------------------------------------------------------------------------------
+def test_cli_writes_stability_file_and_figures(tmp_path, capsys):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    out = tmp_path / "stab.h5"
+    assert main(["stability", str(path), "-o", str(out), "--quiet"]) == 0
+    with h5py.File(out, "r") as f:
+        g = f["stability"]
+        S, k = g["points"].shape
+        assert S == 2 and k == 32
+        for key in ("h0_eigenvalues", "htr_eigenvalues", "m_eigenvalues"):
+            assert g[key].shape == (S, k)
+        assert [v.decode() for v in g["verdict"][:]] == ["translation-unstable", "splitting-unstable"]
+        assert g["predicted_rate"].shape == g["measured_rate"].shape == (S, 2, 1)
+        np.testing.assert_allclose(g["measured_rate"][:], g["predicted_rate"][:], rtol=0.05)
+        # an unstable Dirac is never a global minimizer: Phi decreases along the negative directions of H0
+        assert np.all(g["optimality_gap"][:] > 0) and not np.any(g["global_minimizer"][:])
+        assert g["sweep/weight_decay"].shape == (2,)
+        assert g["sweep"].attrs["lam_c_measured"] == pytest.approx(g["sweep"].attrs["lam_c_predicted"], rel=1e-3)
+    for name in ("spectra", "rates", "sweep"):
+        assert (tmp_path / f"stab-{name}.png").stat().st_size > 1000
+    assert main(["stability", str(path), "-o", str(out), "--quiet"]) == 2          # exists, no --force
+    assert main(["stability", str(path), "-o", str(out), "--set", "stability.eps=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("pdeflow: error:") and "stability.eps" in err[-1]
