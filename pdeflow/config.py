@@ -168,11 +168,17 @@ class ChaosConfig:
 @dataclass(frozen=True)
 class StabilityConfig:
     n_starts: int = spec(8, "random starts of the search for Dirac stationary points", ge=0)
-    weight_decays: list = spec([], "sweep of weight decays (empty: model.weight_decay only)")
-    eps: float = spec(1e-4, "size of the perturbations in the simulation check", gt=0)
-    n_particles: int = spec(16, "particles in the simulation check", ge=2)
-    t_end: float = spec(5.0, "duration of the simulation check", gt=0)
-    tol: float = spec(1e-8, "eigenvalues within this of zero are inconclusive", gt=0)
+    start_scale: float = spec(1.0, "standard deviation of the random starts, per coordinate", gt=0)
+    seed: int = spec(0, "seed of the starts and of the spread perturbations", ge=0)
+    grad_tol: float = spec(1e-9, "a point is stationary when |grad e| is at most this", gt=0)
+    tol: float = spec(1e-8, "eigenvalues within this of zero are inconclusive (absolute)", gt=0)
+    gap_tol: float = spec(1e-8, "a Dirac with optimality gap at most this is a global minimizer", gt=0)
+    weight_decays: list = spec([], "weight decays of the zero-head sweep (empty: no sweep)")
+    n_modes: int = spec(2, "simulated modes per point: the n least stable of Htr (mean) and of H0 (spread)", ge=0)
+    eps: float = spec(1e-5, "size of the perturbations in the simulation check", gt=0)
+    n_particles: int = spec(8, "particles in the simulation check", ge=2)
+    t_end: float = spec(40.0, "longest simulation (a run stops earlier once its faster mode changed by e^4)", gt=0)
+    dt: float = spec(0.0, "RK4 step of the simulations (0: 0.2 / largest |eigenvalue|)", ge=0)
 
 
 SECTIONS: dict[str, type] = {
