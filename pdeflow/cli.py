@@ -49,6 +49,21 @@ def output_path(cfg: Config, config_path: str, explicit: str | None) -> Path:
     return Path(Path(config_path).stem + ".h5")
 
 
+def new_output_path(cfg: Config, config_path: str, explicit: str | None, force: bool) -> Path:
+    """:func:`output_path` for a command that writes a new file: UsageError if its directory is missing, it is a
+    directory or the config file itself, or it exists and ``force`` is not set."""
+    out = output_path(cfg, config_path, explicit)
+    if not out.parent.exists():
+        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
+    if out.is_dir():
+        raise UsageError(f"output path {str(out)!r} is a directory")
+    if out.exists() and out.resolve() == Path(config_path).resolve():
+        raise UsageError(f"output path {str(out)!r} is the config file")
+    if out.exists() and not force:
+        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it")
+    return out
+
+
 def config_difference(a: Config, b: Config) -> str | None:
     """The first ``section.key`` whose value differs (ignoring RESUMABLE_KEYS), or None."""
     da, db = a.to_dict(), b.to_dict()

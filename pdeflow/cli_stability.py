@@ -53,6 +53,13 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path) -> list[Path
 
     paths = figure_paths(out)
     written = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(paths[name], dpi=120)
+        plt.close(fig)
+        written.append(paths[name])
+
     S = len(result.points)
     if S:
         fig, axes = plt.subplots(1, S, figsize=(4.2 * S, 3.6), squeeze=False)
@@ -65,10 +72,7 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path) -> list[Path
             ax.set_xlabel("eigenvalue index")
             ax.set_ylabel("eigenvalue")
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(paths["spectra"], dpi=120)
-        plt.close(fig)
-        written.append(paths["spectra"])
+        save(fig, "spectra")
     pairs = [(r.predicted[ax], r.measured[ax], ax) for runs in result.runs for r in runs for ax in (MEAN, SPREAD)]
     if result.sweep is not None:
         pairs += [(r.predicted[ax], r.measured[ax], ax) for r in result.sweep.runs for ax in (MEAN, SPREAD)]
@@ -85,10 +89,7 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path) -> list[Path
         ax.set_ylabel("measured rate")
         ax.set_title("exponential rates of perturbations", fontsize=9)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(paths["rates"], dpi=120)
-        plt.close(fig)
-        written.append(paths["rates"])
+        save(fig, "rates")
     if result.sweep is not None and len(result.sweep.weight_decay):
         sw = result.sweep
         fig, ax = plt.subplots(figsize=(5.0, 3.8))
@@ -99,24 +100,15 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path) -> list[Path
         ax.set_xlabel("weight decay lam")
         ax.set_ylabel("growth rate of the zero head's perturbation")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(paths["sweep"], dpi=120)
-        plt.close(fig)
-        written.append(paths["sweep"])
+        save(fig, "sweep")
     return written
 
 
 def cmd_stability(args: argparse.Namespace) -> int:
-    from .cli import UsageError, output_path
+    from .cli import UsageError, new_output_path
 
     cfg = load_config(args.config, args.set)
-    out = output_path(cfg, args.config, args.output)
-    if not out.parent.exists():
-        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
-    if out.exists() and out.is_dir():
-        raise UsageError(f"output path {str(out)!r} is a directory")
-    if out.exists() and not args.force:
-        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it")
+    out = new_output_path(cfg, args.config, args.output, args.force)
     problem = Problem.from_config(cfg)
     if problem.k > 256:
         raise UsageError(f"stability needs k <= 256 coordinates for its dense Hessians, got k = {problem.k} "

@@ -219,7 +219,7 @@ def find_stationary_points(problem: Problem, *, n_starts: int, seed: int, start_
 
     for i, w0 in enumerate(starts):
         res = scipy.optimize.minimize(fun, w0, jac=True, method="L-BFGS-B",
-                                      options={"maxiter": 20000, "gtol": grad_tol, "ftol": 1e-15})
+                                      options={"maxiter": 5000, "gtol": grad_tol, "ftol": 1e-15})
         w, gnorm, H = newton_polish(problem, res.x, grad_tol)
         if not gnorm <= grad_tol:
             info["n_rejected"] += 1
@@ -352,6 +352,8 @@ def fit_rate(times: np.ndarray, amplitude: np.ndarray) -> tuple[float, float]:
     """Least-squares slope of ``log amplitude`` against time over the last ``1 - FIT_SKIP`` of the run, and the
     largest absolute residual of the fit: (rate, residual)."""
     sel = times >= times[0] + FIT_SKIP * (times[-1] - times[0])
+    if not np.all(amplitude[sel] > 0):  # the mode crossed zero: not an exponential
+        return math.nan, math.inf
     t, y = times[sel], np.log(amplitude[sel])
     A = np.stack([t, np.ones_like(t)], axis=1)
     coef = np.linalg.lstsq(A, y, rcond=None)[0]
@@ -460,7 +462,7 @@ def zero_head_sweep(problem: Problem, integrate: Integrator, cfg: Config,
         a = analyse_point(p, zero, s.tol)
         if a.grad_norm > s.grad_tol:
             raise ConfigError(f"stability.weight_decays: the zero head is not stationary at weight decay {lam:g} "
-                              f"(|grad e(0)| = {a.grad_norm:.2e}); the sweep needs full coordinates")
+                              f"(|grad e(0)| = {a.grad_norm:.2e}); use model.coordinates = 'full'")
         fastest = float(max(np.max(np.abs(a.h0_values)), np.max(np.abs(a.htr_values))))
         run = simulate_modes(p, zero, (float(a.htr_relevant[0]), a.htr_vectors[:, 0]),
                              (float(a.h0_relevant[0]), a.h0_vectors[:, 0]), integrate, eps=s.eps,
@@ -512,6 +514,9 @@ def run_stability(cfg: Config, problem: Problem, integrate: Integrator,
     cands, search = find_stationary_points(problem, n_starts=s.n_starts, seed=s.seed, start_scale=s.start_scale,
                                            grad_tol=s.grad_tol, progress=progress)
     say(f"{len(cands)} stationary Dirac point(s); |grad e(0)| = {search['zero_grad_norm']:.1e}")
+    if s.weight_decays and search["zero_grad_norm"] > s.grad_tol:  # grad e(0) does not depend on lam
+        raise ConfigError(f"stability.weight_decays: the sweep needs a stationary zero head, but |grad e(0)| = "
+                          f"{search['zero_grad_norm']:.2e} in these coordinates; use model.coordinates = 'full'")
     points, all_runs, notes = [], [], []
     for i, c in enumerate(cands):
         a = analyse_point(problem, c.point, s.tol)

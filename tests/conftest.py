@@ -100,3 +100,15 @@ def random_arrays(rng: np.random.Generator, V: int = 4, T: int = 4, d: int = 6, 
         "basis": None if k is None else rng.normal(size=(p, k)) / math.sqrt(p) * 4,
         "head_dim": dh, "score_scale": score_scale, "weight_decay": weight_decay,
     }
+
+
+@pytest.fixture(scope="module")
+def one_numba_thread():
+    """One numba thread for a whole test module (``pytestmark = pytest.mark.usefixtures("one_numba_thread")``):
+    tiny kernels on a loaded 2-core machine run many times faster on one thread than on two."""
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(before)
