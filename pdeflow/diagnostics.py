@@ -41,6 +41,7 @@ import numpy as np
 
 from .config import Config, ConfigError, DiagnosticsConfig
 from .model import split_theta
+from .measure import Grid, entropy
 from .problem import Problem
 from .trajectory import Trajectory, TrajectoryError, open_trajectory
 
@@ -302,6 +303,27 @@ def optimality_gap(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, dom
                      exhaustive=exhaustive, outside_mass=outside, n_starts=n)
 
 
+def entropic_gap(problem: Problem, grid: Grid, density: np.ndarray) -> GapResult:
+    """The exact gap of a grid density when ``beta < inf``: ``E_h(rho) - min E_h`` over densities on the grid.
+
+    With masses ``m_c = rho_c |C|`` and ``F`` the energy without entropy (convex in m), for every grid density
+    ``E_h(rho') >= F(m) + sum_c Phi_c (m'_c - m_c) + (1/beta) sum_c m'_c log(m'_c / |C|)
+    >= F(m) - sum_c Phi_c m_c - (1/beta) log sum_c |C| exp(-beta Phi_c)`` (the Gibbs variational principle),
+    so ``gap = E_h(rho) - that bound = (1/beta) KL(m || g)``, ``g_c ~ |C| exp(-beta Phi_c)``: zero exactly when
+    rho is the Gibbs density of its own potential. ``min_phi`` and ``minimizer`` are the least Phi over the
+    cell centres; density [shape]."""
+    from scipy.special import logsumexp
+
+    omega, mass = grid.particles(density)
+    phi = problem.phi_field(omega, problem.residual_features(omega, mass))
+    beta = problem.beta
+    free = problem.energy(omega, mass) + entropy(grid, density, beta)
+    bound = problem.energy(omega, mass) - float(mass @ phi) - (logsumexp(-beta * phi) + math.log(grid.cell_volume)) / beta
+    j = int(np.argmin(phi))
+    return GapResult(gap=free - bound, min_phi=float(phi[j]), mean_phi=float(mass @ phi), minimizer=omega[j].copy(),
+                     exhaustive=True)
+
+
 def _particle_starts(omega: np.ndarray, mass: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     if omega.shape[0] <= MAX_PARTICLE_STARTS:
         return omega
@@ -426,35 +448,20 @@ def _polish(problem: Problem, G: np.ndarray, dom: Domain, x0: np.ndarray) -> np.
 # ================================================================================================
 # measures of a trajectory, attention maps and head clusters
 # ================================================================================================
-def grid_cells(traj: Trajectory) -> tuple[np.ndarray, float]:
-    """A grid run's cell centres [M, k] (row-major over ``shape``) and cell volume, from the ``lower``,
-    ``upper`` and ``shape`` attributes of /frames. Uses :mod:`pdeflow.measure` when it provides them."""
-    lower = np.atleast_1d(np.asarray(traj.frame_attrs["lower"], dtype=float))
-    upper = np.atleast_1d(np.asarray(traj.frame_attrs["upper"], dtype=float))
-    shape = tuple(int(n) for n in np.atleast_1d(traj.frame_attrs["shape"]))
-    width = (upper - lower) / np.asarray(shape)
-    axes = [lo + (np.arange(n) + 0.5) * h for lo, n, h in zip(lower, shape, width)]
-    centres = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, len(shape))
-    return centres, float(np.prod(width))
-
-
-def grid_bounds(traj: Trajectory) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(lower, upper)`` of a grid run's box, None for particle runs."""
-    if "density" not in traj.frames:
-        return None
-    return (np.atleast_1d(np.asarray(traj.frame_attrs["lower"], dtype=float)),
-            np.atleast_1d(np.asarray(traj.frame_attrs["upper"], dtype=float)))
+def trajectory_grid(traj: Trajectory) -> Grid | None:
+    """The :class:`pdeflow.measure.Grid` of a grid run (from the /frames attributes), None for particles."""
+    return Grid.from_frame_attrs(traj.frame_attrs) if "density" in traj.frames else None
 
 
 def frame_measure(traj: Trajectory, index: int) -> tuple[np.ndarray, np.ndarray]:
     """The measure of frame ``index`` as weighted particles ``(omega [N, k], mass [N])``: the particles, or
-    for a grid the cell centres with masses ``density * cell volume``."""
+    for a grid the cell centres with masses ``density * cell volume`` (:meth:`Grid.particles`)."""
     if "omega" in traj.frames:
         return np.asarray(traj.frames["omega"][index], dtype=float), np.asarray(traj.frames["mass"][index], dtype=float)
-    if "density" in traj.frames:
-        centres, volume = grid_cells(traj)
-        return centres, np.asarray(traj.frames["density"][index], dtype=float).ravel() * volume
-    raise TrajectoryError(f"{traj.path}: frames hold neither particles (omega, mass) nor a grid density")
+    grid = trajectory_grid(traj)
+    if grid is None:
+        raise TrajectoryError(f"{traj.path}: frames hold neither particles (omega, mass) nor a grid density")
+    return grid.particles(traj.frames["density"][index])
 
 
 def attention_pattern(problem: Problem, theta: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -649,27 +656,37 @@ def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis
 
 def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig,
           previous: Analysis | None) -> None:
-    bounds = grid_bounds(traj)
-    if settings.domain == "grid" and bounds is None:
+    grid = trajectory_grid(traj)
+    bounds = None if grid is None else (np.array(grid.lower), np.array(grid.upper))
+    if settings.domain == "grid" and grid is None:
         raise ConfigError("diagnostics.domain = 'grid' needs a grid run; this file holds particles")
     known = [] if previous is None else [previous.minimizer[np.all(np.isfinite(previous.minimizer), axis=1)]]
     known = [m for m in known if m.shape[-1] == problem.k]
+    entropic = grid is not None and not math.isinf(problem.beta)
     for f in gap_frame_indices(a.time.size, settings.gap_frames):
-        omega, mass = frame_measure(traj, int(f))
-        res = optimality_gap(problem, omega, mass, domain=settings.domain, radius=settings.radius,
-                             n_starts=settings.n_starts, grid_points=settings.grid_points, seed=settings.seed + int(f),
-                             extra_starts=np.concatenate(known) if known else None, bounds=bounds)
+        if entropic:
+            res = entropic_gap(problem, grid, traj.frames["density"][f])
+        else:
+            omega, mass = frame_measure(traj, int(f))
+            res = optimality_gap(problem, omega, mass, domain=settings.domain, radius=settings.radius,
+                                 n_starts=settings.n_starts, grid_points=settings.grid_points,
+                                 seed=settings.seed + int(f), extra_starts=np.concatenate(known) if known else None,
+                                 bounds=bounds)
         a.gap[f], a.min_phi[f], a.mean_phi[f] = res.gap, res.min_phi, res.mean_phi
         a.minimizer[f], a.outside_mass[f], a.gap_exhaustive[f] = res.minimizer, res.outside_mass, res.exhaustive
         known.append(res.minimizer[None])
     computed = np.isfinite(a.gap)
     a.gap_computed = bool(computed.any())
     a.gap_is_estimate = bool(a.gap_computed and not a.gap_exhaustive[computed].all())
-    a.gap_domain, a.gap_radius = settings.domain, settings.radius
-    if math.isinf(problem.beta):
+    a.gap_domain, a.gap_radius = ("grid, entropic", math.nan) if entropic else (settings.domain, settings.radius)
+    if entropic:
+        a.notes.append("beta < inf on a grid: G = E_h - min E_h over grid densities (relative entropy to the Gibbs "
+                       "density of Phi, divided by beta)")
+    if math.isinf(problem.beta) or entropic:
         a.lower_bound = a.energy - a.gap
     else:
-        a.notes.append("beta < inf: E - G is not a lower bound (the entropy is not in Phi); lower_bound left nan")
+        a.notes.append("beta < inf with particles: E - G is not a lower bound (the entropy is not in Phi); "
+                       "lower_bound left nan")
     if np.any(a.outside_mass[computed] > 0):
         a.notes.append("part of rho lies outside Omega: the gap may be negative there (E - G stays a bound)")
 
@@ -774,7 +791,7 @@ def analyse_run(path: str | Path, cfg: Config) -> None:
     write_analysis(path, analyse(traj, cfg.diagnostics, run_stationary_tol=cfg.run.stationary_tol))
 
 
-__all__ = ["GapResult", "optimality_gap", "minimize_phi", "Domain", "energy_identity_residual", "pl_constant",
+__all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "Domain", "energy_identity_residual", "pl_constant",
            "kl_exponent", "kl_fit", "KLFit", "fit_e_star", "attention_pattern", "probe_sequence", "HeadClusters",
-           "head_clusters", "frame_measure", "grid_cells", "Analysis", "analyse", "analyse_run", "write_analysis",
+           "head_clusters", "frame_measure", "trajectory_grid", "Analysis", "analyse", "analyse_run", "write_analysis",
            "read_analysis", "gap_frame_indices"]

@@ -26,7 +26,7 @@ from matplotlib import animation
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .diagnostics import Analysis, attention_pattern, frame_measure, grid_cells, pl_constant
+from .diagnostics import Analysis, attention_pattern, frame_measure, pl_constant, trajectory_grid
 from .trajectory import Trajectory
 
 DPI = 100
@@ -34,9 +34,12 @@ MAX_ANIMATION_FRAMES = 120
 
 
 def _figure(width: float = 6.4, height: float = 4.0, ncols: int = 1):
-    fig = Figure(figsize=(width, height), layout="constrained")
+    # fixed margins: a layout engine would double the drawing time of every figure and movie frame
+    fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, ncols)
+    fig.subplots_adjust(left=1.0 / width, right=1 - 0.25 / width, bottom=0.55 / height,
+                        top=1 - 0.5 / height, wspace=0.35)
     return fig, axes
 
 
@@ -73,7 +76,8 @@ def plot_energy(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
         if gf.size and np.any(analysis.gap[gf] > 0):
             ax_e.semilogy(analysis.time[gf], np.where(analysis.gap[gf] > 0, analysis.gap[gf], np.nan), "s",
                           mfc="none", label="gap G")
-        ax_e.set_ylabel(f"E - E*   (E* = {e_star:.10g}, {analysis.e_star_source})")
+        ax_e.set_ylabel("E - E*")
+        ax_e.set_title(f"E* = {e_star:.10g} ({analysis.e_star_source})", fontsize=9)
     else:
         ax_e.plot(t, e, lw=1.2, label="E")
         ax_e.set_ylabel("energy E")
@@ -84,7 +88,8 @@ def plot_energy(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     if math.isfinite(analysis.stationary_time):
         ax_i.axvline(analysis.stationary_time, color="k", ls=":", label="stationary")
     ax_i.set_xlabel("t")
-    ax_i.set_ylabel("I = int |grad Phi|^2 d rho")
+    ax_i.set_ylabel("I")
+    ax_i.set_title("dissipation I = int |grad Phi|^2 d rho", fontsize=9)
     ax_i.legend(fontsize=8)
     fig.suptitle(_title(traj, "energy and dissipation"))
     return _save(fig, path)
@@ -102,14 +107,16 @@ def plot_gap(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     ax_g.plot(tg[exhaustive], g[exhaustive], "o", label="exhaustive search")
     ax_g.plot(tg[~exhaustive], g[~exhaustive], "^", label="estimate (multi-start)")
     ax_g.set_xlabel("t")
-    ax_g.set_ylabel("G = int Phi d rho - min_Omega Phi")
+    ax_g.set_ylabel("G")
+    ax_g.set_title("G = int Phi d rho - min_Omega Phi", fontsize=9)
     ax_g.legend(fontsize=8)
     ax_b.plot(analysis.time, analysis.energy, "-", label="E")
     if np.any(np.isfinite(analysis.lower_bound)):
         ax_b.plot(tg, analysis.lower_bound[gf], "s-", label="E - G (lower bound on Omega)")
     ax_b.set_xlabel("t")
     ax_b.legend(fontsize=8)
-    fig.suptitle(_title(traj, f"optimality gap, Omega = {analysis.gap_domain} {analysis.gap_radius:g}"))
+    radius = f" {analysis.gap_radius:g}" if math.isfinite(analysis.gap_radius) else ""
+    fig.suptitle(_title(traj, f"optimality gap, Omega = {analysis.gap_domain}{radius}"))
     return _save(fig, path)
 
 
@@ -212,19 +219,17 @@ def plot_particles(traj: Trajectory, analysis: Analysis | None, path: str | Path
 def _grid_image(traj: Trajectory, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A frame's density as (values, lower, upper): 1-D as is, 2-D as is, 3-D summed over the third axis
     (times its cell width: the marginal density of the first two coordinates)."""
+    grid = trajectory_grid(traj)
     density = np.asarray(traj.frames["density"][index], dtype=float)
-    lower = np.atleast_1d(np.asarray(traj.frame_attrs["lower"], dtype=float))
-    upper = np.atleast_1d(np.asarray(traj.frame_attrs["upper"], dtype=float))
     if density.ndim == 3:
-        density = density.sum(axis=2) * (upper[2] - lower[2]) / density.shape[2]
-    return density, lower, upper
+        density = density.sum(axis=2) * grid.width[2]
+    return density, np.array(grid.lower), np.array(grid.upper)
 
 
 def _draw_density(ax, traj: Trajectory, index: int):
     density, lower, upper = _grid_image(traj, index)
     if density.ndim == 1:
-        centres = grid_cells(traj)[0][:, 0]
-        ax.plot(centres, density, "-")
+        ax.plot(trajectory_grid(traj).axes[0], density, "-")
         ax.set_xlabel("omega")
         ax.set_ylabel("density")
         return None

@@ -18,6 +18,7 @@ from conftest import build_config
 from pdeflow import diagnostics as D
 from pdeflow.cli import main
 from pdeflow.config import Config, DiagnosticsConfig
+from pdeflow.measure import Grid, free_energy
 from pdeflow.problem import Problem
 from pdeflow.trajectory import TrajectoryWriter, open_trajectory
 from solvers.driver import run
@@ -323,23 +324,21 @@ def test_stationary_time_is_the_first_frame_after_which_dissipation_stays_small(
     assert a.stationary_time == traj.time[first]
 
 
-def write_grid_file(path: Path, k: int = 2, n: int = 12) -> Path:
-    """A grid trajectory as a grid solver writes it: /frames/density with lower, upper, shape attributes.
+def write_grid_file(path: Path, k: int = 2, n: int = 12, beta: float = math.inf) -> Path:
+    """A grid trajectory as the grid solver writes it: /frames/density with the Grid's /frames attributes.
     The densities are Gaussians contracting in time (masses density * cell volume sum to one)."""
-    cfg = build_config(model={"coordinates": {1: "output_gain", 2: "gain2", 3: "gain3"}[k]},
-                       init={"measure": "grid"}, solver={"method": "fv"}, diagnostics={"domain": "grid"})
+    cfg = build_config(model={"coordinates": {1: "output_gain", 2: "gain2", 3: "gain3"}[k], "beta": beta},
+                       init={"measure": "grid"}, solver={"method": "fv"}, diagnostics={"domain": "grid"},
+                       grid={"n": n, "radius": 2.0})
     problem = Problem.from_config(cfg)
-    lower, upper, shape = np.full(k, -2.0), np.full(k, 2.0), np.full(k, n)
-    h = 4.0 / n
-    axes = [-2.0 + (np.arange(n) + 0.5) * h] * k
-    r2 = sum(np.meshgrid(*[a ** 2 for a in axes], indexing="ij"))
-    writer = TrajectoryWriter.create(path, cfg, problem.arrays(), {"density": np.zeros((n,) * k)},
-                                     frame_attrs={"lower": lower, "upper": upper, "shape": shape}, measure="grid")
+    grid = Grid.from_config(cfg.grid, k)
+    writer = TrajectoryWriter.create(path, cfg, problem.arrays(), {"density": np.zeros(grid.shape)},
+                                     frame_attrs=grid.frame_attrs(), measure="grid", beta=beta)
     for j, s in enumerate([1.0, 0.7, 0.5]):
-        density = np.exp(-r2 / (2 * s * s))
-        density /= density.sum() * h ** k
+        density = grid.gaussian(0.0, s)
         writer.append_frame({"density": density}, {"time": float(j), "step": j, "dt": 1.0, "wall_time": 0.0,
-                                                   "energy": 1.0 - 0.1 * j, "dissipation": 0.1 / (j + 1)})
+                                                   "energy": free_energy(problem, grid, density),
+                                                   "dissipation": 0.1 / (j + 1)})
     writer.finish("finished", "synthetic")
     return path
 
@@ -352,12 +351,51 @@ def test_grid_files_are_analysed_as_weighted_cell_centres(tmp_path):
     assert np.allclose(omega[:12, 1], -2 + (np.arange(12) + 0.5) / 3) and np.allclose(omega[::12, 0], omega[:12, 1])
     a = D.analyse(traj, DiagnosticsConfig(domain="grid", gap_frames=1, grid_points=12, n_starts=2))
     problem = traj.problem()
-    G = problem.residual_features(omega, D.frame_measure(traj, 2)[1])
-    dom = D.Domain.make("grid", 2, 0.0, D.grid_bounds(traj))
+    G = problem.residual_features(*D.frame_measure(traj, 2))
+    dom = D.Domain.make("grid", 2, 0.0, (np.full(2, -2.0), np.full(2, 2.0)))
     assert a.min_phi[-1] <= brute_force_min(problem, G, dom, 201) + 1e-12
-    assert np.all(np.abs(a.minimizer[-1]) <= 2.0)
+    assert np.all(np.abs(a.minimizer[-1]) <= 2.0) and a.lower_bound[-1] <= a.energy[-1]
     with pytest.raises(Exception, match="diagnostics.domain"):
         D.optimality_gap(problem, omega, mass, domain="grid")
+
+
+def test_entropic_gap_of_a_grid_density_is_the_relative_entropy_to_its_gibbs_density(tmp_path):
+    """beta < inf: without a data term (unembedding zero) Phi = (lam/2)|omega|^2 does not depend on rho, so the
+    Gibbs density exp(-beta Phi) / Z has gap zero and any other density has gap KL(m || g) / beta; with data,
+    the Gibbs fixed point has gap zero and E - G is below the energy of every grid density tried."""
+    beta = 4.0
+    cfg = build_config(model={"coordinates": "gain2", "beta": beta, "unembedding": "zero", "weight_decay": 0.3},
+                       init={"measure": "grid"}, solver={"method": "fv"}, grid={"n": 10, "radius": 2.0})
+    problem, grid = Problem.from_config(cfg), Grid.from_config(cfg.grid, 2)
+    c = grid.centres
+    g = np.exp(-beta * 0.15 * np.einsum("ck,ck->c", c, c))
+    g /= g.sum()
+    assert abs(D.entropic_gap(problem, grid, grid.density(g)).gap) < 1e-13
+    m = grid.masses(grid.gaussian([0.5, -0.3], 0.6))
+    expected = float(np.sum(m * np.log(m / g))) / beta
+    assert abs(D.entropic_gap(problem, grid, grid.density(m)).gap - expected) < 1e-12
+    # with data: the damped Gibbs iteration m <- (m + g(m)) / 2 reaches the minimizer of E_h, where G = 0;
+    # the bound of the starting density lies below the minimal energy
+    problem = Problem.from_config(cfg.replace(model={"unembedding": "tied"}))
+    m = grid.masses(grid.gaussian(0.0, 1.0))
+    start = D.entropic_gap(problem, grid, grid.density(m))
+    start_bound = free_energy(problem, grid, grid.density(m)) - start.gap
+    for _ in range(25):
+        omega, mass = grid.particles(grid.density(m))
+        phi = problem.phi(omega, omega, mass)
+        g = np.exp(-beta * (phi - phi.min()))
+        m = 0.5 * m + 0.5 * g / g.sum()
+    assert start.gap > 1e-3 and abs(D.entropic_gap(problem, grid, grid.density(m)).gap) < 1e-12
+    assert start_bound <= free_energy(problem, grid, grid.density(m))
+    path = write_grid_file(tmp_path / "ent.h5", beta=beta)
+    traj = open_trajectory(path)
+    a = D.analyse(traj, DiagnosticsConfig(domain="grid", gap_frames=3))
+    problem, grid = traj.problem(), D.trajectory_grid(traj)
+    rng = np.random.default_rng(0)
+    others = [free_energy(problem, grid, grid.density(rng.dirichlet(np.full(grid.n_cells, 0.5)))) for _ in range(20)]
+    others += [free_energy(problem, grid, grid.gaussian(rng.normal(size=2), 0.3 + rng.random())) for _ in range(20)]
+    assert np.all(a.gap > 0) and not a.gap_is_estimate
+    assert np.max(a.lower_bound) <= min(others) and np.max(a.lower_bound) <= np.min(a.energy)
 
 
 # ---- the command -------------------------------------------------------------------------------
