@@ -143,6 +143,7 @@ class GridConfig:
     lower: list = spec([], "lower corner of the box (one number or k numbers; empty: -radius)")
     upper: list = spec([], "upper corner of the box (one number or k numbers; empty: +radius)")
     radius: float = spec(3.0, "half-width of the default box", gt=0)
+    time_order: int = spec(2, "fv: order of the SSP Runge-Kutta time stepping", choices=(2, 3))
 
 
 @dataclass(frozen=True)

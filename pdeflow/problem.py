@@ -200,6 +200,11 @@ class Problem:
         """``E(rho) = R(rho) + (lam/2) sum_i m_i |omega_i|^2`` (no entropy: see the module docstring)."""
         return self.risk(omega, mass) + self.confinement(omega, mass)
 
+    def risk_and_features(self, omega: np.ndarray, mass: np.ndarray) -> tuple[float, np.ndarray]:
+        """``R(rho)`` and the residual features ``G`` [B, T, d] from one pass over the measure."""
+        risk, G = self._risk_and_residual(omega, mass)
+        return float(risk), G
+
     def residual_features(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         """``G[b, l] = lw[b, l] (softmax z - onehot y) U``: [B, T, d], what Phi needs of rho."""
         return self._risk_and_residual(omega, mass)[1]
