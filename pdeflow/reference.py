@@ -1,0 +1,317 @@
+"""pdeflow as a reference: validate a trajectory file against schema version 1, and compare two files.
+
+:func:`validate` checks a file written by any code: the root attributes ``schema`` and ``schema_version``;
+``/model`` (``embedding`` [V,d], ``positions`` [T,d], ``unembedding`` [V,d], ``theta0`` [p = 4 d dh],
+optional ``basis`` [p,k]; attributes ``head_dim``, ``score_scale``, ``weight_decay``), ``/data``
+(``tokens``, ``targets`` [B,T] integers in [0, V), ``mask`` [B,T] with a 1 in every row, ``weights`` [B]
+summing to 1), ``/frames`` (``time`` [F] non-decreasing, and either ``omega`` [F,N,k] with ``mass`` [F,N]
+or ``density`` [F,n1(,n2,n3)] with the grid attributes ``lower``, ``upper``, ``shape``), and, where
+present, ``/frames/energy``, ``/frames/dissipation`` [F] and equal-length ``/steps`` columns. Each problem
+is one line.
+
+:func:`compare` matches frames by time (``|t_a - t_b| <= 1e-9 max(1, |t|)``) and, at each common time,
+compares with ``|a - b| <= atol + rtol |b|``:
+
+- ``energy`` and ``dissipation`` (stored, or recomputed from the stored problem when absent);
+- ``logits`` on the stored data set: ``max |z_a - z_b| <= atol + rtol max |z_b|``;
+- the measures: the exact W2 distance (POT ``ot.emd2``) between particle clouds of at most
+  :data:`EXACT_W2_MAX` particles each, a sliced W2 (``ot.sliced_wasserstein_distance``) for larger ones, and
+  the L1 distance ``int |rho_a - rho_b|`` between densities on the same grid; the W2 distances are held to
+  ``atol + rtol * R`` with ``R = (int |omega|^2 d rho_b)^(1/2)``, the L1 distance to ``atol + rtol``.
+
+Both files must hold the same problem (the same /model and /data arrays).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+from scipy.spatial.distance import cdist
+
+from .measure import Grid, free_energy
+from .problem import Problem
+from .trajectory import SCHEMA, SCHEMA_VERSION, TrajectoryError
+
+EXACT_W2_MAX = 2000
+TIME_MATCH = 1e-9
+
+
+@dataclass
+class StoredRun:
+    """The parts of a trajectory file that :func:`compare` needs, read with plain h5py."""
+    path: Path
+    arrays: dict[str, Any]
+    beta: float
+    time: np.ndarray
+    frames: dict[str, np.ndarray]
+    grid: Grid | None
+    _problem: Problem | None = field(default=None, repr=False)
+
+    @property
+    def problem(self) -> Problem:
+        if self._problem is None:
+            self._problem = Problem.from_arrays(self.arrays, beta=self.beta)
+        return self._problem
+
+    def measure(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Frame i as weighted particles: omega [N,k], mass [N] (a grid: cell centres and masses)."""
+        if self.grid is not None:
+            return self.grid.particles(self.frames["density"][i])
+        return self.frames["omega"][i], self.frames["mass"][i]
+
+    def energy(self, i: int) -> float:
+        if "energy" in self.frames:
+            return float(self.frames["energy"][i])
+        if self.grid is not None:
+            return free_energy(self.problem, self.grid, self.frames["density"][i])
+        return self.problem.energy(*self.measure(i))
+
+    def dissipation(self, i: int) -> float:
+        if "dissipation" in self.frames:
+            return float(self.frames["dissipation"][i])
+        return self.problem.evaluate(*self.measure(i)).dissipation
+
+
+def read_run(path: str | Path) -> StoredRun:
+    """Read a schema-1 file for comparison; TrajectoryError (one line) if :func:`validate` finds problems."""
+    path = Path(path)
+    problems = validate(path)
+    if problems:
+        raise TrajectoryError(f"{path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    with h5py.File(path, "r") as f:
+        model, data, fr = f["model"], f["data"], f["frames"]
+        arrays: dict[str, Any] = {k: model[k][()] for k in ("embedding", "positions", "unembedding", "theta0")}
+        arrays["basis"] = model["basis"][()] if "basis" in model else None
+        arrays.update({k: data[k][()] for k in ("tokens", "targets", "mask", "weights")})
+        for key in ("head_dim", "score_scale", "weight_decay"):
+            arrays[key] = model.attrs[key].item() if hasattr(model.attrs[key], "item") else model.attrs[key]
+        beta = float(model.attrs.get("beta", np.inf))
+        n = fr["time"].shape[0]
+        frames = {k: fr[k][:n] for k in ("time", "energy", "dissipation", "omega", "mass", "density") if k in fr}
+        grid = Grid.from_frame_attrs(dict(fr.attrs)) if "density" in fr else None
+    return StoredRun(path, arrays, beta, frames["time"], frames, grid)
+
+
+# ---- validate --------------------------------------------------------------------------------
+def validate(path: str | Path) -> list[str]:
+    """Every way ``path`` departs from schema version 1, one line each; an empty list means valid."""
+    path = Path(path)
+    if not path.is_file():
+        return [f"no such file: {path}"]
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        return [f"not a readable HDF5 file ({str(exc).splitlines()[0][:80]})"]
+    with f:
+        try:
+            return _validate_open(f)
+        except (KeyError, ValueError, TypeError, OSError) as exc:
+            return [f"damaged file: {str(exc).splitlines()[0][:100]}"]
+
+
+def _validate_open(f: h5py.File) -> list[str]:
+    out: list[str] = []
+    if f.attrs.get("schema") != SCHEMA:
+        out.append(f"root attribute schema must be {SCHEMA!r}, got {f.attrs.get('schema')!r}")
+    version = f.attrs.get("schema_version")
+    if version is None or int(version) != SCHEMA_VERSION:
+        out.append(f"root attribute schema_version must be {SCHEMA_VERSION}, got {version!r}")
+    for group in ("model", "data", "frames"):
+        if group not in f or not isinstance(f[group], h5py.Group):
+            out.append(f"missing group /{group}")
+    if out and any(line.startswith("missing group") for line in out):
+        return out
+
+    def dataset(group: str, name: str, ndim: int, kind: str) -> np.ndarray | None:
+        if name not in f[group]:
+            out.append(f"missing dataset /{group}/{name}")
+            return None
+        ds = f[group][name]
+        if not isinstance(ds, h5py.Dataset):
+            out.append(f"/{group}/{name} must be a dataset")
+            return None
+        if ds.ndim != ndim:
+            out.append(f"/{group}/{name} must have {ndim} dimensions, got shape {list(ds.shape)}")
+            return None
+        if ds.dtype.kind not in kind:
+            out.append(f"/{group}/{name} must be of {'integer' if kind == 'iu' else 'floating'} type, got {ds.dtype}")
+            return None
+        return ds[()]
+
+    E = dataset("model", "embedding", 2, "f")
+    P = dataset("model", "positions", 2, "f")
+    U = dataset("model", "unembedding", 2, "f")
+    theta0 = dataset("model", "theta0", 1, "f")
+    for key in ("head_dim", "score_scale", "weight_decay"):
+        if key not in f["model"].attrs:
+            out.append(f"missing attribute /model.{key}")
+    tokens = dataset("data", "tokens", 2, "iu")
+    targets = dataset("data", "targets", 2, "iu")
+    mask = dataset("data", "mask", 2, "fiu")
+    weights = dataset("data", "weights", 1, "f")
+    if E is None or P is None or U is None or theta0 is None or tokens is None:
+        return out
+    V, d = E.shape
+    T = P.shape[0]
+    if P.shape[1] != d:
+        out.append(f"/model/positions must have shape [T, d = {d}], got {list(P.shape)}")
+    if U.shape != (V, d):
+        out.append(f"/model/unembedding must have shape [V, d] = {[V, d]}, got {list(U.shape)}")
+    dh = int(f["model"].attrs.get("head_dim", 0))
+    p = 4 * d * dh
+    if theta0.shape != (p,):
+        out.append(f"/model/theta0 must have shape [p = 4 d dh = {p}], got {list(theta0.shape)}")
+    k = p
+    if "basis" in f["model"]:
+        basis = dataset("model", "basis", 2, "f")
+        if basis is not None:
+            if basis.shape[0] != p:
+                out.append(f"/model/basis must have shape [p = {p}, k], got {list(basis.shape)}")
+            k = basis.shape[1]
+    B = tokens.shape[0]
+    if tokens.shape[1] != T:
+        out.append(f"/data/tokens must have shape [B, T = {T}], got {list(tokens.shape)}")
+    elif tokens.size and (tokens.min() < 0 or tokens.max() >= V):
+        out.append(f"/data/tokens must lie in [0, V = {V})")
+    for name, arr in (("targets", targets), ("mask", mask)):
+        if arr is not None and arr.shape != tokens.shape:
+            out.append(f"/data/{name} must have the shape of /data/tokens {list(tokens.shape)}, got {list(arr.shape)}")
+    if targets is not None and targets.shape == tokens.shape and targets.size and (targets.min() < 0 or targets.max() >= V):
+        out.append(f"/data/targets must lie in [0, V = {V})")
+    if mask is not None and mask.shape == tokens.shape and np.any(mask.sum(axis=1) <= 0):
+        out.append("/data/mask must have at least one 1 in every row")
+    if weights is not None:
+        if weights.shape != (B,):
+            out.append(f"/data/weights must have shape [B = {B}], got {list(weights.shape)}")
+        elif np.any(weights < 0) or abs(weights.sum() - 1.0) > 1e-9:
+            out.append("/data/weights must be >= 0 and sum to 1")
+    fr = f["frames"]
+    time = dataset("frames", "time", 1, "f")
+    if time is None:
+        return out
+    F = time.shape[0]
+    if np.any(np.diff(time) < 0):
+        out.append("/frames/time must be non-decreasing")
+    if "density" in fr:
+        density = dataset("frames", "density", fr["density"].ndim, "f")
+        for key in ("lower", "upper", "shape"):
+            if key not in fr.attrs:
+                out.append(f"missing attribute /frames.{key} (the grid of /frames/density)")
+        if density is not None and all(key in fr.attrs for key in ("lower", "upper", "shape")):
+            shape = tuple(int(v) for v in np.atleast_1d(fr.attrs["shape"]))
+            if density.shape[1:] != shape or density.shape[0] < F:
+                out.append(f"/frames/density must have shape [F = {F}, {', '.join(map(str, shape))}], got {list(density.shape)}")
+            if len(shape) != k:
+                out.append(f"the grid has {len(shape)} axes but the coordinates have k = {k}")
+    else:
+        omega = dataset("frames", "omega", 3, "f")
+        mass = dataset("frames", "mass", 2, "f")
+        if omega is not None:
+            if omega.shape[0] < F or omega.shape[2] != k:
+                out.append(f"/frames/omega must have shape [F = {F}, N, k = {k}], got {list(omega.shape)}")
+            if mass is not None and (mass.shape[0] < F or mass.shape[1] != omega.shape[1]):
+                out.append(f"/frames/mass must have shape [F = {F}, N = {omega.shape[1]}], got {list(mass.shape)}")
+    for key in ("energy", "dissipation"):
+        if key in fr:
+            arr = dataset("frames", key, 1, "f")
+            if arr is not None and arr.shape[0] < F:
+                out.append(f"/frames/{key} must have shape [F = {F}], got {list(arr.shape)}")
+    if "steps" in f:
+        lengths = {name: ds.shape for name, ds in f["steps"].items() if isinstance(ds, h5py.Dataset)}
+        if len({s for s in lengths.values()}) > 1:
+            out.append(f"/steps columns must have equal lengths, got {dict((n, s[0]) for n, s in lengths.items())}")
+    return out
+
+
+# ---- compare ---------------------------------------------------------------------------------
+@dataclass
+class Row:
+    """One compared quantity at one time: the measured difference, the allowed one, and whether it passes."""
+    time: float
+    quantity: str
+    value: float
+    allowed: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.value <= self.allowed)
+
+
+@dataclass
+class Comparison:
+    rows: list[Row]
+    problems: list[str]   # structural mismatches (different problems, no common frame)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(r.ok for r in self.rows)
+
+    def table(self) -> str:
+        lines = [f"{'time':>12}  {'quantity':<14} {'difference':>12} {'allowed':>12}  verdict"]
+        for r in self.rows:
+            lines.append(f"{r.time:12.6g}  {r.quantity:<14} {r.value:12.4g} {r.allowed:12.4g}  {'ok' if r.ok else 'FAIL'}")
+        lines.extend(f"problem: {p}" for p in self.problems)
+        lines.append(f"{'PASS' if self.ok else 'FAIL'}: {sum(r.ok for r in self.rows)}/{len(self.rows)} within tolerance")
+        return "\n".join(lines)
+
+
+def measure_distance(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], seed: int = 0) -> tuple[float, str]:
+    """W2 between weighted clouds: exact (``ot.emd2``) when both have <= EXACT_W2_MAX points, else sliced."""
+    import ot
+
+    (xa, ma), (xb, mb) = a, b
+    ma, mb = ma / ma.sum(), mb / mb.sum()
+    if len(ma) <= EXACT_W2_MAX and len(mb) <= EXACT_W2_MAX:
+        # cdist differences coordinates before squaring: |x|^2 + |y|^2 - 2 x.y would lose ~1e-8 to cancellation
+        cost = cdist(xa, xb, "sqeuclidean")
+        return float(np.sqrt(max(ot.emd2(ma, mb, cost, numItermax=10_000_000), 0.0))), "W2"
+    return float(ot.sliced_wasserstein_distance(xa, xb, ma, mb, n_projections=256, seed=seed)), "sliced W2"
+
+
+def same_problem(a: StoredRun, b: StoredRun) -> str | None:
+    """The first stored array that differs between two runs' problems, or None."""
+    for key, va in a.arrays.items():
+        vb = b.arrays.get(key)
+        if va is None or vb is None:
+            if (va is None) != (vb is None):
+                return key
+            continue
+        va, vb = np.asarray(va), np.asarray(vb)
+        if va.shape != vb.shape or not np.allclose(va, vb, rtol=1e-12, atol=1e-14):
+            return key
+    return None
+
+
+def compare(path_a: str | Path, path_b: str | Path, rtol: float = 1e-6, atol: float = 1e-10) -> Comparison:
+    """Compare file A against file B (the reference) at their common frame times (module docstring)."""
+    a, b = read_run(path_a), read_run(path_b)
+    problems = []
+    diff = same_problem(a, b)
+    if diff is not None:
+        return Comparison([], [f"the files hold different problems ({diff} differs)"])
+    pairs = []
+    for i, t in enumerate(a.time):
+        j = int(np.argmin(np.abs(b.time - t))) if len(b.time) else -1
+        if j >= 0 and abs(b.time[j] - t) <= TIME_MATCH * max(1.0, abs(t)):
+            pairs.append((i, j, float(t)))
+    if not pairs:
+        return Comparison([], ["no common frame times"])
+    rows: list[Row] = []
+    for i, j, t in pairs:
+        for name, fa, fb in (("energy", a.energy(i), b.energy(j)), ("dissipation", a.dissipation(i), b.dissipation(j))):
+            rows.append(Row(t, name, abs(fa - fb), atol + rtol * abs(fb)))
+        za, zb = a.problem.logits(*a.measure(i)), b.problem.logits(*b.measure(j))
+        rows.append(Row(t, "logits", float(np.max(np.abs(za - zb))), atol + rtol * float(np.max(np.abs(zb)))))
+        if a.grid is not None and b.grid is not None and a.grid == b.grid:
+            from .measure import l1_distance
+            rows.append(Row(t, "L1 density", l1_distance(a.grid, a.frames["density"][i], b.frames["density"][j]),
+                            atol + rtol))
+        else:
+            mb = b.measure(j)
+            dist, name = measure_distance(a.measure(i), mb)
+            radius = float(np.sqrt(np.dot(mb[1], np.einsum("ik,ik->i", mb[0], mb[0])) / mb[1].sum()))
+            rows.append(Row(t, name, dist, atol + rtol * radius))
+    return Comparison(rows, problems)
