@@ -309,7 +309,7 @@ def attach_gap(problem: Problem, a: DiracAnalysis, cfg: Config) -> str | None:
                          n_starts=dg.n_starts, grid_points=dg.grid_points, seed=dg.seed, extra_starts=extra)
     a.gap, a.min_phi, a.gap_exhaustive = float(res.gap), float(res.min_phi), bool(res.exhaustive)
     a.phi_minimizer = np.asarray(res.minimizer, dtype=float)
-    if getattr(res, "outside_mass", 0.0) > 0:
+    if res.outside_mass > 0:
         return (f"a Dirac lies outside Omega (|omega| = {np.linalg.norm(a.point):.3g}); raise diagnostics.radius "
                 f"= {dg.radius:g} for its optimality gap to mean anything")
     return None

@@ -108,7 +108,8 @@ def test_dense_hessians_match_central_differences():
         step = np.zeros(k)
         step[j] = h
         plus, minus = w + step, w - step
-        fd0[:, j] = (problem.grad_phi(plus[None], w[None], one)[0] - problem.grad_phi(minus[None], w[None], one)[0]) / (2 * h)
+        fd0[:, j] = (problem.grad_phi(plus[None], w[None], one)[0]
+                     - problem.grad_phi(minus[None], w[None], one)[0]) / (2 * h)
         fdtr[:, j] = (problem.grad_phi(plus[None], plus[None], one)[0]
                       - problem.grad_phi(minus[None], minus[None], one)[0]) / (2 * h)
     scale = np.abs(Htr).max()
@@ -204,6 +205,14 @@ def test_nonzero_stationary_dirac_rates_match_simulation(nonzero_point):
     np.testing.assert_allclose(r.measured, r.predicted, rtol=1e-3)
     assert r.measured[MEAN] < 0 < r.measured[SPREAD]
     assert r.mean_amplitude[-1] < r.mean_amplitude[0] and r.spread_amplitude[-1] > r.spread_amplitude[0]
+    # what is left is the nonlinearity: the rate error is O(eps), ten times smaller for ten times smaller eps
+    errors = []
+    for eps in (1e-3, 1e-4):
+        c = cfg.replace(stability={"eps": eps})
+        run = simulate_point(problem, a, particle_integrator(c), c, seed=0)[0]
+        errors.append(np.abs(run.measured / run.predicted - 1.0))
+    assert np.all(errors[0] > 1e-5)  # well above the step and fit errors
+    np.testing.assert_allclose(errors[0] / errors[1], 10.0, rtol=0.2)
 
 
 # ---- the command --------------------------------------------------------------------------------
