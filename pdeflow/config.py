@@ -109,6 +109,8 @@ class RunConfig:
     max_steps: int = spec(10_000_000, "largest number of steps", ge=1)
     stationary_tol: float = spec(0.0, "stop when dissipation falls below this (0: never)", ge=0)
     wall_time_limit: float = spec(math.inf, "stop after this many seconds of wall time", gt=0)
+    checkpoint_interval: float = spec(60.0, "also checkpoint between frames after this many seconds of wall time "
+                                            "(a kill loses at most this much work)", gt=0)
 
 
 @dataclass(frozen=True)
