@@ -1,9 +1,9 @@
 """The ``pdeflow`` command line: ``run``, ``info`` and the analysis commands.
 
 Exit codes: 0 done; 1 a check failed (compare, validate); 2 bad input (config, files, arguments),
-one line on stderr and no output touched; 3 numerical failure (non-finite state, failed inner solve;
-the last good frame is kept); 130 interrupted by SIGINT, 143 by SIGTERM (state checkpointed; resume
-with ``--resume``).
+one line on stderr and no output touched; 3 the run failed (non-finite state, failed inner solve, or
+the trajectory file could not be written): the committed frames are kept; 130 interrupted by SIGINT,
+143 by SIGTERM (state checkpointed; resume with ``--resume``).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ EXIT_CODES = """exit codes:
   0    done
   1    a check failed (compare, validate)
   2    bad input: one line on stderr naming the problem; no output file created or touched
-  3    numerical failure (non-finite state, failed inner solve); the last good frame is kept
+  3    the run failed: non-finite state, failed inner solve, or the file could not be written
+       (disk full); every frame committed before is kept, continue with --resume
   130  interrupted by SIGINT, 143 by SIGTERM; the state is checkpointed, continue with --resume
 """
 # Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
@@ -33,7 +34,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.cli_bench",         # bench
 )
 # Keys that may differ between a file and the config resuming it (they extend or limit the run).
-RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("output", "path")}
+RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("run", "checkpoint_interval"),
+                  ("output", "path")}
 
 
 class UsageError(Exception):
@@ -71,9 +73,25 @@ def config_difference(a: Config, b: Config) -> str | None:
         for key, value in values.items():
             if (section, key) in RESUMABLE_KEYS:
                 continue
-            other = db[section][key]
+            other = db.get(section, {}).get(key, None)
             if value != other and not (value != value and other != other):  # nan == nan here
                 return f"{section}.{key}"
+    return None
+
+
+def array_difference(stored: dict, built: dict) -> str | None:
+    """The first problem array (``embedding``, ``tokens``, ...) that differs between a file and the Problem a
+    config builds now (e.g. an edited text or basis file), or None."""
+    import numpy as np
+
+    for key, value in built.items():
+        other = stored.get(key)
+        if value is None or other is None:
+            if (value is None) != (other is None):
+                return key
+            continue
+        if np.shape(value) != np.shape(other) or not np.array_equal(value, other):
+            return key
     return None
 
 
@@ -87,8 +105,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = output_path(cfg, args.config, args.output)
     if not out.parent.exists():
         raise UsageError(f"output directory {str(out.parent)!r} does not exist")
-    if out.exists() and out.is_dir():
+    if out.is_dir():
         raise UsageError(f"output path {str(out)!r} is a directory")
+    if out.exists() and out.resolve() == Path(args.config).resolve():
+        raise UsageError(f"output path {str(out)!r} is the config file")
+    stored = None
     if args.resume:
         if args.force:
             raise UsageError("--resume and --force exclude each other")
@@ -99,23 +120,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         if diff is not None:
             raise UsageError(f"--resume: {str(out)!r} was written by another config ({diff} differs)")
         if stored.checkpoint is None:
-            raise UsageError(f"--resume: {str(out)!r} holds no checkpoint to continue from")
+            raise UsageError(f"--resume: {str(out)!r} holds no checkpoint to continue from; start again with --force")
     elif out.exists() and not args.force:
         raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it or --resume to continue it")
-    problem = Problem.from_config(cfg)
-    stepper = make_stepper(problem, cfg)
-    if out.exists() and args.force:
-        out.unlink()
+    try:
+        problem = Problem.from_config(cfg)
+        stepper = make_stepper(problem, cfg)
+    except MemoryError as exc:
+        raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
+                         f"reduce init.n_particles, task.n_samples or model.d") from None
+    if stored is not None:
+        diff = array_difference(stored.arrays, problem.arrays())
+        if diff is not None:
+            raise UsageError(f"--resume: the {diff!r} array of {str(out)!r} differs from the one the config builds "
+                             f"now (a task, text or basis file changed?)")
     on_finish = None
     if cfg.diagnostics.enabled:
         try:
             from .diagnostics import analyse_run as on_finish  # noqa: N813
-        except ImportError:
-            on_finish = None
-    result = run(cfg, problem, out, resume=args.resume, quiet=args.quiet, stepper=stepper, on_finish=on_finish)
-    stream = sys.stdout if result.exit_code == 0 else sys.stderr
-    print(f"pdeflow: {result.status}: {result.message} -> {out}", file=stream)
+        except ModuleNotFoundError as exc:
+            if exc.name != "pdeflow.diagnostics":
+                raise
+    try:
+        result = run(cfg, problem, out, resume=args.resume, overwrite=args.force, quiet=args.quiet,
+                     stepper=stepper, on_finish=on_finish)
+    except MemoryError as exc:
+        raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
+                         f"reduce init.n_particles, task.n_samples or model.d") from None
+    if result.exit_code == 0:
+        print(f"pdeflow: {result.status}: {result.message} -> {out}")
+    else:
+        print(f"pdeflow: {result.status}: {result.message}", file=sys.stderr)
     return result.exit_code
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [exc.__class__.__name__])[0][:120]
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -143,12 +183,24 @@ def format_info(traj) -> str:
     if len(traj.steps.get("time", [])):
         lines.append(f"steps       {len(traj.steps['time']) - 1}")
         lines.append(f"final       energy {traj.steps['energy'][-1]:.10g}, dissipation {traj.steps['dissipation'][-1]:.4g}")
-    lines.append(f"status      {traj.attrs.get('status')}: {traj.attrs.get('message')}")
+    status = traj.attrs.get("status")
+    if status == "running":
+        lines.append("status      running, or its process died: the frames listed are those committed so far "
+                     "(continue a dead run with pdeflow run --resume)")
+    else:
+        lines.append(f"status      {status}: {traj.attrs.get('message')}")
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors reported like every other bad input: one line, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pdeflow", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
         description="Mean-field Wasserstein gradient flow of multi-head causal self-attention.")
     parser.add_argument("--version", action="version", version=f"pdeflow {__version__}")
@@ -183,19 +235,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pdeflow`` console script; returns the exit code."""
-    parser = build_parser()
     try:
+        parser = build_parser()
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse's own usage errors already printed one usage line
-        return int(exc.code or 0) if exc.code in (0, None) else 2
-    try:
         return int(args.func(args) or 0)
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except (ConfigError, TrajectoryError, UsageError) as exc:
-        print(f"pdeflow: error: {exc}", file=sys.stderr)
+        print(f"pdeflow: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pdeflow: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(text: str) -> str:
+    """A message as one line (a message from a library may carry newlines)."""
+    return " ".join(text.split("\n")).strip()
 
 
 def entry() -> None:

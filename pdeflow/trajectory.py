@@ -4,9 +4,10 @@ Layout (every array readable with plain h5py; shapes as in MODEL.md):
 
 - root attributes: ``schema = "pdeflow-trajectory"``, ``schema_version = 1``, ``pdeflow_version``,
   ``created`` (ISO 8601, UTC), ``seed`` (init.seed), ``config`` (the full config as TOML text),
-  ``method`` (solver.method), ``measure`` ("particles" or "grid"), and, once a run has ended,
-  ``status`` ("finished", "stationary", "wall_time", "max_steps", "interrupted", "non_finite",
-  "error") and ``message``.
+  ``method`` (solver.method), ``measure`` ("particles" or "grid"), ``status`` ("running" while the run
+  is going or if its process died; once it has ended: "finished", "stationary", "wall_time",
+  "max_steps", "interrupted", "non_finite", "error"), ``message``, ``final_time`` and ``steps``.
+  ``status`` and ``message`` are fixed-length UTF-8 strings (h5py returns bytes; decode them).
 - ``/model``: ``embedding`` [V,d], ``positions`` [T,d], ``unembedding`` [V,d], ``theta0`` [p], ``basis``
   [p,k] (absent for full coordinates); attributes ``head_dim``, ``score_scale``, ``weight_decay``,
   ``beta``, ``precision``, ``k``.
@@ -16,25 +17,59 @@ Layout (every array readable with plain h5py; shapes as in MODEL.md):
   ``density`` [F,n1(,n2,n3)] for a grid (attributes ``lower``, ``upper``, ``shape`` on ``/frames``).
 - ``/steps``: ``time``, ``dt``, ``energy``, ``risk``, ``dissipation``, ``wall_time`` and the stepper's own
   columns (``rejected``, ``inner_iterations``, ...), one row per accepted step; row 0 is the initial state.
-- ``/checkpoint``: two slots ``slot0``, ``slot1`` and ``active`` (which slot is complete). A slot holds
-  the state fields, ``t``, ``dt``, ``step``, ``n_frames``, ``n_steps`` (rows of /frames and /steps that
-  belong to the run up to that state), ``rng`` (the generator state as JSON bytes) and ``extra``
-  (the stepper's controller state).
+- ``/checkpoint``: two slots ``slot0``, ``slot1`` and ``active`` (which slot is complete, -1 before the
+  first). A slot holds the state fields, ``t``, ``dt``, ``step``, ``n_frames``, ``n_steps`` (the rows of
+  /frames and /steps committed with that state), ``rng`` (the generator state as JSON bytes, zero-padded)
+  and ``extra`` (the stepper's controller state).
 
-Crash safety: the file is written in HDF5's single-writer/multiple-reader mode (SWMR), whose ordered
-metadata flushes keep it readable whatever moment the writer dies at. A frame is appended field by
-field with ``/frames/time`` last, then flushed: readers take ``len(time)`` frames, so a torn frame is
-invisible. The checkpoint writes the inactive slot, flushes, then flips ``active``: a kill leaves the
-previous complete slot in force. Resume truncates /frames and /steps to the slot's counts.
+Crash safety: what a kill (SIGKILL, OOM, a crash) at any instant leaves behind, and why.
+
+1. *The file at the output path is always an openable HDF5 file.* It is created under a sibling name
+   ``<name>.partial``, populated, switched to HDF5's single-writer/multiple-reader mode (SWMR) and only
+   then renamed onto the output path (an atomic rename; ``--force`` replaces an old file only at this
+   moment). From then on every write happens in SWMR mode, whose ordered metadata flushes keep the
+   file consistent for a reader at every instant; a file reopened to resume is opened directly in SWMR
+   write mode. A file whose writer died keeps HDF5's "open for SWMR write" flag: plain
+   ``h5py.File(path)`` refuses it, ``h5py.File(path, "r", swmr=True)`` reads it, and so does
+   :func:`open_trajectory` (it falls back to SWMR reading).
+2. *Rows are committed by the checkpoint, not by their own write.* Within one flush HDF5 orders its
+   metadata writes by its own dependencies, not by the order of our dataset writes, so "write
+   ``time`` last" alone cannot make a torn frame invisible. Instead a commit is two flushes: the new
+   /frames and /steps rows and the inactive checkpoint slot are written and flushed; then the 8-byte
+   ``/checkpoint/active`` is flipped to that slot and flushed (an in-place write of one small
+   contiguous dataset, which a kill cannot tear). The active slot's ``n_frames``/``n_steps`` are the
+   committed rows. A kill before the flip leaves the previous slot, and the rows it counts, in force;
+   rows beyond it are ignored by the reader (:func:`committed_counts`) and cut off on resume.
+3. *Committed rows are never rewritten.* Field datasets (``omega``, ``mass``, ``density``) are chunked
+   one frame per chunk, so a frame write only adds a chunk (a compressed chunk rewritten to hold one
+   more frame would also be relocated each time and leak the old space: a 256-frame chunk made files
+   ~100 times their size). Scalar columns have fixed-size uncompressed chunks rewritten in place with
+   identical bytes for the committed rows.
+4. *Resuming a killed file* (whose SWMR flag HDF5 will not let a writer clear) copies its committed
+   content through a SWMR reader into ``<name>.partial`` and renames that over the original, then
+   continues: a kill during the copy leaves the original untouched.
+5. *Ending a run* writes the final checkpoint (commit), then overwrites the pre-created fixed-size
+   ``status``/``message``/``final_time``/``steps`` attributes in place, still in SWMR mode, and closes.
+   A run that ended (any status other than "running") has every row committed, so for such a file
+   ``len(/frames/time)`` is the frame count, as plain h5py users expect.
+6. *Later changes* to a finished file (the analysis a run appends) go through :func:`edit_trajectory`:
+   on a copy, renamed over the original when complete.
+
+What a kill loses: the steps since the last commit (a frame, or ``run.checkpoint_interval`` seconds of
+wall time); ``pdeflow run --resume`` recomputes them bit for bit. Not covered: power loss or an OS crash
+(pdeflow does not fsync; data the OS had not written may be lost, and the file may need recovery).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
+import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import h5py
 import numpy as np
@@ -47,16 +82,56 @@ SCHEMA_VERSION = 1
 STEP_COLUMNS = ("time", "dt", "energy", "risk", "dissipation", "wall_time")
 FRAME_SCALARS = ("time", "step", "dt", "wall_time", "energy", "dissipation")
 RNG_BYTES = 2048
+RUNNING = "running"
+STATUS_BYTES, MESSAGE_BYTES = 32, 1024
+# Root attributes a run sets when it ends, pre-created so that they can be overwritten in SWMR mode.
+END_ATTRS: dict[str, Any] = {"final_time": np.float64(np.nan), "steps": np.int64(-1)}
+COPY_ROWS = 4096  # rows per block when copying a dataset during recovery
 
 
 class TrajectoryError(Exception):
-    """A file that is missing, not a pdeflow trajectory, truncated, or of another schema version."""
+    """A file that is missing, not a pdeflow trajectory, truncated, or of another schema version,
+    or an output file that cannot be created."""
 
 
-def _chunks(shape: tuple[int, ...], itemsize: int = 8) -> tuple[int, ...]:
-    per_row = int(np.prod(shape)) * itemsize if shape else itemsize
-    rows = int(max(1, min(1024, (256 * 1024) // max(per_row, 1))))
-    return (rows,) + tuple(shape)
+def error_reason(exc: BaseException) -> str:
+    """The cause of an exception in a few words for a one-line error: the OS's message when there is one
+    (HDF5 reports a failed write as "... errno = 28, error message = 'No space left on device' ...")."""
+    text = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
+    found = re.search(r"error message = '([^']*)'", str(text))
+    if found:
+        return found.group(1)
+    return (str(text).splitlines() or [exc.__class__.__name__])[0][:120]
+
+
+def discard_close(f: h5py.File) -> None:
+    """Close a file after a failed write without writing anything more to it.
+
+    HDF5 retries its dirty cache when a file is closed; after a failed write (a full disk) that fails
+    again, noisily, and can crash the interpreter at exit. The file descriptor is first pointed at
+    /dev/null (which accepts any write, whatever the disk or RLIMIT_FSIZE), so the close completes there
+    and the file on disk stays exactly as the failure left it: like a killed run, its committed rows
+    intact and the file resumable."""
+    with contextlib.suppress(Exception):
+        fd = f.id.get_vfd_handle()
+        sink = os.open(os.devnull, os.O_RDWR)
+        os.dup2(sink, fd)
+        os.close(sink)
+    with contextlib.suppress(Exception):
+        f.close()
+
+
+def _fixed_text(text: str, size: int) -> np.ndarray:
+    """``text`` as a fixed-length UTF-8 string of at most ``size`` bytes (cut on a character boundary)."""
+    raw = text.encode("utf-8")
+    if len(raw) > size:
+        raw = raw[:size - 3].decode("utf-8", errors="ignore").encode("utf-8") + b"..."
+    return np.array(raw, dtype=h5py.string_dtype("utf-8", size))
+
+
+def _partial_path(path: Path) -> Path:
+    """The sibling a new or rebuilt file is written to before it is renamed onto ``path``."""
+    return path.with_name(path.name + ".partial")
 
 
 @dataclass
@@ -72,98 +147,144 @@ class Checkpoint:
     extra: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
+def _open_swmr_write(path: Path) -> h5py.File:
+    """Open an existing file for writing directly in SWMR mode (so that it is never open non-SWMR)."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDWR | h5py.h5f.ACC_SWMR_WRITE, fapl)
+    return h5py.File(fid)
+
+
 class TrajectoryWriter:
     """Appends frames, step rows and checkpoints to a trajectory file in SWMR mode.
 
-    Create with :meth:`create` (a new file) or :meth:`reopen` (resume). Each ``commit`` (frame or
-    checkpoint) ends with a flush, so a killed run leaves a readable file with every completed frame.
+    Create with :meth:`create` (a new file) or :meth:`reopen` (resume). :meth:`append_frame` and
+    :meth:`append_steps` write rows that become part of the trajectory only when the next
+    :meth:`write_checkpoint` commits them (see the module docstring).
     """
 
     def __init__(self, f: h5py.File, path: Path) -> None:
         self.f = f
         self.path = path
+        # Every dataset the writer touches stays open until the file closes: closing a dataset flushes its
+        # buffers, and a write failing there (a full disk) would surface as an ignored error in a
+        # destructor instead of an exception the caller can handle.
+        self.ds: dict[str, h5py.Dataset] = {}
+        for group in ("frames", "steps", "checkpoint"):
+            f[group].visititems(lambda name, obj, g=group: self.ds.__setitem__(f"{g}/{name}", obj)
+                                if isinstance(obj, h5py.Dataset) else None)
 
     # ---- creation ---------------------------------------------------------------------------
     @classmethod
     def create(cls, path: str | Path, cfg: Config, arrays: dict[str, Any], fields: dict[str, np.ndarray],
                step_columns: tuple[str, ...] = (), frame_attrs: dict[str, Any] | None = None,
                extra_size: int = 0, measure: str = "particles", beta: float = np.inf,
-               precision: str = "float64", compression: str | None = "gzip") -> "TrajectoryWriter":
-        """Create a new file (never overwriting: the caller decides about an existing one).
+               precision: str = "float64", compression: str | None = "gzip",
+               overwrite: bool = False) -> "TrajectoryWriter":
+        """Create a new file; an existing one is replaced only with ``overwrite`` (atomically, once the new
+        file is complete and in SWMR mode). TrajectoryError (one line) if it cannot be created.
 
         ``arrays`` is :meth:`pdeflow.Problem.arrays`; ``fields`` are the measure's arrays with their shapes
         (e.g. ``omega`` [N,k] and ``mass`` [N]); ``step_columns`` are the stepper's extra /steps columns.
         """
         path = Path(path)
-        f = h5py.File(path, "x", libver="latest")
+        if path.exists() and not overwrite:
+            raise TrajectoryError(f"{path}: exists (pass overwrite=True to replace it)")
+        partial = _partial_path(path)
         try:
-            f.attrs["schema"] = SCHEMA
-            f.attrs["schema_version"] = SCHEMA_VERSION
-            f.attrs["pdeflow_version"] = __version__
-            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-            f.attrs["seed"] = cfg.init.seed
-            f.attrs["config"] = cfg.to_toml()
-            f.attrs["method"] = cfg.solver.method
-            f.attrs["measure"] = measure
-            f.attrs["status"] = "running"
-            f.attrs["message"] = ""
-            m = f.create_group("model")
-            for key in ("embedding", "positions", "unembedding", "theta0"):
-                m.create_dataset(key, data=np.asarray(arrays[key], dtype=np.float64))
-            if arrays.get("basis") is not None:
-                m.create_dataset("basis", data=np.asarray(arrays["basis"], dtype=np.float64))
-            m.attrs["head_dim"] = int(arrays["head_dim"])
-            m.attrs["score_scale"] = float(arrays["score_scale"])
-            m.attrs["weight_decay"] = float(arrays["weight_decay"])
-            m.attrs["beta"] = float(beta)
-            m.attrs["precision"] = precision
-            m.attrs["k"] = int(np.asarray(arrays["theta0"]).shape[0] if arrays.get("basis") is None
-                               else np.asarray(arrays["basis"]).shape[1])
-            dgrp = f.create_group("data")
-            dgrp.create_dataset("tokens", data=np.asarray(arrays["tokens"], dtype=np.int64))
-            dgrp.create_dataset("targets", data=np.asarray(arrays["targets"], dtype=np.int64))
-            dgrp.create_dataset("mask", data=np.asarray(arrays["mask"], dtype=np.float64))
-            dgrp.create_dataset("weights", data=np.asarray(arrays["weights"], dtype=np.float64))
-            fr = f.create_group("frames")
-            for key, value in (frame_attrs or {}).items():
-                fr.attrs[key] = value
-            comp = None if compression in (None, "none") else compression
-            for key in FRAME_SCALARS:
-                dtype = np.int64 if key == "step" else np.float64
-                fr.create_dataset(key, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
-            for key, value in fields.items():
-                shape = np.shape(value)
-                fr.create_dataset(key, shape=(0,) + shape, maxshape=(None,) + shape, dtype=np.float64,
-                                  chunks=_chunks(shape), compression=comp)
-            st = f.create_group("steps")
-            for key in STEP_COLUMNS + tuple(step_columns):
-                st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
-            ck = f.create_group("checkpoint")
-            ck.create_dataset("active", data=np.int64(-1))
-            for s in ("slot0", "slot1"):
-                g = ck.create_group(s)
-                for key, value in fields.items():
-                    g.create_dataset(key, data=np.zeros(np.shape(value)))
-                for key in ("t", "dt"):
-                    g.create_dataset(key, data=np.float64(0.0))
-                for key in ("step", "n_frames", "n_steps"):
-                    g.create_dataset(key, data=np.int64(0))
-                g.create_dataset("rng", data=np.zeros(RNG_BYTES, dtype=np.uint8))
-                g.create_dataset("extra", data=np.zeros(extra_size))
+            partial.unlink(missing_ok=True)
+            f = h5py.File(partial, "x", libver="latest")
+        except OSError as exc:
+            raise TrajectoryError(f"cannot create {partial}: {error_reason(exc)}") from None
+        try:
+            cls._populate(f, cfg, arrays, fields, step_columns, frame_attrs or {}, extra_size, measure,
+                          beta, precision, None if compression in (None, "none") else compression)
             f.flush()
             f.swmr_mode = True
-        except BaseException:
-            f.close()
-            path.unlink(missing_ok=True)
+            os.replace(partial, path)
+        except BaseException as exc:
+            discard_close(f)
+            partial.unlink(missing_ok=True)
+            if isinstance(exc, (OSError, RuntimeError)):
+                raise TrajectoryError(f"cannot create {path}: {error_reason(exc)}") from None
             raise
         return cls(f, path)
 
+    @staticmethod
+    def _populate(f: h5py.File, cfg: Config, arrays: dict[str, Any], fields: dict[str, np.ndarray],
+                  step_columns: tuple[str, ...], frame_attrs: dict[str, Any], extra_size: int, measure: str,
+                  beta: float, precision: str, compression: str | None) -> None:
+        f.attrs["schema"] = SCHEMA
+        f.attrs["schema_version"] = SCHEMA_VERSION
+        f.attrs["pdeflow_version"] = __version__
+        f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        f.attrs["seed"] = cfg.init.seed
+        f.attrs["config"] = cfg.to_toml()
+        f.attrs["method"] = cfg.solver.method
+        f.attrs["measure"] = measure
+        f.attrs["status"] = _fixed_text(RUNNING, STATUS_BYTES)
+        f.attrs["message"] = _fixed_text("", MESSAGE_BYTES)
+        for key, value in END_ATTRS.items():
+            f.attrs[key] = value
+        m = f.create_group("model")
+        for key in ("embedding", "positions", "unembedding", "theta0"):
+            m.create_dataset(key, data=np.asarray(arrays[key], dtype=np.float64))
+        if arrays.get("basis") is not None:
+            m.create_dataset("basis", data=np.asarray(arrays["basis"], dtype=np.float64))
+        m.attrs["head_dim"] = int(arrays["head_dim"])
+        m.attrs["score_scale"] = float(arrays["score_scale"])
+        m.attrs["weight_decay"] = float(arrays["weight_decay"])
+        m.attrs["beta"] = float(beta)
+        m.attrs["precision"] = precision
+        m.attrs["k"] = int(np.asarray(arrays["theta0"]).shape[0] if arrays.get("basis") is None
+                           else np.asarray(arrays["basis"]).shape[1])
+        dgrp = f.create_group("data")
+        dgrp.create_dataset("tokens", data=np.asarray(arrays["tokens"], dtype=np.int64))
+        dgrp.create_dataset("targets", data=np.asarray(arrays["targets"], dtype=np.int64))
+        dgrp.create_dataset("mask", data=np.asarray(arrays["mask"], dtype=np.float64))
+        dgrp.create_dataset("weights", data=np.asarray(arrays["weights"], dtype=np.float64))
+        fr = f.create_group("frames")
+        for key, value in frame_attrs.items():
+            fr.attrs[key] = value
+        for key in FRAME_SCALARS:
+            dtype = np.int64 if key == "step" else np.float64
+            fr.create_dataset(key, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+        for key, value in fields.items():
+            shape = np.shape(value)
+            # one frame per chunk: a frame write adds a chunk and never rewrites a committed one
+            fr.create_dataset(key, shape=(0,) + shape, maxshape=(None,) + shape, dtype=np.float64,
+                              chunks=(1,) + shape, compression=compression)
+        st = f.create_group("steps")
+        for key in STEP_COLUMNS + tuple(step_columns):
+            st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
+        ck = f.create_group("checkpoint")
+        ck.create_dataset("active", data=np.int64(-1))
+        for s in ("slot0", "slot1"):
+            g = ck.create_group(s)
+            for key, value in fields.items():
+                g.create_dataset(key, data=np.zeros(np.shape(value)))
+            for key in ("t", "dt"):
+                g.create_dataset(key, data=np.float64(0.0))
+            for key in ("step", "n_frames", "n_steps"):
+                g.create_dataset(key, data=np.int64(0))
+            g.create_dataset("rng", data=np.zeros(RNG_BYTES, dtype=np.uint8))
+            g.create_dataset("extra", data=np.zeros(extra_size))
+
     @classmethod
     def reopen(cls, path: str | Path) -> tuple["TrajectoryWriter", Checkpoint]:
-        """Open an existing file to continue it: truncate to the active checkpoint and return it."""
+        """Open an existing file to continue it: truncate to the active checkpoint and return it.
+
+        A file whose writer died is first rebuilt from its committed content (module docstring, 4)."""
         path = Path(path)
         check_file(path)
-        f = h5py.File(path, "r+", libver="latest")
+        try:
+            f = _open_swmr_write(path)
+        except OSError:
+            _rebuild(path)
+            try:
+                f = _open_swmr_write(path)
+            except OSError as exc:
+                raise TrajectoryError(f"{path}: cannot be opened for writing ({error_reason(exc)})") from None
         try:
             ck = read_checkpoint(f)
             if ck is None:
@@ -172,84 +293,77 @@ class TrajectoryWriter:
                 f["frames"][key].resize(ck.n_frames, axis=0)
             for key in list(f["steps"].keys()):
                 f["steps"][key].resize(ck.n_steps, axis=0)
-            f.attrs["status"] = "running"
-            f.attrs["message"] = ""
+            f.attrs.modify("status", _fixed_text(RUNNING, STATUS_BYTES))
+            f.attrs.modify("message", _fixed_text("", MESSAGE_BYTES))
             f.flush()
-            f.swmr_mode = True
-        except BaseException:
-            f.close()
+        except BaseException as exc:
+            discard_close(f)
+            if isinstance(exc, (OSError, RuntimeError, KeyError, ValueError)):
+                raise TrajectoryError(f"{path}: cannot be resumed ({error_reason(exc)})") from None
             raise
         return cls(f, path), ck
 
     # ---- appending --------------------------------------------------------------------------
     def append_steps(self, rows: dict[str, np.ndarray]) -> None:
-        """Append step rows (columns of equal length); ``time`` is written last."""
-        st = self.f["steps"]
-        keys = [k for k in st.keys() if k != "time"] + ["time"]
+        """Append step rows (columns of equal length); committed by the next checkpoint."""
         n = len(np.atleast_1d(rows["time"]))
         if n == 0:
             return
-        for key in keys:
-            ds = st[key]
+        for key in self.f["steps"].keys():
+            ds = self.ds[f"steps/{key}"]
             old = ds.shape[0]
             ds.resize(old + n, axis=0)
             ds[old:] = np.asarray(rows.get(key, np.full(n, np.nan)), dtype=np.float64)
 
     def append_frame(self, fields: dict[str, np.ndarray], scalars: dict[str, float]) -> None:
-        """Append one frame: the measure's fields, then the scalars, ``time`` last; then flush."""
-        fr = self.f["frames"]
-        n = fr["time"].shape[0]
-        for key, value in fields.items():
-            ds = fr[key]
+        """Append one frame (the measure's fields and the scalars); committed by the next checkpoint."""
+        n = self.n_frames
+        for key, value in list(fields.items()) + [(key, scalars[key]) for key in FRAME_SCALARS]:
+            ds = self.ds[f"frames/{key}"]
             ds.resize(n + 1, axis=0)
             ds[n] = value
-        for key in FRAME_SCALARS[1:] + ("time",):
-            ds = fr[key]
-            ds.resize(n + 1, axis=0)
-            ds[n] = scalars[key]
-        self.f.flush()
 
     @property
     def n_frames(self) -> int:
-        return int(self.f["frames"]["time"].shape[0])
+        """Frames written (committed or about to be committed by the next checkpoint)."""
+        return int(self.ds["frames/time"].shape[0])
 
     @property
     def n_steps(self) -> int:
-        return int(self.f["steps"]["time"].shape[0])
+        return int(self.ds["steps/time"].shape[0])
 
     def write_checkpoint(self, ck: Checkpoint) -> None:
-        """Write the inactive slot, flush, flip ``active``, flush."""
-        grp = self.f["checkpoint"]
-        active = int(grp["active"][()])
+        """Commit: write the inactive slot (and, in the same flush, the rows appended since the last
+        commit), flush, flip ``active`` to it, flush."""
+        active = int(self.ds["checkpoint/active"][()])
         slot_index = 0 if active != 0 else 1
-        slot = grp[f"slot{slot_index}"]
-        for key, value in ck.fields.items():
-            slot[key][...] = value
-        slot["t"][()] = ck.t
-        slot["dt"][()] = ck.dt
-        slot["step"][()] = ck.step
-        slot["n_frames"][()] = ck.n_frames
-        slot["n_steps"][()] = ck.n_steps
         raw = json.dumps(ck.rng).encode() if ck.rng is not None else b""
         if len(raw) > RNG_BYTES:
             raise ValueError("generator state too large for the checkpoint slot")
-        buf = np.zeros(RNG_BYTES, dtype=np.uint8)
-        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        slot["rng"][...] = buf
-        slot["extra"][...] = ck.extra
+        rng = np.zeros(RNG_BYTES, dtype=np.uint8)
+        rng[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        values = dict(ck.fields, t=ck.t, dt=ck.dt, step=ck.step, n_frames=ck.n_frames, n_steps=ck.n_steps,
+                      rng=rng, extra=ck.extra)
+        for key, value in values.items():
+            self.ds[f"checkpoint/slot{slot_index}/{key}"][...] = value
         self.f.flush()
-        grp["active"][()] = slot_index
+        self.ds["checkpoint/active"][()] = slot_index
         self.f.flush()
 
     def finish(self, status: str, message: str, attrs: dict[str, Any] | None = None) -> None:
-        """Close the SWMR session and record how the run ended (and any extra root attributes)."""
-        self.f.flush()
-        self.f.close()
-        with h5py.File(self.path, "r+", libver="latest") as f:
-            f.attrs["status"] = status
-            f.attrs["message"] = message
+        """Record how the run ended and close. Call after the final :meth:`write_checkpoint`.
+
+        ``attrs`` may set the root attributes of :data:`END_ATTRS` (``final_time``, ``steps``)."""
+        try:
+            self.f.attrs.modify("status", _fixed_text(status, STATUS_BYTES))
+            self.f.attrs.modify("message", _fixed_text(message, MESSAGE_BYTES))
             for key, value in (attrs or {}).items():
-                f.attrs[key] = value
+                if key not in END_ATTRS:
+                    raise KeyError(f"finish: {key!r} is not one of {', '.join(END_ATTRS)}")
+                self.f.attrs.modify(key, np.asarray(value, dtype=END_ATTRS[key].dtype))
+            self.f.flush()
+        finally:
+            self.f.close()
 
     def close(self) -> None:
         """Flush and close without recording a status (the file stays resumable)."""
@@ -257,6 +371,10 @@ class TrajectoryWriter:
             self.f.flush()
         finally:
             self.f.close()
+
+    def abandon(self) -> None:
+        """Close after a failed write (:func:`discard_close`): the committed rows stay as they are."""
+        discard_close(self.f)
 
 
 def read_checkpoint(f: h5py.File) -> Checkpoint | None:
@@ -273,6 +391,55 @@ def read_checkpoint(f: h5py.File) -> Checkpoint | None:
                       rng=json.loads(raw) if raw else None, extra=slot["extra"][()])
 
 
+def committed_counts(f: h5py.File) -> tuple[int, int]:
+    """The rows of /frames and /steps that belong to the trajectory: all of them once the run has ended;
+    while its status is "running" (in progress, or its process died), those of the active checkpoint."""
+    n_frames, n_steps = int(f["frames"]["time"].shape[0]), int(f["steps"]["time"].shape[0])
+    if _plain(f.attrs.get("status", "")) != RUNNING:
+        return n_frames, n_steps
+    ck = read_checkpoint(f) if "checkpoint" in f else None
+    if ck is None:
+        return 0, 0
+    return min(n_frames, ck.n_frames), min(n_steps, ck.n_steps)
+
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def open_by_swmr_writer(path: Path) -> bool:
+    """Whether the file's superblock says a SWMR writer has it open (it is running, or it died).
+
+    HDF5 file format, superblock versions 2 and 3: after the 8-byte signature come the version, the sizes
+    of offsets and lengths, then the file consistency flags (bit 0: open for writing, bit 2: for SWMR
+    writing). The signature is at byte 0 or, after a user block, at 512 * 2**i."""
+    try:
+        with open(path, "rb") as fh:
+            offset, size = 0, os.fstat(fh.fileno()).st_size
+            while offset + 12 <= size:
+                fh.seek(offset)
+                head = fh.read(12)
+                if head[:8] == HDF5_SIGNATURE:
+                    return head[8] >= 3 and head[11] & 0b101 == 0b101
+                offset = 512 if offset == 0 else 2 * offset
+    except OSError:
+        pass
+    return False
+
+
+def _open_read(path: Path) -> h5py.File:
+    """Open for reading; a file whose SWMR writer is running or died is read in SWMR mode (only such a file:
+    SWMR reading skips HDF5's check that the file is not truncated)."""
+    try:
+        return h5py.File(path, "r")
+    except OSError as first:
+        if not open_by_swmr_writer(path):
+            raise
+        try:
+            return h5py.File(path, "r", swmr=True)
+        except OSError:
+            raise first from None
+
+
 def check_file(path: str | Path) -> None:
     """Raise TrajectoryError (one line) unless ``path`` is a readable pdeflow trajectory of schema 1."""
     path = Path(path)
@@ -283,10 +450,11 @@ def check_file(path: str | Path) -> None:
     if not os.access(path, os.R_OK):
         raise TrajectoryError(f"{path}: not readable")
     try:
-        with h5py.File(path, "r") as f:
-            if f.attrs.get("schema") != SCHEMA:
+        with _open_read(path) as f:
+            schema = _plain(f.attrs.get("schema"))
+            if schema != SCHEMA:
                 raise TrajectoryError(f"{path}: not a pdeflow trajectory (no schema = {SCHEMA!r} attribute)")
-            version = f.attrs.get("schema_version")
+            version = _plain(f.attrs.get("schema_version"))
             if version != SCHEMA_VERSION:
                 raise TrajectoryError(f"{path}: schema version {version}, this pdeflow reads version {SCHEMA_VERSION}")
             for group in ("model", "data", "frames", "steps"):
@@ -294,25 +462,91 @@ def check_file(path: str | Path) -> None:
                     raise TrajectoryError(f"{path}: truncated or damaged trajectory (no /{group})")
     except TrajectoryError:
         raise
-    except (OSError, KeyError, ValueError) as exc:
-        raise TrajectoryError(f"{path}: not a readable HDF5 file ({str(exc).splitlines()[0][:80]})") from None
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise TrajectoryError(f"{path}: not a readable HDF5 file ({error_reason(exc)[:80]})") from None
+
+
+def _copy_attrs(src: h5py.AttributeManager, dst: h5py.AttributeManager) -> None:
+    """Copy attributes keeping their stored types (fixed-length strings stay fixed-length)."""
+    for key in src.keys():
+        dst.create(key, src[key], dtype=src.get_id(key).dtype)
+
+
+def _rebuild(path: Path) -> None:
+    """Rewrite a file whose writer died (HDF5 refuses to reopen it for writing) from its committed
+    content: read through SWMR mode into ``<name>.partial``, renamed over ``path`` once complete."""
+    partial = _partial_path(path)
+    dst = None
+    try:
+        with h5py.File(path, "r", swmr=True) as src:
+            n_frames, n_steps = committed_counts(src)
+            partial.unlink(missing_ok=True)
+            dst = h5py.File(partial, "x", libver="latest")
+            _copy_attrs(src.attrs, dst.attrs)
+            for name in src.keys():
+                if name not in ("frames", "steps"):
+                    src.copy(src[name], dst, name=name)
+                    continue
+                rows = n_frames if name == "frames" else n_steps
+                g = dst.create_group(name)
+                _copy_attrs(src[name].attrs, g.attrs)
+                for key, ds in src[name].items():
+                    out = g.create_dataset(key, shape=(rows,) + ds.shape[1:], maxshape=ds.maxshape, dtype=ds.dtype,
+                                           chunks=ds.chunks, compression=ds.compression,
+                                           compression_opts=ds.compression_opts)
+                    for start in range(0, rows, COPY_ROWS):
+                        out[start:start + COPY_ROWS] = ds[start:min(rows, start + COPY_ROWS)]
+            dst.close()
+        os.replace(partial, path)
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        if dst is not None:
+            discard_close(dst)
+        partial.unlink(missing_ok=True)
+        raise TrajectoryError(f"{path}: its writer died and the file cannot be recovered ({error_reason(exc)})") from None
+
+
+@contextlib.contextmanager
+def edit_trajectory(path: str | Path) -> Iterator[h5py.File]:
+    """Modify a finished trajectory all or nothing: ``with edit_trajectory(p) as f: f.create_group(...)``.
+
+    The changes are made on a copy (``<name>.partial``) that replaces ``path`` only when the block
+    completes; a kill or an exception leaves the original file untouched."""
+    path = Path(path)
+    check_file(path)
+    partial = _partial_path(path)
+    try:
+        shutil.copyfile(path, partial)
+        f = h5py.File(partial, "r+")
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise TrajectoryError(f"{path}: cannot be edited ({error_reason(exc)})") from None
+    try:
+        yield f
+        f.close()
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            f.close()
+        partial.unlink(missing_ok=True)
+        raise
 
 
 class Trajectory:
     """A trajectory read into memory: ``time`` [F], ``frames`` (dict of [F, ...] arrays), ``steps``
     (dict of columns), ``arrays`` (the problem arrays, as :meth:`pdeflow.Problem.arrays`), ``attrs``
-    (root attributes), ``config`` (the :class:`~pdeflow.config.Config`), ``frame_attrs``, ``analysis``."""
+    (root attributes), ``config`` (the :class:`~pdeflow.config.Config`), ``frame_attrs``, ``analysis``,
+    ``checkpoint`` (the active :class:`Checkpoint` or None). Only committed rows are read
+    (:func:`committed_counts`), so the file of a killed run reads as it was at its last commit."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         check_file(self.path)
         try:
-            with h5py.File(self.path, "r") as f:
+            with _open_read(self.path) as f:
                 self.attrs = {k: _plain(v) for k, v in f.attrs.items()}
-                n = f["frames"]["time"].shape[0]
+                n, m = committed_counts(f)
                 self.frames = {k: f["frames"][k][:n] for k in f["frames"].keys()}
                 self.frame_attrs = {k: _plain(v) for k, v in f["frames"].attrs.items()}
-                m = f["steps"]["time"].shape[0]
                 self.steps = {k: f["steps"][k][:m] for k in f["steps"].keys()}
                 model, data = f["model"], f["data"]
                 self.arrays: dict[str, Any] = {k: model[k][()] for k in model.keys()}
@@ -323,14 +557,39 @@ class Trajectory:
                 self.analysis = ({k: f["analysis"][k][()] for k in f["analysis"].keys()}
                                  | {k: _plain(v) for k, v in f["analysis"].attrs.items()}) if "analysis" in f else {}
                 self.checkpoint = read_checkpoint(f) if "checkpoint" in f else None
-        except (OSError, KeyError, ValueError) as exc:
-            raise TrajectoryError(f"{self.path}: truncated or damaged trajectory ({str(exc).splitlines()[0][:80]})") from None
-        for key in self.frames:
-            self.frames[key] = self.frames[key][:n]
+        except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise TrajectoryError(f"{self.path}: truncated or damaged trajectory ({error_reason(exc)[:80]})") from None
+        self._check_shapes()
         try:
             self.config: Config = loads_config(str(self.attrs.get("config", "")))
         except ConfigError as exc:
             raise TrajectoryError(f"{self.path}: stored config is invalid ({exc})") from None
+
+    def _check_shapes(self) -> None:
+        """The shapes MODEL.md promises, so that a damaged or forged file fails here with one line."""
+        a = self.arrays
+
+        def bad(what: str) -> TrajectoryError:
+            return TrajectoryError(f"{self.path}: damaged trajectory ({what})")
+
+        for key in ("embedding", "positions", "unembedding", "tokens", "targets", "mask", "weights", "theta0"):
+            if not isinstance(a.get(key), np.ndarray):
+                raise bad(f"no array {key}")
+        if a["embedding"].ndim != 2 or a["unembedding"].shape != a["embedding"].shape:
+            raise bad("embedding and unembedding must both be [V, d]")
+        if a["tokens"].ndim != 2 or a["targets"].shape != a["tokens"].shape or a["mask"].shape != a["tokens"].shape:
+            raise bad("tokens, targets and mask must all be [B, T]")
+        if a["weights"].shape != a["tokens"].shape[:1] or a["positions"].shape != (a["tokens"].shape[1],
+                                                                                    a["embedding"].shape[1]):
+            raise bad("weights must be [B] and positions [T, d]")
+        for key in FRAME_SCALARS:
+            if key not in self.frames or self.frames[key].ndim != 1:
+                raise bad(f"no column /frames/{key}")
+        if "time" not in self.steps:
+            raise bad("no column /steps/time")
+        n = len(self.frames["time"])
+        if any(len(v) != n for v in self.frames.values()):
+            raise bad("/frames datasets of different lengths")
 
     @property
     def time(self) -> np.ndarray:
@@ -349,7 +608,11 @@ class Trajectory:
 
 def _plain(v: Any) -> Any:
     if isinstance(v, bytes):
-        return v.decode()
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v[()]
+        if isinstance(v, bytes):
+            return v.decode("utf-8", errors="replace")
     if isinstance(v, np.generic):
         return v.item()
     return v

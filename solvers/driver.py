@@ -6,34 +6,46 @@
   stepper's columns); rows are buffered and written with the next frame or checkpoint;
 - frames fall exactly on the schedule (steps are shortened to land on them): every ``run.frame_interval``
   (``linear``) or ``run.n_frames`` log-spaced times (``log``); t = 0 and t_end are always frames;
-- after every frame the state is checkpointed, so a killed run resumes from its last frame and
-  continues bit for bit;
+- the state is checkpointed after every frame and, between frames, whenever ``run.checkpoint_interval``
+  seconds of wall time have passed since the last checkpoint. A checkpoint is what commits rows to the
+  file (:mod:`pdeflow.trajectory`), so a killed run keeps every frame up to its last checkpoint and
+  ``--resume`` continues from there bit for bit (the state, step size, step count, generator and
+  controller state are all in the checkpoint; the steps recomputed are the same floating-point
+  operations on the same numbers);
 - stop reasons: ``finished`` (t_end), ``stationary`` (dissipation < run.stationary_tol), ``wall_time``,
   ``max_steps`` (each writes a frame at the stopping time), ``interrupted`` (SIGINT/SIGTERM: checkpoint,
   exit 130/143), ``non_finite`` (last good frame and checkpoint kept, exit 3), ``error`` (a failed inner
-  solve: same, exit 3).
+  solve: same, exit 3), ``write_error`` (the file could not be written, e.g. a full disk: the rows
+  committed before are intact, the file is left "running" and resumable, exit 3).
+
+Signals: SIGINT and SIGTERM raise :class:`Interrupted` at once while a step is being computed (the step
+is discarded), but are held back while the loop records a step or writes the file, so the state, the
+/steps rows and the file always agree when the final checkpoint is written. Further signals during that
+final checkpoint are ignored.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 from tqdm import tqdm
 
 from pdeflow.config import Config
 from pdeflow.problem import Problem
-from pdeflow.trajectory import TrajectoryWriter
+from pdeflow.trajectory import TrajectoryWriter, error_reason
 
 from . import make_stepper
 from .base import SolverError, State, Stepper
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_NUMERICAL, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
+EXIT_NUMERICAL = EXIT_FAILED  # the name earlier code used for exit code 3
 
 
 class Interrupted(Exception):
@@ -51,7 +63,7 @@ class RunResult:
     status: str
     message: str
     exit_code: int
-    state: State
+    state: State | None
     path: Path
 
 
@@ -86,124 +98,216 @@ class _Rows:
             self.rows = []
 
 
-def run(cfg: Config, problem: Problem, path: str | Path, *, resume: bool = False, quiet: bool = False,
-        stepper: Stepper | None = None, on_finish: Callable[[Path, Config], None] | None = None) -> RunResult:
+class _Signals:
+    """SIGINT/SIGTERM as :class:`Interrupted`: raised at once, except inside :meth:`held` blocks (raised
+    when the outermost one ends) and after :meth:`stop` (only recorded)."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self.depth = 0
+        self.stopping = False
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> "_Signals":
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self.previous[s] = signal.getsignal(s)
+            signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+    def _handler(self, signum: int, frame: object) -> None:  # noqa: ARG002 - signal handler signature
+        if self.pending is None:
+            self.pending = signum
+        if self.depth == 0 and not self.stopping:
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if self.depth == 0 and self.pending is not None and not self.stopping:
+            raise Interrupted(self.pending)
+
+    def stop(self) -> None:
+        """From now on signals are only recorded: the run is ending and writing its last checkpoint."""
+        self.stopping = True
+
+
+class _WriteFailed(Exception):
+    """The trajectory file could not be written (full disk, quota, I/O error); the message is the cause."""
+
+
+@contextlib.contextmanager
+def _writing() -> Iterator[None]:
+    """Around file writes: HDF5's failures (OSError, or RuntimeError from a failed flush) as _WriteFailed."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        raise _WriteFailed(error_reason(exc)) from None
+
+
+class _Run:
+    """One execution of :func:`run`: the state, the file, the buffered rows and the signal guard."""
+
+    def __init__(self, cfg: Config, problem: Problem, path: Path, stepper: Stepper, quiet: bool) -> None:
+        self.cfg, self.problem, self.path, self.stepper, self.quiet = cfg, problem, path, stepper, quiet
+        self.times = frame_times(cfg)
+        self.rows = _Rows(("time", "dt", "energy", "risk", "dissipation", "wall_time") + stepper.step_columns)
+        self.signals = _Signals()
+        self.state: State | None = None
+        self.writer: TrajectoryWriter | None = None
+        self.wall0 = time.perf_counter()
+        self.wall_offset = 0.0
+
+    def wall(self) -> float:
+        return self.wall_offset + time.perf_counter() - self.wall0
+
+    # ---- the file -----------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Write the buffered rows and a checkpoint of the state: everything so far becomes permanent."""
+        with _writing():
+            self.rows.flush(self.writer)
+            self.writer.write_checkpoint(self.stepper.checkpoint(self.state, self.writer.n_frames,
+                                                                 self.writer.n_steps))
+
+    def write_frame(self, diag: dict[str, float]) -> None:
+        s = self.state
+        with _writing():
+            self.rows.flush(self.writer)
+            self.writer.append_frame(s.fields, {"time": s.t, "step": s.step, "dt": s.dt, "wall_time": self.wall(),
+                                                "energy": diag["energy"], "dissipation": diag["dissipation"]})
+        self.commit()
+
+    def start(self, resume: bool, overwrite: bool) -> None:
+        """Open the file: continue it from its checkpoint, or create it with the initial frame."""
+        if resume:
+            self.writer, ck = TrajectoryWriter.reopen(self.path)
+            self.state = self.stepper.restore(ck)
+            wt = self.writer.f["steps"]["wall_time"]
+            self.wall_offset = float(wt[-1]) if wt.shape[0] else 0.0
+            return
+        st = self.stepper
+        self.state = st.initial_state()
+        diag = st.diagnostics(self.state)  # before the file exists: a bad config leaves no file behind
+        self.writer = TrajectoryWriter.create(
+            self.path, self.cfg, self.problem.arrays(), self.state.fields, st.step_columns, st.frame_attrs(),
+            st.extra_size, st.measure, beta=self.problem.beta, precision=self.problem.precision,
+            compression=self.cfg.output.compression, overwrite=overwrite)
+        self.rows.add({"time": self.state.t, "dt": 0.0, "wall_time": 0.0, **diag})
+        self.write_frame(diag)
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def loop(self) -> tuple[str, str, int]:
+        """Step until the schedule ends or a stop reason; returns (status, message, exit code)."""
+        cfg, st, times = self.cfg, self.stepper, self.times
+        next_frame = int(np.searchsorted(times, self.state.t, side="right"))
+        last_commit = self.wall()
+        bar = tqdm(total=cfg.run.t_end, initial=self.state.t, unit="t",
+                   disable=self.quiet or not sys.stderr.isatty(),
+                   bar_format="{l_bar}{bar}| t={n:.4g}/{total:.4g} [{elapsed}<{remaining}]{postfix}")
+        diag = None
+        try:
+            while next_frame < len(times):
+                target = times[next_frame]
+                state = self.state
+                if state.step >= cfg.run.max_steps:
+                    return "max_steps", f"stopped at run.max_steps = {cfg.run.max_steps}", EXIT_OK
+                if self.wall() > cfg.run.wall_time_limit:
+                    return ("wall_time", f"stopped after run.wall_time_limit = {cfg.run.wall_time_limit:g} s",
+                            EXIT_OK)
+                try:
+                    # non-finite values are detected below, state by state; numpy's warnings would only
+                    # add lines to the one-line report
+                    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+                        new, extra = st.step(state, target - state.t)
+                        finite = st.is_finite(new)
+                        new_diag = st.diagnostics(new) if finite else {}
+                    if not finite or not all(np.isfinite(v) for v in new_diag.values()):
+                        return ("non_finite",
+                                f"non-finite state at step {state.step + 1} (t = {state.t:.6g}): "
+                                f"{st.likely_cause(state)}; the last good frame is kept", EXIT_FAILED)
+                except SolverError as exc:
+                    return ("error", f"step {state.step + 1} (t = {state.t:.6g}) failed: {exc}; "
+                                     f"the last good frame is kept", EXIT_FAILED)
+                with self.signals.held():
+                    if abs(new.t - target) <= 1e-12 * max(1.0, abs(target)):
+                        new.t = float(target)
+                    self.state, diag = new, new_diag
+                    self.rows.add({"time": new.t, "dt": new.t - state.t, "wall_time": self.wall(), **diag, **extra})
+                    if new.t >= target:
+                        self.write_frame(diag)
+                        next_frame += 1
+                        last_commit = self.wall()
+                    elif self.wall() - last_commit >= cfg.run.checkpoint_interval:
+                        self.commit()
+                        last_commit = self.wall()
+                    bar.update(new.t - bar.n)
+                    if not bar.disable:
+                        bar.set_postfix_str(f"E={diag['energy']:.6g} I={diag['dissipation']:.3g} dt={new.dt:.3g}",
+                                            refresh=False)
+                if cfg.run.stationary_tol > 0 and diag["dissipation"] < cfg.run.stationary_tol:
+                    return ("stationary", f"stationary at t = {new.t:.6g}: dissipation {diag['dissipation']:.3g} "
+                                          f"< run.stationary_tol = {cfg.run.stationary_tol:g}", EXIT_OK)
+            return "finished", f"reached t_end = {cfg.run.t_end:g}", EXIT_OK
+        finally:
+            bar.close()
+
+    def end(self, status: str) -> None:
+        """The final frame (for stops between frames) and the final checkpoint; later signals are ignored."""
+        with self.signals.held():
+            self.signals.stop()
+            w, s = self.writer, self.state
+            if status in ("stationary", "max_steps", "wall_time") and w.f["frames"]["time"][w.n_frames - 1] != s.t:
+                self.write_frame(self.stepper.diagnostics(s))
+            self.commit()
+
+
+def run(cfg: Config, problem: Problem, path: str | Path, *, resume: bool = False, overwrite: bool = False,
+        quiet: bool = False, stepper: Stepper | None = None,
+        on_finish: Callable[[Path, Config], None] | None = None) -> RunResult:
     """Integrate ``cfg`` on ``problem`` into the trajectory file ``path`` (new, or continued with ``resume``).
 
-    The caller has validated the config and decided about existing files (the CLI refuses to overwrite).
+    The caller has validated the config and, for ``resume``, that the file belongs to it. A new file
+    replaces an existing one only with ``overwrite``, and only once the initial state has been computed
+    and the new file created (so a config that fails early leaves an old file untouched).
     ``on_finish(path, cfg)`` runs after the file is closed on a finished or stationary run.
+    Raises :class:`pdeflow.trajectory.TrajectoryError` if the file cannot be created or resumed.
     """
-    path = Path(path)
-    stepper = stepper or make_stepper(problem, cfg)
-    columns = ("time", "dt", "energy", "risk", "dissipation", "wall_time") + stepper.step_columns
-    times = frame_times(cfg)
-    rows = _Rows(columns)
-    wall0 = time.perf_counter()
-    if resume:
-        writer, ck = TrajectoryWriter.reopen(path)
-        state = stepper.restore(ck)
-        wall_offset = _last_wall_time(writer)
-        next_frame = int(np.searchsorted(times, state.t, side="right"))
-    else:
-        state = stepper.initial_state()
-        writer = TrajectoryWriter.create(path, cfg, problem.arrays(), state.fields, stepper.step_columns,
-                                         stepper.frame_attrs(), stepper.extra_size, stepper.measure,
-                                         beta=problem.beta, precision=problem.precision,
-                                         compression=cfg.output.compression)
-        wall_offset = 0.0
-        diag = stepper.diagnostics(state)
-        rows.add({"time": state.t, "dt": 0.0, "wall_time": 0.0, **diag})
-        rows.flush(writer)
-        _write_frame(writer, stepper, state, diag, 0.0)
-        next_frame = 1
-
-    def wall() -> float:
-        return wall_offset + time.perf_counter() - wall0
-
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
-        raise Interrupted(signum)
-
-    for s in previous:
-        signal.signal(s, on_signal)
-    bar = tqdm(total=cfg.run.t_end, initial=state.t, unit="t", disable=quiet or not sys.stderr.isatty(),
-               bar_format="{l_bar}{bar}| t={n:.4g}/{total:.4g} [{elapsed}<{remaining}]{postfix}")
-    status, message, code = "finished", f"reached t_end = {cfg.run.t_end:g}", EXIT_OK
+    r = _Run(cfg, problem, Path(path), stepper or make_stepper(problem, cfg), quiet)
     try:
-        good = state
-        while next_frame < len(times):
-            target = times[next_frame]
-            if state.step >= cfg.run.max_steps:
-                status, message = "max_steps", f"stopped at run.max_steps = {cfg.run.max_steps}"
-                break
-            if wall() > cfg.run.wall_time_limit:
-                status, message = "wall_time", f"stopped after run.wall_time_limit = {cfg.run.wall_time_limit:g} s"
-                break
-            t_prev = state.t
+        with r.signals:
             try:
-                new, extra = stepper.step(state, target - state.t)
-                if not stepper.is_finite(new):
-                    raise FloatingPointError
-                diag = stepper.diagnostics(new)
-                if not all(np.isfinite(v) for v in diag.values()):
-                    raise FloatingPointError
-            except FloatingPointError:
-                status, code = "non_finite", EXIT_NUMERICAL
-                message = (f"non-finite state at step {state.step + 1} (t = {state.t:.6g}): "
-                           f"{stepper.likely_cause(state)}; the last good frame is kept")
-                break
-            except SolverError as exc:
-                status, code = "error", EXIT_NUMERICAL
-                message = f"step {state.step + 1} (t = {state.t:.6g}) failed: {exc}; the last good frame is kept"
-                break
-            if abs(new.t - target) <= 1e-12 * max(1.0, abs(target)):
-                new.t = float(target)
-            state = good = new
-            rows.add({"time": state.t, "dt": state.t - t_prev, "wall_time": wall(), **diag, **extra})
-            bar.update(state.t - bar.n)
-            if not bar.disable:
-                bar.set_postfix_str(f"E={diag['energy']:.6g} I={diag['dissipation']:.3g} dt={state.dt:.3g}",
-                                    refresh=False)
-            if state.t >= target:
-                rows.flush(writer)
-                _write_frame(writer, stepper, state, diag, wall())
-                next_frame += 1
-            if cfg.run.stationary_tol > 0 and diag["dissipation"] < cfg.run.stationary_tol:
-                status = "stationary"
-                message = (f"stationary at t = {state.t:.6g}: dissipation {diag['dissipation']:.3g} "
-                           f"< run.stationary_tol = {cfg.run.stationary_tol:g}")
-                break
-        if status in ("stationary", "max_steps", "wall_time") and writer.f["frames"]["time"][-1] != state.t:
-            rows.flush(writer)
-            _write_frame(writer, stepper, state, stepper.diagnostics(state), wall())
-        rows.flush(writer)
-        state = good
-        writer.write_checkpoint(stepper.checkpoint(state, writer.n_frames, writer.n_steps))
-    except Interrupted as exc:
-        rows.flush(writer)
-        writer.write_checkpoint(stepper.checkpoint(state, writer.n_frames, writer.n_steps))
-        status = "interrupted"
-        code = EXIT_SIGINT if exc.signum == signal.SIGINT else EXIT_SIGTERM
-        message = f"interrupted by {exc} at t = {state.t:.6g}; continue with --resume"
-    finally:
-        bar.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    writer.finish(status, message, {"final_time": state.t, "steps": state.step})
+                with r.signals.held():
+                    r.start(resume, overwrite)
+                status, message, code = r.loop()
+                r.end(status)
+            except Interrupted as exc:
+                r.signals.stop()
+                code = EXIT_SIGINT if exc.signum == signal.SIGINT else EXIT_SIGTERM
+                if r.writer is None:
+                    return RunResult("interrupted", f"interrupted by {exc} before the file was created", code,
+                                     r.state, r.path)
+                status, message = "interrupted", f"interrupted by {exc} at t = {r.state.t:.6g}; continue with --resume"
+                r.commit()
+        with _writing():
+            r.writer.finish(status, message, {"final_time": r.state.t, "steps": r.state.step})
+    except _WriteFailed as exc:
+        if r.writer is not None:
+            r.writer.abandon()
+        at = f" at t = {r.state.t:.6g}" if r.state is not None else ""
+        message = (f"cannot write {r.path}{at}: {exc}; the frames committed before are intact, "
+                   f"continue with --resume once the cause is fixed")
+        return RunResult("write_error", message, EXIT_FAILED, r.state, r.path)
+    except BaseException:
+        if r.writer is not None:
+            r.writer.abandon()
+        raise
     if on_finish is not None and status in ("finished", "stationary"):
-        on_finish(path, cfg)
-    return RunResult(status=status, message=message, exit_code=code, state=state, path=path)
-
-
-def _write_frame(writer: TrajectoryWriter, stepper: Stepper, state: State, diag: dict[str, float],
-                 wall_time: float) -> None:
-    writer.append_frame(state.fields, {"time": state.t, "step": state.step, "dt": state.dt,
-                                       "wall_time": wall_time, "energy": diag["energy"],
-                                       "dissipation": diag["dissipation"]})
-    writer.write_checkpoint(stepper.checkpoint(state, writer.n_frames, writer.n_steps))
-
-
-def _last_wall_time(writer: TrajectoryWriter) -> float:
-    wt = writer.f["steps"]["wall_time"]
-    return float(wt[-1]) if wt.shape[0] else 0.0
+        on_finish(r.path, cfg)
+    return RunResult(status=status, message=message, exit_code=code, state=r.state, path=r.path)
