@@ -21,7 +21,9 @@ The minimum of Phi (:func:`optimality_gap`) is searched in three stages, all on 
 2. starts (the grid minima, the particles - a mass-weighted subsample if there are many -, random points
    uniform in Omega, and ``extra_starts`` such as earlier minimizers) descend together by projected
    gradient with Barzilai-Borwein steps and Armijo backtracking; Phi and grad Phi of all active starts are
-   one batched call per iteration (a single-point call costs almost as much as a batch).
+   one batched call per iteration (a single-point call costs almost as much as a batch). Without a grid
+   (k > 3) the starts are cut by successive halving: every 10 iterations the moving starts above the
+   median Phi stop.
 3. the best few distinct results are polished with scipy: L-BFGS-B with the analytic gradient (box bounds).
    For a ball, L-BFGS-B runs in the bounding box from interior points; a point on the sphere, or one that
    L-BFGS-B carries outside the ball, is polished by SLSQP with the constraint ``R^2 - |omega|^2 >= 0``.
@@ -49,6 +51,7 @@ MAX_PARTICLE_STARTS = 64     # particles used as starts of the gap search (mass-
 GRID_STARTS = 8              # best grid-local minima used as starts
 POLISHED = 3                 # distinct results of the batched descent polished by scipy
 DESCENT_ITERATIONS = 300
+HALVING_ROUND = 10           # k > 3: iterations between two halvings of the moving starts
 POLISH_ITERATIONS = 500
 GRID_BATCH = 8192            # query points per Phi call on the exhaustive grid
 ARMIJO = 1e-4
@@ -297,7 +300,7 @@ def optimality_gap(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, dom
     exhaustive = problem.k <= 3
     if exhaustive:
         starts.append(_grid_starts(problem, G, dom, grid_points))
-    min_phi, minimizer, n = minimize_phi(problem, G, dom, np.concatenate(starts, axis=0))
+    min_phi, minimizer, n = minimize_phi(problem, G, dom, np.concatenate(starts, axis=0), exhaustive)
     outside = float(np.sum(mass[dom.outside(omega)]))
     return GapResult(gap=mean_phi - min_phi, min_phi=min_phi, mean_phi=mean_phi, minimizer=minimizer,
                      exhaustive=exhaustive, outside_mass=outside, n_starts=n)
@@ -352,15 +355,17 @@ def _grid_starts(problem: Problem, G: np.ndarray, dom: Domain, points: int) -> n
     return mesh[best]
 
 
-def minimize_phi(problem: Problem, G: np.ndarray, dom: Domain, starts: np.ndarray) -> tuple[float, np.ndarray, int]:
+def minimize_phi(problem: Problem, G: np.ndarray, dom: Domain, starts: np.ndarray,
+                 exhaustive: bool = False) -> tuple[float, np.ndarray, int]:
     """The least ``Phi(.; rho)`` found on Omega from ``starts`` [S, k] (the measure given by its residual
     features G): ``(min_phi, minimizer [k], number of distinct starts)``. Batched projected descent, then
-    scipy polishing of the best few (module docstring)."""
+    scipy polishing of the best few (module docstring). ``exhaustive``: the starts include the minima of
+    an exhaustive grid; every start then descends to convergence (no successive halving)."""
     x0 = dom.project(np.asarray(starts, dtype=float))
     scale = max(1.0, float(np.max(np.abs(x0)))) if x0.size else 1.0
     _, first = np.unique(np.round(x0 / scale, 10), axis=0, return_index=True)
     x0 = x0[np.sort(first)]
-    x, f = _projected_descent(problem, G, dom, x0)
+    x, f = _projected_descent(problem, G, dom, x0, halving=not exhaustive)
     order = np.argsort(f, kind="stable")
     chosen: list[int] = []
     for j in order:
@@ -377,17 +382,23 @@ def minimize_phi(problem: Problem, G: np.ndarray, dom: Domain, starts: np.ndarra
 
 
 def _projected_descent(problem: Problem, G: np.ndarray, dom: Domain, x: np.ndarray,
-                       iterations: int = DESCENT_ITERATIONS) -> tuple[np.ndarray, np.ndarray]:
+                       iterations: int = DESCENT_ITERATIONS, halving: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Projected gradient with Barzilai-Borwein steps and Armijo backtracking along the projection arc,
     for all starts x [S, k] at once: ``x+ = P(x - a g)`` accepted when ``Phi(x+) <= Phi(x) + c <g, x+ - x>``.
-    A start stops when neither x nor Phi moves (relative 1e-12 / 1e-15). Returns points and Phi values."""
+    A start stops when neither x nor Phi moves (relative 1e-12 / 1e-15). With ``halving``, every
+    HALVING_ROUND iterations the moving starts above their median Phi stop (successive halving: the cost
+    is a few rounds of all starts, not all iterations of all starts). Returns points and Phi values."""
     x = x.copy()
     if x.shape[0] == 0:
         return x, np.zeros(0)
     f, g = problem.grad_phi_field(x, G)
     step = 1.0 / np.maximum(np.linalg.norm(g, axis=1), 1.0)
     active = np.ones(x.shape[0], dtype=bool)
-    for _ in range(iterations):
+    for it in range(iterations):
+        if halving and it and it % HALVING_ROUND == 0:
+            idx = np.flatnonzero(active)
+            if idx.size > POLISHED:
+                active[idx[f[idx] > np.median(f[idx])]] = False
         idx = np.flatnonzero(active)
         if idx.size == 0:
             break
