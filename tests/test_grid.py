@@ -7,8 +7,8 @@ quadrature of the same initial law; POT's exact W2. Observed orders are printed 
 """
 from __future__ import annotations
 
-import contextlib
 import math
+from pathlib import Path
 
 import numpy as np
 import ot
@@ -20,30 +20,33 @@ from scipy.stats import norm
 
 from conftest import build_config
 
-from pdeflow.config import ConfigError, GridConfig, InitConfig
+from pdeflow.cli import format_info, main
+from pdeflow.config import ConfigError, GridConfig, InitConfig, load_config
 from pdeflow.measure import Grid, entropy, free_energy, initial_density, l1_distance
 from pdeflow.problem import Problem
+from pdeflow.trajectory import open_trajectory
 from solvers import make_stepper
 from solvers.base import State
+from solvers.driver import run
 from solvers.finite_volume import FiniteVolume, face_values, face_velocities
 
 COORDS = {1: "output_gain", 2: "gain2", 3: "gain3"}
+REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The test problems are tiny: on a shared 2-core machine thread start-up (numba, BLAS) would dominate."""
-    import numba
-    previous = numba.get_num_threads()
-    numba.set_num_threads(1)
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """BLAS on one thread too (when threadpoolctl is there): the products here are tiny."""
     try:
         from threadpoolctl import threadpool_limits
-        limits = threadpool_limits(1)
     except ImportError:
-        limits = contextlib.nullcontext()
-    with limits:
         yield
-    numba.set_num_threads(previous)
+        return
+    with threadpool_limits(1):
+        yield
+
+
+pytestmark = pytest.mark.usefixtures("one_numba_thread", "one_blas_thread")
 
 
 def fv_config(k: int, n: int, scheme: str = "muscl", model=None, init=None, solver=None, grid=None, run=None):
@@ -345,3 +348,59 @@ def test_grid_matches_particles(k):
     assert rel[-1] < 1e-3
     assert min(drops) > 20 * 1e-3 * abs(e_particles)        # the flow moved: the comparison can discriminate
     assert np.all(np.diff(rel) < 0) and np.all(np.diff(distances) < 0)
+
+
+# ---- runs, files, CLI ---------------------------------------------------------------------------------
+def test_run_writes_density_frames_resumes_and_info_reports_the_grid(tmp_path, capsys):
+    """driver.run on a grid config: /frames/density [F, n1, n2] with the box attributes, the stepper's /steps
+    columns, the energy identity E(t) - E(0) = -int I (trapezoid), bit-for-bit resume, and `pdeflow info`."""
+    cfg = fv_config(2, 10, model={"beta": 4.0}, init={"mean": [0.2, 0.1], "scale": 0.5},
+                    solver={"dt": 0.02}, grid={"radius": 2.0}, run={"t_end": 0.6, "frame_interval": 0.2})
+    problem = Problem.from_config(cfg)
+    whole = run(cfg, problem, tmp_path / "whole.h5", quiet=True)
+    assert whole.status == "finished"
+    traj = open_trajectory(tmp_path / "whole.h5")
+    assert traj.measure == "grid" and traj.frames["density"].shape == (4, 10, 10)
+    grid = Grid.from_frame_attrs(traj.frame_attrs)
+    assert grid == Grid((-2.0, -2.0), (2.0, 2.0), (10, 10))
+    np.testing.assert_allclose(traj.time, [0.0, 0.2, 0.4, 0.6])
+    steps = traj.steps
+    assert np.all(np.abs(steps["mass"][1:] - 1.0) <= 1e-12) and np.all(steps["min_density"][1:] >= 0)
+    assert_energy_decreases(steps["energy"])
+    drop = steps["energy"][0] - steps["energy"][-1]
+    integral = np.sum(np.diff(steps["time"]) * 0.5 * (steps["dissipation"][1:] + steps["dissipation"][:-1]))
+    assert integral == pytest.approx(drop, rel=2e-2)
+    for i in range(len(traj.time)):
+        assert traj.frames["energy"][i] == pytest.approx(free_energy(problem, grid, traj.frames["density"][i]), rel=1e-13)
+    info = format_info(traj)
+    assert "grid        n = 10 x 10 on [-2, 2] x [-2, 2]; mass 1" in info and "min density" in info
+    assert main(["info", str(tmp_path / "whole.h5")]) == 0
+    assert "min density" in capsys.readouterr().out
+    short = cfg.replace(run={"t_end": 0.4})                     # run to 0.4, then resume to 0.6
+    run(short, problem, tmp_path / "resumed.h5", quiet=True)
+    resumed = run(cfg, problem, tmp_path / "resumed.h5", resume=True, quiet=True)
+    assert resumed.status == "finished"
+    np.testing.assert_array_equal(open_trajectory(tmp_path / "resumed.h5").frames["density"], traj.frames["density"])
+
+
+def test_grid2d_config_runs(tmp_path):
+    """The shipped 2-D reference config is valid and its grid run starts (the full run: `pdeflow run`)."""
+    cfg = load_config(REPO / "data" / "configs" / "grid2d.toml", ["run.t_end=0.05", "run.frame_interval=0.05"])
+    assert cfg.solver.method == "fv" and cfg.init.measure == "grid"
+    result = run(cfg, Problem.from_config(cfg), tmp_path / "g.h5", quiet=True)
+    assert result.status == "finished"
+    traj = open_trajectory(tmp_path / "g.h5")
+    assert traj.frames["density"].shape == (2, cfg.grid.n, cfg.grid.n)
+    assert traj.frames["energy"][1] < traj.frames["energy"][0]
+
+
+def test_bad_grid_input_is_one_line_naming_the_key(tmp_path, capsys):
+    config = tmp_path / "bad.toml"
+    base = (REPO / "data" / "configs" / "grid2d.toml").read_text()
+    for override, key in (("grid.lower=[-1.0, 0.0, 1.0]", "grid.lower"), ("init.mean=[9.0, 0.0]", "grid.radius"),
+                          ("grid.time_order=4", "grid.time_order")):
+        config.write_text(base)
+        assert main(["run", str(config), "-o", str(tmp_path / "out.h5"), "--set", override, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert key in err and "\n" not in err and "Traceback" not in err
+        assert not (tmp_path / "out.h5").exists()
