@@ -14,9 +14,15 @@ A Problem holds a data set and the fixed layer (MODEL.md) and evaluates, for a w
 Hessian-vector products use the complex step: ``H v = Im grad(w + i h v) / h`` with ``h = 1e-30 / |v|``.
 The evaluation chain is analytic (softmax shifted by a real constant), so this is exact to rounding:
 its truncation error is O(h^2), some 1e-60 relative, and it involves no cancellation.
+
+Sharded across MPI ranks (:meth:`Problem.with_comm`, :mod:`pdeflow.parallel`), the ``omega``, ``mass`` a method
+receives are this rank's block of the measure; the aggregate output ``O`` is summed over ranks before the
+logits, and the confinement and dissipation sums over particles are summed over ranks, so energy, risk
+and Phi, grad Phi at the rank's particles equal the serial values.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +32,7 @@ from . import mean_field
 from .config import Config, ConfigError
 from .mean_field import AttentionData
 from .model import Coordinates, make_coordinates, make_tables, n_params
+from .parallel import SERIAL, SerialComm
 
 COMPLEX_STEP = 1e-30
 
@@ -64,7 +71,9 @@ class Problem:
     Build with :meth:`from_config` or :meth:`from_arrays` (the inverse of :meth:`arrays`).
     """
 
-    def __init__(self, arrays: dict[str, Any], precision: str = "float64", beta: float = np.inf) -> None:
+    def __init__(self, arrays: dict[str, Any], precision: str = "float64", beta: float = np.inf,
+                 comm: SerialComm | None = None) -> None:
+        self.comm = comm or SERIAL  # the ranks the measure's particles are split across
         self._arrays = {key: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v)
                         for key, v in arrays.items()}
         a = self._arrays
@@ -128,13 +137,19 @@ class Problem:
         """The same layer on another data set (minibatches, probe sets)."""
         arrays = self.arrays()
         arrays.update(tokens=tokens, targets=targets, mask=mask, weights=weights)
-        return Problem(arrays, precision=self.precision, beta=self.beta)
+        return Problem(arrays, precision=self.precision, beta=self.beta, comm=self.comm)
 
     def with_weight_decay(self, weight_decay: float) -> "Problem":
         """The same problem with another weight decay lam."""
         arrays = self.arrays()
         arrays["weight_decay"] = float(weight_decay)
-        return Problem(arrays, precision=self.precision, beta=self.beta)
+        return Problem(arrays, precision=self.precision, beta=self.beta, comm=self.comm)
+
+    def with_comm(self, comm: SerialComm | None) -> "Problem":
+        """The same problem with measures split across the ranks of ``comm`` (None: serial); shares the arrays."""
+        other = copy.copy(self)
+        other.comm = comm or SERIAL
+        return other
 
     # ---- measures -----------------------------------------------------------------------------
     def initial_particles(self, n: int, seed: int, distribution: str = "gaussian", scale: float = 0.5,
@@ -179,9 +194,13 @@ class Problem:
         return self.coords.theta(omega).astype(omega.dtype, copy=False)
 
     def logits(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
-        """``z[b, l] = sum_i m_i psi_l(x_b; theta(omega_i))``: [B, T, V]."""
+        """``z[b, l] = sum_i m_i psi_l(x_b; theta(omega_i))``: [B, T, V]; the aggregate output ``O`` [B, T, d] is summed
+        over the ranks before the unembedding (the one communication of an evaluation)."""
         omega = self._cast(omega)
-        return mean_field.logits(self.theta(omega), np.asarray(mass, dtype=omega.dtype), self._data_for(omega))
+        data = self._data_for(omega)
+        O = self.comm.allreduce_sum(mean_field.aggregate_output(self.theta(omega), np.asarray(mass, dtype=omega.dtype),
+                                                                data))
+        return O @ data.unembedding.T.astype(O.dtype, copy=False)
 
     def _risk_and_residual(self, omega: np.ndarray, mass: np.ndarray):
         z = self.logits(omega, mass)
@@ -193,6 +212,9 @@ class Problem:
 
     def confinement(self, omega: np.ndarray, mass: np.ndarray) -> float:
         """``(lam/2) sum_i m_i |omega_i|^2``."""
+        return self.comm.sum_over_ranks(self._local_confinement(omega, mass))[0]
+
+    def _local_confinement(self, omega: np.ndarray, mass: np.ndarray) -> float:
         omega = np.asarray(omega, dtype=float)
         return 0.5 * self.weight_decay * float(np.dot(mass, np.einsum("ik,ik->i", omega, omega)))
 
@@ -244,10 +266,10 @@ class Problem:
         """Energy, risk, Phi and grad Phi at the particles, and the dissipation, from one pass."""
         risk, G = self._risk_and_residual(omega, mass)
         phi, grad = self.grad_phi_field(omega, G)
-        dissipation = float(np.dot(mass, np.einsum("ik,ik->i", grad, grad)))
+        dissipation, confinement = self.comm.sum_over_ranks(float(np.dot(mass, np.einsum("ik,ik->i", grad, grad))),
+                                                            self._local_confinement(omega, mass))
         risk = float(risk)
-        return Evaluation(energy=risk + self.confinement(omega, mass), risk=risk, phi=phi, grad_phi=grad,
-                          dissipation=dissipation)
+        return Evaluation(energy=risk + confinement, risk=risk, phi=phi, grad_phi=grad, dissipation=dissipation)
 
     # ---- second order -------------------------------------------------------------------------
     def hvp(self, point: np.ndarray, vector: np.ndarray, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
@@ -264,7 +286,8 @@ class Problem:
         ``grad e(w) = grad Phi(w; delta_w)``; the complex step moves the head and the measure together.
         """
         one = np.ones(1)
-        return self._complex_step(point, vector, lambda z: self.grad_phi(z[None, :], z[None, :], one)[0])
+        whole = self.with_comm(None)  # the one-head measure is the same on every rank, not a block of one
+        return self._complex_step(point, vector, lambda z: whole.grad_phi(z[None, :], z[None, :], one)[0])
 
     def _complex_step(self, point: np.ndarray, vector: np.ndarray, grad) -> np.ndarray:
         vector = np.asarray(vector, dtype=float)

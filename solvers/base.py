@@ -64,6 +64,9 @@ class Stepper:
     measure: ClassVar[str] = "particles"
     step_columns: ClassVar[tuple[str, ...]] = ()
     extra_size: ClassVar[int] = 0
+    # True when a step needs of the other ranks' particles only what Problem sums over ranks (the aggregate
+    # output, confinement, dissipation) and sum_over_ranks: the stepper runs split across MPI ranks
+    sharded: ClassVar[bool] = False
 
     def __init__(self, problem: Problem, cfg: Config) -> None:
         self.problem = problem

@@ -14,6 +14,7 @@ The evaluation at the end of a step is kept on the new state, so it serves both 
 """
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -24,6 +25,7 @@ from .base import SolverError, State, Stepper
 
 class ExplicitRK(Stepper):
     """A fixed-step explicit Runge-Kutta method given by its Butcher tableau (``A``, ``b``)."""
+    sharded = True
     A: ClassVar[tuple[tuple[float, ...], ...]] = ()
     b: ClassVar[tuple[float, ...]] = ()
     order: ClassVar[int] = 1
@@ -115,7 +117,9 @@ class DormandPrince(ExplicitRK):
             stages.append(-ev.grad_phi)
             err_vec = self._combine(np.zeros_like(omega), h, self.e, stages)
             scale = s.atol + s.rtol * np.maximum(np.abs(omega), np.abs(y5))
-            err = float(np.sqrt(np.mean((err_vec / scale) ** 2))) if err_vec.size else 0.0
+            # the rms over all particles of all ranks: every rank gets the same err and takes the same step
+            squares, count = self.problem.comm.sum_over_ranks(float(np.sum((err_vec / scale) ** 2)), err_vec.size)
+            err = math.sqrt(squares / count) if count else 0.0
             if not np.isfinite(err):
                 err = np.inf
             factor = s.max_growth if err == 0.0 else min(s.max_growth, max(0.2, 0.9 * err ** -0.2))

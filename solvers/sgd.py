@@ -44,6 +44,7 @@ class SGD(Stepper):
     """Minibatch SGD (optionally Langevin) on N heads in mean-field time; see the module docstring."""
     name = "sgd"
     step_columns = ("batch_risk",)
+    sharded = True
 
     def __init__(self, problem: Problem, cfg: Config) -> None:
         super().__init__(problem, cfg)
@@ -97,7 +98,12 @@ class SGD(Stepper):
         ev = self.evaluate(state) if batch is None else batch.evaluate(omega, mass)
         new = omega - h * ev.grad_phi
         if self.cfg.sgd.noise:
-            new += math.sqrt(2.0 * h / self.problem.beta) * rng.standard_normal(omega.shape)
+            # the noise of all N particles from the shared generator, and this rank's rows: the draws of a
+            # run split across MPI ranks are those of the serial run
+            comm = self.problem.comm
+            n_total = int(comm.sum_over_ranks(omega.shape[0])[0])
+            xi = comm.local_rows(rng.standard_normal((n_total,) + omega.shape[1:]))
+            new += math.sqrt(2.0 * h / self.problem.beta) * xi
         return state.advanced({"omega": new, "mass": mass}, h, rng=rng), {"batch_risk": ev.risk}
 
     def likely_cause(self, state: State) -> str:

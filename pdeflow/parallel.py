@@ -1,0 +1,367 @@
+"""Heads sharded across MPI ranks: the communicator, and the trajectory writer of a sharded run.
+
+Heads interact only through the head-averaged output ``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``
+[B, T, d] (MODEL.md): the logits are ``O U^T``, and ``Phi``, ``grad Phi`` at a particle need nothing else of
+the measure. So the N particles are split into P contiguous blocks, one per rank (:func:`shard`); each
+rank evaluates its own heads, and one ``Allreduce`` of ``O`` (B T d numbers) per evaluation makes every
+rank see the whole measure. The other sums over particles (the confinement ``(lam/2) sum_i m_i |omega_i|^2``,
+the dissipation ``sum_i m_i |grad Phi_i|^2``, error norms) are scalars reduced with :meth:`allgather`
+and added in rank order, so every rank gets bitwise the same number and takes the same decisions.
+
+Two communicators with one interface:
+
+- :data:`SERIAL` (one process, every operation the identity): the default everywhere; a serial run never
+  imports mpi4py.
+- :class:`MPIComm`, over mpi4py's ``COMM_WORLD``, which :func:`world` returns when the process was started
+  by an MPI launcher (``mpiexec -n P``) with P > 1. Detection reads the launcher's environment
+  (``PMI_SIZE``: MPICH, Intel MPI, Slurm's PMI2; ``OMPI_COMM_WORLD_SIZE``: Open MPI;
+  ``MV2_COMM_WORLD_SIZE``: MVAPICH); ``PDEFLOW_MPI=1`` forces MPI for launchers that set none of them.
+  No command-line flag is needed: ``mpiexec -n P pdeflow run CONFIG`` just works.
+
+:class:`GatheringWriter` is the :class:`~pdeflow.trajectory.TrajectoryWriter` of a run: rank 0 owns the
+file and writes the fields gathered from all ranks; the other ranks never open it. A failed write on
+rank 0 is re-raised on every rank at the same call, so all ranks leave the run together.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+from typing import Any, Sequence
+
+import numpy as np
+
+from .config import Config, ConfigError
+from .trajectory import Checkpoint, TrajectoryWriter
+
+# Environment variables in which MPI launchers announce the number of processes.
+SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK")
+FORCE_VARIABLE = "PDEFLOW_MPI"
+THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def shard(n: int, rank: int, size: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of rank ``rank`` when n rows are split into ``size`` contiguous blocks, in rank
+    order; the first ``n % size`` blocks hold one row more than the others."""
+    base, extra = divmod(int(n), int(size))
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+class SerialComm:
+    """One process: every collective is the identity. The default communicator of a :class:`Problem`."""
+    rank = 0
+    size = 1
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, n: int) -> tuple[int, int]:
+        """This rank's rows ``[lo, hi)`` of n (see :func:`shard`)."""
+        return shard(n, self.rank, self.size)
+
+    def local_rows(self, array: np.ndarray) -> np.ndarray:
+        """This rank's block of rows of an array every rank holds whole (no communication)."""
+        lo, hi = self.shard(np.shape(array)[0])
+        return array[lo:hi]
+
+    def allreduce_sum(self, array: np.ndarray) -> np.ndarray:
+        """The elementwise sum over ranks of a numeric array (float or complex), on every rank."""
+        return array
+
+    def allgather(self, value: Any) -> list[Any]:
+        """``[value of rank 0, value of rank 1, ...]`` on every rank (small picklable values)."""
+        return [value]
+
+    def sum_over_ranks(self, *values: float) -> tuple[float, ...]:
+        """Sums over ranks of a few scalars, added in rank order: bitwise the same on every rank."""
+        columns = zip(*self.allgather(tuple(values)))
+        return tuple(_ordered_sum(c) for c in columns)
+
+    def bcast(self, value: Any) -> Any:
+        """Rank 0's value, on every rank."""
+        return value
+
+    def gather_rows(self, array: np.ndarray) -> np.ndarray | None:
+        """The blocks of all ranks stacked along axis 0, in rank order, on rank 0 (None on the others)."""
+        return array
+
+    def scatter_rows(self, array: np.ndarray | None) -> np.ndarray:
+        """This rank's block (:meth:`shard`) of rank 0's array (the others pass None)."""
+        return array
+
+    def barrier(self) -> None:
+        """Wait until every rank has arrived."""
+
+    def abort(self, code: int) -> None:
+        """End every rank's process with exit code ``code`` (MPI_Abort); serial: nothing to do."""
+
+
+def _ordered_sum(values: Sequence[float]) -> float:
+    total = 0.0
+    for v in values:
+        total += v
+    return total
+
+
+SERIAL = SerialComm()
+
+
+class MPIComm(SerialComm):
+    """:class:`SerialComm`'s interface over an mpi4py communicator (``MPI.COMM_WORLD`` by default)."""
+
+    def __init__(self, comm: Any = None) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+
+    def allreduce_sum(self, array: np.ndarray) -> np.ndarray:
+        array = np.ascontiguousarray(array)
+        out = np.empty_like(array)
+        self.comm.Allreduce(array, out, op=self.MPI.SUM)
+        return out
+
+    def allgather(self, value: Any) -> list[Any]:
+        return self.comm.allgather(value)
+
+    def bcast(self, value: Any) -> Any:
+        return self.comm.bcast(value, root=0)
+
+    def gather_rows(self, array: np.ndarray) -> np.ndarray | None:
+        array = np.ascontiguousarray(array)
+        rows = self.comm.allgather(array.shape[0])
+        row_size = int(np.prod(array.shape[1:], dtype=np.int64))
+        out = np.empty((sum(rows),) + array.shape[1:], dtype=array.dtype) if self.is_root else None
+        counts = [r * row_size for r in rows]
+        recv = [out, counts] if self.is_root else None
+        self.comm.Gatherv(array, recv, root=0)
+        return out
+
+    def scatter_rows(self, array: np.ndarray | None) -> np.ndarray:
+        meta = (array.shape, array.dtype.str) if self.is_root else None
+        shape, dtype = self.comm.bcast(meta, root=0)
+        dtype = np.dtype(dtype)
+        row_size = int(np.prod(shape[1:], dtype=np.int64))
+        blocks = [shard(shape[0], r, self.size) for r in range(self.size)]
+        counts = [(hi - lo) * row_size for lo, hi in blocks]
+        lo, hi = blocks[self.rank]
+        out = np.empty((hi - lo,) + tuple(shape[1:]), dtype=dtype)
+        send = [np.ascontiguousarray(array, dtype=dtype), counts] if self.is_root else None
+        self.comm.Scatterv(send, out, root=0)
+        return out
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)
+
+
+def launcher_size() -> int:
+    """The number of processes an MPI launcher announced in the environment (1 when none did)."""
+    for var in SIZE_VARIABLES:
+        value = os.environ.get(var, "")
+        if value.strip().isdigit():
+            return int(value)
+    return 1
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher announced it (0 when none did); needs no MPI import."""
+    for var in RANK_VARIABLES:
+        value = os.environ.get(var, "")
+        if value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+_WORLD: SerialComm | None = None
+
+
+def world() -> SerialComm:
+    """The communicator of this process: :data:`SERIAL` unless started by an MPI launcher with more than
+    one process (or with ``PDEFLOW_MPI=1``); then an :class:`MPIComm` over ``COMM_WORLD``, with the cores
+    of each node shared between its ranks (:func:`share_cores`). ConfigError if mpi4py is missing or
+    belongs to another MPI than the launcher's. Cached: MPI is initialized once per process."""
+    global _WORLD
+    if _WORLD is not None:
+        return _WORLD
+    announced = launcher_size()
+    if announced <= 1 and os.environ.get(FORCE_VARIABLE, "") != "1":
+        _WORLD = SERIAL
+        return _WORLD
+    try:
+        comm = MPIComm()
+    except ImportError as exc:
+        raise ConfigError(f"started by an MPI launcher with {announced} processes, but mpi4py cannot be imported "
+                          f"({exc}); install it with pip install -e '.[mpi]'") from None
+    if announced > 1 and comm.size != announced:
+        raise ConfigError(f"the MPI launcher started {announced} processes but mpi4py sees {comm.size}: "
+                          f"mpiexec and mpi4py belong to different MPI libraries (use the mpiexec of the "
+                          f"environment where mpi4py is installed)")
+    _WORLD = comm if comm.size > 1 else SERIAL
+    if comm.size > 1:
+        share_cores(comm)
+    return _WORLD
+
+
+def abort_ranks(exc: BaseException) -> None:
+    """After an exception that may have happened on this rank only: under MPI with P > 1, print it with
+    the rank and MPI_Abort every rank (the others may be waiting in a collective operation and would hang
+    forever); nothing in a serial run or before MPI was started."""
+    if _WORLD is None or _WORLD.size == 1:
+        return
+    print(f"pdeflow: rank {_WORLD.rank} failed, aborting all {_WORLD.size} ranks:", file=sys.stderr)
+    traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.flush()
+    _WORLD.abort(1)
+
+
+def share_cores(comm: MPIComm) -> int:
+    """Give each rank ``cores of its node / ranks on its node`` numba and BLAS threads, unless one of
+    THREAD_VARIABLES is set (the user's choice wins). Returns the thread count chosen (0: left alone)."""
+    if any(os.environ.get(v) for v in THREAD_VARIABLES):
+        return 0
+    import numba
+
+    node = comm.comm.Split_type(comm.MPI.COMM_TYPE_SHARED)
+    threads = max(1, (os.cpu_count() or 1) // node.Get_size())
+    node.Free()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads)
+    except ImportError:
+        pass
+    return threads
+
+
+def check_shardable(comm: SerialComm, cfg: Config, sharded: bool, n_particles: int) -> None:
+    """ConfigError unless a run of ``cfg`` can be split across ``comm.size`` ranks: the stepper moves
+    particles block by block (``sharded``) and every rank gets at least one particle. Call on every rank
+    before any collective operation, so that all ranks fail the same way."""
+    if comm.size == 1:
+        return
+    if not sharded:
+        raise ConfigError(f"solver.method = {cfg.solver.method!r} with init.measure = {cfg.init.measure!r} does not "
+                          f"run on several MPI ranks ({comm.size} started): its inner solve couples all particles "
+                          f"or grid cells; run it with one process")
+    if n_particles < comm.size:
+        raise ConfigError(f"init.n_particles = {n_particles} is smaller than the number of MPI ranks ({comm.size})")
+
+
+class GatheringWriter:
+    """A :class:`~pdeflow.trajectory.TrajectoryWriter` for a run whose fields are sharded across ranks.
+
+    Every rank calls every method at the same point of the run. Fields (``omega`` [N_r, k], ``mass``
+    [N_r]) are this rank's block; the writer gathers them to rank 0, which alone opens and writes the
+    file. An exception of rank 0's file operation is raised on every rank (same class, same message).
+    With :data:`SERIAL` it is the plain writer. ``last_frame_time`` and ``last_wall_time`` are known on
+    every rank.
+    """
+
+    def __init__(self, comm: SerialComm, writer: TrajectoryWriter | None, n_frames: int, n_steps: int,
+                 last_frame_time: float, last_wall_time: float) -> None:
+        self.comm, self.writer = comm, writer
+        self._n_frames, self._n_steps = n_frames, n_steps
+        self.last_frame_time, self.last_wall_time = last_frame_time, last_wall_time
+
+    @classmethod
+    def create(cls, comm: SerialComm, path: Any, cfg: Config, arrays: dict[str, Any],
+               fields: dict[str, np.ndarray], *args: Any, **kwargs: Any) -> "GatheringWriter":
+        """:meth:`TrajectoryWriter.create` on rank 0 with the gathered ``fields`` (same arguments)."""
+        whole = {key: comm.gather_rows(value) for key, value in fields.items()}
+        writer = _on_root(comm, lambda: TrajectoryWriter.create(path, cfg, arrays, whole, *args, **kwargs))
+        return cls(comm, writer, 0, 0, float("nan"), 0.0)
+
+    @classmethod
+    def reopen(cls, comm: SerialComm, path: Any) -> tuple["GatheringWriter", Checkpoint]:
+        """:meth:`TrajectoryWriter.reopen` on rank 0; the checkpoint's fields are split into this rank's
+        blocks for the current number of ranks (which may differ from the run that wrote the file)."""
+        comm.barrier()  # every rank has finished reading the file before rank 0 opens it for writing
+
+        def reopen() -> tuple[TrajectoryWriter, Checkpoint, float, float]:
+            writer, ck = TrajectoryWriter.reopen(path)
+            frames, wall = writer.f["frames"]["time"], writer.f["steps"]["wall_time"]
+            return (writer, ck, float(frames[ck.n_frames - 1]) if ck.n_frames else float("nan"),
+                    float(wall[ck.n_steps - 1]) if ck.n_steps else 0.0)
+
+        opened = _on_root(comm, reopen)
+        writer, ck, last_frame, last_wall = opened if comm.is_root else (None, None, None, None)
+        head = None if ck is None else Checkpoint(fields={}, t=ck.t, dt=ck.dt, step=ck.step, n_frames=ck.n_frames,
+                                                  n_steps=ck.n_steps, rng=ck.rng, extra=ck.extra)
+        head, last_frame, last_wall, names = comm.bcast((head, last_frame, last_wall,
+                                                         None if ck is None else sorted(ck.fields)))
+        head.fields = {key: comm.scatter_rows(ck.fields[key] if comm.is_root else None) for key in names}
+        return cls(comm, writer, head.n_frames, head.n_steps, last_frame, last_wall), head
+
+    @property
+    def n_frames(self) -> int:
+        return self._n_frames
+
+    @property
+    def n_steps(self) -> int:
+        return self._n_steps
+
+    def append_steps(self, rows: dict[str, np.ndarray]) -> None:
+        _on_root(self.comm, lambda: self.writer.append_steps(rows))
+        self._n_steps += len(np.atleast_1d(rows["time"]))
+
+    def append_frame(self, fields: dict[str, np.ndarray], scalars: dict[str, float]) -> None:
+        whole = {key: self.comm.gather_rows(value) for key, value in fields.items()}
+        _on_root(self.comm, lambda: self.writer.append_frame(whole, scalars))
+        self._n_frames += 1
+        self.last_frame_time = float(scalars["time"])
+
+    def write_checkpoint(self, ck: Checkpoint) -> None:
+        whole = {key: self.comm.gather_rows(value) for key, value in ck.fields.items()}
+        _on_root(self.comm, lambda: self.writer.write_checkpoint(
+            Checkpoint(fields=whole, t=ck.t, dt=ck.dt, step=ck.step, n_frames=ck.n_frames, n_steps=ck.n_steps,
+                       rng=ck.rng, extra=ck.extra)))
+
+    def finish(self, status: str, message: str, attrs: dict[str, Any] | None = None) -> None:
+        _on_root(self.comm, lambda: self.writer.finish(status, message, attrs))
+
+    def close(self) -> None:
+        _on_root(self.comm, lambda: self.writer.close())
+
+    def abandon(self) -> None:
+        """Close after a failed write; no communication (it runs on an error path)."""
+        if self.writer is not None:
+            self.writer.abandon()
+
+
+def _on_root(comm: SerialComm, operation: Any) -> Any:
+    """``operation()`` on rank 0; its exception, if any, raised on every rank (None elsewhere)."""
+    result, failure = None, None
+    if comm.is_root:
+        try:
+            result = operation()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
+            failure = exc
+    if comm.size > 1:
+        shared = comm.bcast(_portable(failure))
+        if failure is None and shared is not None:
+            raise pickle.loads(shared)
+    if failure is not None:
+        raise failure
+    return result
+
+
+def _portable(exc: Exception | None) -> bytes | None:
+    """The pickled exception, or a RuntimeError with its message when it does not pickle."""
+    if exc is None:
+        return None
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+        return data
+    except Exception:  # noqa: BLE001 - any pickling failure
+        return pickle.dumps(RuntimeError(str(exc)))
