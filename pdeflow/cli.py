@@ -143,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise
     try:
         result = run(cfg, problem, out, resume=args.resume, overwrite=args.force, quiet=args.quiet,
-                     stepper=stepper, on_finish=on_finish)
+                     stepper=stepper, on_finish=on_finish, exiting=args.exiting)
     except MemoryError as exc:
         raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
                          f"reduce init.n_particles, task.n_samples or model.d") from None
@@ -233,11 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``pdeflow`` console script; returns the exit code."""
+def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
+    """The ``pdeflow`` command; returns the exit code. ``exiting``: the process ends right after (see
+    :func:`solvers.driver.run`)."""
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        args.exiting = exiting
         return int(args.func(args) or 0)
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
@@ -255,7 +257,8 @@ def _one_line(text: str) -> str:
 
 
 def entry() -> None:
-    sys.exit(main())
+    """The console script ``pdeflow`` (and ``python -m pdeflow``)."""
+    sys.exit(main(exiting=True))
 
 
 __all__ = ["main", "build_parser", "output_path", "config_difference", "check_file", "EXIT_CODES"]

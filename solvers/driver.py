@@ -102,11 +102,12 @@ class _Signals:
     """SIGINT/SIGTERM as :class:`Interrupted`: raised at once, except inside :meth:`held` blocks (raised
     when the outermost one ends) and after :meth:`stop` (only recorded)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ignore_after_interrupt: bool = False) -> None:
         self.pending: int | None = None
         self.depth = 0
         self.stopping = False
         self.previous: dict[int, object] = {}
+        self.ignore_after_interrupt = ignore_after_interrupt
 
     def __enter__(self) -> "_Signals":
         for s in (signal.SIGINT, signal.SIGTERM):
@@ -115,8 +116,9 @@ class _Signals:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        interrupted = self.pending is not None and self.ignore_after_interrupt
         for s, handler in self.previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if interrupted else handler)
 
     def _handler(self, signum: int, frame: object) -> None:  # noqa: ARG002 - signal handler signature
         if self.pending is None:
@@ -155,11 +157,12 @@ def _writing() -> Iterator[None]:
 class _Run:
     """One execution of :func:`run`: the state, the file, the buffered rows and the signal guard."""
 
-    def __init__(self, cfg: Config, problem: Problem, path: Path, stepper: Stepper, quiet: bool) -> None:
+    def __init__(self, cfg: Config, problem: Problem, path: Path, stepper: Stepper, quiet: bool,
+                 exiting: bool = False) -> None:
         self.cfg, self.problem, self.path, self.stepper, self.quiet = cfg, problem, path, stepper, quiet
         self.times = frame_times(cfg)
         self.rows = _Rows(("time", "dt", "energy", "risk", "dissipation", "wall_time") + stepper.step_columns)
-        self.signals = _Signals()
+        self.signals = _Signals(ignore_after_interrupt=exiting)
         self.state: State | None = None
         self.writer: TrajectoryWriter | None = None
         self.wall0 = time.perf_counter()
@@ -270,16 +273,19 @@ class _Run:
 
 def run(cfg: Config, problem: Problem, path: str | Path, *, resume: bool = False, overwrite: bool = False,
         quiet: bool = False, stepper: Stepper | None = None,
-        on_finish: Callable[[Path, Config], None] | None = None) -> RunResult:
+        on_finish: Callable[[Path, Config], None] | None = None, exiting: bool = False) -> RunResult:
     """Integrate ``cfg`` on ``problem`` into the trajectory file ``path`` (new, or continued with ``resume``).
 
     The caller has validated the config and, for ``resume``, that the file belongs to it. A new file
     replaces an existing one only with ``overwrite``, and only once the initial state has been computed
     and the new file created (so a config that fails early leaves an old file untouched).
     ``on_finish(path, cfg)`` runs after the file is closed on a finished or stationary run.
+    ``exiting``: the process ends after this call (the CLI): after an interruption SIGINT and SIGTERM stay
+    ignored instead of getting their previous handlers back, so that an impatient second Ctrl-C cannot
+    break the exit with a traceback.
     Raises :class:`pdeflow.trajectory.TrajectoryError` if the file cannot be created or resumed.
     """
-    r = _Run(cfg, problem, Path(path), stepper or make_stepper(problem, cfg), quiet)
+    r = _Run(cfg, problem, Path(path), stepper or make_stepper(problem, cfg), quiet, exiting)
     try:
         with r.signals:
             try:
