@@ -92,12 +92,16 @@ class SolverConfig:
     dt_max: float = spec(math.inf, "adaptive: largest allowed step", gt=0)
     max_growth: float = spec(5.0, "adaptive: largest step growth factor per step", gt=1)
     tau: float = spec(0.0, "jko: proximal time step (0: solver.dt)", ge=0)
-    inner_tol: float = spec(1e-10, "jko: tolerance of the inner minimization", gt=0)
-    inner_maxiter: int = spec(500, "jko: iteration limit of the inner minimization", ge=1)
+    inner_tol: float = spec(1e-10, "jko: tolerance of the inner solve (particles: Euler-Lagrange residual in "
+                                   "velocity units; grid: L1 marginal violation and linearization change)", gt=0)
+    inner_maxiter: int = spec(500, "jko: iteration limit of the inner solve (particles: L-BFGS-B and Newton; "
+                                   "grid: Newton per linearization)", ge=1)
+    outer_maxiter: int = spec(50, "jko grid: linearizations of the risk per step (fixed-point iteration)", ge=1)
     scheme: str = spec("muscl", "fv: flux scheme", choices=("upwind", "muscl"))
     limiter: str = spec("minmod", "fv: slope limiter", choices=("minmod", "vanleer"))
     cfl: float = spec(0.4, "fv: CFL number", gt=0, le=1)
-    epsilon: float = spec(1e-3, "jko grid: entropic regularization of the transport", gt=0)
+    epsilon: float = spec(1e-3, "jko grid: entropic regularization eps of the transport (adds diffusion "
+                                "eps/(4 tau); keep sqrt(eps) >~ the cell width)", gt=0)
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,8 @@ class ChaosConfig:
     eta_list: list = spec([0.04, 0.02, 0.01], "SGD steps eta")
     probe_size: int = spec(64, "sequences in the logit probe set", ge=1)
     static_draws: int = spec(32, "static approximation: i.i.d. draws of N heads from the converged reference, per N", ge=2)
-    converge_time: float = spec(50.0, "static approximation: time the reference flow runs to (>= run.t_end)", gt=0)
+    converge_time: float = spec(0.0, "static approximation: time the reference flow runs to (0: run.t_end; else >= run.t_end)",
+                                ge=0)
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,44 @@ Particles (``init.measure = "particles"``)
     ``transport_gap = (sum_i m_i |y_i - omega_i|^2 - W2^2) / sum_i m_i |y_i - omega_i|^2``; the first
     non-optimal step is warned about and ``non_optimal_couplings`` counts them.
 
-``/steps`` columns: ``inner_iterations``, ``inner_evaluations``, ``inner_grad_norm`` (r above),
-``inner_tol``, ``coupling_optimal``, ``transport_gap``.
+    ``/steps`` columns: ``inner_iterations``, ``inner_evaluations``, ``inner_grad_norm`` (r above),
+    ``inner_tol``, ``coupling_optimal``, ``transport_gap``.
+
+Grid (``init.measure = "grid"``): an entropic JKO step in the manner of Peyre (SIAM J. Imaging Sci. 8, 2015)
+    With cell masses ``p`` (old) and ``q`` (new) on the cell centres ``x`` [M, k], ``C_ij = |x_i - x_j|^2``
+    (``ot.dist``), the step solves over plans ``pi >= 0`` with ``pi 1 = p``
+
+        min  <C, pi> + eps sum_ij pi_ij (log pi_ij - 1) + 2 tau F(pi^T 1),
+        F(q) = sum_j q_j V_j + (1/beta) sum_j q_j log(q_j / |C|),
+
+    ``V_j = Phi(x_j; rho)`` the first variation of risk plus confinement. The risk is non-linear in ``q``:
+    ``V`` is re-linearized at the new masses until the fixed point, ``|q^{m+1} - q^m|_1 <= inner_tol``
+    (at most ``solver.outer_maxiter`` linearizations), so the step is the fully implicit one. With
+    ``s = 2 tau / beta``, ``F`` is ``(s / 2 tau) KL(q | |C| exp(-beta V))`` up to a constant: each
+    linearized problem is semi-relaxed entropic transport (POT's ``ot.unbalanced.sinkhorn_unbalanced``
+    with ``reg_m = (inf, s)`` solves it too; the tests compare). Generalized Sinkhorn iterations
+    (``a = p / K b``, ``b = prox(K^T a) / K^T a``) need thousands of sweeps for eps << |box|^2, so here
+    Newton's method maximizes the concave semi-dual in ``g`` [M]:
+
+        J(g) = -eps sum_i p_i log sum_j exp((g_j - C_ij) / eps) - s |C| sum_j exp((-g_j - 2 tau V_j) / s - 1),
+        -grad J = pi^T 1 - q(g),   q_j(g) = |C| exp((-g_j - 2 tau V_j) / s - 1),
+
+    with ``pi_ij = p_i softmax_j((g_j - C_ij) / eps)``, whose first marginal is ``p`` exactly. The
+    returned masses are ``pi^T 1``, so mass is conserved to rounding; the marginal violation
+    ``|pi^T 1 - q(g)|_1 <= inner_tol`` is the convergence test. With ``beta = inf``, ``F`` is linear and
+    ``pi_ij = p_i softmax_j((-2 tau V_j - C_ij) / eps)`` in closed form. The plan is dense: at most
+    :data:`MAX_GRID_CELLS` cells.
+
+    Entropic bias: for small eps the entropic cost is ``W2^2 + (eps/2)(int p log p + int q log q)`` plus
+    a constant, so the scheme solves the flow with the diffusion ``1/beta + eps / (4 tau)``; the tests
+    measure it. A step shortened to land on a frame uses ``eps h / tau`` to keep that bias per unit time.
+    The blur ``sqrt(eps / 2)`` must also resolve the grid (``sqrt(eps) >~ h``): below it, mass moving less
+    than a cell per step stays put.
+
+    ``/steps`` columns: ``mass``, ``min_density``, ``outer_iterations``, ``newton_iterations`` (summed over
+    the linearizations), ``marginal_violation``, ``linearization_residual``, ``energy_change``
+    (``E_h(rho_{n+1}) - E_h(rho_n)``), ``transport_cost`` (``<C, pi>``). Energy, risk and dissipation are
+    the finite-volume stepper's (:mod:`solvers.finite_volume`), so grid runs of both methods compare.
 """
 from __future__ import annotations
 
@@ -38,11 +74,13 @@ from typing import Any, Callable
 
 import numpy as np
 import ot
+from scipy.linalg import LinAlgError, solve
 from scipy.optimize import minimize
+from scipy.special import logsumexp
 from scipy.spatial.distance import cdist
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, minres
 
-from pdeflow.config import Config
+from pdeflow.config import Config, ConfigError
 from pdeflow.problem import COMPLEX_STEP, Evaluation, Problem
 
 from . import register
@@ -51,6 +89,8 @@ from .base import SolverError, State, Stepper
 # A coupling counts as optimal when the identity's cost exceeds W2^2 by at most this (relative) amount:
 # ot.emd2's network simplex is exact up to rounding of the cost matrix.
 COUPLING_RTOL = 1e-9
+# The grid JKO forms dense [M, M] plans and Hessians: a few of them at 2500 cells take some 150 MB.
+MAX_GRID_CELLS = 2500
 
 
 def jko_tau(cfg: Config) -> float:
@@ -351,6 +391,172 @@ class ParticleJKO(JKO):
 class GridJKO(JKO):
     """Entropic JKO on a grid density (see the module docstring)."""
     measure = "grid"
+    step_columns = ("mass", "min_density", "outer_iterations", "newton_iterations", "marginal_violation",
+                    "linearization_residual", "energy_change", "transport_cost")
 
     def __init__(self, problem: Problem, cfg: Config) -> None:
-        raise SolverError("the grid JKO stepper is not available yet")
+        from .finite_volume import FiniteVolume  # its grid, initial density and diagnostics
+
+        super().__init__(problem, cfg)
+        self.fv = FiniteVolume(problem, cfg)
+        self.grid = self.fv.grid
+        if self.grid.n_cells > MAX_GRID_CELLS:
+            raise ConfigError(f"grid.n = {cfg.grid.n} gives {self.grid.n_cells} cells; solver.method = 'jko' on a "
+                              f"grid forms dense cell-to-cell plans and takes at most {MAX_GRID_CELLS}: lower grid.n")
+        centres = self.grid.centres
+        self.cost = ot.dist(centres, centres, metric="sqeuclidean")
+
+    def initial_state(self) -> State:
+        state = self.fv.initial_state()
+        state.dt = self.tau
+        return state
+
+    def frame_attrs(self) -> dict[str, Any]:
+        return self.fv.frame_attrs()
+
+    def evaluate(self, state: State) -> Any:  # type: ignore[override]
+        """The finite-volume evaluation (energy E_h, risk, Phi at the centres, dissipation I_h), cached."""
+        if state.evaluation is None:
+            state.evaluation = self.fv.evaluate_density(state.fields["density"])
+        return state.evaluation
+
+    def potential(self, masses: np.ndarray) -> np.ndarray:
+        """``V_j = Phi(x_j; rho)`` [M] at every cell centre for cell masses [M]."""
+        occupied = masses > 0
+        G = self.problem.residual_features(self.grid.centres[occupied], masses[occupied])
+        return self.problem.phi_field(self.grid.centres, G)
+
+    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+        s, grid = self.cfg.solver, self.grid
+        h = min(self.tau, dt_limit)
+        eps = s.epsilon * h / self.tau
+        ev0 = self.evaluate(state)
+        p = grid.masses(state.fields["density"])
+        where = f"JKO step {state.step + 1} (t = {state.t:.6g}, tau = {h:.3g})"
+        q, g, newton, residual = p, None, 0, np.inf
+        V = ev0.phi.ravel() if np.all(p > 0) else self.potential(p)
+        for outer in range(1, s.outer_maxiter + 1):
+            sol = entropic_prox(self.cost, p, V, eps, h, self.problem.beta, grid.cell_volume, s.inner_tol,
+                                s.inner_maxiter, g)
+            newton += sol.iterations
+            if not sol.converged:
+                raise SolverError(f"the Newton solve of the entropic transport in {where} stopped after "
+                                  f"{sol.iterations} iterations with marginal violation {sol.violation:.3g} > "
+                                  f"solver.inner_tol = {s.inner_tol:g}; raise solver.inner_maxiter or "
+                                  f"solver.inner_tol, or reduce solver.tau")
+            residual = float(np.sum(np.abs(sol.masses - q))) if outer > 1 else np.inf
+            q, g = sol.masses, sol.potential
+            if residual <= s.inner_tol:
+                break
+            V = self.potential(q)
+        else:
+            raise SolverError(f"the linearization of the risk in {where} did not converge in solver.outer_maxiter = "
+                              f"{s.outer_maxiter} iterations (last change {residual:.3g} > solver.inner_tol = "
+                              f"{s.inner_tol:g}); reduce solver.tau or raise solver.outer_maxiter")
+        rho = grid.density(q)
+        new = state.advanced({"density": rho}, h, dt=self.tau)
+        ev = self.evaluate(new)
+        return new, {"mass": grid.total_mass(rho), "min_density": float(np.min(rho)),
+                     "outer_iterations": float(outer), "newton_iterations": float(newton),
+                     "marginal_violation": sol.violation, "linearization_residual": residual,
+                     "energy_change": ev.energy - ev0.energy, "transport_cost": sol.transport_cost}
+
+
+# ---- the entropic proximal step on a grid ---------------------------------------------------------
+@dataclass
+class ProxSolution:
+    """One linearized entropic JKO problem, solved: ``masses`` [M] (``pi^T 1``), the semi-dual ``potential``
+    g [M] (:func:`entropic_plan` rebuilds pi from it), Newton ``iterations``, ``violation``
+    ``|pi^T 1 - q(g)|_1``, ``transport_cost`` ``<C, pi>`` and ``converged`` (violation <= tol)."""
+    masses: np.ndarray
+    potential: np.ndarray
+    iterations: int
+    violation: float
+    transport_cost: float
+    converged: bool
+
+
+def _conditional_plan(cost: np.ndarray, g: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``P_ij = softmax_j((g_j - C_ij) / eps)`` [rows, M] and the row log-normalizers [rows]."""
+    L = (g[None, :] - cost) / eps
+    lse = logsumexp(L, axis=1)
+    return np.exp(L - lse[:, None]), lse
+
+
+def entropic_plan(cost: np.ndarray, p: np.ndarray, potential: np.ndarray, eps: float) -> np.ndarray:
+    """The plan ``pi_ij = p_i softmax_j((g_j - C_ij) / eps)`` [M, M] of a semi-dual potential g [M]."""
+    p = np.asarray(p, dtype=float)
+    return p[:, None] * _conditional_plan(cost, np.asarray(potential, dtype=float), eps)[0]
+
+
+def entropic_prox(cost: np.ndarray, p: np.ndarray, potential: np.ndarray, eps: float, tau: float, beta: float,
+                  volume: float, tol: float, maxiter: int, start: np.ndarray | None = None) -> ProxSolution:
+    """``argmin_{pi 1 = p} <C, pi> + eps sum pi (log pi - 1) + 2 tau F(pi^T 1)`` with the linear-plus-entropy
+    ``F(q) = <V, q> + (1/beta) sum_j q_j log(q_j / volume)`` (module docstring: Newton on the semi-dual).
+
+    ``cost`` C [M, M], ``p`` [M] (>= 0), ``potential`` V [M], ``volume`` the cell volume; ``start`` a semi-dual
+    potential to start from (default: the one giving ``q = p``). Stops at ``|pi^T 1 - q|_1 <= tol`` or after
+    ``maxiter`` Newton steps.
+    """
+    p = np.asarray(p, dtype=float)
+    V = np.asarray(potential, dtype=float)
+    rows = p > 0
+    pa, Ca = p[rows], cost[rows]
+
+    def plan_of(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _conditional_plan(Ca, g, eps)
+
+    def solution(g: np.ndarray, P: np.ndarray, iterations: int, violation: float) -> ProxSolution:
+        masses = pa @ P
+        masses *= p.sum() / masses.sum()
+        cost_rows = np.einsum("ij,ij->i", P, Ca)
+        return ProxSolution(masses=masses, potential=g, iterations=iterations, violation=violation,
+                            transport_cost=float(pa @ cost_rows), converged=violation <= tol)
+
+    if not np.isfinite(beta):
+        # F linear: the plan is explicit and the marginal condition has no second side
+        g = -2.0 * tau * V
+        return solution(g, plan_of(g)[0], 0, 0.0)
+    s = 2.0 * tau / beta
+    log_volume = np.log(volume)
+
+    def q_of(g: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return np.exp((-g - 2.0 * tau * V) / s - 1.0 + log_volume)
+
+    def state(g: np.ndarray):
+        P, lse = plan_of(g)
+        q = q_of(g)
+        m2 = pa @ P
+        return eps * float(pa @ lse) + s * float(q.sum()), m2 - q, P, m2, q
+
+    if start is None:
+        start = -s * (np.log(np.maximum(p, np.finfo(float).tiny) / volume) + 1.0) - 2.0 * tau * V
+    g = np.asarray(start, dtype=float)
+    obj, grad, P, m2, q = state(g)
+    iterations = 0
+    while iterations < maxiter:
+        norm = float(np.sum(np.abs(grad)))
+        if norm <= tol:
+            break
+        # Hessian of -J: (diag(pi^T 1) - pi^T diag(1/p) pi) / eps + diag(q) / s, positive definite
+        H = -(P.T * pa) @ P / eps
+        H[np.diag_indices_from(H)] += m2 / eps + q / s
+        try:
+            step = -solve(H, grad, assume_a="pos")
+        except LinAlgError:
+            step = -np.linalg.lstsq(H, grad, rcond=None)[0]
+        iterations += 1
+        slope = float(grad @ step)
+        t = 1.0
+        while True:
+            trial = state(g + t * step)
+            # Armijo on -J, or (where -J no longer resolves progress) a smaller marginal violation
+            if trial[0] <= obj + 1e-4 * t * slope or float(np.sum(np.abs(trial[1]))) < norm:
+                break
+            t *= 0.5
+            if t < 1e-12:
+                return solution(g, P, iterations, norm)
+        g = g + t * step
+        obj, grad, P, m2, q = trial
+    return solution(g, P, iterations, float(np.sum(np.abs(grad))))
