@@ -251,8 +251,8 @@ def check_shardable(comm: SerialComm, cfg: Config, sharded: bool, n_particles: i
         return
     if not sharded:
         raise ConfigError(f"solver.method = {cfg.solver.method!r} with init.measure = {cfg.init.measure!r} does not "
-                          f"run on several MPI ranks ({comm.size} started): its inner solve couples all particles "
-                          f"or grid cells; run it with one process")
+                          f"run on several MPI ranks ({comm.size} started): its steps couple all particles or grid "
+                          f"cells beyond the head-averaged output; run it with one process")
     if n_particles < comm.size:
         raise ConfigError(f"init.n_particles = {n_particles} is smaller than the number of MPI ranks ({comm.size})")
 

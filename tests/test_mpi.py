@@ -1,0 +1,201 @@
+"""Heads sharded across MPI ranks (pdeflow.parallel): ``mpiexec -n 2 python -m pdeflow run`` equals the serial
+run within 1e-12, resumes a serial file and is resumed serially, stops together on a signal, and refuses
+bad input with exit code 2 on every rank without hanging.
+
+The 2-rank runs are subprocesses of the real command line (the MPICH launcher of the ``mpi``/``test`` extra);
+the serial references run in-process through :func:`pdeflow.cli.main`. Skipped only when mpi4py is not
+installed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import config_text
+
+from pdeflow import open_trajectory
+from pdeflow.cli import main
+from pdeflow.parallel import SERIAL, shard
+
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
+
+REPO = Path(__file__).resolve().parent.parent
+TOL = 1e-12
+RANKS = 2
+TIMEOUT = 120  # seconds: a hang (ranks waiting for each other) fails instead of blocking the suite
+
+# 11 particles: blocks of 6 and 5 on two ranks
+BASE = {"init": {"n_particles": 11, "scale": 1.0}, "solver": {"method": "adaptive", "dt": 0.05},
+        "run": {"t_end": 1.0, "frame_interval": 0.25}, "diagnostics": {"enabled": False}}
+SGD = {"solver": {"method": "sgd", "dt": 0.05}, "model": {"beta": 50.0},
+       "sgd": {"batch_size": 5, "noise": True, "sampling": "resample"}}
+
+
+def write_config(path: Path, **overrides) -> Path:
+    sections = {name: dict(values) for name, values in BASE.items()}
+    for name, values in overrides.items():
+        sections.setdefault(name, {}).update(values)
+    path.write_text(config_text(**sections))
+    return path
+
+
+def mpiexec() -> str:
+    if importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed (pip install -e '.[mpi]' or '.[test]' brings it and MPICH)")
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    assert found, "mpi4py is installed but no mpiexec was found next to the interpreter or on PATH"
+    return found
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "MV2_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["NUMBA_NUM_THREADS"] = "1"  # two ranks on a small shared machine
+    return env
+
+
+def launch(*args: str) -> list[str]:
+    return [mpiexec(), "-n", str(RANKS), sys.executable, "-m", "pdeflow", *args]
+
+
+def mpi_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(launch(*args), capture_output=True, text=True, env=environment(), timeout=TIMEOUT)
+
+
+def serial_run(*args: str) -> int:
+    return main(list(args))
+
+
+def assert_same_run(a_path: Path, b_path: Path) -> None:
+    """Same frames and /steps rows, the particles and every recorded number within TOL."""
+    a, b = open_trajectory(a_path), open_trajectory(b_path)
+    assert a.attrs["status"] == b.attrs["status"] == "finished"
+    assert a.frames["omega"].shape == b.frames["omega"].shape
+    np.testing.assert_allclose(b.frames["omega"], a.frames["omega"], rtol=0, atol=TOL)
+    np.testing.assert_array_equal(a.frames["mass"], b.frames["mass"])
+    assert a.steps.keys() == b.steps.keys()
+    for key in set(a.steps) - {"wall_time"}:  # row 0 holds NaN in the stepper's columns
+        np.testing.assert_allclose(b.steps[key], a.steps[key], rtol=0, atol=TOL, equal_nan=True, err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def serial_files(tmp_path_factory):
+    """The serial reference runs: adaptive Dormand-Prince, and minibatch SGD with Langevin noise."""
+    tmp = tmp_path_factory.mktemp("serial")
+    out = {}
+    for name, overrides in (("adaptive", {}), ("sgd", SGD)):
+        config = write_config(tmp / f"{name}.toml", **overrides)
+        out[name] = (config, tmp / f"{name}.h5")
+        assert serial_run("run", str(config), "-o", str(out[name][1]), "--quiet") == 0
+    return out
+
+
+# ---- the communicator, without MPI -------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 7, 11, 64])
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_shard_blocks_cover_the_particles_in_rank_order(n, size):
+    blocks = [shard(n, r, size) for r in range(size)]
+    assert blocks[0][0] == 0 and blocks[-1][1] == n
+    assert all(blocks[r][1] == blocks[r + 1][0] for r in range(size - 1))  # contiguous, in rank order
+    lengths = [hi - lo for lo, hi in blocks]
+    assert max(lengths) - min(lengths) <= 1 and lengths == sorted(lengths, reverse=True)
+
+
+def test_serial_run_never_imports_mpi4py():
+    """Outside an MPI launcher the communicator is SERIAL and mpi4py stays unimported."""
+    code = ("import sys; from pdeflow.parallel import world, SERIAL; import pdeflow.cli, solvers.driver; "
+            "assert world() is SERIAL; assert not any(m.startswith('mpi4py') for m in sys.modules), 'imported'")
+    subprocess.run([sys.executable, "-c", code], env=environment(), check=True, timeout=TIMEOUT)
+    assert SERIAL.sum_over_ranks(1.5, 2.0) == (1.5, 2.0) and SERIAL.local_rows(np.arange(3)).tolist() == [0, 1, 2]
+
+
+# ---- two ranks against the serial run --------------------------------------------------------
+@pytest.mark.parametrize("name", ["adaptive", "sgd"])
+def test_two_ranks_equal_the_serial_run(serial_files, tmp_path, name):
+    """The adaptive stepper (error norm over all ranks) and minibatch SGD with noise (drawn whole, rows taken
+    per rank): every frame, every step and the step count equal the serial run's within 1e-12."""
+    config, reference = serial_files[name]
+    out = tmp_path / "mpi.h5"
+    proc = mpi_run("run", str(config), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("pdeflow: finished") == 1  # rank 0 alone prints
+    assert_same_run(reference, out)
+
+
+def test_resume_with_another_number_of_ranks(serial_files, tmp_path):
+    """A serial file resumed on 2 ranks, and a 2-rank file resumed serially, end where the serial run ends."""
+    config, reference = serial_files["adaptive"]
+    to_mpi, to_serial = tmp_path / "serial_then_mpi.h5", tmp_path / "mpi_then_serial.h5"
+    assert serial_run("run", str(config), "-o", str(to_mpi), "--quiet", "--set", "run.max_steps=3") == 0
+    first = mpi_run("run", str(config), "-o", str(to_serial), "--set", "run.max_steps=3")
+    assert first.returncode == 0, first.stderr
+    for path in (to_mpi, to_serial):
+        assert open_trajectory(path).attrs["status"] == "max_steps"
+    resumed = mpi_run("run", str(config), "-o", str(to_mpi), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert serial_run("run", str(config), "-o", str(to_serial), "--resume", "--quiet") == 0
+    assert_same_run(reference, to_mpi)
+    assert_same_run(reference, to_serial)
+
+
+# ---- stopping together -------------------------------------------------------------------------
+def test_sigterm_stops_every_rank_after_the_same_step(tmp_path):
+    """SIGTERM to mpiexec reaches both ranks at different instants; they agree, checkpoint once and exit 143."""
+    config = write_config(tmp_path / "long.toml", solver={"method": "rk4", "dt": 0.01},
+                          run={"t_end": 1e6, "frame_interval": 0.1})
+    out = tmp_path / "long.h5"
+    proc = subprocess.Popen(launch("run", str(config), "-o", str(out)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=environment())
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # inside the time loop
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr
+    assert stderr.count("interrupted by SIGTERM") == 1, stderr
+    traj = open_trajectory(out)
+    assert traj.attrs["status"] == "interrupted"
+    assert traj.checkpoint.t > 0 and traj.checkpoint.fields["omega"].shape == (11, traj.frames["omega"].shape[2])
+    assert traj.steps["time"][-1] == traj.checkpoint.t  # the rows and the checkpoint agree
+
+
+# ---- bad input: exit 2 on every rank, no hang -------------------------------------------------
+def test_unshardable_method_is_refused_on_every_rank(tmp_path):
+    """A grid (or JKO) run couples all cells (particles) beyond the aggregate output: refused before any
+    communication, so every rank exits 2 and rank 0 prints one line naming solver.method."""
+    config = write_config(tmp_path / "fv.toml", model={"coordinates": "gain2"}, init={"measure": "grid"},
+                          solver={"method": "fv", "dt": 1.0}, grid={"n": 8})
+    out = tmp_path / "fv.h5"
+    proc = mpi_run("run", str(config), "-o", str(out))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "solver.method = 'fv'" in lines[0] and "MPI ranks" in lines[0], proc.stderr
+    assert not out.exists()
+
+
+def test_a_file_rank_0_cannot_create_fails_every_rank(tmp_path):
+    """Rank 0's failure to create the file (here its ``.partial`` sibling is a directory) comes after the
+    ranks started communicating: it is raised on every rank, which all exit 2 with one line."""
+    config = write_config(tmp_path / "c.toml")
+    out = tmp_path / "c.h5"
+    (tmp_path / "c.h5.partial").mkdir()
+    proc = mpi_run("run", str(config), "-o", str(out))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot create" in lines[0], proc.stderr
+    assert not out.exists()
