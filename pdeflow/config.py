@@ -127,7 +127,8 @@ class OutputConfig:
 class DiagnosticsConfig:
     enabled: bool = spec(True, "write the rate analysis into the trajectory when a run ends")
     gap: bool = spec(True, "search min Phi for the optimality gap (off for huge runs)")
-    gap_frames: int = spec(5, "number of frames (the last included) where the gap is computed", ge=0)
+    gap_frames: int = spec(3, "frames where the gap is computed, spread evenly (the last always, the first from 2 on)",
+                           ge=0)
     domain: str = spec("ball", "parameter set Omega of the gap search (grid: the box of a grid run)",
                        choices=("ball", "box", "grid"))
     radius: float = spec(5.0, "radius (ball) or half-width (box) of Omega", gt=0)

@@ -23,7 +23,7 @@ The minimum of Phi (:func:`optimality_gap`) is searched in three stages, all on 
    gradient with Barzilai-Borwein steps and Armijo backtracking; Phi and grad Phi of all active starts are
    one batched call per iteration (a single-point call costs almost as much as a batch). Without a grid
    (k > 3) the starts are cut by successive halving: every 10 iterations the moving starts above the
-   median Phi stop.
+   median Phi stop, until no more than the polished few move.
 3. the best few distinct results are polished with scipy: L-BFGS-B with the analytic gradient (box bounds).
    For a ball, L-BFGS-B runs in the bounding box from interior points; a point on the sphere, or one that
    L-BFGS-B carries outside the ball, is polished by SLSQP with the constraint ``R^2 - |omega|^2 >= 0``.
@@ -47,7 +47,7 @@ from .measure import Grid, entropy
 from .problem import Problem
 from .trajectory import Trajectory, TrajectoryError, open_trajectory
 
-MAX_PARTICLE_STARTS = 64     # particles used as starts of the gap search (mass-weighted subsample beyond)
+MAX_PARTICLE_STARTS = 32     # particles used as starts of the gap search (mass-weighted subsample beyond)
 GRID_STARTS = 8              # best grid-local minima used as starts
 POLISHED = 3                 # distinct results of the batched descent polished by scipy
 DESCENT_ITERATIONS = 300
@@ -386,8 +386,9 @@ def _projected_descent(problem: Problem, G: np.ndarray, dom: Domain, x: np.ndarr
     """Projected gradient with Barzilai-Borwein steps and Armijo backtracking along the projection arc,
     for all starts x [S, k] at once: ``x+ = P(x - a g)`` accepted when ``Phi(x+) <= Phi(x) + c <g, x+ - x>``.
     A start stops when neither x nor Phi moves (relative 1e-12 / 1e-15). With ``halving``, every
-    HALVING_ROUND iterations the moving starts above their median Phi stop (successive halving: the cost
-    is a few rounds of all starts, not all iterations of all starts). Returns points and Phi values."""
+    HALVING_ROUND iterations the moving starts above their median Phi stop, and the descent ends once no
+    more than POLISHED move (successive halving: the cost is about two rounds of all starts). Returns
+    points and Phi values."""
     x = x.copy()
     if x.shape[0] == 0:
         return x, np.zeros(0)
@@ -397,8 +398,9 @@ def _projected_descent(problem: Problem, G: np.ndarray, dom: Domain, x: np.ndarr
     for it in range(iterations):
         if halving and it and it % HALVING_ROUND == 0:
             idx = np.flatnonzero(active)
-            if idx.size > POLISHED:
-                active[idx[f[idx] > np.median(f[idx])]] = False
+            if idx.size <= POLISHED:
+                break                     # the scipy polish takes the survivors from here
+            active[idx[f[idx] > np.median(f[idx])]] = False
         idx = np.flatnonzero(active)
         if idx.size == 0:
             break
