@@ -1,0 +1,544 @@
+"""Propagation of chaos and the static approximation: how far N heads are from the mean-field limit.
+
+The experiment (``pdeflow chaos``, configured by ``[chaos]``, ``[run]``, ``[solver]`` and ``[sgd]``):
+
+1. **Reference.** ``rho_ref(t)``: ``chaos.n_ref`` i.i.d. particles from the initial law (``init.*``, seed
+   ``init.seed``), moved by the explicit stepper ``solver.method`` with ``solver.dt`` on the full data set.
+2. **Finite heads.** For every N in ``chaos.n_list`` and seed s < ``chaos.seeds``: N i.i.d. initial points
+   ``X`` from the same law (their own seed), and from them
+   - the finite-head flow ``omega^N_i(t)``: the N-particle system, same stepper and step;
+   - SGD ``omega^{N,eta}_i(t)`` for every eta in ``chaos.eta_list`` (:mod:`solvers.sgd`, ``solver.dt = eta``,
+     minibatches by ``sgd.*``);
+   - the nonlinear characteristics ``omega_bar_i(t)``: tracers moving in the reference field,
+     ``d omega_bar_i/dt = -grad Phi(omega_bar_i; rho_ref(t))``. They are integrated *with* the reference, as
+     particles of mass zero in the same state: a zero mass leaves the logits (and so ``Phi``) unchanged,
+     so every stage of the stepper moves reference and tracers by the same field. This is the synchronous
+     coupling of ``omega^N`` and ``omega_bar`` (same initial points, no noise).
+3. **Measurements** at the frame times of ``[run]`` (up to ``run.t_end``):
+   - coupling distance ``D_N(t) = (1/N sum_i |omega^N_i(t) - omega_bar_i(t)|^2)^(1/2)``;
+   - logit gap ``L_N(t) = (sum_{b,l} lw[b,l] |z_N(t)[b,l] - z_ref(t)[b,l]|^2)^(1/2)`` on a probe set of
+     ``chaos.probe_size`` fresh task sequences (``lw``: the loss weights ``w_b mask / |L_b|``; ``|.|``: the
+     Euclidean norm over the vocabulary);
+   - energy gap ``E(mu_N(t)) - E(rho_ref(t))``; sliced W2 between ``mu_N(t)`` and ``rho_ref(t)`` (beside only:
+     W2 between empirical measures in k dimensions decays like N^(-1/k) and would hide the rate);
+   - SGD: excess ``(1/N sum_i |omega^{N,eta}_i - omega^N_i|^2)^(1/2)`` over the finite-head flow, coupling
+     distance to the characteristics and energy gap.
+4. **Static approximation.** The reference is continued (alone) to ``chaos.converge_time``; for every N,
+   ``chaos.static_draws`` draws of N i.i.d. points from ``rho_ref`` (with replacement, masses 1/N) give
+   ``E(hat rho_N) - E(rho_ref)``. At a minimizer ``Phi`` is constant on the support, so the first-order
+   term vanishes and the gap decays like 1/N; away from it, like N^(-1/2).
+5. **Rates.** Power laws ``y = C x^s`` fitted by least squares on ``log y = log C + s log x`` with a Student-t
+   confidence interval (:func:`fit_power_law`): coupling, logit gap and sliced W2 against N (every seed a
+   point, at ``run.t_end``), the energy gap's RMS over seeds against N, the SGD excess against eta
+   (every N and seed a point), the static gap's mean over draws against N.
+
+The steppers come from :mod:`solvers` (``pdeflow`` does not import it): :func:`run_chaos` takes the
+factory ``make_stepper(problem, cfg)`` and the frame times; ``pdeflow chaos`` passes
+``solvers.make_stepper`` and ``solvers.driver.frame_times``.
+
+Randomness: every random stream is a child of ``SeedSequence(init.seed)`` with a spawn key naming its
+role (``SEED_KEYS``), so each number is reproducible and the streams are independent.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from scipy import stats
+
+from .config import Config, ConfigError
+from .mean_field import loss_weights
+from .problem import Problem, task_params
+from .trajectory import Checkpoint
+
+PARTICLE_FLOWS = ("euler", "heun", "rk4", "adaptive")
+SEED_KEYS = {"initial": 1, "sgd": 2, "probe": 3, "static": 4, "sliced": 5}
+SCHEMA = "pdeflow-chaos"
+SCHEMA_VERSION = 1
+SLICED_PROJECTIONS = 64
+
+
+# ---- rates ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PowerLawFit:
+    """``y ~ prefactor * x^slope`` from least squares in log-log coordinates.
+
+    ``ci`` is the two-sided ``confidence`` interval of the slope, ``slope +- t_{n-2} * stderr``;
+    ``r2`` the coefficient of determination of the log-log fit; ``n`` the number of points.
+    """
+    slope: float
+    prefactor: float
+    stderr: float
+    ci: tuple[float, float]
+    confidence: float
+    n: int
+    r2: float
+
+    def covers(self, value: float) -> bool:
+        return self.ci[0] <= value <= self.ci[1]
+
+
+def fit_power_law(x: np.ndarray, y: np.ndarray, confidence: float = 0.95,
+                  groups: np.ndarray | None = None) -> PowerLawFit:
+    """Fit ``log y = a + s log x`` by ordinary least squares; the slope's CI from Student's t.
+
+    Without ``groups``: one intercept, ``stderr = sqrt(SSR / (n - 2) / sum (log x - mean)^2)``, n - 2 degrees
+    of freedom. With ``groups`` (labels, one per point): a common slope and one intercept per group (the
+    fixed-effects fit: log x and log y centred within each group), n - G - 1 degrees of freedom, and the
+    prefactor is the geometric mean of the groups' (weighted by their points). Groups suit repeated measurements of one system
+    (the same initial points at several eta), whose level varies from system to system.
+
+    x, y: arrays of the same shape (flattened), all positive and finite; at least one more point than
+    parameters and two distinct x within some group. Raises ValueError otherwise. With residuals exactly
+    zero the CI is the slope itself.
+    """
+    x = np.asarray(x, dtype=float).ravel()
+    y = np.asarray(y, dtype=float).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"fit_power_law: x and y differ in size ({x.size} and {y.size})")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(x > 0) and np.all(y > 0)):
+        raise ValueError("fit_power_law: every x and y must be positive and finite")
+    if x.size == 0:
+        raise ValueError("fit_power_law: no points")
+    labels = np.zeros(x.size, dtype=int) if groups is None else np.unique(np.asarray(groups).ravel(),
+                                                                           return_inverse=True)[1]
+    if labels.size != x.size:
+        raise ValueError(f"fit_power_law: {labels.size} group labels for {x.size} points")
+    n_groups = int(labels.max()) + 1
+    lx, ly = np.log(x), np.log(y)
+    count = np.bincount(labels, minlength=n_groups)
+    mx = (np.bincount(labels, lx, n_groups) / count)[labels]
+    my = (np.bincount(labels, ly, n_groups) / count)[labels]
+    sxx = float(np.sum((lx - mx) ** 2))
+    dof = x.size - n_groups - 1
+    if dof < 1 or not sxx > 0:
+        raise ValueError(f"fit_power_law: needs more points than parameters and 2 distinct x (in a group), "
+                         f"got {x.size} points in {n_groups} group(s)")
+    slope = float(np.sum((lx - mx) * (ly - my)) / sxx)
+    resid = (ly - my) - slope * (lx - mx)
+    ssr = float(np.sum(resid**2))
+    stderr = math.sqrt(ssr / dof / sxx)
+    half = float(stats.t.ppf(0.5 + confidence / 2.0, dof)) * stderr
+    sst = float(np.sum((ly - my) ** 2))
+    r2 = 1.0 - ssr / sst if sst > 0 else 1.0
+    intercept = float(np.mean(ly - slope * lx))
+    return PowerLawFit(slope=slope, prefactor=math.exp(intercept), stderr=stderr, ci=(slope - half, slope + half),
+                       confidence=confidence, n=int(x.size), r2=r2)
+
+
+# ---- distances between measures -------------------------------------------------------------------
+def coupling_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """``(1/N sum_i |a_i - b_i|^2)^(1/2)`` for two particle arrays [N, k] paired by index."""
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    return float(np.sqrt(np.mean(np.einsum("ik,ik->i", diff, diff))))
+
+
+def logit_gap(z: np.ndarray, z_ref: np.ndarray, lw: np.ndarray) -> float:
+    """``(sum_{b,l} lw[b,l] |z[b,l] - z_ref[b,l]|^2)^(1/2)``: z, z_ref [B, T, V], loss weights lw [B, T]."""
+    diff = z - z_ref
+    return float(np.sqrt(np.sum(lw * np.einsum("blv,blv->bl", diff, diff))))
+
+
+def sliced_w2(a: np.ndarray, b: np.ndarray, seed: int, mass_a: np.ndarray | None = None,
+              mass_b: np.ndarray | None = None) -> float:
+    """Sliced 2-Wasserstein distance (POT) over ``SLICED_PROJECTIONS`` uniform random directions drawn
+    from ``default_rng(seed)``: a [N, k], b [M, k] with optional masses (default uniform)."""
+    import ot
+
+    directions = np.random.default_rng(seed).standard_normal((a.shape[1], SLICED_PROJECTIONS))
+    directions /= np.linalg.norm(directions, axis=0, keepdims=True)
+    return float(ot.sliced_wasserstein_distance(a, b, mass_a, mass_b, projections=directions))
+
+
+# ---- the experiment -------------------------------------------------------------------------------
+def child_seed(cfg: Config, role: str, *key: int) -> int:
+    """A 63-bit seed of the stream ``role`` (``SEED_KEYS``) and integer key, a child of ``init.seed``."""
+    seq = np.random.SeedSequence(cfg.init.seed, spawn_key=(SEED_KEYS[role],) + tuple(int(k) for k in key))
+    return int(seq.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+class ChaosError(RuntimeError):
+    """A run of the experiment failed numerically (a non-finite state)."""
+
+
+def check_config(cfg: Config) -> None:
+    """The rules of a chaos experiment beyond the schema; ConfigError naming the key."""
+    c = cfg.chaos
+    if cfg.solver.method not in PARTICLE_FLOWS:
+        raise ConfigError(f"solver.method must be one of {', '.join(PARTICLE_FLOWS)} for a chaos experiment "
+                          f"(the reference flow), got {cfg.solver.method!r}")
+    if math.isfinite(cfg.model.beta) or cfg.sgd.noise:
+        raise ConfigError("a chaos experiment compares with the noiseless flow: model.beta must be inf and "
+                          "sgd.noise false")
+    if len(set(int(n) for n in c.n_list)) < 3:
+        raise ConfigError(f"chaos.n_list must hold at least 3 distinct head counts to fit a rate, got {c.n_list!r}")
+    if len(set(c.eta_list)) < 2:
+        raise ConfigError(f"chaos.eta_list must hold at least 2 distinct steps to fit a rate, got {c.eta_list!r}")
+    if 0 < c.converge_time < cfg.run.t_end:
+        raise ConfigError(f"chaos.converge_time must be >= run.t_end = {cfg.run.t_end:g}, got {c.converge_time:g}")
+
+
+def quick_config(cfg: Config) -> Config:
+    """The smaller experiment of ``--quick`` (a smoke test, not a measurement): the three smallest N, two
+    seeds, the two largest eta, a quarter of the reference particles, 8 static draws."""
+    c = cfg.chaos
+    n_list = sorted({int(n) for n in c.n_list})[:3]
+    eta_list = sorted(set(c.eta_list), reverse=True)[:2]
+    return cfg.replace(chaos={"n_list": n_list, "eta_list": eta_list, "seeds": min(c.seeds, 2),
+                              "n_ref": max(1, c.n_ref // 4), "static_draws": min(c.static_draws, 8)})
+
+
+@dataclass
+class ChaosResult:
+    """Raw measurements (arrays indexed [N, seed, (eta,) frame]) and the fitted rates."""
+    times: np.ndarray
+    n_list: np.ndarray
+    eta_list: np.ndarray
+    data: dict[str, np.ndarray]
+    fits: dict[str, PowerLawFit | None]
+    notes: dict[str, str] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def _advance(stepper, state, t: float):
+    """Step until ``state.t == t`` (the last step is shortened to land on it)."""
+    tol = 1e-12 * max(1.0, abs(t))
+    while t - state.t > tol:
+        state, _ = stepper.step(state, t - state.t)
+        if abs(state.t - t) <= tol:
+            state.t = float(t)
+    if not stepper.is_finite(state):
+        raise ChaosError(f"{stepper.name}: non-finite state at t = {state.t:.6g} ({stepper.likely_cause(state)})")
+    return state
+
+
+def _trajectory(stepper, omega: np.ndarray, mass: np.ndarray, times: np.ndarray, dt: float,
+                rng: np.random.Generator | None = None, on_frame: Callable[[int, Any], None] | None = None):
+    """Integrate from (omega, mass) at t = 0 through ``times``; ``on_frame(f, state)`` at each; the final state."""
+    start = Checkpoint(fields={"omega": np.array(omega, dtype=float), "mass": np.asarray(mass, dtype=float)},
+                       t=0.0, dt=dt, step=0, n_frames=0, n_steps=0,
+                       rng=None if rng is None else rng.bit_generator.state, extra=np.zeros(stepper.extra_size))
+    state = stepper.restore(start)
+    for f, t in enumerate(times):
+        state = _advance(stepper, state, float(t))
+        if on_frame is not None:
+            on_frame(f, state)
+    return state
+
+
+def characteristics(stepper, omega_ref: np.ndarray, mass_ref: np.ndarray, tracers: np.ndarray, times: np.ndarray,
+                    dt: float, on_frame: Callable[[int, Any], None] | None = None):
+    """The reference measure and tracer particles in its velocity field, integrated together.
+
+    The state holds the reference particles (masses ``mass_ref``) followed by the tracers with mass 0, so
+    the measure - hence ``Phi`` and the field ``-grad Phi(.; rho_ref(t))`` at every stage - is the reference's
+    alone, and the stepper moves both by the same stages. omega_ref [N_ref, k], tracers [M, k], times [F].
+    Returns the reference frames [F, N_ref, k], the tracer frames [F, M, k] and the final (augmented)
+    state; ``on_frame(f, state)`` sees the augmented state at each frame (its evaluation is the reference's).
+    """
+    n_ref = len(omega_ref)
+    F, k = len(times), omega_ref.shape[1]
+    ref_frames, tracer_frames = np.empty((F, n_ref, k)), np.empty((F, len(tracers), k))
+
+    def record(f: int, state) -> None:
+        ref_frames[f] = state.fields["omega"][:n_ref]
+        tracer_frames[f] = state.fields["omega"][n_ref:]
+        if on_frame is not None:
+            on_frame(f, state)
+
+    end = _trajectory(stepper, np.concatenate([omega_ref, tracers]),
+                      np.concatenate([mass_ref, np.zeros(len(tracers))]), times, dt, on_frame=record)
+    return ref_frames, tracer_frames, end
+
+
+def probe_problem(problem: Problem, cfg: Config) -> Problem:
+    """The layer on ``chaos.probe_size`` fresh task sequences (seed: the ``probe`` stream)."""
+    from .tasks import TaskError, sample_task
+
+    t = cfg.task
+    try:
+        data = sample_task(t.name, vocab_size=t.vocab_size, seq_len=t.seq_len, n_samples=cfg.chaos.probe_size,
+                           seed=child_seed(cfg, "probe"), **task_params(cfg))
+    except TaskError as exc:
+        raise ConfigError(f"chaos.probe_size: task: {exc}") from None
+    return problem.with_data(data.tokens, data.targets, data.mask, data.weights)
+
+
+def static_gaps(problem: Problem, omega: np.ndarray, mass: np.ndarray, n_list: np.ndarray, draws: int,
+                rng: np.random.Generator) -> np.ndarray:
+    """``E(hat rho_N) - E(rho)`` [len(n_list), draws]: hat rho_N holds N i.i.d. draws from rho (with
+    replacement, by mass), each of mass 1/N."""
+    e_ref = problem.energy(omega, mass)
+    gaps = np.empty((len(n_list), draws))
+    for a, n in enumerate(n_list):
+        for d in range(draws):
+            index = rng.choice(len(omega), size=int(n), replace=True, p=mass)
+            gaps[a, d] = problem.energy(omega[index], np.full(int(n), 1.0 / n)) - e_ref
+    return gaps
+
+
+def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Config], Any], times: np.ndarray,
+              progress: Callable[[str, float], None] | None = None) -> ChaosResult:
+    """The whole experiment of the module docstring on ``problem``.
+
+    ``make_stepper(problem, cfg)`` builds a stepper (``solvers.make_stepper``); ``times`` [F] are the frame
+    times, 0 first and ``run.t_end`` last (``solvers.driver.frame_times(cfg)``); ``progress(label, units)``
+    is called as work completes (units: particle-time, a rough cost measure). ConfigError for a config the
+    experiment cannot run, ChaosError for a non-finite state."""
+    check_config(cfg)
+    wall0 = time.perf_counter()
+    c, i = cfg.chaos, cfg.init
+    report = progress or (lambda label, units: None)
+    times = np.asarray(times, dtype=float)
+    n_list = np.array(sorted({int(n) for n in c.n_list}))
+    eta_list = np.array(sorted(set(float(e) for e in c.eta_list), reverse=True))
+    nN, S, nE, F = len(n_list), c.seeds, len(eta_list), len(times)
+    flow = make_stepper(problem, cfg)
+    probe = probe_problem(problem, cfg)
+    probe_lw = loss_weights(probe.arrays()["mask"], probe.arrays()["weights"])
+
+    def initial(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        return problem.initial_particles(n, seed, i.distribution, i.scale, i.mean)
+
+    # 1. reference and tracers in one state: tracers carry mass 0
+    omega_ref0, mass_ref = initial(c.n_ref, i.seed)
+    starts = {(a, s): initial(int(n), child_seed(cfg, "initial", n, s))[0]
+              for a, n in enumerate(n_list) for s in range(S)}
+    bounds = np.cumsum([0] + [len(x) for x in starts.values()])
+    where = {key: slice(bounds[j], bounds[j + 1]) for j, key in enumerate(starts)}
+    ref_energy, ref_dissipation = np.empty(F), np.empty(F)
+    ref_logits = []
+
+    def on_reference(f: int, state) -> None:
+        ev = flow.evaluate(state)
+        ref_energy[f], ref_dissipation[f] = ev.energy, ev.dissipation
+        ref_logits.append(probe.logits(state.fields["omega"][:c.n_ref], mass_ref))
+
+    ref_frames, tracer_frames, reference_end = characteristics(
+        flow, omega_ref0, mass_ref, np.concatenate(list(starts.values())), times, cfg.solver.dt, on_reference)
+    report("reference", (c.n_ref + bounds[-1]) * times[-1])
+
+    # 2-3. finite heads and SGD against the characteristics
+    shape, shape_sgd = (nN, S, F), (nN, S, nE, F)
+    data = {name: np.full(shape, np.nan) for name in ("coupling", "logit_gap", "energy_gap", "sliced_w2")}
+    data.update({name: np.full(shape_sgd, np.nan) for name in ("sgd_excess", "sgd_coupling", "sgd_energy_gap")})
+    for (a, s), x in starts.items():
+        n = len(x)
+        mass = np.full(n, 1.0 / n)
+        tracers = tracer_frames[:, where[(a, s)]]
+        flow_frames = np.empty((F, n, problem.k))
+
+        def on_flow(f: int, state) -> None:
+            omega = state.fields["omega"]
+            flow_frames[f] = omega
+            data["coupling"][a, s, f] = coupling_distance(omega, tracers[f])
+            data["logit_gap"][a, s, f] = logit_gap(probe.logits(omega, mass), ref_logits[f], probe_lw)
+            data["energy_gap"][a, s, f] = flow.evaluate(state).energy - ref_energy[f]
+            data["sliced_w2"][a, s, f] = sliced_w2(omega, ref_frames[f], child_seed(cfg, "sliced", f))
+
+        _trajectory(flow, x, mass, times, cfg.solver.dt, on_frame=on_flow)
+        report(f"flow N={n}", n * times[-1])
+        for e, eta in enumerate(eta_list):
+            sgd_cfg = cfg.replace(solver={"method": "sgd", "dt": float(eta)},
+                                  sgd={"seed": child_seed(cfg, "sgd", n, s, e)})
+            sgd = make_stepper(problem, sgd_cfg)
+            rng = np.random.default_rng(sgd_cfg.sgd.seed)
+
+            def on_sgd(f: int, state, e=e, sgd=sgd) -> None:
+                omega = state.fields["omega"]
+                data["sgd_excess"][a, s, e, f] = coupling_distance(omega, flow_frames[f])
+                data["sgd_coupling"][a, s, e, f] = coupling_distance(omega, tracers[f])
+                data["sgd_energy_gap"][a, s, e, f] = sgd.evaluate(state).energy - ref_energy[f]
+
+            _trajectory(sgd, x, mass, times, float(eta), rng=rng, on_frame=on_sgd)
+            report(f"sgd N={n} eta={eta:g}", n * times[-1])
+
+    # 4. static approximation at the converged reference
+    converge_time = c.converge_time or float(times[-1])
+    converged = _advance(flow, _reference_only(reference_end, c.n_ref), converge_time)
+    ev = flow.evaluate(converged)
+    static = static_gaps(problem, converged.fields["omega"], mass_ref, n_list, c.static_draws,
+                         np.random.default_rng(child_seed(cfg, "static")))
+    report("static", c.n_ref * (converge_time - times[-1]))
+    data.update(times=times, reference_energy=ref_energy, reference_dissipation=ref_dissipation,
+                static_gap=static)
+    result = ChaosResult(times=times, n_list=n_list, eta_list=eta_list, data=data, fits={},
+                         attrs={"n_ref": c.n_ref, "seeds": S, "fit_time": float(times[-1]),
+                                "converge_time": converge_time, "converged_energy": ev.energy,
+                                "converged_dissipation": ev.dissipation,
+                                "initial_dissipation": float(ref_dissipation[0])})
+    fit_rates(result)
+    result.attrs["wall_time"] = time.perf_counter() - wall0
+    return result
+
+
+def _reference_only(state, n_ref: int):
+    """The state with the tracers dropped (the reference measure alone)."""
+    return type(state)(t=state.t, step=state.step, dt=state.dt,
+                       fields={"omega": state.fields["omega"][:n_ref], "mass": state.fields["mass"][:n_ref]})
+
+
+def _try_fit(result: ChaosResult, name: str, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> None:
+    try:
+        result.fits[name] = fit_power_law(x, y, groups=groups)
+    except ValueError as exc:
+        result.fits[name] = None
+        result.notes[name] = str(exc)
+
+
+def fit_rates(result: ChaosResult) -> None:
+    """Fill ``result.fits`` (see the module docstring, step 5); a rate that cannot be fitted (a non-positive
+    mean gap, say) is None with the reason in ``result.notes``."""
+    d, n = result.data, result.n_list
+    nN, S, nE, F = d["sgd_excess"].shape
+    per_seed = np.repeat(n, S).astype(float)
+    for name in ("coupling", "logit_gap", "sliced_w2"):
+        _try_fit(result, name, per_seed, d[name][:, :, -1].ravel())
+    _try_fit(result, "energy_gap", n, np.sqrt(np.mean(d["energy_gap"][:, :, -1] ** 2, axis=1)))
+    # each (N, seed) is one system seen at every eta: a common exponent, a level per system
+    _try_fit(result, "sgd_eta", np.tile(result.eta_list, nN * S), d["sgd_excess"][:, :, :, -1].ravel(),
+             groups=np.repeat(np.arange(nN * S), nE))
+    _try_fit(result, "sgd_coupling", per_seed, d["sgd_coupling"][:, :, -1, -1].ravel())
+    gaps = d["static_gap"]
+    _try_fit(result, "static", n, np.sqrt(np.mean(gaps**2, axis=1)))
+    _try_fit(result, "static_mean", n, gaps.mean(axis=1))
+    _try_fit(result, "static_spread", n, gaps.std(axis=1, ddof=1))
+    # the coupling rate at every frame after the first (the characteristics start at the particles)
+    slopes = np.full(F, np.nan)
+    for f in range(1, F):
+        try:
+            slopes[f] = fit_power_law(per_seed, d["coupling"][:, :, f].ravel()).slope
+        except ValueError:
+            pass
+    d["slope_coupling_t"] = slopes
+
+
+# ---- output -------------------------------------------------------------------------------------
+def write_result(path: str | Path, result: ChaosResult, cfg: Config, quick: bool = False) -> None:
+    """The HDF5 file of an experiment: root attributes ``schema = "pdeflow-chaos"``, ``schema_version``,
+    ``pdeflow_version``, ``created``, ``config`` (TOML), ``quick``; group ``/chaos`` with the raw
+    measurements as datasets and, as attributes, every fitted rate: ``slope_<name>``, ``slope_<name>_ci``
+    [lo, hi], ``slope_<name>_stderr``, ``slope_<name>_n``, ``prefactor_<name>`` (nan and ``note_<name>`` when
+    the rate could not be fitted), plus ``n_list``, ``eta_list``, ``n_ref``, ``seeds``, ``fit_time``,
+    ``confidence``, ``converged_energy``, ``converged_dissipation``, ``wall_time``."""
+    import datetime as _dt
+
+    import h5py
+
+    from . import __version__
+
+    with h5py.File(path, "w") as f:
+        f.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "pdeflow_version": __version__,
+                        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                        "config": cfg.to_toml(), "quick": bool(quick)})
+        g = f.create_group("chaos")
+        g.create_dataset("n_list", data=result.n_list)
+        g.create_dataset("eta_list", data=result.eta_list)
+        for key, value in result.data.items():
+            g.create_dataset(key, data=value)
+        g.attrs.update({k: v for k, v in result.attrs.items()})
+        g.attrs["n_list"] = result.n_list
+        g.attrs["eta_list"] = result.eta_list
+        for name, fit in result.fits.items():
+            if fit is None:
+                g.attrs[f"slope_{name}"] = np.nan
+                g.attrs[f"slope_{name}_ci"] = np.array([np.nan, np.nan])
+                g.attrs[f"note_{name}"] = result.notes.get(name, "")
+                continue
+            g.attrs[f"slope_{name}"] = fit.slope
+            g.attrs[f"slope_{name}_ci"] = np.array(fit.ci)
+            g.attrs[f"slope_{name}_stderr"] = fit.stderr
+            g.attrs[f"slope_{name}_n"] = fit.n
+            g.attrs[f"prefactor_{name}"] = fit.prefactor
+            g.attrs["confidence"] = fit.confidence
+
+
+def read_result(path: str | Path) -> dict[str, Any]:
+    """The ``/chaos`` group of a file as a flat dict of arrays and attributes."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("schema") != SCHEMA:
+            raise ValueError(f"{path}: not a pdeflow chaos file")
+        g = f["chaos"]
+        out: dict[str, Any] = {k: g[k][()] for k in g.keys()}
+        out.update({k: (v.decode() if isinstance(v, bytes) else v) for k, v in g.attrs.items()})
+    return out
+
+
+def summary(result: ChaosResult) -> str:
+    """One line per fitted rate: slope, CI, points."""
+    labels = {"coupling": "coupling distance vs N", "logit_gap": "logit gap vs N", "energy_gap": "energy gap (rms) vs N",
+              "sliced_w2": "sliced W2 vs N (beside)", "sgd_eta": "SGD excess vs eta",
+              "sgd_coupling": "SGD coupling distance vs N (smallest eta)", "static": "static gap (rms over draws) vs N",
+              "static_mean": "static gap (mean over draws) vs N", "static_spread": "static gap (spread over draws) vs N"}
+    lines = []
+    for name, label in labels.items():
+        fit = result.fits.get(name)
+        if fit is None:
+            lines.append(f"{label:44s} not fitted: {result.notes.get(name, '')}")
+        else:
+            lines.append(f"{label:44s} slope {fit.slope:+.3f}  {100 * fit.confidence:.0f}% CI "
+                         f"[{fit.ci[0]:+.3f}, {fit.ci[1]:+.3f}]  ({fit.n} points, r2 {fit.r2:.3f})")
+    return "\n".join(lines)
+
+
+def plot_result(path: str | Path, result: ChaosResult) -> None:
+    """Four panels (PNG): D_N and the logit gap against N at t_end with their fits; D_N(t) per N; the SGD
+    excess against eta; the static gap against N (mean and spread over draws)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d, n, eta = result.data, result.n_list, result.eta_list
+    fig, ax = plt.subplots(2, 2, figsize=(11, 8.5))
+
+    def fitted(axis, x, name, style="k--"):
+        fit = result.fits.get(name)
+        if fit is not None:
+            xs = np.geomspace(x.min(), x.max(), 50)
+            axis.plot(xs, fit.prefactor * xs**fit.slope, style, lw=1,
+                      label=f"slope {fit.slope:+.2f} [{fit.ci[0]:+.2f}, {fit.ci[1]:+.2f}]")
+
+    a = ax[0, 0]
+    for name, marker in (("coupling", "o"), ("logit_gap", "s"), ("sliced_w2", "^")):
+        y = d[name][:, :, -1]
+        a.loglog(np.repeat(n, y.shape[1]), y.ravel(), marker, alpha=0.35, ms=4)
+        a.loglog(n, np.sqrt(np.mean(y**2, axis=1)), marker + "-", label=name.replace("_", " "))
+        fitted(a, n.astype(float), name)
+    a.set_xlabel("N (heads)")
+    a.set_title(f"finite heads vs mean-field limit at t = {result.times[-1]:g}")
+    a.legend(fontsize=7)
+    a = ax[0, 1]
+    for k, nn in enumerate(n):
+        a.semilogy(result.times[1:], np.sqrt(np.mean(d["coupling"][k, :, 1:] ** 2, axis=0)), label=f"N = {nn}")
+    a.set_xlabel("t")
+    a.set_ylabel("coupling distance (rms over seeds)")
+    a.legend(fontsize=7)
+    a = ax[1, 0]
+    for k, nn in enumerate(n):
+        a.loglog(eta, np.sqrt(np.mean(d["sgd_excess"][k, :, :, -1] ** 2, axis=0)), "o-", label=f"N = {nn}")
+    fitted(a, eta, "sgd_eta")
+    a.set_xlabel("eta")
+    a.set_ylabel("SGD excess over the flow")
+    a.legend(fontsize=7)
+    a = ax[1, 1]
+    g = d["static_gap"]
+    a.errorbar(n, g.mean(axis=1), yerr=g.std(axis=1, ddof=1) / math.sqrt(g.shape[1]), fmt="o", capsize=3,
+               label="mean over draws (+- s.e.)")
+    a.loglog(np.repeat(n, g.shape[1]), np.abs(g.ravel()), ".", alpha=0.25, label="|gap| per draw")
+    fitted(a, n.astype(float), "static")
+    a.set_xscale("log")
+    a.set_yscale("log")
+    a.set_xlabel("N (heads)")
+    a.set_ylabel("E(hat rho_N) - E(rho_ref)")
+    a.set_title(f"static approximation at t = {result.attrs.get('converge_time', float('nan')):g}")
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

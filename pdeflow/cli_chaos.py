@@ -1,0 +1,94 @@
+"""``pdeflow chaos CONFIG -o OUT.h5 [--quick]``: propagation of chaos and the static approximation.
+
+Runs :func:`pdeflow.chaos.run_chaos`, writes the measurements and fitted rates to ``OUT.h5`` (group
+``/chaos``), the figure to ``OUT.png`` beside it, and prints one line per rate.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cli import EXIT_CODES, UsageError
+from .config import load_config
+
+EXIT_NUMERICAL = 3
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from solvers import make_stepper
+    from solvers.driver import frame_times
+
+    from . import chaos
+    from .problem import Problem
+
+    cfg = load_config(args.config, args.set)
+    if args.quick:
+        cfg = chaos.quick_config(cfg)
+    out = Path(args.output) if args.output else Path(Path(args.config).stem + "-chaos.h5")
+    if not out.parent.exists():
+        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
+    if out.is_dir():
+        raise UsageError(f"output path {str(out)!r} is a directory")
+    if out.exists() and not args.force:
+        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it")
+    chaos.check_config(cfg)
+    problem = Problem.from_config(cfg)
+    make_stepper(problem, cfg)  # a bad solver setting fails here, before any work
+    progress = _progress(cfg, quiet=args.quiet)
+    try:
+        result = chaos.run_chaos(cfg, problem, make_stepper, frame_times(cfg), progress=progress)
+    except chaos.ChaosError as exc:
+        print(f"pdeflow: error: chaos: {exc}; no output written", file=sys.stderr)
+        return EXIT_NUMERICAL
+    finally:
+        progress.close()
+    chaos.write_result(out, result, cfg, quick=args.quick)
+    png = out.with_suffix(".png")
+    chaos.plot_result(png, result)
+    print(chaos.summary(result))
+    print(f"pdeflow: chaos: finished in {result.attrs['wall_time']:.0f} s -> {out}, {png}")
+    return 0
+
+
+class _Progress:
+    """A tqdm bar over the experiment's cost units (particle-time), shown on a terminal only."""
+
+    def __init__(self, total: float, quiet: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, disable=quiet or not sys.stderr.isatty(), unit="",
+                        bar_format="{l_bar}{bar}| {postfix} [{elapsed}<{remaining}]")
+
+    def __call__(self, label: str, units: float) -> None:
+        self.bar.set_postfix_str(label, refresh=False)
+        self.bar.update(units)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress(cfg, quiet: bool) -> _Progress:
+    c = cfg.chaos
+    heads = sum(int(n) for n in set(int(v) for v in c.n_list)) * c.seeds
+    etas = len(set(c.eta_list))
+    t = cfg.run.t_end
+    total = (c.n_ref + heads) * t + heads * t * (1 + etas) + c.n_ref * max(0.0, c.converge_time - t)
+    return _Progress(total, quiet)
+
+
+def add_command(subparsers) -> None:
+    p = subparsers.add_parser("chaos", help="propagation of chaos: N heads and SGD against the mean-field limit",
+                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              description=__doc__.split("\n\n")[1])
+    p.add_argument("config", help="TOML config file (sections [chaos], [sgd], [solver], [run])")
+    p.add_argument("-o", "--output", help="HDF5 result file (default: <config>-chaos.h5); the figure is "
+                                          "written beside it with the suffix .png")
+    p.add_argument("--quick", action="store_true",
+                   help="a smaller experiment for a smoke test: three smallest N, two seeds, two largest eta, "
+                        "a quarter of chaos.n_ref")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_chaos)
