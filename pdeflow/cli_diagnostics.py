@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import Config, ConfigError, parse_override
+from .config import Config, parse_override
 from .diagnostics import Analysis, analyse, read_analysis, write_analysis
 from .trajectory import Trajectory, open_trajectory
 
@@ -65,6 +65,7 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
     lines.append(f"KL exponent   theta = {_fmt(a.kl_theta, '.4f')} [{_fmt(lo, '.4f')}, {_fmt(hi, '.4f')}] over "
                  f"t >= {_fmt(a.kl_window_start, '.4g')} ({a.kl_points} points; 0.5 = PL); C = {_fmt(a.kl_constant, '.4g')};"
                  f" predicted vs observed E - E*: max |log ratio| {_fmt(a.kl_decay_error, '.3g')}")
+    lines.append(f"PL ratio      mu = I / (2 (E - E*)) >= {_fmt(a.pl_mu_min, '.4g')} over the same window")
     if a.gap_computed:
         kind = "estimate (multi-start search)" if a.gap_is_estimate else "exhaustive grid search + polishing"
         lines.append(f"gap search    Omega = {a.gap_domain} {a.gap_radius:g}; {kind}")

@@ -569,8 +569,9 @@ class Analysis:
     """Everything ``/analysis`` holds. Arrays over frames [F] (nan where not computed): ``time``, ``energy``,
     ``dissipation``, ``gap``, ``lower_bound`` (E - G; nan with an entropy term), ``min_phi``, ``mean_phi``,
     ``outside_mass``, ``minimizer`` [F, k], ``pl_mu``, ``energy_identity_residual``, ``kl_predicted`` (E - E*
-    predicted by the KL fit over its window). Scalars: ``e_star`` and where it came from, the KL fit, the
-    stationary time, and the settings the gap search used."""
+    predicted by the KL fit over its window). Scalars: ``e_star`` and where it came from, the KL fit,
+    ``pl_mu_min`` (the least PL ratio at the frames of the KL window: the PL constant the tail supports),
+    the stationary time, and the settings the gap search used."""
     time: np.ndarray
     energy: np.ndarray
     dissipation: np.ndarray
@@ -592,6 +593,7 @@ class Analysis:
     kl_points: int = 0
     kl_window_start: float = math.nan
     kl_decay_error: float = math.nan
+    pl_mu_min: float = math.nan
     stationary_time: float = math.nan
     stationary_tol: float = math.nan
     gap_computed: bool = False
@@ -610,6 +612,7 @@ class Analysis:
 FRAME_ARRAYS = ("time", "energy", "dissipation", "gap", "lower_bound", "min_phi", "mean_phi", "outside_mass",
                 "minimizer", "gap_exhaustive", "pl_mu", "energy_identity_residual", "kl_predicted")
 SCALARS = ("e_star", "e_star_source", "kl_theta", "kl_constant", "kl_points", "kl_window_start", "kl_decay_error",
+           "pl_mu_min",
            "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate", "gap_domain", "gap_radius")
 CLUSTER_ARRAYS = ("labels", "mass", "size", "centre", "representative", "attention", "probe")
 
@@ -727,6 +730,8 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
     a.kl_theta, a.kl_theta_ci, a.kl_constant, a.kl_points = fit.theta, (fit.ci_low, fit.ci_high), fit.constant, fit.n_points
     a.kl_window_start = start
     frames = np.flatnonzero(a.time >= start - 1e-12 * max(1.0, abs(start)))
+    window_mu = a.pl_mu[frames][np.isfinite(a.pl_mu[frames])]
+    a.pl_mu_min = float(window_mu.min()) if window_mu.size else math.nan
     if math.isfinite(fit.theta) and frames.size and a.energy[frames[0]] > a.e_star:
         t0 = a.time[frames[0]]
         predicted = fit.predicted_excess(a.time[frames], t0, a.energy[frames[0]] - a.e_star)

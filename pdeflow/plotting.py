@@ -72,6 +72,9 @@ def plot_energy(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
         ax_e.semilogy(t[ok], (e - e_star)[ok], lw=1.2, label="E - E*")
         ax_e.semilogy(analysis.time, np.where(analysis.energy > e_star, analysis.energy - e_star, np.nan), "o",
                       ms=3, label="frames")
+        if np.any(analysis.kl_predicted > 0):
+            ax_e.semilogy(analysis.time, np.where(analysis.kl_predicted > 0, analysis.kl_predicted, np.nan), "--",
+                          color="C3", label=f"KL prediction (theta = {analysis.kl_theta:.3f})")
         gf = analysis.gap_frames
         if gf.size and np.any(analysis.gap[gf] > 0):
             ax_e.semilogy(analysis.time[gf], np.where(analysis.gap[gf] > 0, analysis.gap[gf], np.nan), "s",
