@@ -463,7 +463,22 @@ def check_file(path: str | Path) -> None:
     except TrajectoryError:
         raise
     except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise TrajectoryError(f"{path}: not a readable HDF5 file ({error_reason(exc)[:80]})") from None
+        raise TrajectoryError(f"{path}: {_open_failure(exc)}") from None
+
+
+def _open_failure(exc: BaseException) -> str:
+    """Why HDF5 could not open a file, in words (its messages carry internal details)."""
+    text = str(exc)
+    truncated = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", text)
+    if truncated:
+        return (f"truncated file ({truncated.group(1)} bytes of the {truncated.group(2)} its HDF5 header "
+                f"announces): not a readable HDF5 file")
+    if "file signature not found" in text:
+        return "not a readable HDF5 file (no HDF5 signature)"
+    if "already open for write" in text:
+        return ("not a readable HDF5 file (left open by a writer that was not in SWMR mode; "
+                "h5clear -s can clear the flag)")
+    return f"not a readable HDF5 file ({error_reason(exc)[:80]})"
 
 
 def _copy_attrs(src: h5py.AttributeManager, dst: h5py.AttributeManager) -> None:
@@ -558,7 +573,9 @@ class Trajectory:
                                  | {k: _plain(v) for k, v in f["analysis"].attrs.items()}) if "analysis" in f else {}
                 self.checkpoint = read_checkpoint(f) if "checkpoint" in f else None
         except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:
-            raise TrajectoryError(f"{self.path}: truncated or damaged trajectory ({error_reason(exc)[:80]})") from None
+            missing = re.search(r"object '([^']+)' doesn't exist", str(exc))
+            what = f"no dataset or group {missing.group(1)!r}" if missing else error_reason(exc)[:80]
+            raise TrajectoryError(f"{self.path}: truncated or damaged trajectory ({what})") from None
         self._check_shapes()
         try:
             self.config: Config = loads_config(str(self.attrs.get("config", "")))

@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from pdeflow.config import Config
+from pdeflow.config import Config, ConfigError
 from pdeflow.problem import Problem
 from pdeflow.trajectory import TrajectoryWriter, error_reason
 
@@ -67,9 +67,19 @@ class RunResult:
     path: Path
 
 
+MAX_FRAMES = 10**6  # a longer frame schedule is a typo (and would not fit in memory as an array)
+
+
 def frame_times(cfg: Config) -> np.ndarray:
-    """The frame schedule: t = 0, then ``k * frame_interval`` up to t_end, or log-spaced; t_end last."""
+    """The frame schedule: t = 0, then ``k * frame_interval`` up to t_end, or log-spaced; t_end last.
+
+    ConfigError if it has more than :data:`MAX_FRAMES` frames."""
     r = cfg.run
+    count = r.n_frames if r.frame_spacing == "log" else r.t_end / r.frame_interval
+    if not count <= MAX_FRAMES:
+        what = (f"run.n_frames = {r.n_frames}" if r.frame_spacing == "log" else
+                f"run.frame_interval = {r.frame_interval:g} up to run.t_end = {r.t_end:g} gives {count:.3g} frames,")
+        raise ConfigError(f"{what} more than {MAX_FRAMES}; store fewer frames")
     if r.frame_spacing == "log":
         first = min(cfg.solver.dt, r.t_end / 1000.0)
         times = np.concatenate([[0.0], np.geomspace(first, r.t_end, r.n_frames)])
