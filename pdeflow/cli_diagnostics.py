@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .config import Config, parse_override
-from .diagnostics import Analysis, analyse, read_analysis, write_analysis
+from .diagnostics import Analysis, analyse, check_editable, read_analysis, write_analysis
 from .trajectory import Trajectory, open_trajectory
 
 MAX_TABLE_ROWS = 16
@@ -96,6 +96,8 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     traj = open_trajectory(args.file)
     cfg = settings_from_args(traj, args)
+    if not args.no_write:
+        check_editable(traj.path)       # before the work, not after it
     analysis = analyse(traj, cfg.diagnostics, previous=read_analysis(traj), run_stationary_tol=cfg.run.stationary_tol)
     if not args.no_write:
         write_analysis(traj.path, analysis)

@@ -38,14 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 
 from .config import Config, ConfigError, DiagnosticsConfig
 from .model import split_theta
 from .measure import Grid, entropy
 from .problem import Problem
-from .trajectory import Trajectory, TrajectoryError, open_trajectory
+from .trajectory import (Trajectory, TrajectoryError, check_file, edit_trajectory, open_by_swmr_writer,
+                         open_trajectory)
 
 MAX_PARTICLE_STARTS = 32     # particles used as starts of the gap search (mass-weighted subsample beyond)
 GRID_STARTS = 8              # best grid-local minima used as starts
@@ -745,23 +745,27 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
 # ================================================================================================
 # /analysis in the file
 # ================================================================================================
-def write_analysis(path: str | Path, analysis: Analysis) -> None:
-    """Store ``analysis`` as the group /analysis of the trajectory file, replacing only that group.
+def check_editable(path: str | Path) -> None:
+    """TrajectoryError unless ``path`` is a trajectory no run is writing (one that can take /analysis)."""
+    check_file(path)
+    if open_by_swmr_writer(Path(path)):
+        raise TrajectoryError(f"{path}: a run is writing this file (or died while writing it; resume it first), "
+                              "so the analysis cannot be stored; use --no-write to print it only")
 
-    It is written as /analysis_new and renamed once complete, so an interrupted write leaves the previous
-    /analysis (and every frame) intact. TrajectoryError if the file cannot be opened for writing.
+
+def write_analysis(path: str | Path, analysis: Analysis) -> None:
+    """Store ``analysis`` as the group /analysis of a finished trajectory, replacing only that group.
+
+    The edit goes through :func:`pdeflow.trajectory.edit_trajectory` (on a copy renamed over the file when
+    complete), so a kill leaves the previous file - frames, steps and any earlier /analysis - intact.
+    TrajectoryError if a run is still writing the file (or died writing it: resume it first).
     """
     path = Path(path)
-    try:
-        f = h5py.File(path, "r+", libver="latest")
-    except OSError as exc:
-        raise TrajectoryError(f"{path}: cannot open for writing ({str(exc).splitlines()[0][:80]}); "
-                              "is a run still writing it?") from None
-    with f:
-        tmp = ANALYSIS_GROUP + "_new"
-        if tmp in f:
-            del f[tmp]
-        g = f.create_group(tmp)
+    check_editable(path)
+    with edit_trajectory(path) as f:
+        if ANALYSIS_GROUP in f:
+            del f[ANALYSIS_GROUP]
+        g = f.create_group(ANALYSIS_GROUP)
         for key in FRAME_ARRAYS:
             g.create_dataset(key, data=np.asarray(getattr(analysis, key)))
         for key in SCALARS:
@@ -774,10 +778,6 @@ def write_analysis(path: str | Path, analysis: Analysis) -> None:
                 g.create_dataset(f"cluster_{key}", data=np.asarray(getattr(c, key)))
             g.attrs["cluster_threshold"] = c.threshold
             g.attrs["cluster_frame"] = c.frame
-        f.flush()
-        if ANALYSIS_GROUP in f:
-            del f[ANALYSIS_GROUP]
-        f.move(tmp, ANALYSIS_GROUP)
 
 
 def read_analysis(traj: Trajectory) -> Analysis | None:
@@ -812,4 +812,4 @@ def analyse_run(path: str | Path, cfg: Config) -> None:
 __all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "Domain", "energy_identity_residual", "pl_constant",
            "kl_exponent", "kl_fit", "KLFit", "fit_e_star", "attention_pattern", "probe_sequence", "HeadClusters",
            "head_clusters", "frame_measure", "trajectory_grid", "Analysis", "analyse", "analyse_run", "write_analysis",
-           "read_analysis", "gap_frame_indices"]
+           "read_analysis", "check_editable", "gap_frame_indices"]

@@ -20,7 +20,7 @@ from pdeflow.cli import main
 from pdeflow.config import Config, DiagnosticsConfig
 from pdeflow.measure import Grid, free_energy
 from pdeflow.problem import Problem
-from pdeflow.trajectory import TrajectoryWriter, open_trajectory
+from pdeflow.trajectory import Checkpoint, TrajectoryError, TrajectoryWriter, open_trajectory
 from solvers.driver import run
 
 
@@ -310,6 +310,35 @@ def test_analyse_run_writes_only_analysis_and_respects_settings(tmp_path):
             assert key in f["analysis"].attrs
         assert f["analysis"].attrs["kl_theta_ci"].shape == (2,)
     assert traj.attrs["status"] == "finished"
+
+
+def test_a_file_still_being_written_is_analysed_but_never_edited(tmp_path, capsys):
+    """While a run's writer holds the file (SWMR), diagnose prints the committed frames with --no-write and
+    refuses to store /analysis (exit 2, one line), leaving the file byte for byte as it was."""
+    cfg = build_config(model={"coordinates": "gain2"}, init={"n_particles": 4})
+    problem = Problem.from_config(cfg)
+    omega, mass = problem.initial_measure(cfg)
+    path = tmp_path / "live.h5"
+    writer = TrajectoryWriter.create(path, cfg, problem.arrays(), {"omega": omega, "mass": mass})
+    try:
+        for j in range(3):
+            ev = problem.evaluate(omega, mass)
+            writer.append_frame({"omega": omega, "mass": mass}, {"time": 0.1 * j, "step": j, "dt": 0.1,
+                                                                 "wall_time": 0.0, "energy": ev.energy,
+                                                                 "dissipation": ev.dissipation})
+            writer.write_checkpoint(Checkpoint(fields={"omega": omega, "mass": mass}, t=0.1 * j, dt=0.1, step=j,
+                                               n_frames=j + 1, n_steps=0))
+            omega = omega - 0.1 * ev.grad_phi
+        before = path.read_bytes()
+        with pytest.raises(TrajectoryError, match="a run is writing"):
+            D.write_analysis(path, D.analyse(open_trajectory(path), DiagnosticsConfig(gap=False)))
+        assert main(["diagnose", str(path), "--no-gap"]) == 2
+        assert "a run is writing" in capsys.readouterr().err
+        assert main(["diagnose", str(path), "--no-gap", "--no-write"]) == 0
+        assert "0.2" in capsys.readouterr().out
+        assert path.read_bytes() == before
+    finally:
+        writer.close()
 
 
 def test_stationary_time_is_the_first_frame_after_which_dissipation_stays_small(tmp_path):
