@@ -15,6 +15,7 @@ from typing import Sequence
 
 from . import __version__
 from .config import Config, ConfigError, describe_schema, load_config
+from .parallel import abort_ranks, launcher_rank, world
 from .trajectory import TrajectoryError, check_file, open_trajectory
 
 EXIT_CODES = """exit codes:
@@ -101,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .problem import Problem
 
+    comm = world()  # under mpiexec -n P: the particles are split across the P ranks; rank 0 writes and prints
     cfg = load_config(args.config, args.set)
     out = output_path(cfg, args.config, args.output)
     if not out.parent.exists():
@@ -124,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif out.exists() and not args.force:
         raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it or --resume to continue it")
     try:
-        problem = Problem.from_config(cfg)
+        problem = Problem.from_config(cfg).with_comm(comm)
         stepper = make_stepper(problem, cfg)
     except MemoryError as exc:
         raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
@@ -135,21 +137,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"--resume: the {diff!r} array of {str(out)!r} differs from the one the config builds "
                              f"now (a task, text or basis file changed?)")
     on_finish = None
-    if cfg.diagnostics.enabled:
+    if cfg.diagnostics.enabled and comm.is_root:
         try:
             from .diagnostics import analyse_run as on_finish  # noqa: N813
         except ModuleNotFoundError as exc:
             if exc.name != "pdeflow.diagnostics":
                 raise
     try:
-        result = run(cfg, problem, out, resume=args.resume, overwrite=args.force, quiet=args.quiet,
+        result = run(cfg, problem, out, resume=args.resume, overwrite=args.force, quiet=args.quiet or not comm.is_root,
                      stepper=stepper, on_finish=on_finish, exiting=args.exiting)
     except MemoryError as exc:
+        if comm.size > 1:
+            raise  # perhaps on this rank only: main() aborts every rank
         raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
                          f"reduce init.n_particles, task.n_samples or model.d") from None
-    if result.exit_code == 0:
+    if comm.is_root and result.exit_code == 0:
         print(f"pdeflow: {result.status}: {result.message} -> {out}")
-    else:
+    elif comm.is_root:
         print(f"pdeflow: {result.status}: {result.message}", file=sys.stderr)
     return result.exit_code
 
@@ -244,11 +248,15 @@ def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except (ConfigError, TrajectoryError, UsageError) as exc:
-        print(f"pdeflow: error: {_one_line(str(exc))}", file=sys.stderr)
+        if launcher_rank() == 0:  # under MPI every rank fails alike (bad input is found before any communication)
+            print(f"pdeflow: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pdeflow: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        abort_ranks(exc)  # under MPI the other ranks may wait for this one forever: end them all
+        raise
 
 
 def _one_line(text: str) -> str:

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,6 +40,7 @@ from .trajectory import Checkpoint, TrajectoryWriter
 # Environment variables in which MPI launchers announce the number of processes.
 SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK")
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MV2_", "HYDRA_", "MPI_LOCAL")  # what launchers set in a process
 FORCE_VARIABLE = "PDEFLOW_MPI"
 THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -163,22 +166,37 @@ class MPIComm(SerialComm):
         self.comm.Abort(code)
 
 
+def _announced(variables: tuple[str, ...], default: int) -> int:
+    for var in variables:
+        value = os.environ.get(var, "").strip()
+        if value.isdigit():
+            return int(value)
+    return default
+
+
 def launcher_size() -> int:
     """The number of processes an MPI launcher announced in the environment (1 when none did)."""
-    for var in SIZE_VARIABLES:
-        value = os.environ.get(var, "")
-        if value.strip().isdigit():
-            return int(value)
-    return 1
+    return _announced(SIZE_VARIABLES, 1)
 
 
 def launcher_rank() -> int:
     """This process's rank as the launcher announced it (0 when none did); needs no MPI import."""
-    for var in RANK_VARIABLES:
-        value = os.environ.get(var, "")
-        if value.strip().isdigit():
-            return int(value)
-    return 0
+    return _announced(RANK_VARIABLES, 0)
+
+
+def find_mpiexec() -> str | None:
+    """The ``mpiexec`` beside this interpreter (the MPICH wheel's, matching mpi4py), else the first on PATH."""
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else shutil.which("mpiexec")
+
+
+def child_environment(threads: int | None = None) -> dict[str, str]:
+    """This process's environment for launching pdeflow processes: without the variables of an MPI launcher
+    that may have started this one, and with ``threads`` numba/BLAS threads per process if given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    if threads is not None:
+        env.update({var: str(threads) for var in THREAD_VARIABLES})
+    return env
 
 
 _WORLD: SerialComm | None = None

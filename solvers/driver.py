@@ -38,6 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pdeflow.config import Config, ConfigError
+from pdeflow.parallel import SERIAL, GatheringWriter, SerialComm, check_shardable
 from pdeflow.problem import Problem
 from pdeflow.trajectory import TrajectoryWriter, error_reason
 
@@ -110,9 +111,12 @@ class _Rows:
 
 class _Signals:
     """SIGINT/SIGTERM as :class:`Interrupted`: raised at once, except inside :meth:`held` blocks (raised
-    when the outermost one ends) and after :meth:`stop` (only recorded)."""
+    when the outermost one ends) and after :meth:`stop` (only recorded). With several MPI ranks a signal
+    is only recorded, and at the end of each outermost held block (once per step) the ranks agree whether
+    any of them got one, so that all of them stop after the same step."""
 
-    def __init__(self, ignore_after_interrupt: bool = False) -> None:
+    def __init__(self, comm: SerialComm = SERIAL, ignore_after_interrupt: bool = False) -> None:
+        self.comm = comm
         self.pending: int | None = None
         self.depth = 0
         self.stopping = False
@@ -133,7 +137,7 @@ class _Signals:
     def _handler(self, signum: int, frame: object) -> None:  # noqa: ARG002 - signal handler signature
         if self.pending is None:
             self.pending = signum
-        if self.depth == 0 and not self.stopping:
+        if self.depth == 0 and not self.stopping and self.comm.size == 1:
             raise Interrupted(signum)
 
     @contextlib.contextmanager
@@ -143,6 +147,8 @@ class _Signals:
             yield
         finally:
             self.depth -= 1
+        if self.depth == 0 and not self.stopping and self.comm.size > 1:
+            self.pending = max(self.comm.allgather(self.pending or 0)) or None
         if self.depth == 0 and self.pending is not None and not self.stopping:
             raise Interrupted(self.pending)
 
@@ -170,16 +176,18 @@ class _Run:
     def __init__(self, cfg: Config, problem: Problem, path: Path, stepper: Stepper, quiet: bool,
                  exiting: bool = False) -> None:
         self.cfg, self.problem, self.path, self.stepper, self.quiet = cfg, problem, path, stepper, quiet
+        self.comm = problem.comm  # the MPI ranks the particles are split across (pdeflow.parallel)
         self.times = frame_times(cfg)
         self.rows = _Rows(("time", "dt", "energy", "risk", "dissipation", "wall_time") + stepper.step_columns)
-        self.signals = _Signals(ignore_after_interrupt=exiting)
+        self.signals = _Signals(self.comm, ignore_after_interrupt=exiting)
         self.state: State | None = None
-        self.writer: TrajectoryWriter | None = None
+        self.writer: GatheringWriter | None = None
         self.wall0 = time.perf_counter()
         self.wall_offset = 0.0
 
     def wall(self) -> float:
-        return self.wall_offset + time.perf_counter() - self.wall0
+        # rank 0's clock on every rank, so that decisions on wall time (limit, checkpoints) agree
+        return self.comm.bcast(self.wall_offset + time.perf_counter() - self.wall0)
 
     # ---- the file -----------------------------------------------------------------------------
     def commit(self) -> None:
@@ -200,17 +208,17 @@ class _Run:
     def start(self, resume: bool, overwrite: bool) -> None:
         """Open the file: continue it from its checkpoint, or create it with the initial frame."""
         if resume:
-            self.writer, ck = TrajectoryWriter.reopen(self.path)
+            self.writer, ck = GatheringWriter.reopen(self.comm, self.path)
             self.state = self.stepper.restore(ck)
-            wt = self.writer.f["steps"]["wall_time"]
-            self.wall_offset = float(wt[-1]) if wt.shape[0] else 0.0
+            self.wall_offset = self.writer.last_wall_time
             return
         st = self.stepper
         self.state = st.initial_state()
+        self.state.fields = {key: self.comm.local_rows(v) for key, v in self.state.fields.items()}  # rank's block
         diag = st.diagnostics(self.state)  # before the file exists: a bad config leaves no file behind
-        self.writer = TrajectoryWriter.create(
-            self.path, self.cfg, self.problem.arrays(), self.state.fields, st.step_columns, st.frame_attrs(),
-            st.extra_size, st.measure, beta=self.problem.beta, precision=self.problem.precision,
+        self.writer = GatheringWriter.create(
+            self.comm, self.path, self.cfg, self.problem.arrays(), self.state.fields, st.step_columns,
+            st.frame_attrs(), st.extra_size, st.measure, beta=self.problem.beta, precision=self.problem.precision,
             compression=self.cfg.output.compression, overwrite=overwrite)
         self.rows.add({"time": self.state.t, "dt": 0.0, "wall_time": 0.0, **diag})
         self.write_frame(diag)
@@ -239,7 +247,7 @@ class _Run:
                     # add lines to the one-line report
                     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
                         new, extra = st.step(state, target - state.t)
-                        finite = st.is_finite(new)
+                        finite = all(self.comm.allgather(st.is_finite(new)))
                         new_diag = st.diagnostics(new) if finite else {}
                     if not finite or not all(np.isfinite(v) for v in new_diag.values()):
                         return ("non_finite",
@@ -276,7 +284,7 @@ class _Run:
         with self.signals.held():
             self.signals.stop()
             w, s = self.writer, self.state
-            if status in ("stationary", "max_steps", "wall_time") and w.f["frames"]["time"][w.n_frames - 1] != s.t:
+            if status in ("stationary", "max_steps", "wall_time") and w.last_frame_time != s.t:
                 self.write_frame(self.stepper.diagnostics(s))
             self.commit()
 
@@ -296,6 +304,7 @@ def run(cfg: Config, problem: Problem, path: str | Path, *, resume: bool = False
     Raises :class:`pdeflow.trajectory.TrajectoryError` if the file cannot be created or resumed.
     """
     r = _Run(cfg, problem, Path(path), stepper or make_stepper(problem, cfg), quiet, exiting)
+    check_shardable(r.comm, cfg, r.stepper.sharded, cfg.init.n_particles)
     try:
         with r.signals:
             try:
