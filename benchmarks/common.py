@@ -122,6 +122,10 @@ def machine() -> dict[str, Any]:
         info["numba_threading_layer"] = numba.threading_layer()
     except ValueError:
         info["numba_threading_layer"] = "not yet initialized"
+    try:
+        info["load_average_1_5_15min"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
     info["environment"] = {k: os.environ[k] for k in THREAD_VARIABLES + ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
                            if k in os.environ}
     return info

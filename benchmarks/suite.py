@@ -181,6 +181,12 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     res["memory"] = {"step": mem_step, "kernel": mem_kernel}
     res["peak_memory_mib"] = mem_step["peak_rss_mib"]
 
+    try:
+        import os
+
+        res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
     res["targets"] = {k: {"value": res.get(k), "target": f"{op} {bound}", "met": _met(k, res.get(k))}
                       for k, (op, bound) in TARGETS.items()}
     return res
@@ -234,6 +240,7 @@ def markdown(res: dict[str, Any]) -> str:
              f"({m.get('lscpu Core(s) per socket', '?')} cores/socket, {m.get('lscpu Thread(s) per core', '?')} "
              f"threads/core), numba {m['numba']} ({m['numba_threads']} threads, "
              f"{m.get('numba_threading_layer')}), numpy {m['numpy']}"
+             + (f", load average {m['load_average_1_5_15min'][0]} at the start" if "load_average_1_5_15min" in m else "")
              + (f", torch {torch_['version']}" if "version" in torch_ else "") + f"; {res['date']}, preset "
              f"`{res['preset']['name']}`.",
              f"Problem: {Path(res['config']).name} with N={sz['N']}, B={sz['B']}, T={sz['T']}, d={sz['d']}, "

@@ -3,8 +3,9 @@ peak memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is a process-wide hig
 
 ``python -m benchmarks.worker TASK --config PATH [--n N] [--b B] [--repeats R]`` prints one JSON line.
 Tasks: ``grad_phi`` (median time of ``Problem.grad_phi`` at the particles), ``memory-step`` (peak memory of
-one ``Problem.evaluate`` + explicit Euler update), ``memory-kernel`` (peak memory of
-``mean_field.grad_phi_data`` alone, given the residual features).
+one ``Problem.evaluate`` + explicit Euler update, done in place), ``memory-kernel`` (peak memory of
+``mean_field.grad_phi_data`` alone, given the residual features). The memory tasks draw their N particles
+in place (N x k floats allocated once) so that the high-water mark is that of the evaluation.
 """
 from __future__ import annotations
 
@@ -26,8 +27,19 @@ def _maxrss_mib() -> float:
 
 def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int) -> dict[str, Any]:
     import numba
+    import numpy as np
 
-    problem, omega, mass = build(config, n=n, b=b)
+    if task == "grad_phi":
+        problem, omega, mass = build(config, n=n, b=b)
+    else:
+        # the particles are drawn in place (N x k floats once), so that the high-water mark measures the
+        # evaluation and not the temporaries of Problem.initial_particles
+        problem = build(config, n=1, b=b)[0]
+        N = int(n) if n is not None else 1024
+        omega = np.empty((N, problem.k))
+        np.random.default_rng(0).standard_normal(out=omega)
+        omega *= 0.5
+        mass = np.full(N, 1.0 / N)
     out: dict[str, Any] = {"task": task, "numba_threads": numba.get_num_threads(), "N": int(omega.shape[0]),
                            "B": int(problem.arrays()["tokens"].shape[0])}
     if task == "grad_phi":
@@ -36,7 +48,9 @@ def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int)
     elif task == "memory-step":
         out["rss_before_mib"] = _maxrss_mib()
         ev = problem.evaluate(omega, mass)
-        omega = omega - 0.01 * ev.grad_phi
+        grad = ev.grad_phi
+        grad *= -0.01  # the explicit Euler update omega - dt grad, in place
+        omega += grad
         out["peak_rss_mib"] = _maxrss_mib()
     elif task == "memory-kernel":
         from pdeflow import mean_field

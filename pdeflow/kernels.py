@@ -154,8 +154,16 @@ def exp_array(x: np.ndarray, out: np.ndarray) -> None:
 
 
 # ---- the causal core ------------------------------------------------------------------------------
+#
+# A work unit is one sequence b and a tile of up to ``tile`` consecutive heads. Its q, k, v, dc slices
+# are copied into per-thread C-contiguous scratch arrays [T, dh, tile] (heads innermost), the results are
+# computed there and copied out. Every inner loop runs over the heads of the tile (``for ii in range(w)``)
+# on contiguous memory: LLVM vectorizes them. Sums over the head channel h, over key positions j and over
+# query rows l are written out in blocks of 8 (a fixed tree of additions, then the blocks in increasing
+# order), so that each loaded/stored accumulator carries 8 products instead of 1: without fastmath LLVM
+# would never reassociate a sum by itself, and numba does not run the SLP vectorizer.
 
-TILE = 128  # largest number of heads per work unit: the length of every vectorized inner loop
+ROWS = 8  # query rows per block of the backward pass (the row sums of dk and dv are blocked by ROWS)
 
 
 @jit(parallel=False)
@@ -164,80 +172,149 @@ def _unit_range(units: int, nth: int, t: int) -> tuple[int, int]:
 
 
 @jit(parallel=False)
-def _softmax_rows(qkv: np.ndarray, b: int, l: int, i0: int, w: int, sc, one, s: np.ndarray,
-                  shift: np.ndarray, inv: np.ndarray) -> None:
-    """s[j, :w] = softmax_j(sc <q_l, k_j>) for j <= l and the w heads i0.. of sequence b.
+def _scores(qs: np.ndarray, ks: np.ndarray, l: int, w: int, s: np.ndarray) -> None:
+    """s[j, ii] = sum_h q[l, h, ii] k[j, h, ii] for j <= l, ii < w.
 
-    Every loop is elementwise over heads (contiguous), so it vectorizes; sums over the head channel h
-    and over j run in increasing order.
+    Channels in blocks of 8 (then 4, then 1), each block a fixed tree of additions; the block loop is the
+    outer loop so that the vectorized (j, ii) loops see a loop-invariant channel offset.
     """
-    dh = qkv.shape[3]
-    i1 = i0 + w
+    dh = qs.shape[1]
+    h = 0
+    while h + 8 <= dh:
+        for j in range(l + 1):
+            if h == 0:
+                for ii in range(w):
+                    s[j, ii] = (((qs[l, h, ii] * ks[j, h, ii] + qs[l, h + 1, ii] * ks[j, h + 1, ii])
+                                 + (qs[l, h + 2, ii] * ks[j, h + 2, ii] + qs[l, h + 3, ii] * ks[j, h + 3, ii]))
+                                + ((qs[l, h + 4, ii] * ks[j, h + 4, ii] + qs[l, h + 5, ii] * ks[j, h + 5, ii])
+                                   + (qs[l, h + 6, ii] * ks[j, h + 6, ii] + qs[l, h + 7, ii] * ks[j, h + 7, ii])))
+            else:
+                for ii in range(w):
+                    s[j, ii] += (((qs[l, h, ii] * ks[j, h, ii] + qs[l, h + 1, ii] * ks[j, h + 1, ii])
+                                  + (qs[l, h + 2, ii] * ks[j, h + 2, ii] + qs[l, h + 3, ii] * ks[j, h + 3, ii]))
+                                 + ((qs[l, h + 4, ii] * ks[j, h + 4, ii] + qs[l, h + 5, ii] * ks[j, h + 5, ii])
+                                    + (qs[l, h + 6, ii] * ks[j, h + 6, ii] + qs[l, h + 7, ii] * ks[j, h + 7, ii])))
+        h += 8
+    while h + 4 <= dh:
+        for j in range(l + 1):
+            if h == 0:
+                for ii in range(w):
+                    s[j, ii] = ((qs[l, h, ii] * ks[j, h, ii] + qs[l, h + 1, ii] * ks[j, h + 1, ii])
+                                + (qs[l, h + 2, ii] * ks[j, h + 2, ii] + qs[l, h + 3, ii] * ks[j, h + 3, ii]))
+            else:
+                for ii in range(w):
+                    s[j, ii] += ((qs[l, h, ii] * ks[j, h, ii] + qs[l, h + 1, ii] * ks[j, h + 1, ii])
+                                 + (qs[l, h + 2, ii] * ks[j, h + 2, ii] + qs[l, h + 3, ii] * ks[j, h + 3, ii]))
+        h += 4
+    while h < dh:
+        for j in range(l + 1):
+            if h == 0:
+                for ii in range(w):
+                    s[j, ii] = qs[l, h, ii] * ks[j, h, ii]
+            else:
+                for ii in range(w):
+                    s[j, ii] += qs[l, h, ii] * ks[j, h, ii]
+        h += 1
+
+
+@jit(parallel=False)
+def _row_products(s: np.ndarray, v: np.ndarray, l: int, w: int, out: np.ndarray) -> None:
+    """out[l, h, ii] = sum_{j<=l} s[j, ii] v[j, h, ii] for every h, ii < w.
+
+    Positions in blocks of 8 (a fixed tree of additions per block, blocks in increasing order), the block
+    loop outermost.
+    """
+    dh = v.shape[1]
+    n = l + 1
+    j = 0
+    while j + 8 <= n:
+        for h in range(dh):
+            if j == 0:
+                for ii in range(w):
+                    out[l, h, ii] = (((s[j, ii] * v[j, h, ii] + s[j + 1, ii] * v[j + 1, h, ii])
+                                      + (s[j + 2, ii] * v[j + 2, h, ii] + s[j + 3, ii] * v[j + 3, h, ii]))
+                                     + ((s[j + 4, ii] * v[j + 4, h, ii] + s[j + 5, ii] * v[j + 5, h, ii])
+                                        + (s[j + 6, ii] * v[j + 6, h, ii] + s[j + 7, ii] * v[j + 7, h, ii])))
+            else:
+                for ii in range(w):
+                    out[l, h, ii] += (((s[j, ii] * v[j, h, ii] + s[j + 1, ii] * v[j + 1, h, ii])
+                                       + (s[j + 2, ii] * v[j + 2, h, ii] + s[j + 3, ii] * v[j + 3, h, ii]))
+                                      + ((s[j + 4, ii] * v[j + 4, h, ii] + s[j + 5, ii] * v[j + 5, h, ii])
+                                         + (s[j + 6, ii] * v[j + 6, h, ii] + s[j + 7, ii] * v[j + 7, h, ii])))
+        j += 8
+    while j < n:
+        for h in range(dh):
+            if j == 0:
+                for ii in range(w):
+                    out[l, h, ii] = s[j, ii] * v[j, h, ii]
+            else:
+                for ii in range(w):
+                    out[l, h, ii] += s[j, ii] * v[j, h, ii]
+        j += 1
+
+
+@jit(parallel=False)
+def _softmax_row(qs: np.ndarray, ks: np.ndarray, l: int, w: int, sc, one, s: np.ndarray, shift: np.ndarray,
+                 inv: np.ndarray) -> None:
+    """s[j, :w] = softmax_j(sc <q_l, k_j>) for j <= l (scratch [T, dh, tile] inputs)."""
+    _scores(qs, ks, l, w, s)
     for ii in range(w):
         shift[ii] = -np.inf
     for j in range(l + 1):
-        sj = s[j]
-        q0 = qkv[b, l, 0, 0, i0:i1]
-        k0 = qkv[b, j, 1, 0, i0:i1]
         for ii in range(w):
-            sj[ii] = q0[ii] * k0[ii]
-        for h in range(1, dh):
-            qh = qkv[b, l, 0, h, i0:i1]
-            kh = qkv[b, j, 1, h, i0:i1]
-            for ii in range(w):
-                sj[ii] += qh[ii] * kh[ii]
-        for ii in range(w):
-            x = sj[ii] * sc
-            sj[ii] = x
+            x = s[j, ii] * sc
+            s[j, ii] = x
             cur = shift[ii]
             shift[ii] = x.real if x.real > cur else cur
     for ii in range(w):
         inv[ii] = 0.0
     for j in range(l + 1):
-        sj = s[j]
         for ii in range(w):
-            e = vexp(sj[ii] - shift[ii])
-            sj[ii] = e
+            e = vexp(s[j, ii] - shift[ii])
+            s[j, ii] = e
             inv[ii] += e
     for ii in range(w):
         inv[ii] = one / inv[ii]
     for j in range(l + 1):
-        sj = s[j]
         for ii in range(w):
-            sj[ii] = sj[ii] * inv[ii]
+            s[j, ii] = s[j, ii] * inv[ii]
 
 
 @jit(parallel=False)
-def _context_row(qkv: np.ndarray, b: int, l: int, i0: int, w: int, s: np.ndarray, c: np.ndarray) -> None:
-    """c[b, l, h, i0:i0+w] = sum_{j<=l} s[j] v[b, j, h] (sum over j in increasing order)."""
-    dh = qkv.shape[3]
-    i1 = i0 + w
-    for h in range(dh):
-        ch = c[b, l, h, i0:i1]
-        s0 = s[0]
-        v0 = qkv[b, 0, 2, h, i0:i1]
-        for ii in range(w):
-            ch[ii] = s0[ii] * v0[ii]
-        for j in range(1, l + 1):
-            sj = s[j]
-            vh = qkv[b, j, 2, h, i0:i1]
-            for ii in range(w):
-                ch[ii] += sj[ii] * vh[ii]
+def _load(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray) -> None:
+    """dst[l, h, :w] = src[b, l, which, h, i0:i0 + w]."""
+    T, dh = dst.shape[0], dst.shape[1]
+    for l in range(T):
+        for h in range(dh):
+            dst[l, h, :w] = src[b, l, which, h, i0:i0 + w]
+
+
+@jit(parallel=False)
+def _store(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray) -> None:
+    """dst[b, l, which, h, i0:i0 + w] = src[l, h, :w]."""
+    T, dh = src.shape[0], src.shape[1]
+    for l in range(T):
+        for h in range(dh):
+            dst[b, l, which, h, i0:i0 + w] = src[l, h, :w]
 
 
 @jit(parallel=True)
-def causal_attention(qkv: np.ndarray, scale: float, c: np.ndarray, n_threads: int) -> None:
+def causal_attention(qkv: np.ndarray, scale: float, c: np.ndarray, tile: int, n_threads: int) -> None:
     """Context ``c[b, l, :, i] = sum_{j<=l} a[l, j] v[b, j, :, i]``, ``a[l] = softmax_j(scale <q_l, k_j>)``.
 
     qkv [B, T, 3, dh, n] (q, k, v of head i at ``qkv[b, l, 0|1|2, :, i]``), c [B, T, dh, n] is overwritten.
-    Work units (sequence, tile of up to TILE heads) are split into ``n_threads`` contiguous ranges.
+    Work units (sequence, tile of ``tile`` heads) are split into ``n_threads`` contiguous ranges.
     """
     B, T, _, dh, n = qkv.shape
-    nblk = (n + TILE - 1) // TILE
-    tile = (n + nblk - 1) // nblk
+    nblk = (n + tile - 1) // tile
     units = B * nblk
     nth = max(1, min(n_threads, units))
+    c5 = c.reshape(B, T, 1, dh, n)
     for t in prange(nth):
+        qs = np.empty((T, dh, tile), dtype=qkv.dtype)
+        ks = np.empty((T, dh, tile), dtype=qkv.dtype)
+        vs = np.empty((T, dh, tile), dtype=qkv.dtype)
+        cs = np.empty((T, dh, tile), dtype=qkv.dtype)
         s = np.empty((T, tile), dtype=qkv.dtype)
         consts = np.ones(2, dtype=qkv.dtype)
         consts[1] = scale
@@ -248,33 +325,47 @@ def causal_attention(qkv: np.ndarray, scale: float, c: np.ndarray, n_threads: in
             b = u // nblk
             i0 = (u - b * nblk) * tile
             w = min(tile, n - i0)
+            _load(qkv, b, 0, i0, w, qs)
+            _load(qkv, b, 1, i0, w, ks)
+            _load(qkv, b, 2, i0, w, vs)
             for l in range(T):
-                _softmax_rows(qkv, b, l, i0, w, consts[1], consts[0], s, shift, inv)
-                _context_row(qkv, b, l, i0, w, s, c)
+                _softmax_row(qs, ks, l, w, consts[1], consts[0], s, shift, inv)
+                _row_products(s, vs, l, w, cs)
+            _store(cs, b, 0, i0, w, c5)
 
 
 @jit(parallel=True)
 def causal_attention_vjp(qkv: np.ndarray, dc: np.ndarray, scale: float, c: np.ndarray, dqkv: np.ndarray,
-                         n_threads: int) -> None:
-    """Forward context and its vector-Jacobian product, one row of the attention matrix at a time.
+                         tile: int, n_threads: int) -> None:
+    """Forward context and its vector-Jacobian product.
 
     Given the cotangent ``dc`` of the context, with ``a`` the causal softmax and ``s = scale q k^T``:
     ``dA[l, j] = <dc_l, v_j>``, ``dS = a * (dA - sum_j a dA)``, ``dq_l = scale sum_j dS[l, j] k_j``,
-    ``dk_j = scale sum_l dS[l, j] q_l``, ``dv_j = sum_l a[l, j] dc_l`` (every sum over j or l in
-    increasing order). qkv, dqkv [B, T, 3, dh, n]; dc, c [B, T, dh, n]; c and dqkv are overwritten.
+    ``dk_j = scale sum_l dS[l, j] q_l``, ``dv_j = sum_l a[l, j] dc_l``. Query rows are processed in blocks
+    of ROWS: per row the softmax, context, dA, dS and dq; per block the column sums of dk and dv.
+    qkv, dqkv [B, T, 3, dh, n]; dc, c [B, T, dh, n]; c and dqkv are overwritten.
     """
     B, T, _, dh, n = qkv.shape
-    nblk = (n + TILE - 1) // TILE
-    tile = (n + nblk - 1) // nblk
+    nblk = (n + tile - 1) // tile
     units = B * nblk
     nth = max(1, min(n_threads, units))
+    c5 = c.reshape(B, T, 1, dh, n)
+    dc5 = dc.reshape(B, T, 1, dh, n)
     for t in prange(nth):
-        s = np.empty((T, tile), dtype=qkv.dtype)
-        g = np.empty((T, tile), dtype=qkv.dtype)
+        qs = np.empty((T, dh, tile), dtype=qkv.dtype)
+        ks = np.empty((T, dh, tile), dtype=qkv.dtype)
+        vs = np.empty((T, dh, tile), dtype=qkv.dtype)
+        dcs = np.empty((T, dh, tile), dtype=qkv.dtype)
+        cs = np.empty((T, dh, tile), dtype=qkv.dtype)
+        dqs = np.empty((T, dh, tile), dtype=qkv.dtype)
+        dks = np.empty((T, dh, tile), dtype=qkv.dtype)
+        dvs = np.empty((T, dh, tile), dtype=qkv.dtype)
+        a = np.empty((ROWS, T, tile), dtype=qkv.dtype)   # attention rows of the block
+        g = np.empty((ROWS, T, tile), dtype=qkv.dtype)   # dA, then dS rows of the block
         consts = np.ones(2, dtype=qkv.dtype)
         consts[1] = scale
         sc = consts[1]
-        shift = np.empty(tile, dtype=s.real.dtype)
+        shift = np.empty(tile, dtype=a.real.dtype)
         inv = np.empty(tile, dtype=qkv.dtype)
         wsum = np.empty(tile, dtype=qkv.dtype)
         lo, hi = _unit_range(units, nth, t)
@@ -282,60 +373,58 @@ def causal_attention_vjp(qkv: np.ndarray, dc: np.ndarray, scale: float, c: np.nd
             b = u // nblk
             i0 = (u - b * nblk) * tile
             w = min(tile, n - i0)
-            i1 = i0 + w
-            for j in range(T):
-                for h in range(dh):
-                    dkh = dqkv[b, j, 1, h, i0:i1]
-                    dvh = dqkv[b, j, 2, h, i0:i1]
+            _load(qkv, b, 0, i0, w, qs)
+            _load(qkv, b, 1, i0, w, ks)
+            _load(qkv, b, 2, i0, w, vs)
+            _load(dc5, b, 0, i0, w, dcs)
+            dks[...] = 0.0
+            dvs[...] = 0.0
+            for l0 in range(0, T, ROWS):
+                rb = min(ROWS, T - l0)
+                top = l0 + rb  # columns j < top are touched by this block
+                for r in range(rb):
+                    l = l0 + r
+                    ar = a[r]
+                    gr = g[r]
+                    _softmax_row(qs, ks, l, w, sc, consts[0], ar, shift, inv)
+                    _row_products(ar, vs, l, w, cs)
+                    _scores(dcs, vs, l, w, gr)
                     for ii in range(w):
-                        dkh[ii] = 0.0
-                    for ii in range(w):
-                        dvh[ii] = 0.0
-            for l in range(T):
-                _softmax_rows(qkv, b, l, i0, w, sc, consts[0], s, shift, inv)
-                _context_row(qkv, b, l, i0, w, s, c)
-                # g[j] = <dc_l, v_j>, wsum = sum_j a[j] g[j]
-                for ii in range(w):
-                    wsum[ii] = 0.0
-                for j in range(l + 1):
-                    sj = s[j]
-                    gj = g[j]
-                    d0 = dc[b, l, 0, i0:i1]
-                    v0 = qkv[b, j, 2, 0, i0:i1]
-                    for ii in range(w):
-                        gj[ii] = d0[ii] * v0[ii]
-                    for h in range(1, dh):
-                        dch = dc[b, l, h, i0:i1]
-                        vh = qkv[b, j, 2, h, i0:i1]
+                        wsum[ii] = 0.0
+                    for j in range(l + 1):
                         for ii in range(w):
-                            gj[ii] += dch[ii] * vh[ii]
-                    for ii in range(w):
-                        wsum[ii] += sj[ii] * gj[ii]
-                # dv_j += a[j] dc_l; dS[j] = a[j] (g[j] - wsum) scale; dk_j += dS[j] q_l
-                for j in range(l + 1):
-                    sj = s[j]
-                    gj = g[j]
-                    for h in range(dh):
-                        dvh = dqkv[b, j, 2, h, i0:i1]
-                        dch = dc[b, l, h, i0:i1]
+                            wsum[ii] += ar[j, ii] * gr[j, ii]
+                    for j in range(l + 1):
                         for ii in range(w):
-                            dvh[ii] += sj[ii] * dch[ii]
-                    for ii in range(w):
-                        gj[ii] = sj[ii] * (gj[ii] - wsum[ii]) * sc
-                    for h in range(dh):
-                        dkh = dqkv[b, j, 1, h, i0:i1]
-                        qh = qkv[b, l, 0, h, i0:i1]
+                            gr[j, ii] = ar[j, ii] * (gr[j, ii] - wsum[ii]) * sc
+                    _row_products(gr, ks, l, w, dqs)
+                    for j in range(l + 1, top):
                         for ii in range(w):
-                            dkh[ii] += gj[ii] * qh[ii]
-                # dq_l = sum_j dS[j] k_j
-                for h in range(dh):
-                    dqh = dqkv[b, l, 0, h, i0:i1]
-                    g0 = g[0]
-                    k0 = qkv[b, 0, 1, h, i0:i1]
-                    for ii in range(w):
-                        dqh[ii] = g0[ii] * k0[ii]
-                    for j in range(1, l + 1):
-                        gj = g[j]
-                        kh = qkv[b, j, 1, h, i0:i1]
-                        for ii in range(w):
-                            dqh[ii] += gj[ii] * kh[ii]
+                            ar[j, ii] = 0.0
+                            gr[j, ii] = 0.0
+                # dv_j += sum_r a[r, j] dc_{l0+r}, dk_j += sum_r dS[r, j] q_{l0+r} (zeros above the diagonal)
+                if rb == ROWS:
+                    for j in range(top):
+                        for h in range(dh):
+                            for ii in range(w):
+                                dvs[j, h, ii] += (((a[0, j, ii] * dcs[l0, h, ii] + a[1, j, ii] * dcs[l0 + 1, h, ii])
+                                                   + (a[2, j, ii] * dcs[l0 + 2, h, ii] + a[3, j, ii] * dcs[l0 + 3, h, ii]))
+                                                  + ((a[4, j, ii] * dcs[l0 + 4, h, ii] + a[5, j, ii] * dcs[l0 + 5, h, ii])
+                                                     + (a[6, j, ii] * dcs[l0 + 6, h, ii] + a[7, j, ii] * dcs[l0 + 7, h, ii])))
+                            for ii in range(w):
+                                dks[j, h, ii] += (((g[0, j, ii] * qs[l0, h, ii] + g[1, j, ii] * qs[l0 + 1, h, ii])
+                                                   + (g[2, j, ii] * qs[l0 + 2, h, ii] + g[3, j, ii] * qs[l0 + 3, h, ii]))
+                                                  + ((g[4, j, ii] * qs[l0 + 4, h, ii] + g[5, j, ii] * qs[l0 + 5, h, ii])
+                                                     + (g[6, j, ii] * qs[l0 + 6, h, ii] + g[7, j, ii] * qs[l0 + 7, h, ii])))
+                else:
+                    for r in range(rb):
+                        for j in range(l0 + r + 1):
+                            for h in range(dh):
+                                for ii in range(w):
+                                    dvs[j, h, ii] += a[r, j, ii] * dcs[l0 + r, h, ii]
+                                for ii in range(w):
+                                    dks[j, h, ii] += g[r, j, ii] * qs[l0 + r, h, ii]
+            _store(cs, b, 0, i0, w, c5)
+            _store(dqs, b, 0, i0, w, dqkv)
+            _store(dks, b, 1, i0, w, dqkv)
+            _store(dvs, b, 2, i0, w, dqkv)

@@ -25,7 +25,9 @@ from . import kernels
 from .jit import num_threads
 from .model import split_theta
 
-CHUNK_BYTES = 64 * 2**20  # per-call working memory of the head chunks, whatever N is
+CHUNK_BYTES = 8 * 2**20  # working memory of one chunk (heads x sequences), whatever N and B are
+TILE_BYTES = 512  # lanes of one kernel work unit (heads), in bytes
+HEAD_TILES = 1  # kernel tiles per chunk of heads
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,20 @@ def loss_weights(mask: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return weights[:, None] * mask / mask.sum(axis=1, keepdims=True)
 
 
-def _chunk(data: AttentionData, itemsize: int, n_total: int) -> int:
+def _tile(dtype: np.dtype) -> int:
+    """Heads per work unit of the kernels (the SIMD loop length): TILE_BYTES of lanes, i.e. 64 float64,
+    128 float32 or 32 complex128 heads."""
+    return max(4, TILE_BYTES // np.dtype(dtype).itemsize)
+
+
+def _blocks(data: AttentionData, itemsize: int, n_total: int) -> tuple[int, int]:
+    """(heads, sequences) per chunk: HEAD_TILES kernel tiles of heads, and as many sequences as keep the
+    eight [b, T, dh, heads] work arrays (q, k, v, c, dc, dq, dk, dv) within CHUNK_BYTES."""
     B, T, _ = data.shape
-    per_head = 8 * B * T * data.head_dim * itemsize  # q, k, v, c, dc, dq, dk, dv
-    return int(max(1, min(n_total, CHUNK_BYTES // per_head)))
+    per = 8 * T * data.head_dim * itemsize  # bytes per (sequence, head)
+    m = int(max(1, min(n_total, HEAD_TILES * (TILE_BYTES // itemsize), CHUNK_BYTES // per)))
+    bc = int(max(1, min(B, CHUNK_BYTES // (per * m))))
+    return m, bc
 
 
 def _dtype(theta: np.ndarray, data: AttentionData) -> np.dtype:
@@ -85,28 +97,35 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
     dtype = _dtype(theta, data)
     x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
     N = theta.shape[0]
-    n = _chunk(data, np.dtype(dtype).itemsize, N)
+    n, bc = _blocks(data, np.dtype(dtype).itemsize, N)
     mass = np.asarray(mass).astype(dtype, copy=False)
     out = np.zeros((B * T, d), dtype=dtype)
-    part = np.empty((B * T, d), dtype=dtype)
-    qkv_buf = np.empty(B * T * 3 * dh * n, dtype=dtype)
-    c_buf = np.empty(B * T * dh * n, dtype=dtype)
+    part_buf = np.empty(bc * T * d, dtype=dtype)
+    qkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
+    c_buf = np.empty(bc * T * dh * n, dtype=dtype)
     wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
     wo_buf = np.empty(dh * n * d, dtype=dtype)
-    threads = num_threads()
+    threads, tile = num_threads(), _tile(dtype)
     for start in range(0, N, n):
         stop = min(N, start + n)
         m = stop - start
         th = theta[start:stop].astype(dtype, copy=False)
-        qkv = qkv_buf[:B * T * 3 * dh * m].reshape(B * T, 3 * dh * m)
-        c = c_buf[:B * T * dh * m].reshape(B * T, dh * m)
-        np.matmul(x, _qkv_weights(th, d, dh, wcat_buf), out=qkv)
-        kernels.causal_attention(qkv.reshape(B, T, 3, dh, m), data.score_scale, c.reshape(B, T, dh, m), threads)
+        wcat = _qkv_weights(th, d, dh, wcat_buf)
         # rows (h, i) of WO_i^T, scaled by the head's mass, so the mass-weighted sum is one product
         wo_t = wo_buf[:dh * m * d].reshape(dh, m, d)
         np.multiply(split_theta(th, d, dh)[3].transpose(2, 0, 1), mass[None, start:stop, None], out=wo_t)
-        np.matmul(c, wo_t.reshape(dh * m, d), out=part)
-        out += part
+        wo_t = wo_t.reshape(dh * m, d)
+        for b0 in range(0, B, bc):
+            nb = min(B, b0 + bc) - b0
+            rows = slice(b0 * T, (b0 + nb) * T)
+            qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
+            c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+            np.matmul(x[rows], wcat, out=qkv)
+            kernels.causal_attention(qkv.reshape(nb, T, 3, dh, m), data.score_scale, c.reshape(nb, T, dh, m),
+                                     tile, threads)
+            part = part_buf[:nb * T * d].reshape(nb * T, d)
+            np.matmul(c, wo_t, out=part)
+            out[rows] += part
     return out.reshape(B, T, d)
 
 
@@ -153,47 +172,65 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
     g = G.reshape(B * T, d).astype(dtype, copy=False)
     Q = theta.shape[0]
     s = dh * d
-    n = _chunk(data, np.dtype(dtype).itemsize, Q)
+    n, bc = _blocks(data, np.dtype(dtype).itemsize, Q)
     phi = np.empty(Q, dtype=dtype)
     grad = np.empty(theta.shape, dtype=dtype) if with_grad else None
-    qkv_buf = np.empty(B * T * 3 * dh * n, dtype=dtype)
-    c_buf = np.empty(B * T * dh * n, dtype=dtype)
+    qkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
+    c_buf = np.empty(bc * T * dh * n, dtype=dtype)
     wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
     wo_buf = np.empty(d * dh * n, dtype=dtype)
     gc_buf = np.empty(d * dh * n, dtype=dtype)
+    part_buf = np.empty(d * 3 * dh * n, dtype=dtype)  # a block's products before they are accumulated
     if with_grad:
-        dqkv_buf = np.empty(B * T * 3 * dh * n, dtype=dtype)
-        dc_buf = np.empty(B * T * dh * n, dtype=dtype)
+        dqkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
+        dc_buf = np.empty(bc * T * dh * n, dtype=dtype)
         dw_buf = np.empty(d * 3 * dh * n, dtype=dtype)
-    threads = num_threads()
+    threads, tile = num_threads(), _tile(dtype)
     for start in range(0, Q, n):
         stop = min(Q, start + n)
         m = stop - start
         th = theta[start:stop].astype(dtype, copy=False)
-        qkv = qkv_buf[:B * T * 3 * dh * m].reshape(B * T, 3 * dh * m)
-        c = c_buf[:B * T * dh * m].reshape(B * T, dh * m)
-        np.matmul(x, _qkv_weights(th, d, dh, wcat_buf), out=qkv)
+        wcat = _qkv_weights(th, d, dh, wcat_buf)
         wo = wo_buf[:d * dh * m].reshape(d, dh, m)  # wo[c, h, i] = WO_i[c, h]
         wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
-        shape5, shape4 = (B, T, 3, dh, m), (B, T, dh, m)
-        if with_grad:
-            dc = dc_buf[:B * T * dh * m].reshape(B * T, dh * m)
-            dqkv = dqkv_buf[:B * T * 3 * dh * m].reshape(B * T, 3 * dh * m)
-            np.matmul(g, wo.reshape(d, dh * m), out=dc)
-            kernels.causal_attention_vjp(qkv.reshape(shape5), dc.reshape(shape4), data.score_scale,
-                                         c.reshape(shape4), dqkv.reshape(shape5), threads)
-        else:
-            kernels.causal_attention(qkv.reshape(shape5), data.score_scale, c.reshape(shape4), threads)
         g_c = gc_buf[:d * dh * m].reshape(d, dh * m)  # the gradient of Phi_data in WO: g_c[c, (h, i)]
-        np.matmul(g.T, c, out=g_c)
-        g_c = g_c.reshape(d, dh, m)
-        phi[start:stop] = np.einsum("chi,chi->i", g_c, wo)
         if with_grad:
             dw = dw_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)  # dw[c, (w, h, i)] = dW_w[i][h, c]
-            np.matmul(x.T, dqkv, out=dw)
-            dw = dw.reshape(d, 3, dh, m)
-            rows = grad[start:stop]
+        for b0 in range(0, B, bc):
+            nb = min(B, b0 + bc) - b0
+            rows = slice(b0 * T, (b0 + nb) * T)
+            qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
+            c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+            np.matmul(x[rows], wcat, out=qkv)
+            shape5, shape4 = (nb, T, 3, dh, m), (nb, T, dh, m)
+            if with_grad:
+                dc = dc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                dqkv = dqkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
+                np.matmul(g[rows], wo.reshape(d, dh * m), out=dc)
+                kernels.causal_attention_vjp(qkv.reshape(shape5), dc.reshape(shape4), data.score_scale,
+                                             c.reshape(shape4), dqkv.reshape(shape5), tile, threads)
+            else:
+                kernels.causal_attention(qkv.reshape(shape5), data.score_scale, c.reshape(shape4), tile, threads)
+            # sums over the sequences: the first block writes, the next ones accumulate
+            if b0 == 0:
+                np.matmul(g[rows].T, c, out=g_c)
+            else:
+                part = part_buf[:d * dh * m].reshape(d, dh * m)
+                np.matmul(g[rows].T, c, out=part)
+                g_c += part
+            if with_grad:
+                if b0 == 0:
+                    np.matmul(x[rows].T, dqkv, out=dw)
+                else:
+                    part = part_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)
+                    np.matmul(x[rows].T, dqkv, out=part)
+                    dw += part
+        g_c3 = g_c.reshape(d, dh, m)
+        phi[start:stop] = np.einsum("chi,chi->i", g_c3, wo)
+        if with_grad:
+            dw4 = dw.reshape(d, 3, dh, m)
+            out_rows = grad[start:stop]
             for w in range(3):
-                rows[:, w * s:(w + 1) * s].reshape(m, dh, d)[...] = dw[:, w].transpose(2, 1, 0)
-            rows[:, 3 * s:].reshape(m, d, dh)[...] = g_c.transpose(2, 0, 1)
+                out_rows[:, w * s:(w + 1) * s].reshape(m, dh, d)[...] = dw4[:, w].transpose(2, 1, 0)
+            out_rows[:, 3 * s:].reshape(m, d, dh)[...] = g_c3.transpose(2, 0, 1)
     return phi, grad
