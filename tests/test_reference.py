@@ -21,7 +21,7 @@ GOLDEN = sorted(TOLERANCES)
 
 def test_the_suite_covers_the_solvers():
     methods = {load_config(REFERENCE / f"{name}.toml").solver.method for name in GOLDEN}
-    assert {"rk4", "adaptive", "sgd", "jko"} <= methods
+    assert {"rk4", "adaptive", "sgd", "jko", "fv"} <= methods
     for name in GOLDEN:
         assert (REFERENCE / f"{name}.h5").stat().st_size < 2 * 2**20
 
