@@ -68,7 +68,8 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
     lines.append(f"PL ratio      mu = I / (2 (E - E*)) >= {_fmt(a.pl_mu_min, '.4g')} over the same window")
     if a.gap_computed:
         kind = "estimate (multi-start search)" if a.gap_is_estimate else "exhaustive grid search + polishing"
-        lines.append(f"gap search    Omega = {a.gap_domain} {a.gap_radius:g}; {kind}")
+        radius = f" {a.gap_radius:g}" if math.isfinite(a.gap_radius) else ""
+        lines.append(f"gap search    Omega = {a.gap_domain}{radius}; {kind}")
         last = a.gap_frames[-1]
         lines.append(f"last gap      G = {a.gap[last]:.6g} at t = {a.time[last]:.6g}, argmin Phi = "
                      + np.array2string(a.minimizer[last][:6], precision=4, separator=", ")

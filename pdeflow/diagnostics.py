@@ -56,6 +56,7 @@ POLISH_ITERATIONS = 500
 GRID_BATCH = 8192            # query points per Phi call on the exhaustive grid
 ARMIJO = 1e-4
 MAX_CLUSTER_POINTS = 2048    # heads entering the linkage (the rest join the nearest cluster)
+GRID_CLUSTER_MASS = 1e-2     # grid cells lighter than this times the heaviest belong to no cluster
 ANALYSIS_GROUP = "analysis"
 
 
@@ -166,7 +167,8 @@ def fit_e_star(energy: np.ndarray, dissipation: np.ndarray) -> float:
 
     Profile least squares over ``delta = min E - E*`` (log-spaced scan, then a bounded refinement): at the
     true limit of an exponential or power-law tail the regression is exact, a wrong ``E*`` bends it.
-    nan when the energy does not decrease.
+    nan when the energy does not decrease, or when the best ``delta`` is the largest scanned (ten times the
+    energy drop: a tail far from its limit does not determine it).
     """
     energy, dissipation = np.asarray(energy, dtype=float), np.asarray(dissipation, dtype=float)
     ok = np.isfinite(energy) & np.isfinite(dissipation) & (dissipation > 0)
@@ -190,6 +192,8 @@ def fit_e_star(energy: np.ndarray, dissipation: np.ndarray) -> float:
     grid = np.linspace(lo, hi, 80)
     values = [rss(g) for g in grid]
     j = int(np.argmin(values))
+    if j == grid.size - 1:
+        return math.nan           # the best E* recedes without bound: the tail does not determine it
     a, b = grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]
     if b > a:
         best = optimize.minimize_scalar(rss, bounds=(a, b), method="bounded", options={"xatol": 1e-10})
@@ -517,19 +521,23 @@ class HeadClusters:
 
 
 def head_clusters(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, tol: float = 0.1,
-                  attention_maps: int = 4, seed: int = 0, frame: int = -1) -> HeadClusters:
-    """Cluster heads omega [N, k] (masses [N]): single linkage cut at ``tol * sqrt(sum_i m_i |omega_i|^2)``.
+                  attention_maps: int = 4, seed: int = 0, frame: int = -1, min_mass: float = 0.0,
+                  min_distance: float = 0.0) -> HeadClusters:
+    """Cluster heads omega [N, k] (masses [N]): single linkage cut at
+    ``max(tol * sqrt(sum_i m_i |omega_i|^2 / sum_i m_i), min_distance)``.
 
-    Heads of zero mass (empty grid cells) are left out (label -1). With more than MAX_CLUSTER_POINTS heads a
-    mass-weighted subsample is linked and every head joins its nearest cluster centre.
+    Heads of mass <= ``min_mass`` are left out (label -1): for a grid, cells below a fraction of the
+    largest cell mass, with ``min_distance`` just above the cell diagonal so that neighbouring cells
+    join (clusters are then the connected blobs of the density). With more than MAX_CLUSTER_POINTS heads
+    a mass-weighted subsample is linked and every head joins its nearest cluster centre.
     """
     from scipy.cluster import hierarchy, vq
 
     omega, mass = np.atleast_2d(np.asarray(omega, dtype=float)), np.asarray(mass, dtype=float)
-    live = np.flatnonzero(mass > 0)
+    live = np.flatnonzero(mass > max(min_mass, 0.0))
     labels = np.full(omega.shape[0], -1)
     rms = math.sqrt(float(np.dot(mass, np.einsum("ik,ik->i", omega, omega))) / max(float(mass.sum()), 1e-300))
-    threshold = tol * max(rms, 1e-12)
+    threshold = max(tol * max(rms, 1e-12), min_distance)
     if live.size == 1:
         labels[live] = 0
     elif live.size > 1:
@@ -665,8 +673,11 @@ def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis
     _rates(a, settings, st_t, st_e, st_i)
     last = F - 1
     omega, mass = frame_measure(traj, last)
-    a.clusters = head_clusters(problem, omega, mass, tol=settings.cluster_tol,
-                               attention_maps=settings.attention_maps, seed=settings.seed, frame=last)
+    grid = trajectory_grid(traj)
+    cells = {} if grid is None else {"min_mass": GRID_CLUSTER_MASS * float(mass.max()),
+                                     "min_distance": 1.01 * float(np.linalg.norm(grid.width))}
+    a.clusters = head_clusters(problem, omega, mass, tol=settings.cluster_tol, attention_maps=settings.attention_maps,
+                               seed=settings.seed, frame=last, **cells)
     return a
 
 
@@ -694,7 +705,8 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
     computed = np.isfinite(a.gap)
     a.gap_computed = bool(computed.any())
     a.gap_is_estimate = bool(a.gap_computed and not a.gap_exhaustive[computed].all())
-    a.gap_domain, a.gap_radius = ("grid, entropic", math.nan) if entropic else (settings.domain, settings.radius)
+    a.gap_domain = "grid, entropic" if entropic else settings.domain
+    a.gap_radius = settings.radius if settings.domain in ("ball", "box") and not entropic else math.nan
     if entropic:
         a.notes.append("beta < inf on a grid: G = E_h - min E_h over grid densities (relative entropy to the Gibbs "
                        "density of Phi, divided by beta)")
@@ -708,27 +720,47 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
 
 
 def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.ndarray, st_i: np.ndarray) -> None:
-    """E*, the PL ratio at the frames and the KL fit over the window (on the /steps rows when present)."""
+    """E*, the PL ratio at the frames and the KL fit over the window (on the /steps rows when present).
+
+    E* is ``diagnostics.e_star`` if given; else the best lower bound E - G when it is tight (the last gap
+    no larger than the energy drop over the window, so that E - E* measures the decay being fitted);
+    else the limit fitted from the tail (:func:`fit_e_star`); else the lower bound anyway."""
     t_end = float(a.time[-1])
     start = t_end - settings.kl_window * (t_end - float(a.time[0]))
     in_window = st_t >= start - 1e-12 * max(1.0, abs(start))
     e_min = float(np.nanmin(st_e))
+    bounds = np.isfinite(a.lower_bound)
+    best_bound = float(np.max(a.lower_bound[bounds])) if bounds.any() else math.nan
+    drop = float(np.max(st_e[in_window]) - np.min(st_e[in_window])) if in_window.any() else 0.0
+    tight = bounds.any() and float(a.gap[np.flatnonzero(bounds)[-1]]) <= drop
     if math.isfinite(settings.e_star):
         a.e_star, a.e_star_source = float(settings.e_star), "given"
-    elif np.any(np.isfinite(a.lower_bound)):
-        a.e_star, a.e_star_source = float(np.nanmax(a.lower_bound)), "lower_bound"
-        if a.e_star > e_min:
-            a.notes.append(f"best lower bound {a.e_star:.10g} exceeds the lowest energy {e_min:.10g}: "
-                           "the gap search missed the minimum of Phi somewhere")
+    elif tight:
+        a.e_star, a.e_star_source = best_bound, "lower_bound"
     else:
         a.e_star, a.e_star_source = fit_e_star(st_e[in_window], st_i[in_window]), "fit"
+        if bounds.any():
+            if math.isfinite(a.e_star):
+                a.notes.append("the lower bound is not tight (last gap above the energy drop over the KL window): "
+                               "E* is the limit fitted from the tail")
+            else:
+                a.e_star, a.e_star_source = best_bound, "lower_bound"
+                a.notes.append("the lower bound is not tight and the tail does not determine its limit: PL/KL are "
+                               "relative to a distant E*; pass --e-star or run longer")
+    if a.e_star_source == "lower_bound" and a.e_star > e_min:
+        a.notes.append(f"best lower bound {a.e_star:.10g} exceeds the lowest energy {e_min:.10g}: "
+                       "the gap search missed the minimum of Phi somewhere")
     if not math.isfinite(a.e_star):
         a.e_star_source = "none"
+        a.notes.append("E* unknown (no gap, and the tail does not determine its limit): no PL/KL; pass --e-star")
         return
     a.pl_mu = pl_constant(a.energy, a.dissipation, a.e_star)
     fit = kl_fit(st_e[in_window], st_i[in_window], a.e_star)
     a.kl_theta, a.kl_theta_ci, a.kl_constant, a.kl_points = fit.theta, (fit.ci_low, fit.ci_high), fit.constant, fit.n_points
     a.kl_window_start = start
+    if math.isfinite(fit.theta) and not 0.0 <= fit.theta < 1.0:
+        a.notes.append(f"KL exponent {fit.theta:.3g} outside [0, 1): over this window I is not a power of E - E* "
+                       "(not yet in the asymptotic regime, or E* is not the limit of this flow)")
     frames = np.flatnonzero(a.time >= start - 1e-12 * max(1.0, abs(start)))
     window_mu = a.pl_mu[frames][np.isfinite(a.pl_mu[frames])]
     a.pl_mu_min = float(window_mu.min()) if window_mu.size else math.nan

@@ -77,6 +77,9 @@ def test_kl_exponent_is_one_half_for_exponential_decay_and_fit_finds_e_star():
     energy = 2.0 + (1.0 + t) ** -2.0
     assert abs(D.fit_e_star(energy, -np.gradient(energy, t, edge_order=2)) - 2.0) < 1e-3
     assert math.isnan(D.kl_exponent([1.0, 1.0], [0.0, 0.0], 0.0)[0])
+    # a tail far from its limit (E falls 5% of the way to it) does not determine E*: nan, not a guess
+    t = np.linspace(0.0, 5.0, 101)
+    assert math.isnan(D.fit_e_star(3.0 * np.exp(-0.01 * t), 0.03 * np.exp(-0.01 * t)))
 
 
 def test_energy_identity_residual_is_second_order_and_exact_for_linear_dissipation():
@@ -384,6 +387,11 @@ def test_grid_files_are_analysed_as_weighted_cell_centres(tmp_path):
     dom = D.Domain.make("grid", 2, 0.0, (np.full(2, -2.0), np.full(2, 2.0)))
     assert a.min_phi[-1] <= brute_force_min(problem, G, dom, 201) + 1e-12
     assert np.all(np.abs(a.minimizer[-1]) <= 2.0) and a.lower_bound[-1] <= a.energy[-1]
+    # the heads of a grid: one blob of cells around the Gaussian's centre, light cells in no cluster
+    c = a.clusters
+    assert len(c.mass) == 1 and 0.9 < c.mass[0] < 1.0 and np.all(np.abs(c.centre[0]) < 1e-12)
+    last = D.frame_measure(traj, 2)[1]
+    assert np.all(last[c.labels == -1] <= 1e-2 * last.max()) and np.all(last[c.labels == 0] > 1e-2 * last.max())
     with pytest.raises(Exception, match="diagnostics.domain"):
         D.optimality_gap(problem, omega, mass, domain="grid")
 
