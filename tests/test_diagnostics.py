@@ -195,6 +195,26 @@ def test_output_gain_long_run_reaches_the_support_condition(tmp_path):
     assert np.max(np.abs(a.energy_identity_residual)) < 1e-2 * (a.energy[0] - a.energy[-1])  # trapezoid, dt = 0.5
 
 
+def test_output_gain_grid_run_reaches_the_support_condition(tmp_path):
+    """The same family on a finite-volume grid whose density covers Omega (the grid box [-4, 4]): G falls
+    below 1e-3 (down to the grid's resolution) and equals (lam/2) sum_c m_c (c - w*)^2 over the cells."""
+    lam = 0.2
+    _, path = run_config(tmp_path, "fv", on_finish=D.analyse_run,
+                         model={"coordinates": "output_gain", "weight_decay": lam},
+                         init={"measure": "grid", "distribution": "uniform", "scale": 3.9},
+                         grid={"n": 64, "radius": 4.0}, solver={"method": "fv", "dt": 0.5},
+                         run={"t_end": 40.0, "frame_interval": 8.0}, diagnostics={"domain": "grid", "gap_frames": 2})
+    traj = open_trajectory(path)
+    a = D.read_analysis(traj)
+    problem = traj.problem()
+    omega, mass = D.frame_measure(traj, -1)
+    phi0, phi1 = problem.phi_field(np.array([[0.0], [1.0]]), problem.residual_features(omega, mass))
+    w_star = -(phi1 - phi0 - lam / 2) / lam
+    closed = lam / 2 * np.sum(mass * (omega[:, 0] - w_star) ** 2)
+    assert a.gap[0] > 0.1 and a.gap[-1] < 1e-3
+    assert abs(a.gap[-1] - closed) < 1e-9
+
+
 def test_pl_ratio_of_a_dirac_tends_to_the_translation_hessian(tmp_path):
     """A Dirac moves by the one-head energy e(w): near its minimizer w*, I / (2 (e - e*)) -> e''(w*),
     which Problem.translation_hvp gives independently; E* from a scalar minimization of e."""
