@@ -26,7 +26,9 @@ The minimum of Phi (:func:`optimality_gap`) is searched in three stages, all on 
    median Phi stop, until no more than the polished few move.
 3. the best few distinct results are polished with scipy: L-BFGS-B with the analytic gradient (box bounds).
    For a ball, L-BFGS-B runs in the bounding box from interior points; a point on the sphere, or one that
-   L-BFGS-B carries outside the ball, is polished by SLSQP with the constraint ``R^2 - |omega|^2 >= 0``.
+   L-BFGS-B carries outside the ball, is polished on the sphere through the smooth reparametrization
+   ``omega = R u / |u|`` (L-BFGS-B without bounds in u), then, if Phi decreases inward there (negative
+   multiplier), once more from just inside.
    Every candidate is projected onto Omega (clipped to the box, or scaled onto the ball) before Phi is
    evaluated, so the reported minimum is attained at a point of Omega: the reported gap never exceeds the
    true gap, and is an estimate (possibly too small) when the search is not exhaustive.
@@ -377,7 +379,7 @@ def minimize_phi(problem: Problem, G: np.ndarray, dom: Domain, starts: np.ndarra
             chosen.append(int(j))
         if len(chosen) == POLISHED:
             break
-    polished = dom.project(np.array([_polish(problem, G, dom, x[j]) for j in chosen]).reshape(-1, dom.k))
+    polished = dom.project(np.concatenate([_polish(problem, G, dom, x[j]) for j in chosen] or [np.zeros((0, dom.k))]))
     if polished.size:
         x = np.concatenate([x, polished])
         f = np.concatenate([f, problem.phi_field(polished, G)])
@@ -438,28 +440,44 @@ def _projected_descent(problem: Problem, G: np.ndarray, dom: Domain, x: np.ndarr
 
 
 def _polish(problem: Problem, G: np.ndarray, dom: Domain, x0: np.ndarray) -> np.ndarray:
-    """A local minimizer of Phi on Omega near x0 by scipy (L-BFGS-B in the box; SLSQP on the sphere)."""
+    """Local minimizers of Phi on Omega near x0 by scipy L-BFGS-B, as candidate points [c, k].
+
+    Box: L-BFGS-B with the box bounds. Ball: L-BFGS-B from an interior x0; a point on the sphere (x0, or
+    where the interior search left the ball) is polished on the sphere through the smooth map
+    ``u -> R u / |u|`` (unconstrained in u), and if there the multiplier ``nu = -<grad Phi, w> / R^2`` is
+    negative (Phi decreases inward, so the point is no KKT point of the ball) once more inward from it.
+    """
     from scipy import optimize
 
     def fun(w: np.ndarray) -> tuple[float, np.ndarray]:
         f, g = problem.grad_phi_field(w[None, :], G)
         return float(f[0]), g[0]
 
+    def minimize(f, x, bounds=None) -> np.ndarray:
+        return optimize.minimize(f, x, jac=True, method="L-BFGS-B", bounds=bounds,
+                                 options={"maxiter": POLISH_ITERATIONS, "ftol": 1e-15, "gtol": 1e-11}).x
+
     box = list(zip(dom.lower, dom.upper))
-    lbfgs = {"maxiter": POLISH_ITERATIONS, "ftol": 1e-15, "gtol": 1e-11}
     if dom.kind == "box":
-        return optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=box, options=lbfgs).x
-    on_sphere = np.linalg.norm(x0) >= dom.radius * (1 - 1e-9)
-    x = x0
-    if not on_sphere:
-        x = optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=box, options=lbfgs).x
+        return minimize(fun, x0, box)[None]
+    R = dom.radius
+    if np.linalg.norm(x0) < R * (1 - 1e-9):
+        x = minimize(fun, x0, box)
         if not dom.outside(x[None])[0]:
-            return x
-        x = dom.project(x[None])[0]
-    r2 = dom.radius ** 2
-    constraint = {"type": "ineq", "fun": lambda w: r2 - w @ w, "jac": lambda w: -2.0 * w}
-    return optimize.minimize(fun, x, jac=True, method="SLSQP", bounds=box, constraints=[constraint],
-                             options={"maxiter": POLISH_ITERATIONS, "ftol": 1e-15}).x
+            return x[None]
+        x0 = dom.project(x[None])[0]
+
+    def on_sphere(u: np.ndarray) -> tuple[float, np.ndarray]:
+        norm = max(float(np.linalg.norm(u)), 1e-300)
+        f, g = fun(R * u / norm)
+        return f, (R / norm) * (g - (g @ u) * u / (norm * norm))    # d/du of Phi(R u/|u|)
+
+    u = minimize(on_sphere, x0)
+    w = R * u / max(float(np.linalg.norm(u)), 1e-300)
+    if -(fun(w)[1] @ w) >= 0:
+        return w[None]
+    inner = minimize(fun, w * (1 - 1e-6), box)
+    return np.stack([w, inner])
 
 
 # ================================================================================================
