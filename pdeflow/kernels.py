@@ -10,15 +10,15 @@ which of q/k/v, head channel, head), ``c, dc`` are [B, T, dh, n]; the projection
 ordered (which, channel, head). With heads innermost every operation of the core - scores, softmax,
 context and their vector-Jacobian product - is elementwise across heads: the loops over a tile of
 heads are axpy-style loops over contiguous memory that LLVM vectorizes (SIMD) without reassociating
-anything, so no ``fastmath`` is needed and the summation order over ``j`` and ``h`` is the textbook
-one. A work unit is (sequence ``b``, tile of up to ``tile`` consecutive heads); units are independent,
-so results do not depend on the thread count.
+anything, so no ``fastmath`` is needed and the order of every sum is the one fixed in the source.
+A work unit is (sequence ``b``, tile of up to ``tile`` consecutive heads); units are independent, so
+results do not depend on the thread count.
 
 ``exp`` of the softmax is :func:`vexp`, a branch-free exponential (Cody-Waite reduction, Taylor
-polynomial, exponent bits) that vectorizes where a libm call does not; it is accurate to about 1 ulp
-(float64: relative error < 3e-16, float32: < 2e-7). Complex arguments (the complex-step Hessian-vector
-product differentiates through the kernels) use ``np.exp``; the softmax shift uses the real part only,
-which leaves the function analytic.
+polynomial in fused multiply-adds, exponent bits) that vectorizes where a libm call does not; it is
+accurate to about 1 ulp (float64: relative error < 3e-16, float32: < 2e-7). Complex arguments (the
+complex-step Hessian-vector product differentiates through the kernels) use ``np.exp``; the softmax
+shift uses the real part only, which leaves the function analytic.
 
 The kernels are generic in the dtype: float64, float32, and complex128. Arithmetic stays in the
 array dtype (constants are cast to it), so float32 runs at float32 SIMD width.
@@ -62,6 +62,19 @@ def _f32_from_bits(typingctx, bits):
     return types.float32(bits), codegen
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` with one rounding (``llvm.fma``; an explicit fused operation, not a compiler choice)."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ty = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.fma", [ty], ir.FunctionType(ty, [ty, ty, ty]))
+        return builder.call(fn, args)
+    return a(a, a, a), codegen
+
+
 _LOG2E = 1.4426950408889634
 _LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that n * _LN2_HI is exact for |n| < 2**20
 _LN2_LO = 1.90821492927058770002e-10
@@ -85,24 +98,23 @@ def _vexp_overload(x):
             if y > 710.0:
                 y = 710.0
             nf = np.floor(y * _LOG2E + 0.5)
-            r = (y - nf * _LN2_HI) - nf * _LN2_LO          # |r| <= ln2/2 (+ rounding)
+            r = _fma(-nf, _LN2_LO, _fma(-nf, _LN2_HI, y))  # |r| <= ln2/2 (+ rounding)
             if not (nf >= -1080.0):                          # NaN: any finite exponent, the result is NaN
                 nf = -1080.0
             # Taylor polynomial of degree 13 (truncation < 3e-18 on |r| <= 0.347), Horner form
-            p = 1.0 / 6227020800.0
-            p = p * r + 1.0 / 479001600.0
-            p = p * r + 1.0 / 39916800.0
-            p = p * r + 1.0 / 3628800.0
-            p = p * r + 1.0 / 362880.0
-            p = p * r + 1.0 / 40320.0
-            p = p * r + 1.0 / 5040.0
-            p = p * r + 1.0 / 720.0
-            p = p * r + 1.0 / 120.0
-            p = p * r + 1.0 / 24.0
-            p = p * r + 1.0 / 6.0
-            p = p * r + 0.5
-            p = p * r + 1.0
-            p = p * r + 1.0
+            p = _fma(1.0 / 6227020800.0, r, 1.0 / 479001600.0)
+            p = _fma(p, r, 1.0 / 39916800.0)
+            p = _fma(p, r, 1.0 / 3628800.0)
+            p = _fma(p, r, 1.0 / 362880.0)
+            p = _fma(p, r, 1.0 / 40320.0)
+            p = _fma(p, r, 1.0 / 5040.0)
+            p = _fma(p, r, 1.0 / 720.0)
+            p = _fma(p, r, 1.0 / 120.0)
+            p = _fma(p, r, 1.0 / 24.0)
+            p = _fma(p, r, 1.0 / 6.0)
+            p = _fma(p, r, 0.5)
+            p = _fma(p, r, 1.0)
+            p = _fma(p, r, 1.0)
             # 2^n as two factors 2^n1 2^n2 (each a normal number) so that subnormal results and
             # overflow to inf come out of the multiplication, without branches
             n = np.int64(nf)
@@ -124,18 +136,17 @@ def _vexp_overload(x):
             if y > hi_clamp:
                 y = hi_clamp
             nf = np.floor(y * log2e + half)
-            r = (y - nf * hi) - nf * lo
+            r = _fma(-nf, lo, _fma(-nf, hi, y))
             if not (nf >= nan_n):
                 nf = nan_n
             # degree 7 (truncation < 5e-9 on |r| <= 0.347)
-            p = c7
-            p = p * r + c6
-            p = p * r + c5
-            p = p * r + c4
-            p = p * r + c3
-            p = p * r + c2
-            p = p * r + c1
-            p = p * r + c0
+            p = _fma(c7, r, c6)
+            p = _fma(p, r, c5)
+            p = _fma(p, r, c4)
+            p = _fma(p, r, c3)
+            p = _fma(p, r, c2)
+            p = _fma(p, r, c1)
+            p = _fma(p, r, c0)
             n = np.int32(nf)
             n1 = n >> 1
             n2 = n - n1
@@ -143,6 +154,21 @@ def _vexp_overload(x):
         return exp32
     if isinstance(x, types.Complex):
         return lambda x: np.exp(x)
+    return None
+
+
+def madd(a, b, c):  # pragma: no cover - typed by the overload below
+    """``a * b + c``: one fused multiply-add for real floats (``llvm.fma``, one rounding), ``a * b + c`` for
+    complex numbers."""
+    return a * b + c
+
+
+@overload(madd, jit_options={"fastmath": False})
+def _madd_overload(a, b, c):
+    if isinstance(a, types.Float) and a == b == c:
+        return lambda a, b, c: _fma(a, b, c)
+    if isinstance(a, types.Complex):
+        return lambda a, b, c: a * b + c
     return None
 
 
@@ -159,9 +185,10 @@ def exp_array(x: np.ndarray, out: np.ndarray) -> None:
 # are copied into per-thread C-contiguous scratch arrays [T, dh, tile] (heads innermost), the results are
 # computed there and copied out. Every inner loop runs over the heads of the tile (``for ii in range(w)``)
 # on contiguous memory: LLVM vectorizes them. Sums over the head channel h, over key positions j and over
-# query rows l are written out in blocks of 8 (a fixed tree of additions, then the blocks in increasing
-# order), so that each loaded/stored accumulator carries 8 products instead of 1: without fastmath LLVM
-# would never reassociate a sum by itself, and numba does not run the SLP vectorizer.
+# query rows l are written out in blocks of 8 terms, each block a chain of explicit fused multiply-adds
+# (:func:`madd`) in increasing index order, so that each loaded/stored accumulator carries 8 products
+# instead of 1: without fastmath LLVM would never reassociate or fuse a sum by itself (and numba does not
+# run the SLP vectorizer), so the order of every operation is the one written here, on every machine.
 
 ROWS = 8  # query rows per block of the backward pass (the row sums of dk and dv are blocked by ROWS)
 
@@ -175,8 +202,8 @@ def _unit_range(units: int, nth: int, t: int) -> tuple[int, int]:
 def _scores(qs: np.ndarray, ks: np.ndarray, l: int, w: int, s: np.ndarray) -> None:
     """s[j, ii] = sum_h q[l, h, ii] k[j, h, ii] for j <= l, ii < w.
 
-    Channels in blocks of 8 (then 4, then 1), each block a fixed tree of additions; the block loop is the
-    outer loop so that the vectorized (j, ii) loops see a loop-invariant channel offset.
+    Channels in blocks of 8 (then 4, then 1), each block one chain of fused multiply-adds in increasing h;
+    the block loop is the outer loop so that the vectorized (j, ii) loops see a loop-invariant offset.
     """
     dh = qs.shape[1]
     h = 0
@@ -184,27 +211,27 @@ def _scores(qs: np.ndarray, ks: np.ndarray, l: int, w: int, s: np.ndarray) -> No
         for j in range(l + 1):
             if h == 0:
                 for ii in range(w):
-                    s[j, ii] = (((qs[l, h, ii] * ks[j, h, ii] + qs[l, h + 1, ii] * ks[j, h + 1, ii])
-                                 + (qs[l, h + 2, ii] * ks[j, h + 2, ii] + qs[l, h + 3, ii] * ks[j, h + 3, ii]))
-                                + ((qs[l, h + 4, ii] * ks[j, h + 4, ii] + qs[l, h + 5, ii] * ks[j, h + 5, ii])
-                                   + (qs[l, h + 6, ii] * ks[j, h + 6, ii] + qs[l, h + 7, ii] * ks[j, h + 7, ii])))
+                    s[j, ii] = madd(qs[l, h + 7, ii], ks[j, h + 7, ii], madd(qs[l, h + 6, ii], ks[j, h + 6, ii],
+                            madd(qs[l, h + 5, ii], ks[j, h + 5, ii], madd(qs[l, h + 4, ii], ks[j, h + 4, ii],
+                            madd(qs[l, h + 3, ii], ks[j, h + 3, ii], madd(qs[l, h + 2, ii], ks[j, h + 2, ii],
+                            madd(qs[l, h + 1, ii], ks[j, h + 1, ii], qs[l, h, ii] * ks[j, h, ii])))))))
             else:
                 for ii in range(w):
-                    s[j, ii] += (((qs[l, h, ii] * ks[j, h, ii] + qs[l, h + 1, ii] * ks[j, h + 1, ii])
-                                  + (qs[l, h + 2, ii] * ks[j, h + 2, ii] + qs[l, h + 3, ii] * ks[j, h + 3, ii]))
-                                 + ((qs[l, h + 4, ii] * ks[j, h + 4, ii] + qs[l, h + 5, ii] * ks[j, h + 5, ii])
-                                    + (qs[l, h + 6, ii] * ks[j, h + 6, ii] + qs[l, h + 7, ii] * ks[j, h + 7, ii])))
+                    s[j, ii] = madd(qs[l, h + 7, ii], ks[j, h + 7, ii], madd(qs[l, h + 6, ii], ks[j, h + 6, ii],
+                            madd(qs[l, h + 5, ii], ks[j, h + 5, ii], madd(qs[l, h + 4, ii], ks[j, h + 4, ii],
+                            madd(qs[l, h + 3, ii], ks[j, h + 3, ii], madd(qs[l, h + 2, ii], ks[j, h + 2, ii],
+                            madd(qs[l, h + 1, ii], ks[j, h + 1, ii], madd(qs[l, h, ii], ks[j, h, ii], s[j, ii]))))))))
         h += 8
     while h + 4 <= dh:
         for j in range(l + 1):
             if h == 0:
                 for ii in range(w):
-                    s[j, ii] = ((qs[l, h, ii] * ks[j, h, ii] + qs[l, h + 1, ii] * ks[j, h + 1, ii])
-                                + (qs[l, h + 2, ii] * ks[j, h + 2, ii] + qs[l, h + 3, ii] * ks[j, h + 3, ii]))
+                    s[j, ii] = madd(qs[l, h + 3, ii], ks[j, h + 3, ii], madd(qs[l, h + 2, ii], ks[j, h + 2, ii],
+                            madd(qs[l, h + 1, ii], ks[j, h + 1, ii], qs[l, h, ii] * ks[j, h, ii])))
             else:
                 for ii in range(w):
-                    s[j, ii] += ((qs[l, h, ii] * ks[j, h, ii] + qs[l, h + 1, ii] * ks[j, h + 1, ii])
-                                 + (qs[l, h + 2, ii] * ks[j, h + 2, ii] + qs[l, h + 3, ii] * ks[j, h + 3, ii]))
+                    s[j, ii] = madd(qs[l, h + 3, ii], ks[j, h + 3, ii], madd(qs[l, h + 2, ii], ks[j, h + 2, ii],
+                            madd(qs[l, h + 1, ii], ks[j, h + 1, ii], madd(qs[l, h, ii], ks[j, h, ii], s[j, ii]))))
         h += 4
     while h < dh:
         for j in range(l + 1):
@@ -213,7 +240,7 @@ def _scores(qs: np.ndarray, ks: np.ndarray, l: int, w: int, s: np.ndarray) -> No
                     s[j, ii] = qs[l, h, ii] * ks[j, h, ii]
             else:
                 for ii in range(w):
-                    s[j, ii] += qs[l, h, ii] * ks[j, h, ii]
+                    s[j, ii] = madd(qs[l, h, ii], ks[j, h, ii], s[j, ii])
         h += 1
 
 
@@ -221,8 +248,8 @@ def _scores(qs: np.ndarray, ks: np.ndarray, l: int, w: int, s: np.ndarray) -> No
 def _row_products(s: np.ndarray, v: np.ndarray, l: int, w: int, out: np.ndarray) -> None:
     """out[l, h, ii] = sum_{j<=l} s[j, ii] v[j, h, ii] for every h, ii < w.
 
-    Positions in blocks of 8 (a fixed tree of additions per block, blocks in increasing order), the block
-    loop outermost.
+    Positions in blocks of 8, each block one chain of fused multiply-adds in increasing j; the block loop
+    is the outer loop.
     """
     dh = v.shape[1]
     n = l + 1
@@ -231,16 +258,16 @@ def _row_products(s: np.ndarray, v: np.ndarray, l: int, w: int, out: np.ndarray)
         for h in range(dh):
             if j == 0:
                 for ii in range(w):
-                    out[l, h, ii] = (((s[j, ii] * v[j, h, ii] + s[j + 1, ii] * v[j + 1, h, ii])
-                                      + (s[j + 2, ii] * v[j + 2, h, ii] + s[j + 3, ii] * v[j + 3, h, ii]))
-                                     + ((s[j + 4, ii] * v[j + 4, h, ii] + s[j + 5, ii] * v[j + 5, h, ii])
-                                        + (s[j + 6, ii] * v[j + 6, h, ii] + s[j + 7, ii] * v[j + 7, h, ii])))
+                    out[l, h, ii] = madd(s[j + 7, ii], v[j + 7, h, ii], madd(s[j + 6, ii], v[j + 6, h, ii],
+                            madd(s[j + 5, ii], v[j + 5, h, ii], madd(s[j + 4, ii], v[j + 4, h, ii],
+                            madd(s[j + 3, ii], v[j + 3, h, ii], madd(s[j + 2, ii], v[j + 2, h, ii],
+                            madd(s[j + 1, ii], v[j + 1, h, ii], s[j, ii] * v[j, h, ii])))))))
             else:
                 for ii in range(w):
-                    out[l, h, ii] += (((s[j, ii] * v[j, h, ii] + s[j + 1, ii] * v[j + 1, h, ii])
-                                       + (s[j + 2, ii] * v[j + 2, h, ii] + s[j + 3, ii] * v[j + 3, h, ii]))
-                                      + ((s[j + 4, ii] * v[j + 4, h, ii] + s[j + 5, ii] * v[j + 5, h, ii])
-                                         + (s[j + 6, ii] * v[j + 6, h, ii] + s[j + 7, ii] * v[j + 7, h, ii])))
+                    out[l, h, ii] = madd(s[j + 7, ii], v[j + 7, h, ii], madd(s[j + 6, ii], v[j + 6, h, ii],
+                            madd(s[j + 5, ii], v[j + 5, h, ii], madd(s[j + 4, ii], v[j + 4, h, ii],
+                            madd(s[j + 3, ii], v[j + 3, h, ii], madd(s[j + 2, ii], v[j + 2, h, ii],
+                            madd(s[j + 1, ii], v[j + 1, h, ii], madd(s[j, ii], v[j, h, ii], out[l, h, ii]))))))))
         j += 8
     while j < n:
         for h in range(dh):
@@ -249,7 +276,7 @@ def _row_products(s: np.ndarray, v: np.ndarray, l: int, w: int, out: np.ndarray)
                     out[l, h, ii] = s[j, ii] * v[j, h, ii]
             else:
                 for ii in range(w):
-                    out[l, h, ii] += s[j, ii] * v[j, h, ii]
+                    out[l, h, ii] = madd(s[j, ii], v[j, h, ii], out[l, h, ii])
         j += 1
 
 
@@ -407,23 +434,31 @@ def causal_attention_vjp(qkv: np.ndarray, dc: np.ndarray, scale: float, c: np.nd
                     for j in range(top):
                         for h in range(dh):
                             for ii in range(w):
-                                dvs[j, h, ii] += (((a[0, j, ii] * dcs[l0, h, ii] + a[1, j, ii] * dcs[l0 + 1, h, ii])
-                                                   + (a[2, j, ii] * dcs[l0 + 2, h, ii] + a[3, j, ii] * dcs[l0 + 3, h, ii]))
-                                                  + ((a[4, j, ii] * dcs[l0 + 4, h, ii] + a[5, j, ii] * dcs[l0 + 5, h, ii])
-                                                     + (a[6, j, ii] * dcs[l0 + 6, h, ii] + a[7, j, ii] * dcs[l0 + 7, h, ii])))
+                                acc = madd(a[0, j, ii], dcs[l0, h, ii], dvs[j, h, ii])
+                                acc = madd(a[1, j, ii], dcs[l0 + 1, h, ii], acc)
+                                acc = madd(a[2, j, ii], dcs[l0 + 2, h, ii], acc)
+                                acc = madd(a[3, j, ii], dcs[l0 + 3, h, ii], acc)
+                                acc = madd(a[4, j, ii], dcs[l0 + 4, h, ii], acc)
+                                acc = madd(a[5, j, ii], dcs[l0 + 5, h, ii], acc)
+                                acc = madd(a[6, j, ii], dcs[l0 + 6, h, ii], acc)
+                                dvs[j, h, ii] = madd(a[7, j, ii], dcs[l0 + 7, h, ii], acc)
                             for ii in range(w):
-                                dks[j, h, ii] += (((g[0, j, ii] * qs[l0, h, ii] + g[1, j, ii] * qs[l0 + 1, h, ii])
-                                                   + (g[2, j, ii] * qs[l0 + 2, h, ii] + g[3, j, ii] * qs[l0 + 3, h, ii]))
-                                                  + ((g[4, j, ii] * qs[l0 + 4, h, ii] + g[5, j, ii] * qs[l0 + 5, h, ii])
-                                                     + (g[6, j, ii] * qs[l0 + 6, h, ii] + g[7, j, ii] * qs[l0 + 7, h, ii])))
+                                acc = madd(g[0, j, ii], qs[l0, h, ii], dks[j, h, ii])
+                                acc = madd(g[1, j, ii], qs[l0 + 1, h, ii], acc)
+                                acc = madd(g[2, j, ii], qs[l0 + 2, h, ii], acc)
+                                acc = madd(g[3, j, ii], qs[l0 + 3, h, ii], acc)
+                                acc = madd(g[4, j, ii], qs[l0 + 4, h, ii], acc)
+                                acc = madd(g[5, j, ii], qs[l0 + 5, h, ii], acc)
+                                acc = madd(g[6, j, ii], qs[l0 + 6, h, ii], acc)
+                                dks[j, h, ii] = madd(g[7, j, ii], qs[l0 + 7, h, ii], acc)
                 else:
                     for r in range(rb):
                         for j in range(l0 + r + 1):
                             for h in range(dh):
                                 for ii in range(w):
-                                    dvs[j, h, ii] += a[r, j, ii] * dcs[l0 + r, h, ii]
+                                    dvs[j, h, ii] = madd(a[r, j, ii], dcs[l0 + r, h, ii], dvs[j, h, ii])
                                 for ii in range(w):
-                                    dks[j, h, ii] += g[r, j, ii] * qs[l0 + r, h, ii]
+                                    dks[j, h, ii] = madd(g[r, j, ii], qs[l0 + r, h, ii], dks[j, h, ii])
             _store(cs, b, 0, i0, w, c5)
             _store(dqs, b, 0, i0, w, dqkv)
             _store(dks, b, 1, i0, w, dqkv)
