@@ -19,6 +19,16 @@ from .diagnostics import Analysis, analyse, check_editable, read_analysis, write
 from .trajectory import Trajectory, open_trajectory
 
 MAX_TABLE_ROWS = 16
+DIAGNOSE_HELP = """Analyse a trajectory and store the result as /analysis (replacing only that group):
+the energy identity residual E(t) - E(0) + int I, the time stationarity is reached, the optimality gap
+G = int Phi d rho - min_Omega Phi and the lower bound E - G at chosen frames, the PL ratio I / (2 (E - E*)),
+the KL exponent theta of I ~ C (E - E*)^(2 (1 - theta)) with a 95% interval, and clusters of heads with
+the attention maps of their representatives. Settings: the file's [diagnostics] section, changed by the
+options; minimizers of Phi stored by an earlier analysis seed the new gap search."""
+PLOT_HELP = """Write the figures of a trajectory into a folder, headless: energy and dissipation, the gap, the PL
+ratio, the KL fit, the particles coloured by Phi (or the grid density), attention maps of representative
+heads, and an animation of the measure (GIF; MP4 too where ffmpeg exists). Uses the stored /analysis,
+or computes one in memory when the file has none (or with --recompute)."""
 
 
 def _usage_error(message: str) -> Exception:
@@ -160,7 +170,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
                        help="change a [diagnostics] key, e.g. --set radius=3 --set domain=box (repeatable)")
 
     p = subparsers.add_parser("diagnose", help="energy identity, optimality gap, PL/KL rates, head clusters",
-                              description=__doc__, epilog=EXIT_CODES,
+                              description=DIAGNOSE_HELP, epilog=EXIT_CODES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p)
     p.add_argument("--e-star", type=float, metavar="X", help="known optimal energy E* (diagnostics.e_star)")
@@ -169,7 +179,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_diagnose)
 
     p = subparsers.add_parser("plot", help="figures and an animation of a trajectory (headless)",
-                              description=__doc__, epilog=EXIT_CODES,
+                              description=PLOT_HELP, epilog=EXIT_CODES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p)
     p.add_argument("-o", "--output", metavar="DIR", help="output folder (default: <file stem>_plots beside the file)")
