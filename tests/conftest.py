@@ -26,6 +26,8 @@ def config_text(**overrides: dict[str, Any]) -> str:
     """TOML text of BASE updated with ``section={key: value}`` overrides."""
     data = {name: dict(values) for name, values in BASE.items()}
     for name, values in overrides.items():
+        if name == "task" and values.get("name", "markov") != "markov":
+            data["task"] = {}  # markov's own keys (concentration) are refused by other tasks
         data.setdefault(name, {}).update(values)
     return dumps_toml(data)
 

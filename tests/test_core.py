@@ -54,9 +54,8 @@ OPTION_VALUES = [("onehot", "gaussian"), ("none", "sinusoidal", "onehot"), ("tie
 # data sets the cases cycle through: non-uniform exact weights, masks with zeros, plain samples
 TASKS = [
     {"name": "markov", "vocab_size": 3, "seq_len": 3, "exact": True, "concentration": 0.7},
-    {"name": "lookback", "vocab_size": 3, "seq_len": 3, "exact": True, "lag": 1, "concentration": 1.0},
-    {"name": "majority", "vocab_size": 3, "seq_len": 3, "exact": False, "n_samples": 12, "seed": 4,
-     "concentration": 1.0},
+    {"name": "lookback", "vocab_size": 3, "seq_len": 3, "exact": True, "lag": 1},
+    {"name": "majority", "vocab_size": 3, "seq_len": 3, "exact": False, "n_samples": 12, "seed": 4},
 ]
 BASIS_K = 2
 
