@@ -74,13 +74,13 @@ from typing import Any, Callable
 
 import numpy as np
 import ot
-from scipy.linalg import LinAlgError, solve
 from scipy.optimize import minimize
 from scipy.special import logsumexp
 from scipy.spatial.distance import cdist
-from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, minres
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, cg, eigsh, minres
 
 from pdeflow.config import Config, ConfigError
+from pdeflow.measure import entropy
 from pdeflow.problem import COMPLEX_STEP, Evaluation, Problem
 
 from . import register
@@ -89,6 +89,8 @@ from .base import SolverError, State, Stepper
 # A coupling counts as optimal when the identity's cost exceeds W2^2 by at most this (relative) amount:
 # ot.emd2's network simplex is exact up to rounding of the cost matrix.
 COUPLING_RTOL = 1e-9
+# Anderson acceleration of the re-linearization of the risk in a grid JKO step: past iterates kept.
+ANDERSON_DEPTH = 6
 # The grid JKO forms dense [M, M] plans and Hessians: a few of them at 2500 cells take some 150 MB.
 MAX_GRID_CELLS = 2500
 
@@ -391,8 +393,8 @@ class ParticleJKO(JKO):
 class GridJKO(JKO):
     """Entropic JKO on a grid density (see the module docstring)."""
     measure = "grid"
-    step_columns = ("mass", "min_density", "outer_iterations", "newton_iterations", "marginal_violation",
-                    "linearization_residual", "energy_change", "transport_cost")
+    step_columns = ("mass", "min_density", "outer_iterations", "newton_iterations", "cg_iterations",
+                    "marginal_violation", "linearization_residual", "energy_change", "transport_cost")
 
     def __init__(self, problem: Problem, cfg: Config) -> None:
         from .finite_volume import FiniteVolume  # its grid, initial density and diagnostics
@@ -420,25 +422,29 @@ class GridJKO(JKO):
             state.evaluation = self.fv.evaluate_density(state.fields["density"])
         return state.evaluation
 
-    def potential(self, masses: np.ndarray) -> np.ndarray:
-        """``V_j = Phi(x_j; rho)`` [M] at every cell centre for cell masses [M]."""
+    def linearization(self, masses: np.ndarray) -> tuple[float, np.ndarray]:
+        """``E_h`` and the potential ``V_j = Phi(x_j; rho)`` [M] at every cell centre, for cell masses [M]."""
+        grid, problem = self.grid, self.problem
         occupied = masses > 0
-        G = self.problem.residual_features(self.grid.centres[occupied], masses[occupied])
-        return self.problem.phi_field(self.grid.centres, G)
+        risk, G = problem.risk_and_features(grid.centres[occupied], masses[occupied])
+        energy = risk + problem.confinement(grid.centres, masses) + entropy(grid, grid.density(masses), problem.beta)
+        return energy, problem.phi_field(grid.centres, G)
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        s, grid = self.cfg.solver, self.grid
+        s, grid, beta = self.cfg.solver, self.grid, self.problem.beta
         h = min(self.tau, dt_limit)
         eps = s.epsilon * h / self.tau
-        ev0 = self.evaluate(state)
+        energy0 = self.evaluate(state).energy
         p = grid.masses(state.fields["density"])
         where = f"JKO step {state.step + 1} (t = {state.t:.6g}, tau = {h:.3g})"
-        q, g, newton, residual = p, None, 0, np.inf
-        V = ev0.phi.ravel() if np.all(p > 0) else self.potential(p)
+        V = self.linearization(p)[1]
+        q, g = p, None
+        newton = products = 0
+        residual = np.inf
+        anderson = _Anderson(ANDERSON_DEPTH)
         for outer in range(1, s.outer_maxiter + 1):
-            sol = entropic_prox(self.cost, p, V, eps, h, self.problem.beta, grid.cell_volume, s.inner_tol,
-                                s.inner_maxiter, g)
-            newton += sol.iterations
+            sol = entropic_prox(self.cost, p, V, eps, h, beta, grid.cell_volume, s.inner_tol, s.inner_maxiter, g)
+            newton, products = newton + sol.iterations, products + sol.products
             if not sol.converged:
                 raise SolverError(f"the Newton solve of the entropic transport in {where} stopped after "
                                   f"{sol.iterations} iterations with marginal violation {sol.violation:.3g} > "
@@ -448,31 +454,59 @@ class GridJKO(JKO):
             q, g = sol.masses, sol.potential
             if residual <= s.inner_tol:
                 break
-            V = self.potential(q)
-        else:
-            raise SolverError(f"the linearization of the risk in {where} did not converge in solver.outer_maxiter = "
-                              f"{s.outer_maxiter} iterations (last change {residual:.3g} > solver.inner_tol = "
-                              f"{s.inner_tol:g}); reduce solver.tau or raise solver.outer_maxiter")
+            # the fixed point V = Phi(x; S(V)), S the linearized step: Anderson-accelerated, the residual
+            # weighted by the new masses (V matters only where there is mass to move)
+            V = anderson.update(V, self.linearization(q)[1], np.sqrt(q))
         rho = grid.density(q)
         new = state.advanced({"density": rho}, h, dt=self.tau)
-        ev = self.evaluate(new)
         return new, {"mass": grid.total_mass(rho), "min_density": float(np.min(rho)),
                      "outer_iterations": float(outer), "newton_iterations": float(newton),
-                     "marginal_violation": sol.violation, "linearization_residual": residual,
-                     "energy_change": ev.energy - ev0.energy, "transport_cost": sol.transport_cost}
+                     "cg_iterations": float(products), "marginal_violation": sol.violation,
+                     "linearization_residual": residual,
+                     "energy_change": self.evaluate(new).energy - energy0, "transport_cost": sol.transport_cost}
 
 
 # ---- the entropic proximal step on a grid ---------------------------------------------------------
+class _Anderson:
+    """Anderson acceleration (type II) of a fixed-point iteration ``x = G(x)`` from the last ``depth`` pairs.
+
+    ``update(x, G(x), weight)`` returns the next iterate ``G(x) - sum_i gamma_i dG_i`` with gamma minimizing
+    ``|weight * (f - sum_i gamma_i df_i)|``, ``f = G(x) - x``; with one pair it is the plain iteration.
+    For a linear map this is GMRES on ``x - G(x) = 0``: it converges where the plain iteration
+    oscillates (the re-linearized risk overshoots at large tau).
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.xs: list[np.ndarray] = []
+        self.gs: list[np.ndarray] = []
+
+    def update(self, x: np.ndarray, gx: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        self.xs.append(x)
+        self.gs.append(gx)
+        self.xs, self.gs = self.xs[-(self.depth + 1):], self.gs[-(self.depth + 1):]
+        if len(self.xs) == 1:
+            return gx
+        G = np.array(self.gs)
+        F = (G - np.array(self.xs)) * weight
+        dF, dG = np.diff(F, axis=0), np.diff(G, axis=0)
+        gamma = np.linalg.lstsq(dF.T, F[-1], rcond=None)[0]
+        return gx - gamma @ dG
+
+
 @dataclass
 class ProxSolution:
     """One linearized entropic JKO problem, solved: ``masses`` [M] (``pi^T 1``), the semi-dual ``potential``
-    g [M] (:func:`entropic_plan` rebuilds pi from it), Newton ``iterations``, ``violation``
-    ``|pi^T 1 - q(g)|_1``, ``transport_cost`` ``<C, pi>`` and ``converged`` (violation <= tol)."""
+    g [M] (:func:`entropic_plan` rebuilds pi from it), Newton ``iterations`` and the Hessian-vector
+    ``products`` of their CG solves, ``violation`` ``|pi^T 1 - q(g)|_1``, ``transport_cost`` ``<C, pi>``,
+    ``entropic_cost`` ``<C, pi> + eps sum pi (log pi - 1)`` and ``converged`` (violation <= tol)."""
     masses: np.ndarray
     potential: np.ndarray
     iterations: int
+    products: int
     violation: float
     transport_cost: float
+    entropic_cost: float
     converged: bool
 
 
@@ -496,7 +530,8 @@ def entropic_prox(cost: np.ndarray, p: np.ndarray, potential: np.ndarray, eps: f
 
     ``cost`` C [M, M], ``p`` [M] (>= 0), ``potential`` V [M], ``volume`` the cell volume; ``start`` a semi-dual
     potential to start from (default: the one giving ``q = p``). Stops at ``|pi^T 1 - q|_1 <= tol`` or after
-    ``maxiter`` Newton steps.
+    ``maxiter`` Newton steps. Newton starts from the better (lower -J) of ``start`` and the potential with
+    ``q(g) = p``.
     """
     p = np.asarray(p, dtype=float)
     V = np.asarray(potential, dtype=float)
@@ -506,46 +541,60 @@ def entropic_prox(cost: np.ndarray, p: np.ndarray, potential: np.ndarray, eps: f
     def plan_of(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _conditional_plan(Ca, g, eps)
 
-    def solution(g: np.ndarray, P: np.ndarray, iterations: int, violation: float) -> ProxSolution:
+    def solution(g: np.ndarray, P: np.ndarray, lse: np.ndarray, iterations: int, violation: float,
+                 products: int = 0) -> ProxSolution:
         masses = pa @ P
+        transport = float(pa @ np.einsum("ij,ij->i", P, Ca))
+        # log pi_ij = log p_i + (g_j - C_ij) / eps - lse_i, so eps sum pi (log pi - 1) needs no [M, M] pass
+        entropic = float(masses @ g) - eps * float(pa @ lse) + eps * float(pa @ (np.log(pa) - 1.0))
         masses *= p.sum() / masses.sum()
-        cost_rows = np.einsum("ij,ij->i", P, Ca)
-        return ProxSolution(masses=masses, potential=g, iterations=iterations, violation=violation,
-                            transport_cost=float(pa @ cost_rows), converged=violation <= tol)
+        return ProxSolution(masses=masses, potential=g, iterations=iterations, products=products,
+                            violation=violation, transport_cost=transport, entropic_cost=entropic,
+                            converged=violation <= tol)
 
     if not np.isfinite(beta):
         # F linear: the plan is explicit and the marginal condition has no second side
         g = -2.0 * tau * V
-        return solution(g, plan_of(g)[0], 0, 0.0)
+        return solution(g, *plan_of(g), 0, 0.0)
     s = 2.0 * tau / beta
     log_volume = np.log(volume)
 
     def q_of(g: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", under="ignore"):
             return np.exp((-g - 2.0 * tau * V) / s - 1.0 + log_volume)
 
     def state(g: np.ndarray):
         P, lse = plan_of(g)
         q = q_of(g)
         m2 = pa @ P
-        return eps * float(pa @ lse) + s * float(q.sum()), m2 - q, P, m2, q
+        return eps * float(pa @ lse) + s * float(q.sum()), m2 - q, P, m2, q, lse
 
-    if start is None:
-        start = -s * (np.log(np.maximum(p, np.finfo(float).tiny) / volume) + 1.0) - 2.0 * tau * V
-    g = np.asarray(start, dtype=float)
-    obj, grad, P, m2, q = state(g)
-    iterations = 0
+    g = -s * (np.log(np.maximum(p, np.finfo(float).tiny) / volume) + 1.0) - 2.0 * tau * V
+    obj, grad, P, m2, q, lse = state(g)
+    if start is not None:
+        # a previous solution: a change of V between linearizations can make q(start) explode in
+        # cells where pi^T 1 cannot follow, so it has to be better than q(g) = p to be used
+        other = state(np.asarray(start, dtype=float))
+        if other[0] < obj:
+            g = np.asarray(start, dtype=float)
+            obj, grad, P, m2, q, lse = other
+    iterations, counter = 0, [0]
     while iterations < maxiter:
         norm = float(np.sum(np.abs(grad)))
         if norm <= tol:
             break
-        # Hessian of -J: (diag(pi^T 1) - pi^T diag(1/p) pi) / eps + diag(q) / s, positive definite
-        H = -(P.T * pa) @ P / eps
-        H[np.diag_indices_from(H)] += m2 / eps + q / s
-        try:
-            step = -solve(H, grad, assume_a="pos")
-        except LinAlgError:
-            step = -np.linalg.lstsq(H, grad, rcond=None)[0]
+        # Newton-CG: the Hessian of -J, (diag(pi^T 1) - pi^T diag(1/p) pi) / eps + diag(q) / s, is positive
+        # definite and diagonally dominant; with its diagonal as preconditioner CG needs few products
+        # (each O(M^2)) when eps / s is not small, and cells of tiny mass do not spoil the conditioning
+        diagonal = m2 / eps + q / s
+
+        def hvp(v: np.ndarray, P=P, m2=m2, q=q) -> np.ndarray:
+            return (m2 * v - (pa * (P @ v)) @ P) / eps + (q / s) * v
+
+        op = LinearOperator((g.size, g.size), matvec=hvp, dtype=float)
+        jacobi = LinearOperator((g.size, g.size), matvec=lambda r: r / diagonal, dtype=float)
+        step, _ = cg(op, -grad, rtol=max(min(0.1, norm), 1e-12), maxiter=10 * g.size, M=jacobi,
+                     callback=lambda _: counter.__setitem__(0, counter[0] + 1))
         iterations += 1
         slope = float(grad @ step)
         t = 1.0
@@ -556,7 +605,7 @@ def entropic_prox(cost: np.ndarray, p: np.ndarray, potential: np.ndarray, eps: f
                 break
             t *= 0.5
             if t < 1e-12:
-                return solution(g, P, iterations, norm)
+                return solution(g, P, lse, iterations, norm, counter[0])
         g = g + t * step
-        obj, grad, P, m2, q = trial
-    return solution(g, P, iterations, float(np.sum(np.abs(grad))))
+        obj, grad, P, m2, q, lse = trial
+    return solution(g, P, lse, iterations, float(np.sum(np.abs(grad))), counter[0])
