@@ -54,6 +54,9 @@ Crash safety: what a kill (SIGKILL, OOM, a crash) at any instant leaves behind, 
    ``len(/frames/time)`` is the frame count, as plain h5py users expect.
 6. *Later changes* to a finished file (the analysis a run appends) go through :func:`edit_trajectory`:
    on a copy, renamed over the original when complete.
+7. *One writer at a time.* A writer holds an advisory lock on its file (:class:`WriterLock`), released
+   when it closes or its process dies; resuming, overwriting (``--force``) or editing a file whose
+   writer is alive is refused, since it would split the run into two diverging files.
 
 What a kill loses: the steps since the last commit (a frame, or ``run.checkpoint_interval`` seconds of
 wall time); ``pdeflow run --resume`` recomputes them bit for bit. Not covered: power loss or an OS crash
@@ -67,6 +70,7 @@ import json
 import os
 import re
 import shutil
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -129,6 +133,41 @@ def _fixed_text(text: str, size: int) -> np.ndarray:
     return np.array(raw, dtype=h5py.string_dtype("utf-8", size))
 
 
+class WriterLock:
+    """The advisory lock a writer holds on its file: "a pdeflow process is writing this".
+
+    An open-file-description record lock (Linux ``F_OFD_SETLK``; POSIX ``lockf`` elsewhere) on one byte at
+    offset 2**62, far beyond the data. Record locks are independent of the ``flock`` locks HDF5 takes for
+    itself (which SWMR readers need), the kernel drops them when the process dies, and they bind the
+    inode, so they follow the file through a rename. TrajectoryError if another process holds it."""
+    OFFSET = 2**62
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDWR)
+        try:
+            import fcntl
+            if hasattr(fcntl, "F_OFD_SETLK"):
+                fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK,
+                            struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, self.OFFSET, 1, 0))
+            else:
+                fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self.OFFSET)
+        except OSError:
+            os.close(self.fd)
+            raise TrajectoryError(f"{path}: another pdeflow process is writing it (wait for it to end, or "
+                                  f"stop it: it checkpoints on SIGINT/SIGTERM)") from None
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def check_no_writer(path: Path) -> None:
+    """TrajectoryError if a live writer holds ``path`` (nothing to check for a missing file)."""
+    if path.is_file():
+        WriterLock(path).release()
+
+
 def _partial_path(path: Path) -> Path:
     """The sibling a new or rebuilt file is written to before it is renamed onto ``path``."""
     return path.with_name(path.name + ".partial")
@@ -163,9 +202,10 @@ class TrajectoryWriter:
     :meth:`write_checkpoint` commits them (see the module docstring).
     """
 
-    def __init__(self, f: h5py.File, path: Path) -> None:
+    def __init__(self, f: h5py.File, path: Path, lock: WriterLock) -> None:
         self.f = f
         self.path = path
+        self.lock = lock
         # Every dataset the writer touches stays open until the file closes: closing a dataset flushes its
         # buffers, and a write failing there (a full disk) would surface as an ignored error in a
         # destructor instead of an exception the caller can handle.
@@ -190,13 +230,16 @@ class TrajectoryWriter:
         path = Path(path)
         if path.exists() and not overwrite:
             raise TrajectoryError(f"{path}: exists (pass overwrite=True to replace it)")
+        check_no_writer(path)
         partial = _partial_path(path)
         try:
             partial.unlink(missing_ok=True)
             f = h5py.File(partial, "x", libver="latest")
         except OSError as exc:
             raise TrajectoryError(f"cannot create {partial}: {error_reason(exc)}") from None
+        lock = None
         try:
+            lock = WriterLock(partial)
             cls._populate(f, cfg, arrays, fields, step_columns, frame_attrs or {}, extra_size, measure,
                           beta, precision, None if compression in (None, "none") else compression)
             f.flush()
@@ -204,11 +247,13 @@ class TrajectoryWriter:
             os.replace(partial, path)
         except BaseException as exc:
             discard_close(f)
+            if lock is not None:
+                lock.release()
             partial.unlink(missing_ok=True)
             if isinstance(exc, (OSError, RuntimeError)):
                 raise TrajectoryError(f"cannot create {path}: {error_reason(exc)}") from None
             raise
-        return cls(f, path)
+        return cls(f, path, lock)
 
     @staticmethod
     def _populate(f: h5py.File, cfg: Config, arrays: dict[str, Any], fields: dict[str, np.ndarray],
@@ -277,13 +322,17 @@ class TrajectoryWriter:
         A file whose writer died is first rebuilt from its committed content (module docstring, 4)."""
         path = Path(path)
         check_file(path)
+        lock = WriterLock(path)
         try:
             f = _open_swmr_write(path)
         except OSError:
+            lock.release()
             _rebuild(path)
+            lock = WriterLock(path)
             try:
                 f = _open_swmr_write(path)
             except OSError as exc:
+                lock.release()
                 raise TrajectoryError(f"{path}: cannot be opened for writing ({error_reason(exc)})") from None
         try:
             ck = read_checkpoint(f)
@@ -298,10 +347,11 @@ class TrajectoryWriter:
             f.flush()
         except BaseException as exc:
             discard_close(f)
+            lock.release()
             if isinstance(exc, (OSError, RuntimeError, KeyError, ValueError)):
                 raise TrajectoryError(f"{path}: cannot be resumed ({error_reason(exc)})") from None
             raise
-        return cls(f, path), ck
+        return cls(f, path, lock), ck
 
     # ---- appending --------------------------------------------------------------------------
     def append_steps(self, rows: dict[str, np.ndarray]) -> None:
@@ -364,6 +414,7 @@ class TrajectoryWriter:
             self.f.flush()
         finally:
             self.f.close()
+            self.lock.release()
 
     def close(self) -> None:
         """Flush and close without recording a status (the file stays resumable)."""
@@ -371,10 +422,12 @@ class TrajectoryWriter:
             self.f.flush()
         finally:
             self.f.close()
+            self.lock.release()
 
     def abandon(self) -> None:
         """Close after a failed write (:func:`discard_close`): the committed rows stay as they are."""
         discard_close(self.f)
+        self.lock.release()
 
 
 def read_checkpoint(f: h5py.File) -> Checkpoint | None:
@@ -528,11 +581,13 @@ def edit_trajectory(path: str | Path) -> Iterator[h5py.File]:
     completes; a kill or an exception leaves the original file untouched."""
     path = Path(path)
     check_file(path)
+    lock = WriterLock(path)   # no writer may be appending to it meanwhile
     partial = _partial_path(path)
     try:
         shutil.copyfile(path, partial)
         f = h5py.File(partial, "r+")
     except OSError as exc:
+        lock.release()
         partial.unlink(missing_ok=True)
         raise TrajectoryError(f"{path}: cannot be edited ({error_reason(exc)})") from None
     try:
@@ -544,6 +599,8 @@ def edit_trajectory(path: str | Path) -> Iterator[h5py.File]:
             f.close()
         partial.unlink(missing_ok=True)
         raise
+    finally:
+        lock.release()
 
 
 class Trajectory:

@@ -362,10 +362,10 @@ def test_sigkill_during_recovery_leaves_the_original(tmp_path):
 
 
 def test_sigkill_at_random_moments_of_a_writing_loop(tmp_path):
-    """12 kills at seeded random delays of a loop that does nothing but commit frames (so the kills land
+    """8 kills at seeded random delays of a loop that does nothing but commit frames (so the kills land
     inside writes and flushes): every file reads as an exact prefix of the frames and continues."""
     rnd = random.Random(20240611)
-    for i in range(12):
+    for i in range(8):
         path = tmp_path / f"r{i}.h5"
         assert run_script(tmp_path, "random", path, delay=rnd.uniform(0.0, 0.3)) == -signal.SIGKILL
         check_and_resume(path)
