@@ -531,7 +531,7 @@ def entropic_prox(cost: np.ndarray, p: np.ndarray, potential: np.ndarray, eps: f
     ``cost`` C [M, M], ``p`` [M] (>= 0), ``potential`` V [M], ``volume`` the cell volume; ``start`` a semi-dual
     potential to start from (default: the one giving ``q = p``). Stops at ``|pi^T 1 - q|_1 <= tol`` or after
     ``maxiter`` Newton steps. Newton starts from the better (lower -J) of ``start`` and the potential with
-    ``q(g) = p``.
+    ``q(g) = p`` (``q(g) = min p`` in empty cells).
     """
     p = np.asarray(p, dtype=float)
     V = np.asarray(potential, dtype=float)
@@ -569,7 +569,8 @@ def entropic_prox(cost: np.ndarray, p: np.ndarray, potential: np.ndarray, eps: f
         m2 = pa @ P
         return eps * float(pa @ lse) + s * float(q.sum()), m2 - q, P, m2, q, lse
 
-    g = -s * (np.log(np.maximum(p, np.finfo(float).tiny) / volume) + 1.0) - 2.0 * tau * V
+    # q(g) = p; empty cells start like the lightest occupied one (log 0 would make them absorb everything)
+    g = -s * (np.log(np.maximum(p, pa.min()) / volume) + 1.0) - 2.0 * tau * V
     obj, grad, P, m2, q, lse = state(g)
     if start is not None:
         # a previous solution: a change of V between linearizations can make q(start) explode in
