@@ -33,7 +33,7 @@ from scipy.spatial.distance import cdist
 
 from .measure import Grid, free_energy
 from .problem import Problem
-from .trajectory import SCHEMA, SCHEMA_VERSION, TrajectoryError
+from .trajectory import SCHEMA, SCHEMA_VERSION, TrajectoryError, committed_counts, open_for_reading
 
 EXACT_W2_MAX = 2000
 TIME_MATCH = 1e-9
@@ -81,7 +81,7 @@ def read_run(path: str | Path) -> StoredRun:
     problems = validate(path)
     if problems:
         raise TrajectoryError(f"{path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-    with h5py.File(path, "r") as f:
+    with open_for_reading(path) as f:
         model, data, fr = f["model"], f["data"], f["frames"]
         arrays: dict[str, Any] = {k: model[k][()] for k in ("embedding", "positions", "unembedding", "theta0")}
         arrays["basis"] = model["basis"][()] if "basis" in model else None
@@ -89,10 +89,18 @@ def read_run(path: str | Path) -> StoredRun:
         for key in ("head_dim", "score_scale", "weight_decay"):
             arrays[key] = model.attrs[key].item() if hasattr(model.attrs[key], "item") else model.attrs[key]
         beta = float(model.attrs.get("beta", np.inf))
-        n = fr["time"].shape[0]
+        n = _frame_count(f)
         frames = {k: fr[k][:n] for k in ("time", "energy", "dissipation", "omega", "mass", "density") if k in fr}
         grid = Grid.from_frame_attrs(dict(fr.attrs)) if "density" in fr else None
     return StoredRun(path, arrays, beta, frames["time"], frames, grid)
+
+
+def _frame_count(f: h5py.File) -> int:
+    """Frames that belong to the trajectory: a pdeflow writer's committed rows (a run in progress or killed
+    holds rows past its active checkpoint), else every row of /frames/time (a file from another code)."""
+    if "checkpoint" in f and "steps" in f and "time" in f["steps"]:
+        return committed_counts(f)[0]
+    return int(f["frames"]["time"].shape[0])
 
 
 # ---- validate --------------------------------------------------------------------------------
@@ -102,7 +110,7 @@ def validate(path: str | Path) -> list[str]:
     if not path.is_file():
         return [f"no such file: {path}"]
     try:
-        f = h5py.File(path, "r")
+        f = open_for_reading(path)
     except OSError as exc:
         return [f"not a readable HDF5 file ({str(exc).splitlines()[0][:80]})"]
     with f:
@@ -192,7 +200,8 @@ def _validate_open(f: h5py.File) -> list[str]:
     time = dataset("frames", "time", 1, "f")
     if time is None:
         return out
-    F = time.shape[0]
+    F = _frame_count(f)
+    time = time[:F]
     if np.any(np.diff(time) < 0):
         out.append("/frames/time must be non-decreasing")
     if "density" in fr:

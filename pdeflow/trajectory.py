@@ -493,6 +493,12 @@ def _open_read(path: Path) -> h5py.File:
             raise first from None
 
 
+def open_for_reading(path: str | Path) -> h5py.File:
+    """Open a trajectory read-only with h5py, also while its SWMR writer runs or after it died; read the
+    rows :func:`committed_counts` gives."""
+    return _open_read(Path(path))
+
+
 def check_file(path: str | Path) -> None:
     """Raise TrajectoryError (one line) unless ``path`` is a readable pdeflow trajectory of schema 1."""
     path = Path(path)

@@ -112,3 +112,36 @@ def test_validate_names_a_file_that_is_not_hdf5(tmp_path):
     path = tmp_path / "notes.h5"
     path.write_text("not hdf5")
     assert "not a readable HDF5 file" in validate(path)[0]
+
+
+def write_external_file(path: Path, golden: Path) -> None:
+    """What another code writes (the README's example): the problem, and its frames at matching times.
+
+    Here the 'other code' copies pdeflow's frames; a real one would integrate them itself."""
+    with h5py.File(golden, "r") as g, h5py.File(path, "w") as f:
+        f.attrs["schema"] = "pdeflow-trajectory"
+        f.attrs["schema_version"] = 1
+        for key in ("embedding", "positions", "unembedding", "theta0"):
+            f[f"model/{key}"] = g[f"model/{key}"][()]
+        for key in ("head_dim", "score_scale", "weight_decay"):
+            f["model"].attrs[key] = g["model"].attrs[key]
+        for key in ("tokens", "targets", "mask", "weights"):
+            f[f"data/{key}"] = g[f"data/{key}"][()]
+        n = g["checkpoint/slot%d/n_frames" % g["checkpoint/active"][()]][()]
+        f["frames/time"] = g["frames/time"][:n]
+        f["frames/omega"] = g["frames/omega"][:n]
+        f["frames/mass"] = g["frames/mass"][:n]
+
+
+def test_a_file_written_by_another_code_validates_and_compares(tmp_path):
+    golden = REFERENCE / "particles-rk4.h5"
+    external = tmp_path / "external.h5"
+    write_external_file(external, golden)
+    assert validate(external) == []
+    result = compare(external, golden, rtol=1e-8, atol=1e-10)
+    assert result.ok, result.table()
+    # energies and dissipation were recomputed from the stored problem, not read
+    assert any(r.quantity == "energy" for r in result.rows)
+    with h5py.File(external, "r+") as f:
+        f["frames/omega"][-1] += 1e-3
+    assert not compare(external, golden).ok
