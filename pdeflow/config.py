@@ -45,7 +45,7 @@ class TaskConfig:
     vocab_size: int = spec(8, "vocabulary size V (text: 0 means 'the file's characters')", ge=0)
     seq_len: int = spec(8, "sequence length T", ge=1)
     exact: bool = spec(False, "enumerate every sequence and weight it by its probability")
-    n_samples: int = spec(256, "number B of sampled sequences when exact = false", ge=1)
+    n_samples: int = spec(256, "number B of sampled sequences when exact = false", ge=1, le=10**8)
     seed: int = spec(0, "seed of the sampled data set", ge=0)
     concentration: float = spec(1.0, "markov: Dirichlet concentration of transition rows", gt=0)
     chain_seed: int = spec(-1, "markov: seed of the transition matrix (-1: task.seed)", ge=-1)
@@ -56,8 +56,9 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    d: int = spec(16, "model width d (with onehot positions the last T columns are positions)", ge=1)
-    head_dim: int = spec(4, "head width dh", ge=1)
+    # upper bounds catch typos that would otherwise try to allocate terabytes
+    d: int = spec(16, "model width d (with onehot positions the last T columns are positions)", ge=1, le=8192)
+    head_dim: int = spec(4, "head width dh", ge=1, le=4096)
     embedding: str = spec("onehot", "token embedding E", choices=("onehot", "gaussian"))
     positions: str = spec("none", "positional table P", choices=("none", "sinusoidal", "onehot"))
     unembedding: str = spec("tied", "unembedding U", choices=("tied", "gaussian", "identity", "zero"))
@@ -75,7 +76,7 @@ class ModelConfig:
 class InitConfig:
     measure: str = spec("particles", "discretization of rho: particles, or a grid on reduced coordinates (k <= 3)",
                         choices=("particles", "grid"))
-    n_particles: int = spec(64, "number N of particles (heads)", ge=1)
+    n_particles: int = spec(64, "number N of particles (heads)", ge=1, le=10**9)
     seed: int = spec(0, "seed of the initial particles", ge=0)
     distribution: str = spec("gaussian", "law of the initial particles", choices=("gaussian", "uniform", "point"))
     scale: float = spec(0.5, "gaussian: standard deviation; uniform: half-width; per coordinate", ge=0)
