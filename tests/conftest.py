@@ -114,3 +114,16 @@ def one_numba_thread():
     numba.set_num_threads(1)
     yield
     numba.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """One BLAS thread for a whole test module (when threadpoolctl is installed): small dense products
+    (grid solvers) also run many times faster on one thread than on two on a loaded 2-core machine."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(1):
+        yield

@@ -34,19 +34,6 @@ CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
 pytestmark = pytest.mark.usefixtures("one_numba_thread", "one_blas_thread")
 
 
-@pytest.fixture(scope="module")
-def one_blas_thread():
-    """One BLAS thread: the grid solver's small dense products run many times faster on a loaded 2-core
-    machine (optional: threadpoolctl may be absent)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(1):
-        yield
-
-
 # ---- particles ------------------------------------------------------------------------------------
 PARTICLES = {"init": {"n_particles": 6, "scale": 0.7, "seed": 3}, "diagnostics": {"enabled": False}}
 
