@@ -1,8 +1,9 @@
 """JKO (minimizing-movement) steppers: ``rho_{n+1} = argmin_rho E(rho) + W2^2(rho, rho_n) / (2 tau)``.
 
 An implicit, variational time step of the Wasserstein gradient flow (MODEL.md). For any ``tau`` it
-decreases the energy, ``E(rho_{n+1}) + W2^2(rho_{n+1}, rho_n)/(2 tau) <= E(rho_n)``, which no explicit
-stepper does beyond its stability limit; it is first order in ``tau``. ``tau = solver.tau`` (0: ``solver.dt``);
+decreases the energy, ``E(rho_{n+1}) + W2^2(rho_{n+1}, rho_n)/(2 tau) <= E(rho_n)`` (the grid's entropic
+variant up to its regularization), which no explicit stepper does beyond its stability limit
+(:func:`euler_stability_limit` measures Euler's); it is first order in ``tau``. ``tau = solver.tau`` (0: ``solver.dt``);
 steps are shortened to land on frame times.
 
 Particles (``init.measure = "particles"``)
@@ -11,10 +12,12 @@ Particles (``init.measure = "particles"``)
         F(Y) = E(rho_Y) + (1/(2 tau)) sum_i m_i |y_i - omega_i|^2,
         d F / d y_i = m_i (grad Phi(y_i; rho_Y) + (y_i - omega_i) / tau),
 
-    with scipy's L-BFGS-B and this analytic gradient. The minimizer solves the implicit Euler equations
-    ``y_i = omega_i - tau grad Phi(y_i; rho_Y)``. The inner solve runs in the scaled variables
-    ``z_i = sqrt(m_i / tau) (y_i - omega_i)``, in which ``F = E(rho_Y) + |z|^2 / 2`` has Hessian
-    ``I + O(tau)``, and stops when the Euler-Lagrange residual (velocity units)
+    with scipy's L-BFGS-B and this analytic gradient, from the better of ``omega`` and the explicit Euler
+    predictor. The minimizer solves the implicit Euler equations ``y_i = omega_i - tau grad Phi(y_i; rho_Y)``.
+    The inner solve runs in the scaled variables ``z_i = sqrt(m_i / tau) (y_i - omega_i)``, in which
+    ``F = E(rho_Y) + |z|^2 / 2`` has Hessian ``I + O(tau)``; once L-BFGS-B's line search no longer resolves
+    F (its rounding, near r ~ 1e-8), Newton steps (MINRES on complex-step Hessian-vector products) finish.
+    It stops when the Euler-Lagrange residual (velocity units)
 
         r = sqrt( sum_i m_i |grad Phi(y_i; rho_Y) + (y_i - omega_i) / tau|^2 )
 
@@ -38,13 +41,15 @@ Grid (``init.measure = "grid"``): an entropic JKO step in the manner of Peyre (S
         F(q) = sum_j q_j V_j + (1/beta) sum_j q_j log(q_j / |C|),
 
     ``V_j = Phi(x_j; rho)`` the first variation of risk plus confinement. The risk is non-linear in ``q``:
-    ``V`` is re-linearized at the new masses until the fixed point, ``|q^{m+1} - q^m|_1 <= inner_tol``
-    (at most ``solver.outer_maxiter`` linearizations), so the step is the fully implicit one. With
+    ``V`` is re-linearized at the new masses until the fixed point ``V = Phi(x; q(V))``,
+    ``|q^{m+1} - q^m|_1 <= inner_tol`` (at most ``solver.outer_maxiter`` linearizations), so the step is the
+    fully implicit one; the plain iteration overshoots at large tau, so it is Anderson-accelerated. With
     ``s = 2 tau / beta``, ``F`` is ``(s / 2 tau) KL(q | |C| exp(-beta V))`` up to a constant: each
     linearized problem is semi-relaxed entropic transport (POT's ``ot.unbalanced.sinkhorn_unbalanced``
     with ``reg_m = (inf, s)`` solves it too; the tests compare). Generalized Sinkhorn iterations
     (``a = p / K b``, ``b = prox(K^T a) / K^T a``) need thousands of sweeps for eps << |box|^2, so here
-    Newton's method maximizes the concave semi-dual in ``g`` [M]:
+    Newton's method (CG with the Hessian's diagonal as preconditioner, line search on J) maximizes the
+    concave semi-dual in ``g`` [M]:
 
         J(g) = -eps sum_i p_i log sum_j exp((g_j - C_ij) / eps) - s |C| sum_j exp((-g_j - 2 tau V_j) / s - 1),
         -grad J = pi^T 1 - q(g),   q_j(g) = |C| exp((-g_j - 2 tau V_j) / s - 1),
@@ -57,12 +62,13 @@ Grid (``init.measure = "grid"``): an entropic JKO step in the manner of Peyre (S
 
     Entropic bias: for small eps the entropic cost is ``W2^2 + (eps/2)(int p log p + int q log q)`` plus
     a constant, so the scheme solves the flow with the diffusion ``1/beta + eps / (4 tau)``; the tests
-    measure it. A step shortened to land on a frame uses ``eps h / tau`` to keep that bias per unit time.
+    measure it (keep ``eps << 4 tau / beta``; ``eps ~ tau^2`` keeps the scheme first order). A step shortened to land on a frame uses ``eps h / tau`` to keep that bias per unit time.
     The blur ``sqrt(eps / 2)`` must also resolve the grid (``sqrt(eps) >~ h``): below it, mass moving less
     than a cell per step stays put.
 
-    ``/steps`` columns: ``mass``, ``min_density``, ``outer_iterations``, ``newton_iterations`` (summed over
-    the linearizations), ``marginal_violation``, ``linearization_residual``, ``energy_change``
+    ``/steps`` columns: ``mass``, ``min_density``, ``outer_iterations``, ``newton_iterations`` and
+    ``cg_iterations`` (summed over the linearizations), ``marginal_violation``, ``linearization_residual``,
+    ``energy_change``
     (``E_h(rho_{n+1}) - E_h(rho_n)``), ``transport_cost`` (``<C, pi>``). Energy, risk and dissipation are
     the finite-volume stepper's (:mod:`solvers.finite_volume`), so grid runs of both methods compare.
 """
@@ -91,7 +97,7 @@ from .base import SolverError, State, Stepper
 COUPLING_RTOL = 1e-9
 # Anderson acceleration of the re-linearization of the risk in a grid JKO step: past iterates kept.
 ANDERSON_DEPTH = 6
-# The grid JKO forms dense [M, M] plans and Hessians: a few of them at 2500 cells take some 150 MB.
+# The grid JKO forms dense [M, M] costs and plans: the few it holds at 2500 cells take some 200 MB.
 MAX_GRID_CELLS = 2500
 
 
@@ -370,7 +376,7 @@ class ParticleJKO(JKO):
         result = proximal_step(self.problem, omega, mass, h, s.inner_tol, s.inner_maxiter, self.evaluate(state))
         if not result.converged:
             raise SolverError(
-                f"the inner L-BFGS-B solve of JKO step {state.step + 1} (t = {state.t:.6g}, tau = {h:.3g}) stopped "
+                f"the inner solve (L-BFGS-B, then Newton) of JKO step {state.step + 1} (t = {state.t:.6g}, tau = {h:.3g}) stopped "
                 f"after {result.iterations} iterations with Euler-Lagrange residual {result.residual:.3g} > "
                 f"solver.inner_tol = {s.inner_tol:g} ({result.message}); raise solver.inner_maxiter or "
                 f"solver.inner_tol, or reduce solver.tau")
