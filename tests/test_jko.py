@@ -162,6 +162,20 @@ def test_coupling_gap():
     assert jko.coupling_gap(old, np.array([[1.5], [0.5]]), half) == pytest.approx(2.0 / 2.25)
 
 
+def test_non_optimal_coupling_is_marked_and_warned_once(monkeypatch):
+    """A step whose labelled coupling is not optimal is marked in its /steps column and counted; one warning."""
+    cfg, problem, _, _ = stiff_problem()
+    stepper = make_stepper(problem, cfg.replace(solver={"dt": 0.1}))
+    monkeypatch.setattr(jko, "coupling_gap", lambda old, new, mass: 0.25)
+    state = stepper.initial_state()
+    with pytest.warns(RuntimeWarning, match="not optimal") as caught:
+        for _ in range(2):
+            state, extra = stepper.step(state, np.inf)
+            assert extra["coupling_optimal"] == 0.0 and extra["transport_gap"] == 0.25
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    assert stepper.non_optimal_couplings == 2
+
+
 # ---- grid -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.filterwarnings("ignore:If reg_type = entropy:UserWarning")
