@@ -15,7 +15,7 @@ from typing import Sequence
 
 from . import __version__
 from .config import Config, ConfigError, describe_schema, load_config
-from .parallel import abort_ranks, launcher_rank, world
+from .parallel import abort_ranks, failed_alike, launcher_rank, world
 from .trajectory import TrajectoryError, check_file, open_trajectory
 
 EXIT_CODES = """exit codes:
@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except (ConfigError, TrajectoryError, UsageError) as exc:
-        if launcher_rank() == 0:  # under MPI every rank fails alike (bad input is found before any communication)
+        if failed_alike(_one_line(str(exc))) and launcher_rank() == 0:  # under MPI: rank 0 reports
             print(f"pdeflow: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -28,6 +28,7 @@ import os
 import pickle
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,6 +43,8 @@ SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK")
 LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MV2_", "HYDRA_", "MPI_LOCAL")  # what launchers set in a process
 FORCE_VARIABLE = "PDEFLOW_MPI"
+FAILURE_AGREEMENT_SECONDS = 20.0  # how long a rank with bad input waits for the others to fail alike
+ABORT_GRACE_SECONDS = 1.0  # between a failing rank's last message and MPI_Abort
 THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -123,6 +126,19 @@ class MPIComm(SerialComm):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        # a separate channel for agreeing on failures: its messages cannot be mistaken for the run's
+        self.control = self.comm.Dup()
+
+    def all_failed(self, timeout: float) -> bool:
+        """Called by a rank that failed: whether every rank calls this within ``timeout`` seconds (they all
+        failed alike) or not (some are still running and would wait for this rank forever)."""
+        request = self.control.Ibarrier()
+        deadline = time.monotonic() + timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def allreduce_sum(self, array: np.ndarray) -> np.ndarray:
         array = np.ascontiguousarray(array)
@@ -229,6 +245,18 @@ def world() -> SerialComm:
     return _WORLD
 
 
+def failed_alike(message: str) -> bool:
+    """After bad input (exit code 2) under MPI: True when every rank failed too, which is the rule since
+    input is checked before any communication (then rank 0 alone should report it); otherwise - the
+    ranks saw different files, say - print the message with this rank and MPI_Abort every rank with
+    code 2, so that no rank waits forever. True in a serial run."""
+    if _WORLD is None or _WORLD.size == 1 or _WORLD.all_failed(FAILURE_AGREEMENT_SECONDS):
+        return True
+    print(f"pdeflow: error on rank {_WORLD.rank} only: {message}", file=sys.stderr)
+    _abort_after_output(2)
+    return False
+
+
 def abort_ranks(exc: BaseException) -> None:
     """After an exception that may have happened on this rank only: under MPI with P > 1, print it with
     the rank and MPI_Abort every rank (the others may be waiting in a collective operation and would hang
@@ -237,8 +265,16 @@ def abort_ranks(exc: BaseException) -> None:
         return
     print(f"pdeflow: rank {_WORLD.rank} failed, aborting all {_WORLD.size} ranks:", file=sys.stderr)
     traceback.print_exception(exc, file=sys.stderr)
+    _abort_after_output(1)
+
+
+def _abort_after_output(code: int) -> None:
+    # the launcher forwards a rank's output through pipes that MPI_Abort's clean-up may cut before they are
+    # read: give it a moment, or the one message that says what went wrong can be lost
+    sys.stdout.flush()
     sys.stderr.flush()
-    _WORLD.abort(1)
+    time.sleep(ABORT_GRACE_SECONDS)
+    _WORLD.abort(code)
 
 
 def share_cores(comm: MPIComm) -> int:

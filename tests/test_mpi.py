@@ -196,3 +196,39 @@ def test_a_file_rank_0_cannot_create_fails_every_rank(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot create" in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_a_failure_on_one_rank_aborts_every_rank(tmp_path):
+    """An unexpected exception on rank 1 alone (rank 0 then waits in a collective): the run ends at once,
+    with the traceback of the failing rank and a non-zero exit code, instead of hanging."""
+    config = write_config(tmp_path / "f.toml")
+    code = ("import sys; from pdeflow.cli import main; from pdeflow.parallel import world; import solvers.explicit as e\n"
+            "step = e.DormandPrince.step\n"
+            "def failing(self, state, dt_limit):\n"
+            "    if world().rank == 1 and state.step == 2: raise RuntimeError('injected failure')\n"
+            "    return step(self, state, dt_limit)\n"
+            "e.DormandPrince.step = failing\n"
+            f"sys.exit(main(['run', {str(config)!r}, '-o', {str(tmp_path / 'f.h5')!r}]))\n")
+    proc = subprocess.run([mpiexec(), "-n", str(RANKS), sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environment(), timeout=TIMEOUT)
+    assert proc.returncode != 0
+    assert "rank 1 failed, aborting all 2 ranks" in proc.stderr and "injected failure" in proc.stderr, proc.stderr
+
+
+def test_bad_input_seen_by_one_rank_only_aborts_every_rank(tmp_path):
+    """Bad input found on rank 1 alone (say, a file its node does not see) while rank 0 went on: rank 1 waits
+    for the others to fail alike, then reports and aborts all ranks with exit code 2 instead of hanging."""
+    config = write_config(tmp_path / "b.toml")
+    code = ("import sys; import pdeflow.parallel as par; from pdeflow.cli import main; from pdeflow import Problem\n"
+            "from pdeflow.config import ConfigError\n"
+            "par.FAILURE_AGREEMENT_SECONDS = 2.0\n"
+            "build = Problem.from_config\n"
+            "def failing(cfg):\n"
+            "    if par.world().rank == 1: raise ConfigError('task.path: injected, rank 1 only')\n"
+            "    return build(cfg)\n"
+            "Problem.from_config = staticmethod(failing)\n"
+            f"sys.exit(main(['run', {str(config)!r}, '-o', {str(tmp_path / 'b.h5')!r}]))\n")
+    proc = subprocess.run([mpiexec(), "-n", str(RANKS), sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environment(), timeout=TIMEOUT)
+    assert proc.returncode == 2, proc.stderr
+    assert "pdeflow: error on rank 1 only: task.path: injected, rank 1 only" in proc.stderr, proc.stderr
