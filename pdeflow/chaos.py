@@ -298,6 +298,12 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
     eta_list = np.array(sorted(set(float(e) for e in c.eta_list), reverse=True))
     nN, S, nE, F = len(n_list), c.seeds, len(eta_list), len(times)
     flow = make_stepper(problem, cfg)
+
+    def sgd_config(n: int, s: int, e: int) -> Config:
+        return cfg.replace(solver={"method": "sgd", "dt": float(eta_list[e])},
+                           sgd={"seed": child_seed(cfg, "sgd", n, s, e)})
+
+    make_stepper(problem, sgd_config(0, 0, 0))  # a bad [sgd] setting fails here, before any work
     probe = probe_problem(problem, cfg)
     probe_lw = loss_weights(probe.arrays()["mask"], probe.arrays()["weights"])
 
@@ -343,8 +349,7 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
         _trajectory(flow, x, mass, times, cfg.solver.dt, on_frame=on_flow)
         report(f"flow N={n}", n * times[-1])
         for e, eta in enumerate(eta_list):
-            sgd_cfg = cfg.replace(solver={"method": "sgd", "dt": float(eta)},
-                                  sgd={"seed": child_seed(cfg, "sgd", n, s, e)})
+            sgd_cfg = sgd_config(n, s, e)
             sgd = make_stepper(problem, sgd_cfg)
             rng = np.random.default_rng(sgd_cfg.sgd.seed)
 
@@ -488,53 +493,70 @@ def summary(result: ChaosResult) -> str:
 
 
 def plot_result(path: str | Path, result: ChaosResult) -> None:
-    """Four panels (PNG): D_N and the logit gap against N at t_end with their fits; D_N(t) per N; the SGD
-    excess against eta; the static gap against N (mean and spread over draws)."""
+    """Four panels (PNG): the coupling distance, logit gap and sliced W2 against N at t_end (every seed, the
+    RMS over seeds, the fits); D_N(t) per N; the SGD excess against eta per N; the static gap against N
+    (every draw, the mean and RMS over draws, their fits)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
     d, n, eta = result.data, result.n_list, result.eta_list
     fig, ax = plt.subplots(2, 2, figsize=(11, 8.5))
 
-    def fitted(axis, x, name, style="k--"):
+    def fitted(axis, x, name, color):
         fit = result.fits.get(name)
         if fit is not None:
             xs = np.geomspace(x.min(), x.max(), 50)
-            axis.plot(xs, fit.prefactor * xs**fit.slope, style, lw=1,
-                      label=f"slope {fit.slope:+.2f} [{fit.ci[0]:+.2f}, {fit.ci[1]:+.2f}]")
+            axis.plot(xs, fit.prefactor * xs**fit.slope, "--", color=color, lw=1,
+                      label=f"fit: slope {fit.slope:+.2f} [{fit.ci[0]:+.2f}, {fit.ci[1]:+.2f}]")
+
+    def ticks(axis, values):
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.xaxis.set_major_locator(FixedLocator(values))
+        axis.xaxis.set_minor_locator(NullLocator())
+        axis.xaxis.set_major_formatter(ScalarFormatter())
 
     a = ax[0, 0]
-    for name, marker in (("coupling", "o"), ("logit_gap", "s"), ("sliced_w2", "^")):
+    for (name, label), color in zip((("coupling", "coupling distance"), ("logit_gap", "logit gap"),
+                                     ("sliced_w2", "sliced W2 (beside)")), ("C0", "C3", "C2")):
         y = d[name][:, :, -1]
-        a.loglog(np.repeat(n, y.shape[1]), y.ravel(), marker, alpha=0.35, ms=4)
-        a.loglog(n, np.sqrt(np.mean(y**2, axis=1)), marker + "-", label=name.replace("_", " "))
-        fitted(a, n.astype(float), name)
+        a.plot(np.repeat(n, y.shape[1]), y.ravel(), "o", color=color, alpha=0.25, ms=3)
+        a.plot(n, np.sqrt(np.mean(y**2, axis=1)), "o-", color=color, label=f"{label} (rms over seeds)")
+        fitted(a, n.astype(float), name, color)
+    ticks(a, n)
     a.set_xlabel("N (heads)")
-    a.set_title(f"finite heads vs mean-field limit at t = {result.times[-1]:g}")
+    a.set_title(f"N heads against the mean-field limit at t = {result.times[-1]:g}")
     a.legend(fontsize=7)
     a = ax[0, 1]
     for k, nn in enumerate(n):
-        a.semilogy(result.times[1:], np.sqrt(np.mean(d["coupling"][k, :, 1:] ** 2, axis=0)), label=f"N = {nn}")
+        a.semilogy(result.times[1:], np.sqrt(np.mean(d["coupling"][k, :, 1:] ** 2, axis=0)), "o-", ms=3,
+                   label=f"N = {nn}")
     a.set_xlabel("t")
     a.set_ylabel("coupling distance (rms over seeds)")
+    a.set_title("coupling distance over time")
     a.legend(fontsize=7)
     a = ax[1, 0]
     for k, nn in enumerate(n):
-        a.loglog(eta, np.sqrt(np.mean(d["sgd_excess"][k, :, :, -1] ** 2, axis=0)), "o-", label=f"N = {nn}")
-    fitted(a, eta, "sgd_eta")
-    a.set_xlabel("eta")
-    a.set_ylabel("SGD excess over the flow")
+        a.plot(eta, np.sqrt(np.mean(d["sgd_excess"][k, :, :, -1] ** 2, axis=0)), "o-", ms=3, label=f"N = {nn}")
+    fitted(a, eta, "sgd_eta", "k")
+    ticks(a, eta)
+    a.set_xlabel("eta (SGD step, mean-field time)")
+    a.set_ylabel("SGD excess over the flow (rms over seeds)")
+    a.set_title(f"SGD against the finite-head flow at t = {result.times[-1]:g}")
     a.legend(fontsize=7)
     a = ax[1, 1]
     g = d["static_gap"]
-    a.errorbar(n, g.mean(axis=1), yerr=g.std(axis=1, ddof=1) / math.sqrt(g.shape[1]), fmt="o", capsize=3,
-               label="mean over draws (+- s.e.)")
-    a.loglog(np.repeat(n, g.shape[1]), np.abs(g.ravel()), ".", alpha=0.25, label="|gap| per draw")
-    fitted(a, n.astype(float), "static")
-    a.set_xscale("log")
-    a.set_yscale("log")
+    a.plot(np.repeat(n, g.shape[1]), np.abs(g.ravel()), ".", color="C1", alpha=0.3, label="|gap| per draw")
+    a.plot(n, np.sqrt(np.mean(g**2, axis=1)), "o-", color="C0", label="rms over draws")
+    fitted(a, n.astype(float), "static", "C0")
+    mean = g.mean(axis=1)
+    a.errorbar(n, np.where(mean > 0, mean, np.nan), yerr=g.std(axis=1, ddof=1) / math.sqrt(g.shape[1]), fmt="s",
+               color="C3", ms=4, capsize=3, label="mean over draws (+- s.e.)")
+    fitted(a, n.astype(float), "static_mean", "C3")
+    ticks(a, n)
     a.set_xlabel("N (heads)")
     a.set_ylabel("E(hat rho_N) - E(rho_ref)")
     a.set_title(f"static approximation at t = {result.attrs.get('converge_time', float('nan')):g}")
