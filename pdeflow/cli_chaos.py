@@ -1,7 +1,8 @@
 """``pdeflow chaos CONFIG -o OUT.h5 [--quick]``: propagation of chaos and the static approximation.
 
-Runs :func:`pdeflow.chaos.run_chaos`, writes the measurements and fitted rates to ``OUT.h5`` (group
-``/chaos``), the figure to ``OUT.png`` beside it, and prints one line per rate.
+Runs the experiment of pdeflow.chaos (N heads, their SGD training and the mean-field characteristics from
+the same initial points; the static approximation), writes the measurements and fitted rates to OUT.h5
+(group /chaos), the figure to OUT.png beside it, and prints one line per rate.
 """
 from __future__ import annotations
 

@@ -165,11 +165,12 @@ class SGDConfig:
 
 @dataclass(frozen=True)
 class ChaosConfig:
-    n_ref: int = spec(4096, "particles of the reference flow", ge=1)
-    n_list: list = spec([64, 128, 256, 512, 1024], "finite head counts N")
-    seeds: int = spec(4, "independent seeds per N", ge=1)
-    eta_list: list = spec([0.04, 0.02, 0.01], "SGD steps eta")
-    probe_size: int = spec(64, "sequences in the logit probe set", ge=1)
+    n_ref: int = spec(8192, "particles of the reference flow (keep >= 16 max N: its own fluctuation adds 1/n_ref)",
+                      ge=1)
+    n_list: list = spec([16, 32, 64, 128, 256, 512], "finite head counts N (at least 3 distinct)")
+    seeds: int = spec(16, "independent sets of initial points per N", ge=1)
+    eta_list: list = spec([0.1, 0.05, 0.025], "SGD steps eta in mean-field time (at least 2 distinct)")
+    probe_size: int = spec(32, "fresh task sequences in the logit probe set", ge=1)
     static_draws: int = spec(32, "static approximation: i.i.d. draws of N heads from the converged reference, per N", ge=2)
     converge_time: float = spec(0.0, "static approximation: time the reference flow runs to (0: run.t_end; else >= run.t_end)",
                                 ge=0)
