@@ -7,7 +7,6 @@ the same initial points; the static approximation), writes the measurements and 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -18,11 +17,6 @@ EXIT_NUMERICAL = 3
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
-    # The experiment is thousands of small evaluations. With OpenMP's default active waiting, numba's
-    # worker threads spin between them and, on a shared machine, one descheduled thread stalls the
-    # other: measured 216 s wall (69 s CPU) against 9 s (6.5 s CPU) for `--quick` at load 10.
-    # Read by the OpenMP runtime when it starts, i.e. at the first parallel kernel call below.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from solvers import make_stepper
     from solvers.driver import frame_times
 
