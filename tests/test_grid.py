@@ -34,18 +34,6 @@ COORDS = {1: "output_gain", 2: "gain2", 3: "gain3"}
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def one_blas_thread():
-    """BLAS on one thread too (when threadpoolctl is there): the products here are tiny."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(1):
-        yield
-
-
 pytestmark = pytest.mark.usefixtures("one_numba_thread", "one_blas_thread")
 
 
