@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -18,7 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=str(REFERENCE_CONFIG), help="problem config (default: bench-reference)")
     args = p.parse_args(argv)
     preset = args.preset or ("quick" if args.quick else "full")
-    res = run(preset, args.config, log=lambda s: print(s, file=sys.stderr, flush=True))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / f"bench-{preset}-partial.json"
+
+    def checkpoint(res):
+        partial.write_text(json.dumps(res, indent=2, default=float) + "\n")
+
+    res = run(preset, args.config, log=lambda s: print(s, file=sys.stderr, flush=True), checkpoint=checkpoint)
+    partial.unlink(missing_ok=True)
     js, md = write(res, args.out)
     print(markdown(res))
     print(f"results: {js} and {md}")

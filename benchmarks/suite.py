@@ -42,7 +42,7 @@ class Preset:
 
 
 PRESETS = {
-    "full": Preset("full"),
+    "full": Preset("full", baseline_repeats=3, numpy_repeats=2, scale_repeats=3),
     "quick": Preset("quick", n=256, repeats=5, baseline_repeats=3, numpy_repeats=1, scale_n=(128, 256, 512),
                     scale_b=(32, 64, 128), scale_t=(8, 16, 32), scale_repeats=3, memory_n=8192, memory_b=64,
                     notes=["quick preset: reference point N=256, memory measured at N=8192 (not the target's "
@@ -86,8 +86,16 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every measurement; returns the JSON-ready record (see :func:`markdown` for the table)."""
+        log: Callable[[str], None] = print,
+        checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run every measurement; returns the JSON-ready record (see :func:`markdown` for the table).
+
+    ``checkpoint(record)`` is called after every section with the measurements so far (an interrupted
+    run keeps them)."""
+    def done() -> None:
+        if checkpoint is not None:
+            checkpoint(res)
+
     import numba
 
     p = PRESETS[preset] if isinstance(preset, str) else preset
@@ -135,20 +143,7 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     ref_grad = problem.grad_phi(omega, omega, mass)
     res["float32_rel_error"] = _rel(p32.grad_phi(omega, omega, mass), ref_grad)
 
-    # ---- baselines --------------------------------------------------------------------------------
-    res["torch"] = _torch_baselines(problem, omega, mass, ref_grad, threads, p.baseline_repeats, log)
-    for dtype in ("float64", "float32"):
-        entry = res["torch"].get(dtype)
-        if entry and "speedup" in entry:
-            res[f"speedup_vs_torch_{dtype}"] = entry["speedup"]
-    log(f"[bench] numpy baseline ({p.numpy_repeats} runs)")
-    from .baselines import numpy_grad_phi
-
-    arrays = problem.arrays()
-    tn = interleaved({"numpy": lambda: numpy_grad_phi(arrays, omega, mass),
-                      "pdeflow": lambda: problem.grad_phi(omega, omega, mass)}, p.numpy_repeats, warmup=0)
-    res["numpy"] = {"time": summary(tn["numpy"]), "speedup": ratio(tn["numpy"], tn["pdeflow"]),
-                    "rel_error": _rel(numpy_grad_phi(arrays, omega, mass), ref_grad)}
+    done()
 
     # ---- scaling ------------------------------------------------------------------------------------
     res["scaling"] = {}
@@ -164,6 +159,9 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
         res["scaling"][axis] = {"points": pts,
                                 "exponent": loglog_exponent([q[axis] for q in pts], [q["seconds"] for q in pts])}
         res[f"exponent_{axis}"] = res["scaling"][axis]["exponent"]
+        done()
+
+    done()
 
     # ---- threads (subprocesses) -------------------------------------------------------------------
     log("[bench] 1 vs 2 threads (subprocesses)")
@@ -174,12 +172,33 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     res["threads"] = {str(k): v for k, v in runs.items()}
     res["thread_speedup_1_to_2"] = runs[1]["time"]["median"] / runs[2]["time"]["median"]
 
+    done()
+
     # ---- peak memory (subprocesses) ---------------------------------------------------------------
     log(f"[bench] peak memory at N={p.memory_n}, B={p.memory_b} (subprocesses)")
     mem_step = spawn("memory-step", config=config, n=p.memory_n, b=p.memory_b, repeats=1)
     mem_kernel = spawn("memory-kernel", config=config, n=p.memory_n, b=p.memory_b, repeats=1)
     res["memory"] = {"step": mem_step, "kernel": mem_kernel}
     res["peak_memory_mib"] = mem_step["peak_rss_mib"]
+    done()
+
+    # ---- baselines --------------------------------------------------------------------------------
+    res["torch"] = _torch_baselines(problem, omega, mass, ref_grad, threads, p.baseline_repeats, log)
+    for dtype in ("float64", "float32"):
+        entry = res["torch"].get(dtype)
+        if entry and "speedup" in entry:
+            res[f"speedup_vs_torch_{dtype}"] = entry["speedup"]
+    done()
+    log(f"[bench] numpy baseline ({p.numpy_repeats} runs)")
+    from .baselines import numpy_grad_phi
+
+    arrays = problem.arrays()
+    tn = interleaved({"numpy": lambda: numpy_grad_phi(arrays, omega, mass),
+                      "pdeflow": lambda: problem.grad_phi(omega, omega, mass)}, p.numpy_repeats, warmup=0)
+    res["numpy"] = {"time": summary(tn["numpy"]), "speedup": ratio(tn["numpy"], tn["pdeflow"]),
+                    "rel_error": _rel(numpy_grad_phi(arrays, omega, mass), ref_grad)}
+
+    done()
 
     try:
         import os
