@@ -199,6 +199,13 @@ def test_resume_with_another_number_of_ranks(serial_files, tmp_path):
 
 
 # ---- stopping together -------------------------------------------------------------------------
+def _committed_frames(path: Path) -> int:
+    try:
+        return len(open_trajectory(path).time)
+    except Exception:  # not created yet, or between its creation and its first commit
+        return 0
+
+
 def test_sigterm_stops_every_rank_after_the_same_step(tmp_path):
     """SIGTERM to mpiexec reaches both ranks at different instants; they agree, checkpoint once and exit 143."""
     config = write_config(tmp_path / "long.toml", solver={"method": "rk4", "dt": 0.01},
@@ -208,9 +215,10 @@ def test_sigterm_stops_every_rank_after_the_same_step(tmp_path):
                             stderr=subprocess.PIPE, text=True, env=environment())
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+        # signal only once the ranks are in the time loop (a frame after t = 0 is committed): a signal
+        # during start-up (imports, numba compilation) is the launcher's business, not the time loop's
+        while proc.poll() is None and time.monotonic() < deadline and _committed_frames(out) < 2:
             time.sleep(0.1)
-        time.sleep(0.5)  # inside the time loop
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=TIMEOUT)
     finally:
