@@ -7,9 +7,15 @@ measured in the same run, with PyTorch autograd (float64, float32) and with plai
 explicit step, peak memory and float32 speed (:mod:`benchmarks.suite`). Results: a JSON record and a
 markdown table in ``benchmarks/results/`` (git-ignored); the table is also printed.
 """
-from .suite import PRESETS, markdown, run, write
-
 __all__ = ["PRESETS", "markdown", "run", "write", "main"]
+
+
+def __getattr__(name):  # lazy, so that ``python -m benchmarks.worker`` does not import the suite first
+    if name in ("PRESETS", "markdown", "run", "write"):
+        from . import suite
+
+        return getattr(suite, name)
+    raise AttributeError(name)
 
 
 def main(argv=None) -> int:

@@ -286,8 +286,10 @@ def markdown(res: dict[str, Any]) -> str:
     lines.append(row("numpy (batched einsum over heads)", f"{res['numpy']['time']['median']:.3f} s; pdeflow is "
                      f"{res['numpy']['speedup']:.2f}x faster (agrees to {res['numpy']['rel_error']:.1e})"))
     thr = res["threads"]
+    cpu = (f"; CPU time {thr['1']['cpu_time']['median']:.3f} s -> {thr['2']['cpu_time']['median']:.3f} s"
+           if "cpu_time" in thr["1"] else "")
     lines.append(row("1 -> 2 threads", f"{res['thread_speedup_1_to_2']:.2f}x ({thr['1']['time']['median']:.3f} s -> "
-                     f"{thr['2']['time']['median']:.3f} s)", "thread_speedup_1_to_2"))
+                     f"{thr['2']['time']['median']:.3f} s{cpu})", "thread_speedup_1_to_2"))
     lines.append(row("explicit Euler step / grad Phi", f"{res['step_over_grad_phi']:.3f}", "step_over_grad_phi"))
     for axis in ("N", "B", "T"):
         s = res["scaling"][axis]
