@@ -168,7 +168,7 @@ class ChaosConfig:
     n_ref: int = spec(8192, "particles of the reference flow (keep >= 16 max N: its own fluctuation adds 1/n_ref)",
                       ge=1)
     n_list: list = spec([16, 32, 64, 128, 256, 512], "finite head counts N (at least 3 distinct)")
-    seeds: int = spec(16, "independent sets of initial points per N", ge=1)
+    seeds: int = spec(24, "independent sets of initial points per N", ge=1)
     eta_list: list = spec([0.1, 0.05, 0.025], "SGD steps eta in mean-field time (at least 2 distinct)")
     probe_size: int = spec(32, "fresh task sequences in the logit probe set", ge=1)
     static_draws: int = spec(32, "static approximation: i.i.d. draws of N heads from the converged reference, per N", ge=2)
