@@ -89,8 +89,9 @@ def fit_power_law(x: np.ndarray, y: np.ndarray, confidence: float = 0.95,
     Without ``groups``: one intercept, ``stderr = sqrt(SSR / (n - 2) / sum (log x - mean)^2)``, n - 2 degrees
     of freedom. With ``groups`` (labels, one per point): a common slope and one intercept per group (the
     fixed-effects fit: log x and log y centred within each group), n - G - 1 degrees of freedom, and the
-    prefactor is the geometric mean of the groups' (weighted by their points). Groups suit repeated measurements of one system
-    (the same initial points at several eta), whose level varies from system to system.
+    prefactor is the geometric mean of the groups' (weighted by their points). Groups suit repeated
+    measurements of one system (the same initial points at several eta), whose level varies from system
+    to system.
 
     x, y: arrays of the same shape (flattened), all positive and finite; at least one more point than
     parameters and two distinct x within some group. Raises ValueError otherwise. With residuals exactly
@@ -366,6 +367,8 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
     converge_time = c.converge_time or float(times[-1])
     converged = _advance(flow, _reference_only(reference_end, c.n_ref), converge_time)
     ev = flow.evaluate(converged)
+    # sqrt(Var_rho Phi): zero when Phi is constant on the support, and then the static gap is O(1/N)
+    phi_spread = float(np.sqrt(np.sum(mass_ref * (ev.phi - mass_ref @ ev.phi) ** 2)))
     static = static_gaps(problem, converged.fields["omega"], mass_ref, n_list, c.static_draws,
                          np.random.default_rng(child_seed(cfg, "static")))
     report("static", c.n_ref * (converge_time - times[-1]))
@@ -374,7 +377,7 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
     result = ChaosResult(times=times, n_list=n_list, eta_list=eta_list, data=data, fits={},
                          attrs={"n_ref": c.n_ref, "seeds": S, "fit_time": float(times[-1]),
                                 "converge_time": converge_time, "converged_energy": ev.energy,
-                                "converged_dissipation": ev.dissipation,
+                                "converged_dissipation": ev.dissipation, "converged_phi_spread": phi_spread,
                                 "initial_dissipation": float(ref_dissipation[0])})
     fit_rates(result)
     result.attrs["wall_time"] = time.perf_counter() - wall0
@@ -429,7 +432,7 @@ def write_result(path: str | Path, result: ChaosResult, cfg: Config, quick: bool
     measurements as datasets and, as attributes, every fitted rate: ``slope_<name>``, ``slope_<name>_ci``
     [lo, hi], ``slope_<name>_stderr``, ``slope_<name>_n``, ``prefactor_<name>`` (nan and ``note_<name>`` when
     the rate could not be fitted), plus ``n_list``, ``eta_list``, ``n_ref``, ``seeds``, ``fit_time``,
-    ``confidence``, ``converged_energy``, ``converged_dissipation``, ``wall_time``."""
+    ``confidence``, ``converged_energy``, ``converged_dissipation``, ``converged_phi_spread``, ``wall_time``."""
     import datetime as _dt
 
     import h5py
@@ -477,10 +480,11 @@ def read_result(path: str | Path) -> dict[str, Any]:
 
 def summary(result: ChaosResult) -> str:
     """One line per fitted rate: slope, CI, points."""
-    labels = {"coupling": "coupling distance vs N", "logit_gap": "logit gap vs N", "energy_gap": "energy gap (rms) vs N",
-              "sliced_w2": "sliced W2 vs N (beside)", "sgd_eta": "SGD excess vs eta",
-              "sgd_coupling": "SGD coupling distance vs N (smallest eta)", "static": "static gap (rms over draws) vs N",
-              "static_mean": "static gap (mean over draws) vs N", "static_spread": "static gap (spread over draws) vs N"}
+    labels = {"coupling": "coupling distance vs N", "logit_gap": "logit gap vs N",
+              "energy_gap": "energy gap (rms) vs N", "sliced_w2": "sliced W2 vs N (beside)",
+              "sgd_eta": "SGD excess vs eta", "sgd_coupling": "SGD coupling distance vs N (smallest eta)",
+              "static": "static gap (rms over draws) vs N", "static_mean": "static gap (mean over draws) vs N",
+              "static_spread": "static gap (spread over draws) vs N"}
     lines = []
     for name, label in labels.items():
         fit = result.fits.get(name)
@@ -494,8 +498,8 @@ def summary(result: ChaosResult) -> str:
 
 def plot_result(path: str | Path, result: ChaosResult) -> None:
     """Four panels (PNG): the coupling distance, logit gap and sliced W2 against N at t_end (every seed, the
-    RMS over seeds, the fits); D_N(t) per N; the SGD excess against eta per N; the static gap against N
-    (every draw, the mean and RMS over draws, their fits)."""
+    geometric mean over seeds - the level the log-log fits see - and the fits); D_N(t) per N; the SGD excess
+    against eta per N; the static gap against N (every draw, the mean and RMS over draws, their fits)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -504,6 +508,9 @@ def plot_result(path: str | Path, result: ChaosResult) -> None:
 
     d, n, eta = result.data, result.n_list, result.eta_list
     fig, ax = plt.subplots(2, 2, figsize=(11, 8.5))
+
+    def geomean(y: np.ndarray, axis: int) -> np.ndarray:
+        return np.exp(np.mean(np.log(y), axis=axis))
 
     def fitted(axis, x, name, color):
         fit = result.fits.get(name)
@@ -524,7 +531,7 @@ def plot_result(path: str | Path, result: ChaosResult) -> None:
                                      ("sliced_w2", "sliced W2 (beside)")), ("C0", "C3", "C2")):
         y = d[name][:, :, -1]
         a.plot(np.repeat(n, y.shape[1]), y.ravel(), "o", color=color, alpha=0.25, ms=3)
-        a.plot(n, np.sqrt(np.mean(y**2, axis=1)), "o-", color=color, label=f"{label} (rms over seeds)")
+        a.plot(n, geomean(y, 1), "o-", color=color, label=f"{label} (geometric mean over seeds)")
         fitted(a, n.astype(float), name, color)
     ticks(a, n)
     a.set_xlabel("N (heads)")
@@ -532,19 +539,18 @@ def plot_result(path: str | Path, result: ChaosResult) -> None:
     a.legend(fontsize=7)
     a = ax[0, 1]
     for k, nn in enumerate(n):
-        a.semilogy(result.times[1:], np.sqrt(np.mean(d["coupling"][k, :, 1:] ** 2, axis=0)), "o-", ms=3,
-                   label=f"N = {nn}")
+        a.semilogy(result.times[1:], geomean(d["coupling"][k, :, 1:], 0), "o-", ms=3, label=f"N = {nn}")
     a.set_xlabel("t")
-    a.set_ylabel("coupling distance (rms over seeds)")
+    a.set_ylabel("coupling distance (geometric mean over seeds)")
     a.set_title("coupling distance over time")
     a.legend(fontsize=7)
     a = ax[1, 0]
     for k, nn in enumerate(n):
-        a.plot(eta, np.sqrt(np.mean(d["sgd_excess"][k, :, :, -1] ** 2, axis=0)), "o-", ms=3, label=f"N = {nn}")
+        a.plot(eta, geomean(d["sgd_excess"][k, :, :, -1], 0), "o-", ms=3, label=f"N = {nn}")
     fitted(a, eta, "sgd_eta", "k")
     ticks(a, eta)
     a.set_xlabel("eta (SGD step, mean-field time)")
-    a.set_ylabel("SGD excess over the flow (rms over seeds)")
+    a.set_ylabel("SGD excess over the flow (geometric mean over seeds)")
     a.set_title(f"SGD against the finite-head flow at t = {result.times[-1]:g}")
     a.legend(fontsize=7)
     a = ax[1, 1]

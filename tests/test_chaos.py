@@ -78,8 +78,8 @@ def test_tracers_follow_the_reference_field():
 def test_distances_follow_their_formulas():
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(7, 5)), rng.normal(size=(7, 5))
-    assert chaos.coupling_distance(a, b) == pytest.approx(math.sqrt(sum(np.sum((a[i] - b[i]) ** 2) for i in range(7)) / 7),
-                                                          rel=1e-14)
+    explicit = math.sqrt(sum(np.sum((a[i] - b[i]) ** 2) for i in range(7)) / 7)
+    assert chaos.coupling_distance(a, b) == pytest.approx(explicit, rel=1e-14)
     z, z_ref = rng.normal(size=(3, 4, 6)), rng.normal(size=(3, 4, 6))
     lw = rng.random((3, 4))
     explicit = math.sqrt(sum(lw[i, j] * np.sum((z[i, j] - z_ref[i, j]) ** 2) for i in range(3) for j in range(4)))
