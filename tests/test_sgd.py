@@ -13,7 +13,6 @@ from conftest import build_config
 from pdeflow import ConfigError, Problem, open_trajectory
 from pdeflow.cli import main
 from solvers import make_stepper
-from solvers.base import State
 from solvers.driver import run
 
 @pytest.fixture(autouse=True)
