@@ -16,6 +16,13 @@ from typing import Any, Callable
 # 9 s for `pdeflow chaos --quick` at load 10. Passive waiting costs a futex wake-up per kernel, negligible
 # next to a kernel. Read by the OpenMP runtime when it starts; a user's own setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# BLAS on one thread unless the user says otherwise: numba's kernels already use every core, and
+# OpenBLAS's own threads spin between products and fight them for the cores. Measured on the 2-core
+# machine: grad Phi at N = 256 on bench-reference.toml 0.52 s with one BLAS thread against 6.05 s with
+# OpenBLAS's default two; the quickstart 4.3 s against 44 s for t_end = 8. Only effective when pdeflow
+# is imported before numpy (the command line always is).
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 import numba  # noqa: E402 - after the environment is set
 from numba import prange  # noqa: F401  (re-exported so kernels import loops from one place)
