@@ -13,7 +13,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE_CONFIG = REPO / "data" / "configs" / "bench-reference.toml"
-THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # recorded
 
 
 def build(config: str | Path = REFERENCE_CONFIG, n: int | None = None, b: int | None = None,

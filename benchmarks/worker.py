@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import THREAD_VARIABLES, REFERENCE_CONFIG, build, interleaved, summary
+from .common import REFERENCE_CONFIG, build, interleaved, summary
 
 
 def _maxrss_mib() -> float:
@@ -77,12 +77,13 @@ def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int)
 
 def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_CONFIG, n: int | None = None,
           b: int | None = None, repeats: int = 3, timeout: float = 1800.0) -> dict[str, Any]:
-    """Run a worker task in a fresh interpreter; ``threads`` sets every thread-count variable (numba,
-    OpenMP, OpenBLAS, MKL) so that numba and BLAS use exactly that many threads."""
+    """Run a worker task in a fresh interpreter; ``threads``: pdeflow's thread count in it (numba's and
+    OpenMP's variables; BLAS on one thread, as pdeflow runs it - see :func:`pdeflow.jit.thread_environment`)."""
+    from pdeflow.jit import thread_environment
+
     env = dict(os.environ)
     if threads is not None:
-        for var in THREAD_VARIABLES:
-            env[var] = str(threads)
+        env.update(thread_environment(threads))
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [sys.executable, "-m", "benchmarks.worker", task, "--config", str(config), "--repeats", str(repeats)]

@@ -325,43 +325,167 @@ def _store(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray
             dst[b, l, which, h, i0:i0 + w] = src[l, h, :w]
 
 
+@jit(parallel=False)
+def _attention_units(qkv: np.ndarray, scale: float, c5: np.ndarray, tile: int, lo: int, hi: int) -> None:
+    """Forward core of work units ``lo <= u < hi`` (sequence ``u // nblk``, tile ``u % nblk``); c5 is
+    c reshaped [B, T, 1, dh, n]. Scratch is allocated once per call."""
+    B, T, _, dh, n = qkv.shape
+    nblk = (n + tile - 1) // tile
+    qs = np.empty((T, dh, tile), dtype=qkv.dtype)
+    ks = np.empty((T, dh, tile), dtype=qkv.dtype)
+    vs = np.empty((T, dh, tile), dtype=qkv.dtype)
+    cs = np.empty((T, dh, tile), dtype=qkv.dtype)
+    s = np.empty((T, tile), dtype=qkv.dtype)
+    consts = np.ones(2, dtype=qkv.dtype)
+    consts[1] = scale
+    shift = np.empty(tile, dtype=s.real.dtype)
+    inv = np.empty(tile, dtype=qkv.dtype)
+    for u in range(lo, hi):
+        b = u // nblk
+        i0 = (u - b * nblk) * tile
+        w = min(tile, n - i0)
+        _load(qkv, b, 0, i0, w, qs)
+        _load(qkv, b, 1, i0, w, ks)
+        _load(qkv, b, 2, i0, w, vs)
+        for l in range(T):
+            _softmax_row(qs, ks, l, w, consts[1], consts[0], s, shift, inv)
+            _row_products(s, vs, l, w, cs)
+        _store(cs, b, 0, i0, w, c5)
+
+
 @jit(parallel=True)
+def _causal_attention_threads(qkv: np.ndarray, scale: float, c: np.ndarray, tile: int, n_threads: int) -> None:
+    """:func:`causal_attention` with the work units split into ``n_threads`` contiguous ranges (prange)."""
+    B, T, _, dh, n = qkv.shape
+    units = B * ((n + tile - 1) // tile)
+    nth = max(1, min(n_threads, units))
+    c5 = c.reshape(B, T, 1, dh, n)
+    for t in prange(nth):
+        lo, hi = _unit_range(units, nth, t)
+        _attention_units(qkv, scale, c5, tile, lo, hi)
+
+
 def causal_attention(qkv: np.ndarray, scale: float, c: np.ndarray, tile: int, n_threads: int) -> None:
     """Context ``c[b, l, :, i] = sum_{j<=l} a[l, j] v[b, j, :, i]``, ``a[l] = softmax_j(scale <q_l, k_j>)``.
 
     qkv [B, T, 3, dh, n] (q, k, v of head i at ``qkv[b, l, 0|1|2, :, i]``), c [B, T, dh, n] is overwritten.
-    Work units (sequence, tile of ``tile`` heads) are split into ``n_threads`` contiguous ranges.
+    Work units (sequence, tile of ``tile`` heads) are independent: with ``n_threads > 1`` they are split
+    into contiguous ranges over numba's threads; with 1 the call never enters numba's thread pool, so
+    several Python threads may run it at once.
     """
+    if n_threads > 1:
+        _causal_attention_threads(qkv, scale, c, tile, n_threads)
+    else:
+        B, T, _, dh, n = qkv.shape
+        _attention_units(qkv, scale, c.reshape(B, T, 1, dh, n), tile, 0, B * ((n + tile - 1) // tile))
+
+
+@jit(parallel=False)
+def _attention_vjp_units(qkv: np.ndarray, dc5: np.ndarray, scale: float, c5: np.ndarray, dqkv: np.ndarray,
+                         tile: int, lo: int, hi: int) -> None:
+    """Backward core of work units ``lo <= u < hi`` (see :func:`causal_attention_vjp`); dc5, c5 are
+    dc, c reshaped [B, T, 1, dh, n]."""
     B, T, _, dh, n = qkv.shape
     nblk = (n + tile - 1) // tile
-    units = B * nblk
-    nth = max(1, min(n_threads, units))
-    c5 = c.reshape(B, T, 1, dh, n)
-    for t in prange(nth):
-        qs = np.empty((T, dh, tile), dtype=qkv.dtype)
-        ks = np.empty((T, dh, tile), dtype=qkv.dtype)
-        vs = np.empty((T, dh, tile), dtype=qkv.dtype)
-        cs = np.empty((T, dh, tile), dtype=qkv.dtype)
-        s = np.empty((T, tile), dtype=qkv.dtype)
-        consts = np.ones(2, dtype=qkv.dtype)
-        consts[1] = scale
-        shift = np.empty(tile, dtype=s.real.dtype)
-        inv = np.empty(tile, dtype=qkv.dtype)
-        lo, hi = _unit_range(units, nth, t)
-        for u in range(lo, hi):
-            b = u // nblk
-            i0 = (u - b * nblk) * tile
-            w = min(tile, n - i0)
-            _load(qkv, b, 0, i0, w, qs)
-            _load(qkv, b, 1, i0, w, ks)
-            _load(qkv, b, 2, i0, w, vs)
-            for l in range(T):
-                _softmax_row(qs, ks, l, w, consts[1], consts[0], s, shift, inv)
-                _row_products(s, vs, l, w, cs)
-            _store(cs, b, 0, i0, w, c5)
+    qs = np.empty((T, dh, tile), dtype=qkv.dtype)
+    ks = np.empty((T, dh, tile), dtype=qkv.dtype)
+    vs = np.empty((T, dh, tile), dtype=qkv.dtype)
+    dcs = np.empty((T, dh, tile), dtype=qkv.dtype)
+    cs = np.empty((T, dh, tile), dtype=qkv.dtype)
+    dqs = np.empty((T, dh, tile), dtype=qkv.dtype)
+    dks = np.empty((T, dh, tile), dtype=qkv.dtype)
+    dvs = np.empty((T, dh, tile), dtype=qkv.dtype)
+    a = np.empty((ROWS, T, tile), dtype=qkv.dtype)   # attention rows of the block
+    g = np.empty((ROWS, T, tile), dtype=qkv.dtype)   # dA, then dS rows of the block
+    consts = np.ones(2, dtype=qkv.dtype)
+    consts[1] = scale
+    sc = consts[1]
+    shift = np.empty(tile, dtype=a.real.dtype)
+    inv = np.empty(tile, dtype=qkv.dtype)
+    wsum = np.empty(tile, dtype=qkv.dtype)
+    for u in range(lo, hi):
+        b = u // nblk
+        i0 = (u - b * nblk) * tile
+        w = min(tile, n - i0)
+        _load(qkv, b, 0, i0, w, qs)
+        _load(qkv, b, 1, i0, w, ks)
+        _load(qkv, b, 2, i0, w, vs)
+        _load(dc5, b, 0, i0, w, dcs)
+        dks[...] = 0.0
+        dvs[...] = 0.0
+        for l0 in range(0, T, ROWS):
+            rb = min(ROWS, T - l0)
+            top = l0 + rb  # columns j < top are touched by this block
+            for r in range(rb):
+                l = l0 + r
+                ar = a[r]
+                gr = g[r]
+                _softmax_row(qs, ks, l, w, sc, consts[0], ar, shift, inv)
+                _row_products(ar, vs, l, w, cs)
+                _scores(dcs, vs, l, w, gr)
+                for ii in range(w):
+                    wsum[ii] = 0.0
+                for j in range(l + 1):
+                    for ii in range(w):
+                        wsum[ii] += ar[j, ii] * gr[j, ii]
+                for j in range(l + 1):
+                    for ii in range(w):
+                        gr[j, ii] = ar[j, ii] * (gr[j, ii] - wsum[ii]) * sc
+                _row_products(gr, ks, l, w, dqs)
+                for j in range(l + 1, top):
+                    for ii in range(w):
+                        ar[j, ii] = 0.0
+                        gr[j, ii] = 0.0
+            # dv_j += sum_r a[r, j] dc_{l0+r}, dk_j += sum_r dS[r, j] q_{l0+r} (zeros above the diagonal)
+            if rb == ROWS:
+                for j in range(top):
+                    for h in range(dh):
+                        for ii in range(w):
+                            acc = madd(a[0, j, ii], dcs[l0, h, ii], dvs[j, h, ii])
+                            acc = madd(a[1, j, ii], dcs[l0 + 1, h, ii], acc)
+                            acc = madd(a[2, j, ii], dcs[l0 + 2, h, ii], acc)
+                            acc = madd(a[3, j, ii], dcs[l0 + 3, h, ii], acc)
+                            acc = madd(a[4, j, ii], dcs[l0 + 4, h, ii], acc)
+                            acc = madd(a[5, j, ii], dcs[l0 + 5, h, ii], acc)
+                            acc = madd(a[6, j, ii], dcs[l0 + 6, h, ii], acc)
+                            dvs[j, h, ii] = madd(a[7, j, ii], dcs[l0 + 7, h, ii], acc)
+                        for ii in range(w):
+                            acc = madd(g[0, j, ii], qs[l0, h, ii], dks[j, h, ii])
+                            acc = madd(g[1, j, ii], qs[l0 + 1, h, ii], acc)
+                            acc = madd(g[2, j, ii], qs[l0 + 2, h, ii], acc)
+                            acc = madd(g[3, j, ii], qs[l0 + 3, h, ii], acc)
+                            acc = madd(g[4, j, ii], qs[l0 + 4, h, ii], acc)
+                            acc = madd(g[5, j, ii], qs[l0 + 5, h, ii], acc)
+                            acc = madd(g[6, j, ii], qs[l0 + 6, h, ii], acc)
+                            dks[j, h, ii] = madd(g[7, j, ii], qs[l0 + 7, h, ii], acc)
+            else:
+                for r in range(rb):
+                    for j in range(l0 + r + 1):
+                        for h in range(dh):
+                            for ii in range(w):
+                                dvs[j, h, ii] = madd(a[r, j, ii], dcs[l0 + r, h, ii], dvs[j, h, ii])
+                            for ii in range(w):
+                                dks[j, h, ii] = madd(g[r, j, ii], qs[l0 + r, h, ii], dks[j, h, ii])
+        _store(cs, b, 0, i0, w, c5)
+        _store(dqs, b, 0, i0, w, dqkv)
+        _store(dks, b, 1, i0, w, dqkv)
+        _store(dvs, b, 2, i0, w, dqkv)
 
 
 @jit(parallel=True)
+def _causal_attention_vjp_threads(qkv: np.ndarray, dc: np.ndarray, scale: float, c: np.ndarray,
+                                  dqkv: np.ndarray, tile: int, n_threads: int) -> None:
+    """:func:`causal_attention_vjp` with the work units split into ``n_threads`` ranges (prange)."""
+    B, T, _, dh, n = qkv.shape
+    units = B * ((n + tile - 1) // tile)
+    nth = max(1, min(n_threads, units))
+    c5 = c.reshape(B, T, 1, dh, n)
+    dc5 = dc.reshape(B, T, 1, dh, n)
+    for t in prange(nth):
+        lo, hi = _unit_range(units, nth, t)
+        _attention_vjp_units(qkv, dc5, scale, c5, dqkv, tile, lo, hi)
+
+
 def causal_attention_vjp(qkv: np.ndarray, dc: np.ndarray, scale: float, c: np.ndarray, dqkv: np.ndarray,
                          tile: int, n_threads: int) -> None:
     """Forward context and its vector-Jacobian product.
@@ -370,96 +494,12 @@ def causal_attention_vjp(qkv: np.ndarray, dc: np.ndarray, scale: float, c: np.nd
     ``dA[l, j] = <dc_l, v_j>``, ``dS = a * (dA - sum_j a dA)``, ``dq_l = scale sum_j dS[l, j] k_j``,
     ``dk_j = scale sum_l dS[l, j] q_l``, ``dv_j = sum_l a[l, j] dc_l``. Query rows are processed in blocks
     of ROWS: per row the softmax, context, dA, dS and dq; per block the column sums of dk and dv.
-    qkv, dqkv [B, T, 3, dh, n]; dc, c [B, T, dh, n]; c and dqkv are overwritten.
+    qkv, dqkv [B, T, 3, dh, n]; dc, c [B, T, dh, n]; c and dqkv are overwritten. Threads as in
+    :func:`causal_attention`.
     """
-    B, T, _, dh, n = qkv.shape
-    nblk = (n + tile - 1) // tile
-    units = B * nblk
-    nth = max(1, min(n_threads, units))
-    c5 = c.reshape(B, T, 1, dh, n)
-    dc5 = dc.reshape(B, T, 1, dh, n)
-    for t in prange(nth):
-        qs = np.empty((T, dh, tile), dtype=qkv.dtype)
-        ks = np.empty((T, dh, tile), dtype=qkv.dtype)
-        vs = np.empty((T, dh, tile), dtype=qkv.dtype)
-        dcs = np.empty((T, dh, tile), dtype=qkv.dtype)
-        cs = np.empty((T, dh, tile), dtype=qkv.dtype)
-        dqs = np.empty((T, dh, tile), dtype=qkv.dtype)
-        dks = np.empty((T, dh, tile), dtype=qkv.dtype)
-        dvs = np.empty((T, dh, tile), dtype=qkv.dtype)
-        a = np.empty((ROWS, T, tile), dtype=qkv.dtype)   # attention rows of the block
-        g = np.empty((ROWS, T, tile), dtype=qkv.dtype)   # dA, then dS rows of the block
-        consts = np.ones(2, dtype=qkv.dtype)
-        consts[1] = scale
-        sc = consts[1]
-        shift = np.empty(tile, dtype=a.real.dtype)
-        inv = np.empty(tile, dtype=qkv.dtype)
-        wsum = np.empty(tile, dtype=qkv.dtype)
-        lo, hi = _unit_range(units, nth, t)
-        for u in range(lo, hi):
-            b = u // nblk
-            i0 = (u - b * nblk) * tile
-            w = min(tile, n - i0)
-            _load(qkv, b, 0, i0, w, qs)
-            _load(qkv, b, 1, i0, w, ks)
-            _load(qkv, b, 2, i0, w, vs)
-            _load(dc5, b, 0, i0, w, dcs)
-            dks[...] = 0.0
-            dvs[...] = 0.0
-            for l0 in range(0, T, ROWS):
-                rb = min(ROWS, T - l0)
-                top = l0 + rb  # columns j < top are touched by this block
-                for r in range(rb):
-                    l = l0 + r
-                    ar = a[r]
-                    gr = g[r]
-                    _softmax_row(qs, ks, l, w, sc, consts[0], ar, shift, inv)
-                    _row_products(ar, vs, l, w, cs)
-                    _scores(dcs, vs, l, w, gr)
-                    for ii in range(w):
-                        wsum[ii] = 0.0
-                    for j in range(l + 1):
-                        for ii in range(w):
-                            wsum[ii] += ar[j, ii] * gr[j, ii]
-                    for j in range(l + 1):
-                        for ii in range(w):
-                            gr[j, ii] = ar[j, ii] * (gr[j, ii] - wsum[ii]) * sc
-                    _row_products(gr, ks, l, w, dqs)
-                    for j in range(l + 1, top):
-                        for ii in range(w):
-                            ar[j, ii] = 0.0
-                            gr[j, ii] = 0.0
-                # dv_j += sum_r a[r, j] dc_{l0+r}, dk_j += sum_r dS[r, j] q_{l0+r} (zeros above the diagonal)
-                if rb == ROWS:
-                    for j in range(top):
-                        for h in range(dh):
-                            for ii in range(w):
-                                acc = madd(a[0, j, ii], dcs[l0, h, ii], dvs[j, h, ii])
-                                acc = madd(a[1, j, ii], dcs[l0 + 1, h, ii], acc)
-                                acc = madd(a[2, j, ii], dcs[l0 + 2, h, ii], acc)
-                                acc = madd(a[3, j, ii], dcs[l0 + 3, h, ii], acc)
-                                acc = madd(a[4, j, ii], dcs[l0 + 4, h, ii], acc)
-                                acc = madd(a[5, j, ii], dcs[l0 + 5, h, ii], acc)
-                                acc = madd(a[6, j, ii], dcs[l0 + 6, h, ii], acc)
-                                dvs[j, h, ii] = madd(a[7, j, ii], dcs[l0 + 7, h, ii], acc)
-                            for ii in range(w):
-                                acc = madd(g[0, j, ii], qs[l0, h, ii], dks[j, h, ii])
-                                acc = madd(g[1, j, ii], qs[l0 + 1, h, ii], acc)
-                                acc = madd(g[2, j, ii], qs[l0 + 2, h, ii], acc)
-                                acc = madd(g[3, j, ii], qs[l0 + 3, h, ii], acc)
-                                acc = madd(g[4, j, ii], qs[l0 + 4, h, ii], acc)
-                                acc = madd(g[5, j, ii], qs[l0 + 5, h, ii], acc)
-                                acc = madd(g[6, j, ii], qs[l0 + 6, h, ii], acc)
-                                dks[j, h, ii] = madd(g[7, j, ii], qs[l0 + 7, h, ii], acc)
-                else:
-                    for r in range(rb):
-                        for j in range(l0 + r + 1):
-                            for h in range(dh):
-                                for ii in range(w):
-                                    dvs[j, h, ii] = madd(a[r, j, ii], dcs[l0 + r, h, ii], dvs[j, h, ii])
-                                for ii in range(w):
-                                    dks[j, h, ii] = madd(g[r, j, ii], qs[l0 + r, h, ii], dks[j, h, ii])
-            _store(cs, b, 0, i0, w, c5)
-            _store(dqs, b, 0, i0, w, dqkv)
-            _store(dks, b, 1, i0, w, dqkv)
-            _store(dvs, b, 2, i0, w, dqkv)
+    if n_threads > 1:
+        _causal_attention_vjp_threads(qkv, dc, scale, c, dqkv, tile, n_threads)
+    else:
+        B, T, _, dh, n = qkv.shape
+        _attention_vjp_units(qkv, dc.reshape(B, T, 1, dh, n), scale, c.reshape(B, T, 1, dh, n), dqkv, tile, 0,
+                             B * ((n + tile - 1) // tile))

@@ -11,19 +11,23 @@ For a measure ``rho = sum_i m_i delta_{theta_i}`` over head parameters:
   gradient is a vector-Jacobian product of one head.
 
 Heads are processed in chunks of ``n`` so that every projection is one large matrix product
-``X [BT, d] @ W^T [d, n dh]`` (BLAS) and memory stays ``O(B T n dh)``; the causal core runs in
-:mod:`pdeflow.kernels`. Every function is generic in the dtype: float64, float32 and complex128
+``X [BT, d] @ W^T [d, n dh]`` (BLAS) and memory stays ``O(B T n dh)`` per thread; the causal core runs in
+:mod:`pdeflow.kernels`. Whole chunks of heads (gradient pass) or blocks of sequences (logits pass) are the
+items of :mod:`pdeflow.workers`' threads, so products and kernels run in parallel alike and the results do
+not depend on the thread count. Every function is generic in the dtype: float64, float32 and complex128
 (complex-step Hessian-vector products).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from . import kernels
 from .jit import num_threads
 from .model import split_theta
+from .workers import for_each_item
 
 CHUNK_BYTES = 8 * 2**20  # working memory of one chunk (heads x sequences), whatever N and B are
 TILE_BYTES = 512  # lanes of one kernel work unit (heads), in bytes
@@ -91,7 +95,11 @@ def _qkv_weights(theta: np.ndarray, d: int, dh: int, out: np.ndarray) -> np.ndar
 
 
 def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
-    """``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``: theta [N, p], mass [N] -> [B, T, d]."""
+    """``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``: theta [N, p], mass [N] -> [B, T, d].
+
+    Blocks of sequences are the threads' items (:mod:`pdeflow.workers`): each block sums the chunks of heads
+    in their order, so O does not depend on the thread count.
+    """
     B, T, d = data.shape
     dh = data.head_dim
     dtype = _dtype(theta, data)
@@ -100,32 +108,37 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
     n, bc = _blocks(data, np.dtype(dtype).itemsize, N)
     mass = np.asarray(mass).astype(dtype, copy=False)
     out = np.zeros((B * T, d), dtype=dtype)
-    part_buf = np.empty(bc * T * d, dtype=dtype)
-    qkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
-    c_buf = np.empty(bc * T * dh * n, dtype=dtype)
-    wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
-    wo_buf = np.empty(dh * n * d, dtype=dtype)
-    threads, tile = num_threads(), _tile(dtype)
-    for start in range(0, N, n):
-        stop = min(N, start + n)
-        m = stop - start
-        th = theta[start:stop].astype(dtype, copy=False)
-        wcat = _qkv_weights(th, d, dh, wcat_buf)
-        # rows (h, i) of WO_i^T, scaled by the head's mass, so the mass-weighted sum is one product
-        wo_t = wo_buf[:dh * m * d].reshape(dh, m, d)
-        np.multiply(split_theta(th, d, dh)[3].transpose(2, 0, 1), mass[None, start:stop, None], out=wo_t)
-        wo_t = wo_t.reshape(dh * m, d)
-        for b0 in range(0, B, bc):
+    tile = _tile(dtype)
+
+    def run(blocks: Iterator[int], kernel_threads: int) -> None:
+        part_buf = np.empty(bc * T * d, dtype=dtype)
+        qkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
+        c_buf = np.empty(bc * T * dh * n, dtype=dtype)
+        wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+        wo_buf = np.empty(dh * n * d, dtype=dtype)
+        for blk in blocks:
+            b0 = blk * bc
             nb = min(B, b0 + bc) - b0
             rows = slice(b0 * T, (b0 + nb) * T)
-            qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
-            c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
-            np.matmul(x[rows], wcat, out=qkv)
-            kernels.causal_attention(qkv.reshape(nb, T, 3, dh, m), data.score_scale, c.reshape(nb, T, dh, m),
-                                     tile, threads)
-            part = part_buf[:nb * T * d].reshape(nb * T, d)
-            np.matmul(c, wo_t, out=part)
-            out[rows] += part
+            for start in range(0, N, n):
+                stop = min(N, start + n)
+                m = stop - start
+                th = theta[start:stop].astype(dtype, copy=False)
+                wcat = _qkv_weights(th, d, dh, wcat_buf)
+                # rows (h, i) of WO_i^T, scaled by the head's mass, so the mass-weighted sum is one product
+                wo_t = wo_buf[:dh * m * d].reshape(dh, m, d)
+                np.multiply(split_theta(th, d, dh)[3].transpose(2, 0, 1), mass[None, start:stop, None], out=wo_t)
+                wo_t = wo_t.reshape(dh * m, d)
+                qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
+                c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                np.matmul(x[rows], wcat, out=qkv)
+                kernels.causal_attention(qkv.reshape(nb, T, 3, dh, m), data.score_scale,
+                                         c.reshape(nb, T, dh, m), tile, kernel_threads)
+                part = part_buf[:nb * T * d].reshape(nb * T, d)
+                np.matmul(c, wo_t, out=part)
+                out[rows] += part
+
+    for_each_item(-(-B // bc), num_threads(), run)
     return out.reshape(B, T, d)
 
 
@@ -165,6 +178,7 @@ def grad_phi_data(theta: np.ndarray, G: np.ndarray, data: AttentionData) -> tupl
 
 
 def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: bool):
+    """Phi_data [Q] and (``with_grad``) its gradient [Q, p]; chunks of heads are the threads' items."""
     B, T, d = data.shape
     dh = data.head_dim
     dtype = np.result_type(_dtype(theta, data), G.dtype)
@@ -175,62 +189,68 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
     n, bc = _blocks(data, np.dtype(dtype).itemsize, Q)
     phi = np.empty(Q, dtype=dtype)
     grad = np.empty(theta.shape, dtype=dtype) if with_grad else None
-    qkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
-    c_buf = np.empty(bc * T * dh * n, dtype=dtype)
-    wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
-    wo_buf = np.empty(d * dh * n, dtype=dtype)
-    gc_buf = np.empty(d * dh * n, dtype=dtype)
-    part_buf = np.empty(d * 3 * dh * n, dtype=dtype)  # a block's products before they are accumulated
-    if with_grad:
-        dqkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
-        dc_buf = np.empty(bc * T * dh * n, dtype=dtype)
-        dw_buf = np.empty(d * 3 * dh * n, dtype=dtype)
-    threads, tile = num_threads(), _tile(dtype)
-    for start in range(0, Q, n):
-        stop = min(Q, start + n)
-        m = stop - start
-        th = theta[start:stop].astype(dtype, copy=False)
-        wcat = _qkv_weights(th, d, dh, wcat_buf)
-        wo = wo_buf[:d * dh * m].reshape(d, dh, m)  # wo[c, h, i] = WO_i[c, h]
-        wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
-        g_c = gc_buf[:d * dh * m].reshape(d, dh * m)  # the gradient of Phi_data in WO: g_c[c, (h, i)]
+    tile = _tile(dtype)
+
+    def run(chunks: Iterator[int], kernel_threads: int) -> None:
+        qkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
+        c_buf = np.empty(bc * T * dh * n, dtype=dtype)
+        wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+        wo_buf = np.empty(d * dh * n, dtype=dtype)
+        gc_buf = np.empty(d * dh * n, dtype=dtype)
+        part_buf = np.empty(d * 3 * dh * n, dtype=dtype)  # a block's products before they are accumulated
         if with_grad:
-            dw = dw_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)  # dw[c, (w, h, i)] = dW_w[i][h, c]
-        for b0 in range(0, B, bc):
-            nb = min(B, b0 + bc) - b0
-            rows = slice(b0 * T, (b0 + nb) * T)
-            qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
-            c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
-            np.matmul(x[rows], wcat, out=qkv)
-            shape5, shape4 = (nb, T, 3, dh, m), (nb, T, dh, m)
+            dqkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
+            dc_buf = np.empty(bc * T * dh * n, dtype=dtype)
+            dw_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+        for chunk in chunks:
+            start = chunk * n
+            stop = min(Q, start + n)
+            m = stop - start
+            th = theta[start:stop].astype(dtype, copy=False)
+            wcat = _qkv_weights(th, d, dh, wcat_buf)
+            wo = wo_buf[:d * dh * m].reshape(d, dh, m)  # wo[c, h, i] = WO_i[c, h]
+            wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
+            g_c = gc_buf[:d * dh * m].reshape(d, dh * m)  # the gradient of Phi_data in WO: g_c[c, (h, i)]
             if with_grad:
-                dc = dc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
-                dqkv = dqkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
-                np.matmul(g[rows], wo.reshape(d, dh * m), out=dc)
-                kernels.causal_attention_vjp(qkv.reshape(shape5), dc.reshape(shape4), data.score_scale,
-                                             c.reshape(shape4), dqkv.reshape(shape5), tile, threads)
-            else:
-                kernels.causal_attention(qkv.reshape(shape5), data.score_scale, c.reshape(shape4), tile, threads)
-            # sums over the sequences: the first block writes, the next ones accumulate
-            if b0 == 0:
-                np.matmul(g[rows].T, c, out=g_c)
-            else:
-                part = part_buf[:d * dh * m].reshape(d, dh * m)
-                np.matmul(g[rows].T, c, out=part)
-                g_c += part
-            if with_grad:
-                if b0 == 0:
-                    np.matmul(x[rows].T, dqkv, out=dw)
+                dw = dw_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)  # dw[c, (w, h, i)] = dW_w[i][h, c]
+            for b0 in range(0, B, bc):
+                nb = min(B, b0 + bc) - b0
+                rows = slice(b0 * T, (b0 + nb) * T)
+                qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
+                c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                np.matmul(x[rows], wcat, out=qkv)
+                shape5, shape4 = (nb, T, 3, dh, m), (nb, T, dh, m)
+                if with_grad:
+                    dc = dc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    dqkv = dqkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
+                    np.matmul(g[rows], wo.reshape(d, dh * m), out=dc)
+                    kernels.causal_attention_vjp(qkv.reshape(shape5), dc.reshape(shape4), data.score_scale,
+                                                 c.reshape(shape4), dqkv.reshape(shape5), tile, kernel_threads)
                 else:
-                    part = part_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)
-                    np.matmul(x[rows].T, dqkv, out=part)
-                    dw += part
-        g_c3 = g_c.reshape(d, dh, m)
-        phi[start:stop] = np.einsum("chi,chi->i", g_c3, wo)
-        if with_grad:
-            dw4 = dw.reshape(d, 3, dh, m)
-            out_rows = grad[start:stop]
-            for w in range(3):
-                out_rows[:, w * s:(w + 1) * s].reshape(m, dh, d)[...] = dw4[:, w].transpose(2, 1, 0)
-            out_rows[:, 3 * s:].reshape(m, d, dh)[...] = g_c3.transpose(2, 0, 1)
+                    kernels.causal_attention(qkv.reshape(shape5), data.score_scale, c.reshape(shape4), tile,
+                                             kernel_threads)
+                # sums over the sequences: the first block writes, the next ones accumulate
+                if b0 == 0:
+                    np.matmul(g[rows].T, c, out=g_c)
+                else:
+                    part = part_buf[:d * dh * m].reshape(d, dh * m)
+                    np.matmul(g[rows].T, c, out=part)
+                    g_c += part
+                if with_grad:
+                    if b0 == 0:
+                        np.matmul(x[rows].T, dqkv, out=dw)
+                    else:
+                        part = part_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)
+                        np.matmul(x[rows].T, dqkv, out=part)
+                        dw += part
+            g_c3 = g_c.reshape(d, dh, m)
+            phi[start:stop] = np.einsum("chi,chi->i", g_c3, wo)
+            if with_grad:
+                dw4 = dw.reshape(d, 3, dh, m)
+                out_rows = grad[start:stop]
+                for w in range(3):
+                    out_rows[:, w * s:(w + 1) * s].reshape(m, dh, d)[...] = dw4[:, w].transpose(2, 1, 0)
+                out_rows[:, 3 * s:].reshape(m, d, dh)[...] = g_c3.transpose(2, 0, 1)
+
+    for_each_item(-(-Q // n), num_threads(), run)
     return phi, grad

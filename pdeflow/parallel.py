@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .config import Config, ConfigError
+from .jit import THREAD_VARIABLES, thread_environment
 from .trajectory import Checkpoint, TrajectoryWriter
 
 # Environment variables in which MPI launchers announce the number of processes.
@@ -45,7 +46,6 @@ LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MV2_", "HYDRA_", "MPI_LOCAL")  #
 FORCE_VARIABLE = "PDEFLOW_MPI"
 FAILURE_AGREEMENT_SECONDS = 20.0  # how long a rank with bad input waits for the others to fail alike
 ABORT_GRACE_SECONDS = 1.0  # between a failing rank's last message and MPI_Abort
-THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def shard(n: int, rank: int, size: int) -> tuple[int, int]:
@@ -208,10 +208,10 @@ def find_mpiexec() -> str | None:
 
 def child_environment(threads: int | None = None) -> dict[str, str]:
     """This process's environment for launching pdeflow processes: without the variables of an MPI launcher
-    that may have started this one, and with ``threads`` numba/BLAS threads per process if given."""
+    that may have started this one, and with ``threads`` pdeflow threads per process if given."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
     if threads is not None:
-        env.update({var: str(threads) for var in THREAD_VARIABLES})
+        env.update(thread_environment(threads))
     return env
 
 
@@ -278,8 +278,9 @@ def _abort_after_output(code: int) -> None:
 
 
 def share_cores(comm: MPIComm) -> int:
-    """Give each rank ``cores of its node / ranks on its node`` numba and BLAS threads, unless one of
-    THREAD_VARIABLES is set (the user's choice wins). Returns the thread count chosen (0: left alone)."""
+    """Give each rank ``cores of its node / ranks on its node`` pdeflow threads, unless one of
+    THREAD_VARIABLES is set (the user's choice wins). BLAS stays on one thread (see pdeflow.jit).
+    Returns the thread count chosen (0: left alone)."""
     if any(os.environ.get(v) for v in THREAD_VARIABLES):
         return 0
     import numba
@@ -288,12 +289,6 @@ def share_cores(comm: MPIComm) -> int:
     threads = max(1, (os.cpu_count() or 1) // node.Get_size())
     node.Free()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(threads)
-    except ImportError:
-        pass
     return threads
 
 

@@ -422,12 +422,16 @@ THREAD_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     from pdeflow.config import loads_config
     from pdeflow.problem import Problem
+    from pdeflow import mean_field
     import numba
+    # small chunks: several chunks of heads and blocks of sequences, so that both passes hand out
+    # items to several threads
+    mean_field.CHUNK_BYTES = 16 * 1024
     out = {out!r}
     problem = Problem.from_config(loads_config({toml!r}))
     rng = np.random.default_rng(61)
-    omega = 0.7 * rng.standard_normal((19, problem.k))
-    mass = rng.dirichlet(np.full(19, 2.0))
+    omega = 0.7 * rng.standard_normal((150, problem.k))
+    mass = rng.dirichlet(np.full(150, 2.0))
     query = 0.7 * rng.standard_normal((3, problem.k))
     np.save(os.path.join(out, "threads.npy"), np.array([numba.get_num_threads()]))
     np.save(os.path.join(out, "phi.npy"), problem.phi(query, omega, mass))
@@ -451,7 +455,21 @@ def test_results_do_not_depend_on_thread_count(tmp_path):
         results[n] = {name: np.load(out / f"{name}.npy") for name in ("threads", "phi", "grad", "energy", "hvp")}
         assert int(results[n]["threads"][0]) == n
     for name in ("phi", "grad", "energy", "hvp"):
-        assert rel_err(results[2][name], results[1][name]) <= 1e-12, name
+        # every item's result is computed by one thread in a fixed order: bit-identical
+        np.testing.assert_array_equal(results[2][name], results[1][name], err_msg=name)
+
+
+def test_blas_runs_on_one_thread_whatever_the_import_order():
+    """pdeflow's threads run whole chunks; BLAS must not add threads of its own, even when numpy (and so
+    BLAS) was loaded before pdeflow could set OPENBLAS_NUM_THREADS."""
+    script = ("import numpy, threadpoolctl, sys; sys.path.insert(0, %r); import pdeflow; "
+              "print(max(p['num_threads'] for p in threadpoolctl.threadpool_info() if p['user_api'] == 'blas'))"
+              % str(REPO))
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["OMP_NUM_THREADS"] = "2"  # OpenBLAS would otherwise take this count
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip()) == 1
 
 
 # --------------------------------------------------------------------------------------------------

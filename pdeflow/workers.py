@@ -1,0 +1,80 @@
+"""Chunk-level threads: independent items of work (chunks of heads, blocks of sequences) on several threads.
+
+An evaluation of the mean field is a loop over items whose work is large matrix products (BLAS, which
+releases the GIL) and the causal core (numba kernels compiled ``nogil``). Running whole items on separate
+threads - each with its own buffers, BLAS on one thread and the serial kernels - keeps every core busy
+through the projections too, which numba's parallel loops inside the kernels alone cannot: with BLAS on
+one thread they would leave the projections, most of the flops, on one core; with BLAS threaded, its
+pool and numba's fight for the cores between every product.
+
+Items are handed out one at a time from a shared counter (a descheduled thread does not hold back the
+others) and each item's result is written by exactly one thread, so results do not depend on the number
+of threads or on which thread took which item.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable, Iterator
+
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_pool_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    # a forked child inherits the executor object but none of its threads
+    global _pool, _pool_size
+    _pool, _pool_size = None, 0
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is None or _pool_size < workers:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdeflow")
+            _pool_size = workers
+        return _pool
+
+
+def for_each_item(n_items: int, threads: int, run: Callable[[Iterator[int], int], None]) -> None:
+    """Run ``run(items, kernel_threads)`` on ``w = min(threads, n_items)`` threads (the caller is one).
+
+    ``items`` yields item indices in ``range(n_items)``, shared between the threads: every index is
+    yielded exactly once overall. With ``w == 1`` the caller runs everything with ``kernel_threads =
+    threads`` (the kernels' own numba threads parallelize inside the one item); with ``w > 1`` every thread
+    gets ``kernel_threads = 1``. An exception in any thread stops the others after their current item and
+    is re-raised here.
+    """
+    workers = max(1, min(int(threads), int(n_items)))
+    if workers == 1:
+        run(iter(range(n_items)), threads)
+        return
+    counter = iter(range(n_items))
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def items() -> Iterator[int]:
+        while not stop.is_set():
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            yield i
+
+    futures = [_executor(workers - 1).submit(run, items(), 1) for _ in range(workers - 1)]
+    try:
+        run(items(), 1)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        wait(futures)
+    for f in futures:
+        f.result()
