@@ -423,11 +423,12 @@ def _attention_vjp_units(qkv: np.ndarray, dc5: np.ndarray, scale: float, c5: np.
                 _softmax_row(qs, ks, l, w, sc, consts[0], ar, shift, inv)
                 _row_products(ar, vs, l, w, cs)
                 _scores(dcs, vs, l, w, gr)
+                # sum_j a[l, j] dA[l, j] = <dc_l, c_l>: dh terms instead of l + 1
                 for ii in range(w):
                     wsum[ii] = 0.0
-                for j in range(l + 1):
+                for h in range(dh):
                     for ii in range(w):
-                        wsum[ii] += ar[j, ii] * gr[j, ii]
+                        wsum[ii] = madd(dcs[l, h, ii], cs[l, h, ii], wsum[ii])
                 for j in range(l + 1):
                     for ii in range(w):
                         gr[j, ii] = ar[j, ii] * (gr[j, ii] - wsum[ii]) * sc
