@@ -165,10 +165,8 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
 
     # ---- threads (subprocesses) -------------------------------------------------------------------
     log("[bench] 1 vs 2 threads (subprocesses)")
-    runs = {}
-    for th in (1, 2):
-        runs[th] = spawn("grad_phi", threads=th, config=config, n=p.n, repeats=p.repeats) if p.b is None \
-            else spawn("grad_phi", threads=th, config=config, n=p.n, b=p.b, repeats=p.repeats)
+    runs = {th: spawn("grad_phi", threads=th, config=config, n=p.n, b=p.b, t=p.t, repeats=p.repeats)
+            for th in (1, 2)}
     res["threads"] = {str(k): v for k, v in runs.items()}
     res["thread_speedup_1_to_2"] = runs[1]["time"]["median"] / runs[2]["time"]["median"]
 
@@ -176,14 +174,17 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
 
     # ---- peak memory (subprocesses) ---------------------------------------------------------------
     log(f"[bench] peak memory at N={p.memory_n}, B={p.memory_b} (subprocesses)")
-    mem_step = spawn("memory-step", config=config, n=p.memory_n, b=p.memory_b, repeats=1)
-    mem_kernel = spawn("memory-kernel", config=config, n=p.memory_n, b=p.memory_b, repeats=1)
+    mem_step = spawn("memory-step", config=config, n=p.memory_n, b=p.memory_b, t=p.t, repeats=1)
+    mem_kernel = spawn("memory-kernel", config=config, n=p.memory_n, b=p.memory_b, t=p.t, repeats=1)
     res["memory"] = {"step": mem_step, "kernel": mem_kernel}
     res["peak_memory_mib"] = mem_step["peak_rss_mib"]
     done()
 
     # ---- baselines --------------------------------------------------------------------------------
-    res["torch"] = _torch_baselines(problem, omega, mass, ref_grad, threads, p.baseline_repeats, log)
+    log(f"[bench] PyTorch autograd float64 and float32, {threads} threads ({p.baseline_repeats} runs, own process)")
+    res["torch"] = spawn("torch", threads=threads, config=config, n=p.n, b=p.b, t=p.t, repeats=p.baseline_repeats)
+    if "skipped" in res["torch"]:
+        log(f"[bench] {res['torch']['skipped']}: PyTorch baselines skipped")
     for dtype in ("float64", "float32"):
         entry = res["torch"].get(dtype)
         if entry and "speedup" in entry:
@@ -209,29 +210,6 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     res["targets"] = {k: {"value": res.get(k), "target": f"{op} {bound}", "met": _met(k, res.get(k))}
                       for k, (op, bound) in TARGETS.items()}
     return res
-
-
-def _torch_baselines(problem, omega, mass, ref_grad, threads, repeats, log) -> dict[str, Any]:
-    try:
-        import torch
-    except ImportError:
-        log("[bench] torch is not installed: PyTorch baselines skipped (pip install '.[bench]')")
-        return {"skipped": "torch is not installed (pip install '.[bench]')"}
-    from .baselines import TorchModel
-
-    torch.set_num_threads(threads)
-    out: dict[str, Any] = {"version": torch.__version__, "threads": torch.get_num_threads()}
-    arrays = problem.arrays()
-    models = {dtype: TorchModel(arrays, dtype) for dtype in ("float64", "float32")}
-    log(f"[bench] PyTorch autograd float64 and float32, {torch.get_num_threads()} threads ({repeats} runs)")
-    fns = {"pdeflow": lambda: problem.grad_phi(omega, omega, mass)}
-    fns.update({f"torch_{k}": (lambda m=m: m.grad_phi(omega, mass)) for k, m in models.items()})
-    t = interleaved(fns, repeats)
-    for dtype, model in models.items():
-        out[dtype] = {"time": summary(t[f"torch_{dtype}"]), "speedup": ratio(t[f"torch_{dtype}"], t["pdeflow"]),
-                      "rel_error": _rel(model.grad_phi(omega, mass), ref_grad)}
-    out["pdeflow_time"] = summary(t["pdeflow"])
-    return out
 
 
 def _fmt(x: Any, spec: str = ".3g") -> str:

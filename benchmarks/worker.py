@@ -2,7 +2,8 @@
 peak memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is a process-wide high-water mark).
 
 ``python -m benchmarks.worker TASK --config PATH [--n N] [--b B] [--repeats R]`` prints one JSON line.
-Tasks: ``grad_phi`` (median time of ``Problem.grad_phi`` at the particles), ``memory-step`` (peak memory of
+Tasks: ``grad_phi`` (median time of ``Problem.grad_phi`` at the particles), ``torch`` (PyTorch autograd
+float64 and float32 interleaved with pdeflow, see :func:`torch_baselines`), ``memory-step`` (peak memory of
 one ``Problem.evaluate`` + explicit Euler update, done in place), ``memory-kernel`` (peak memory of
 ``mean_field.grad_phi_data`` alone, given the residual features). The memory tasks draw their N particles
 in place (N x k floats allocated once) so that the high-water mark is that of the evaluation.
@@ -18,23 +19,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import REFERENCE_CONFIG, build, interleaved, summary
+from .common import REFERENCE_CONFIG, build, interleaved, ratio, summary
 
 
 def _maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int) -> dict[str, Any]:
+def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int,
+             t: int | None = None) -> dict[str, Any]:
+    if task == "torch":
+        try:
+            import torch  # noqa: F401 - before numba starts its OpenMP pool: see torch_baselines
+        except ImportError:
+            pass
     import numba
     import numpy as np
 
-    if task == "grad_phi":
-        problem, omega, mass = build(config, n=n, b=b)
+    if task in ("grad_phi", "torch"):
+        problem, omega, mass = build(config, n=n, b=b, t=t)
     else:
         # the particles are drawn in place (N x k floats once), so that the high-water mark measures the
         # evaluation and not the temporaries of Problem.initial_particles
-        problem = build(config, n=1, b=b)[0]
+        problem = build(config, n=1, b=b, t=t)[0]
         N = int(n) if n is not None else 1024
         omega = np.empty((N, problem.k))
         np.random.default_rng(0).standard_normal(out=omega)
@@ -55,6 +62,8 @@ def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int)
         times = interleaved({"grad_phi": timed_grad}, repeats)["grad_phi"]
         out["time"] = summary(times)
         out["cpu_time"] = summary(cpu[-repeats:])  # process CPU seconds (all threads) of the timed runs
+    elif task == "torch":
+        out.update(torch_baselines(problem, omega, mass, numba.get_num_threads(), repeats))
     elif task == "memory-step":
         out["rss_before_mib"] = _maxrss_mib()
         ev = problem.evaluate(omega, mass)
@@ -75,8 +84,40 @@ def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int)
     return out
 
 
+def torch_baselines(problem, omega, mass, threads: int, repeats: int) -> dict[str, Any]:
+    """PyTorch autograd float64 and float32 (``threads`` intra-op threads) and pdeflow float64, interleaved.
+
+    Run in a process of its own, with torch imported before numba starts its threading layer: torch and
+    numba share the system's OpenMP runtime (libgomp), and when numba's OpenMP pool starts first, MKL's
+    products inside PyTorch's parallel regions start nested thread teams - measured 3500 thread creations
+    per second and PyTorch 15x slower (13.5 s against 0.88 s at N = 256). Importing torch first measures
+    PyTorch as its users run it."""
+    try:
+        import torch
+    except ImportError:
+        return {"skipped": "torch is not installed (pip install '.[bench]')"}
+    import numpy as np
+
+    from .baselines import TorchModel
+
+    torch.set_num_threads(threads)
+    res: dict[str, Any] = {"version": torch.__version__, "threads": torch.get_num_threads()}
+    arrays = problem.arrays()
+    models = {dtype: TorchModel(arrays, dtype) for dtype in ("float64", "float32")}
+    fns = {"pdeflow": lambda: problem.grad_phi(omega, omega, mass)}
+    fns.update({f"torch_{k}": (lambda m=m: m.grad_phi(omega, mass)) for k, m in models.items()})
+    t = interleaved(fns, repeats)
+    ref = problem.grad_phi(omega, omega, mass)
+    for dtype, model in models.items():
+        g = np.asarray(model.grad_phi(omega, mass), float)
+        res[dtype] = {"time": summary(t[f"torch_{dtype}"]), "speedup": ratio(t[f"torch_{dtype}"], t["pdeflow"]),
+                      "rel_error": float(np.abs(g - ref).max() / max(np.abs(ref).max(), 1e-300))}
+    res["pdeflow_time"] = summary(t["pdeflow"])
+    return res
+
+
 def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_CONFIG, n: int | None = None,
-          b: int | None = None, repeats: int = 3, timeout: float = 1800.0) -> dict[str, Any]:
+          b: int | None = None, repeats: int = 3, timeout: float = 1800.0, t: int | None = None) -> dict[str, Any]:
     """Run a worker task in a fresh interpreter; ``threads``: pdeflow's thread count in it (numba's and
     OpenMP's variables; BLAS on one thread, as pdeflow runs it - see :func:`pdeflow.jit.thread_environment`)."""
     from pdeflow.jit import thread_environment
@@ -91,6 +132,8 @@ def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_
         cmd += ["--n", str(n)]
     if b is not None:
         cmd += ["--b", str(b)]
+    if t is not None:
+        cmd += ["--t", str(t)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=root)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark worker {task} failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -99,13 +142,14 @@ def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.worker")
-    p.add_argument("task", choices=("grad_phi", "memory-step", "memory-kernel"))
+    p.add_argument("task", choices=("grad_phi", "torch", "memory-step", "memory-kernel"))
     p.add_argument("--config", default=str(REFERENCE_CONFIG))
     p.add_argument("--n", type=int)
     p.add_argument("--b", type=int)
+    p.add_argument("--t", type=int)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    print(json.dumps(run_task(args.task, args.config, args.n, args.b, args.repeats)))
+    print(json.dumps(run_task(args.task, args.config, args.n, args.b, args.repeats, args.t)))
     return 0
 
 
