@@ -203,6 +203,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+def add_config_arguments(p: argparse.ArgumentParser, config_help: str, output_help: str) -> None:
+    """The arguments of every command that runs a config: CONFIG, -o/--output, --set (repeatable), --force."""
+    p.add_argument("config", help=config_help)
+    p.add_argument("-o", "--output", help=output_help)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="pdeflow", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
@@ -212,12 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     p = sub.add_parser("run", help="integrate a config into an HDF5 trajectory", epilog=EXIT_CODES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", help="TOML config file")
-    p.add_argument("-o", "--output", help="trajectory file (default: output.path, else <config>.h5)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config key (repeatable)")
+    add_config_arguments(p, "TOML config file", "trajectory file (default: output.path, else <config>.h5)")
     p.add_argument("--resume", action="store_true", help="continue the run in the output file from its checkpoint")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("info", help="summarize a trajectory file", epilog=EXIT_CODES,

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli import EXIT_CODES, UsageError
+from .cli import EXIT_CODES, UsageError, add_config_arguments
 from .config import load_config
 
 EXIT_NUMERICAL = 3
@@ -82,14 +82,11 @@ def add_command(subparsers) -> None:
     p = subparsers.add_parser("chaos", help="propagation of chaos: N heads and SGD against the mean-field limit",
                               epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
                               description=__doc__.split("\n\n")[1])
-    p.add_argument("config", help="TOML config file (sections [chaos], [sgd], [solver], [run])")
-    p.add_argument("-o", "--output", help="HDF5 result file (default: <config>-chaos.h5); the figure is "
-                                          "written beside it with the suffix .png")
+    add_config_arguments(p, "TOML config file (sections [chaos], [sgd], [solver], [run])",
+                         "HDF5 result file (default: <config>-chaos.h5); the figure is written beside it with "
+                         "the suffix .png")
     p.add_argument("--quick", action="store_true",
                    help="a smaller experiment for a smoke test: three smallest N, two seeds, two largest eta, "
                         "a quarter of chaos.n_ref")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config key (repeatable)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_chaos)

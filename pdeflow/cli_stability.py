@@ -141,15 +141,12 @@ def summary(result: StabilityResult) -> str:
 
 def add_command(subparsers) -> None:
     """Register ``pdeflow stability``."""
-    from .cli import EXIT_CODES
+    from .cli import EXIT_CODES, add_config_arguments
 
     p = subparsers.add_parser("stability", help="stationary Dirac measures: stability analysis checked by simulation",
                               epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", help="TOML config file ([stability] section)")
-    p.add_argument("-o", "--output", help="output HDF5 file (default: output.path, else <config>.h5)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config key (repeatable)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    add_config_arguments(p, "TOML config file ([stability] section)",
+                         "output HDF5 file (default: output.path, else <config>.h5)")
     p.add_argument("--no-plots", action="store_true", help="do not write the PNG figures")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_stability)

@@ -30,3 +30,13 @@ def test_benchmark_runs_at_tiny_size(tmp_path):
     if "skipped" not in res["torch"]:
         assert res["torch"]["float64"]["rel_error"] < 1e-10
     assert res["machine"]["cpu_count"] >= 1
+
+
+def test_bench_command_rejects_a_bad_config_in_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model]\nd = -3\n")
+    proc = subprocess.run([sys.executable, "-m", "pdeflow", "bench", str(bad), "--out", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "d" in proc.stderr
+    assert not (tmp_path / "out").exists()

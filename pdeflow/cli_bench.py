@@ -1,0 +1,39 @@
+"""``pdeflow bench [CONFIG]``: the benchmark suite (:mod:`benchmarks`) on the reference problem or a user's own.
+
+Writes ``bench-<preset>-<time>.json`` and ``.md`` into ``--out`` (new, time-stamped names: nothing is
+overwritten) and prints the table. The full preset takes several minutes on two cores; ``--preset quick``
+about one.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cli import UsageError
+from .config import load_config
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from benchmarks.common import REFERENCE_CONFIG
+    from benchmarks.suite import markdown, run, write
+
+    config = Path(args.config) if args.config else REFERENCE_CONFIG
+    load_config(config)  # a bad config is one line and exit 2 before anything is measured
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    res = run(args.preset, config, log=lambda s: print(s, file=sys.stderr, flush=True))
+    js, md = write(res, out)
+    print(markdown(res))
+    print(f"results: {js} and {md}")
+    return 0
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="time grad Phi against BLAS, PyTorch and numpy (JSON + markdown table)")
+    p.add_argument("config", nargs="?", help="problem config (default: data/configs/bench-reference.toml)")
+    p.add_argument("--preset", choices=("full", "quick", "tiny"), default="quick",
+                   help="sizes and repeats (default quick; full: the reference sizes of the README's table)")
+    p.add_argument("--out", default="pdeflow-bench", help="directory of the results (default ./pdeflow-bench)")
+    p.set_defaults(func=cmd_bench)
