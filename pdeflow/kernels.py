@@ -281,6 +281,20 @@ def _row_products(s: np.ndarray, v: np.ndarray, l: int, w: int, out: np.ndarray)
 
 
 @jit(parallel=False)
+def _rows_dot(c: np.ndarray, j: int, x: np.ndarray, l0: int, h: int, ii: int, acc):
+    """``acc + sum_{r < ROWS} c[r, j, ii] x[l0 + r, h, ii]``: one chain of fused multiply-adds in increasing r
+    (ROWS = 8 written out, so that the chain stays in registers)."""
+    acc = madd(c[0, j, ii], x[l0, h, ii], acc)
+    acc = madd(c[1, j, ii], x[l0 + 1, h, ii], acc)
+    acc = madd(c[2, j, ii], x[l0 + 2, h, ii], acc)
+    acc = madd(c[3, j, ii], x[l0 + 3, h, ii], acc)
+    acc = madd(c[4, j, ii], x[l0 + 4, h, ii], acc)
+    acc = madd(c[5, j, ii], x[l0 + 5, h, ii], acc)
+    acc = madd(c[6, j, ii], x[l0 + 6, h, ii], acc)
+    return madd(c[7, j, ii], x[l0 + 7, h, ii], acc)
+
+
+@jit(parallel=False)
 def _softmax_row(qs: np.ndarray, ks: np.ndarray, l: int, w: int, sc, one, s: np.ndarray, shift: np.ndarray,
                  inv: np.ndarray) -> None:
     """s[j, :w] = softmax_j(sc <q_l, k_j>) for j <= l (scratch [T, dh, tile] inputs)."""
@@ -442,23 +456,9 @@ def _attention_vjp_units(qkv: np.ndarray, dc5: np.ndarray, scale: float, c5: np.
                 for j in range(top):
                     for h in range(dh):
                         for ii in range(w):
-                            acc = madd(a[0, j, ii], dcs[l0, h, ii], dvs[j, h, ii])
-                            acc = madd(a[1, j, ii], dcs[l0 + 1, h, ii], acc)
-                            acc = madd(a[2, j, ii], dcs[l0 + 2, h, ii], acc)
-                            acc = madd(a[3, j, ii], dcs[l0 + 3, h, ii], acc)
-                            acc = madd(a[4, j, ii], dcs[l0 + 4, h, ii], acc)
-                            acc = madd(a[5, j, ii], dcs[l0 + 5, h, ii], acc)
-                            acc = madd(a[6, j, ii], dcs[l0 + 6, h, ii], acc)
-                            dvs[j, h, ii] = madd(a[7, j, ii], dcs[l0 + 7, h, ii], acc)
+                            dvs[j, h, ii] = _rows_dot(a, j, dcs, l0, h, ii, dvs[j, h, ii])
                         for ii in range(w):
-                            acc = madd(g[0, j, ii], qs[l0, h, ii], dks[j, h, ii])
-                            acc = madd(g[1, j, ii], qs[l0 + 1, h, ii], acc)
-                            acc = madd(g[2, j, ii], qs[l0 + 2, h, ii], acc)
-                            acc = madd(g[3, j, ii], qs[l0 + 3, h, ii], acc)
-                            acc = madd(g[4, j, ii], qs[l0 + 4, h, ii], acc)
-                            acc = madd(g[5, j, ii], qs[l0 + 5, h, ii], acc)
-                            acc = madd(g[6, j, ii], qs[l0 + 6, h, ii], acc)
-                            dks[j, h, ii] = madd(g[7, j, ii], qs[l0 + 7, h, ii], acc)
+                            dks[j, h, ii] = _rows_dot(g, j, qs, l0, h, ii, dks[j, h, ii])
             else:
                 for r in range(rb):
                     for j in range(l0 + r + 1):
