@@ -432,17 +432,11 @@ def write_result(path: str | Path, result: ChaosResult, cfg: Config, quick: bool
     measurements as datasets and, as attributes, every fitted rate: ``slope_<name>``, ``slope_<name>_ci``
     [lo, hi], ``slope_<name>_stderr``, ``slope_<name>_n``, ``prefactor_<name>`` (nan and ``note_<name>`` when
     the rate could not be fitted), plus ``n_list``, ``eta_list``, ``n_ref``, ``seeds``, ``fit_time``,
-    ``confidence``, ``converged_energy``, ``converged_dissipation``, ``converged_phi_spread``, ``wall_time``."""
-    import datetime as _dt
+    ``confidence``, ``converged_energy``, ``converged_dissipation``, ``converged_phi_spread``, ``wall_time``.
+    Written all or nothing (:func:`pdeflow.trajectory.new_result_file`)."""
+    from .trajectory import new_result_file
 
-    import h5py
-
-    from . import __version__
-
-    with h5py.File(path, "w") as f:
-        f.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "pdeflow_version": __version__,
-                        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                        "config": cfg.to_toml(), "quick": bool(quick)})
+    with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, quick=bool(quick)) as f:
         g = f.create_group("chaos")
         g.create_dataset("n_list", data=result.n_list)
         g.create_dataset("eta_list", data=result.eta_list)

@@ -558,29 +558,17 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
     where not simulated); ``runs/p<s>_m<j>``: ``times``, ``mean_amplitude``, ``spread_amplitude`` [F],
     ``directions`` [2,k]; ``sweep``: ``weight_decay``, ``h0_min``, ``htr_min`` [W], ``verdict`` [W],
     ``predicted_rate``, ``measured_rate`` [W,2], attributes ``lam_c_predicted``, ``lam_c_measured``, ``slope``.
-    Written to ``<path>.partial`` and renamed onto ``path`` when complete.
+    Written all or nothing (:func:`pdeflow.trajectory.new_result_file`).
     """
-    import datetime as _dt
-    import os
+    from .trajectory import new_result_file
 
-    import h5py
-
-    from . import __version__
-
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
     pts = result.points
     S, n = len(pts), cfg.stability.n_modes
 
     def stack(get, shape):
         return np.array([get(a) for a in pts], dtype=float).reshape((S,) + shape)
 
-    with h5py.File(partial, "w") as f:
-        f.attrs["schema"] = SCHEMA
-        f.attrs["schema_version"] = SCHEMA_VERSION
-        f.attrs["pdeflow_version"] = __version__
-        f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        f.attrs["config"] = cfg.to_toml()
+    with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg) as f:
         g = f.create_group("stability")
         g.attrs["tol"] = cfg.stability.tol
         g.attrs["eps"] = cfg.stability.eps
@@ -625,7 +613,6 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
             sg.attrs["slope"] = sw.slope
             for i, r in enumerate(sw.runs):
                 _write_run(sg.create_group(f"run{i}"), r)
-    os.replace(partial, path)
 
 
 def _write_run(g, r: ModeRun) -> None:

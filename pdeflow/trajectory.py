@@ -580,6 +580,32 @@ def _rebuild(path: Path) -> None:
 
 
 @contextlib.contextmanager
+def new_result_file(path: str | Path, schema: str, schema_version: int, cfg: Config,
+                    **attrs: Any) -> Iterator[h5py.File]:
+    """Write a result file (``pdeflow chaos``, ``pdeflow stability``) all or nothing.
+
+    ``with new_result_file(p, SCHEMA, 1, cfg) as f: ...`` yields a new file ``<name>.partial`` whose root
+    attributes are ``schema``, ``schema_version``, ``pdeflow_version``, ``created`` (UTC), ``config``
+    (TOML) and ``attrs``; it is renamed onto ``path`` when the block completes. A kill or an exception
+    leaves ``path`` as it was (absent, or the file ``--force`` was going to replace)."""
+    from . import __version__
+
+    path = Path(path)
+    partial = _partial_path(path)
+    partial.unlink(missing_ok=True)
+    try:
+        with h5py.File(partial, "x") as f:
+            f.attrs.update({"schema": schema, "schema_version": schema_version, "pdeflow_version": __version__,
+                            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                            "config": cfg.to_toml(), **attrs})
+            yield f
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
 def edit_trajectory(path: str | Path) -> Iterator[h5py.File]:
     """Modify a finished trajectory all or nothing: ``with edit_trajectory(p) as f: f.create_group(...)``.
 

@@ -381,3 +381,27 @@ def test_a_running_file_is_readable_while_written(tmp_path):
     write_frames(w, 2, 3)
     w.finish("finished", "")
     assert_frames(open_trajectory(path), 3)
+
+
+def test_result_files_are_written_all_or_nothing(tmp_path):
+    """new_result_file (pdeflow chaos, pdeflow stability): the root attributes on success; on an error
+    inside the block, the file it was going to replace is untouched and no partial file is left."""
+    from pdeflow import __version__
+    from pdeflow.trajectory import new_result_file
+
+    cfg = loads_config("[model]\nd = 4\nhead_dim = 2\n")
+    path = tmp_path / "result.h5"
+    with new_result_file(path, "pdeflow-test", 3, cfg, quick=True) as f:
+        f["x"] = np.arange(3.0)
+    with h5py.File(path, "r") as f:
+        assert f.attrs["schema"] == "pdeflow-test" and f.attrs["schema_version"] == 3
+        assert f.attrs["pdeflow_version"] == __version__ and bool(f.attrs["quick"])
+        assert loads_config(f.attrs["config"]).model.d == 4
+        np.testing.assert_array_equal(f["x"][()], np.arange(3.0))
+    before = path.read_bytes()
+    with pytest.raises(RuntimeError, match="midway"):
+        with new_result_file(path, "pdeflow-test", 3, cfg) as f:
+            f["y"] = np.ones(10)
+            raise RuntimeError("midway")
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.h5"]
