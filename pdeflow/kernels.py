@@ -340,11 +340,25 @@ def _store(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray
 
 
 @jit(parallel=False)
+def _load_unit(qkv: np.ndarray, u: int, tile: int, qs: np.ndarray, ks: np.ndarray, vs: np.ndarray):
+    """Copy q, k, v of work unit ``u`` (sequence ``b = u // nblk``, heads ``i0 = (u % nblk) tile`` to
+    ``i0 + w``) into the scratch arrays; returns (b, i0, w)."""
+    n = qkv.shape[4]
+    nblk = (n + tile - 1) // tile
+    b = u // nblk
+    i0 = (u - b * nblk) * tile
+    w = min(tile, n - i0)
+    _load(qkv, b, 0, i0, w, qs)
+    _load(qkv, b, 1, i0, w, ks)
+    _load(qkv, b, 2, i0, w, vs)
+    return b, i0, w
+
+
+@jit(parallel=False)
 def _attention_units(qkv: np.ndarray, scale: float, c5: np.ndarray, tile: int, lo: int, hi: int) -> None:
     """Forward core of work units ``lo <= u < hi`` (sequence ``u // nblk``, tile ``u % nblk``); c5 is
     c reshaped [B, T, 1, dh, n]. Scratch is allocated once per call."""
     B, T, _, dh, n = qkv.shape
-    nblk = (n + tile - 1) // tile
     qs = np.empty((T, dh, tile), dtype=qkv.dtype)
     ks = np.empty((T, dh, tile), dtype=qkv.dtype)
     vs = np.empty((T, dh, tile), dtype=qkv.dtype)
@@ -355,12 +369,7 @@ def _attention_units(qkv: np.ndarray, scale: float, c5: np.ndarray, tile: int, l
     shift = np.empty(tile, dtype=s.real.dtype)
     inv = np.empty(tile, dtype=qkv.dtype)
     for u in range(lo, hi):
-        b = u // nblk
-        i0 = (u - b * nblk) * tile
-        w = min(tile, n - i0)
-        _load(qkv, b, 0, i0, w, qs)
-        _load(qkv, b, 1, i0, w, ks)
-        _load(qkv, b, 2, i0, w, vs)
+        b, i0, w = _load_unit(qkv, u, tile, qs, ks, vs)
         for l in range(T):
             _softmax_row(qs, ks, l, w, consts[1], consts[0], s, shift, inv)
             _row_products(s, vs, l, w, cs)
@@ -400,7 +409,6 @@ def _attention_vjp_units(qkv: np.ndarray, dc5: np.ndarray, scale: float, c5: np.
     """Backward core of work units ``lo <= u < hi`` (see :func:`causal_attention_vjp`); dc5, c5 are
     dc, c reshaped [B, T, 1, dh, n]."""
     B, T, _, dh, n = qkv.shape
-    nblk = (n + tile - 1) // tile
     qs = np.empty((T, dh, tile), dtype=qkv.dtype)
     ks = np.empty((T, dh, tile), dtype=qkv.dtype)
     vs = np.empty((T, dh, tile), dtype=qkv.dtype)
@@ -418,12 +426,7 @@ def _attention_vjp_units(qkv: np.ndarray, dc5: np.ndarray, scale: float, c5: np.
     inv = np.empty(tile, dtype=qkv.dtype)
     wsum = np.empty(tile, dtype=qkv.dtype)
     for u in range(lo, hi):
-        b = u // nblk
-        i0 = (u - b * nblk) * tile
-        w = min(tile, n - i0)
-        _load(qkv, b, 0, i0, w, qs)
-        _load(qkv, b, 1, i0, w, ks)
-        _load(qkv, b, 2, i0, w, vs)
+        b, i0, w = _load_unit(qkv, u, tile, qs, ks, vs)
         _load(dc5, b, 0, i0, w, dcs)
         dks[...] = 0.0
         dvs[...] = 0.0
