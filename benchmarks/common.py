@@ -83,13 +83,17 @@ def loglog_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
     return float(np.polyfit(lx, ly, 1)[0])
 
 
-def matmul_rate(n: int = 2000, repeats: int = 5, dtype=np.float64) -> dict[str, Any]:
-    """GFLOP/s of numpy ``a @ b`` for n x n matrices (median of ``repeats``), this process's BLAS threads."""
+def matmul_rate(n: int = 2000, repeats: int = 5, dtype=np.float64, threads: int = 1) -> dict[str, Any]:
+    """GFLOP/s of numpy ``a @ b`` for n x n matrices (median of ``repeats``) with BLAS on ``threads`` threads
+    (set for the measurement only: pdeflow itself runs BLAS on one thread per worker)."""
+    from threadpoolctl import threadpool_limits
+
     rng = np.random.default_rng(0)
     a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
     out = np.empty((n, n), dtype=dtype)
-    ts = interleaved({"mm": lambda: np.matmul(a, b, out=out)}, repeats)["mm"]
-    return {"n": n, "gflops": 2.0 * n ** 3 / median(ts) / 1e9, "time": summary(ts)}
+    with threadpool_limits(threads, user_api="blas"):
+        ts = interleaved({"mm": lambda: np.matmul(a, b, out=out)}, repeats)["mm"]
+    return {"n": n, "threads": threads, "gflops": 2.0 * n ** 3 / median(ts) / 1e9, "time": summary(ts)}
 
 
 def machine() -> dict[str, Any]:

@@ -104,9 +104,9 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     res["machine"] = machine()
     threads = numba.get_num_threads()
 
-    log(f"[bench] float64 matrix multiply {p.matmul_n}x{p.matmul_n}")
-    res["matmul"] = matmul_rate(p.matmul_n, max(5, p.repeats))
-    res["matmul_float32"] = matmul_rate(p.matmul_n, max(5, p.repeats), np.float32)
+    log(f"[bench] float64 matrix multiply {p.matmul_n}x{p.matmul_n}, BLAS on {threads} threads")
+    res["matmul"] = matmul_rate(p.matmul_n, max(5, p.repeats), threads=threads)
+    res["matmul_float32"] = matmul_rate(p.matmul_n, max(5, p.repeats), np.float32, threads=threads)
 
     problem, omega, mass = build(config, n=p.n, b=p.b, t=p.t)
     p32 = build(config, n=p.n, b=p.b, t=p.t, precision="float32")[0]
@@ -251,7 +251,8 @@ def markdown(res: dict[str, Any]) -> str:
                      f"(logits pass {times['logits_pass']['median']:.3f} s + gradient pass "
                      f"{times['gradient_pass']['median']:.3f} s)"))
     lines.append(row("GFLOP/s (model flops)", f"{res['gflops_model']:.1f} (executed {res['gflops_executed']:.1f})"))
-    lines.append(row("float64 matmul 2000^2 (numpy @)", f"{res['matmul']['gflops']:.1f} GFLOP/s"))
+    lines.append(row(f"float64 matmul {res['matmul']['n']}^2 (numpy @, {res['matmul'].get('threads', '?')} BLAS threads)",
+                     f"{res['matmul']['gflops']:.1f} GFLOP/s"))
     lines.append(row("fraction of matmul rate", f"{100 * res['fraction_of_matmul']:.1f} %", "fraction_of_matmul"))
     for dtype, key in (("float64", "speedup_vs_torch_float64"), ("float32", "speedup_vs_torch_float32")):
         e = torch_.get(dtype)
