@@ -283,13 +283,16 @@ def static_gaps(problem: Problem, omega: np.ndarray, mass: np.ndarray, n_list: n
 
 
 def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Config], Any], times: np.ndarray,
-              progress: Callable[[str, float], None] | None = None) -> ChaosResult:
+              progress: Callable[[str, float], None] | None = None, work: str | Path | None = None) -> ChaosResult:
     """The whole experiment of the module docstring on ``problem``.
 
     ``make_stepper(problem, cfg)`` builds a stepper (``solvers.make_stepper``); ``times`` [F] are the frame
     times, 0 first and ``run.t_end`` last (``solvers.driver.frame_times(cfg)``); ``progress(label, units)``
-    is called as work completes (units: particle-time, a rough cost measure). ConfigError for a config the
-    experiment cannot run, ChaosError for a non-finite state."""
+    is called as work completes (units: particle-time, a rough cost measure). ``work``: a work file
+    (:func:`write_work`) rewritten after every finished (N, seed) block; if it exists, its blocks are
+    taken as done and skipped (a resumed experiment recomputes the reference flow, which is deterministic,
+    and gives the uninterrupted experiment's numbers bit for bit). ConfigError for a config the experiment
+    cannot run or a work file of another config, ChaosError for a non-finite state."""
     check_config(cfg)
     wall0 = time.perf_counter()
     c, i = cfg.chaos, cfg.init
@@ -331,10 +334,15 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
 
     # 2-3. finite heads and SGD against the characteristics
     shape, shape_sgd = (nN, S, F), (nN, S, nE, F)
-    data = {name: np.full(shape, np.nan) for name in ("coupling", "logit_gap", "energy_gap", "sliced_w2")}
-    data.update({name: np.full(shape_sgd, np.nan) for name in ("sgd_excess", "sgd_coupling", "sgd_energy_gap")})
+    data = {name: np.full(shape_sgd if name.startswith("sgd") else shape, np.nan) for name in BLOCK_DATA}
+    done = np.zeros((nN, S), dtype=bool)
+    if work is not None and Path(work).exists():
+        done = read_work(work, cfg, data)
     for (a, s), x in starts.items():
         n = len(x)
+        if done[a, s]:
+            report(f"N={n} (done before)", n * times[-1] * (1 + nE))
+            continue
         mass = np.full(n, 1.0 / n)
         tracers = tracer_frames[:, where[(a, s)]]
         flow_frames = np.empty((F, n, problem.k))
@@ -362,6 +370,9 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
 
             _trajectory(sgd, x, mass, times, float(eta), rng=rng, on_frame=on_sgd)
             report(f"sgd N={n} eta={eta:g}", n * times[-1])
+        done[a, s] = True
+        if work is not None:
+            write_work(work, cfg, data, done)
 
     # 4. static approximation at the converged reference
     converge_time = c.converge_time or float(times[-1])
@@ -426,6 +437,47 @@ def fit_rates(result: ChaosResult) -> None:
 
 
 # ---- output -------------------------------------------------------------------------------------
+WORK_SCHEMA = "pdeflow-chaos-work"
+BLOCK_DATA = ("coupling", "logit_gap", "energy_gap", "sliced_w2", "sgd_excess", "sgd_coupling", "sgd_energy_gap")
+
+
+def work_path(path: str | Path) -> Path:
+    """The work file of an experiment writing ``path``: ``<name>.work``, removed when it finishes."""
+    path = Path(path)
+    return path.with_name(path.name + ".work")
+
+
+def write_work(path: str | Path, cfg: Config, data: dict[str, np.ndarray], done: np.ndarray) -> None:
+    """The finished (N, seed) blocks of an unfinished experiment, all or nothing: ``done`` [nN, S] (bool) and
+    the per-block measurements ``data`` (BLOCK_DATA, named as in ``/chaos``; NaN where not done),
+    with the config as TOML in the root attributes."""
+    from .trajectory import new_result_file
+
+    with new_result_file(path, WORK_SCHEMA, SCHEMA_VERSION, cfg) as f:
+        f["done"] = done
+        for name, value in data.items():
+            f[name] = value
+
+
+def read_work(path: str | Path, cfg: Config, data: dict[str, np.ndarray]) -> np.ndarray:
+    """Fill ``data`` from a work file of the same config; returns ``done`` [nN, S]. ConfigError otherwise."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("schema") != WORK_SCHEMA:
+                raise ConfigError(f"{path} is not a pdeflow chaos work file")
+            if f.attrs.get("config") != cfg.to_toml():
+                raise ConfigError(f"{path} belongs to an experiment with another config (or --quick setting); "
+                                  f"--force starts over")
+            done = f["done"][()]
+            for name, value in data.items():
+                value[...] = f[name][()]
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read as a chaos work file ({exc})") from None
+    return done
+
+
 def write_result(path: str | Path, result: ChaosResult, cfg: Config, quick: bool = False) -> None:
     """The HDF5 file of an experiment: root attributes ``schema = "pdeflow-chaos"``, ``schema_version``,
     ``pdeflow_version``, ``created``, ``config`` (TOML), ``quick``; group ``/chaos`` with the raw

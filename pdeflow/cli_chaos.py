@@ -2,7 +2,8 @@
 
 Runs the experiment of pdeflow.chaos (N heads, their SGD training and the mean-field characteristics from
 the same initial points; the static approximation), writes the measurements and fitted rates to OUT.h5
-(group /chaos), the figure to OUT.png beside it, and prints one line per rate.
+(group /chaos), the figure to OUT.png beside it, and prints one line per rate. Every finished (N, seed)
+block is kept in OUT.h5.work until the end: after a kill, --resume continues from there.
 """
 from __future__ import annotations
 
@@ -33,18 +34,26 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         raise UsageError(f"output path {str(out)!r} is a directory")
     if out.exists() and not args.force:
         raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it")
+    work = chaos.work_path(out)
+    if args.resume and not work.exists():
+        raise UsageError(f"nothing to resume: {str(work)!r} does not exist")
+    if work.exists() and not (args.resume or args.force):
+        raise UsageError(f"{str(work)!r} holds an unfinished experiment: --resume continues it, --force starts over")
     chaos.check_config(cfg)
     problem = Problem.from_config(cfg)
     make_stepper(problem, cfg)  # a bad solver setting fails here, before any work
+    if work.exists() and not args.resume:  # --force: start over
+        work.unlink()
     progress = _progress(cfg, quiet=args.quiet)
     try:
-        result = chaos.run_chaos(cfg, problem, make_stepper, frame_times(cfg), progress=progress)
+        result = chaos.run_chaos(cfg, problem, make_stepper, frame_times(cfg), progress=progress, work=work)
     except chaos.ChaosError as exc:
         print(f"pdeflow: error: chaos: {exc}; no output written", file=sys.stderr)
         return EXIT_NUMERICAL
     finally:
         progress.close()
     chaos.write_result(out, result, cfg, quick=args.quick)
+    work.unlink(missing_ok=True)
     png = out.with_suffix(".png")
     chaos.plot_result(png, result)
     print(chaos.summary(result))
@@ -85,6 +94,8 @@ def add_command(subparsers) -> None:
     add_config_arguments(p, "TOML config file (sections [chaos], [sgd], [solver], [run])",
                          "HDF5 result file (default: <config>-chaos.h5); the figure is written beside it with "
                          "the suffix .png")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted experiment from OUT.h5.work (finished (N, seed) blocks are kept)")
     p.add_argument("--quick", action="store_true",
                    help="a smaller experiment for a smoke test: three smallest N, two seeds, two largest eta, "
                         "a quarter of chaos.n_ref")

@@ -14,6 +14,7 @@ from conftest import build_config
 
 from pdeflow import Problem
 from pdeflow import chaos
+from pdeflow.config import ConfigError
 from pdeflow.cli import main
 from solvers import make_stepper
 from solvers.driver import frame_times
@@ -247,3 +248,98 @@ def test_quick_config_is_smaller():
     q = chaos.quick_config(cfg)
     assert q.chaos.n_list == [16, 32, 64] and q.chaos.eta_list == [0.04, 0.02] and q.chaos.seeds == 2
     assert q.chaos.n_ref == cfg.chaos.n_ref // 4
+
+
+# ---- resuming -------------------------------------------------------------------------------------
+class _Crash(Exception):
+    pass
+
+
+def test_an_interrupted_experiment_resumes_bit_for_bit(tmp_path):
+    """A crash after some (N, seed) blocks: the work file keeps them, and the resumed experiment skips them
+    and gives the uninterrupted experiment's measurements bit for bit."""
+    cfg = tiny_config(chaos={"seeds": 1})
+    problem = Problem.from_config(cfg)
+    times = frame_times(cfg)
+    whole = chaos.run_chaos(cfg, problem, make_stepper, times)
+    work = tmp_path / "out.h5.work"
+    labels = []
+
+    def crash_in_third_block(label, units):
+        labels.append(label)
+        if label.startswith("flow N=8"):
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        chaos.run_chaos(cfg, problem, make_stepper, times, progress=crash_in_third_block, work=work)
+    data = {name: np.empty_like(whole.data[name]) for name in chaos.BLOCK_DATA}
+    done = chaos.read_work(work, cfg, data)
+    assert done.tolist() == [[True], [True], [False]]
+    assert np.all(np.isnan(data["coupling"][2])) and np.all(np.isfinite(data["coupling"][:2]))
+    labels.clear()
+    resumed = chaos.run_chaos(cfg, problem, make_stepper, times, progress=lambda label, u: labels.append(label),
+                              work=work)
+    assert "N=2 (done before)" in labels and "N=4 (done before)" in labels and "flow N=8" in labels
+    assert "flow N=2" not in labels
+    for name, value in whole.data.items():
+        np.testing.assert_array_equal(resumed.data[name], value, err_msg=name)
+    # a work file of another config is refused
+    other = tiny_config(chaos={"seeds": 1, "n_ref": 40})
+    with pytest.raises(ConfigError, match="another config"):
+        chaos.run_chaos(other, Problem.from_config(other), make_stepper, frame_times(other), work=work)
+
+
+def test_chaos_command_resume_and_force(tmp_path, capsys):
+    cfg = tiny_config(chaos={"seeds": 1})
+    config = write_config(tmp_path, cfg)
+    out = tmp_path / "out.h5"
+    work = chaos.work_path(out)
+    assert main(["chaos", str(config), "-o", str(out), "--quiet", "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err and not out.exists()
+    # an unfinished experiment's work file: refused without --resume or --force, and left as it was
+    problem = Problem.from_config(cfg)
+    with pytest.raises(_Crash):
+        chaos.run_chaos(cfg, problem, make_stepper, frame_times(cfg), work=work,
+                        progress=lambda label, u: (_ for _ in ()).throw(_Crash) if label == "flow N=4" else None)
+    before = work.read_bytes()
+    assert main(["chaos", str(config), "-o", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume" in err[0] and work.read_bytes() == before
+    assert main(["chaos", str(config), "-o", str(out), "--quiet", "--resume"]) == 0
+    assert out.exists() and not work.exists()
+    resumed = chaos.read_result(out)
+    out2 = tmp_path / "whole.h5"
+    assert main(["chaos", str(config), "-o", str(out2), "--quiet"]) == 0
+    whole = chaos.read_result(out2)
+    for name in chaos.BLOCK_DATA + ("static_gap", "reference_energy"):
+        np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)
+
+
+def test_chaos_killed_with_sigkill_resumes(tmp_path):
+    """kill -9 as soon as the first block is in the work file; --resume finishes with the numbers of an
+    uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = tiny_config(chaos={"seeds": 6})
+    config = write_config(tmp_path, cfg)
+    out = tmp_path / "out.h5"
+    work = chaos.work_path(out)
+    env = dict(os.environ, NUMBA_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "pdeflow", "chaos", str(config), "-o", str(out), "--quiet"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not work.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert work.exists() and not out.exists(), proc.stderr.read()
+    assert main(["chaos", str(config), "-o", str(out), "--quiet", "--resume"]) == 0
+    whole = tmp_path / "whole.h5"
+    assert main(["chaos", str(config), "-o", str(whole), "--quiet"]) == 0
+    a, b = chaos.read_result(out), chaos.read_result(whole)
+    for name in chaos.BLOCK_DATA + ("static_gap",):
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
