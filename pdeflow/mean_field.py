@@ -97,8 +97,10 @@ def _qkv_weights(theta: np.ndarray, d: int, dh: int, out: np.ndarray) -> np.ndar
 def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
     """``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``: theta [N, p], mass [N] -> [B, T, d].
 
-    Blocks of sequences are the threads' items (:mod:`pdeflow.workers`): each block sums the chunks of heads
-    in their order, so O does not depend on the thread count.
+    The threads' items (:mod:`pdeflow.workers`) are groups of consecutive blocks of sequences, one group per
+    thread, so that a thread lays out each chunk's weights once for all its blocks (154 us per chunk of 64
+    heads: 7 % of the pass when done per block). Each block sums the chunks of heads in their order, so O
+    depends neither on the thread count nor on the grouping.
     """
     B, T, d = data.shape
     dh = data.head_dim
@@ -109,17 +111,17 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
     mass = np.asarray(mass).astype(dtype, copy=False)
     out = np.zeros((B * T, d), dtype=dtype)
     tile = _tile(dtype)
+    n_blocks = -(-B // bc)
+    groups = min(n_blocks, num_threads())
 
-    def run(blocks: Iterator[int], kernel_threads: int) -> None:
+    def run(items: Iterator[int], kernel_threads: int) -> None:
         part_buf = np.empty(bc * T * d, dtype=dtype)
         qkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
         c_buf = np.empty(bc * T * dh * n, dtype=dtype)
         wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
         wo_buf = np.empty(dh * n * d, dtype=dtype)
-        for blk in blocks:
-            b0 = blk * bc
-            nb = min(B, b0 + bc) - b0
-            rows = slice(b0 * T, (b0 + nb) * T)
+        for group in items:
+            blocks = range(group * n_blocks // groups, (group + 1) * n_blocks // groups)
             for start in range(0, N, n):
                 stop = min(N, start + n)
                 m = stop - start
@@ -129,16 +131,20 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
                 wo_t = wo_buf[:dh * m * d].reshape(dh, m, d)
                 np.multiply(split_theta(th, d, dh)[3].transpose(2, 0, 1), mass[None, start:stop, None], out=wo_t)
                 wo_t = wo_t.reshape(dh * m, d)
-                qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
-                c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
-                np.matmul(x[rows], wcat, out=qkv)
-                kernels.causal_attention(qkv.reshape(nb, T, 3, dh, m), data.score_scale,
-                                         c.reshape(nb, T, dh, m), tile, kernel_threads)
-                part = part_buf[:nb * T * d].reshape(nb * T, d)
-                np.matmul(c, wo_t, out=part)
-                out[rows] += part
+                for blk in blocks:
+                    b0 = blk * bc
+                    nb = min(B, b0 + bc) - b0
+                    rows = slice(b0 * T, (b0 + nb) * T)
+                    qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
+                    c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    np.matmul(x[rows], wcat, out=qkv)
+                    kernels.causal_attention(qkv.reshape(nb, T, 3, dh, m), data.score_scale,
+                                             c.reshape(nb, T, dh, m), tile, kernel_threads)
+                    part = part_buf[:nb * T * d].reshape(nb * T, d)
+                    np.matmul(c, wo_t, out=part)
+                    out[rows] += part
 
-    for_each_item(-(-B // bc), num_threads(), run)
+    for_each_item(groups, num_threads(), run)
     return out.reshape(B, T, d)
 
 
