@@ -292,3 +292,21 @@ def test_bad_input_seen_by_one_rank_only_aborts_every_rank(tmp_path):
     proc = mpi_python(code)
     assert proc.returncode == 2, proc.stderr
     assert "pdeflow: error on rank 1 only: task.path: injected, rank 1 only" in proc.stderr, proc.stderr
+
+
+def test_ranks_share_the_cores_of_their_node():
+    """Without a thread count from the user, each of P ranks on a node gets cores / P threads, and BLAS
+    stays on one thread (pdeflow's own threads use the cores)."""
+    code = ("import os, numba, threadpoolctl\n"
+            "from pdeflow.parallel import world\n"
+            "comm = world()\n"
+            "blas = max(p['num_threads'] for p in threadpoolctl.threadpool_info() if p['user_api'] == 'blas')\n"
+            "print(comm.rank, numba.get_num_threads(), blas)\n")
+    env = {k: v for k, v in environment().items()
+           if k not in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    proc = subprocess.run([mpiexec(), "-n", str(RANKS), sys.executable, "-c", code], capture_output=True,
+                          text=True, env=env, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.split("\n")[:-1])
+    expected = max(1, (os.cpu_count() or 1) // RANKS)
+    assert lines == [f"{r} {expected} 1" for r in range(RANKS)], proc.stdout
