@@ -4,10 +4,13 @@ The Q/K/V/O projections of a chunk of ``n`` heads are large matrix products and 
 :mod:`pdeflow.mean_field`); what is left is the causal softmax core of every (head, sequence) pair,
 done here row by row so that memory is O(T) per head and thread and never O(N B T T).
 
-Layout: heads are the innermost (contiguous) axis. ``qkv`` is [B, T, 3, dh, n] (sequence, position,
-which of q/k/v, head channel, head), ``c, dc`` are [B, T, dh, n]; the projection GEMM
-``X [B T, d] @ Wcat [d, 3 dh n]`` produces ``qkv`` without a copy when the columns of ``Wcat`` are
-ordered (which, channel, head). With heads innermost every operation of the core - scores, softmax,
+Layout: heads are the innermost (contiguous) axis. The projections reach the kernels as (rows, table,
+tok): q, k, v of position l of sequence b are ``rows[tok[b, l]] + table[l]``, rows [R, 3, dh, n] and
+table [T, 3, dh, n] ordered (which of q/k/v, head channel, head), so that one GEMM ``A [R, d] @ Wcat
+[d, 3 dh n]`` produces rows without a copy: A = X (R = B T, table zero) or, as x = E[tok] + P, A = E
+(R = V) with table = P Wcat. ``c, dc`` are [B, T, dh, n], the cotangents ``dqkv`` [B, T, 3, dh, n]. The
+gather happens in the copy of each work unit into scratch, which is made anyway. With heads innermost
+every operation of the core - scores, softmax,
 context and their vector-Jacobian product - is elementwise across heads: the loops over a tile of
 heads are axpy-style loops over contiguous memory that LLVM vectorizes (SIMD) without reassociating
 anything, so no ``fastmath`` is needed and the order of every sum is the one fixed in the source.
@@ -340,22 +343,31 @@ def _store(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray
 
 
 @jit(parallel=False)
-def _load_unit(qkv: np.ndarray, u: int, tile: int, qs: np.ndarray, ks: np.ndarray, vs: np.ndarray):
-    """Copy q, k, v of work unit ``u`` (sequence ``b = u // nblk``, heads ``i0 = (u % nblk) tile`` to
-    ``i0 + w``) into the scratch arrays; returns (b, i0, w)."""
-    n = qkv.shape[4]
+def _load_unit(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, u: int, tile: int, qs: np.ndarray,
+               ks: np.ndarray, vs: np.ndarray):
+    """q, k, v of work unit ``u`` (sequence ``b = u // nblk``, heads ``i0 = (u % nblk) tile`` to ``i0 + w``)
+    into the scratch arrays: ``qs[l, h, :w] = rows[tok[b, l], 0, h, i0:i0 + w] + table[l, 0, h, i0:i0 + w]``
+    (k, v: 1, 2); returns (b, i0, w)."""
+    T, dh, n = tok.shape[1], rows.shape[2], rows.shape[3]
     nblk = (n + tile - 1) // tile
     b = u // nblk
     i0 = (u - b * nblk) * tile
     w = min(tile, n - i0)
-    _load(qkv, b, 0, i0, w, qs)
-    _load(qkv, b, 1, i0, w, ks)
-    _load(qkv, b, 2, i0, w, vs)
+    for l in range(T):
+        r = tok[b, l]
+        for h in range(dh):
+            for ii in range(w):
+                qs[l, h, ii] = rows[r, 0, h, i0 + ii] + table[l, 0, h, i0 + ii]
+            for ii in range(w):
+                ks[l, h, ii] = rows[r, 1, h, i0 + ii] + table[l, 1, h, i0 + ii]
+            for ii in range(w):
+                vs[l, h, ii] = rows[r, 2, h, i0 + ii] + table[l, 2, h, i0 + ii]
     return b, i0, w
 
 
 @jit(parallel=False)
-def _attention_units(qkv: np.ndarray, scale: float, c5: np.ndarray, tile: int, lo: int, hi: int) -> None:
+def _attention_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale: float, c5: np.ndarray, tile: int,
+                     lo: int, hi: int) -> None:
     """Forward core of work units ``lo <= u < hi`` (sequence ``u // nblk``, tile ``u % nblk``); c5 is
     c reshaped [B, T, 1, dh, n].
 
@@ -363,18 +375,18 @@ def _attention_units(qkv: np.ndarray, scale: float, c5: np.ndarray, tile: int, l
     LLVM not to alias, which keeps the inner loops free of run-time overlap checks. Carving them out of one
     buffer passed by the caller made the backward kernel 34 % slower (4.57 ms against 3.41 ms for 8
     sequences x 64 heads), while the allocations cost 26 us per call (under 1 %)."""
-    B, T, _, dh, n = qkv.shape
-    qs = np.empty((T, dh, tile), dtype=qkv.dtype)
-    ks = np.empty((T, dh, tile), dtype=qkv.dtype)
-    vs = np.empty((T, dh, tile), dtype=qkv.dtype)
-    cs = np.empty((T, dh, tile), dtype=qkv.dtype)
-    s = np.empty((T, tile), dtype=qkv.dtype)
-    consts = np.ones(2, dtype=qkv.dtype)
+    T, dh = tok.shape[1], rows.shape[2]
+    qs = np.empty((T, dh, tile), dtype=rows.dtype)
+    ks = np.empty((T, dh, tile), dtype=rows.dtype)
+    vs = np.empty((T, dh, tile), dtype=rows.dtype)
+    cs = np.empty((T, dh, tile), dtype=rows.dtype)
+    s = np.empty((T, tile), dtype=rows.dtype)
+    consts = np.ones(2, dtype=rows.dtype)
     consts[1] = scale
     shift = np.empty(tile, dtype=s.real.dtype)
-    inv = np.empty(tile, dtype=qkv.dtype)
+    inv = np.empty(tile, dtype=rows.dtype)
     for u in range(lo, hi):
-        b, i0, w = _load_unit(qkv, u, tile, qs, ks, vs)
+        b, i0, w = _load_unit(rows, table, tok, u, tile, qs, ks, vs)
         for l in range(T):
             _softmax_row(qs, ks, l, w, consts[1], consts[0], s, shift, inv)
             _row_products(s, vs, l, w, cs)
@@ -382,56 +394,61 @@ def _attention_units(qkv: np.ndarray, scale: float, c5: np.ndarray, tile: int, l
 
 
 @jit(parallel=True)
-def _causal_attention_threads(qkv: np.ndarray, scale: float, c: np.ndarray, tile: int, n_threads: int) -> None:
+def _causal_attention_threads(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale: float, c: np.ndarray,
+                              tile: int, n_threads: int) -> None:
     """:func:`causal_attention` with the work units split into ``n_threads`` contiguous ranges (prange)."""
-    B, T, _, dh, n = qkv.shape
+    B, T, dh, n = c.shape
     units = B * ((n + tile - 1) // tile)
     nth = max(1, min(n_threads, units))
     c5 = c.reshape(B, T, 1, dh, n)
     for t in prange(nth):
         lo, hi = _unit_range(units, nth, t)
-        _attention_units(qkv, scale, c5, tile, lo, hi)
+        _attention_units(rows, table, tok, scale, c5, tile, lo, hi)
 
 
-def causal_attention(qkv: np.ndarray, scale: float, c: np.ndarray, tile: int, n_threads: int) -> None:
+def causal_attention(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale: float, c: np.ndarray, tile: int,
+                     n_threads: int) -> None:
     """Context ``c[b, l, :, i] = sum_{j<=l} a[l, j] v[b, j, :, i]``, ``a[l] = softmax_j(scale <q_l, k_j>)``.
 
-    qkv [B, T, 3, dh, n] (q, k, v of head i at ``qkv[b, l, 0|1|2, :, i]``), c [B, T, dh, n] is overwritten.
-    Work units (sequence, tile of ``tile`` heads) are independent: with ``n_threads > 1`` they are split
-    into contiguous ranges over numba's threads; with 1 the call never enters numba's thread pool, so
-    several Python threads may run it at once.
+    The projections of position l of sequence b are ``rows[tok[b, l]] + table[l]`` (q, k, v of head i at
+    ``[0|1|2, :, i]``): rows [R, 3, dh, n], table [T, 3, dh, n], tok [B, T] (int). Either the projected
+    inputs ``X W`` (R = B T, tok the row numbers, table zero) or, since ``x = E[tok] + P``, the projected
+    tables ``E W`` (R = V) and ``P W`` - which spares the B T x d x 3 dh n product. c [B, T, dh, n] is
+    overwritten. Work units (sequence, tile of ``tile`` heads) are independent: with ``n_threads > 1``
+    they are split into contiguous ranges over numba's threads; with 1 the call never enters numba's
+    thread pool, so several Python threads may run it at once.
     """
+    B, T, dh, n = c.shape
     if n_threads > 1:
-        _causal_attention_threads(qkv, scale, c, tile, n_threads)
+        _causal_attention_threads(rows, table, tok, scale, c, tile, n_threads)
     else:
-        B, T, _, dh, n = qkv.shape
-        _attention_units(qkv, scale, c.reshape(B, T, 1, dh, n), tile, 0, B * ((n + tile - 1) // tile))
+        _attention_units(rows, table, tok, scale, c.reshape(B, T, 1, dh, n), tile, 0, B * ((n + tile - 1) // tile))
 
 
 @jit(parallel=False)
-def _attention_vjp_units(qkv: np.ndarray, dc5: np.ndarray, scale: float, c5: np.ndarray, dqkv: np.ndarray,
-                         tile: int, lo: int, hi: int) -> None:
+def _attention_vjp_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc5: np.ndarray, scale: float,
+                         c5: np.ndarray, dqkv: np.ndarray, tile: int, lo: int, hi: int) -> None:
     """Backward core of work units ``lo <= u < hi`` (see :func:`causal_attention_vjp`); dc5, c5 are
     dc, c reshaped [B, T, 1, dh, n]. Scratch allocated per call, as in :func:`_attention_units`."""
-    B, T, _, dh, n = qkv.shape
-    qs = np.empty((T, dh, tile), dtype=qkv.dtype)
-    ks = np.empty((T, dh, tile), dtype=qkv.dtype)
-    vs = np.empty((T, dh, tile), dtype=qkv.dtype)
-    dcs = np.empty((T, dh, tile), dtype=qkv.dtype)
-    cs = np.empty((T, dh, tile), dtype=qkv.dtype)
-    dqs = np.empty((T, dh, tile), dtype=qkv.dtype)
-    dks = np.empty((T, dh, tile), dtype=qkv.dtype)
-    dvs = np.empty((T, dh, tile), dtype=qkv.dtype)
-    a = np.empty((ROWS, T, tile), dtype=qkv.dtype)   # attention rows of the block
-    g = np.empty((ROWS, T, tile), dtype=qkv.dtype)   # dA, then dS rows of the block
-    consts = np.ones(2, dtype=qkv.dtype)
+    T, dh = tok.shape[1], rows.shape[2]
+    qs = np.empty((T, dh, tile), dtype=rows.dtype)
+    ks = np.empty((T, dh, tile), dtype=rows.dtype)
+    vs = np.empty((T, dh, tile), dtype=rows.dtype)
+    dcs = np.empty((T, dh, tile), dtype=rows.dtype)
+    cs = np.empty((T, dh, tile), dtype=rows.dtype)
+    dqs = np.empty((T, dh, tile), dtype=rows.dtype)
+    dks = np.empty((T, dh, tile), dtype=rows.dtype)
+    dvs = np.empty((T, dh, tile), dtype=rows.dtype)
+    a = np.empty((ROWS, T, tile), dtype=rows.dtype)   # attention rows of the block
+    g = np.empty((ROWS, T, tile), dtype=rows.dtype)   # dA, then dS rows of the block
+    consts = np.ones(2, dtype=rows.dtype)
     consts[1] = scale
     sc = consts[1]
     shift = np.empty(tile, dtype=a.real.dtype)
-    inv = np.empty(tile, dtype=qkv.dtype)
-    wsum = np.empty(tile, dtype=qkv.dtype)
+    inv = np.empty(tile, dtype=rows.dtype)
+    wsum = np.empty(tile, dtype=rows.dtype)
     for u in range(lo, hi):
-        b, i0, w = _load_unit(qkv, u, tile, qs, ks, vs)
+        b, i0, w = _load_unit(rows, table, tok, u, tile, qs, ks, vs)
         _load(dc5, b, 0, i0, w, dcs)
         dks[...] = 0.0
         dvs[...] = 0.0
@@ -482,33 +499,33 @@ def _attention_vjp_units(qkv: np.ndarray, dc5: np.ndarray, scale: float, c5: np.
 
 
 @jit(parallel=True)
-def _causal_attention_vjp_threads(qkv: np.ndarray, dc: np.ndarray, scale: float, c: np.ndarray,
-                                  dqkv: np.ndarray, tile: int, n_threads: int) -> None:
+def _causal_attention_vjp_threads(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc: np.ndarray,
+                                  scale: float, c: np.ndarray, dqkv: np.ndarray, tile: int, n_threads: int) -> None:
     """:func:`causal_attention_vjp` with the work units split into ``n_threads`` ranges (prange)."""
-    B, T, _, dh, n = qkv.shape
+    B, T, dh, n = c.shape
     units = B * ((n + tile - 1) // tile)
     nth = max(1, min(n_threads, units))
     c5 = c.reshape(B, T, 1, dh, n)
     dc5 = dc.reshape(B, T, 1, dh, n)
     for t in prange(nth):
         lo, hi = _unit_range(units, nth, t)
-        _attention_vjp_units(qkv, dc5, scale, c5, dqkv, tile, lo, hi)
+        _attention_vjp_units(rows, table, tok, dc5, scale, c5, dqkv, tile, lo, hi)
 
 
-def causal_attention_vjp(qkv: np.ndarray, dc: np.ndarray, scale: float, c: np.ndarray, dqkv: np.ndarray,
-                         tile: int, n_threads: int) -> None:
+def causal_attention_vjp(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc: np.ndarray, scale: float,
+                         c: np.ndarray, dqkv: np.ndarray, tile: int, n_threads: int) -> None:
     """Forward context and its vector-Jacobian product.
 
     Given the cotangent ``dc`` of the context, with ``a`` the causal softmax and ``s = scale q k^T``:
     ``dA[l, j] = <dc_l, v_j>``, ``dS = a * (dA - sum_j a dA)``, ``dq_l = scale sum_j dS[l, j] k_j``,
     ``dk_j = scale sum_l dS[l, j] q_l``, ``dv_j = sum_l a[l, j] dc_l``. Query rows are processed in blocks
     of ROWS: per row the softmax, context, dA, dS and dq; per block the column sums of dk and dv.
-    qkv, dqkv [B, T, 3, dh, n]; dc, c [B, T, dh, n]; c and dqkv are overwritten. Threads as in
-    :func:`causal_attention`.
+    Projections rows, table, tok as in :func:`causal_attention`; dqkv [B, T, 3, dh, n] (the cotangents
+    of q, k, v); dc, c [B, T, dh, n]; c and dqkv are overwritten. Threads as in :func:`causal_attention`.
     """
+    B, T, dh, n = c.shape
     if n_threads > 1:
-        _causal_attention_vjp_threads(qkv, dc, scale, c, dqkv, tile, n_threads)
+        _causal_attention_vjp_threads(rows, table, tok, dc, scale, c, dqkv, tile, n_threads)
     else:
-        B, T, _, dh, n = qkv.shape
-        _attention_vjp_units(qkv, dc.reshape(B, T, 1, dh, n), scale, c.reshape(B, T, 1, dh, n), dqkv, tile, 0,
-                             B * ((n + tile - 1) // tile))
+        _attention_vjp_units(rows, table, tok, dc.reshape(B, T, 1, dh, n), scale, c.reshape(B, T, 1, dh, n), dqkv,
+                             tile, 0, B * ((n + tile - 1) // tile))

@@ -39,7 +39,9 @@ class AttentionData:
     """The arrays one evaluation needs: a data set and the fixed tables of the layer.
 
     inputs ``x`` [B, T, d] (= E[tok] + P); unembedding ``U`` [V, d]; targets [B, T] (int);
-    loss_weights ``lw`` [B, T]; ``head_dim`` dh; ``score_scale``.
+    loss_weights ``lw`` [B, T]; ``head_dim`` dh; ``score_scale``; optionally the tokens [B, T] (int),
+    embedding ``E`` [V, d] and positions ``P`` [T, d] that make x, so that projections can be taken of the
+    tables (``x W = (E W)[tok] + P W``, see :func:`_projections`).
     """
     inputs: np.ndarray
     unembedding: np.ndarray
@@ -47,16 +49,74 @@ class AttentionData:
     loss_weights: np.ndarray
     head_dim: int
     score_scale: float
+    tokens: np.ndarray | None = None
+    embedding: np.ndarray | None = None
+    positions: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(B, T, d)."""
         return self.inputs.shape
 
+    @property
+    def factored(self) -> bool:
+        """Whether the projections are taken of the tables: (V + T) rows instead of B T, worth it when
+        V + T <= B T / 4 (the gather of the kernels' loads then costs less than the product it spares)."""
+        B, T, _ = self.shape
+        return self.tokens is not None and 4 * (self.embedding.shape[0] + T) <= B * T
+
     def astype(self, dtype: np.dtype) -> "AttentionData":
-        """The same data with float tables in ``dtype`` (targets stay integers)."""
+        """The same data with float tables in ``dtype`` (targets and tokens stay integers)."""
+        def cast(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a.astype(dtype)
+
         return AttentionData(self.inputs.astype(dtype), self.unembedding.astype(dtype), self.targets,
-                             self.loss_weights.astype(dtype), self.head_dim, self.score_scale)
+                             self.loss_weights.astype(dtype), self.head_dim, self.score_scale, self.tokens,
+                             cast(self.embedding), cast(self.positions))
+
+
+class _Projections:
+    """One thread's buffers for the Q/K/V projections of a chunk of heads, in the kernels' (rows, table, tok)
+    form (:func:`pdeflow.kernels.causal_attention`).
+
+    ``chunk(wcat)``: a new chunk of heads (weights laid out by :func:`_qkv_weights`); ``block(b0, nb)``: the
+    (rows, table, tok) of sequences b0 <= b < b0 + nb. Factored data: ``rows = E W``, ``table = P W`` once
+    per chunk, ``tok`` the tokens; otherwise ``rows = x[block] W`` per block, ``table = 0``, ``tok`` the row
+    numbers.
+    """
+
+    def __init__(self, data: AttentionData, x: np.ndarray, n: int, bc: int, dtype: np.dtype) -> None:
+        B, T, d = data.shape
+        self.data, self.x, self.T, self.dh = data, x, T, data.head_dim
+        width = 3 * data.head_dim * n
+        if data.factored:
+            self.E = data.embedding.astype(dtype, copy=False)
+            self.P = data.positions.astype(dtype, copy=False)
+            self.rows_buf = np.empty(self.E.shape[0] * width, dtype=dtype)
+            self.table_buf = np.empty(T * width, dtype=dtype)
+        else:
+            self.rows_buf = np.empty(bc * T * width, dtype=dtype)
+            self.table_buf = np.zeros(T * width, dtype=dtype)
+            self.row_numbers = np.arange(bc * T, dtype=np.int64).reshape(bc, T)
+
+    def chunk(self, wcat: np.ndarray) -> None:
+        self.wcat = wcat
+        self.m = wcat.shape[1] // (3 * self.dh)
+        shape = (-1, 3, self.dh, self.m)
+        self.table = self.table_buf[:self.T * wcat.shape[1]].reshape(shape)
+        if self.data.factored:
+            rows = self.rows_buf[:self.E.shape[0] * wcat.shape[1]].reshape(self.E.shape[0], wcat.shape[1])
+            np.matmul(self.E, wcat, out=rows)
+            np.matmul(self.P, wcat, out=self.table.reshape(self.T, wcat.shape[1]))
+            self.rows = rows.reshape(shape)
+
+    def block(self, b0: int, nb: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.data.factored:
+            return self.rows, self.table, self.data.tokens[b0:b0 + nb]
+        width = self.wcat.shape[1]
+        rows = self.rows_buf[:nb * self.T * width].reshape(nb * self.T, width)
+        np.matmul(self.x[b0 * self.T:(b0 + nb) * self.T], self.wcat, out=rows)
+        return rows.reshape(-1, 3, self.dh, self.m), self.table, self.row_numbers[:nb]
 
 
 def loss_weights(mask: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -116,7 +176,7 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
 
     def run(items: Iterator[int], kernel_threads: int) -> None:
         part_buf = np.empty(bc * T * d, dtype=dtype)
-        qkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
+        proj = _Projections(data, x, n, bc, dtype)
         c_buf = np.empty(bc * T * dh * n, dtype=dtype)
         wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
         wo_buf = np.empty(dh * n * d, dtype=dtype)
@@ -126,7 +186,7 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
                 stop = min(N, start + n)
                 m = stop - start
                 th = theta[start:stop].astype(dtype, copy=False)
-                wcat = _qkv_weights(th, d, dh, wcat_buf)
+                proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
                 # rows (h, i) of WO_i^T, scaled by the head's mass, so the mass-weighted sum is one product
                 wo_t = wo_buf[:dh * m * d].reshape(dh, m, d)
                 np.multiply(split_theta(th, d, dh)[3].transpose(2, 0, 1), mass[None, start:stop, None], out=wo_t)
@@ -135,11 +195,9 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
                     b0 = blk * bc
                     nb = min(B, b0 + bc) - b0
                     rows = slice(b0 * T, (b0 + nb) * T)
-                    qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
                     c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
-                    np.matmul(x[rows], wcat, out=qkv)
-                    kernels.causal_attention(qkv.reshape(nb, T, 3, dh, m), data.score_scale,
-                                             c.reshape(nb, T, dh, m), tile, kernel_threads)
+                    kernels.causal_attention(*proj.block(b0, nb), data.score_scale, c.reshape(nb, T, dh, m), tile,
+                                             kernel_threads)
                     part = part_buf[:nb * T * d].reshape(nb * T, d)
                     np.matmul(c, wo_t, out=part)
                     out[rows] += part
@@ -198,7 +256,7 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
     tile = _tile(dtype)
 
     def run(chunks: Iterator[int], kernel_threads: int) -> None:
-        qkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
+        proj = _Projections(data, x, n, bc, dtype)
         c_buf = np.empty(bc * T * dh * n, dtype=dtype)
         wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
         wo_buf = np.empty(d * dh * n, dtype=dtype)
@@ -213,7 +271,7 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
             stop = min(Q, start + n)
             m = stop - start
             th = theta[start:stop].astype(dtype, copy=False)
-            wcat = _qkv_weights(th, d, dh, wcat_buf)
+            proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
             wo = wo_buf[:d * dh * m].reshape(d, dh, m)  # wo[c, h, i] = WO_i[c, h]
             wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
             g_c = gc_buf[:d * dh * m].reshape(d, dh * m)  # the gradient of Phi_data in WO: g_c[c, (h, i)]
@@ -222,19 +280,17 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
             for b0 in range(0, B, bc):
                 nb = min(B, b0 + bc) - b0
                 rows = slice(b0 * T, (b0 + nb) * T)
-                qkv = qkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
                 c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
-                np.matmul(x[rows], wcat, out=qkv)
+                projections = proj.block(b0, nb)
                 shape5, shape4 = (nb, T, 3, dh, m), (nb, T, dh, m)
                 if with_grad:
                     dc = dc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
                     dqkv = dqkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
                     np.matmul(g[rows], wo.reshape(d, dh * m), out=dc)
-                    kernels.causal_attention_vjp(qkv.reshape(shape5), dc.reshape(shape4), data.score_scale,
+                    kernels.causal_attention_vjp(*projections, dc.reshape(shape4), data.score_scale,
                                                  c.reshape(shape4), dqkv.reshape(shape5), tile, kernel_threads)
                 else:
-                    kernels.causal_attention(qkv.reshape(shape5), data.score_scale, c.reshape(shape4), tile,
-                                             kernel_threads)
+                    kernels.causal_attention(*projections, data.score_scale, c.reshape(shape4), tile, kernel_threads)
                 # sums over the sequences: the first block writes, the next ones accumulate
                 if b0 == 0:
                     np.matmul(g[rows].T, c, out=g_c)

@@ -98,7 +98,8 @@ class Problem:
         inputs = E[a["tokens"]] + P[None, :, :]
         self._data64 = AttentionData(inputs, U, np.asarray(a["targets"], dtype=np.int64),
                                      mean_field.loss_weights(a["mask"], a["weights"]),
-                                     self.head_dim, float(a["score_scale"]))
+                                     self.head_dim, float(a["score_scale"]),
+                                     np.ascontiguousarray(a["tokens"], dtype=np.int64), E, P)
         self._data = self._data64 if self.dtype == np.float64 else self._data64.astype(self.dtype)
 
     # ---- construction -------------------------------------------------------------------------

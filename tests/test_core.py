@@ -441,6 +441,27 @@ THREAD_SCRIPT = textwrap.dedent("""
 """)
 
 
+def test_projections_of_the_tables_equal_projections_of_the_inputs():
+    """x W = (E W)[tok] + P W: the factored projections (taken when V + T is small next to B T) give the
+    logits and grad Phi of the direct product x W, to rounding; both paths are exercised here."""
+    import dataclasses
+
+    from pdeflow import mean_field
+
+    problem = build_problem(model={"positions": "sinusoidal", "unembedding": "gaussian"})
+    data = problem._data64
+    direct = dataclasses.replace(data, tokens=None, embedding=None, positions=None)
+    assert data.factored and not direct.factored
+    rng = np.random.default_rng(5)
+    theta = problem.theta(0.7 * rng.standard_normal((150, problem.k)))
+    mass = rng.dirichlet(np.full(150, 2.0))
+    O, O_direct = (mean_field.aggregate_output(theta, mass, dd) for dd in (data, direct))
+    assert rel_err(O, O_direct) <= 1e-13
+    G = mean_field.cross_entropy(O @ data.unembedding.T, data)[1]
+    (phi, grad), (phi_d, grad_d) = (mean_field.grad_phi_data(theta, G, dd) for dd in (data, direct))
+    assert rel_err(phi, phi_d) <= 1e-13 and rel_err(grad, grad_d) <= 1e-13
+
+
 def test_results_do_not_depend_on_thread_count(tmp_path):
     toml = config_text(model={"positions": "sinusoidal", "unembedding": "gaussian"})
     results = {}
