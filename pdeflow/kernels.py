@@ -343,6 +343,32 @@ def _store(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray
 
 
 @jit(parallel=False)
+def _put_unit(dqs: np.ndarray, dks: np.ndarray, dvs: np.ndarray, b: int, i0: int, w: int, tok: np.ndarray,
+              grows: np.ndarray, gtable: np.ndarray, accumulate: bool) -> None:
+    """The cotangents of q, k, v of a work unit: stored, ``grows[b T + l, 0|1|2, :, i0:i0 + w] = dq|dk|dv[l]``,
+    or accumulated through the transpose of the gather in :func:`_load_unit`,
+    ``grows[tok[b, l], ...] += ...`` and ``gtable[l, ...] += ...``."""
+    T, dh = dqs.shape[0], dqs.shape[1]
+    for l in range(T):
+        r = tok[b, l] if accumulate else b * T + l
+        for h in range(dh):
+            if accumulate:
+                for ii in range(w):
+                    grows[r, 0, h, i0 + ii] += dqs[l, h, ii]
+                    gtable[l, 0, h, i0 + ii] += dqs[l, h, ii]
+                for ii in range(w):
+                    grows[r, 1, h, i0 + ii] += dks[l, h, ii]
+                    gtable[l, 1, h, i0 + ii] += dks[l, h, ii]
+                for ii in range(w):
+                    grows[r, 2, h, i0 + ii] += dvs[l, h, ii]
+                    gtable[l, 2, h, i0 + ii] += dvs[l, h, ii]
+            else:
+                grows[r, 0, h, i0:i0 + w] = dqs[l, h, :w]
+                grows[r, 1, h, i0:i0 + w] = dks[l, h, :w]
+                grows[r, 2, h, i0:i0 + w] = dvs[l, h, :w]
+
+
+@jit(parallel=False)
 def _load_unit(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, u: int, tile: int, qs: np.ndarray,
                ks: np.ndarray, vs: np.ndarray):
     """q, k, v of work unit ``u`` (sequence ``b = u // nblk``, heads ``i0 = (u % nblk) tile`` to ``i0 + w``)
@@ -427,7 +453,8 @@ def causal_attention(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale
 
 @jit(parallel=False)
 def _attention_vjp_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc5: np.ndarray, scale: float,
-                         c5: np.ndarray, dqkv: np.ndarray, tile: int, lo: int, hi: int) -> None:
+                         c5: np.ndarray, grows: np.ndarray, gtable: np.ndarray, accumulate: bool, tile: int,
+                         lo: int, hi: int) -> None:
     """Backward core of work units ``lo <= u < hi`` (see :func:`causal_attention_vjp`); dc5, c5 are
     dc, c reshaped [B, T, 1, dh, n]. Scratch allocated per call, as in :func:`_attention_units`."""
     T, dh = tok.shape[1], rows.shape[2]
@@ -493,15 +520,14 @@ def _attention_vjp_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, d
                             for ii in range(w):
                                 dks[j, h, ii] = madd(g[r, j, ii], qs[l0 + r, h, ii], dks[j, h, ii])
         _store(cs, b, 0, i0, w, c5)
-        _store(dqs, b, 0, i0, w, dqkv)
-        _store(dks, b, 1, i0, w, dqkv)
-        _store(dvs, b, 2, i0, w, dqkv)
+        _put_unit(dqs, dks, dvs, b, i0, w, tok, grows, gtable, accumulate)
 
 
 @jit(parallel=True)
 def _causal_attention_vjp_threads(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc: np.ndarray,
-                                  scale: float, c: np.ndarray, dqkv: np.ndarray, tile: int, n_threads: int) -> None:
-    """:func:`causal_attention_vjp` with the work units split into ``n_threads`` ranges (prange)."""
+                                  scale: float, c: np.ndarray, grows: np.ndarray, tile: int, n_threads: int) -> None:
+    """:func:`causal_attention_vjp` (storing, not accumulating) with the work units split into ``n_threads``
+    ranges (prange)."""
     B, T, dh, n = c.shape
     units = B * ((n + tile - 1) // tile)
     nth = max(1, min(n_threads, units))
@@ -509,23 +535,32 @@ def _causal_attention_vjp_threads(rows: np.ndarray, table: np.ndarray, tok: np.n
     dc5 = dc.reshape(B, T, 1, dh, n)
     for t in prange(nth):
         lo, hi = _unit_range(units, nth, t)
-        _attention_vjp_units(rows, table, tok, dc5, scale, c5, dqkv, tile, lo, hi)
+        _attention_vjp_units(rows, table, tok, dc5, scale, c5, grows, table, False, tile, lo, hi)
 
 
 def causal_attention_vjp(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc: np.ndarray, scale: float,
-                         c: np.ndarray, dqkv: np.ndarray, tile: int, n_threads: int) -> None:
+                         c: np.ndarray, grows: np.ndarray, gtable: np.ndarray | None, tile: int,
+                         n_threads: int) -> None:
     """Forward context and its vector-Jacobian product.
 
     Given the cotangent ``dc`` of the context, with ``a`` the causal softmax and ``s = scale q k^T``:
     ``dA[l, j] = <dc_l, v_j>``, ``dS = a * (dA - sum_j a dA)``, ``dq_l = scale sum_j dS[l, j] k_j``,
     ``dk_j = scale sum_l dS[l, j] q_l``, ``dv_j = sum_l a[l, j] dc_l``. Query rows are processed in blocks
     of ROWS: per row the softmax, context, dA, dS and dq; per block the column sums of dk and dv.
-    Projections rows, table, tok as in :func:`causal_attention`; dqkv [B, T, 3, dh, n] (the cotangents
-    of q, k, v); dc, c [B, T, dh, n]; c and dqkv are overwritten. Threads as in :func:`causal_attention`.
+    Projections rows, table, tok as in :func:`causal_attention`; dc, c [B, T, dh, n]; c is overwritten.
+    The cotangents of q, k, v: with ``gtable`` None they are stored, ``grows[b T + l] = (dq, dk, dv)[b, l]``
+    (grows [B T, 3, dh, n]); otherwise they go back through the gather, ``grows[tok[b, l]] += ...`` and
+    ``gtable[l] += ...`` (with the factored projections grows [V, 3, dh, n], gtable [T, 3, dh, n], and
+    ``E^T grows + P^T gtable`` is the weight gradient without the B T x d x 3 dh n product). Adding needs
+    ``n_threads == 1`` (one thread per call: sequences share rows).
+    Threads otherwise as in :func:`causal_attention`.
     """
     B, T, dh, n = c.shape
+    accumulate = gtable is not None
     if n_threads > 1:
-        _causal_attention_vjp_threads(rows, table, tok, dc, scale, c, dqkv, tile, n_threads)
+        if accumulate:
+            raise ValueError("causal_attention_vjp adds into grows on one thread only (n_threads = 1)")
+        _causal_attention_vjp_threads(rows, table, tok, dc, scale, c, grows, tile, n_threads)
     else:
-        _attention_vjp_units(rows, table, tok, dc.reshape(B, T, 1, dh, n), scale, c.reshape(B, T, 1, dh, n), dqkv,
-                             tile, 0, B * ((n + tile - 1) // tile))
+        _attention_vjp_units(rows, table, tok, dc.reshape(B, T, 1, dh, n), scale, c.reshape(B, T, 1, dh, n), grows,
+                             gtable if accumulate else table, accumulate, tile, 0, B * ((n + tile - 1) // tile))

@@ -254,6 +254,11 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
     phi = np.empty(Q, dtype=dtype)
     grad = np.empty(theta.shape, dtype=dtype) if with_grad else None
     tile = _tile(dtype)
+    n_chunks = -(-Q // n)
+    # the weight gradient of the tables, E^T S + P^T R with S and R summed by the kernel, when the
+    # projections are factored and there are several chunks (then every kernel call runs on one thread,
+    # which summing needs, whatever the thread count); else X^T dQKV block by block
+    tables_grad = with_grad and data.factored and n_chunks > 1
 
     def run(chunks: Iterator[int], kernel_threads: int) -> None:
         proj = _Projections(data, x, n, bc, dtype)
@@ -263,9 +268,12 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
         gc_buf = np.empty(d * dh * n, dtype=dtype)
         part_buf = np.empty(d * 3 * dh * n, dtype=dtype)  # a block's products before they are accumulated
         if with_grad:
-            dqkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype)
+            dqkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype) if not tables_grad else None
             dc_buf = np.empty(bc * T * dh * n, dtype=dtype)
             dw_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+        if tables_grad:
+            s_buf = np.empty(data.embedding.shape[0] * 3 * dh * n, dtype=dtype)
+            r_buf = np.empty(T * 3 * dh * n, dtype=dtype)
         for chunk in chunks:
             start = chunk * n
             stop = min(Q, start + n)
@@ -277,18 +285,27 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
             g_c = gc_buf[:d * dh * m].reshape(d, dh * m)  # the gradient of Phi_data in WO: g_c[c, (h, i)]
             if with_grad:
                 dw = dw_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)  # dw[c, (w, h, i)] = dW_w[i][h, c]
+            if tables_grad:
+                S = s_buf[:data.embedding.shape[0] * 3 * dh * m].reshape(-1, 3 * dh * m)
+                R = r_buf[:T * 3 * dh * m].reshape(T, 3 * dh * m)
+                S[...] = 0.0
+                R[...] = 0.0
             for b0 in range(0, B, bc):
                 nb = min(B, b0 + bc) - b0
                 rows = slice(b0 * T, (b0 + nb) * T)
                 c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
                 projections = proj.block(b0, nb)
-                shape5, shape4 = (nb, T, 3, dh, m), (nb, T, dh, m)
+                shape4 = (nb, T, dh, m)
                 if with_grad:
                     dc = dc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
-                    dqkv = dqkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
                     np.matmul(g[rows], wo.reshape(d, dh * m), out=dc)
+                    if tables_grad:
+                        grows, gtable = S.reshape(-1, 3, dh, m), R.reshape(T, 3, dh, m)
+                    else:
+                        dqkv = dqkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
+                        grows, gtable = dqkv.reshape(nb * T, 3, dh, m), None
                     kernels.causal_attention_vjp(*projections, dc.reshape(shape4), data.score_scale,
-                                                 c.reshape(shape4), dqkv.reshape(shape5), tile, kernel_threads)
+                                                 c.reshape(shape4), grows, gtable, tile, kernel_threads)
                 else:
                     kernels.causal_attention(*projections, data.score_scale, c.reshape(shape4), tile, kernel_threads)
                 # sums over the sequences: the first block writes, the next ones accumulate
@@ -298,13 +315,16 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
                     part = part_buf[:d * dh * m].reshape(d, dh * m)
                     np.matmul(g[rows].T, c, out=part)
                     g_c += part
-                if with_grad:
+                if with_grad and not tables_grad:
                     if b0 == 0:
                         np.matmul(x[rows].T, dqkv, out=dw)
                     else:
                         part = part_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)
                         np.matmul(x[rows].T, dqkv, out=part)
                         dw += part
+            if tables_grad:
+                np.matmul(proj.E.T, S, out=dw)
+                dw += proj.P.T @ R
             g_c3 = g_c.reshape(d, dh, m)
             phi[start:stop] = np.einsum("chi,chi->i", g_c3, wo)
             if with_grad:
@@ -314,5 +334,5 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
                     out_rows[:, w * s:(w + 1) * s].reshape(m, dh, d)[...] = dw4[:, w].transpose(2, 1, 0)
                 out_rows[:, 3 * s:].reshape(m, d, dh)[...] = g_c3.transpose(2, 0, 1)
 
-    for_each_item(-(-Q // n), num_threads(), run)
+    for_each_item(n_chunks, num_threads(), run)
     return phi, grad
