@@ -19,15 +19,21 @@ the flops of one projection:
   ``5 B T V``, ``G = r U`` ``2 B T V d``.
 
 ``model`` is that sum - the work of one forward and one backward pass, and the number every GFLOP/s in the
-report divides by. ``executed`` adds what pdeflow recomputes to keep memory O(B T n dh) per chunk of n
-heads instead of storing q, k, v for all N heads between the passes: the Q, K, V projections ``3 pr`` and
-the forward causal core ``(4 dh + 5) P`` once more in the gradient pass (and it skips nothing).
+report divides by. ``executed`` is what pdeflow does: it recomputes, to keep memory O(B T n dh) per chunk
+of n heads instead of storing q, k, v for all N heads between the passes, the forward causal core
+``(4 dh + 5) P`` in the gradient pass; and when it projects the tables instead of the inputs
+(``x W = (E W)[tok] + P W``, :func:`pdeflow.mean_field.factored_projections`), the Q, K, V projections of
+both passes and their weight gradient cost ``2 (V + T) d 3 dh`` per head each instead of ``3 pr`` per head
+and sequence, plus one add per element gathered (``3 dh T`` per head and sequence, each pass) or scattered
+(``2 x 3 dh T``); otherwise the projections ``3 pr`` are recomputed too.
 """
 from __future__ import annotations
 
 
 def grad_phi_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str, float]:
     """Flop counts of grad Phi at N particles: the parts and the ``model`` and ``executed`` totals."""
+    from pdeflow.mean_field import factored_projections
+
     P = T * (T + 1) / 2
     pr = 2.0 * T * d * dh
     heads = float(N) * B
@@ -39,11 +45,18 @@ def grad_phi_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str,
         "core_backward": heads * (8 * dh + 5) * P,
     }
     model = sum(parts.values())
-    recomputed = heads * (3 * pr + (4 * dh + 5) * P)
+    core_again = heads * (4 * dh + 5) * P
+    if factored_projections(B, T, V):
+        tables = 3 * float(N) * 2 * (V + T) * d * 3 * dh  # E W, P W in both passes; E^T S + P^T R
+        adds = heads * 4 * 3 * dh * T                       # two gathers, one scatter into S and R
+        executed = model - heads * 6 * pr + tables + adds + core_again
+    else:
+        executed = model + heads * 3 * pr + core_again
     out = dict(parts)
     out["projections_share"] = (parts["projections_forward"] + parts["projections_backward"]) / model
+    out["factored_projections"] = bool(factored_projections(B, T, V))
     out["model"] = model
-    out["executed"] = model + recomputed
+    out["executed"] = executed
     return out
 
 

@@ -35,6 +35,7 @@ class Preset:
     scale_b: tuple = (32, 64, 128, 256)
     scale_t: tuple = (8, 16, 32, 64)
     scale_repeats: int = 3
+    thread_rounds: int = 3          # alternated 1-thread / 2-thread processes
     memory_n: int = 65536
     memory_b: int = 64
     matmul_n: int = 2000
@@ -48,6 +49,7 @@ PRESETS = {
                     notes=["quick preset: reference point N=256, memory measured at N=8192 (not the target's "
                            "N=65536), fewer repeats"]),
     "tiny": Preset("tiny", n=16, b=8, t=8, repeats=2, baseline_repeats=1, numpy_repeats=1, scale_n=(8, 16),
+                   thread_rounds=1,
                    scale_b=(4, 8), scale_t=(4, 8), scale_repeats=1, memory_n=64, memory_b=8, matmul_n=200,
                    notes=["tiny preset (smoke test): sizes far below the reference; numbers are not meaningful"]),
 }
@@ -165,10 +167,16 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
 
     # ---- threads (subprocesses) -------------------------------------------------------------------
     log("[bench] 1 vs 2 threads (subprocesses)")
-    runs = {th: spawn("grad_phi", threads=th, config=config, n=p.n, b=p.b, t=p.t, repeats=p.repeats)
-            for th in (1, 2)}
-    res["threads"] = {str(k): v for k, v in runs.items()}
-    res["thread_speedup_1_to_2"] = runs[1]["time"]["median"] / runs[2]["time"]["median"]
+    # fresh processes, alternated (1, 2, 1, 2, ...) so that a noisy machine slows both alike
+    samples: dict[int, dict[str, list]] = {th: {"time": [], "cpu_time": []} for th in (1, 2)}
+    for _ in range(p.thread_rounds):
+        for th in (1, 2):
+            r = spawn("grad_phi", threads=th, config=config, n=p.n, b=p.b, t=p.t, repeats=p.repeats)
+            for key in ("time", "cpu_time"):
+                samples[th][key] += r[key]["samples"]
+    res["threads"] = {str(th): {key: summary(v) for key, v in samples[th].items()} | {"rounds": p.thread_rounds}
+                      for th in (1, 2)}
+    res["thread_speedup_1_to_2"] = res["threads"]["1"]["time"]["median"] / res["threads"]["2"]["time"]["median"]
 
     done()
 

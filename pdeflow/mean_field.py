@@ -60,10 +60,9 @@ class AttentionData:
 
     @property
     def factored(self) -> bool:
-        """Whether the projections are taken of the tables: (V + T) rows instead of B T, worth it when
-        V + T <= B T / 4 (the gather of the kernels' loads then costs less than the product it spares)."""
+        """Whether the projections are taken of the tables (:func:`factored_projections`)."""
         B, T, _ = self.shape
-        return self.tokens is not None and 4 * (self.embedding.shape[0] + T) <= B * T
+        return self.tokens is not None and factored_projections(B, T, self.embedding.shape[0])
 
     def astype(self, dtype: np.dtype) -> "AttentionData":
         """The same data with float tables in ``dtype`` (targets and tokens stay integers)."""
@@ -117,6 +116,13 @@ class _Projections:
         rows = self.rows_buf[:nb * self.T * width].reshape(nb * self.T, width)
         np.matmul(self.x[b0 * self.T:(b0 + nb) * self.T], self.wcat, out=rows)
         return rows.reshape(-1, 3, self.dh, self.m), self.table, self.row_numbers[:nb]
+
+
+def factored_projections(B: int, T: int, V: int) -> bool:
+    """Whether pdeflow projects the tables E [V, d] and P [T, d] instead of the inputs x [B T, d]: (V + T)
+    rows instead of B T, worth it when V + T <= B T / 4 (the gather in the kernels' loads then costs less
+    than the product it spares)."""
+    return 4 * (V + T) <= B * T
 
 
 def loss_weights(mask: np.ndarray, weights: np.ndarray) -> np.ndarray:
