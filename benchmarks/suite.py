@@ -250,7 +250,7 @@ def markdown(res: dict[str, Any]) -> str:
              f"`{res['preset']['name']}`.",
              f"Problem: {Path(res['config']).name} with N={sz['N']}, B={sz['B']}, T={sz['T']}, d={sz['d']}, "
              f"dh={sz['dh']}, V={sz['V']}; model flops per grad Phi {res['flops']['model'] / 1e9:.2f} GFLOP "
-             f"(executed, with recomputation: {res['flops']['executed'] / 1e9:.2f}).",
+             f"(executed by pdeflow: {res['flops']['executed'] / 1e9:.2f}).",
              "",
              "| measurement | value | target | met |",
              "| --- | --- | --- | --- |"]
