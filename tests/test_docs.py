@@ -52,3 +52,24 @@ def test_tutorial_code_runs_on_a_short_quickstart(tmp_path: Path) -> None:
     assert len(recomputed) >= 2
     for a, b in recomputed[:2]:
         assert abs(float(a) - float(b)) <= 1e-12 * max(1.0, abs(float(b)))
+
+
+def test_every_test_the_documents_cite_exists() -> None:
+    """README.md and docs/*.md name the tests that assert their figures: each named test function and test file
+    must exist, so a renamed or deleted test cannot leave a figure pointing at nothing."""
+    defined = set()
+    for path in (ROOT / "tests").glob("test_*.py"):
+        defined.update(re.findall(r"^def (test_\w+)\(", path.read_text(encoding="utf-8"), flags=re.M))
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    cited, missing = 0, []
+    for doc in documents:
+        text = doc.read_text(encoding="utf-8")
+        for name in re.findall(r"\b(test_\w+)\b(?!\.py)", text):
+            cited += 1
+            if name not in defined:
+                missing.append(f"{doc.name}: {name}")
+        for path in re.findall(r"\btests/(\w+\.py)\b", text):
+            if not (ROOT / "tests" / path).is_file():
+                missing.append(f"{doc.name}: tests/{path}")
+    assert cited >= 20
+    assert not missing, missing
