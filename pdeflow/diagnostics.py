@@ -1074,7 +1074,8 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
         a.notes.append(f"the gap is an estimate: min Phi comes from a non-exhaustive search in k = {problem.k} "
                        "coordinates, so E - G bounds nothing and is not used as E*")
     if np.any(a.outside_mass[computed] > 0):
-        a.notes.append("part of rho lies outside Omega: the gap may be negative there (E - G stays a bound)")
+        a.notes.append("part of rho lies outside Omega: the gap may be negative there (a certified E - G bound "
+                       "stays a bound)")
 
 
 def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.ndarray, st_i: np.ndarray) -> None:
