@@ -7,17 +7,26 @@ All quantities follow MODEL.md ("Quantities every run can report"):
 - optimality gap ``G(rho) = int Phi d rho - min_{omega in Omega} Phi(omega; rho)`` on a compact set Omega
   (a ball ``|omega| <= R``, a box ``[-R, R]^k``, or the box of a grid run). With ``beta = inf`` the energy is
   convex in rho, so ``E(nu) >= E(rho) + int Phi_rho d(nu - rho) >= E(rho) - G(rho)`` for every measure nu on
-  Omega: ``E - G`` is a lower bound on the best energy over measures on Omega (for any rho, in Omega or not);
+  Omega: ``E - G`` is a lower bound on the best energy over measures on Omega (for any rho, in Omega or not)
+  - but only with the true min Phi. The search gives a min Phi attained in Omega, so a gap never above the
+  true one; a lower bound needs a *certified* min Phi (k <= 3: :func:`certified_min_phi`), and then uses the
+  certified upper bound on the gap. Otherwise the gap is an estimate, and E - G is no bound and never E*;
 - PL ratio ``mu(t) = I / (2 (E - E*))``; Kurdyka-Lojasiewicz exponent theta from the regression
-  ``log I = log C + 2 (1 - theta) log(E - E*)`` (theta = 1/2: PL, exponential decay);
+  ``log I = log C + 2 (1 - theta) log(E - E*)`` (theta = 1/2: PL, exponential decay), both only where
+  ``E - E*`` is trustworthy (:func:`trusted_excess`: ten times the width of the interval holding E*), the KL
+  exponent only when it lies in (0, 1], with a moving-block bootstrap interval (:func:`kl_fit`);
+- particles with ``beta < inf`` store an energy without the entropy term (a particle measure has no
+  density): their energy identity, E*, PL and KL are refused with a note (ENTROPY_MISSING);
 - head structure: clusters of heads in omega (single linkage), their masses, and the attention map of a
   representative head of each heavy cluster on a probe sequence.
 
 The minimum of Phi (:func:`optimality_gap`) is searched in three stages, all on the feasible set:
 
 1. k <= 3: Phi on a regular grid of ``grid_points`` per axis over the bounding box of Omega (points outside
-   a ball are skipped), evaluated in batches; the best grid-local minima become starts. This search is
-   called *exhaustive* (``GapResult.exhaustive``): it misses the global minimum only by the grid spacing.
+   a ball are skipped), evaluated in batches; the best grid-local minima become starts
+   (``GapResult.exhaustive``). After the search, :func:`certified_min_phi` proves a lower bound on min Phi
+   from the grid, Taylor bounds with derivative bounds over each cell, and refinement of the cells that
+   could hold a lower value (``GapResult.certified``, ``min_phi_lower``).
 2. starts (the grid minima, the particles - a mass-weighted subsample if there are many -, random points
    uniform in Omega, and ``extra_starts`` such as earlier minimizers) descend together by projected
    gradient with Barzilai-Borwein steps and Armijo backtracking; Phi and grad Phi of all active starts are
@@ -31,7 +40,7 @@ The minimum of Phi (:func:`optimality_gap`) is searched in three stages, all on 
    multiplier), once more from just inside.
    Every candidate is projected onto Omega (clipped to the box, or scaled onto the ball) before Phi is
    evaluated, so the reported minimum is attained at a point of Omega: the reported gap never exceeds the
-   true gap, and is an estimate (possibly too small) when the search is not exhaustive.
+   true gap, and is an estimate (possibly too small) when min Phi is not certified.
 """
 from __future__ import annotations
 
@@ -1206,7 +1215,9 @@ def analyse_run(path: str | Path, cfg: Config) -> None:
     write_analysis(path, analyse(traj, cfg.diagnostics, run_stationary_tol=cfg.run.stationary_tol))
 
 
-__all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "Domain", "energy_identity_residual", "pl_constant",
+__all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "certified_min_phi", "grad_phi_bound",
+           "hess_phi_bound", "trusted_excess", "fit_e_star_interval", "ENTROPY_MISSING", "Domain",
+           "energy_identity_residual", "pl_constant",
            "kl_exponent", "kl_fit", "KLFit", "fit_e_star", "attention_pattern", "probe_sequence", "HeadClusters",
            "head_clusters", "frame_measure", "trajectory_grid", "Analysis", "analyse", "analyse_run", "write_analysis",
            "read_analysis", "check_editable", "gap_frame_indices"]
