@@ -428,16 +428,8 @@ def grad_phi_bound(problem: Problem, centre: np.ndarray, radius: np.ndarray, G: 
     ones), ``|B_W|`` the spectral norm of W's rows of the basis (1 in full coordinates), and over a ball
     ``|W(x)| <= |W(centre)| + |B_W| radius``. The bound holds for every rho (it uses only G).
     """
-    return _grad_bound(_BoundTerms.of(problem, G), problem, np.atleast_2d(np.asarray(centre, dtype=float)),
-                       np.asarray(radius, dtype=float))
-
-
-def _grad_bound(t: _BoundTerms, problem: Problem, centre: np.ndarray, radius: np.ndarray) -> np.ndarray:
-    wq, wk, wv, wo = (_head_norms(problem, centre) + t.basis_norm * radius[:, None]).T
-    bq, bk, bv, bo = t.basis_norm
-    X = t.X
-    data = X * wv * bo + wo * (X * bv + 2.0 * t.scale * X ** 3 * wv * (wk * bq + wq * bk))
-    return t.A * data + t.weight_decay * (np.linalg.norm(centre, axis=1) + radius)
+    return _derivative_bounds(_BoundTerms.of(problem, G), problem, np.atleast_2d(np.asarray(centre, dtype=float)),
+                              np.asarray(radius, dtype=float))[0]
 
 
 def _rounding(t: _BoundTerms, problem: Problem, centre: np.ndarray, phi: np.ndarray, n_terms: int) -> np.ndarray:
@@ -461,19 +453,22 @@ def hess_phi_bound(problem: Problem, centre: np.ndarray, radius: np.ndarray, G: 
 
         ``|d^2 Phi| <= A (2 |B_O| |dc| + |WO| |d^2 c|) + lam``.
     """
-    return _hess_bound(_BoundTerms.of(problem, G), problem, np.atleast_2d(np.asarray(centre, dtype=float)),
-                       np.asarray(radius, dtype=float))
+    return _derivative_bounds(_BoundTerms.of(problem, G), problem, np.atleast_2d(np.asarray(centre, dtype=float)),
+                              np.asarray(radius, dtype=float))[1]
 
 
-def _hess_bound(t: _BoundTerms, problem: Problem, centre: np.ndarray, radius: np.ndarray) -> np.ndarray:
+def _derivative_bounds(t: _BoundTerms, problem: Problem, centre: np.ndarray,
+                       radius: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bounds of :func:`grad_phi_bound` and :func:`hess_phi_bound` over balls: ([C], [C])."""
     wq, wk, wv, wo = (_head_norms(problem, centre) + t.basis_norm * radius[:, None]).T
     bq, bk, bv, bo = t.basis_norm
     X = t.X
-    s1 = t.scale * X ** 2 * (bq * wk + wq * bk)
-    s2 = 2.0 * t.scale * X ** 2 * bq * bk
+    s1 = t.scale * X ** 2 * (bq * wk + wq * bk)        # |ds_j|
+    s2 = 2.0 * t.scale * X ** 2 * bq * bk              # |d^2 s_j|
     dc = 2.0 * s1 * wv * X + bv * X
     d2c = 2.0 * wv * X * (2.0 * s1 ** 2 + 2.0 * s2) + 4.0 * s1 * bv * X
-    return t.A * (2.0 * bo * dc + wo * d2c) + t.weight_decay
+    grad = t.A * (X * wv * bo + wo * dc) + t.weight_decay * (np.linalg.norm(centre, axis=1) + radius)
+    return grad, t.A * (2.0 * bo * dc + wo * d2c) + t.weight_decay
 
 
 def _float64(problem: Problem) -> Problem:
@@ -510,9 +505,9 @@ def certified_min_phi(problem: Problem, G: np.ndarray, dom: Domain, points: int,
         """The lower bounds of Phi over the boxes, and Phi at their centres."""
         p, g = _grad_phi_batched(problem, G, c)
         r = np.linalg.norm(w, axis=1)
-        rounding = _rounding(terms, problem, c, p, n_terms) + (n_terms + 16) * np.finfo(float).eps * \
-            _grad_bound(terms, problem, c, np.zeros(c.shape[0])) * r
-        return p - np.sum(np.abs(g) * w, axis=1) - 0.5 * _hess_bound(terms, problem, c, r) * r * r - rounding, p
+        slope, curvature = _derivative_bounds(terms, problem, c, r)
+        rounding = _rounding(terms, problem, c, p, n_terms) + (n_terms + 16) * np.finfo(float).eps * slope * r
+        return p - np.sum(np.abs(g) * w, axis=1) - 0.5 * curvature * r * r - rounding, p
 
     low, phi = lower(centre, halves)
     spent = centre.shape[0]
