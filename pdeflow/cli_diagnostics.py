@@ -78,7 +78,7 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
         lines.append("E*            unknown")
     else:
         known = {"given": "given", "lower_bound": "certified lower bound; E* in", "fit": "fitted from the tail; 95% in"}
-        span = "" if a.e_star_source == "given" else f" [{_fmt(a.e_star_low, '.10g')}, {_fmt(a.e_star_high, '.10g')}]"
+        span = "" if a.e_star_source == "given" else f" [{_fmt(a.e_star_low, '.14g')}, {_fmt(a.e_star_high, '.14g')}]"
         lines.append(f"E*            {_fmt(a.e_star, '.12g')} ({known.get(a.e_star_source, a.e_star_source)}{span})")
     if math.isfinite(a.kl_theta):
         lo, hi = a.kl_theta_ci
@@ -98,7 +98,7 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
         elif a.gap_domain == "grid, entropic":
             kind = "exact over grid densities"
         else:
-            kind = "certified (exhaustive grid + gradient bound, refined)"
+            kind = "certified (grid + Taylor bounds on every cell, refined)"
         lines.append(f"gap search    Omega = {a.gap_domain}{radius}; {kind}")
         last = a.gap_frames[-1]
         bound = (f", certified G <= {a.gap_bound[last]:.6g}" if a.gap_certified[last] else "")

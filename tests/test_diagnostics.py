@@ -465,7 +465,7 @@ def test_diagnose_command_prints_stores_and_refuses_bad_input(tmp_path, capsys):
                          run={"t_end": 2.0, "frame_interval": 1.0})
     assert main(["diagnose", str(path), "--frames", "2", "--set", "n_starts=2", "--set", "grid_points=8"]) == 0
     out = capsys.readouterr().out
-    assert "KL exponent" in out and "exhaustive grid" in out and "stored as /analysis" in out
+    assert "KL exponent" in out and "certified (grid" in out and "stored as /analysis" in out
     first = D.read_analysis(open_trajectory(path))
     # a rerun is seeded by the stored minimizers: the minimum found can only go down
     assert main(["diagnose", str(path), "--frames", "2", "--e-star", "0.5", "--set", "n_starts=0",
