@@ -21,9 +21,10 @@ from .trajectory import Trajectory, open_trajectory
 MAX_TABLE_ROWS = 16
 DIAGNOSE_HELP = """Analyse a trajectory and store the result as /analysis (replacing only that group):
 the energy identity residual E(t) - E(0) + int I, the time stationarity is reached, the optimality gap
-G = int Phi d rho - min_Omega Phi and the lower bound E - G at chosen frames, the PL ratio I / (2 (E - E*)),
-the KL exponent theta of I ~ C (E - E*)^(2 (1 - theta)) with a 95% interval, and clusters of heads with
-the attention maps of their representatives. Settings: the file's [diagnostics] section, changed by the
+G = int Phi d rho - min_Omega Phi at chosen frames (certified for k <= 3, where E - G_bound is a lower bound;
+an estimate otherwise), the PL ratio I / (2 (E - E*)) and the KL exponent theta of
+I ~ C (E - E*)^(2 (1 - theta)) with a block-bootstrap 95% interval where E - E* is trustworthy (else the
+reason there is no KL regime), and clusters of heads with the attention maps of their representatives. Settings: the file's [diagnostics] section, changed by the
 options; minimizers of Phi stored by an earlier analysis seed the new gap search."""
 PLOT_HELP = """Write the figures of a trajectory into a folder, headless: energy and dissipation, the gap, the PL
 ratio, the KL fit, the particles coloured by Phi (or the grid density), attention maps of representative
@@ -66,22 +67,42 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
     lines = [f"file          {traj.path} ({traj.attrs.get('method')}, {what}, k = {k})"]
     res = a.energy_identity_residual
     drop = float(a.energy[0] - np.min(a.energy)) if a.energy.size else math.nan
-    lines.append(f"energy ident. max |E(t) - E(0) + int I| = {_fmt(float(np.max(np.abs(res))) if res.size else math.nan, '.3e')}"
-                 f" (energy decrease {_fmt(drop, '.3e')})")
+    if res.size and np.all(np.isnan(res)):
+        lines.append("energy ident. refused (see the note)")
+    else:
+        lines.append(f"energy ident. max |E(t) - E(0) + int I| = {_fmt(float(np.max(np.abs(res))) if res.size else math.nan, '.3e')}"
+                     f" (energy decrease {_fmt(drop, '.3e')})")
     lines.append(f"stationary    " + (f"from t = {a.stationary_time:.6g}" if math.isfinite(a.stationary_time)
                                       else "not reached") + f" (I <= {_fmt(a.stationary_tol, '.3g')})")
-    lines.append(f"E*            {_fmt(a.e_star, '.12g')} ({a.e_star_source})")
-    lo, hi = a.kl_theta_ci
-    lines.append(f"KL exponent   theta = {_fmt(a.kl_theta, '.4f')} [{_fmt(lo, '.4f')}, {_fmt(hi, '.4f')}] over "
-                 f"t >= {_fmt(a.kl_window_start, '.4g')} ({a.kl_points} points; 0.5 = PL); C = {_fmt(a.kl_constant, '.4g')};"
-                 f" predicted vs observed E - E*: max |log ratio| {_fmt(a.kl_decay_error, '.3g')}")
-    lines.append(f"PL ratio      mu = I / (2 (E - E*)) >= {_fmt(a.pl_mu_min, '.4g')} over the same window")
+    if a.e_star_source == "none":
+        lines.append("E*            unknown")
+    else:
+        known = {"given": "given", "lower_bound": "certified lower bound; E* in", "fit": "fitted from the tail; 95% in"}
+        span = "" if a.e_star_source == "given" else f" [{_fmt(a.e_star_low, '.14g')}, {_fmt(a.e_star_high, '.14g')}]"
+        lines.append(f"E*            {_fmt(a.e_star, '.12g')} ({known.get(a.e_star_source, a.e_star_source)}{span})")
+    if math.isfinite(a.kl_theta):
+        lo, hi = a.kl_theta_ci
+        lines.append(f"KL exponent   theta = {_fmt(a.kl_theta, '.4f')}, 95% interval [{_fmt(lo, '.4f')}, {_fmt(hi, '.4f')}] "
+                     f"(block bootstrap) over t >= {_fmt(a.kl_window_start, '.4g')} ({a.kl_points} trusted points; "
+                     f"0.5 = PL); C = {_fmt(a.kl_constant, '.4g')}; predicted vs observed E - E*: max |log ratio| "
+                     f"{_fmt(a.kl_decay_error, '.3g')}")
+    else:
+        lines.append(f"KL exponent   {a.kl_status or 'not computed'}")
+    lines.append(f"PL ratio      mu = I / (2 (E - E*)) >= {_fmt(a.pl_mu_min, '.4g')} over the window, where E - E* is "
+                 "trustworthy" if math.isfinite(a.pl_mu_min) else
+                 "PL ratio      - (no sample of the window where E - E* is trustworthy)")
     if a.gap_computed:
-        kind = "estimate (multi-start search)" if a.gap_is_estimate else "exhaustive grid search + polishing"
         radius = f" {a.gap_radius:g}" if math.isfinite(a.gap_radius) else ""
+        if a.gap_is_estimate:
+            kind = "ESTIMATE (non-exhaustive multi-start search: E - G is not a lower bound)"
+        elif a.gap_domain == "grid, entropic":
+            kind = "exact over grid densities"
+        else:
+            kind = "certified (grid + Taylor bounds on every cell, refined)"
         lines.append(f"gap search    Omega = {a.gap_domain}{radius}; {kind}")
         last = a.gap_frames[-1]
-        lines.append(f"last gap      G = {a.gap[last]:.6g} at t = {a.time[last]:.6g}, argmin Phi = "
+        bound = (f", certified G <= {a.gap_bound[last]:.6g}" if a.gap_certified[last] else "")
+        lines.append(f"last gap      G = {a.gap[last]:.6g}{bound} at t = {a.time[last]:.6g}, argmin Phi = "
                      + np.array2string(a.minimizer[last][:6], precision=4, separator=", ")
                      + (" ..." if a.minimizer.shape[1] > 6 else ""))
     else:
@@ -96,7 +117,8 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
     F = a.time.size
     rows = set(a.gap_frames.tolist()) | set(np.round(np.linspace(0, F - 1, min(F, MAX_TABLE_ROWS))).astype(int).tolist())
     lines.append("")
-    lines.append(f"{'t':>10} {'energy':>16} {'dissipation':>12} {'gap':>12} {'E - G':>16} {'mu':>10} {'residual':>10}")
+    head = "E - G bound" if not a.gap_is_estimate else "E - G (none)"
+    lines.append(f"{'t':>10} {'energy':>16} {'dissipation':>12} {'gap':>12} {head:>16} {'mu':>10} {'residual':>10}")
     for f in sorted(rows):
         lines.append(f"{a.time[f]:>10.4g} {a.energy[f]:>16.10g} {a.dissipation[f]:>12.4e} {_fmt(a.gap[f], '.4e'):>12} "
                      f"{_fmt(a.lower_bound[f], '.10g'):>16} {_fmt(a.pl_mu[f], '.4g'):>10} "

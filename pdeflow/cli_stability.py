@@ -126,12 +126,13 @@ def cmd_stability(args: argparse.Namespace) -> int:
 def summary(result: StabilityResult) -> str:
     """A table of the points (verdict, gap, worst rate error) and the sweep's critical weight decay."""
     lines = ["point  origin      e               verdict               lmin(H0)     lmin(Htr)    gap        "
-             "max rel. rate error"]
+             "global min.       max rel. rate error"]
     for i, (a, runs) in enumerate(zip(result.points, result.runs)):
         errs = [abs(r.measured[ax] - r.predicted[ax]) / abs(r.predicted[ax]) for r in runs for ax in (MEAN, SPREAD)
                 if np.isfinite(r.measured[ax])]
         lines.append(f"{i:<6d} {a.origin:<11s} {a.energy:<15.10g} {a.verdict:<21s} {a.h0_relevant[0]:+.4e}  "
-                     f"{a.htr_relevant[0]:+.4e}  {a.gap:<10.3g} {max(errs) if errs else float('nan'):.2e}")
+                     f"{a.htr_relevant[0]:+.4e}  {a.gap:<10.3g} {a.global_minimizer:<17s} "
+                     f"{max(errs) if errs else float('nan'):.2e}")
     if result.sweep is not None and len(result.sweep.weight_decay):
         sw = result.sweep
         lines.append(f"zero head: lam_c predicted {sw.lam_c_predicted:.6f}, measured {sw.lam_c_measured:.6f} "

@@ -137,7 +137,7 @@ class DiagnosticsConfig:
     grid_points: int = spec(32, "k <= 3: exhaustive grid points per axis before polishing (k = 3 costs its cube)",
                             ge=2)
     seed: int = spec(0, "seed of the random starts of the gap search", ge=0)
-    e_star: float = spec(math.nan, "known optimal energy for PL/KL (nan: best lower bound, else a fitted limit)")
+    e_star: float = spec(math.nan, "known optimal energy for PL/KL (nan: a certified lower bound or the limit fitted from the tail, whichever is known more narrowly)")
     kl_window: float = spec(0.5, "fraction of the time span (the end) used for the KL fit", gt=0, le=1)
     stationary_tol: float = spec(0.0, "dissipation below which (to the end) the flow counts as stationary "
                                       "(0: run.stationary_tol, else 1e-8 times the initial dissipation)", ge=0)

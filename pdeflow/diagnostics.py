@@ -7,17 +7,26 @@ All quantities follow MODEL.md ("Quantities every run can report"):
 - optimality gap ``G(rho) = int Phi d rho - min_{omega in Omega} Phi(omega; rho)`` on a compact set Omega
   (a ball ``|omega| <= R``, a box ``[-R, R]^k``, or the box of a grid run). With ``beta = inf`` the energy is
   convex in rho, so ``E(nu) >= E(rho) + int Phi_rho d(nu - rho) >= E(rho) - G(rho)`` for every measure nu on
-  Omega: ``E - G`` is a lower bound on the best energy over measures on Omega (for any rho, in Omega or not);
+  Omega: ``E - G`` is a lower bound on the best energy over measures on Omega (for any rho, in Omega or not)
+  - but only with the true min Phi. The search gives a min Phi attained in Omega, so a gap never above the
+  true one; a lower bound needs a *certified* min Phi (k <= 3: :func:`certified_min_phi`), and then uses the
+  certified upper bound on the gap. Otherwise the gap is an estimate, and E - G is no bound and never E*;
 - PL ratio ``mu(t) = I / (2 (E - E*))``; Kurdyka-Lojasiewicz exponent theta from the regression
-  ``log I = log C + 2 (1 - theta) log(E - E*)`` (theta = 1/2: PL, exponential decay);
+  ``log I = log C + 2 (1 - theta) log(E - E*)`` (theta = 1/2: PL, exponential decay), both only where
+  ``E - E*`` is trustworthy (:func:`trusted_excess`: ten times the width of the interval holding E*), the KL
+  exponent only when it lies in (0, 1], with a moving-block bootstrap interval (:func:`kl_fit`);
+- particles with ``beta < inf`` store an energy without the entropy term (a particle measure has no
+  density): their energy identity, E*, PL and KL are refused with a note (ENTROPY_MISSING);
 - head structure: clusters of heads in omega (single linkage), their masses, and the attention map of a
   representative head of each heavy cluster on a probe sequence.
 
 The minimum of Phi (:func:`optimality_gap`) is searched in three stages, all on the feasible set:
 
 1. k <= 3: Phi on a regular grid of ``grid_points`` per axis over the bounding box of Omega (points outside
-   a ball are skipped), evaluated in batches; the best grid-local minima become starts. This search is
-   called *exhaustive* (``GapResult.exhaustive``): it misses the global minimum only by the grid spacing.
+   a ball are skipped), evaluated in batches; the best grid-local minima become starts
+   (``GapResult.exhaustive``). After the search, :func:`certified_min_phi` proves a lower bound on min Phi
+   from the grid, Taylor bounds with derivative bounds over each cell, and refinement of the cells that
+   could hold a lower value (``GapResult.certified``, ``min_phi_lower``).
 2. starts (the grid minima, the particles - a mass-weighted subsample if there are many -, random points
    uniform in Omega, and ``extra_starts`` such as earlier minimizers) descend together by projected
    gradient with Barzilai-Borwein steps and Armijo backtracking; Phi and grad Phi of all active starts are
@@ -31,7 +40,7 @@ The minimum of Phi (:func:`optimality_gap`) is searched in three stages, all on 
    multiplier), once more from just inside.
    Every candidate is projected onto Omega (clipped to the box, or scaled onto the ball) before Phi is
    evaluated, so the reported minimum is attained at a point of Omega: the reported gap never exceeds the
-   true gap, and is an estimate (possibly too small) when the search is not exhaustive.
+   true gap, and is an estimate (possibly too small) when min Phi is not certified.
 """
 from __future__ import annotations
 
@@ -60,6 +69,8 @@ ARMIJO = 1e-4
 MAX_CLUSTER_POINTS = 2048    # heads entering the linkage (the rest join the nearest cluster)
 GRID_CLUSTER_MASS = 1e-2     # grid cells lighter than this times the heaviest belong to no cluster
 ANALYSIS_GROUP = "analysis"
+ENTROPY_MISSING = ("refused: beta < inf with particles, whose stored energy has no entropy term; the energy "
+                   "identity, E*, PL and KL analyses would be those of another functional")
 
 
 # ================================================================================================
@@ -88,14 +99,27 @@ def pl_constant(energy: np.ndarray, dissipation: np.ndarray, e_star: float) -> n
         return np.where(excess > 0, dissipation / (2.0 * excess), np.nan)
 
 
+TRUST_FACTOR = 10.0       # E - E* is trusted where it exceeds this many widths of the interval holding E*
+KL_MIN_POINTS = 8         # trusted samples a KL fit needs
+KL_MIN_RANGE = math.log(2.0)   # ... and E - E* must fall by at least this (natural log) over them
+BOOTSTRAP = 400           # replicates of the moving-block bootstrap of the KL slope
+PROFILE_LEVEL = 3.841     # chi^2_1 0.95 quantile: the profile-likelihood interval of a fitted E*
+
+
 @dataclass(frozen=True)
 class KLFit:
-    """``log I = log C + q log(E - E*)`` with ``q = 2 (1 - theta)``: theta, its 95% interval, C, points used."""
+    """``log I = log C + q log(E - E*)`` with ``q = 2 (1 - theta)``: theta, its 95% interval, C, points used.
+
+    ``reason`` is empty when the window shows a KL regime; otherwise it says in one line why not, and theta,
+    the interval and C are nan (``fitted`` keeps the regression's theta, if there was one, for the record).
+    """
     theta: float
     ci_low: float
     ci_high: float
     constant: float
     n_points: int
+    reason: str = ""
+    fitted: float = math.nan
 
     def predicted_excess(self, time: np.ndarray, t0: float, excess0: float) -> np.ndarray:
         """``E - E*`` solving ``dE/dt = -C (E - E*)^q`` from ``excess0`` at ``t0``, at ``time`` >= t0.
@@ -112,10 +136,20 @@ class KLFit:
             return np.where(base > 0, np.abs(base) ** (1.0 / (1.0 - q)), 0.0)
 
 
-def _usable(energy: np.ndarray, dissipation: np.ndarray, e_star: float) -> np.ndarray:
-    """Points where ``log(E - E*)`` and ``log I`` mean something: both positive and above rounding."""
+def trusted_excess(energy: np.ndarray, e_star_range: tuple[float, float]) -> np.ndarray:
+    """Where ``E - E*`` is known to a tenth of itself: ``E - hi >= TRUST_FACTOR (hi - lo)`` (and above
+    rounding) for E* known to lie in ``[lo, hi]``. [n] -> [n] bool.
+
+    Then for every E* in the interval the relative error of ``E - E*`` is at most 1/TRUST_FACTOR, so
+    ``log(E - E*)`` is known to within 0.1: a fitted slope is not an artefact of a misplaced E*.
+    """
+    energy = np.asarray(energy, dtype=float)
+    lo, hi = e_star_range
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return np.zeros(energy.shape, dtype=bool)
     floor = 64 * np.finfo(float).eps * np.maximum(1.0, np.abs(energy))
-    return np.isfinite(energy) & np.isfinite(dissipation) & (energy - e_star > floor) & (dissipation > 0)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(energy) & (energy - hi > floor) & (energy - hi >= TRUST_FACTOR * (hi - lo))
 
 
 def _window(n: int, window: float) -> slice:
@@ -124,62 +158,122 @@ def _window(n: int, window: float) -> slice:
     return slice(n - max(1, int(math.ceil(window * n))), n)
 
 
-def kl_fit(energy: np.ndarray, dissipation: np.ndarray, e_star: float, window: float = 1.0) -> KLFit:
-    """Least squares of ``log I`` on ``log(E - E*)`` over the last ``window`` fraction of the samples.
+def _block_length(n: int) -> int:
+    """Block length of the moving-block bootstrap: about n^(1/3) (the usual rate for a variance)."""
+    return max(1, int(round(2.0 * n ** (1.0 / 3.0))))
 
-    theta = 1 - slope / 2; the interval is ``slope -/+ t_{0.975, n-2} se(slope)`` mapped to theta (the
-    residuals of a smooth curve are not independent, so read it as a measure of fit, not a probability).
-    Points with ``E - E*`` at rounding level or ``I = 0`` are dropped; fewer than 3 left gives nan.
+
+def _slope_interval(x: np.ndarray, y: np.ndarray, eps_x: np.ndarray, rng: np.random.Generator,
+                    replicates: int) -> tuple[float, float, float, float]:
+    """Least squares ``y = c + q x`` with a 95% interval of q: ``(q, q_low, q_high, c)``.
+
+    The interval is the percentile interval of a moving-block residual bootstrap (blocks of
+    :func:`_block_length` consecutive residuals, scaled by ``sqrt(n / (n - 2))`` for the two fitted
+    parameters; blocks keep the serial correlation of the residuals of a smooth curve), widened to at least
+    the rounding bound ``sum_i |x_i - xm| (eps_y + |q| eps_x_i) / sxx`` (``eps_x`` [n]: the relative rounding
+    of ``E - E*``; ``eps_y`` that of log I), so an exact power law's interval contains its exponent.
+    """
+    n = x.size
+    xc = x - x.mean()
+    sxx = float(xc @ xc)
+    q = float(xc @ (y - y.mean()) / sxx)
+    c = float(y.mean() - q * x.mean())
+    resid = (y - c - q * x) * math.sqrt(n / max(n - 2, 1))
+    b = _block_length(n)
+    starts = rng.integers(0, n - b + 1, size=(replicates, -(-n // b)))
+    idx = (starts[:, :, None] + np.arange(b)).reshape(replicates, -1)[:, :n]
+    slopes = q + (resid[idx] @ xc) / sxx
+    from scipy import stats  # scipy submodules load lazily: `pdeflow run` imports this module
+
+    half = float(stats.t.ppf(0.975, max(n // b - 2, 1))) * float(np.std(slopes, ddof=1))
+    eps = np.finfo(float).eps
+    rounding = float(np.sum(np.abs(xc) * (4 * eps + abs(q) * eps_x)) / sxx)
+    half = max(half, rounding)
+    return q, q - half, q + half, c
+
+
+def kl_fit(energy: np.ndarray, dissipation: np.ndarray, e_star: float, window: float = 1.0, *,
+           e_star_range: tuple[float, float] | None = None, replicates: int = BOOTSTRAP, seed: int = 0) -> KLFit:
+    """The KL exponent over the last ``window`` fraction of the samples, where it means something.
+
+    Regression ``log I = log C + q log(E - E*)``, ``theta = 1 - q / 2``, on the samples where ``E - E*`` is
+    trustworthy (:func:`trusted_excess`; ``e_star_range = (lo, hi)`` is an interval known to hold E*,
+    default the point ``e_star``) and ``I > 0``. The 95% interval is the moving-block bootstrap of
+    :func:`_slope_interval`, repeated with E* at both ends of its interval and joined, so it carries the
+    uncertainty of E*. A KL regime needs KL_MIN_POINTS trusted samples over which ``E - E*`` falls by a factor
+    2 or more, and a fitted theta in (0, 1] (a Lojasiewicz exponent); otherwise ``reason`` says which failed.
     """
     energy, dissipation = np.asarray(energy, dtype=float), np.asarray(dissipation, dtype=float)
     sl = _window(energy.size, window) if energy.size else slice(0, 0)
     e, i = energy[sl], dissipation[sl]
-    ok = _usable(e, i, e_star)
+    lo, hi = (e_star, e_star) if e_star_range is None else (float(e_star_range[0]), float(e_star_range[1]))
+    nan = math.nan
+    if not math.isfinite(e_star):
+        return KLFit(nan, nan, nan, nan, 0, reason="E* unknown")
+    ok = trusted_excess(e, (lo, hi)) & np.isfinite(i) & (i > 0)
     n = int(ok.sum())
-    if n < 3:
-        return KLFit(math.nan, math.nan, math.nan, math.nan, n)
-    x, y = np.log(e[ok] - e_star), np.log(i[ok])
-    xm, ym = x.mean(), y.mean()
-    sxx = float(np.sum((x - xm) ** 2))
-    if sxx <= 0:
-        return KLFit(math.nan, math.nan, math.nan, math.nan, n)
-    slope = float(np.sum((x - xm) * (y - ym)) / sxx)
-    intercept = ym - slope * xm
-    rss = float(np.sum((y - intercept - slope * x) ** 2))
-    from scipy import stats  # scipy submodules load lazily: `pdeflow run` imports this module
-
-    se = math.sqrt(rss / (n - 2) / sxx) if n > 2 else math.inf
-    half = float(stats.t.ppf(0.975, n - 2)) * se
-    return KLFit(theta=1.0 - slope / 2.0, ci_low=1.0 - (slope + half) / 2.0, ci_high=1.0 - (slope - half) / 2.0,
-                 constant=float(math.exp(intercept)), n_points=n)
+    if n < KL_MIN_POINTS:
+        detail = (f"E - E* above {TRUST_FACTOR:g} x the width of E*'s interval [{lo:.10g}, {hi:.10g}]" if hi > lo
+                  else "E - E* > 0 and I > 0")
+        return KLFit(nan, nan, nan, nan, n, reason=f"only {n} samples of the window have {detail} "
+                                                   f"(a fit needs {KL_MIN_POINTS})")
+    x_span = float(np.ptp(np.log(e[ok] - hi)))
+    if x_span < KL_MIN_RANGE:
+        return KLFit(nan, nan, nan, nan, n, reason=f"E - E* falls only by a factor {math.exp(x_span):.3g} over the "
+                                                   "trusted samples (a fit needs 2)")
+    y = np.log(i[ok])
+    rng = np.random.default_rng(seed)
+    eps = np.finfo(float).eps
+    fits = {}
+    for star in sorted({lo, e_star, hi}):
+        excess = e[ok] - star
+        eps_x = 4 * eps * (np.abs(e[ok]) + abs(star)) / excess
+        fits[star] = _slope_interval(np.log(excess), y, eps_x, rng, replicates)
+    q, _, _, c = fits[e_star]
+    theta = 1.0 - q / 2.0
+    q_low, q_high = min(f[1] for f in fits.values()), max(f[2] for f in fits.values())
+    if not 0.0 < theta <= 1.0:
+        return KLFit(nan, nan, nan, nan, n, fitted=theta,
+                     reason=f"the fitted theta {theta:.3g} lies outside (0, 1]: I is not a KL power of E - E* here "
+                            "(not yet asymptotic, the step lost accuracy, or E* is not this flow's limit)")
+    return KLFit(theta=theta, ci_low=1.0 - q_high / 2.0, ci_high=1.0 - q_low / 2.0, constant=float(math.exp(c)),
+                 n_points=n, fitted=theta)
 
 
 def kl_exponent(energy: np.ndarray, dissipation: np.ndarray, e_star: float,
                 window: float = 1.0) -> tuple[float, float, float]:
-    """The KL exponent theta of ``I ~ C (E - E*)^(2 (1 - theta))`` and its interval: ``(theta, ci_low, ci_high)``.
-
-    See :func:`kl_fit` (``window``: the last fraction of the samples used).
-    """
+    """The KL exponent theta of ``I ~ C (E - E*)^(2 (1 - theta))`` and its interval: ``(theta, ci_low, ci_high)``,
+    nan when the window shows no KL regime. See :func:`kl_fit` (``window``: the last fraction of the samples)."""
     fit = kl_fit(energy, dissipation, e_star, window)
     return fit.theta, fit.ci_low, fit.ci_high
 
 
 def fit_e_star(energy: np.ndarray, dissipation: np.ndarray) -> float:
-    """The limit energy ``E*`` < min E that makes ``log I`` most nearly affine in ``log(E - E*)``.
+    """The limit energy ``E*`` < min E that makes ``log I`` most nearly affine in ``log(E - E*)``
+    (:func:`fit_e_star_interval`; nan when the tail does not determine it)."""
+    return fit_e_star_interval(energy, dissipation)[0]
+
+
+def fit_e_star_interval(energy: np.ndarray, dissipation: np.ndarray) -> tuple[float, float, float]:
+    """The fitted limit energy and a 95% interval ``(E*, lo, hi)``; nan when the tail does not determine it.
 
     Profile least squares over ``delta = min E - E*`` (log-spaced scan, then a bounded refinement): at the
-    true limit of an exponential or power-law tail the regression is exact, a wrong ``E*`` bends it.
-    nan when the energy does not decrease, or when the best ``delta`` is the largest scanned (ten times the
-    energy drop: a tail far from its limit does not determine it).
+    true limit of an exponential or power-law tail the regression is exact, a wrong ``E*`` bends it. The
+    interval is the profile-likelihood one, ``n_eff log(RSS(delta) / RSS_min) <= 3.84`` with
+    ``n_eff = n / block`` (the residuals of a smooth tail are serially correlated: one per bootstrap block
+    counts), widened to 64 eps |E|. nan when the energy does not decrease, or when the best ``delta`` is the
+    largest scanned (ten times the energy drop: a tail far from its limit does not determine it); ``lo`` is
+    -inf when the interval reaches that largest ``delta``.
     """
     energy, dissipation = np.asarray(energy, dtype=float), np.asarray(dissipation, dtype=float)
     ok = np.isfinite(energy) & np.isfinite(dissipation) & (dissipation > 0)
     e, i = energy[ok], dissipation[ok]
+    nan3 = (math.nan, math.nan, math.nan)
     if e.size < 4:
-        return math.nan
+        return nan3
     e_min, span = float(e.min()), float(e.max() - e.min())
     if span <= 0:
-        return math.nan
+        return nan3
     y = np.log(i)
     from scipy import optimize
 
@@ -189,20 +283,33 @@ def fit_e_star(energy: np.ndarray, dissipation: np.ndarray) -> float:
         res = y - A @ np.linalg.lstsq(A, y, rcond=None)[0]
         return float(res @ res)
 
-    lo = math.log(max(64 * np.finfo(float).eps * max(1.0, abs(e_min)), 1e-300))
-    hi = math.log(10.0 * span)
-    grid = np.linspace(lo, hi, 80)
-    values = [rss(g) for g in grid]
+    floor = 64 * np.finfo(float).eps * max(1.0, abs(e_min))
+    grid = np.linspace(math.log(max(floor, 1e-300)), math.log(10.0 * span), 160)
+    values = np.array([rss(g) for g in grid])
     j = int(np.argmin(values))
     if j == grid.size - 1:
-        return math.nan           # the best E* recedes without bound: the tail does not determine it
+        return nan3               # the best E* recedes without bound: the tail does not determine it
     a, b = grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]
-    if b > a:
-        best = optimize.minimize_scalar(rss, bounds=(a, b), method="bounded", options={"xatol": 1e-10})
-        log_delta = float(best.x) if best.fun <= values[j] else float(grid[j])
-    else:
-        log_delta = float(grid[j])
-    return e_min - math.exp(log_delta)
+    best = optimize.minimize_scalar(rss, bounds=(a, b), method="bounded", options={"xatol": 1e-10})
+    log_delta, rss_min = (float(best.x), float(best.fun)) if best.fun <= values[j] else (float(grid[j]), float(values[j]))
+    n_eff = e.size / _block_length(e.size)
+    tiny = 1e-300
+
+    def level(g: float) -> float:
+        return n_eff * math.log(max(rss(g), tiny) / max(rss_min, tiny)) - PROFILE_LEVEL
+
+    def edge(direction: int) -> float:
+        """The log delta where the profile crosses the level, walking from the best along ``direction``."""
+        inside = log_delta
+        for g in (grid[grid > log_delta] if direction > 0 else grid[grid < log_delta][::-1]):
+            if level(g) > 0:
+                return optimize.brentq(level, min(inside, g), max(inside, g), xtol=1e-12)
+            inside = g
+        return math.inf if direction > 0 else -math.inf
+
+    d_low, d_high = math.exp(edge(-1)), math.exp(edge(+1))
+    e_star = e_min - math.exp(log_delta)
+    return e_star, min(e_min - d_high, e_star - floor), max(e_min - d_low, e_star + floor)
 
 
 # ================================================================================================
@@ -266,13 +373,205 @@ class Domain:
 
 
 # ================================================================================================
+# the certified minimum of Phi (k <= 3)
+# ================================================================================================
+CERTIFY_BUDGET = 1 << 15     # evaluations of Phi and grad Phi the refinement of a certificate may spend
+CERTIFY_TOL = 1e-9           # refinement stops once the certified minimum is this close (relative) to the found one
+
+
+@dataclass(frozen=True)
+class _BoundTerms:
+    """What :func:`grad_phi_bound` needs of the problem and of rho: ``X = max |x_bj|``, ``A = sum_{b,l} |G_bl|``,
+    the score scale, the spectral norms of the basis blocks of (WQ, WK, WV, WO) and the weight decay."""
+    X: float
+    A: float
+    scale: float
+    basis_norm: np.ndarray   # [4]
+    weight_decay: float
+
+    @classmethod
+    def of(cls, problem: Problem, G: np.ndarray) -> "_BoundTerms":
+        a = problem.arrays()
+        inputs = a["embedding"][a["tokens"]] + a["positions"][None, :, :]
+        basis = a.get("basis")
+        norms = np.ones(4) if basis is None else np.array(
+            [np.linalg.norm(basis[blk], 2) if basis[blk].size else 0.0 for blk in _blocks_of(problem)])
+        return cls(X=float(np.max(np.linalg.norm(inputs, axis=-1))),
+                   A=float(np.sum(np.linalg.norm(np.asarray(G).real.astype(float), axis=-1))),
+                   scale=abs(float(a["score_scale"])), basis_norm=norms, weight_decay=problem.weight_decay)
+
+
+def _blocks_of(problem: Problem) -> list[slice]:
+    s = problem.d * problem.head_dim
+    return [slice(0, s), slice(s, 2 * s), slice(2 * s, 3 * s), slice(3 * s, 4 * s)]
+
+
+def _head_norms(problem: Problem, centre: np.ndarray) -> np.ndarray:
+    """Frobenius norms of (WQ, WK, WV, WO) at ``centre`` [C, k]: [C, 4]."""
+    theta = problem.coords.theta(np.asarray(centre, dtype=float))
+    return np.stack([np.linalg.norm(theta[:, blk], axis=1) for blk in _blocks_of(problem)], axis=1)
+
+
+def grad_phi_bound(problem: Problem, centre: np.ndarray, radius: np.ndarray, G: np.ndarray) -> np.ndarray:
+    """An upper bound on ``|grad_omega Phi(x; rho)|`` over each ball ``|x - centre_c| <= radius_c``: [C, k], [C] -> [C].
+
+    With ``Phi_data(theta) = sum_{b,l} <G_bl, WO c_bl>``, ``c_bl = sum_{j<=l} a_lj WV x_bj`` (docs/model.md; G
+    holds the loss weights and the unembedding), ``X = max |x_bj|``, ``A = sum_{b,l} |G_bl|`` and ``s`` the
+    score scale, the derivative along a unit direction e of omega, which moves ``(WQ, WK, WV, WO)`` by
+    ``(B_Q e, B_K e, B_V e, B_O e)``, is at most
+
+        ``A [ X |WV| |B_O| + |WO| ( X |B_V| + 2 |s| X^3 |WV| (|WK| |B_Q| + |WQ| |B_K|) ) ] + lam |omega|``:
+
+    ``|c| <= |WV| X`` (a convex combination); the softmax derivative gives
+    ``sum_j da_j V_j = sum_j a_j ds_j (V_j - sum_i a_i V_i)``, at most ``max_j |ds_j| 2 |WV| X``, with
+    ``|ds_j| <= |s| X^2 (|dWQ| |WK| + |WQ| |dWK|)``. Matrix norms are Frobenius (they bound the spectral
+    ones), ``|B_W|`` the spectral norm of W's rows of the basis (1 in full coordinates), and over a ball
+    ``|W(x)| <= |W(centre)| + |B_W| radius``. The bound holds for every rho (it uses only G).
+    """
+    return _derivative_bounds(_BoundTerms.of(problem, G), problem, np.atleast_2d(np.asarray(centre, dtype=float)),
+                              np.asarray(radius, dtype=float))[0]
+
+
+def _rounding(t: _BoundTerms, problem: Problem, centre: np.ndarray, phi: np.ndarray, n_terms: int) -> np.ndarray:
+    """A bound on the float64 rounding error of Phi at ``centre`` [C, k]: ``(n + 16) eps`` times the sum of the
+    magnitudes summed (each data term ``|<G_bl, WO c_bl>| <= |G_bl| |WO| |WV| X``; ``lam |omega|^2 / 2``)."""
+    _, _, wv, wo = _head_norms(problem, centre).T
+    magnitude = np.abs(phi) + t.A * t.X * wv * wo + 0.5 * t.weight_decay * np.einsum("ck,ck->c", centre, centre)
+    return (n_terms + 16) * np.finfo(float).eps * magnitude
+
+
+def hess_phi_bound(problem: Problem, centre: np.ndarray, radius: np.ndarray, G: np.ndarray) -> np.ndarray:
+    """An upper bound on ``|e^T Hess_omega Phi(x; rho) e|`` over unit e and each ball ``|x - centre_c| <= radius_c``:
+    [C, k], [C] -> [C].
+
+    Along a line ``theta = theta(x) + tau B e`` (notation of :func:`grad_phi_bound`; ``d`` is ``d/dtau``):
+    ``d^2 Phi_data = sum_{b,l} <G_bl, 2 dWO dc_bl + WO d^2 c_bl>`` with ``dc = sum_j da_j V_j + sum_j a_j dWV x_j``
+    and ``d^2 c = sum_j d^2 a_j V_j + 2 sum_j da_j dWV x_j``. With ``S1 = |s| X^2 (|B_Q| |WK| + |WQ| |B_K|)``
+    bounding ``|ds_j|`` and ``S2 = 2 |s| X^2 |B_Q| |B_K|`` bounding ``|d^2 s_j|``, the softmax derivatives
+    ``da_j = a_j (ds_j - <ds>)``, ``d^2 a_j = a_j ((ds_j - <ds>)^2 - var(ds) + d^2 s_j - <d^2 s>)`` (means under
+    a) give ``|dc| <= 2 S1 |WV| X + |B_V| X`` and ``|d^2 c| <= 2 |WV| X (2 S1^2 + 2 S2) + 4 S1 |B_V| X``, so
+
+        ``|d^2 Phi| <= A (2 |B_O| |dc| + |WO| |d^2 c|) + lam``.
+    """
+    return _derivative_bounds(_BoundTerms.of(problem, G), problem, np.atleast_2d(np.asarray(centre, dtype=float)),
+                              np.asarray(radius, dtype=float))[1]
+
+
+def _derivative_bounds(t: _BoundTerms, problem: Problem, centre: np.ndarray,
+                       radius: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bounds of :func:`grad_phi_bound` and :func:`hess_phi_bound` over balls: ([C], [C])."""
+    wq, wk, wv, wo = (_head_norms(problem, centre) + t.basis_norm * radius[:, None]).T
+    bq, bk, bv, bo = t.basis_norm
+    X = t.X
+    s1 = t.scale * X ** 2 * (bq * wk + wq * bk)        # |ds_j|
+    s2 = 2.0 * t.scale * X ** 2 * bq * bk              # |d^2 s_j|
+    dc = 2.0 * s1 * wv * X + bv * X
+    d2c = 2.0 * wv * X * (2.0 * s1 ** 2 + 2.0 * s2) + 4.0 * s1 * bv * X
+    grad = t.A * (X * wv * bo + wo * dc) + t.weight_decay * (np.linalg.norm(centre, axis=1) + radius)
+    return grad, t.A * (2.0 * bo * dc + wo * d2c) + t.weight_decay
+
+
+def _float64(problem: Problem) -> Problem:
+    """The problem evaluated in float64 (a certificate needs float64 rounding)."""
+    return problem if problem.dtype == np.float64 else Problem.from_arrays(problem.arrays(), "float64", problem.beta)
+
+
+def certified_min_phi(problem: Problem, G: np.ndarray, dom: Domain, points: int, found: float,
+                      budget: int = CERTIFY_BUDGET) -> tuple[float, int]:
+    """A proven lower bound on ``min_Omega Phi(.; rho)``: ``(bound, evaluations of Phi and grad Phi spent)``.
+
+    The boxes of half-widths ``h/2`` about the points of the regular grid of ``points`` per axis (h the
+    spacing) cover the bounding box of Omega. On a box of half-widths ``w`` about c, Taylor's theorem gives
+    ``Phi(x) >= Phi(c) - sum_i |dPhi/domega_i(c)| w_i - M |w|^2 / 2 - (rounding)`` with M from
+    :func:`hess_phi_bound` over the ball of radius ``|w|`` and the float64 rounding of Phi and grad Phi
+    (``(B T d + 16) eps`` times the magnitudes summed). Boxes whose bound lies below ``found`` (the least Phi
+    found in Omega) by more than CERTIFY_TOL relative are split into 2^k children, worst first, while
+    ``budget`` evaluations last (near a minimizer the slack falls fourfold per split, so the work per halving
+    stays about constant); boxes that miss Omega are dropped. The least bound over the boxes is the
+    certificate: it holds whatever the budget, which only decides how close it gets to ``found``.
+    """
+    problem = _float64(problem)
+    G = np.asarray(G).astype(np.float64, copy=False)
+    k = dom.k
+    mesh, _ = dom.grid(points)
+    half = (dom.upper - dom.lower) / max(points - 1, 1) / 2.0
+    halves = np.tile(half, (mesh.shape[0], 1))
+    keep = _meets(dom, mesh, halves)
+    centre, halves = mesh[keep], halves[keep]
+    terms, n_terms = _BoundTerms.of(problem, G), int(np.asarray(G).size)
+    tol = CERTIFY_TOL * (1.0 + abs(found))
+
+    def lower(c: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The lower bounds of Phi over the boxes, and Phi at their centres."""
+        p, g = _grad_phi_batched(problem, G, c)
+        r = np.linalg.norm(w, axis=1)
+        slope, curvature = _derivative_bounds(terms, problem, c, r)
+        rounding = _rounding(terms, problem, c, p, n_terms) + (n_terms + 16) * np.finfo(float).eps * slope * r
+        return p - np.sum(np.abs(g) * w, axis=1) - 0.5 * curvature * r * r - rounding, p
+
+    low, phi = lower(centre, halves)
+    spent = centre.shape[0]
+    inside = ~dom.outside(centre)
+    target = min(found, float(np.min(phi[inside])) if inside.any() else math.inf) - tol
+    children = np.array(np.meshgrid(*([[-0.5, 0.5]] * k), indexing="ij")).reshape(k, -1).T   # [2^k, k]
+    while spent < budget:
+        bad = np.flatnonzero(low < target)
+        if bad.size == 0:
+            break
+        bad = bad[np.argsort(low[bad], kind="stable")][:max(1, (budget - spent) // children.shape[0])]
+        c_new = (centre[bad, None, :] + children[None, :, :] * halves[bad, None, :]).reshape(-1, k)
+        w_new = np.repeat(halves[bad] / 2.0, children.shape[0], axis=0)
+        ok = _meets(dom, c_new, w_new)
+        c_new, w_new = c_new[ok], w_new[ok]
+        l_new, p_new = lower(c_new, w_new)
+        spent += c_new.shape[0]
+        inside = ~dom.outside(c_new)
+        if inside.any():
+            target = min(target, float(np.min(p_new[inside])) - tol)
+        rest = np.ones(centre.shape[0], dtype=bool)
+        rest[bad] = False
+        centre, halves = np.concatenate([centre[rest], c_new]), np.concatenate([halves[rest], w_new])
+        low = np.concatenate([low[rest], l_new])
+    return float(np.min(low)) if low.size else math.inf, spent
+
+
+def _meets(dom: Domain, centre: np.ndarray, half: np.ndarray) -> np.ndarray:
+    """Boxes about ``centre`` [C, k] of half-widths ``half`` [C, k] that meet Omega: [C] bool."""
+    if dom.kind == "box":
+        mid, width = (dom.upper + dom.lower) / 2.0, (dom.upper - dom.lower) / 2.0
+        return np.all(np.abs(centre - mid) <= width + half, axis=1)
+    nearest = np.maximum(np.abs(centre) - half, 0.0)       # the box's point nearest the origin
+    return np.linalg.norm(nearest, axis=1) <= dom.radius
+
+
+def _phi_batched(problem: Problem, G: np.ndarray, x: np.ndarray) -> np.ndarray:
+    out = np.empty(x.shape[0])
+    for start in range(0, x.shape[0], GRID_BATCH):
+        out[start:start + GRID_BATCH] = problem.phi_field(x[start:start + GRID_BATCH], G)
+    return out
+
+
+def _grad_phi_batched(problem: Problem, G: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    phi, grad = np.empty(x.shape[0]), np.empty(x.shape)
+    for start in range(0, x.shape[0], GRID_BATCH):
+        phi[start:start + GRID_BATCH], grad[start:start + GRID_BATCH] = problem.grad_phi_field(x[start:start + GRID_BATCH], G)
+    return phi, grad
+
+
+# ================================================================================================
 # the optimality gap
 # ================================================================================================
 @dataclass(frozen=True)
 class GapResult:
     """``gap = mean_phi - min_phi`` with ``mean_phi = int Phi d rho`` and ``min_phi`` the least Phi found on
-    Omega, at ``minimizer`` [k]; ``exhaustive``: the k <= 3 grid search ran (else the gap is an estimate,
-    possibly too small); ``outside_mass``: mass of rho outside Omega (G >= 0 is only guaranteed without it)."""
+    Omega, at ``minimizer`` [k]; ``exhaustive``: the k <= 3 grid search ran; ``outside_mass``: mass of rho
+    outside Omega (G >= 0 is only guaranteed without it).
+
+    ``min_phi`` is attained in Omega, so ``gap`` never exceeds the true gap. ``certified``: a proven lower
+    bound ``min_phi_lower <= min_Omega Phi`` exists (:func:`certified_min_phi`), so the true gap lies in
+    ``[gap, gap_bound]`` with ``gap_bound = mean_phi - min_phi_lower`` and ``E - gap_bound`` is a lower bound
+    on E over measures on Omega (beta = inf). Uncertified, ``gap`` is an estimate: it bounds nothing from above
+    and ``E - gap`` is no lower bound (``min_phi_lower``, ``gap_bound`` nan)."""
     gap: float
     min_phi: float
     mean_phi: float
@@ -280,6 +579,14 @@ class GapResult:
     exhaustive: bool
     outside_mass: float = 0.0
     n_starts: int = 0
+    certified: bool = False
+    min_phi_lower: float = math.nan
+    evaluations: int = 0
+
+    @property
+    def gap_bound(self) -> float:
+        """The certified upper bound ``mean_phi - min_phi_lower`` on the gap (nan when not certified)."""
+        return self.mean_phi - self.min_phi_lower if self.certified else math.nan
 
 
 def optimality_gap(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, domain: str = "ball",
@@ -305,11 +612,16 @@ def optimality_gap(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, dom
         starts.append(extra[np.all(np.isfinite(extra), axis=1)])
     exhaustive = problem.k <= 3
     if exhaustive:
-        starts.append(_grid_starts(problem, G, dom, grid_points))
+        mesh, values = _grid_values(problem, G, dom, grid_points)
+        starts.append(_grid_starts(mesh, values, dom, grid_points))
     min_phi, minimizer, n = minimize_phi(problem, G, dom, np.concatenate(starts, axis=0), exhaustive)
     outside = float(np.sum(mass[dom.outside(omega)]))
+    lower, spent = certified_min_phi(problem, G, dom, grid_points, min_phi) if exhaustive else (math.nan, 0)
+    certified = bool(exhaustive and math.isfinite(lower))
     return GapResult(gap=mean_phi - min_phi, min_phi=min_phi, mean_phi=mean_phi, minimizer=minimizer,
-                     exhaustive=exhaustive, outside_mass=outside, n_starts=n)
+                     exhaustive=exhaustive, outside_mass=outside, n_starts=n, certified=certified,
+                     min_phi_lower=min(lower, min_phi) if certified else math.nan,
+                     evaluations=spent + (grid_points ** problem.k if exhaustive else 0))
 
 
 def entropic_gap(problem: Problem, grid: Grid, density: np.ndarray) -> GapResult:
@@ -329,8 +641,9 @@ def entropic_gap(problem: Problem, grid: Grid, density: np.ndarray) -> GapResult
     free = problem.energy(omega, mass) + entropy(grid, density, beta)
     bound = problem.energy(omega, mass) - float(mass @ phi) - (logsumexp(-beta * phi) + math.log(grid.cell_volume)) / beta
     j = int(np.argmin(phi))
-    return GapResult(gap=free - bound, min_phi=float(phi[j]), mean_phi=float(mass @ phi), minimizer=omega[j].copy(),
-                     exhaustive=True)
+    gap, mean_phi = free - bound, float(mass @ phi)
+    return GapResult(gap=gap, min_phi=float(phi[j]), mean_phi=mean_phi, minimizer=omega[j].copy(), exhaustive=True,
+                     certified=True, min_phi_lower=mean_phi - gap)
 
 
 def _particle_starts(omega: np.ndarray, mass: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -341,14 +654,18 @@ def _particle_starts(omega: np.ndarray, mass: np.ndarray, rng: np.random.Generat
     return omega[rng.choice(omega.shape[0], MAX_PARTICLE_STARTS, replace=False, p=p)]
 
 
-def _grid_starts(problem: Problem, G: np.ndarray, dom: Domain, points: int) -> np.ndarray:
-    """The GRID_STARTS lowest grid points that are no higher than their axis neighbours in Omega."""
+def _grid_values(problem: Problem, G: np.ndarray, dom: Domain, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Phi on the regular grid of ``points`` per axis over the bounding box: points [points^k, k] and values
+    [points^k], nan outside Omega."""
     mesh, inside = dom.grid(points)
-    values = np.full(mesh.shape[0], np.inf)
-    idx = np.flatnonzero(inside)
-    for start in range(0, idx.size, GRID_BATCH):
-        part = idx[start:start + GRID_BATCH]
-        values[part] = problem.phi_field(mesh[part], G)
+    values = np.full(mesh.shape[0], np.nan)
+    values[inside] = _phi_batched(problem, G, mesh[inside])
+    return mesh, values
+
+
+def _grid_starts(mesh: np.ndarray, values: np.ndarray, dom: Domain, points: int) -> np.ndarray:
+    """The GRID_STARTS lowest grid points in Omega that are no higher than their axis neighbours in Omega."""
+    values = np.where(dom.outside(mesh) | ~np.isfinite(values), np.inf, values)
     cube = values.reshape((points,) * dom.k)
     local = np.isfinite(cube)
     padded = np.pad(cube, 1, constant_values=np.inf)
@@ -593,11 +910,16 @@ def head_clusters(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, tol:
 @dataclass
 class Analysis:
     """Everything ``/analysis`` holds. Arrays over frames [F] (nan where not computed): ``time``, ``energy``,
-    ``dissipation``, ``gap``, ``lower_bound`` (E - G; nan with an entropy term), ``min_phi``, ``mean_phi``,
-    ``outside_mass``, ``minimizer`` [F, k], ``pl_mu``, ``energy_identity_residual``, ``kl_predicted`` (E - E*
-    predicted by the KL fit over its window). Scalars: ``e_star`` and where it came from, the KL fit,
-    ``pl_mu_min`` (the least PL ratio at the frames of the KL window: the PL constant the tail supports),
-    the stationary time, and the settings the gap search used."""
+    ``dissipation``, ``gap`` (from the least Phi found: never above the true gap), ``gap_certified`` (bool: min
+    Phi certified, :class:`GapResult`), ``gap_bound`` (the certified upper bound on the gap), ``lower_bound``
+    (``E - gap_bound``, a proven lower bound on E over measures on Omega; nan where the gap is not certified
+    or an entropy term is missing), ``min_phi``, ``mean_phi``, ``outside_mass``, ``minimizer`` [F, k],
+    ``pl_mu`` (only where E - E* is trustworthy: :func:`trusted_excess`), ``energy_identity_residual``,
+    ``kl_predicted`` (E - E* predicted by the KL fit over its window). Scalars: ``e_star``, where it came from
+    and the interval ``[e_star_low, e_star_high]`` known (given, certified) or estimated (fit) to hold it; the
+    KL fit, or ``kl_status`` saying why the window shows no KL regime; ``pl_mu_min`` (the least trusted PL
+    ratio at the frames of the KL window: the PL constant the tail supports), the stationary time, and the
+    settings the gap search used."""
     time: np.ndarray
     energy: np.ndarray
     dissipation: np.ndarray
@@ -611,8 +933,14 @@ class Analysis:
     pl_mu: np.ndarray
     energy_identity_residual: np.ndarray
     kl_predicted: np.ndarray
+    gap_bound: np.ndarray
+    gap_certified: np.ndarray
     e_star: float = math.nan
     e_star_source: str = "none"
+    e_star_low: float = math.nan
+    e_star_high: float = math.nan
+    kl_status: str = ""
+    kl_fitted: float = math.nan
     kl_theta: float = math.nan
     kl_theta_ci: tuple[float, float] = (math.nan, math.nan)
     kl_constant: float = math.nan
@@ -636,8 +964,9 @@ class Analysis:
 
 
 FRAME_ARRAYS = ("time", "energy", "dissipation", "gap", "lower_bound", "min_phi", "mean_phi", "outside_mass",
-                "minimizer", "gap_exhaustive", "pl_mu", "energy_identity_residual", "kl_predicted")
-SCALARS = ("e_star", "e_star_source", "kl_theta", "kl_constant", "kl_points", "kl_window_start", "kl_decay_error",
+                "minimizer", "gap_exhaustive", "pl_mu", "energy_identity_residual", "kl_predicted", "gap_bound",
+                "gap_certified")
+SCALARS = ("e_star", "e_star_source", "e_star_low", "e_star_high", "kl_status", "kl_fitted", "kl_theta", "kl_constant", "kl_points", "kl_window_start", "kl_decay_error",
            "pl_mu_min",
            "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate", "gap_domain", "gap_radius")
 CLUSTER_ARRAYS = ("labels", "mass", "size", "centre", "representative", "attention", "probe")
@@ -668,9 +997,19 @@ def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis
     a = Analysis(time=time, energy=energy, dissipation=dissipation, gap=nan.copy(), lower_bound=nan.copy(),
                  min_phi=nan.copy(), mean_phi=nan.copy(), outside_mass=nan.copy(),
                  minimizer=np.full((F, problem.k), np.nan), gap_exhaustive=np.zeros(F, dtype=bool),
-                 pl_mu=nan.copy(), energy_identity_residual=nan.copy(), kl_predicted=nan.copy())
+                 pl_mu=nan.copy(), energy_identity_residual=nan.copy(), kl_predicted=nan.copy(),
+                 gap_bound=nan.copy(), gap_certified=np.zeros(F, dtype=bool))
     if F == 0:
         a.notes.append("no frames")
+        return a
+    if settings.gap:
+        _gaps(a, traj, problem, settings, previous)
+    if "omega" in traj.frames and not math.isinf(problem.beta):
+        # the stored energy and dissipation of noisy particles lack the entropy term (no density to take it
+        # from): the identity and the rates would be those of another functional
+        a.kl_status = ENTROPY_MISSING
+        a.notes.append(ENTROPY_MISSING)
+        _clusters(a, traj, problem, settings)
         return a
     steps = traj.steps
     dense = len(steps.get("time", ())) >= 2
@@ -685,18 +1024,19 @@ def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis
         first = F - int(np.argmin(below[::-1])) if not below.all() else 0
         a.stationary_time = float(time[first])
 
-    if settings.gap:
-        _gaps(a, traj, problem, settings, previous)
-
     _rates(a, settings, st_t, st_e, st_i)
-    last = F - 1
+    _clusters(a, traj, problem, settings)
+    return a
+
+
+def _clusters(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig) -> None:
+    last = a.time.size - 1
     omega, mass = frame_measure(traj, last)
     grid = trajectory_grid(traj)
     cells = {} if grid is None else {"min_mass": GRID_CLUSTER_MASS * float(mass.max()),
                                      "min_distance": 1.01 * float(np.linalg.norm(grid.width))}
     a.clusters = head_clusters(problem, omega, mass, tol=settings.cluster_tol, attention_maps=settings.attention_maps,
                                seed=settings.seed, frame=last, **cells)
-    return a
 
 
 def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig,
@@ -719,75 +1059,82 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
                                  bounds=bounds)
         a.gap[f], a.min_phi[f], a.mean_phi[f] = res.gap, res.min_phi, res.mean_phi
         a.minimizer[f], a.outside_mass[f], a.gap_exhaustive[f] = res.minimizer, res.outside_mass, res.exhaustive
+        a.gap_certified[f], a.gap_bound[f] = res.certified, res.gap_bound
         known.append(res.minimizer[None])
     computed = np.isfinite(a.gap)
     a.gap_computed = bool(computed.any())
-    a.gap_is_estimate = bool(a.gap_computed and not a.gap_exhaustive[computed].all())
+    a.gap_is_estimate = bool(a.gap_computed and not a.gap_certified[computed].all())
     a.gap_domain = "grid, entropic" if entropic else settings.domain
     a.gap_radius = settings.radius if settings.domain in ("ball", "box") and not entropic else math.nan
     if entropic:
         a.notes.append("beta < inf on a grid: G = E_h - min E_h over grid densities (relative entropy to the Gibbs "
                        "density of Phi, divided by beta)")
     if math.isinf(problem.beta) or entropic:
-        a.lower_bound = a.energy - a.gap
+        a.lower_bound = np.where(a.gap_certified, a.energy - a.gap_bound, np.nan)
     else:
         a.notes.append("beta < inf with particles: E - G is not a lower bound (the entropy is not in Phi); "
                        "lower_bound left nan")
+    if a.gap_is_estimate:
+        a.notes.append(f"the gap is an estimate: min Phi comes from a non-exhaustive search in k = {problem.k} "
+                       "coordinates, so E - G bounds nothing and is not used as E*")
     if np.any(a.outside_mass[computed] > 0):
-        a.notes.append("part of rho lies outside Omega: the gap may be negative there (E - G stays a bound)")
+        a.notes.append("part of rho lies outside Omega: the gap may be negative there (a certified E - G bound "
+                       "stays a bound)")
 
 
 def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.ndarray, st_i: np.ndarray) -> None:
     """E*, the PL ratio at the frames and the KL fit over the window (on the /steps rows when present).
 
-    E* is ``diagnostics.e_star`` if given; else the best lower bound E - G when it is tight (the last gap
-    no larger than the energy drop over the window, so that E - E* measures the decay being fitted);
-    else the limit fitted from the tail (:func:`fit_e_star`); else the lower bound anyway."""
+    E* comes with an interval that holds it: ``diagnostics.e_star`` if given (a point); else the narrower of
+    the certified one, ``[best E - gap_bound, lowest E]`` (point: the bound), and the profile interval of the
+    limit fitted from the window's tail (:func:`fit_e_star_interval`). An uncertified gap never gives E*.
+    PL and KL use only samples where E - E* is trustworthy (:func:`trusted_excess`)."""
     t_end = float(a.time[-1])
     start = t_end - settings.kl_window * (t_end - float(a.time[0]))
     in_window = st_t >= start - 1e-12 * max(1.0, abs(start))
     e_min = float(np.nanmin(st_e))
-    bounds = np.isfinite(a.lower_bound)
-    best_bound = float(np.max(a.lower_bound[bounds])) if bounds.any() else math.nan
-    drop = float(np.max(st_e[in_window]) - np.min(st_e[in_window])) if in_window.any() else 0.0
-    tight = bounds.any() and float(a.gap[np.flatnonzero(bounds)[-1]]) <= drop
+    candidates = []
     if math.isfinite(settings.e_star):
-        a.e_star, a.e_star_source = float(settings.e_star), "given"
-    elif tight:
-        a.e_star, a.e_star_source = best_bound, "lower_bound"
+        candidates.append(("given", float(settings.e_star), float(settings.e_star), float(settings.e_star)))
     else:
-        a.e_star, a.e_star_source = fit_e_star(st_e[in_window], st_i[in_window]), "fit"
+        bounds = np.isfinite(a.lower_bound)
         if bounds.any():
-            if math.isfinite(a.e_star):
-                a.notes.append("the lower bound is not tight (last gap above the energy drop over the KL window): "
-                               "E* is the limit fitted from the tail")
+            best = float(np.max(a.lower_bound[bounds]))
+            if best <= e_min:
+                candidates.append(("lower_bound", best, best, e_min))
             else:
-                a.e_star, a.e_star_source = best_bound, "lower_bound"
-                a.notes.append("the lower bound is not tight and the tail does not determine its limit: PL/KL are "
-                               "relative to a distant E*; pass --e-star or run longer")
-    if a.e_star_source == "lower_bound" and a.e_star > e_min:
-        a.notes.append(f"best lower bound {a.e_star:.10g} exceeds the lowest energy {e_min:.10g}: "
-                       "the gap search missed the minimum of Phi somewhere")
-    if not math.isfinite(a.e_star):
+                a.notes.append(f"certified lower bound {best:.10g} exceeds the lowest energy {e_min:.10g}: the energies "
+                               "are not those of this problem's flow (solver error?); the bound is not used as E*")
+        fitted = fit_e_star_interval(st_e[in_window], st_i[in_window])
+        if math.isfinite(fitted[0]):
+            candidates.append(("fit",) + fitted)
+    if not candidates:
         a.e_star_source = "none"
-        a.notes.append("E* unknown (no gap, and the tail does not determine its limit): no PL/KL; pass --e-star")
+        a.kl_status = "no KL regime in this window: E* unknown (no certified gap, and the tail does not determine its limit)"
+        a.notes.append("E* unknown (no certified gap, and the tail does not determine its limit): no PL/KL; "
+                       "pass --e-star or run longer")
         return
-    a.pl_mu = pl_constant(a.energy, a.dissipation, a.e_star)
-    fit = kl_fit(st_e[in_window], st_i[in_window], a.e_star)
+    source, e_star, lo, hi = min(candidates, key=lambda c: c[3] - c[2])
+    a.e_star, a.e_star_source, a.e_star_low, a.e_star_high = e_star, source, lo, hi
+    trusted = trusted_excess(a.energy, (lo, hi))
+    a.pl_mu = np.where(trusted, pl_constant(a.energy, a.dissipation, e_star), np.nan)
+    fit = kl_fit(st_e[in_window], st_i[in_window], e_star, e_star_range=(lo, hi), seed=settings.seed)
     a.kl_theta, a.kl_theta_ci, a.kl_constant, a.kl_points = fit.theta, (fit.ci_low, fit.ci_high), fit.constant, fit.n_points
-    a.kl_window_start = start
-    if math.isfinite(fit.theta) and not 0.0 <= fit.theta < 1.0:
-        a.notes.append(f"KL exponent {fit.theta:.3g} outside [0, 1): over this window I is not a power of E - E* "
-                       "(not yet in the asymptotic regime, or E* is not the limit of this flow)")
+    a.kl_fitted, a.kl_window_start = fit.fitted, start
+    if fit.reason:
+        a.kl_status = f"no KL regime in this window: {fit.reason}"
+        a.notes.append(a.kl_status)
+    else:
+        a.kl_status = "KL regime"
     frames = np.flatnonzero(a.time >= start - 1e-12 * max(1.0, abs(start)))
     window_mu = a.pl_mu[frames][np.isfinite(a.pl_mu[frames])]
     a.pl_mu_min = float(window_mu.min()) if window_mu.size else math.nan
-    if math.isfinite(fit.theta) and frames.size and a.energy[frames[0]] > a.e_star:
+    if math.isfinite(fit.theta) and frames.size and a.energy[frames[0]] > e_star:
         t0 = a.time[frames[0]]
-        predicted = fit.predicted_excess(a.time[frames], t0, a.energy[frames[0]] - a.e_star)
+        predicted = fit.predicted_excess(a.time[frames], t0, a.energy[frames[0]] - e_star)
         a.kl_predicted[frames] = predicted
-        observed = a.energy[frames] - a.e_star
-        ok = (observed > 0) & (predicted > 0)
+        observed = a.energy[frames] - e_star
+        ok = (observed > 0) & (predicted > 0) & trusted[frames]
         if ok.any():
             a.kl_decay_error = float(np.max(np.abs(np.log(predicted[ok] / observed[ok]))))
 
@@ -836,7 +1183,11 @@ def read_analysis(traj: Trajectory) -> Analysis | None:
     if not d or "time" not in d:
         return None
     kwargs: dict[str, Any] = {key: np.asarray(d[key]) for key in FRAME_ARRAYS if key in d}
+    F = kwargs["time"].size      # files written before certificates: nothing certified
+    kwargs.setdefault("gap_bound", np.full(F, np.nan))
+    kwargs.setdefault("gap_certified", np.zeros(F, dtype=bool))
     kwargs.update({key: d[key] for key in SCALARS if key in d})
+    kwargs["kl_status"] = str(kwargs.get("kl_status", ""))
     for key in ("gap_computed", "gap_is_estimate"):
         kwargs[key] = bool(kwargs.get(key, False))
     ci = np.asarray(d.get("kl_theta_ci", (math.nan, math.nan)), dtype=float)
@@ -859,7 +1210,9 @@ def analyse_run(path: str | Path, cfg: Config) -> None:
     write_analysis(path, analyse(traj, cfg.diagnostics, run_stationary_tol=cfg.run.stationary_tol))
 
 
-__all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "Domain", "energy_identity_residual", "pl_constant",
+__all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "certified_min_phi", "grad_phi_bound",
+           "hess_phi_bound", "trusted_excess", "fit_e_star_interval", "ENTROPY_MISSING", "Domain",
+           "energy_identity_residual", "pl_constant",
            "kl_exponent", "kl_fit", "KLFit", "fit_e_star", "attention_pattern", "probe_sequence", "HeadClusters",
            "head_clusters", "frame_measure", "trajectory_grid", "Analysis", "analyse", "analyse_run", "write_analysis",
            "read_analysis", "check_editable", "gap_frame_indices"]

@@ -26,7 +26,7 @@ from matplotlib import animation
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .diagnostics import Analysis, attention_pattern, frame_measure, pl_constant, trajectory_grid
+from .diagnostics import Analysis, attention_pattern, frame_measure, pl_constant, trajectory_grid, trusted_excess
 from .trajectory import Trajectory
 
 DPI = 100
@@ -103,19 +103,21 @@ def plot_gap(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     gf = analysis.gap_frames
     fig, (ax_g, ax_b) = _figure(10, 4, 2)
     tg, g = analysis.time[gf], analysis.gap[gf]
-    exhaustive = analysis.gap_exhaustive[gf].astype(bool)
+    certified = analysis.gap_certified[gf].astype(bool)
     if np.all(g > 0):
         ax_g.set_yscale("log")
     ax_g.plot(tg, g, "-", color="0.6")
-    ax_g.plot(tg[exhaustive], g[exhaustive], "o", label="exhaustive search")
-    ax_g.plot(tg[~exhaustive], g[~exhaustive], "^", label="estimate (multi-start)")
+    ax_g.plot(tg[certified], g[certified], "o", label="G found (min Phi certified)")
+    if np.any(certified & np.isfinite(analysis.gap_bound[gf])):
+        ax_g.plot(tg[certified], analysis.gap_bound[gf][certified], "v", label="certified upper bound on G")
+    ax_g.plot(tg[~certified], g[~certified], "^", label="estimate (non-exhaustive search)")
     ax_g.set_xlabel("t")
     ax_g.set_ylabel("G")
     ax_g.set_title("G = int Phi d rho - min_Omega Phi", fontsize=9)
     ax_g.legend(fontsize=8)
     ax_b.plot(analysis.time, analysis.energy, "-", label="E")
     if np.any(np.isfinite(analysis.lower_bound)):
-        ax_b.plot(tg, analysis.lower_bound[gf], "s-", label="E - G (lower bound on Omega)")
+        ax_b.plot(tg, analysis.lower_bound[gf], "s-", label="E - G bound (certified lower bound on Omega)")
     ax_b.set_xlabel("t")
     ax_b.legend(fontsize=8)
     radius = f" {analysis.gap_radius:g}" if math.isfinite(analysis.gap_radius) else ""
@@ -127,6 +129,7 @@ def plot_pl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     """``mu(t) = I / (2 (E - E*))`` at every step and frame."""
     t, e, i = _steps(traj)
     mu = pl_constant(e, i, analysis.e_star)
+    mu[~trusted_excess(e, (analysis.e_star_low, analysis.e_star_high))] = np.nan   # E - E* not known well enough
     fig, ax = _figure()
     ok = mu > 0
     ax.semilogy(t[ok], mu[ok], lw=1.2, label="steps")
@@ -153,6 +156,8 @@ def plot_kl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
         lo, hi = analysis.kl_theta_ci
         ax.loglog(x, analysis.kl_constant * x ** q, "-", color="C3",
                   label=f"I = C (E - E*)^(2(1 - theta)), theta = {analysis.kl_theta:.3f} [{lo:.3f}, {hi:.3f}]")
+    elif analysis.kl_status:
+        ax.set_title(analysis.kl_status, fontsize=7, wrap=True)
     ax.set_xlabel("E - E*")
     ax.set_ylabel("I")
     ax.legend(fontsize=8)

@@ -271,6 +271,26 @@ class DiracAnalysis:
     min_phi: float = math.nan
     gap_exhaustive: bool = False
     phi_minimizer: np.ndarray | None = None
+    gap_bound: float = math.nan        # certified upper bound on the gap (nan: min Phi not certified)
+    global_minimizer: str = ""         # "yes" / "no" / "not established" (:func:`global_minimizer`)
+
+
+NOT_ESTABLISHED = "not established"
+
+
+def global_minimizer(a: DiracAnalysis, gap_tol: float) -> str:
+    """Is ``delta_w*`` a global minimizer of E over measures on Omega? ``"yes"``, ``"no"`` or ``"not established"``.
+
+    The gap found, ``Phi(w*) - Phi(w)`` at a point w of Omega, is a lower bound on the true gap: above
+    ``gap_tol`` it proves "no" (Phi is lower at w, so the support condition fails). "yes" needs the certified
+    upper bound on the gap (exhaustive grid plus derivative bounds, k <= 3) within ``gap_tol``; without a
+    certificate, or with one too loose to decide, the answer is "not established".
+    """
+    if math.isfinite(a.gap) and a.gap > gap_tol:
+        return "no"
+    if math.isfinite(a.gap_bound) and a.gap_bound <= gap_tol:
+        return "yes"
+    return NOT_ESTABLISHED
 
 
 def analyse_point(problem: Problem, point: np.ndarray, tol: float, htr: np.ndarray | None = None) -> DiracAnalysis:
@@ -308,6 +328,7 @@ def attach_gap(problem: Problem, a: DiracAnalysis, cfg: Config) -> str | None:
     res = optimality_gap(problem, a.point[None, :], np.ones(1), domain=domain, radius=dg.radius,
                          n_starts=dg.n_starts, grid_points=dg.grid_points, seed=dg.seed, extra_starts=extra)
     a.gap, a.min_phi, a.gap_exhaustive = float(res.gap), float(res.min_phi), bool(res.exhaustive)
+    a.gap_bound = float(res.gap_bound)
     a.phi_minimizer = np.asarray(res.minimizer, dtype=float)
     if res.outside_mass > 0:
         return (f"a Dirac lies outside Omega (|omega| = {np.linalg.norm(a.point):.3g}); raise diagnostics.radius "
@@ -522,6 +543,7 @@ def run_stability(cfg: Config, problem: Problem, integrate: Integrator,
         a = analyse_point(problem, c.point, s.tol)
         a.multiplicity, a.origin = c.multiplicity, c.origin
         reason = attach_gap(problem, a, cfg)
+        a.global_minimizer = global_minimizer(a, s.gap_tol)
         if reason and reason not in notes:
             notes.append(reason)
         runs = simulate_point(problem, a, integrate, cfg, seed=s.seed + 100 * i)
@@ -529,7 +551,7 @@ def run_stability(cfg: Config, problem: Problem, integrate: Integrator,
         all_runs.append(runs)
         say(f"point {i} ({c.origin}): e = {a.energy:.10g}, verdict {a.verdict}, lambda_min(H0) = "
             f"{a.h0_relevant[0]:+.6g}, lambda_min(Htr) = {a.htr_relevant[0]:+.6g}, symmetry modes {a.n_symmetry}, "
-            f"gap {a.gap:.3g}")
+            f"gap {a.gap:.3g}, global minimizer: {a.global_minimizer}")
         for r in runs:
             say(f"    rates predicted {r.predicted[MEAN]:+.6f} / {r.predicted[SPREAD]:+.6f}, measured "
                 f"{r.measured[MEAN]:+.6f} / {r.measured[SPREAD]:+.6f} (mean / spread)")
@@ -553,7 +575,8 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
     ``points`` [S,k], ``energy``, ``grad_norm``, ``multiplicity`` [S], ``origin`` [S] (str), ``h0``, ``htr``
     [S,k,k], ``h0_eigenvalues``, ``htr_eigenvalues``, ``m_eigenvalues`` [S,k] (ascending),
     ``h0_relevant_min``, ``htr_relevant_min``, ``n_symmetry_modes``, ``symmetry_residual`` [S], ``verdict``
-    [S] (str), ``optimality_gap``, ``min_phi``, ``global_minimizer``, ``gap_exhaustive`` [S];
+    [S] (str), ``optimality_gap``, ``min_phi``, ``global_minimizer`` [S] (str: :func:`global_minimizer`),
+    ``gap_exhaustive``, ``gap_bound`` (certified upper bound on the gap, NaN when not certified) [S];
     ``predicted_rate``, ``measured_rate``, ``mode_eigenvalue`` [S,2,n] (axis 1: 0 mean/Htr, 1 spread/H0; NaN
     where not simulated); ``runs/p<s>_m<j>``: ``times``, ``mean_amplitude``, ``spread_amplitude`` [F],
     ``directions`` [2,k]; ``sweep``: ``weight_decay``, ``h0_min``, ``htr_min`` [W], ``verdict`` [W],
@@ -595,8 +618,9 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
         g["verdict"] = _strings([a.verdict for a in pts])
         g["optimality_gap"] = stack(lambda a: a.gap, ())
         g["min_phi"] = stack(lambda a: a.min_phi, ())
-        g["global_minimizer"] = np.array([bool(a.gap <= cfg.stability.gap_tol) for a in pts])
+        g["global_minimizer"] = _strings([a.global_minimizer or global_minimizer(a, cfg.stability.gap_tol) for a in pts])
         g["gap_exhaustive"] = np.array([a.gap_exhaustive for a in pts])
+        g["gap_bound"] = stack(lambda a: a.gap_bound, ())
         predicted, measured, eig = result.rates(n)
         g["predicted_rate"], g["measured_rate"], g["mode_eigenvalue"] = predicted, measured, eig
         runs = g.create_group("runs")
