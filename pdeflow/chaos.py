@@ -478,17 +478,18 @@ def read_work(path: str | Path, cfg: Config, data: dict[str, np.ndarray]) -> np.
     return done
 
 
-def write_result(path: str | Path, result: ChaosResult, cfg: Config, quick: bool = False) -> None:
+def write_result(path: str | Path, result: ChaosResult, cfg: Config, problem: Problem, quick: bool = False) -> None:
     """The HDF5 file of an experiment: root attributes ``schema = "pdeflow-chaos"``, ``schema_version``,
     ``pdeflow_version``, ``created``, ``config`` (TOML), ``quick``; group ``/chaos`` with the raw
     measurements as datasets and, as attributes, every fitted rate: ``slope_<name>``, ``slope_<name>_ci``
     [lo, hi], ``slope_<name>_stderr``, ``slope_<name>_n``, ``prefactor_<name>`` (nan and ``note_<name>`` when
     the rate could not be fitted), plus ``n_list``, ``eta_list``, ``n_ref``, ``seeds``, ``fit_time``,
     ``confidence``, ``converged_energy``, ``converged_dissipation``, ``converged_phi_spread``, ``wall_time``.
-    Written all or nothing (:func:`pdeflow.trajectory.new_result_file`)."""
+    ``/model`` and ``/data`` hold ``problem`` as in a trajectory (:func:`pdeflow.trajectory.stored_problem`
+    rebuilds it from the file alone). Written all or nothing (:func:`pdeflow.trajectory.new_result_file`)."""
     from .trajectory import new_result_file
 
-    with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, quick=bool(quick)) as f:
+    with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, problem=problem, quick=bool(quick)) as f:
         g = f.create_group("chaos")
         g.create_dataset("n_list", data=result.n_list)
         g.create_dataset("eta_list", data=result.eta_list)

@@ -184,6 +184,9 @@ def format_info(traj) -> str:
     if "density" in traj.frames and len(traj.time):
         from .measure import grid_summary  # grid runs only
         lines.append(grid_summary(traj))
+        if traj.attrs.get("method") == "jko":
+            from solvers.jko import entropic_summary
+            lines.append(entropic_summary(traj))
     if len(traj.steps.get("time", [])):
         lines.append(f"steps       {len(traj.steps['time']) - 1}")
         lines.append(f"final       energy {traj.steps['energy'][-1]:.10g}, dissipation {traj.steps['dissipation'][-1]:.4g}")

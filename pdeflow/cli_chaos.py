@@ -52,7 +52,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         return EXIT_NUMERICAL
     finally:
         progress.close()
-    chaos.write_result(out, result, cfg, quick=args.quick)
+    chaos.write_result(out, result, cfg, problem, quick=args.quick)
     work.unlink(missing_ok=True)
     png = out.with_suffix(".png")
     chaos.plot_result(png, result)

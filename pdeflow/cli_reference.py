@@ -7,7 +7,7 @@ from .reference import compare, validate
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    result = compare(args.a, args.b, rtol=args.rtol, atol=args.atol)
+    result = compare(args.a, args.b, rtol=args.rtol, atol=args.atol, allow_partial=args.allow_partial)
     print(result.table())
     return 0 if result.ok else 1
 
@@ -34,6 +34,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="reference trajectory")
     p.add_argument("--rtol", type=_positive, default=1e-6, help="relative tolerance (default 1e-6)")
     p.add_argument("--atol", type=_positive, default=1e-10, help="absolute tolerance (default 1e-10)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="compare only the time span both files cover (by default a candidate covering less of the "
+                        "reference's span fails); the table states the matched fraction either way")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("validate", help="check a file written by any code against schema version 1 (exit 0 or 1)")
     p.add_argument("file")

@@ -115,7 +115,7 @@ def cmd_stability(args: argparse.Namespace) -> int:
                          f"(reduce model.d or model.head_dim, or use reduced coordinates)")
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
     result = run_stability(cfg, problem, particle_integrator(cfg), progress=say)
-    write_stability(out, result, cfg, problem.k)
+    write_stability(out, result, cfg, problem.k, problem)
     figures = [] if args.no_plots else plot_stability(result, cfg, out)
     print(summary(result), file=sys.stdout)
     print(f"pdeflow: stability: {len(result.points)} point(s) -> {out}"

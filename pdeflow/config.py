@@ -101,8 +101,10 @@ class SolverConfig:
     scheme: str = spec("muscl", "fv: flux scheme", choices=("upwind", "muscl"))
     limiter: str = spec("minmod", "fv: slope limiter", choices=("minmod", "vanleer"))
     cfl: float = spec(0.4, "fv: CFL number", gt=0, le=1)
-    epsilon: float = spec(1e-3, "jko grid: entropic regularization eps of the transport (adds diffusion "
-                                "eps/(4 tau); keep sqrt(eps) >~ the cell width)", gt=0)
+    epsilon: float = spec(0.0, "jko grid: entropic regularization eps (0: h^2, h the smallest cell width - the "
+                                "smallest eps whose blur resolves the grid; below it sub-cell motion is pinned); "
+                                "adds diffusion eps/(4 tau), printed by pdeflow info (raise solver.tau or grid.n "
+                                "to shrink it)", ge=0)
 
 
 @dataclass(frozen=True)

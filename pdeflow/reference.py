@@ -9,12 +9,20 @@ or ``density`` [F,n1(,n2,n3)] with the grid attributes ``lower``, ``upper``, ``s
 present, ``/frames/energy``, ``/frames/dissipation`` [F] and equal-length ``/steps`` columns. Each problem
 is one line.
 
-:func:`compare` matches frames by time (``|t_a - t_b| <= 1e-9 max(1, |t|)``) and, at each common time,
-compares with ``|a - b| <= atol + rtol |b|``:
+:func:`compare` checks file A (the candidate) against file B (the reference). It passes only what it has
+compared:
 
-- ``energy`` and ``dissipation`` (stored, or recomputed from the stored problem when absent);
-- ``logits`` on the stored data set: ``max |z_a - z_b| <= atol + rtol max |z_b|``;
-- the measures: the exact W2 distance (POT ``ot.emd2``) between particle clouds of at most
+- coverage: A's frames must span B's, ``[t_B first, t_B last]`` (each end within the time tolerance below),
+  else FAIL naming the uncovered part, unless ``allow_partial`` (``pdeflow compare --allow-partial``);
+- matching: every frame of B inside the common span ``[max(t_A first, t_B first), min(t_A last, t_B last)]``
+  needs a frame of A at the same time, ``|t_a - t_b| <= TIME_MATCH max(1, |t_b|)`` with
+  :data:`TIME_MATCH` = 1e-9, else FAIL naming the unmatched times (frames of A between B's are ignored);
+  the table states the matched fraction (matched frames / frames of B in the common span, and of all of B);
+- at each matched time, with ``|a - b| <= atol + rtol |b|``:
+
+  ``energy`` and ``dissipation`` (stored, or recomputed from the stored problem when absent);
+  ``logits`` on the stored data set: ``max |z_a - z_b| <= atol + rtol max |z_b|``;
+  the measures: the exact W2 distance (POT ``ot.emd2``) between particle clouds of at most
   :data:`EXACT_W2_MAX` particles each, a sliced W2 (``ot.sliced_wasserstein_distance``) for larger ones, and
   the L1 distance ``int |rho_a - rho_b|`` between densities on the same grid; the W2 distances are held to
   ``atol + rtol * R`` with ``R = (int |omega|^2 d rho_b)^(1/2)``, the L1 distance to ``atol + rtol``.
@@ -251,20 +259,91 @@ class Row:
 
 @dataclass
 class Comparison:
+    """The rows compared, the structural problems (different problems, uncovered span, unmatched reference
+    frames: each fails the comparison), and the frame count: ``matched`` frames of the reference, of
+    ``in_span`` reference frames inside the common time span ``span``, of ``reference_frames`` in all."""
     rows: list[Row]
-    problems: list[str]   # structural mismatches (different problems, no common frame)
+    problems: list[str]
+    matched: int = 0
+    in_span: int = 0
+    reference_frames: int = 0
+    span: tuple[float, float] | None = None
+    partial: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.problems and all(r.ok for r in self.rows)
+        return not self.problems and bool(self.rows) and all(r.ok for r in self.rows)
+
+    def coverage(self) -> str:
+        """One line: the matched fraction of the reference frames in the common span and in all."""
+        if self.span is None:
+            return f"matched 0/{self.reference_frames} reference frames (no common time span)"
+        line = (f"matched {self.matched}/{self.in_span} reference frames in the common span "
+                f"[{self.span[0]:.6g}, {self.span[1]:.6g}] ({self.matched / max(self.in_span, 1):.0%})")
+        if self.in_span < self.reference_frames:
+            line += (f"; {self.matched}/{self.reference_frames} of all reference frames "
+                     f"({self.matched / self.reference_frames:.0%}){', partial comparison allowed' if self.partial else ''}")
+        return line
 
     def table(self) -> str:
         lines = [f"{'time':>12}  {'quantity':<14} {'difference':>12} {'allowed':>12}  verdict"]
         for r in self.rows:
             lines.append(f"{r.time:12.6g}  {r.quantity:<14} {r.value:12.4g} {r.allowed:12.4g}  {'ok' if r.ok else 'FAIL'}")
         lines.extend(f"problem: {p}" for p in self.problems)
+        lines.append(self.coverage())
         lines.append(f"{'PASS' if self.ok else 'FAIL'}: {sum(r.ok for r in self.rows)}/{len(self.rows)} within tolerance")
         return "\n".join(lines)
+
+
+def _times(values) -> str:
+    """At most eight times, then how many more."""
+    values = list(values)
+    shown = ", ".join(f"{t:.9g}" for t in values[:8])
+    return shown + (f" and {len(values) - 8} more" if len(values) > 8 else "")
+
+
+def match_frames(candidate: np.ndarray, reference: np.ndarray, allow_partial: bool = False
+                 ) -> tuple[list[tuple[int, int, float]], list[str], dict[str, Any]]:
+    """Pair the reference frame times [F_b] with candidate frame times [F_a] (module docstring).
+
+    Returns the pairs (candidate index, reference index, reference time), the problems (one line each) and
+    the counts of :class:`Comparison` (``matched``, ``in_span``, ``reference_frames``, ``span``)."""
+    def close(t: float, u) -> np.ndarray:
+        return np.abs(np.asarray(u) - t) <= TIME_MATCH * max(1.0, abs(t))
+
+    counts: dict[str, Any] = {"matched": 0, "in_span": 0, "reference_frames": len(reference), "span": None,
+                              "partial": allow_partial}
+    if not len(candidate) or not len(reference):
+        return [], [f"no frames in the {'candidate' if not len(candidate) else 'reference'}"], counts
+    problems = []
+    lo, hi = max(candidate[0], reference[0]), min(candidate[-1], reference[-1])
+    uncovered = [(f"[{reference[0]:.9g}, {candidate[0]:.9g})" if candidate[0] > reference[0]
+                  and not close(reference[0], candidate[0]) else None),
+                 (f"({candidate[-1]:.9g}, {reference[-1]:.9g}]" if candidate[-1] < reference[-1]
+                  and not close(reference[-1], candidate[-1]) else None)]
+    uncovered = [u for u in uncovered if u]
+    if uncovered and not allow_partial:
+        problems.append(f"the candidate's frames span [{candidate[0]:.9g}, {candidate[-1]:.9g}], not the reference's "
+                        f"[{reference[0]:.9g}, {reference[-1]:.9g}] (uncovered {' and '.join(uncovered)}); "
+                        f"--allow-partial compares the common span only")
+    if lo > hi and not close(lo, hi):
+        problems.append("no common time span")
+        return [], problems, counts
+    counts["span"] = (float(lo), float(hi))
+    in_span = [j for j, t in enumerate(reference) if (lo <= t <= hi) or close(t, lo) or close(t, hi)]
+    pairs, unmatched = [], []
+    for j in in_span:
+        t = float(reference[j])
+        hits = np.flatnonzero(close(t, candidate))
+        if len(hits):
+            pairs.append((int(hits[np.argmin(np.abs(candidate[hits] - t))]), j, t))
+        else:
+            unmatched.append(t)
+    if unmatched:
+        problems.append(f"{len(unmatched)} reference frame(s) in the common span have no candidate frame at the "
+                        f"same time (within {TIME_MATCH:g} max(1, |t|)): t = {_times(unmatched)}")
+    counts.update(matched=len(pairs), in_span=len(in_span))
+    return pairs, problems, counts
 
 
 def measure_distance(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], seed: int = 0) -> tuple[float, str]:
@@ -294,20 +373,16 @@ def same_problem(a: StoredRun, b: StoredRun) -> str | None:
     return None
 
 
-def compare(path_a: str | Path, path_b: str | Path, rtol: float = 1e-6, atol: float = 1e-10) -> Comparison:
-    """Compare file A against file B (the reference) at their common frame times (module docstring)."""
+def compare(path_a: str | Path, path_b: str | Path, rtol: float = 1e-6, atol: float = 1e-10,
+            allow_partial: bool = False) -> Comparison:
+    """Compare file A (candidate) against file B (the reference) at B's frame times (module docstring)."""
     a, b = read_run(path_a), read_run(path_b)
-    problems = []
     diff = same_problem(a, b)
     if diff is not None:
-        return Comparison([], [f"the files hold different problems ({diff} differs)"])
-    pairs = []
-    for i, t in enumerate(a.time):
-        j = int(np.argmin(np.abs(b.time - t))) if len(b.time) else -1
-        if j >= 0 and abs(b.time[j] - t) <= TIME_MATCH * max(1.0, abs(t)):
-            pairs.append((i, j, float(t)))
-    if not pairs:
-        return Comparison([], ["no common frame times"])
+        return Comparison([], [f"the files hold different problems ({diff} differs)"],
+                          reference_frames=len(b.time))
+    pairs, problems, counts = match_frames(np.asarray(a.time, dtype=float), np.asarray(b.time, dtype=float),
+                                           allow_partial)
     rows: list[Row] = []
     for i, j, t in pairs:
         for name, fa, fb in (("energy", a.energy(i), b.energy(j)), ("dissipation", a.dissipation(i), b.dissipation(j))):
@@ -323,4 +398,4 @@ def compare(path_a: str | Path, path_b: str | Path, rtol: float = 1e-6, atol: fl
             dist, name = measure_distance(a.measure(i), mb)
             radius = float(np.sqrt(np.dot(mb[1], np.einsum("ik,ik->i", mb[0], mb[0])) / mb[1].sum()))
             rows.append(Row(t, name, dist, atol + rtol * radius))
-    return Comparison(rows, problems)
+    return Comparison(rows, problems, **counts)

@@ -569,7 +569,7 @@ def _strings(values: list[str]) -> np.ndarray:
     return np.array(values, dtype=h5py.string_dtype("utf-8"))
 
 
-def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: int) -> None:
+def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: int, problem: Problem) -> None:
     """Write ``/stability`` (layout in the README; S points, k coordinates, n = stability.n_modes):
 
     ``points`` [S,k], ``energy``, ``grad_norm``, ``multiplicity`` [S], ``origin`` [S] (str), ``h0``, ``htr``
@@ -581,7 +581,8 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
     where not simulated); ``runs/p<s>_m<j>``: ``times``, ``mean_amplitude``, ``spread_amplitude`` [F],
     ``directions`` [2,k]; ``sweep``: ``weight_decay``, ``h0_min``, ``htr_min`` [W], ``verdict`` [W],
     ``predicted_rate``, ``measured_rate`` [W,2], attributes ``lam_c_predicted``, ``lam_c_measured``, ``slope``.
-    Written all or nothing (:func:`pdeflow.trajectory.new_result_file`).
+    The ``problem`` goes to ``/model`` and ``/data`` as in a trajectory, so the file alone rebuilds it
+    (:func:`pdeflow.trajectory.stored_problem`). Written all or nothing (:func:`pdeflow.trajectory.new_result_file`).
     """
     from .trajectory import new_result_file
 
@@ -591,7 +592,7 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
     def stack(get, shape):
         return np.array([get(a) for a in pts], dtype=float).reshape((S,) + shape)
 
-    with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg) as f:
+    with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, problem=problem) as f:
         g = f.create_group("stability")
         g.attrs["tol"] = cfg.stability.tol
         g.attrs["eps"] = cfg.stability.eps

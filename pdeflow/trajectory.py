@@ -194,6 +194,29 @@ def _open_swmr_write(path: Path) -> h5py.File:
     return h5py.File(fid)
 
 
+def write_problem(f: h5py.File, arrays: dict[str, Any], beta: float = np.inf, precision: str = "float64") -> None:
+    """Store a problem in ``/model`` and ``/data`` (the layout of the module docstring) so that the file alone
+    rebuilds it (:func:`read_problem`): ``arrays`` is :meth:`pdeflow.Problem.arrays`. Trajectories and the
+    result files of ``pdeflow chaos`` and ``pdeflow stability`` (:func:`new_result_file`) share it."""
+    m = f.create_group("model")
+    for key in ("embedding", "positions", "unembedding", "theta0"):
+        m.create_dataset(key, data=np.asarray(arrays[key], dtype=np.float64))
+    if arrays.get("basis") is not None:
+        m.create_dataset("basis", data=np.asarray(arrays["basis"], dtype=np.float64))
+    m.attrs["head_dim"] = int(arrays["head_dim"])
+    m.attrs["score_scale"] = float(arrays["score_scale"])
+    m.attrs["weight_decay"] = float(arrays["weight_decay"])
+    m.attrs["beta"] = float(beta)
+    m.attrs["precision"] = precision
+    m.attrs["k"] = int(np.asarray(arrays["theta0"]).shape[0] if arrays.get("basis") is None
+                       else np.asarray(arrays["basis"]).shape[1])
+    dgrp = f.create_group("data")
+    dgrp.create_dataset("tokens", data=np.asarray(arrays["tokens"], dtype=np.int64))
+    dgrp.create_dataset("targets", data=np.asarray(arrays["targets"], dtype=np.int64))
+    dgrp.create_dataset("mask", data=np.asarray(arrays["mask"], dtype=np.float64))
+    dgrp.create_dataset("weights", data=np.asarray(arrays["weights"], dtype=np.float64))
+
+
 class TrajectoryWriter:
     """Appends frames, step rows and checkpoints to a trajectory file in SWMR mode.
 
@@ -271,23 +294,7 @@ class TrajectoryWriter:
         f.attrs["message"] = _fixed_text("", MESSAGE_BYTES)
         for key, value in END_ATTRS.items():
             f.attrs[key] = value
-        m = f.create_group("model")
-        for key in ("embedding", "positions", "unembedding", "theta0"):
-            m.create_dataset(key, data=np.asarray(arrays[key], dtype=np.float64))
-        if arrays.get("basis") is not None:
-            m.create_dataset("basis", data=np.asarray(arrays["basis"], dtype=np.float64))
-        m.attrs["head_dim"] = int(arrays["head_dim"])
-        m.attrs["score_scale"] = float(arrays["score_scale"])
-        m.attrs["weight_decay"] = float(arrays["weight_decay"])
-        m.attrs["beta"] = float(beta)
-        m.attrs["precision"] = precision
-        m.attrs["k"] = int(np.asarray(arrays["theta0"]).shape[0] if arrays.get("basis") is None
-                           else np.asarray(arrays["basis"]).shape[1])
-        dgrp = f.create_group("data")
-        dgrp.create_dataset("tokens", data=np.asarray(arrays["tokens"], dtype=np.int64))
-        dgrp.create_dataset("targets", data=np.asarray(arrays["targets"], dtype=np.int64))
-        dgrp.create_dataset("mask", data=np.asarray(arrays["mask"], dtype=np.float64))
-        dgrp.create_dataset("weights", data=np.asarray(arrays["weights"], dtype=np.float64))
+        write_problem(f, arrays, beta, precision)
         fr = f.create_group("frames")
         for key, value in frame_attrs.items():
             fr.attrs[key] = value
@@ -580,13 +587,15 @@ def _rebuild(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def new_result_file(path: str | Path, schema: str, schema_version: int, cfg: Config,
+def new_result_file(path: str | Path, schema: str, schema_version: int, cfg: Config, *, problem=None,
                     **attrs: Any) -> Iterator[h5py.File]:
     """Write a result file (``pdeflow chaos``, ``pdeflow stability``) all or nothing.
 
     ``with new_result_file(p, SCHEMA, 1, cfg) as f: ...`` yields a new file ``<name>.partial`` whose root
     attributes are ``schema``, ``schema_version``, ``pdeflow_version``, ``created`` (UTC), ``config``
-    (TOML) and ``attrs``; it is renamed onto ``path`` when the block completes. A kill or an exception
+    (TOML) and ``attrs``, and, given the ``problem`` (a :class:`pdeflow.Problem`), ``/model`` and ``/data`` as in
+    a trajectory (:func:`write_problem`; :func:`stored_problem` rebuilds it from the file alone); it is
+    renamed onto ``path`` when the block completes. A kill or an exception
     leaves ``path`` as it was (absent, or the file ``--force`` was going to replace)."""
     from . import __version__
 
@@ -598,6 +607,8 @@ def new_result_file(path: str | Path, schema: str, schema_version: int, cfg: Con
             f.attrs.update({"schema": schema, "schema_version": schema_version, "pdeflow_version": __version__,
                             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                             "config": cfg.to_toml(), **attrs})
+            if problem is not None:
+                write_problem(f, problem.arrays(), problem.beta, problem.precision)
             yield f
         os.replace(partial, path)
     except BaseException:
@@ -652,12 +663,7 @@ class Trajectory:
                 self.frames = {k: f["frames"][k][:n] for k in f["frames"].keys()}
                 self.frame_attrs = {k: _plain(v) for k, v in f["frames"].attrs.items()}
                 self.steps = {k: f["steps"][k][:m] for k in f["steps"].keys()}
-                model, data = f["model"], f["data"]
-                self.arrays: dict[str, Any] = {k: model[k][()] for k in model.keys()}
-                self.arrays.setdefault("basis", None)
-                self.arrays.update({k: data[k][()] for k in data.keys()})
-                self.arrays.update({k: _plain(model.attrs[k]) for k in ("head_dim", "score_scale", "weight_decay")})
-                self.model_attrs = {k: _plain(v) for k, v in model.attrs.items()}
+                self.arrays, self.model_attrs = read_problem(f)
                 self.analysis = ({k: f["analysis"][k][()] for k in f["analysis"].keys()}
                                  | {k: _plain(v) for k, v in f["analysis"].attrs.items()}) if "analysis" in f else {}
                 self.checkpoint = read_checkpoint(f) if "checkpoint" in f else None
@@ -707,9 +713,36 @@ class Trajectory:
 
     def problem(self):
         """The :class:`pdeflow.Problem` stored in the file (no task or config files needed)."""
-        from .problem import Problem
-        return Problem.from_arrays(self.arrays, precision=str(self.model_attrs.get("precision", "float64")),
-                                   beta=float(self.model_attrs.get("beta", np.inf)))
+        return problem_of(self.arrays, self.model_attrs)
+
+
+def read_problem(f: h5py.File) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The arrays (as :meth:`pdeflow.Problem.arrays`) and the ``/model`` attributes that :func:`write_problem`
+    stored in an open file; KeyError if ``/model`` or ``/data`` is missing."""
+    model, data = f["model"], f["data"]
+    arrays: dict[str, Any] = {k: model[k][()] for k in model.keys()}
+    arrays.setdefault("basis", None)
+    arrays.update({k: data[k][()] for k in data.keys()})
+    arrays.update({k: _plain(model.attrs[k]) for k in ("head_dim", "score_scale", "weight_decay")})
+    return arrays, {k: _plain(v) for k, v in model.attrs.items()}
+
+
+def problem_of(arrays: dict[str, Any], model_attrs: dict[str, Any]):
+    """The :class:`pdeflow.Problem` of :func:`read_problem`'s output (its precision and beta included)."""
+    from .problem import Problem
+    return Problem.from_arrays(arrays, precision=str(model_attrs.get("precision", "float64")),
+                               beta=float(model_attrs.get("beta", np.inf)))
+
+
+def stored_problem(path: str | Path):
+    """The :class:`pdeflow.Problem` stored in any pdeflow file with ``/model`` and ``/data`` (a trajectory,
+    or a ``pdeflow chaos`` / ``pdeflow stability`` result): the file alone rebuilds it. TrajectoryError
+    (one line) if the file has none."""
+    try:
+        with h5py.File(path, "r") as f:
+            return problem_of(*read_problem(f))
+    except (OSError, KeyError) as exc:
+        raise TrajectoryError(f"{path}: no stored problem (/model and /data): {error_reason(exc)[:80]}") from None
 
 
 def _plain(v: Any) -> Any:

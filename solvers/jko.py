@@ -66,6 +66,19 @@ Grid (``init.measure = "grid"``): an entropic JKO step in the manner of Peyre (S
     The blur ``sqrt(eps / 2)`` must also resolve the grid (``sqrt(eps) >~ h``): below it, mass moving less
     than a cell per step stays put.
 
+    Default eps (``solver.epsilon = 0``, :func:`grid_epsilon`): ``h^2``, h the smallest cell width. Why: with a
+    linear potential (locally, any smooth one) a cell's row of the plan is a Gaussian of variance ``eps / 2``
+    around the transported point, sampled on the grid; by Poisson summation its mean and variance are the
+    continuous ones up to ``~exp(-pi^2 eps / h^2)`` of a cell (5e-5 at eps = h^2, 0.085 at eps = h^2 / 4).
+    So eps = h^2 is, within a factor, the smallest eps that keeps sub-cell displacements (smaller eps pins
+    them: an unregularized grid step moves no mass unless ``|v| tau >~ h / 2``), and every larger eps only
+    adds diffusion. Its implied diffusion :func:`implied_diffusion` ``h^2 / (4 tau)`` is the grid's own
+    resolution per step (each step spreads mass by ``h / sqrt(2)``); against the physical ``1/beta`` it is
+    ``beta h^2 / (4 tau)``, printed by ``pdeflow info``: a larger ``solver.tau`` or ``grid.n`` shrinks it,
+    no choice of eps can without pinning. With beta = inf, ``x' = -lam x`` and a linear drift the step is
+    exact in closed form: mean ``/ (1 + lam tau)``, variance ``var / (1 + lam tau)^2 + eps / (2 (1 + lam tau))``
+    per step (tested).
+
     ``/steps`` columns: ``mass``, ``min_density``, ``outer_iterations``, ``newton_iterations`` and
     ``cg_iterations`` (summed over the linearizations), ``marginal_violation``, ``linearization_residual``,
     ``energy_change``
@@ -104,6 +117,35 @@ MAX_GRID_CELLS = 2500
 def jko_tau(cfg: Config) -> float:
     """The proximal step ``tau``: ``solver.tau``, or ``solver.dt`` when it is 0."""
     return cfg.solver.tau if cfg.solver.tau > 0 else cfg.solver.dt
+
+
+def grid_epsilon(cfg: Config, cell_widths) -> float:
+    """The entropic regularization of a grid JKO step: ``solver.epsilon``, or when it is 0 the default
+    ``h^2`` with h the smallest of ``cell_widths`` [k] (module docstring, "Default eps")."""
+    return cfg.solver.epsilon if cfg.solver.epsilon > 0 else float(np.min(cell_widths)) ** 2
+
+
+def implied_diffusion(cfg: Config, cell_widths) -> float:
+    """The diffusion ``eps / (4 tau)`` that the entropic plan adds to the flow's ``1/beta`` (module docstring)."""
+    return grid_epsilon(cfg, cell_widths) / (4.0 * jko_tau(cfg))
+
+
+def entropic_summary(traj: Any) -> str:
+    """One line for ``pdeflow info`` on a grid JKO trajectory: eps and its implied diffusion ``eps / (4 tau)``
+    against the physical ``1/beta`` (with beta = inf: how far it spreads mass by the last frame, in cells)."""
+    from pdeflow.measure import Grid
+
+    cfg, grid = traj.config, Grid.from_frame_attrs(traj.frame_attrs)
+    eps = float(traj.frame_attrs.get("epsilon", grid_epsilon(cfg, grid.width)))
+    diffusion = eps / (4.0 * jko_tau(cfg))
+    beta = float(traj.model_attrs.get("beta", np.inf))
+    line = (f"entropic    eps = {eps:.4g}{' (default h^2)' if cfg.solver.epsilon == 0 else ''}, tau = {jko_tau(cfg):g}: "
+            f"implied diffusion eps/(4 tau) = {diffusion:.3g}")
+    if np.isfinite(beta):
+        return line + f", {diffusion * beta:.3g} x the physical 1/beta = {1 / beta:.3g}"
+    t = float(traj.time[-1]) if len(traj.time) else 0.0
+    spread = np.sqrt(2 * diffusion * t) / float(np.min(grid.width))
+    return line + f" (beta = inf: the flow has none; it spreads mass by {spread:.2g} cells by t = {t:g})"
 
 
 # ---- the particle proximal step -------------------------------------------------------------------
@@ -413,6 +455,7 @@ class GridJKO(JKO):
                               f"grid forms dense cell-to-cell plans and takes at most {MAX_GRID_CELLS}: lower grid.n")
         centres = self.grid.centres
         self.cost = ot.dist(centres, centres, metric="sqeuclidean")
+        self.epsilon = grid_epsilon(cfg, self.grid.width)
 
     def initial_state(self) -> State:
         state = self.fv.initial_state()
@@ -420,7 +463,9 @@ class GridJKO(JKO):
         return state
 
     def frame_attrs(self) -> dict[str, Any]:
-        return self.fv.frame_attrs()
+        """The grid's attributes, and ``epsilon`` and ``implied_diffusion`` (eps / (4 tau)) of the steps."""
+        return {**self.fv.frame_attrs(), "epsilon": self.epsilon,
+                "implied_diffusion": implied_diffusion(self.cfg, self.grid.width)}
 
     def evaluate(self, state: State) -> Any:  # type: ignore[override]
         """The finite-volume evaluation (energy E_h, risk, Phi at the centres, dissipation I_h), cached."""
@@ -439,7 +484,7 @@ class GridJKO(JKO):
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         s, grid, beta = self.cfg.solver, self.grid, self.problem.beta
         h = min(self.tau, dt_limit)
-        eps = s.epsilon * h / self.tau
+        eps = self.epsilon * h / self.tau
         energy0 = self.evaluate(state).energy
         p = grid.masses(state.fields["density"])
         where = f"JKO step {state.step + 1} (t = {state.t:.6g}, tau = {h:.3g})"

@@ -8,7 +8,12 @@ time, with an explicit ``T x T`` score matrix and causal mask:
 - ``psi_l(x_b; theta)`` (MODEL.md "One head"),
 - logits ``z = sum_i m_i psi(theta(omega_i))``, the per-sequence loss and the risk ``R``,
 - the energy ``E = R + (lam/2) sum_i m_i |omega_i|^2`` (no entropy term),
-- the first variation ``Phi(q; rho)`` and its gradient in ``q``.
+- the first variation ``Phi(q; rho)`` and its gradient in ``q``;
+- the Hessian-vector product of ``Phi`` (rho frozen) and the whole-system JVP of the velocity field (heads
+  and measure moved together), by complex step through the hand-written reverse pass
+  (:meth:`ReferenceModel.hvp`, :meth:`ReferenceModel.velocity_jvp`; the former checked against
+  Richardson-extrapolated central differences of the gradient, :meth:`ReferenceModel.hvp_central`);
+- the free energy of a grid measure with the entropy term, cell by cell (:meth:`ReferenceModel.grid_free_energy`).
 
 The gradient of ``Phi`` (:meth:`ReferenceModel.grad_phi`) is a hand-written reverse pass through one
 head, sequence by sequence, in the order written below; it shares no code with the forward pass beyond
@@ -164,9 +169,10 @@ class ReferenceModel:
 
     def grad_phi_from_residuals(self, q: np.ndarray, r: np.ndarray) -> np.ndarray:
         """Hand-written reverse pass of ``Phi`` through one head, per sequence; returns grad_omega [k]."""
-        theta = self.theta(np.asarray(q, dtype=float))
+        q = np.asarray(q)
+        theta = self.theta(q)
         WQ, WK, WV, WO = self.unpack(theta)
-        gQ, gK, gV, gO = (np.zeros_like(W) for W in (WQ, WK, WV, WO))
+        gQ, gK, gV, gO = (np.zeros_like(W, dtype=np.result_type(W.dtype, r.dtype)) for W in (WQ, WK, WV, WO))
         T = self.T
         for b in range(self.B):
             X = self.inputs(b)
@@ -174,7 +180,7 @@ class ReferenceModel:
             Vm = X @ WV.T
             C = A @ Vm
             # Phi_b = sum_l <gout_l, WO c_l> with gout_l = coef mask_l U^T r_l  (d-vector)
-            gout = np.zeros((T, self.d))
+            gout = np.zeros((T, self.d), dtype=np.result_type(r.dtype, theta.dtype))
             for l in range(T):
                 if self.mask[b, l]:
                     gout[l] = self._coef(b) * (self.U.T @ r[b, l])
@@ -182,7 +188,7 @@ class ReferenceModel:
             dC = gout @ WO                          # [T, dh]
             dVm = A.T @ dC                          # c_l = sum_j A[l, j] Vm[j]
             dA = dC @ Vm.T                          # dA[l, j] = <dc_l, Vm_j>
-            dS = np.zeros((T, T))
+            dS = np.zeros((T, T), dtype=dA.dtype)
             for l in range(T):
                 a = A[l, :l + 1]
                 g = dA[l, :l + 1]
@@ -194,7 +200,7 @@ class ReferenceModel:
             gK += dKm.T @ X
         grad_theta = np.concatenate([gQ.ravel(), gK.ravel(), gV.ravel(), gO.ravel()])
         grad = grad_theta if self.basis is None else self.basis.T @ grad_theta
-        return grad + self.lam * np.asarray(q, dtype=float)
+        return grad + self.lam * q
 
     def grad_phi(self, q: np.ndarray, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         return self.grad_phi_from_residuals(q, self.residuals(omega, mass))
@@ -234,3 +240,42 @@ class ReferenceModel:
                 p = e / e.sum()
                 M += self._coef(b) * J[l].T @ (np.diag(p) - np.outer(p, p)) @ J[l]
         return M
+
+    # ---- second derivatives: complex step on the hand-written gradient -----------------------
+    def hvp(self, q: np.ndarray, v: np.ndarray, omega: np.ndarray, mass: np.ndarray, h: float = 1e-40) -> np.ndarray:
+        """``Hessian_q Phi(q; rho) v`` with rho frozen: ``Im grad Phi(q + i h v) / h`` (the reverse pass is
+        analytic in q, so this is exact to rounding): [k]."""
+        r = self.residuals(omega, mass)
+        return np.imag(self.grad_phi_from_residuals(np.asarray(q, dtype=float) + 1j * h * np.asarray(v), r)) / h
+
+    def velocity_jvp(self, omega: np.ndarray, mass: np.ndarray, u: np.ndarray, h: float = 1e-40) -> np.ndarray:
+        """``d/ds grad Phi(omega_i + s u_i; rho_{omega + s u})`` at s = 0, heads and measure moved together:
+        ``Im`` of the reverse pass at ``omega + i h u`` with the residuals of the complex measure, / h: [N, k]."""
+        moved = np.atleast_2d(omega) + 1j * h * np.atleast_2d(u)
+        r = self.residuals(moved, np.asarray(mass, dtype=float))
+        return np.array([np.imag(self.grad_phi_from_residuals(w, r)) / h for w in moved])
+
+    def hvp_central(self, q: np.ndarray, v: np.ndarray, omega: np.ndarray, mass: np.ndarray,
+                    delta: float = 1e-3) -> np.ndarray:
+        """The same product from real arithmetic only: central differences of the gradient at steps delta
+        and delta/2, Richardson-extrapolated (truncation O(delta^4)): a check of :meth:`hvp` itself."""
+        r = self.residuals(omega, mass)
+        q, v = np.asarray(q, dtype=float), np.asarray(v, dtype=float)
+
+        def central(s: float) -> np.ndarray:
+            return (self.grad_phi_from_residuals(q + s * v, r) - self.grad_phi_from_residuals(q - s * v, r)) / (2 * s)
+        return (4 * central(delta / 2) - central(delta)) / 3
+
+    # ---- a grid measure --------------------------------------------------------------------------
+    def grid_free_energy(self, centres: np.ndarray, masses: np.ndarray, cell_volume: float, beta: float) -> float:
+        """``E = R + (lam/2) sum_c m_c |c|^2 + (1/beta) sum_c m_c log(m_c / |C|)`` for cell masses m_c at the
+        cell centres [M, k] (``int rho log rho`` with ``rho_c = m_c / |C|``, ``0 log 0 = 0``; no entropy when
+        beta = inf), summed cell by cell."""
+        occupied = [c for c in range(len(masses)) if masses[c] > 0]
+        energy = self.energy(np.asarray(centres)[occupied], np.asarray(masses)[occupied])
+        if np.isinf(beta):
+            return float(energy)
+        entropy = 0.0
+        for c in occupied:
+            entropy += masses[c] * np.log(masses[c] / cell_volume)
+        return float(energy + entropy / beta)

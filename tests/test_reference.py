@@ -114,10 +114,11 @@ def test_validate_names_a_file_that_is_not_hdf5(tmp_path):
     assert "not a readable HDF5 file" in validate(path)[0]
 
 
-def write_external_file(path: Path, golden: Path) -> None:
+def write_external_file(path: Path, golden: Path, frames: slice = slice(None)) -> None:
     """What another code writes (the README's example): the problem, and its frames at matching times.
 
-    Here the 'other code' copies pdeflow's frames; a real one would integrate them itself."""
+    Here the 'other code' copies pdeflow's frames (those selected by ``frames``); a real one would integrate
+    them itself."""
     with h5py.File(golden, "r") as g, h5py.File(path, "w") as f:
         f.attrs["schema"] = "pdeflow-trajectory"
         f.attrs["schema_version"] = 1
@@ -128,9 +129,9 @@ def write_external_file(path: Path, golden: Path) -> None:
         for key in ("tokens", "targets", "mask", "weights"):
             f[f"data/{key}"] = g[f"data/{key}"][()]
         n = g["checkpoint/slot%d/n_frames" % g["checkpoint/active"][()]][()]
-        f["frames/time"] = g["frames/time"][:n]
-        f["frames/omega"] = g["frames/omega"][:n]
-        f["frames/mass"] = g["frames/mass"][:n]
+        f["frames/time"] = g["frames/time"][:n][frames]
+        f["frames/omega"] = g["frames/omega"][:n][frames]
+        f["frames/mass"] = g["frames/mass"][:n][frames]
 
 
 def test_a_file_written_by_another_code_validates_and_compares(tmp_path):
@@ -145,3 +146,95 @@ def test_a_file_written_by_another_code_validates_and_compares(tmp_path):
     with h5py.File(external, "r+") as f:
         f["frames/omega"][-1] += 1e-3
     assert not compare(external, golden).ok
+
+
+# ---- compare passes only what it compared --------------------------------------------------------
+GOLDEN_RK4 = REFERENCE / "particles-rk4.h5"
+GOLDEN_TIMES = [0.0, 0.5, 1.0, 1.5, 2.0]
+
+
+def test_golden_rk4_has_the_frames_these_tests_assume():
+    with h5py.File(GOLDEN_RK4, "r") as f:
+        assert f["frames/time"][:5] == pytest.approx(GOLDEN_TIMES, abs=1e-12)
+
+
+def test_compare_fails_a_file_holding_only_the_first_frame(tmp_path, capsys):
+    first = tmp_path / "first.h5"
+    write_external_file(first, GOLDEN_RK4, slice(0, 1))
+    assert validate(first) == []
+    result = compare(first, GOLDEN_RK4)
+    assert not result.ok
+    assert result.matched == 1 and result.reference_frames == 5
+    assert any("not the reference's [0, 2]" in p and "--allow-partial" in p for p in result.problems), result.problems
+    assert main(["compare", str(first), str(GOLDEN_RK4)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "1/5 of all reference frames (20%)" in out
+
+
+def test_compare_fails_time_shifted_frames_naming_the_unmatched_times(tmp_path, capsys):
+    def shift(f):
+        n = f["frames/time"].shape[0]
+        f["frames/time"][1:n] = f["frames/time"][1:n] + 0.01
+        f["frames/omega"][1:n] = f["frames/omega"][1:n] + 5.0
+    shifted = mutate(tmp_path, shift)
+    result = compare(shifted, GOLDEN_RK4)
+    assert not result.ok
+    assert (result.matched, result.in_span) == (1, 5)
+    assert [r.time for r in result.rows if r.quantity == "energy"] == [0.0]   # the one comparable frame
+    assert all(r.ok for r in result.rows)                                     # ... agrees: the FAIL is the match
+    unmatched = [p for p in result.problems if "have no candidate frame" in p]
+    assert len(unmatched) == 1 and "4 reference frame(s)" in unmatched[0]
+    assert "t = 0.5, 1, 1.5, 2" in unmatched[0]
+    assert main(["compare", str(shifted), str(GOLDEN_RK4)]) == 1
+    out = capsys.readouterr().out
+    assert "matched 1/5 reference frames in the common span [0, 2] (20%)" in out and "FAIL" in out
+
+
+def test_compare_passes_an_exact_copy_and_an_external_file_with_every_frame(tmp_path, capsys):
+    copy = tmp_path / "copy.h5"
+    shutil.copy(GOLDEN_RK4, copy)
+    result = compare(copy, GOLDEN_RK4)
+    assert result.ok and not result.problems and (result.matched, result.in_span) == (5, 5)
+    external = tmp_path / "external.h5"
+    write_external_file(external, GOLDEN_RK4)
+    result = compare(external, GOLDEN_RK4)
+    assert result.ok, result.table()
+    assert (result.matched, result.in_span, result.reference_frames) == (5, 5, 5)
+    assert main(["compare", str(external), str(GOLDEN_RK4)]) == 0
+    out = capsys.readouterr().out
+    assert "matched 5/5 reference frames in the common span [0, 2] (100%)" in out and "PASS" in out
+
+
+def test_allow_partial_compares_a_prefix_and_reports_its_fraction(tmp_path, capsys):
+    prefix = tmp_path / "prefix.h5"
+    write_external_file(prefix, GOLDEN_RK4, slice(0, 3))                    # t = 0, 0.5, 1
+    assert not compare(prefix, GOLDEN_RK4).ok
+    result = compare(prefix, GOLDEN_RK4, allow_partial=True)
+    assert result.ok, result.table()
+    assert (result.matched, result.in_span, result.reference_frames) == (3, 3, 5)
+    assert main(["compare", str(prefix), str(GOLDEN_RK4), "--allow-partial"]) == 0
+    out = capsys.readouterr().out
+    assert "matched 3/3 reference frames in the common span [0, 1] (100%); 3/5 of all reference frames (60%)" in out
+    # a prefix whose frames differ from the reference still fails
+    with h5py.File(prefix, "r+") as f:
+        f["frames/omega"][-1] += 1e-3
+    assert not compare(prefix, GOLDEN_RK4, allow_partial=True).ok
+
+
+def test_candidate_frames_between_the_references_are_ignored_but_every_reference_frame_is_needed():
+    from pdeflow.reference import match_frames
+
+    ref = np.array(GOLDEN_TIMES)
+    finer = np.linspace(0.0, 2.0, 9)
+    pairs, problems, counts = match_frames(finer, ref)
+    assert not problems and [j for _, j, _ in pairs] == [0, 1, 2, 3, 4] and [i for i, _, _ in pairs] == [0, 2, 4, 6, 8]
+    # within the tolerance 1e-9 max(1, |t|) a time matches, beyond it does not
+    pairs, problems, _ = match_frames(ref + np.array([0, 0, 0, 0, 1.5e-9]), ref)
+    assert not problems and len(pairs) == 5
+    pairs, problems, _ = match_frames(ref + np.array([0, 0, 0, 0, 3e-9]), ref)
+    assert len(pairs) == 4 and any("t = 2" in p for p in problems)
+    # a candidate longer than the reference is fine; one starting later is partial
+    assert not match_frames(np.linspace(0, 3, 7), ref)[1]
+    pairs, problems, counts = match_frames(ref[2:], ref)
+    assert counts["matched"] == 3 and any("uncovered [0, 1)" in p for p in problems)
+    assert not match_frames(ref[2:], ref, allow_partial=True)[1]
