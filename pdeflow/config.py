@@ -36,7 +36,7 @@ TASK_NAMES = ("markov", "lookback", "majority", "associative", "text")
 TASK_PARAMS = {"markov": ("concentration", "chain_seed"), "lookback": ("lag",), "majority": (),
                "associative": ("n_pairs",), "text": ("path",)}
 COORDINATES = ("full", "output_gain", "gain2", "gain3", "basis_file")
-SOLVER_METHODS = ("euler", "heun", "rk4", "adaptive", "jko", "fv", "sgd")
+SOLVER_METHODS = ("euler", "heun", "rk4", "adaptive", "jko", "fv", "sgd", "wfr")
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,11 @@ class SolverConfig:
     cfl: float = spec(0.4, "fv: CFL number", gt=0, le=1)
     epsilon: float = spec(1e-3, "jko grid: entropic regularization eps of the transport (adds diffusion "
                                 "eps/(4 tau); keep sqrt(eps) >~ the cell width)", gt=0)
+    alpha: float = spec(1.0, "wfr: transport speed alpha in d omega/dt = -alpha grad Phi", ge=0)
+    gamma: float = spec(0.0, "wfr, fv: Fisher-Rao rate gamma in d m/dt = -gamma m (Phi - <Phi>) (0: Wasserstein "
+                             "flow)", ge=0)
+    mass_floor: float = spec(1e-12, "wfr: a particle whose mass falls below this fraction of the total is removed "
+                                    "(mass set to 0, counted in /steps/removed)", ge=0, le=1e-3)
 
 
 @dataclass(frozen=True)
@@ -334,11 +339,17 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
     if r.frame_spacing == "linear" and r.frame_interval > r.t_end:
         raise ConfigError(f"run.frame_interval must be <= run.t_end = {r.t_end}, got {r.frame_interval}")
     s = cfg.solver
-    grid_only, particle_only = ("fv",), ("euler", "heun", "rk4", "adaptive", "sgd")
+    grid_only, particle_only = ("fv",), ("euler", "heun", "rk4", "adaptive", "sgd", "wfr")
     if s.method in grid_only and cfg.init.measure != "grid":
         raise ConfigError(f"solver.method = {s.method!r} evolves a grid density: set init.measure = 'grid'")
     if s.method in particle_only and cfg.init.measure != "particles":
         raise ConfigError(f"solver.method = {s.method!r} moves particles: set init.measure = 'particles'")
+    if s.gamma > 0 and s.method not in ("wfr", "fv"):
+        raise ConfigError(f"solver.gamma (Fisher-Rao rate) is read by solver.method 'wfr' and 'fv', not {s.method!r}")
+    if s.alpha != 1.0 and s.method != "wfr":
+        raise ConfigError(f"solver.alpha (transport speed) is read by solver.method 'wfr', not {s.method!r}")
+    if s.method == "wfr" and s.alpha == 0.0 and s.gamma == 0.0:
+        raise ConfigError("solver.alpha and solver.gamma are both 0: the wfr flow would not move")
     if cfg.diagnostics.domain == "grid" and cfg.init.measure != "grid":
         raise ConfigError("diagnostics.domain = 'grid' is the box of a grid run: set init.measure = 'grid' "
                           "or use 'ball' or 'box'")

@@ -1,0 +1,206 @@
+"""Wasserstein-Fisher-Rao dynamics (``solver.method = "wfr"``, and ``fv`` with ``solver.gamma``): the
+Wasserstein limit bit for bit, mass conservation, the closed form of the pure Fisher-Rao flow with a frozen
+potential, the energy identity, mass underflow, resume, and the grid reaction term against particles."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from pdeflow import Problem, loads_config
+from pdeflow.config import ConfigError
+from pdeflow.trajectory import open_trajectory
+from solvers import make_stepper
+from solvers.base import State
+from solvers.driver import run
+
+SMALL = """
+[task]
+name = "markov"
+vocab_size = 4
+seq_len = 4
+n_samples = 16
+concentration = 0.5
+[model]
+d = 8
+head_dim = 2
+positions = "sinusoidal"
+weight_decay = 0.01
+[init]
+n_particles = 8
+scale = 1.0
+[solver]
+method = "wfr"
+dt = 0.05
+gamma = 2.0
+[run]
+t_end = 1.0
+frame_interval = 0.25
+[diagnostics]
+enabled = false
+"""
+# Phi does not depend on rho: with a zero unembedding the logits vanish, the residual features are 0 and
+# Phi(q) = (lam/2) |q|^2; with alpha = 0 the positions stay put, so Phi_i is frozen in time.
+FROZEN = ["model.unembedding='zero'", "model.weight_decay=0.5", "solver.alpha=0.0"]
+
+
+def build(*overrides: str, text: str = SMALL):
+    cfg = loads_config(text, list(overrides))
+    return cfg, Problem.from_config(cfg)
+
+
+def advance(stepper, state: State, t_end: float) -> tuple[State, list[dict[str, float]]]:
+    rows = []
+    while t_end - state.t > 1e-12:
+        state, extra = stepper.step(state, t_end - state.t)
+        rows.append(extra)
+    return state, rows
+
+
+def frozen_closed_form(omega: np.ndarray, mass: np.ndarray, lam: float, gamma: float, t: float) -> np.ndarray:
+    """``m_i(t) = m_i(0) exp(-gamma Phi_i t) / sum_j m_j(0) exp(-gamma Phi_j t)`` with ``Phi_i = lam/2 |omega_i|^2``."""
+    phi = 0.5 * lam * np.einsum("ik,ik->i", omega, omega)
+    w = mass * np.exp(-gamma * (phi - phi.min()) * t)
+    return w / w.sum() * mass.sum()
+
+
+def test_gamma_zero_is_the_adaptive_stepper_bit_for_bit(tmp_path):
+    cfg, problem = build("solver.gamma=0.0")
+    adaptive = cfg.replace(solver={"method": "adaptive"})
+    run(cfg, problem, tmp_path / "wfr.h5", quiet=True)
+    run(adaptive, problem, tmp_path / "w2.h5", quiet=True)
+    a, b = open_trajectory(tmp_path / "wfr.h5"), open_trajectory(tmp_path / "w2.h5")
+    assert len(a.frames["time"]) == 5 and a.steps["time"].size > 10
+    for key in ("time", "omega", "mass", "energy", "dissipation", "dt"):
+        np.testing.assert_array_equal(a.frames[key], b.frames[key])
+    for key in ("time", "dt", "energy", "risk", "dissipation", "rejected"):
+        np.testing.assert_array_equal(a.steps[key], b.steps[key])
+    assert not np.any(a.steps["removed"][1:])  # row 0 is the initial state (nan)
+    assert not np.array_equal(a.frames["omega"][0], a.frames["omega"][-1])  # the particles did move
+
+
+def test_total_mass_is_conserved_to_rounding_and_masses_move():
+    cfg, problem = build("solver.gamma=5.0")
+    stepper = make_stepper(problem, cfg)
+    state = stepper.initial_state()
+    m0 = state.fields["mass"].copy()
+    state, rows = advance(stepper, state, 3.0)
+    assert len(rows) > 20
+    assert abs(state.fields["mass"].sum() - m0.sum()) < 20 * np.finfo(float).eps
+    assert np.max(np.abs(state.fields["mass"] - m0)) > 0.02  # mass did flow between heads
+    assert np.all(state.fields["mass"] > 0)
+
+
+@pytest.mark.parametrize("rtol", [1e-5, 1e-8])
+def test_pure_fisher_rao_with_frozen_phi_matches_the_closed_form(rtol):
+    cfg, problem = build(*FROZEN, "solver.gamma=3.0", f"solver.rtol={rtol}", f"solver.atol={rtol * 1e-3}")
+    stepper = make_stepper(problem, cfg)
+    state = stepper.initial_state()
+    omega0, m0 = state.fields["omega"].copy(), state.fields["mass"].copy()
+    phi = problem.phi(omega0, omega0, m0)
+    np.testing.assert_allclose(phi, 0.25 * np.einsum("ik,ik->i", omega0, omega0), rtol=1e-14)  # Phi is frozen
+    state, _ = advance(stepper, state, 2.0)
+    np.testing.assert_array_equal(state.fields["omega"], omega0)  # alpha = 0: no transport
+    exact = frozen_closed_form(omega0, m0, 0.5, 3.0, 2.0)
+    err = np.max(np.abs(state.fields["mass"] - exact))
+    assert err < 20 * rtol * exact.max()
+    assert np.max(np.abs(exact - m0)) > 0.05  # the closed form is far from the initial masses
+
+
+def test_energy_identity_exact_derivative_and_step_order():
+    """dE/dt = -I: the derivative of E along the WFR vector field (central differences) equals -I; and over
+    two steps of h/2 the residual E_2 - E_0 + Simpson(I) shrinks like h^5 (the quadrature and the method)."""
+    cfg, problem = build("solver.gamma=1.5", "solver.alpha=0.7")
+    stepper = make_stepper(problem, cfg)
+    state = stepper.initial_state()
+    omega, mass = state.fields["omega"], state.fields["mass"]
+    ev = stepper.evaluate(state)
+    y = np.concatenate([omega, mass[:, None]], axis=1)
+    f = stepper._rates(y, ev.phi, ev.grad_phi)
+    eps = 1e-5
+    plus, minus = y + eps * f, y - eps * f
+    dE = (problem.energy(plus[:, :-1], plus[:, -1]) - problem.energy(minus[:, :-1], minus[:, -1])) / (2 * eps)
+    I = stepper.diagnostics(state)["dissipation"]
+    assert abs(dE + I) < 1e-7 * I
+
+    def residual(h: float) -> float:
+        fixed = cfg.replace(solver={"rtol": 1e3, "atol": 1e3, "dt": h / 2, "dt_max": h / 2})
+        st = make_stepper(problem, fixed)
+        s0 = st.initial_state()
+        s1, _ = st.step(s0, h)
+        s2, _ = st.step(s1, h)
+        d0, d1, d2 = (st.diagnostics(s) for s in (s0, s1, s2))
+        assert s2.t == pytest.approx(h, abs=1e-15)
+        return d2["energy"] - d0["energy"] + h / 6 * (d0["dissipation"] + 4 * d1["dissipation"] + d2["dissipation"])
+
+    r = [abs(residual(h)) for h in (0.1, 0.05, 0.025)]
+    orders = [math.log2(r[i] / r[i + 1]) for i in range(2)]
+    assert min(orders) > 4.5, (r, orders)
+    print("energy identity residuals", r, "orders", orders)
+
+
+def test_underflowing_masses_are_removed_and_recorded(tmp_path):
+    # frozen Phi with one far particle: its mass decays like exp(-gamma (Phi_far - <Phi>) t)
+    cfg, problem = build(*FROZEN, "solver.gamma=4.0", "solver.mass_floor=1e-6", "run.t_end=3.0",
+                         "run.frame_interval=1.0", "model.coordinates='gain2'", "init.scale=0.1")
+    stepper = make_stepper(problem, cfg)
+    state = stepper.initial_state()
+    omega = state.fields["omega"].copy()
+    omega[0] = 3.0  # Phi_0 = 0.25 * 2 * 9 = 4.5, the others below 0.02
+    start = State(t=0.0, step=0, dt=cfg.solver.dt, fields={"omega": omega, "mass": state.fields["mass"]})
+    stepper.initial_state = lambda: State(t=0.0, step=0, dt=start.dt, fields=dict(start.fields))
+    run(cfg, problem, tmp_path / "u.h5", quiet=True, stepper=stepper)
+    traj = open_trajectory(tmp_path / "u.h5")
+    removed = np.nan_to_num(traj.steps["removed"])
+    assert removed.sum() == 1
+    row = int(np.flatnonzero(removed)[0])
+    assert 0 < traj.steps["removed_mass"][row] < 1e-6
+    final = traj.frames["mass"][-1]
+    assert final[0] == 0.0 and np.all(final[1:] > 0)
+    assert abs(final.sum() - 1.0) < 1e-14
+    # the survivors follow the closed form of the flow without particle 0 (its mass was below 1e-6)
+    exact = frozen_closed_form(omega[1:], np.full(7, 1 / 7), 0.5, 4.0, 3.0)
+    np.testing.assert_allclose(final[1:], exact, atol=1e-5)
+    np.testing.assert_array_equal(traj.frames["omega"][-1], omega)  # alpha = 0 (and removed particles stay)
+
+
+def test_resume_after_an_interruption_is_bit_exact(tmp_path):
+    cfg, problem = build("solver.gamma=3.0", "run.t_end=1.0", "run.frame_interval=0.25")
+    full = run(cfg, problem, tmp_path / "full.h5", quiet=True)
+    assert full.status == "finished"
+
+    stepper = make_stepper(problem, cfg)
+    step = stepper.step
+    count = {"n": 0}
+
+    def interrupting_step(state, dt_limit):
+        count["n"] += 1
+        if count["n"] == 7:  # between frames
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(state, dt_limit)
+
+    stepper.step = interrupting_step
+    part = run(cfg, problem, tmp_path / "part.h5", quiet=True, stepper=stepper)
+    assert part.status == "interrupted" and part.state.t < 1.0
+    resumed = run(cfg, problem, tmp_path / "part.h5", quiet=True, resume=True)
+    assert resumed.status == "finished"
+    a, b = open_trajectory(tmp_path / "full.h5"), open_trajectory(tmp_path / "part.h5")
+    for key in ("time", "omega", "mass", "energy", "dissipation"):
+        np.testing.assert_array_equal(a.frames[key], b.frames[key])
+    for key in ("time", "dt", "energy", "dissipation", "rejected", "removed"):
+        np.testing.assert_array_equal(a.steps[key], b.steps[key])
+    assert not np.array_equal(a.frames["mass"][0], a.frames["mass"][-1])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["solver.method='rk4'", "solver.gamma=1.0"], "solver.gamma"),
+    (["solver.method='adaptive'", "solver.gamma=0.0", "solver.alpha=2.0"], "solver.alpha"),
+    (["solver.alpha=0.0", "solver.gamma=0.0"], "both 0"),
+    (["solver.gamma=-1.0"], "solver.gamma must be >= 0"),
+])
+def test_bad_wfr_keys_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        loads_config(SMALL, overrides)
