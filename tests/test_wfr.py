@@ -10,7 +10,10 @@ import signal
 import numpy as np
 import pytest
 
+from pathlib import Path
+
 from pdeflow import Problem, loads_config
+from pdeflow.cli import main
 from pdeflow.config import ConfigError
 from pdeflow.trajectory import open_trajectory
 from solvers import make_stepper
@@ -139,7 +142,6 @@ def test_energy_identity_exact_derivative_and_step_order():
     r = [abs(residual(h)) for h in (0.1, 0.05, 0.025)]
     orders = [math.log2(r[i] / r[i + 1]) for i in range(2)]
     assert min(orders) > 4.5, (r, orders)
-    print("energy identity residuals", r, "orders", orders)
 
 
 def test_underflowing_masses_are_removed_and_recorded(tmp_path):
@@ -204,3 +206,22 @@ def test_resume_after_an_interruption_is_bit_exact(tmp_path):
 def test_bad_wfr_keys_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         loads_config(SMALL, overrides)
+
+
+def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):
+    """The experiment's command on a short version of data/configs/wfr.toml (t_end = 5, coarse gap grid)."""
+    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "wfr.toml"
+    out = tmp_path / "w.h5"
+    args = ["wfr", str(config), "-o", str(out), "--quiet", "--set", "run.t_end=5.0", "--set", "run.n_frames=3",
+            "--set", "diagnostics.grid_points=16", "--set", "diagnostics.n_starts=4"]
+    assert main(args) == 0
+    assert main(args) == 2  # the files exist: no overwrite without --force
+    rows = [line.split(",") for line in (tmp_path / "w-gaps.csv").read_text().splitlines()[1:]]
+    gaps = {flow: [float(r[2]) for r in rows if r[0] == flow] for flow in ("w2", "wfr")}
+    assert len(gaps["wfr"]) == len(gaps["w2"]) == 4 and all(r[4] == "1" for r in rows)  # k = 2: certified
+    assert gaps["wfr"][0] == gaps["w2"][0] > 1.0  # the same initial measure
+    assert 0 <= gaps["wfr"][-1] < 0.7 * gaps["w2"][-1]  # the mass exchange already helps at t = 5
+    assert (tmp_path / "w.png").stat().st_size > 0 and (tmp_path / "w-w2.h5").exists()
+    masses = open_trajectory(out).frames["mass"]
+    assert np.ptp(masses[-1]) > 0 and abs(masses[-1].sum() - 1) < 1e-14
+    assert main(["wfr", str(config), "-o", str(tmp_path / "x.h5"), "--set", "solver.gamma=0"]) == 2
