@@ -16,9 +16,8 @@ with ``alpha = solver.alpha`` and ``gamma = solver.gamma``. The mass equation is
 which is what :meth:`WassersteinFisherRao.diagnostics` reports (the ``dissipation`` of ``/steps`` and
 ``/frames``).
 
-Integration: the Dormand-Prince 5(4) pair of :class:`solvers.explicit.DormandPrince` (same tableau, same
-controller and tolerances) on the joint state ``y = (omega, m)`` [N, k + 1], so the error control covers
-the masses too: ``err = rms((y5 - y4) / (atol + rtol max(|y_n|, |y5|)))`` over all N (k + 1) entries. Each
+Integration: the step of :class:`solvers.explicit.DormandPrince` itself (same tableau, same controller and
+tolerances) run on the joint state ``y = (omega, m)`` [N, k + 1], so the error control covers the masses too: ``err = rms((y5 - y4) / (atol + rtol max(|y_n|, |y5|)))`` over all N (k + 1) entries. Each
 stage is one pass of the Problem (Phi and grad Phi together), and the evaluation at the end of an
 accepted step is the first stage of the next (first same as last). The mass equation is linear in m with
 ``sum_i dm_i = 0`` at every stage, so every Runge-Kutta combination keeps the total mass to rounding.
@@ -41,12 +40,23 @@ floor but not conserve the total mass under Runge-Kutta; removal keeps the linea
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+from pdeflow.problem import Evaluation
 
 from . import register
 from .base import SolverError, State
 from .explicit import DormandPrince
+
+
+@dataclass(frozen=True)
+class JointEvaluation:
+    """What the Dormand-Prince step reads of an evaluation at a joint state y = (omega, m) [N, k + 1]:
+    ``grad_phi = -dy/dt`` (the explicit steppers' stage is ``-grad_phi``), and the Problem ``evaluation``."""
+    grad_phi: np.ndarray
+    evaluation: Evaluation
 
 
 @register
@@ -77,58 +87,41 @@ class WassersteinFisherRao(DormandPrince):
         out[:, -1] = -self.gamma * mass * (phi - self.mean_phi(phi, mass))
         return out
 
-    def _joint_rates(self, y: np.ndarray) -> np.ndarray:
-        omega, mass = y[:, :-1], y[:, -1]
-        phi, grad = self.problem.grad_phi_field(omega, self.problem.residual_features(omega, mass))
+    def _velocity(self, y: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """The stage derivative: ``dy/dt`` at a joint state y [N, k + 1] (inside :meth:`step`), else the
+        Wasserstein velocity ``-grad Phi`` at positions [N, k] (the gamma = 0 path of DormandPrince)."""
+        if y.shape[1] == self.problem.k:
+            return super()._velocity(y, mass)
+        omega, m = y[:, :-1], y[:, -1]
+        phi, grad = self.problem.grad_phi_field(omega, self.problem.residual_features(omega, m))
         return self._rates(y, phi, grad)
+
+    def evaluate(self, state: State) -> Evaluation | JointEvaluation:
+        """The Problem evaluation at a state; at a joint state (``fields["omega"]`` [N, k + 1] inside
+        :meth:`step`) the :class:`JointEvaluation` whose ``grad_phi`` is ``-dy/dt``."""
+        if state.evaluation is None and state.fields["omega"].shape[1] == self.problem.k + 1:
+            y = state.fields["omega"]
+            ev = self.problem.evaluate(y[:, :-1], y[:, -1])
+            state.evaluation = JointEvaluation(grad_phi=-self._rates(y, ev.phi, ev.grad_phi), evaluation=ev)
+        return super().evaluate(state)
 
     # ---- stepping -----------------------------------------------------------------------------
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         if self.gamma == 0.0 and self.alpha == 1.0:
             new, extra = super().step(state, dt_limit)
             return new, {**extra, "removed": 0.0, "removed_mass": 0.0}
-        # gamma = 0, alpha != 1: the mass column is carried along unchanged and left out of the error
+        # Dormand-Prince on the joint state y = (omega, m): its "omega" is y, its stages dy/dt (_velocity) and
+        # the negated gradient of its evaluations; with gamma = 0 the mass column has zero rate and stays put
         ev = self.evaluate(state)
         y0 = np.concatenate([state.fields["omega"], state.fields["mass"][:, None]], axis=1)
-        masses = self.gamma != 0.0
-        new, rejected = self._controlled(state, y0, self._rates(y0, ev.phi, ev.grad_phi), dt_limit, masses)
-        removed, removed_mass = self._remove_underflow(new) if masses else (0, 0.0)
-        return new, {"rejected": float(rejected), "removed": float(removed), "removed_mass": removed_mass}
-
-    def _controlled(self, state: State, y0: np.ndarray, k0: np.ndarray, dt_limit: float,
-                    masses: bool) -> tuple[State, int]:
-        """The Dormand-Prince step with error control on y (its mass column only when ``masses``)."""
-        s = self.cfg.solver
-        cols = slice(None) if masses else slice(0, -1)
-        dt = min(state.dt, s.dt_max)
-        rejected = 0
-        while True:
-            h = min(dt, dt_limit)
-            stages = [k0]
-            for i in range(1, 6):
-                stages.append(self._joint_rates(self._combine(y0, h, self.A[i][:i], stages)))
-            y5 = self._combine(y0, h, self.b[:6], stages)
-            if not masses:
-                y5[:, -1] = y0[:, -1]
-            new = state.advanced({"omega": np.ascontiguousarray(y5[:, :-1]), "mass": y5[:, -1].copy()}, h)
-            ev = self.evaluate(new)
-            stages.append(self._rates(y5, ev.phi, ev.grad_phi))
-            err_vec = self._combine(np.zeros_like(y0), h, self.e, stages)[:, cols]
-            scale = s.atol + s.rtol * np.maximum(np.abs(y0[:, cols]), np.abs(y5[:, cols]))
-            squares, count = self.problem.comm.sum_over_ranks(float(np.sum((err_vec / scale) ** 2)), err_vec.size)
-            err = math.sqrt(squares / count) if count else 0.0
-            if not np.isfinite(err):
-                err = np.inf
-            factor = s.max_growth if err == 0.0 else min(s.max_growth, max(0.2, 0.9 * err ** -0.2))
-            if err <= 1.0:
-                proposal = dt * factor if h >= dt else max(dt, h * factor)
-                new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
-                return new, rejected
-            rejected += 1
-            dt = h * max(0.2, factor)
-            if dt < s.dt_min:
-                raise SolverError(f"wfr step size fell below solver.dt_min = {s.dt_min:g} at t = {state.t:.6g} "
-                                  f"(error estimate {err:.3g}); loosen solver.rtol/atol or lower solver.dt_min")
+        joint = State(t=state.t, step=state.step, dt=state.dt, fields={"omega": y0, "mass": state.fields["mass"]},
+                      rng=state.rng, evaluation=JointEvaluation(-self._rates(y0, ev.phi, ev.grad_phi), ev))
+        joint_new, extra = super().step(joint, dt_limit)
+        y5 = joint_new.fields["omega"]
+        new = replace(joint_new, fields={"omega": np.ascontiguousarray(y5[:, :-1]), "mass": y5[:, -1].copy()},
+                      evaluation=joint_new.evaluation.evaluation)
+        removed, removed_mass = self._remove_underflow(new) if self.gamma else (0, 0.0)
+        return new, {**extra, "removed": float(removed), "removed_mass": removed_mass}
 
     def _remove_underflow(self, state: State) -> tuple[int, float]:
         """Remove the particles whose mass fell below ``mass_floor`` times the total (module docstring);

@@ -19,39 +19,17 @@ from pdeflow.trajectory import open_trajectory
 from solvers import make_stepper
 from solvers.base import State
 from solvers.driver import run
+from test_explicit import SMALL
 
-SMALL = """
-[task]
-name = "markov"
-vocab_size = 4
-seq_len = 4
-n_samples = 16
-concentration = 0.5
-[model]
-d = 8
-head_dim = 2
-positions = "sinusoidal"
-weight_decay = 0.01
-[init]
-n_particles = 8
-scale = 1.0
-[solver]
-method = "wfr"
-dt = 0.05
-gamma = 2.0
-[run]
-t_end = 1.0
-frame_interval = 0.25
-[diagnostics]
-enabled = false
-"""
+# the small problem of the explicit steppers' tests, with the WFR stepper
+SMALL_WFR = ["solver.method='wfr'", "solver.gamma=2.0", "run.frame_interval=0.25", "diagnostics.enabled=false"]
 # Phi does not depend on rho: with a zero unembedding the logits vanish, the residual features are 0 and
 # Phi(q) = (lam/2) |q|^2; with alpha = 0 the positions stay put, so Phi_i is frozen in time.
 FROZEN = ["model.unembedding='zero'", "model.weight_decay=0.5", "solver.alpha=0.0"]
 
 
-def build(*overrides: str, text: str = SMALL):
-    cfg = loads_config(text, list(overrides))
+def build(*overrides: str, text: str | None = None):
+    cfg = loads_config(text, list(overrides)) if text else loads_config(SMALL, SMALL_WFR + list(overrides))
     return cfg, Problem.from_config(cfg)
 
 
@@ -205,7 +183,7 @@ def test_resume_after_an_interruption_is_bit_exact(tmp_path):
 ])
 def test_bad_wfr_keys_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        loads_config(SMALL, overrides)
+        loads_config(SMALL, SMALL_WFR + overrides)
 
 
 def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):
