@@ -135,6 +135,9 @@ def cmd_wfr(args: argparse.Namespace) -> int:
         raise UsageError(f"pdeflow wfr compares a Wasserstein-Fisher-Rao run with its Wasserstein limit: the config "
                          f"needs solver.method = 'wfr' and solver.gamma > 0 (got {cfg.solver.method!r}, "
                          f"gamma = {cfg.solver.gamma:g})")
+    if cfg.solver.total_mass != "fixed":
+        raise UsageError("pdeflow wfr compares flows of probability measures (G assumes mass 1): "
+                         "set solver.total_mass = 'fixed'")
     if cfg.diagnostics.domain == "grid":
         raise UsageError("diagnostics.domain = 'grid' is for grid runs; use 'ball' or 'box'")
     out = new_output_path(cfg, args.config, args.output, args.force)

@@ -106,6 +106,8 @@ class SolverConfig:
     alpha: float = spec(1.0, "wfr: transport speed alpha in d omega/dt = -alpha grad Phi", ge=0)
     gamma: float = spec(0.0, "wfr, fv: Fisher-Rao rate gamma in d m/dt = -gamma m (Phi - <Phi>) (0: Wasserstein "
                              "flow)", ge=0)
+    total_mass: str = spec("fixed", "wfr: 'fixed' (d m/dt = -gamma m (Phi - <Phi>), probability measures) or 'free' "
+                                    "(d m/dt = -gamma m Phi, the unbalanced/conic flow)", choices=("fixed", "free"))
     mass_floor: float = spec(1e-12, "wfr: a particle whose mass falls below this fraction of the total is removed "
                                     "(mass set to 0, counted in /steps/removed)", ge=0, le=1e-3)
 
@@ -348,6 +350,8 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
         raise ConfigError(f"solver.gamma (Fisher-Rao rate) is read by solver.method 'wfr' and 'fv', not {s.method!r}")
     if s.alpha != 1.0 and s.method != "wfr":
         raise ConfigError(f"solver.alpha (transport speed) is read by solver.method 'wfr', not {s.method!r}")
+    if s.total_mass != "fixed" and s.method != "wfr":
+        raise ConfigError(f"solver.total_mass is read by solver.method 'wfr', not {s.method!r}")
     if s.method == "wfr" and s.alpha == 0.0 and s.gamma == 0.0:
         raise ConfigError("solver.alpha and solver.gamma are both 0: the wfr flow would not move")
     if cfg.diagnostics.domain == "grid" and cfg.init.measure != "grid":

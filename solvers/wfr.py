@@ -22,6 +22,12 @@ stage is one pass of the Problem (Phi and grad Phi together), and the evaluation
 accepted step is the first stage of the next (first same as last). The mass equation is linear in m with
 ``sum_i dm_i = 0`` at every stage, so every Runge-Kutta combination keeps the total mass to rounding.
 
+- ``solver.total_mass = "free"``: the unbalanced (conic, Hellinger-Kantorovich) flow of Chizat 2022 and
+  Liero-Mielke-Savare, ``d m_i/dt = -gamma m_i Phi_i`` without ``<Phi>``: the gradient flow of E for the metric
+  with action ``int (|v|^2 / alpha + g^2 / gamma) d rho`` on all nonnegative measures (``d rho/dt + div(rho v) =
+  g rho``); the total mass changes, ``I = alpha int |grad Phi|^2 d rho + gamma int Phi^2 d rho``, and at a
+  stationary point ``Phi = 0`` on the support. Removal (below) then zeroes masses without rescaling the others.
+  The default ``"fixed"`` is the flow above on probability measures (``<Phi>`` is its Lagrange multiplier).
 - ``gamma = 0`` and ``alpha = 1`` is the Wasserstein flow: the step is ``DormandPrince.step`` itself, so a
   trajectory equals the ``adaptive`` one bit for bit (masses untouched).
 - ``gamma = 0``, ``alpha != 1``: the Wasserstein flow in the time ``alpha t`` (masses not integrated).
@@ -70,10 +76,13 @@ class WassersteinFisherRao(DormandPrince):
         super().__init__(problem, cfg)
         s = cfg.solver
         self.alpha, self.gamma, self.mass_floor = float(s.alpha), float(s.gamma), float(s.mass_floor)
+        self.fixed_mass = s.total_mass == "fixed"
 
     # ---- the vector field ---------------------------------------------------------------------
     def mean_phi(self, phi: np.ndarray, mass: np.ndarray) -> float:
-        """``<Phi> = sum_i m_i Phi_i / sum_i m_i`` (summed over ranks)."""
+        """``<Phi> = sum_i m_i Phi_i / sum_i m_i`` (summed over ranks); 0 with ``solver.total_mass = "free"``."""
+        if not self.fixed_mass:
+            return 0.0
         weighted, total = self.problem.comm.sum_over_ranks(float(np.dot(mass, phi)), float(np.sum(mass)))
         # a trial step far outside the stability region can cancel the total: its error is then inf
         return weighted / total if total != 0.0 else math.nan
@@ -135,14 +144,14 @@ class WassersteinFisherRao(DormandPrince):
             return 0, 0.0
         if total - dead_mass <= 0.0:
             raise SolverError("every particle's mass underflowed; lower solver.mass_floor or solver.gamma")
-        mass = np.where(dead, 0.0, mass * (total / (total - dead_mass)))
+        mass = np.where(dead, 0.0, mass * (total / (total - dead_mass)) if self.fixed_mass else mass)
         state.fields = {"omega": state.fields["omega"], "mass": mass}
         state.evaluation = None
         return int(n_dead), dead_mass
 
     # ---- diagnostics --------------------------------------------------------------------------
     def fisher_rao_dissipation(self, phi: np.ndarray, mass: np.ndarray) -> float:
-        """``sum_i m_i (Phi_i - <Phi>)^2`` (summed over ranks)."""
+        """``sum_i m_i (Phi_i - <Phi>)^2`` (summed over ranks; ``<Phi> = 0`` with a free total mass)."""
         centred = phi - self.mean_phi(phi, mass)
         return self.problem.comm.sum_over_ranks(float(np.dot(mass, centred * centred)))[0]
 

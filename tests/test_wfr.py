@@ -91,6 +91,33 @@ def test_pure_fisher_rao_with_frozen_phi_matches_the_closed_form(rtol):
     assert np.max(np.abs(exact - m0)) > 0.05  # the closed form is far from the initial masses
 
 
+def test_free_total_mass_follows_the_unbalanced_closed_form():
+    """solver.total_mass = 'free' (the conic flow): with a frozen Phi, m_i(t) = m_i(0) exp(-gamma Phi_i t) exactly
+    (no normalization), and dE/dt = -(alpha int |grad Phi|^2 + gamma int Phi^2) d rho along the vector field."""
+    cfg, problem = build(*FROZEN, "solver.gamma=3.0", "solver.total_mass='free'", "model.coordinates='gain2'",
+                         "solver.rtol=1e-9", "solver.atol=1e-12")
+    stepper = make_stepper(problem, cfg)
+    state = stepper.initial_state()
+    omega0, m0 = state.fields["omega"].copy(), state.fields["mass"].copy()
+    state, _ = advance(stepper, state, 2.0)
+    exact = m0 * np.exp(-3.0 * 0.25 * np.einsum("ik,ik->i", omega0, omega0) * 2.0)
+    np.testing.assert_allclose(state.fields["mass"], exact, rtol=1e-7)
+    assert exact.sum() < 0.5  # the total mass did change
+    # the energy identity of the free flow, on a problem where Phi depends on rho
+    cfg, problem = build("solver.gamma=1.5", "solver.alpha=0.7", "solver.total_mass='free'")
+    stepper = make_stepper(problem, cfg)
+    state = stepper.initial_state()
+    ev = stepper.evaluate(state)
+    y = np.concatenate([state.fields["omega"], state.fields["mass"][:, None]], axis=1)
+    f = stepper._rates(y, ev.phi, ev.grad_phi)
+    eps = 1e-5
+    plus, minus = y + eps * f, y - eps * f
+    dE = (problem.energy(plus[:, :-1], plus[:, -1]) - problem.energy(minus[:, :-1], minus[:, -1])) / (2 * eps)
+    I = 0.7 * ev.dissipation + 1.5 * float(state.fields["mass"] @ ev.phi ** 2)
+    assert stepper.diagnostics(state)["dissipation"] == pytest.approx(I, rel=1e-13)
+    assert abs(dE + I) < 1e-7 * I
+
+
 def test_energy_identity_exact_derivative_and_step_order():
     """dE/dt = -I: the derivative of E along the WFR vector field (central differences) equals -I; and over
     two steps of h/2 the residual E_2 - E_0 + Simpson(I) shrinks like h^5 (the quadrature and the method)."""
@@ -180,6 +207,7 @@ def test_resume_after_an_interruption_is_bit_exact(tmp_path):
     (["solver.method='adaptive'", "solver.gamma=0.0", "solver.alpha=2.0"], "solver.alpha"),
     (["solver.alpha=0.0", "solver.gamma=0.0"], "both 0"),
     (["solver.gamma=-1.0"], "solver.gamma must be >= 0"),
+    (["solver.method='adaptive'", "solver.gamma=0.0", "solver.total_mass='free'"], "solver.total_mass"),
 ])
 def test_bad_wfr_keys_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -203,6 +231,8 @@ def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):
     masses = open_trajectory(out).frames["mass"]
     assert np.ptp(masses[-1]) > 0 and abs(masses[-1].sum() - 1) < 1e-14
     assert main(["wfr", str(config), "-o", str(tmp_path / "x.h5"), "--set", "solver.gamma=0"]) == 2
+    assert main(["wfr", str(config), "-o", str(tmp_path / "x.h5"), "--set", "solver.total_mass=free"]) == 2
+    assert not (tmp_path / "x.h5").exists()
 
 
 # ---- the grid: finite volumes with the Fisher-Rao reaction --------------------------------------------------
