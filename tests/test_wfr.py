@@ -381,3 +381,8 @@ def test_wfr_jko_keeps_mass_and_positivity_decreases_energy_and_approaches_fv():
         assert np.all(np.diff(energy) < 0)
         distances.append(float(np.sum(np.abs(final.fields["density"] - ref.fields["density"]))) * st.grid.cell_volume)
     assert distances[1] < 0.025 and distances[1] < 0.8 * distances[0], distances
+
+
+def test_wfr_jko_needs_both_rates():
+    with pytest.raises(ConfigError, match="wfr_jko' needs solver.gamma > 0"):
+        loads_config(GRID, ["solver.method='wfr_jko'", "solver.gamma=0.0"])
