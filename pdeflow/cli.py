@@ -36,7 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 # Keys that may differ between a file and the config resuming it (they extend or limit the run).
 RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("run", "checkpoint_interval"),
-                  ("output", "path")}
+                  ("run", "accuracy"), ("run", "identity_tol"), ("output", "path")}
 
 
 class UsageError(Exception):
