@@ -187,6 +187,8 @@ def format_info(traj) -> str:
     if len(traj.steps.get("time", [])):
         lines.append(f"steps       {len(traj.steps['time']) - 1}")
         lines.append(f"final       energy {traj.steps['energy'][-1]:.10g}, dissipation {traj.steps['dissipation'][-1]:.4g}")
+    from solvers.accuracy import file_verdict
+    lines.append(f"accuracy    {file_verdict(traj)}")
     status = traj.attrs.get("status")
     if status == "running":
         lines.append("status      running, or its process died: the frames listed are those committed so far "

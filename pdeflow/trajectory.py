@@ -664,7 +664,7 @@ def edit_trajectory(path: str | Path) -> Iterator[h5py.File]:
 class Trajectory:
     """A trajectory read into memory: ``time`` [F], ``frames`` (dict of [F, ...] arrays), ``steps``
     (dict of columns), ``arrays`` (the problem arrays, as :meth:`pdeflow.Problem.arrays`), ``attrs``
-    (root attributes), ``config`` (the :class:`~pdeflow.config.Config`), ``frame_attrs``, ``analysis``,
+    (root attributes), ``config`` (the :class:`~pdeflow.config.Config`), ``frame_attrs``, ``steps_attrs``, ``analysis``,
     ``checkpoint`` (the active :class:`Checkpoint` or None). Only committed rows are read
     (:func:`committed_counts`), so the file of a killed run reads as it was at its last commit."""
 
@@ -678,6 +678,7 @@ class Trajectory:
                 self.frames = {k: f["frames"][k][:n] for k in f["frames"].keys()}
                 self.frame_attrs = {k: _plain(v) for k, v in f["frames"].attrs.items()}
                 self.steps = {k: f["steps"][k][:m] for k in f["steps"].keys()}
+                self.steps_attrs = {k: _plain(v) for k, v in f["steps"].attrs.items()}
                 model, data = f["model"], f["data"]
                 self.arrays: dict[str, Any] = {k: model[k][()] for k in model.keys()}
                 self.arrays.setdefault("basis", None)

@@ -211,7 +211,8 @@ class AccuracyMonitor:
 
     def restore(self, vector: np.ndarray | None, rows: dict[str, np.ndarray]) -> None:
         """Continue a resumed run: the checkpoint's vector (None in files written before these checks: the
-        next check starts cold) and the committed /steps rows (row i is step i)."""
+        next check starts cold) and the committed /steps rows (row i is step i), re-judged with the current
+        thresholds (a resume may change run.identity_tol); losses found there are not warned about again."""
         if vector is not None and vector.size == self.checkpoint_size:
             self.products = int(vector[-1])
             self.vector = np.array(vector[:-1]) if self.stability and np.any(vector[:-1]) else None
@@ -321,11 +322,38 @@ def summary_line(max_defect: float, max_ratio: float, tol: float, bound: float, 
         parts.append(f"largest lambda_max*dt/bound {max_ratio:.3g} (bound {bound:.4g})")
     figures = ", ".join(parts)
     if not parts:
-        return "not checked (no check applies to this run; see /steps attribute accuracy_note)"
+        return "not checked: no check applies to this run"
     if math.isfinite(lost_at):
         return f"LOST at t = {lost_at:.6g}: {loss_text}; {figures}"
     held = "held" if policy != "off" else "held (run.accuracy = 'off')"
     return f"{held}: {figures}"
+
+
+def file_verdict(traj: Any) -> str:
+    """The accuracy line of a trajectory (:class:`pdeflow.trajectory.Trajectory`): the verdict its run wrote
+    when it ended (root attribute ``accuracy``), else (running, or killed) one from its committed /steps rows
+    with the thresholds it started with; "not recorded" for files written before the checks."""
+    steps, notes = traj.steps, getattr(traj, "steps_attrs", {})
+    if "identity_defect" not in steps:
+        return "not recorded (the file was written before pdeflow checked accuracy)"
+    if traj.attrs.get("status") != "running" and traj.attrs.get("accuracy"):
+        return str(traj.attrs["accuracy"])
+    tol = float(notes.get("identity_tol", traj.config.run.identity_tol))
+    bound = float(notes.get("stability_bound", math.nan))
+    defect, lam_dt, times = steps["identity_defect"], steps["lambda_max_dt"], steps["time"]
+    lost = (defect > tol) | (lam_dt > bound)
+    lost_at = float(times[np.argmax(lost)]) if lost.any() else math.nan
+    text = ""
+    if lost.any():
+        i = int(np.argmax(lost))
+        text = (f"energy-identity defect {defect[i]:.3g} > run.identity_tol {tol:g}" if defect[i] > tol else
+                f"lambda_max * dt = {lam_dt[i]:.4g} > stability bound {bound:.4g}")
+    finite_d, finite_l = defect[np.isfinite(defect)], lam_dt[np.isfinite(lam_dt)]
+    line = summary_line(float(finite_d.max()) if finite_d.size else math.nan,
+                        float(finite_l.max()) / bound if finite_l.size else math.nan, tol, bound, lost_at, text,
+                        traj.config.run.accuracy)
+    return line if notes.get("accuracy_note", "all checks apply") == "all checks apply" else \
+        f"{line} [{notes['accuracy_note']}]"
 
 
 def print_warning(line: str) -> None:
