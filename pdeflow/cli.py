@@ -1,9 +1,9 @@
 """The ``pdeflow`` command line: ``run``, ``info`` and the analysis commands.
 
 Exit codes: 0 done; 1 a check failed (compare, validate); 2 bad input (config, files, arguments),
-one line on stderr and no output touched; 3 the run failed (non-finite state, failed inner solve, or
-the trajectory file could not be written): the committed frames are kept; 130 interrupted by SIGINT,
-143 by SIGTERM (state checkpointed; resume with ``--resume``).
+one line on stderr and no output touched; 3 the run failed (non-finite state, failed inner solve, the
+trajectory file could not be written, or accuracy lost with run.accuracy = "stop"): the committed frames
+are kept; 130 interrupted by SIGINT, 143 by SIGTERM (state checkpointed; resume with ``--resume``).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ EXIT_CODES = """exit codes:
   0    done
   1    a check failed (compare, validate)
   2    bad input: one line on stderr naming the problem; no output file created or touched
-  3    the run failed: non-finite state, failed inner solve, or the file could not be written
-       (disk full); every frame committed before is kept, continue with --resume
+  3    the run failed: non-finite state, failed inner solve, the file could not be written
+       (disk full), or accuracy was lost with run.accuracy = "stop"; every frame committed before is
+       kept, continue with --resume
   130  interrupted by SIGINT, 143 by SIGTERM; the state is checkpointed, continue with --resume
 """
 # Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
