@@ -365,7 +365,7 @@ def run(cfg: Config, problem: Problem, path: str | Path, *, resume: bool = False
             message += f"; but accuracy was LOST at t = {r.monitor.lost_at:.6g} (root attribute accuracy)"
         with _writing():
             r.writer.finish(status, message, {"final_time": r.state.t, "steps": r.state.step,
-                                              **r.monitor.end_attrs()})
+                                              **r.monitor.end_attrs(r.state.step)})
     except _WriteFailed as exc:
         if r.writer is not None:
             r.writer.abandon()

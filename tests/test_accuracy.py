@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import build_config
+from conftest import build_config, symmetric_particle_jacobian
 
 from pdeflow import Problem, load_config
 from pdeflow.cli import main
@@ -50,15 +50,7 @@ def test_lambda_max_agrees_with_the_dense_finite_difference_jacobian():
     problem = Problem.from_config(cfg)
     omega, mass = problem.initial_measure(cfg)
     mass = np.array([0.5, 0.3, 0.2])  # unequal masses: the similarity transform matters
-    n, step = omega.size, 1e-6
-    columns = []
-    for e in np.eye(n):
-        d = e.reshape(omega.shape) * step
-        plus, minus = omega + d, omega - d
-        columns.append(((problem.grad_phi(plus, plus, mass) - problem.grad_phi(minus, minus, mass)) / (2 * step)).ravel())
-    jacobian = np.array(columns).T                          # d grad Phi_i / d omega_j
-    root = np.repeat(np.sqrt(mass), omega.shape[1])
-    symmetric = root[:, None] * jacobian / root[None, :]
+    symmetric = symmetric_particle_jacobian(problem, omega, mass, 1e-6)
     expected = np.max(np.linalg.eigvalsh(0.5 * (symmetric + symmetric.T)))
     cold = lambda_max(problem, omega, mass)
     assert cold.value == pytest.approx(expected, rel=1e-5)
