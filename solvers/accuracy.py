@@ -196,7 +196,8 @@ class AccuracyMonitor:
                        f"method with a stability bound")
         elif not self.stability:
             why.append("lambda_max_dt not recorded: the check runs only in serial runs (not under MPI)")
-        return {"stability_bound": self.bound, "identity_tol": self.tol, "accuracy_note": "; ".join(why) or "all checks apply"}
+        return {"stability_bound": self.bound, "identity_tol": self.tol,
+                "accuracy_note": "; ".join(why) or "all checks apply"}
 
     @property
     def checkpoint_size(self) -> int:
@@ -321,7 +322,8 @@ class AccuracyMonitor:
         return line
 
     def end_attrs(self, steps: int) -> dict[str, Any]:
-        return {"accuracy": self.verdict(steps), "accuracy_lost_at": self.lost_at, "max_identity_defect": self.max_defect,
+        return {"accuracy": self.verdict(steps), "accuracy_lost_at": self.lost_at,
+                "max_identity_defect": self.max_defect,
                 "max_stability_ratio": self.max_ratio, "stability_products": self.products}
 
 

@@ -236,10 +236,10 @@ class _Run:
         self.state.fields = {key: self.comm.local_rows(v) for key, v in self.state.fields.items()}  # rank's block
         diag = st.diagnostics(self.state)  # before the file exists: a bad config leaves no file behind
         self.writer = GatheringWriter.create(
-            self.comm, self.path, self.cfg, self.problem.arrays(), self.state.fields, ACCURACY_COLUMNS + st.step_columns,
-            st.frame_attrs(), st.extra_size + self.monitor.checkpoint_size, st.measure, beta=self.problem.beta,
-            precision=self.problem.precision, compression=self.cfg.output.compression, overwrite=overwrite,
-            steps_attrs=self.monitor.notes())
+            self.comm, self.path, self.cfg, self.problem.arrays(), self.state.fields,
+            ACCURACY_COLUMNS + st.step_columns, st.frame_attrs(), st.extra_size + self.monitor.checkpoint_size,
+            st.measure, beta=self.problem.beta, precision=self.problem.precision,
+            compression=self.cfg.output.compression, overwrite=overwrite, steps_attrs=self.monitor.notes())
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             checks = self.monitor.assess(None, self.state, None, diag)
         self.record(checks)

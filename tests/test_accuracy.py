@@ -131,7 +131,8 @@ def test_stop_policy_exits_3_keeping_every_frame_and_resumes_bit_for_bit(tmp_pat
     stopped = open_trajectory(out)
     t_stop = reference.steps["time"][11]
     # the resumed run re-judged the committed rows with its thresholds: under this tol step 1 was a loss too
-    assert stopped.attrs["status"] == "accuracy_lost" and stopped.attrs["accuracy_lost_at"] == reference.steps["time"][1]
+    assert stopped.attrs["status"] == "accuracy_lost"
+    assert stopped.attrs["accuracy_lost_at"] == reference.steps["time"][1]
     assert len(stopped.steps["time"]) == 12 and stopped.checkpoint.t == t_stop
     kept = reference.time <= t_stop
     assert len(stopped.time) == kept.sum() == 3
