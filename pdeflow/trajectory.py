@@ -316,7 +316,8 @@ class TrajectoryWriter:
                               chunks=(1,) + shape, compression=compression)
         st = f.create_group("steps")
         for key in STEP_COLUMNS + tuple(step_columns):
-            st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
+            # 8 KiB chunks: a short run's file is not mostly the first chunk of each column
+            st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(1024,))
         ck = f.create_group("checkpoint")
         ck.create_dataset("active", data=np.int64(-1))
         for s in ("slot0", "slot1"):
