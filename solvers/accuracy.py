@@ -317,8 +317,9 @@ class AccuracyMonitor:
                             self.policy)
         if self.stability and steps > 0:
             evaluations = steps * self.stepper.stages
-            line += (f"; stability checks {self.products} complex Hessian-vector products (~{COMPLEX_COST:g} "
-                     f"evaluations each) against {evaluations} gradient evaluations of the steps")
+            line += (f"; stability checks cost {self.products} complex Hessian-vector products, ~"
+                     f"{COMPLEX_COST * self.products / evaluations:.2g} of the steps' {evaluations} gradient "
+                     f"evaluations (a product ~ {COMPLEX_COST:g} evaluations)")
         return line
 
     def end_attrs(self, steps: int) -> dict[str, Any]:
