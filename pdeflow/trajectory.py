@@ -280,12 +280,12 @@ class TrajectoryWriter:
         f.attrs["config"] = cfg.to_toml()
         f.attrs["method"] = cfg.solver.method
         f.attrs["measure"] = measure
+        for key, size in END_TEXT.items():
+            f.attrs[key] = _fixed_text("", size)
         f.attrs["status"] = _fixed_text(RUNNING, STATUS_BYTES)
         f.attrs["message"] = _fixed_text("", MESSAGE_BYTES)
         for key, value in END_ATTRS.items():
             f.attrs[key] = value
-        for key, size in END_TEXT.items():
-            f.attrs[key] = _fixed_text("", size)
         m = f.create_group("model")
         for key in ("embedding", "positions", "unembedding", "theta0"):
             m.create_dataset(key, data=np.asarray(arrays[key], dtype=np.float64))
@@ -676,10 +676,10 @@ class Trajectory:
             with _open_read(self.path) as f:
                 self.attrs = {k: _plain(v) for k, v in f.attrs.items()}
                 n, m = committed_counts(f)
+                self.steps_attrs = {k: _plain(v) for k, v in f["steps"].attrs.items()}
                 self.frames = {k: f["frames"][k][:n] for k in f["frames"].keys()}
                 self.frame_attrs = {k: _plain(v) for k, v in f["frames"].attrs.items()}
                 self.steps = {k: f["steps"][k][:m] for k in f["steps"].keys()}
-                self.steps_attrs = {k: _plain(v) for k, v in f["steps"].attrs.items()}
                 model, data = f["model"], f["data"]
                 self.arrays: dict[str, Any] = {k: model[k][()] for k in model.keys()}
                 self.arrays.setdefault("basis", None)
