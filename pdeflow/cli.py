@@ -1,9 +1,9 @@
 """The ``pdeflow`` command line: ``run``, ``info`` and the analysis commands.
 
 Exit codes: 0 done; 1 a check failed (compare, validate); 2 bad input (config, files, arguments),
-one line on stderr and no output touched; 3 the run failed (non-finite state, failed inner solve, or
-the trajectory file could not be written): the committed frames are kept; 130 interrupted by SIGINT,
-143 by SIGTERM (state checkpointed; resume with ``--resume``).
+one line on stderr and no output touched; 3 the run failed (non-finite state, failed inner solve, the
+trajectory file could not be written, or accuracy lost with run.accuracy = "stop"): the committed frames
+are kept; 130 interrupted by SIGINT, 143 by SIGTERM (state checkpointed; resume with ``--resume``).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ EXIT_CODES = """exit codes:
   0    done
   1    a check failed (compare, validate)
   2    bad input: one line on stderr naming the problem; no output file created or touched
-  3    the run failed: non-finite state, failed inner solve, or the file could not be written
-       (disk full); every frame committed before is kept, continue with --resume
+  3    the run failed: non-finite state, failed inner solve, the file could not be written
+       (disk full), or accuracy was lost with run.accuracy = "stop"; every frame committed before is
+       kept, continue with --resume
   130  interrupted by SIGINT, 143 by SIGTERM; the state is checkpointed, continue with --resume
 """
 # Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
@@ -37,7 +38,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 # Keys that may differ between a file and the config resuming it (they extend or limit the run).
 RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("run", "checkpoint_interval"),
-                  ("output", "path")}
+                  ("run", "accuracy"), ("run", "identity_tol"), ("output", "path")}
 
 
 class UsageError(Exception):
@@ -191,6 +192,8 @@ def format_info(traj) -> str:
     if len(traj.steps.get("time", [])):
         lines.append(f"steps       {len(traj.steps['time']) - 1}")
         lines.append(f"final       energy {traj.steps['energy'][-1]:.10g}, dissipation {traj.steps['dissipation'][-1]:.4g}")
+    from solvers.accuracy import file_verdict
+    lines.append(f"accuracy    {file_verdict(traj)}")
     status = traj.attrs.get("status")
     if status == "running":
         lines.append("status      running, or its process died: the frames listed are those committed so far "

@@ -128,6 +128,20 @@ class RunConfig:
     wall_time_limit: float = spec(math.inf, "stop after this many seconds of wall time", gt=0)
     checkpoint_interval: float = spec(60.0, "also checkpoint between frames after this many seconds of wall time "
                                             "(a kill loses at most this much work)", gt=0)
+    accuracy: str = spec("stop", "what a loss of accuracy does (energy-identity defect above run.identity_tol, or "
+                                 "lambda_max * dt above an explicit method's stability bound; solvers/accuracy.py): "
+                                 "'stop' ends the run there (exit 3, every frame kept, resumable), 'warn' prints one "
+                                 "line and continues, 'off' only records. Default 'stop': the frames after a loss "
+                                 "are not the gradient flow, and a run that went on would hand them to the "
+                                 "analysis as if they were", choices=("stop", "warn", "off"))
+    identity_tol: float = spec(0.5, "largest energy-identity defect |dE + int I dt| / |dE| of a step before accuracy "
+                                    "counts as lost. Default 0.5: more than half of a step's energy change unexplained "
+                                    "by the dissipation is a qualitative failure, while first-order steps (JKO at "
+                                    "large tau) stay below it; tighten it to certify accuracy (the run's cumulative "
+                                    "residual is at most this times the total energy change)", gt=0)
+    stability_interval: int = spec(100, "largest number of gradient evaluations between estimates of lambda_max "
+                                        "(the stability check of fixed-step explicit methods; sooner when the "
+                                        "last two estimates approach the bound)", ge=1)
 
 
 @dataclass(frozen=True)

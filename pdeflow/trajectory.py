@@ -8,6 +8,11 @@ Layout (every array readable with plain h5py; shapes as in MODEL.md):
   is going or if its process died; once it has ended: "finished", "stationary", "wall_time",
   "max_steps", "interrupted", "non_finite", "error"), ``message``, ``final_time`` and ``steps``.
   ``status`` and ``message`` are fixed-length UTF-8 strings (h5py returns bytes; decode them).
+  The accuracy record of the run (:mod:`solvers.accuracy`), set when it ends: ``accuracy`` (one line,
+  fixed-length string: "held: ...", "LOST at t = ...: ..." or "not checked ..."), ``accuracy_lost_at``
+  (NaN when accuracy held), ``max_identity_defect``, ``max_stability_ratio``, ``stability_products``.
+  Files written before these checks lack them (and the /steps columns below); readers treat them as absent.
+  The status ``accuracy_lost`` marks a run stopped by ``run.accuracy = "stop"``.
 - ``/model``: ``embedding`` [V,d], ``positions`` [T,d], ``unembedding`` [V,d], ``theta0`` [p], ``basis``
   [p,k] (absent for full coordinates); attributes ``head_dim``, ``score_scale``, ``weight_decay``,
   ``beta``, ``precision``, ``k``.
@@ -15,8 +20,10 @@ Layout (every array readable with plain h5py; shapes as in MODEL.md):
 - ``/frames``: ``time`` [F], ``step`` [F], ``dt`` [F], ``wall_time`` [F], ``energy`` [F],
   ``dissipation`` [F], and the measure: ``omega`` [F,N,k] and ``mass`` [F,N] for particles, or
   ``density`` [F,n1(,n2,n3)] for a grid (attributes ``lower``, ``upper``, ``shape`` on ``/frames``).
-- ``/steps``: ``time``, ``dt``, ``energy``, ``risk``, ``dissipation``, ``wall_time`` and the stepper's own
-  columns (``rejected``, ``inner_iterations``, ...), one row per accepted step; row 0 is the initial state.
+- ``/steps``: ``time``, ``dt``, ``energy``, ``risk``, ``dissipation``, ``wall_time``, the accuracy columns
+  ``identity_defect`` and ``lambda_max_dt`` (NaN where a check did not run or does not apply; attributes
+  ``stability_bound``, ``identity_tol``, ``accuracy_note``) and the stepper's own columns (``rejected``,
+  ``inner_iterations``, ...), one row per accepted step; row 0 is the initial state.
 - ``/checkpoint``: two slots ``slot0``, ``slot1`` and ``active`` (which slot is complete, -1 before the
   first). A slot holds the state fields, ``t``, ``dt``, ``step``, ``n_frames``, ``n_steps`` (the rows of
   /frames and /steps committed with that state), ``rng`` (the generator state as JSON bytes, zero-padded)
@@ -89,7 +96,11 @@ RNG_BYTES = 2048
 RUNNING = "running"
 STATUS_BYTES, MESSAGE_BYTES = 32, 1024
 # Root attributes a run sets when it ends, pre-created so that they can be overwritten in SWMR mode.
-END_ATTRS: dict[str, Any] = {"final_time": np.float64(np.nan), "steps": np.int64(-1)}
+END_ATTRS: dict[str, Any] = {"final_time": np.float64(np.nan), "steps": np.int64(-1),
+                             "accuracy_lost_at": np.float64(np.nan), "max_identity_defect": np.float64(np.nan),
+                             "max_stability_ratio": np.float64(np.nan), "stability_products": np.int64(-1)}
+# Fixed-length text attributes a run sets when it ends, with their sizes in bytes.
+END_TEXT: dict[str, int] = {"accuracy": 512}
 COPY_ROWS = 4096  # rows per block when copying a dataset during recovery
 
 
@@ -243,12 +254,13 @@ class TrajectoryWriter:
                step_columns: tuple[str, ...] = (), frame_attrs: dict[str, Any] | None = None,
                extra_size: int = 0, measure: str = "particles", beta: float = np.inf,
                precision: str = "float64", compression: str | None = "gzip",
-               overwrite: bool = False) -> "TrajectoryWriter":
+               overwrite: bool = False, steps_attrs: dict[str, Any] | None = None) -> "TrajectoryWriter":
         """Create a new file; an existing one is replaced only with ``overwrite`` (atomically, once the new
         file is complete and in SWMR mode). TrajectoryError (one line) if it cannot be created.
 
         ``arrays`` is :meth:`pdeflow.Problem.arrays`; ``fields`` are the measure's arrays with their shapes
-        (e.g. ``omega`` [N,k] and ``mass`` [N]); ``step_columns`` are the stepper's extra /steps columns.
+        (e.g. ``omega`` [N,k] and ``mass`` [N]); ``step_columns`` are the extra /steps columns and
+        ``steps_attrs`` attributes of /steps.
         """
         path = Path(path)
         if path.exists() and not overwrite:
@@ -265,6 +277,7 @@ class TrajectoryWriter:
             lock = WriterLock(partial)
             cls._populate(f, cfg, arrays, fields, step_columns, frame_attrs or {}, extra_size, measure,
                           beta, precision, None if compression in (None, "none") else compression)
+            f["steps"].attrs.update(steps_attrs or {})
             f.flush()
             f.swmr_mode = True
             os.replace(partial, path)
@@ -290,6 +303,8 @@ class TrajectoryWriter:
         f.attrs["config"] = cfg.to_toml()
         f.attrs["method"] = cfg.solver.method
         f.attrs["measure"] = measure
+        for key, size in END_TEXT.items():
+            f.attrs[key] = _fixed_text("", size)
         f.attrs["status"] = _fixed_text(RUNNING, STATUS_BYTES)
         f.attrs["message"] = _fixed_text("", MESSAGE_BYTES)
         for key, value in END_ATTRS.items():
@@ -308,7 +323,8 @@ class TrajectoryWriter:
                               chunks=(1,) + shape, compression=compression)
         st = f.create_group("steps")
         for key in STEP_COLUMNS + tuple(step_columns):
-            st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
+            # 8 KiB chunks: a short run's file is not mostly the first chunk of each column
+            st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(1024,))
         ck = f.create_group("checkpoint")
         ck.create_dataset("active", data=np.int64(-1))
         for s in ("slot0", "slot1"):
@@ -410,14 +426,18 @@ class TrajectoryWriter:
     def finish(self, status: str, message: str, attrs: dict[str, Any] | None = None) -> None:
         """Record how the run ended and close. Call after the final :meth:`write_checkpoint`.
 
-        ``attrs`` may set the root attributes of :data:`END_ATTRS` (``final_time``, ``steps``)."""
+        ``attrs`` may set the root attributes of :data:`END_ATTRS` (``final_time``, ``steps``, ...) and
+        :data:`END_TEXT`; those a file written by an older pdeflow lacks are skipped (SWMR cannot add them)."""
         try:
             self.f.attrs.modify("status", _fixed_text(status, STATUS_BYTES))
             self.f.attrs.modify("message", _fixed_text(message, MESSAGE_BYTES))
             for key, value in (attrs or {}).items():
-                if key not in END_ATTRS:
-                    raise KeyError(f"finish: {key!r} is not one of {', '.join(END_ATTRS)}")
-                self.f.attrs.modify(key, np.asarray(value, dtype=END_ATTRS[key].dtype))
+                if key not in END_ATTRS and key not in END_TEXT:
+                    raise KeyError(f"finish: {key!r} is not one of {', '.join(list(END_ATTRS) + list(END_TEXT))}")
+                if key not in self.f.attrs:
+                    continue
+                self.f.attrs.modify(key, _fixed_text(str(value), END_TEXT[key]) if key in END_TEXT
+                                    else np.asarray(value, dtype=END_ATTRS[key].dtype))
             self.f.flush()
         finally:
             self.f.close()
@@ -461,6 +481,13 @@ def committed_counts(f: h5py.File) -> tuple[int, int]:
     if ck is None:
         return 0, 0
     return min(n_frames, ck.n_frames), min(n_steps, ck.n_steps)
+
+
+def committed_steps(path: str | Path, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The committed rows of those /steps ``columns`` a file has (:func:`committed_counts`)."""
+    with _open_read(Path(path)) as f:
+        n = committed_counts(f)[1]
+        return {c: f["steps"][c][:n] for c in columns if c in f["steps"]}
 
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -649,7 +676,7 @@ def edit_trajectory(path: str | Path) -> Iterator[h5py.File]:
 class Trajectory:
     """A trajectory read into memory: ``time`` [F], ``frames`` (dict of [F, ...] arrays), ``steps``
     (dict of columns), ``arrays`` (the problem arrays, as :meth:`pdeflow.Problem.arrays`), ``attrs``
-    (root attributes), ``config`` (the :class:`~pdeflow.config.Config`), ``frame_attrs``, ``analysis``,
+    (root attributes), ``config`` (the :class:`~pdeflow.config.Config`), ``frame_attrs``, ``steps_attrs``, ``analysis``,
     ``checkpoint`` (the active :class:`Checkpoint` or None). Only committed rows are read
     (:func:`committed_counts`), so the file of a killed run reads as it was at its last commit."""
 
@@ -660,6 +687,7 @@ class Trajectory:
             with _open_read(self.path) as f:
                 self.attrs = {k: _plain(v) for k, v in f.attrs.items()}
                 n, m = committed_counts(f)
+                self.steps_attrs = {k: _plain(v) for k, v in f["steps"].attrs.items()}
                 self.frames = {k: f["frames"][k][:n] for k in f["frames"].keys()}
                 self.frame_attrs = {k: _plain(v) for k, v in f["frames"].attrs.items()}
                 self.steps = {k: f["steps"][k][:m] for k in f["steps"].keys()}

@@ -7,6 +7,7 @@ random steppers, the generator. The driver (:mod:`solvers.driver`) owns the loop
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -27,16 +28,20 @@ class NonFiniteError(SolverError):
 
 @dataclass
 class State:
-    """A point of a trajectory. ``evaluation`` caches the Problem evaluation at this state (not saved)."""
+    """A point of a trajectory. ``evaluation`` caches the Problem evaluation at this state (not saved);
+    ``dissipation_integral`` is the stepper's own quadrature of the dissipation over the step that led here
+    (None: the driver takes the trapezoid, :meth:`Stepper.dissipation_integral`)."""
     t: float
     step: int
     dt: float
     fields: dict[str, np.ndarray]
     rng: np.random.Generator | None = None
     evaluation: Any = field(default=None, repr=False)
+    dissipation_integral: float | None = field(default=None, repr=False)
 
     def advanced(self, fields: dict[str, np.ndarray], h: float, **changes: Any) -> "State":
-        """The state after a step of length h with new fields (cache cleared)."""
+        """The state after a step of length h with new fields (caches cleared)."""
+        changes.setdefault("dissipation_integral", None)
         return replace(self, t=self.t + h, step=self.step + 1, fields=fields, evaluation=None, **changes)
 
 
@@ -59,6 +64,11 @@ class Stepper:
 
     Subclasses set ``name`` and implement :meth:`step`; grid steppers override :meth:`initial_state`,
     :meth:`evaluate` and :meth:`frame_attrs`.
+
+    Accuracy checks (:mod:`solvers.accuracy`): any stepper whose :meth:`diagnostics` give the ``energy`` and
+    ``dissipation`` of its flow gets the energy-identity check with no code of its own (set
+    :attr:`energy_identity` False where the identity does not hold); a fixed-step explicit method declares
+    its real-axis :attr:`stability_bound` to get the ``lambda_max * dt`` check.
     """
     name: ClassVar[str] = ""
     measure: ClassVar[str] = "particles"
@@ -67,6 +77,13 @@ class Stepper:
     # True when a step needs of the other ranks' particles only what Problem sums over ranks (the aggregate
     # output, confinement, dissipation) and sum_over_ranks: the stepper runs split across MPI ranks
     sharded: ClassVar[bool] = False
+    # the real-axis stability bound of lambda_max * dt of a fixed-step explicit method (nan: none applies)
+    stability_bound: ClassVar[float] = math.nan
+    # gradient evaluations per step (sets the spacing of the stability checks)
+    stages: ClassVar[int] = 1
+    # the quadrature of int I dt over a step when the step leaves none of its own: "trapezoid", or "right"
+    # (h I_new, the quadrature implicit Euler and minimizing movements carry: their defect stays below 1)
+    quadrature: ClassVar[str] = "trapezoid"
 
     def __init__(self, problem: Problem, cfg: Config) -> None:
         self.problem = problem
@@ -105,6 +122,29 @@ class Stepper:
         """``energy``, ``risk`` and ``dissipation`` (the integral of |grad Phi|^2 d rho) at a state."""
         ev = self.evaluate(state)
         return {"energy": ev.energy, "risk": ev.risk, "dissipation": ev.dissipation}
+
+    @property
+    def energy_identity(self) -> bool:
+        """Whether ``dE/dt = -dissipation`` holds for the recorded energy: not for particles with finite
+        ``model.beta`` (their energy lacks the entropy term; :meth:`identity_note` says so)."""
+        return self.measure != "particles" or not math.isfinite(self.problem.beta)
+
+    def identity_note(self) -> str:
+        """Why :attr:`energy_identity` is False, in one phrase."""
+        return ("particles with finite model.beta: the recorded energy lacks the entropy term, so dE/dt = -I "
+                "does not hold for it")
+
+    def dissipation_integral(self, old: State, new: State, old_diag: dict[str, float],
+                             new_diag: dict[str, float]) -> float:
+        """``int I dt`` over the step ``old -> new``: the stepper's own quadrature when its step left one on
+        the new state (``State.dissipation_integral``), else :attr:`quadrature`: the trapezoid
+        ``h (I_old + I_new) / 2`` or the right rectangle ``h I_new``."""
+        if new.dissipation_integral is not None:
+            return new.dissipation_integral
+        h = new.t - old.t
+        if self.quadrature == "right":
+            return h * new_diag["dissipation"]
+        return 0.5 * h * (old_diag["dissipation"] + new_diag["dissipation"])
 
     def is_finite(self, state: State) -> bool:
         return all(bool(np.all(np.isfinite(v))) for v in state.fields.values())

@@ -2,8 +2,12 @@
 
 :func:`run` advances a stepper from its initial state (or a file's checkpoint) to ``run.t_end``:
 
-- every accepted step yields a ``/steps`` row (t, dt, energy, risk, dissipation, wall time, and the
-  stepper's columns); rows are buffered and written with the next frame or checkpoint;
+- every accepted step yields a ``/steps`` row (t, dt, energy, risk, dissipation, wall time, the accuracy
+  columns of :mod:`solvers.accuracy` and the stepper's columns); rows are buffered and written with the
+  next frame or checkpoint;
+- every step's accuracy is checked (:mod:`solvers.accuracy`: the energy-identity defect, and
+  ``lambda_max * dt`` against the stability bound of fixed-step explicit methods); ``run.accuracy`` says
+  whether a loss warns (one line per kind) or stops the run;
 - frames fall exactly on the schedule (steps are shortened to land on them): every ``run.frame_interval``
   (``linear``) or ``run.n_frames`` log-spaced times (``log``); t = 0 and t_end are always frames;
 - the state is checkpointed after every frame and, between frames, whenever ``run.checkpoint_interval``
@@ -11,10 +15,13 @@
   file (:mod:`pdeflow.trajectory`), so a killed run keeps every frame up to its last checkpoint and
   ``--resume`` continues from there bit for bit (the state, step size, step count, generator and
   controller state are all in the checkpoint; the steps recomputed are the same floating-point
-  operations on the same numbers);
+  operations on the same numbers; the accuracy record's warm-start eigenvector is in the checkpoint, the
+  rest is recomputed from the committed /steps rows);
 - stop reasons: ``finished`` (t_end), ``stationary`` (dissipation < run.stationary_tol), ``wall_time``,
   ``max_steps`` (each writes a frame at the stopping time), ``interrupted`` (SIGINT/SIGTERM: checkpoint,
-  exit 130/143), ``non_finite`` (last good frame and checkpoint kept, exit 3), ``error`` (a failed inner
+  exit 130/143), ``accuracy_lost`` (``run.accuracy = "stop"``: the step that lost accuracy is recorded
+  and checkpointed, every frame before it kept, exit 3; resumable, e.g. with
+  ``--set run.accuracy=warn``), ``non_finite`` (last good frame and checkpoint kept, exit 3), ``error`` (a failed inner
   solve: same, exit 3), ``write_error`` (the file could not be written, e.g. a full disk: the rows
   committed before are intact, the file is left "running" and resumable, exit 3).
 
@@ -40,9 +47,11 @@ from tqdm import tqdm
 from pdeflow.config import Config, ConfigError
 from pdeflow.parallel import SERIAL, GatheringWriter, SerialComm, check_shardable
 from pdeflow.problem import Problem
-from pdeflow.trajectory import TrajectoryWriter, error_reason
+from pdeflow.trajectory import TrajectoryWriter, committed_steps, error_reason
 
 from . import make_stepper
+from .accuracy import COLUMNS as ACCURACY_COLUMNS
+from .accuracy import AccuracyMonitor, Assessment, print_warning
 from .base import SolverError, State, Stepper
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
@@ -178,7 +187,10 @@ class _Run:
         self.cfg, self.problem, self.path, self.stepper, self.quiet = cfg, problem, path, stepper, quiet
         self.comm = problem.comm  # the MPI ranks the particles are split across (pdeflow.parallel)
         self.times = frame_times(cfg)
-        self.rows = _Rows(("time", "dt", "energy", "risk", "dissipation", "wall_time") + stepper.step_columns)
+        self.monitor = AccuracyMonitor(stepper, self.comm)
+        self.rows = _Rows(("time", "dt", "energy", "risk", "dissipation", "wall_time") + ACCURACY_COLUMNS
+                          + stepper.step_columns)
+        self.accuracy_stop: str | None = None  # the loss that stops the run (run.accuracy = "stop")
         self.signals = _Signals(self.comm, ignore_after_interrupt=exiting)
         self.state: State | None = None
         self.writer: GatheringWriter | None = None
@@ -194,8 +206,10 @@ class _Run:
         """Write the buffered rows and a checkpoint of the state: everything so far becomes permanent."""
         with _writing():
             self.rows.flush(self.writer)
-            self.writer.write_checkpoint(self.stepper.checkpoint(self.state, self.writer.n_frames,
-                                                                 self.writer.n_steps))
+            ck = self.stepper.checkpoint(self.state, self.writer.n_frames, self.writer.n_steps)
+            # the stepper's controller state, then the accuracy record's (solvers.accuracy)
+            ck.extra = np.concatenate([np.asarray(ck.extra, dtype=float), self.monitor.checkpoint_vector()])
+            self.writer.write_checkpoint(ck)
 
     def write_frame(self, diag: dict[str, float]) -> None:
         s = self.state
@@ -207,21 +221,38 @@ class _Run:
 
     def start(self, resume: bool, overwrite: bool) -> None:
         """Open the file: continue it from its checkpoint, or create it with the initial frame."""
+        st = self.stepper
         if resume:
+            rows = self.comm.bcast(committed_steps(self.path, ("time",) + ACCURACY_COLUMNS)
+                                   if self.comm.is_root else None)
             self.writer, ck = GatheringWriter.reopen(self.comm, self.path)
-            self.state = self.stepper.restore(ck)
+            extra = np.asarray(ck.extra, dtype=float)
+            ck.extra = extra[:st.extra_size]
+            self.state = st.restore(ck)
+            self.monitor.restore(extra[st.extra_size:] if extra.size > st.extra_size else None, rows)
             self.wall_offset = self.writer.last_wall_time
             return
-        st = self.stepper
         self.state = st.initial_state()
         self.state.fields = {key: self.comm.local_rows(v) for key, v in self.state.fields.items()}  # rank's block
         diag = st.diagnostics(self.state)  # before the file exists: a bad config leaves no file behind
         self.writer = GatheringWriter.create(
-            self.comm, self.path, self.cfg, self.problem.arrays(), self.state.fields, st.step_columns,
-            st.frame_attrs(), st.extra_size, st.measure, beta=self.problem.beta, precision=self.problem.precision,
-            compression=self.cfg.output.compression, overwrite=overwrite)
-        self.rows.add({"time": self.state.t, "dt": 0.0, "wall_time": 0.0, **diag})
+            self.comm, self.path, self.cfg, self.problem.arrays(), self.state.fields,
+            ACCURACY_COLUMNS + st.step_columns, st.frame_attrs(), st.extra_size + self.monitor.checkpoint_size,
+            st.measure, beta=self.problem.beta, precision=self.problem.precision,
+            compression=self.cfg.output.compression, overwrite=overwrite, steps_attrs=self.monitor.notes())
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            checks = self.monitor.assess(None, self.state, None, diag)
+        self.record(checks)
+        self.rows.add({"time": self.state.t, "dt": 0.0, "wall_time": 0.0, **diag, **checks.columns})
         self.write_frame(diag)
+
+    def record(self, checks: Assessment) -> None:
+        """Enter a step's accuracy checks in the record; print its warnings; note a loss that stops the run."""
+        for line in self.monitor.accept(self.state.t, self.state.step, checks):
+            if self.comm.is_root:
+                print_warning(line)
+        if self.monitor.should_stop(checks):
+            self.accuracy_stop = checks.losses[0][1]
 
     # ---- the loop -----------------------------------------------------------------------------
     def loop(self) -> tuple[str, str, int]:
@@ -235,6 +266,10 @@ class _Run:
         diag = None
         try:
             while next_frame < len(times):
+                if self.accuracy_stop is not None:
+                    return ("accuracy_lost", f"accuracy lost {self.accuracy_stop}; every frame before is kept "
+                                             f"(run.accuracy = 'stop'; to continue anyway: pdeflow run --resume "
+                                             f"--set run.accuracy=warn)", EXIT_FAILED)
                 target = times[next_frame]
                 state = self.state
                 if state.step >= cfg.run.max_steps:
@@ -249,10 +284,11 @@ class _Run:
                         new, extra = st.step(state, target - state.t)
                         finite = all(self.comm.allgather(st.is_finite(new)))
                         new_diag = st.diagnostics(new) if finite else {}
-                    if not finite or not all(np.isfinite(v) for v in new_diag.values()):
-                        return ("non_finite",
-                                f"non-finite state at step {state.step + 1} (t = {state.t:.6g}): "
-                                f"{st.likely_cause(state)}; the last good frame is kept", EXIT_FAILED)
+                        if not finite or not all(np.isfinite(v) for v in new_diag.values()):
+                            return ("non_finite",
+                                    f"non-finite state at step {state.step + 1} (t = {state.t:.6g}): "
+                                    f"{st.likely_cause(state)}; the last good frame is kept", EXIT_FAILED)
+                        checks = self.monitor.assess(state, new, st.diagnostics(state), new_diag)
                 except SolverError as exc:
                     return ("error", f"step {state.step + 1} (t = {state.t:.6g}) failed: {exc}; "
                                      f"the last good frame is kept", EXIT_FAILED)
@@ -260,12 +296,14 @@ class _Run:
                     if abs(new.t - target) <= 1e-12 * max(1.0, abs(target)):
                         new.t = float(target)
                     self.state, diag = new, new_diag
-                    self.rows.add({"time": new.t, "dt": new.t - state.t, "wall_time": self.wall(), **diag, **extra})
+                    self.record(checks)
+                    self.rows.add({"time": new.t, "dt": new.t - state.t, "wall_time": self.wall(), **diag,
+                                   **checks.columns, **extra})
                     if new.t >= target:
                         self.write_frame(diag)
                         next_frame += 1
                         last_commit = self.wall()
-                    elif self.wall() - last_commit >= cfg.run.checkpoint_interval:
+                    elif self.wall() - last_commit >= cfg.run.checkpoint_interval or self.accuracy_stop is not None:
                         self.commit()
                         last_commit = self.wall()
                     bar.update(new.t - bar.n)
@@ -275,6 +313,9 @@ class _Run:
                 if cfg.run.stationary_tol > 0 and diag["dissipation"] < cfg.run.stationary_tol:
                     return ("stationary", f"stationary at t = {new.t:.6g}: dissipation {diag['dissipation']:.3g} "
                                           f"< run.stationary_tol = {cfg.run.stationary_tol:g}", EXIT_OK)
+            if self.accuracy_stop is not None:  # the last step lost accuracy: the same stop, at t_end
+                return ("accuracy_lost", f"accuracy lost {self.accuracy_stop}; every frame is kept "
+                                         f"(run.accuracy = 'stop')", EXIT_FAILED)
             return "finished", f"reached t_end = {cfg.run.t_end:g}", EXIT_OK
         finally:
             bar.close()
@@ -320,8 +361,11 @@ def run(cfg: Config, problem: Problem, path: str | Path, *, resume: bool = False
                                      r.state, r.path)
                 status, message = "interrupted", f"interrupted by {exc} at t = {r.state.t:.6g}; continue with --resume"
                 r.commit()
+        if status != "accuracy_lost" and math.isfinite(r.monitor.lost_at):
+            message += f"; but accuracy was LOST at t = {r.monitor.lost_at:.6g} (root attribute accuracy)"
         with _writing():
-            r.writer.finish(status, message, {"final_time": r.state.t, "steps": r.state.step})
+            r.writer.finish(status, message, {"final_time": r.state.t, "steps": r.state.step,
+                                              **r.monitor.end_attrs(r.state.step)})
     except _WriteFailed as exc:
         if r.writer is not None:
             r.writer.abandon()

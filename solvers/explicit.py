@@ -11,6 +11,13 @@ ODE ``y' = f(y)`` in ``y = omega`` [N, k]; every stage evaluates the velocity at
 
 The evaluation at the end of a step is kept on the new state, so it serves both the step diagnostics
 (energy, dissipation) and the first stage of the next step: one evaluation per stage, no more.
+
+Every step also leaves on the new state the method's own quadrature of the dissipation,
+``Q = h sum_i b_i I(Y_i)``, ``I(Y_i) = sum_j m_j |k_ij|^2`` the dissipation at stage i: the method applied to
+``z' = -I(y)`` alongside ``y' = f(y)``, so ``E_{n+1} - E_n + Q = O(h^{p+1})`` (the energy-identity check of
+:mod:`solvers.accuracy`). The fixed-step methods declare their real-axis stability bound (the largest
+``x`` with ``|R(-s)| <= 1`` on ``[0, x]``, R the stability polynomial): 2 for Euler and Heun,
+2.7853 for RK4.
 """
 from __future__ import annotations
 
@@ -52,11 +59,19 @@ class ExplicitRK(Stepper):
                 y += (h * w) * k
         return y
 
+    def _quadrature(self, state: State, h: float, weights: tuple[float, ...], stages: list[np.ndarray]) -> float:
+        """``h sum_i b_i I(Y_i)`` from the stages (the first stage's dissipation is the state's)."""
+        mass = state.fields["mass"]
+        local = [float(np.dot(mass, np.einsum("ik,ik->i", k, k))) for w, k in zip(weights[1:], stages[1:])]
+        dissipation = (self.evaluate(state).dissipation,) + self.problem.comm.sum_over_ranks(*local)
+        return h * sum(w * d for w, d in zip(weights, dissipation) if w != 0.0)
+
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         h = min(self.cfg.solver.dt, dt_limit)
         stages = self._stages(state, h, len(self.b))
         omega = self._combine(state.fields["omega"], h, self.b, stages)
-        return state.advanced({"omega": omega, "mass": state.fields["mass"]}, h), {}
+        return state.advanced({"omega": omega, "mass": state.fields["mass"]}, h,
+                              dissipation_integral=self._quadrature(state, h, self.b, stages)), {}
 
 
 @register
@@ -66,6 +81,7 @@ class Euler(ExplicitRK):
     A = ((),)
     b = (1.0,)
     order = 1
+    stability_bound = 2.0
 
 
 @register
@@ -75,6 +91,8 @@ class Heun(ExplicitRK):
     A = ((), (1.0,))
     b = (0.5, 0.5)
     order = 2
+    stages = 2
+    stability_bound = 2.0
 
 
 @register
@@ -84,6 +102,9 @@ class RK4(ExplicitRK):
     A = ((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
     b = (1 / 6, 1 / 3, 1 / 3, 1 / 6)
     order = 4
+    stages = 4
+    # the real root of 1 - x + x^2/2 - x^3/6 + x^4/24 = 1 besides 0 (|R(-x)| = 1 there)
+    stability_bound = 2.785293563405282
 
 
 @register
@@ -91,6 +112,7 @@ class DormandPrince(ExplicitRK):
     """Adaptive Dormand-Prince 5(4) with error control (see the module docstring)."""
     name = "adaptive"
     order = 5
+    stages = 6  # new evaluations per accepted attempt (first-same-as-last)
     step_columns = ("rejected",)
     A = ((),
          (1 / 5,),
@@ -127,6 +149,7 @@ class DormandPrince(ExplicitRK):
                 # a step cut short by a frame time does not shrink the controller's proposal
                 proposal = dt * factor if h >= dt else max(dt, h * factor)
                 new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
+                new.dissipation_integral = self._quadrature(state, h, self.b[:6], stages[:6])
                 return new, {"rejected": float(rejected)}
             rejected += 1
             dt = h * max(0.2, factor)

@@ -103,6 +103,7 @@ from pdeflow.measure import entropy
 from pdeflow.problem import COMPLEX_STEP, Evaluation, Problem
 
 from . import register
+from .accuracy import particle_jacobian, velocity_jvp
 from .base import SolverError, State, Stepper
 
 # A coupling counts as optimal when the identity's cost exceeds W2^2 by at most this (relative) amount:
@@ -165,17 +166,6 @@ class ProximalResult:
     evaluations: int
     converged: bool
     message: str
-
-
-def velocity_jvp(problem: Problem, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
-    """``d/ds grad Phi(omega_i + s u_i; rho_{omega + s u})`` at s = 0: the particles and the measure move
-    together. ``omega``, ``direction`` [N, k] -> [N, k]; complex step, exact to rounding (see Problem)."""
-    norm = float(np.linalg.norm(direction))
-    if norm == 0.0:
-        return np.zeros_like(omega)
-    h = COMPLEX_STEP / norm
-    z = omega + 1j * h * direction
-    return problem.grad_phi(z, z, mass).imag / h
 
 
 class _Objective:
@@ -352,18 +342,10 @@ def euler_stability_limit(problem: Problem, omega: np.ndarray, mass: np.ndarray,
     amplification of that mode, ``|1 - dt lambda_max|``, exceeds 1 for ``dt > 2 / lambda_max``.
     Returns ``inf`` when no eigenvalue is positive. Costs some tens of complex evaluations.
     """
-    omega = np.asarray(omega, dtype=float)
-    mass = np.asarray(mass, dtype=float)
-    root = np.sqrt(mass)[:, None]
-    shape, n = omega.shape, omega.size
-
-    def matvec(v: np.ndarray) -> np.ndarray:
-        u = np.asarray(v, dtype=float).reshape(shape) / root
-        return (root * velocity_jvp(problem, omega, mass, u)).ravel()
-
-    op = LinearOperator((n, n), matvec=matvec, dtype=float)
+    op = particle_jacobian(problem, omega, mass)
+    n = op.shape[0]
     if n <= 2:
-        dense = np.column_stack([matvec(e) for e in np.eye(n)])
+        dense = np.column_stack([op.matvec(e) for e in np.eye(n)])
         lam = float(np.max(np.linalg.eigvalsh(0.5 * (dense + dense.T))))
     else:
         v0 = np.random.default_rng(0).standard_normal(n)
@@ -381,6 +363,7 @@ def euler_stability_limit(problem: Problem, omega: np.ndarray, mass: np.ndarray,
 class JKO(Stepper):
     """``solver.method = "jko"``: builds :class:`ParticleJKO` or :class:`GridJKO` after ``init.measure``."""
     name = "jko"
+    quadrature = "right"  # the energy-identity check's quadrature of a minimizing movement (solvers.accuracy)
 
     def __new__(cls, problem: Problem, cfg: Config) -> "JKO":
         if cls is JKO:

@@ -55,6 +55,19 @@ class SGD(Stepper):
         self.full_batch = s.sampling == "resample" and s.batch_size >= self.n_data
         if s.sampling == "fresh":
             self._check_fresh_sampling()
+        # full-batch, noiseless SGD is explicit Euler: its identity and stability checks apply
+        self.exact_gradient = self.full_batch and not s.noise
+        self.stability_bound = 2.0 if self.exact_gradient else math.nan
+
+    @property
+    def energy_identity(self) -> bool:
+        return self.exact_gradient and super().energy_identity
+
+    def identity_note(self) -> str:
+        if not self.exact_gradient:
+            return ("SGD with minibatches or noise descends a random estimate of the gradient, so "
+                    "dE/dt = -I holds only in expectation")
+        return super().identity_note()
 
     def _check_fresh_sampling(self) -> None:
         """Draw one fresh minibatch now, so that a task that cannot be sampled fails before any output."""

@@ -127,3 +127,16 @@ def one_blas_thread():
         return
     with threadpool_limits(1):
         yield
+
+
+def symmetric_particle_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray, step: float) -> np.ndarray:
+    """``M^{1/2} J M^{-1/2}`` [N k, N k] of the particle system, ``J = d grad Phi_i / d omega_j`` (the measure moving
+    with the particles) by central differences of step ``step``: the dense reference of the stability checks."""
+    columns = []
+    for e in np.eye(omega.size):
+        d = e.reshape(omega.shape) * step
+        plus, minus = omega + d, omega - d
+        columns.append(((problem.grad_phi(plus, plus, mass) - problem.grad_phi(minus, minus, mass)) / (2 * step)).ravel())
+    jacobian = np.array(columns).T
+    root = np.repeat(np.sqrt(mass), omega.shape[1])
+    return root[:, None] * jacobian / root[None, :]

@@ -28,7 +28,7 @@ from solvers import make_stepper
 from solvers.driver import run
 import solvers.jko as jko
 
-from conftest import build_config
+from conftest import build_config, symmetric_particle_jacobian
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
 pytestmark = pytest.mark.usefixtures("one_numba_thread", "one_blas_thread")
@@ -85,15 +85,7 @@ def test_euler_stability_limit_matches_dense_jacobian():
     cfg = build_config(model={"coordinates": "gain2"}, init={"n_particles": 3, "scale": 1.0, "seed": 2})
     problem = Problem.from_config(cfg)
     omega, mass = problem.initial_measure(cfg)
-    n, step = omega.size, 1e-5
-    columns = []
-    for e in np.eye(n):
-        d = e.reshape(omega.shape) * step
-        plus, minus = omega + d, omega - d
-        columns.append(((problem.grad_phi(plus, plus, mass) - problem.grad_phi(minus, minus, mass)) / (2 * step)).ravel())
-    jacobian = np.array(columns).T                          # d grad Phi_i / d omega_j
-    root = np.repeat(np.sqrt(mass), omega.shape[1])
-    symmetric = root[:, None] * jacobian / root[None, :]    # M^{1/2} J M^{-1/2}, symmetric
+    symmetric = symmetric_particle_jacobian(problem, omega, mass, 1e-5)    # M^{1/2} J M^{-1/2}, symmetric
     assert np.allclose(symmetric, symmetric.T, atol=1e-6)
     expected = 2.0 / np.max(np.linalg.eigvalsh(0.5 * (symmetric + symmetric.T)))
     assert jko.euler_stability_limit(problem, omega, mass, tol=1e-10) == pytest.approx(expected, rel=1e-6)

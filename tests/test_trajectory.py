@@ -131,7 +131,8 @@ def test_finish_accepts_only_the_precreated_attributes(tmp_path):
     write_frames(w, 0, 1)
     with pytest.raises(KeyError):
         w.finish("finished", "", {"something_else": 1})
-    assert set(END_ATTRS) == {"final_time", "steps"}
+    assert set(END_ATTRS) == {"final_time", "steps", "accuracy_lost_at", "max_identity_defect", "max_stability_ratio",
+                              "stability_products"}
 
 
 def test_uncommitted_rows_are_invisible_and_cut_on_resume(tmp_path):

@@ -1,0 +1,378 @@
+"""Every run watches its own accuracy: the local energy-identity defect and the explicit stability margin.
+
+Along the gradient flow (docs/model.md) the energy falls at the rate of the dissipation,
+``dE/dt = -I``, ``I = int |grad Phi|^2 d rho``. After an accepted step from ``t_n`` to ``t_{n+1} = t_n + h``
+the driver (:mod:`solvers.driver`) records in ``/steps``:
+
+``dissipation_integral``
+    ``Q_n`` below, the step's quadrature of ``int I dt`` (so ``E(T) - E(0) + sum_n Q_n`` is the run's
+    cumulative energy-identity residual, recomputable from the file).
+
+``identity_defect``
+    ``delta_n = |E_{n+1} - E_n + Q_n| / max(|E_{n+1} - E_n|, floor)``, the part of the step's energy change
+    that the dissipation does not account for, relative to that change. ``Q_n`` approximates
+    ``int_{t_n}^{t_{n+1}} I dt``: for a Runge-Kutta step it is the method's own quadrature
+    ``h sum_i b_i I(Y_i)`` over its stages ``Y_i`` (:meth:`solvers.base.Stepper.dissipation_integral`);
+    that is the RK method applied to the augmented system ``(y, z)' = (f(y), -I(y))``, so ``E_{n+1} - E_n``
+    and ``-Q_n`` both approximate the exact decrease to ``O(h^{p+1})`` and ``delta_n = O(h^p)`` for a method
+    of order p (measured in tests/test_accuracy.py). Other steppers use the trapezoid on the dissipation at the
+    step's ends (``delta_n = O(h)`` for first-order methods such as JKO). ``floor = FLOOR_ULPS * eps * |E|``
+    (eps the kernels' precision) keeps a step whose energy change is at the rounding of E from dividing by
+    rounding. ``delta_n > run.identity_tol`` is a loss of accuracy. Summed over a run, the steps' defects
+    bound the cumulative residual: ``|E(T) - E(0) + sum Q_n| <= max_n delta_n * sum_n |E_{n+1} - E_n|``.
+    NaN where the identity does not hold for the stepper (:attr:`Stepper.energy_identity`: SGD with noise or
+    minibatches; particles with finite ``model.beta``, whose recorded energy lacks the entropy term).
+
+``lambda_max_dt``
+    For the fixed-step explicit particle steppers (``euler``, ``heun``, ``rk4``, full-batch noiseless ``sgd``),
+    ``lambda_max * solver.dt`` at the new state, ``lambda_max`` the largest eigenvalue of the Jacobian of
+    minus the particle velocity (``M^{-1} Hess E``, the measure moving with the particles, on the symmetric
+    ``M^{1/2} J M^{-1/2}``: :func:`particle_jacobian`). The method is stable on that mode while
+    ``lambda_max dt`` is below its real-axis bound (:attr:`Stepper.stability_bound`: Euler and Heun 2,
+    RK4 2.785); above it the mode grows each step and the run is no longer the flow. ``lambda_max`` comes
+    from :data:`LOBPCG_ITERATIONS` iterations of scipy's LOBPCG on exact (complex-step) Hessian-vector
+    products, warm-started from the previous check's eigenvector (the first check of a run starts from a
+    fixed random vector and takes :data:`COLD_ITERATIONS`): a Rayleigh-Ritz value, so never above the true
+    ``lambda_max`` (a check can be late, not false). NaN between checks. A check runs on the initial
+    state, after any step whose dissipation grew by more than :data:`DISSIPATION_JUMP`, and otherwise after
+    ``run.stability_interval`` gradient evaluations or sooner: the last two checks' ratios
+    ``r = lambda_max dt / bound``, extrapolated log-linearly in the step count, predict when r reaches 1,
+    and the next check comes at half that distance. Each warm check costs ``LOBPCG_ITERATIONS + 3``
+    complex products (about 3.4 real gradient evaluations each); the count is kept (root attribute
+    ``stability_products``). Only for serial runs (LOBPCG's inner products are not summed over MPI ranks):
+    under MPI the column is NaN and the file says so.
+
+Policy (``run.accuracy``): ``"stop"`` ends the run after the first step that loses accuracy (status
+``accuracy_lost``, exit code 3, every frame and the offending step committed, resumable), ``"warn"``
+prints one line per kind of loss and continues, ``"off"`` records the columns but neither warns nor stops.
+When a run ends the root attributes ``accuracy`` (one line: the verdict "held", "lost at t = ...", or
+"not checked ..."), ``accuracy_lost_at`` (NaN when accuracy held), ``max_identity_defect``,
+``max_stability_ratio`` (largest ``lambda_max dt / bound``) and ``stability_products`` say what was found.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy.sparse.linalg import LinearOperator, lobpcg
+
+from pdeflow.problem import COMPLEX_STEP, Problem
+
+if TYPE_CHECKING:
+    from .base import State, Stepper
+
+# floor of the defect's denominator, in units of the kernels' machine epsilon times |E|
+FLOOR_ULPS = 1000.0
+# LOBPCG iterations per lambda_max check, warm-started (measured on the quickstart: within 0.1 % of
+# eigsh's lambda_max ten RK4 steps after the previous check) and cold (the first check: within 1e-5)
+LOBPCG_ITERATIONS = 2
+COLD_ITERATIONS = 10
+# a complex-step product costs about this many real gradient evaluations (measured on the quickstart)
+COMPLEX_COST = 3.4
+# a check also follows a step whose dissipation grew by more than this factor
+DISSIPATION_JUMP = 1.25
+POLICIES = ("stop", "warn", "off")
+
+
+def velocity_jvp(problem: Problem, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
+    """``d/ds grad Phi(omega_i + s u_i; rho_{omega + s u})`` at s = 0: the particles and the measure move
+    together. ``omega``, ``direction`` [N, k] -> [N, k]; complex step, exact to rounding (see Problem)."""
+    norm = float(np.linalg.norm(direction))
+    if norm == 0.0:
+        return np.zeros_like(omega)
+    h = COMPLEX_STEP / norm
+    z = omega + 1j * h * direction
+    return problem.grad_phi(z, z, mass).imag / h
+
+
+def particle_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> LinearOperator:
+    """The symmetric ``M^{1/2} J M^{-1/2}`` [N k, N k] of the particle system at a cloud, as products.
+
+    ``J = d grad Phi(omega_i; rho) / d omega_j`` (measure moving with the particles) is ``M^{-1} Hess E`` with
+    ``M = diag(m_i)``: similar to a symmetric matrix, with the same eigenvalues. Each product is one
+    complex-step :func:`velocity_jvp` (a complex gradient evaluation)."""
+    omega = np.asarray(omega, dtype=float)
+    mass = np.asarray(mass, dtype=float)
+    root = np.sqrt(mass)[:, None]
+    shape, n = omega.shape, omega.size
+
+    def matvec(v: np.ndarray) -> np.ndarray:
+        u = np.asarray(v, dtype=float).reshape(shape) / root
+        return (root * velocity_jvp(problem, omega, mass, u)).ravel()
+
+    return LinearOperator((n, n), matvec=matvec, dtype=float)
+
+
+@dataclass
+class Eigenpair:
+    """``lambda_max`` estimate, its (unit) eigenvector [n] and the Hessian-vector products spent."""
+    value: float
+    vector: np.ndarray
+    products: int
+
+
+def lambda_max(problem: Problem, omega: np.ndarray, mass: np.ndarray, start: np.ndarray | None = None,
+               iterations: int = LOBPCG_ITERATIONS) -> Eigenpair:
+    """The largest eigenvalue of :func:`particle_jacobian` by ``iterations`` LOBPCG iterations from ``start``
+    [N k] (None: a fixed random vector). A Rayleigh-Ritz value: at most the true lambda_max."""
+    op = particle_jacobian(problem, omega, mass)
+    n = op.shape[0]
+    count = [0]
+
+    def matmat(x: np.ndarray) -> np.ndarray:
+        count[0] += x.shape[1] if x.ndim == 2 else 1
+        return np.column_stack([op.matvec(c) for c in np.atleast_2d(x.T)]) if x.ndim == 2 else op.matvec(x)
+
+    counted = LinearOperator((n, n), matvec=lambda v: matmat(np.asarray(v).reshape(n, 1)).ravel(), matmat=matmat,
+                             dtype=float)
+    cold = start is None or start.size != n
+    x = (np.random.default_rng(0).standard_normal(n) if cold else start).reshape(n, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design, not a failure
+        values, vectors = lobpcg(counted, x, maxiter=COLD_ITERATIONS if cold else iterations, largest=True,
+                                 tol=1e-12)
+    vector = np.asarray(vectors[:, 0], dtype=float)
+    return Eigenpair(float(values[0]), vector / np.linalg.norm(vector), count[0])
+
+
+def identity_defect(energy0: float, energy1: float, integral: float, eps: float) -> float:
+    """``|E1 - E0 + Q| / max(|E1 - E0|, FLOOR_ULPS eps max(|E0|, |E1|))`` (module docstring)."""
+    change = energy1 - energy0
+    floor = FLOOR_ULPS * eps * max(abs(energy0), abs(energy1), 1e-300)
+    return abs(change + integral) / max(abs(change), floor)
+
+
+# ---- the record a run keeps -----------------------------------------------------------------------
+COLUMNS = ("dissipation_integral", "identity_defect", "lambda_max_dt")
+
+
+@dataclass
+class Assessment:
+    """What a step's checks found, applied by :meth:`AccuracyMonitor.accept` once the step is recorded."""
+    columns: dict[str, float]
+    eigen: Eigenpair | None = None
+    losses: list[tuple[str, str]] = field(default_factory=list)  # (kind, one-line description)
+
+
+class AccuracyMonitor:
+    """The per-step accuracy record of one run (module docstring): columns, warnings, stop and summary.
+
+    Its state is the last check's eigenvector and the product count (kept in the checkpoint,
+    :meth:`checkpoint_vector`) and what :meth:`restore` recomputes from the committed /steps rows."""
+
+    def __init__(self, stepper: "Stepper", comm: Any) -> None:
+        cfg = stepper.cfg
+        self.stepper, self.problem, self.comm = stepper, stepper.problem, comm
+        self.policy, self.tol = cfg.run.accuracy, cfg.run.identity_tol
+        self.dt = cfg.solver.dt
+        self.identity = bool(stepper.energy_identity)
+        self.bound = float(stepper.stability_bound)
+        self.serial = comm.size == 1
+        self.stability = math.isfinite(self.bound) and self.serial and stepper.measure == "particles"
+        self.every = max(1, cfg.run.stability_interval // max(1, stepper.stages))
+        self.eps = float(np.finfo(np.float32 if self.problem.precision == "float32" else np.float64).eps)
+        self.vector: np.ndarray | None = None
+        self.products = 0
+        self.checks = 0
+        self.last_checks: list[tuple[int, float]] = []  # (step, ratio) of the last two checks
+        self.max_defect = math.nan
+        self.max_ratio = math.nan
+        self.lost_at = math.nan
+        self.loss_text = ""
+        self.warned: set[str] = set()
+
+    # ---- what the file says about the checks ---------------------------------------------------
+    def notes(self) -> dict[str, Any]:
+        """Attributes of ``/steps``: the stability bound and why a check does not apply."""
+        why = []
+        if not self.identity:
+            why.append(f"identity_defect not recorded: {self.stepper.identity_note()}")
+        if not math.isfinite(self.bound):
+            why.append(f"lambda_max_dt not recorded: {self.stepper.name!r} is not a fixed-step explicit particle "
+                       f"method with a stability bound")
+        elif not self.stability:
+            why.append("lambda_max_dt not recorded: the check runs only in serial runs (not under MPI)")
+        return {"stability_bound": self.bound, "identity_tol": self.tol,
+                "accuracy_note": "; ".join(why) or "all checks apply"}
+
+    @property
+    def checkpoint_size(self) -> int:
+        """Length of :meth:`checkpoint_vector`: the eigenvector [N k] (serial stability runs) and the count."""
+        n = self.stepper.cfg.init.n_particles * self.problem.k if self.stability else 0
+        return n + 1
+
+    def checkpoint_vector(self) -> np.ndarray:
+        out = np.zeros(self.checkpoint_size)
+        if self.vector is not None and self.vector.size == out.size - 1:
+            out[:-1] = self.vector
+        out[-1] = self.products
+        return out
+
+    def restore(self, vector: np.ndarray | None, rows: dict[str, np.ndarray]) -> None:
+        """Continue a resumed run: the checkpoint's vector (None in files written before these checks: the
+        next check starts cold) and the committed /steps rows (row i is step i), re-judged with the current
+        thresholds (a resume may change run.identity_tol); losses found there are not warned about again."""
+        if vector is not None and vector.size == self.checkpoint_size:
+            self.products = int(vector[-1])
+            self.vector = np.array(vector[:-1]) if self.stability and np.any(vector[:-1]) else None
+        times = rows.get("time", np.zeros(0))
+        defect = rows.get("identity_defect", np.full(len(times), np.nan))
+        lam = rows.get("lambda_max_dt", np.full(len(times), np.nan))
+        for i in range(len(times)):
+            self._update(float(times[i]), {"identity_defect": float(defect[i]), "lambda_max_dt": float(lam[i])},
+                         step=i, replay=True)
+
+    # ---- per step --------------------------------------------------------------------------------
+    def _due(self, step: int, dissipation0: float, dissipation1: float) -> bool:
+        if not self.stability:
+            return False
+        if not self.last_checks or dissipation1 > DISSIPATION_JUMP * dissipation0:
+            return True
+        return step - self.last_checks[-1][0] >= self.gap()
+
+    def gap(self) -> int:
+        """Steps from the last check to the next: half the predicted distance to r = 1, at most ``every``."""
+        if len(self.last_checks) < 2:
+            return self.every
+        (s0, r0), (s1, r1) = self.last_checks
+        if not 0 < r0 < r1 < 1 or s1 <= s0:
+            return self.every
+        growth = math.log(r1 / r0) / (s1 - s0)
+        return int(min(self.every, max(1, 0.5 * math.log(1 / r1) / growth)))
+
+    def assess(self, old: "State | None", new: "State", diag0: dict[str, float] | None,
+               diag1: dict[str, float]) -> Assessment:
+        """The checks of the step ``old -> new`` (``old`` None: the initial state), without changing the
+        record: an interrupted step is discarded with its checks."""
+        columns = {c: math.nan for c in COLUMNS}
+        if self.identity and old is not None:
+            q = self.stepper.dissipation_integral(old, new, diag0, diag1)
+            columns["dissipation_integral"] = q
+            columns["identity_defect"] = identity_defect(diag0["energy"], diag1["energy"], q, self.eps)
+        eigen = None
+        d0 = diag1["dissipation"] if diag0 is None else diag0["dissipation"]
+        # zero-mass (tracer) particles have no place in M^{1/2} J M^{-1/2}: no check for such clouds
+        if self._due(new.step, d0, diag1["dissipation"]) and np.all(new.fields["mass"] > 0):
+            try:
+                eigen = lambda_max(self.problem, new.fields["omega"], new.fields["mass"], self.vector)
+            except (np.linalg.LinAlgError, ValueError):  # LOBPCG's Rayleigh-Ritz broke down: no figure this time
+                eigen = None
+            else:
+                columns["lambda_max_dt"] = eigen.value * self.dt
+        return Assessment(columns, eigen, self._losses(new.t, columns))
+
+    def _losses(self, t: float, columns: dict[str, float]) -> list[tuple[str, str]]:
+        out = []
+        defect, lam_dt = columns["identity_defect"], columns["lambda_max_dt"]
+        if defect > self.tol:
+            out.append(("identity", f"at t = {t:.6g} the energy-identity defect {defect:.3g} exceeds "
+                                    f"run.identity_tol = {self.tol:g} (the step's energy change and the integral of "
+                                    f"the dissipation disagree); reduce solver.dt"))
+        if lam_dt > self.bound:
+            out.append(("stability", f"at t = {t:.6g} lambda_max * dt = {lam_dt:.4g} exceeds {self.stepper.name}'s "
+                                     f"stability bound {self.bound:.4g} (lambda_max = {lam_dt / self.dt:.4g}, "
+                                     f"solver.dt = {self.dt:g}); reduce solver.dt below "
+                                     f"{self.bound / (lam_dt / self.dt):.3g} or use solver.method = 'adaptive'"))
+        return out
+
+    def accept(self, t: float, step: int, a: Assessment) -> list[str]:
+        """Apply an assessment to the record; the one-line warnings to print now."""
+        if a.eigen is not None:
+            self.vector, self.products = a.eigen.vector, self.products + a.eigen.products
+        return self._update(t, a.columns, step, losses=a.losses)
+
+    def _update(self, t: float, columns: dict[str, float], step: int, replay: bool = False,
+                losses: list[tuple[str, str]] | None = None) -> list[str]:
+        defect, lam_dt = columns["identity_defect"], columns["lambda_max_dt"]
+        if math.isfinite(defect):
+            self.max_defect = defect if not defect <= self.max_defect else self.max_defect
+        if math.isfinite(lam_dt):
+            ratio = lam_dt / self.bound
+            self.max_ratio = ratio if not ratio <= self.max_ratio else self.max_ratio
+            self.last_checks = (self.last_checks + [(step, ratio)])[-2:]
+            self.checks += 1
+        losses = self._losses(t, columns) if losses is None else losses
+        lines = []
+        for kind, text in losses:
+            if math.isnan(self.lost_at):
+                self.lost_at, self.loss_text = t, text
+            if kind not in self.warned:
+                self.warned.add(kind)
+                if not replay and self.policy == "warn":
+                    lines.append(f"pdeflow: accuracy lost: {text} (run.accuracy = 'off' silences this check)")
+        return lines
+
+    def should_stop(self, a: Assessment) -> bool:
+        return self.policy == "stop" and bool(a.losses)
+
+    # ---- the verdict -----------------------------------------------------------------------------
+    def verdict(self, steps: int) -> str:
+        """One line: held / lost at t = ... / not checked, with the largest figures and, for the stability
+        check, its cost against the ``steps`` steps' gradient evaluations."""
+        line = summary_line(self.max_defect, self.max_ratio, self.tol, self.bound, self.lost_at, self.loss_text,
+                            self.policy)
+        if self.stability and steps > 0:
+            evaluations = steps * self.stepper.stages
+            line += (f"; stability checks cost {self.products} complex Hessian-vector products, ~"
+                     f"{COMPLEX_COST * self.products / evaluations:.2g} of the steps' {evaluations} gradient "
+                     f"evaluations (a product ~ {COMPLEX_COST:g} evaluations)")
+        return line
+
+    def end_attrs(self, steps: int) -> dict[str, Any]:
+        return {"accuracy": self.verdict(steps), "accuracy_lost_at": self.lost_at,
+                "max_identity_defect": self.max_defect,
+                "max_stability_ratio": self.max_ratio, "stability_products": self.products}
+
+
+def summary_line(max_defect: float, max_ratio: float, tol: float, bound: float, lost_at: float, loss_text: str,
+                 policy: str) -> str:
+    """The accuracy verdict of a run in one line (used by the run's end and by ``pdeflow info``)."""
+    parts = []
+    if math.isfinite(max_defect):
+        parts.append(f"largest identity defect {max_defect:.3g} (run.identity_tol {tol:g})")
+    if math.isfinite(max_ratio):
+        parts.append(f"largest lambda_max*dt/bound {max_ratio:.3g} (bound {bound:.4g})")
+    figures = ", ".join(parts)
+    if not parts:
+        return "not checked: no check applies to this run"
+    if math.isfinite(lost_at):
+        return f"LOST at t = {lost_at:.6g}: {loss_text}; {figures}"
+    held = "held" if policy != "off" else "held (run.accuracy = 'off')"
+    return f"{held}: {figures}"
+
+
+def file_verdict(traj: Any) -> str:
+    """The accuracy line of a trajectory (:class:`pdeflow.trajectory.Trajectory`): the verdict its run wrote
+    when it ended (root attribute ``accuracy``), else (running, or killed) one from its committed /steps rows
+    with the thresholds it started with; "not recorded" for files written before the checks."""
+    steps, notes = traj.steps, getattr(traj, "steps_attrs", {})
+    if "identity_defect" not in steps:
+        return "not recorded (the file was written before pdeflow checked accuracy)"
+    if traj.attrs.get("status") != "running" and traj.attrs.get("accuracy"):
+        return str(traj.attrs["accuracy"])
+    tol = float(notes.get("identity_tol", traj.config.run.identity_tol))
+    bound = float(notes.get("stability_bound", math.nan))
+    defect, lam_dt, times = steps["identity_defect"], steps["lambda_max_dt"], steps["time"]
+    lost = (defect > tol) | (lam_dt > bound)
+    lost_at = float(times[np.argmax(lost)]) if lost.any() else math.nan
+    text = ""
+    if lost.any():
+        i = int(np.argmax(lost))
+        text = (f"energy-identity defect {defect[i]:.3g} > run.identity_tol {tol:g}" if defect[i] > tol else
+                f"lambda_max * dt = {lam_dt[i]:.4g} > stability bound {bound:.4g}")
+    finite_d, finite_l = defect[np.isfinite(defect)], lam_dt[np.isfinite(lam_dt)]
+    line = summary_line(float(finite_d.max()) if finite_d.size else math.nan,
+                        float(finite_l.max()) / bound if finite_l.size else math.nan, tol, bound, lost_at, text,
+                        traj.config.run.accuracy)
+    return line if notes.get("accuracy_note", "all checks apply") == "all checks apply" else \
+        f"{line} [{notes['accuracy_note']}]"
+
+
+def print_warning(line: str) -> None:
+    """A warning line on stderr (through tqdm, so that a progress bar stays intact)."""
+    from tqdm import tqdm
+    tqdm.write(line, file=sys.stderr)
