@@ -36,7 +36,7 @@ TASK_NAMES = ("markov", "lookback", "majority", "associative", "text")
 TASK_PARAMS = {"markov": ("concentration", "chain_seed"), "lookback": ("lag",), "majority": (),
                "associative": ("n_pairs",), "text": ("path",)}
 COORDINATES = ("full", "output_gain", "gain2", "gain3", "basis_file")
-SOLVER_METHODS = ("euler", "heun", "rk4", "adaptive", "jko", "fv", "sgd")
+SOLVER_METHODS = ("euler", "heun", "rk4", "adaptive", "jko", "fv", "sgd", "rosenbrock")
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,13 @@ class SolverConfig:
     scheme: str = spec("muscl", "fv: flux scheme", choices=("upwind", "muscl"))
     limiter: str = spec("minmod", "fv: slope limiter", choices=("minmod", "vanleer"))
     cfl: float = spec(0.4, "fv: CFL number", gt=0, le=1)
+    krylov_tol: float = spec(0.01, "rosenbrock: stage-solve accuracy, as a fraction of the local error tolerance", gt=0,
+                             le=1)
+    krylov_maxiter: int = spec(1000, "rosenbrock: MINRES iterations per stage solve (more: a failed solve, the "
+                                     "step is retried at a quarter of its size)", ge=1)
+    jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products by the complex step (exact) or a forward "
+                                  "difference of grad Phi (one real evaluation; the W-method keeps its order)",
+                         choices=("exact", "difference"))
     epsilon: float = spec(1e-3, "jko grid: entropic regularization eps of the transport (adds diffusion "
                                 "eps/(4 tau); keep sqrt(eps) >~ the cell width)", gt=0)
 
@@ -334,7 +341,7 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
     if r.frame_spacing == "linear" and r.frame_interval > r.t_end:
         raise ConfigError(f"run.frame_interval must be <= run.t_end = {r.t_end}, got {r.frame_interval}")
     s = cfg.solver
-    grid_only, particle_only = ("fv",), ("euler", "heun", "rk4", "adaptive", "sgd")
+    grid_only, particle_only = ("fv",), ("euler", "heun", "rk4", "adaptive", "sgd", "rosenbrock")
     if s.method in grid_only and cfg.init.measure != "grid":
         raise ConfigError(f"solver.method = {s.method!r} evolves a grid density: set init.measure = 'grid'")
     if s.method in particle_only and cfg.init.measure != "particles":
