@@ -38,7 +38,7 @@ frame_interval = 0.5
 """
 
 # fixed steps: a tolerance no step fails, dt_max = dt, and stage solves far below the step error
-FIXED = {"rtol": 1.0, "atol": 1.0, "krylov_tol": 1e-10}
+FIXED = {"rtol": 1.0, "atol": 1.0, "krylov_tol": 1e-14}
 
 
 def build(*overrides: str):
