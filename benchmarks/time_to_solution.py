@@ -1,6 +1,7 @@
 """Time to solution of the stiff stepper against Dormand-Prince and particle JKO (issue 17).
 
-``python -m benchmarks.time_to_solution [--n N] [--out DIR] [--wall SECONDS]`` integrates the quickstart's
+``python -m benchmarks.time_to_solution --hvp`` measures the exact JVP against grad Phi at N = 128 and
+N = 1024 (``hvp_cost.json``/``.md``). ``python -m benchmarks.time_to_solution [--n N] [--out DIR] [--wall SECONDS]`` integrates the quickstart's
 problem (data/configs/quickstart.toml; ``--n`` particles and sequences, default 32 of each - a reduced size,
 stated in the output) and writes ``time_to_solution.json`` and ``time_to_solution.md``:
 
@@ -65,6 +66,21 @@ def product_costs(problem, cfg, repeats: int = 7) -> dict[str, float]:
     return out
 
 
+def hvp_costs(log=print) -> dict[str, Any]:
+    """The exact whole-system JVP (complex step) against one grad Phi at the quickstart size (N = 128) and at
+    the benchmark reference size (data/configs/bench-reference.toml, N = 1024)."""
+    from pdeflow.config import load_config
+    from pdeflow.problem import Problem
+
+    out: dict[str, Any] = {"load_average": os.getloadavg(), "machine": machine()}
+    for name, path in (("quickstart", QUICKSTART), ("bench-reference", REPO / "data" / "configs" / "bench-reference.toml")):
+        cfg = load_config(path)
+        problem = Problem.from_config(cfg)
+        out[name] = product_costs(problem, cfg, repeats=5)
+        log(f"{name}: {out[name]}")
+    return out
+
+
 def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, probe=None) -> dict[str, Any]:
     """Step ``cfg``'s stepper to t_end (or stationarity, or the wall limit) without files; counts at each mark.
 
@@ -74,7 +90,7 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
     stepper = make_stepper(problem, cfg)
     state = stepper.initial_state()
     d0 = stepper.diagnostics(state)
-    totals: dict[str, float] = {"steps": 0.0, "wall": 0.0}
+    totals: dict[str, float] = {"steps": 0.0}
     at: dict[str, dict[str, float]] = {}
     stops = sorted(set([m for m in marks if m <= t_end] + [t_end]))
     t0 = time.perf_counter()
@@ -108,7 +124,8 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
 def gradient_equivalents(row: dict[str, float], method: str, costs: dict[str, float], jacobian: str) -> float:
     """Gradient evaluations of a run, with each JVP counted at its measured cost."""
     if method == "rosenbrock":
-        ratio = costs["exact_over_grad"] if jacobian == "exact" else costs["difference_over_grad"]
+        # a difference product is one grad Phi call (plus vector arithmetic): counted as 1
+        ratio = costs["exact_over_grad"] if jacobian == "exact" else 1.0
         return row["gradient_evals"] + ratio * row["jvps"]
     if method == "adaptive":
         # six new stages per try (first-same-as-last), plus the first evaluation
@@ -163,9 +180,17 @@ def benchmark(n: int, rtol: float, wall: float, log=print) -> dict[str, Any]:
     res["jko"] = jko
     log(f"  {jko['final']}")
 
+    res["table"] = table(res)
+    return res
+
+
+def table(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of the time-to-solution table from the raw runs of :func:`benchmark` (also re-rendered from a
+    saved JSON by ``--render``)."""
+    costs, ref, ros, dp, jko = res["costs"], res["reference"], res["rosenbrock"], res["adaptive"], res["jko"]
     rows = []
-    lam_t = np.array([t for t, _ in lambdas])
-    lam_v = np.array([v for _, v in lambdas])
+    lam_t = np.array([t for t, _ in res["lambda_max"]])
+    lam_v = np.array([v for _, v in res["lambda_max"]])
 
     def lam_integral(t_end: float) -> float:
         grid = np.linspace(0.0, t_end, 2001)
@@ -206,8 +231,7 @@ def benchmark(n: int, rtol: float, wall: float, log=print) -> dict[str, Any]:
         rows.append({"t": "stationary", "rosenbrock": {
             "t": f["t"], "wall": f["wall"], "grad_equivalents": gradient_equivalents(f, "rosenbrock", costs, "difference"),
             "steps": f["steps"], "measured": True}})
-    res["table"] = rows
-    return res
+    return rows
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -246,8 +270,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rtol", type=float, default=1e-4, help="rosenbrock tolerance (atol = rtol / 1000)")
     p.add_argument("--wall", type=float, default=1800.0, help="wall-time limit of the run to stationarity (s)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--render", help="re-render the table of a saved time_to_solution.json instead of running")
+    p.add_argument("--hvp", action="store_true", help="only measure the JVP costs at N = 128 and N = 1024")
     args = p.parse_args(argv)
-    res = benchmark(args.n, args.rtol, args.wall, log=lambda s: print(s, file=sys.stderr, flush=True))
+    if args.hvp:
+        res = hvp_costs(log=lambda s: print(s, file=sys.stderr, flush=True))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "hvp_cost.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
+        lines = ["# Cost of a whole-system Jacobian-vector product", "",
+                 f"Measured by `python -m benchmarks.time_to_solution --hvp`; load average {res['load_average'][0]:.1f}; "
+                 "medians of 5 interleaved repeats.", "",
+                 "| problem | grad Phi ms | exact JVP (complex step) ms | ratio | difference JVP ms | ratio |",
+                 "|---|---|---|---|---|---|"]
+        for name in ("quickstart", "bench-reference"):
+            c = res[name]
+            lines.append(f"| {name} | {1e3 * c['grad_phi']:.1f} | {1e3 * c['jvp_exact']:.1f} | {c['exact_over_grad']:.2f} "
+                         f"| {1e3 * c['jvp_difference']:.1f} | {c['difference_over_grad']:.2f} |")
+        (out / "hvp_cost.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
+    if args.render:
+        res = json.loads(Path(args.render).read_text())
+        res["table"] = table(res)
+    else:
+        res = benchmark(args.n, args.rtol, args.wall, log=lambda s: print(s, file=sys.stderr, flush=True))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "time_to_solution.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
