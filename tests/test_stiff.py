@@ -13,29 +13,10 @@ from pdeflow.trajectory import open_trajectory
 from solvers import make_stepper
 from solvers.base import State
 from solvers.stiff import ORDER, stability_function
+from test_explicit import SMALL as EXPLICIT_SMALL
 
-SMALL = """
-[task]
-name = "markov"
-vocab_size = 4
-seq_len = 4
-n_samples = 16
-concentration = 0.5
-[model]
-d = 8
-head_dim = 2
-positions = "sinusoidal"
-weight_decay = 0.01
-[init]
-n_particles = 8
-scale = 1.0
-[solver]
-method = "rosenbrock"
-dt = 0.05
-[run]
-t_end = 1.0
-frame_interval = 0.5
-"""
+# the small problem of the explicit steppers' tests, stepped by rosenbrock
+SMALL = EXPLICIT_SMALL.replace('method = "rk4"', 'method = "rosenbrock"')
 
 # fixed steps: a tolerance no step fails, dt_max = dt, and stage solves far below the step error
 FIXED = {"rtol": 1.0, "atol": 1.0, "krylov_tol": 1e-14}
