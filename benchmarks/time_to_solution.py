@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.time_to_solution", description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=32, help="particles and sequences (default 32)")
     p.add_argument("--rtol", type=float, default=1e-4, help="rosenbrock tolerance (atol = rtol / 1000)")
-    p.add_argument("--wall", type=float, default=1800.0, help="wall-time limit of the run to stationarity (s)")
+    p.add_argument("--wall", type=float, default=900.0, help="wall-time limit of the run to stationarity (s)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--render", help="re-render the table of a saved time_to_solution.json instead of running")
     p.add_argument("--hvp", action="store_true", help="only measure the JVP costs at N = 128 and N = 1024")
