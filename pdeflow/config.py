@@ -105,6 +105,8 @@ class SolverConfig:
                              le=1)
     krylov_maxiter: int = spec(1000, "rosenbrock: MINRES iterations per stage solve (more: a failed solve, the "
                                      "step is retried at a quarter of its size)", ge=1)
+    deflate: int = spec(0, "rosenbrock: largest eigenpairs of the Jacobian removed from the stage solves by a "
+                           "preconditioner, recomputed every step (0: none)", ge=0, le=1000)
     jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products by the complex step (exact) or a forward "
                                   "difference of grad Phi (one real evaluation; the W-method keeps its order)",
                          choices=("exact", "difference"))
