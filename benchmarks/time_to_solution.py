@@ -288,7 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--render", help="re-render the table of a saved time_to_solution.json instead of running")
     p.add_argument("--hvp", action="store_true", help="only measure the JVP costs at N = 128 and N = 1024")
+    p.add_argument("--deflate", type=int, default=None,
+                   help="only run rosenbrock with solver.deflate = M to t = 3000 (counts at t = 200, 1000, 3000)")
     args = p.parse_args(argv)
+    if args.deflate is not None:
+        cfg, problem = setup(args.n)
+        cfg = cfg.replace(solver={"method": "rosenbrock", "dt": 0.05, "rtol": args.rtol, "atol": args.rtol * 1e-3,
+                                  "jacobian": "difference", "deflate": args.deflate}, run={"t_end": 1e6})
+        res = run_stepper(cfg, problem, 3000.0, marks=(200.0, 1000.0), wall=args.wall)
+        print(json.dumps({"n": args.n, "deflate": args.deflate, "load_average": os.getloadavg(), **res},
+                         indent=1, default=float))
+        return 0
     if args.hvp:
         res = hvp_costs(log=lambda s: print(s, file=sys.stderr, flush=True))
         out = Path(args.out)
