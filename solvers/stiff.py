@@ -6,7 +6,7 @@ docs/model.md) stiffens as the heads sharpen: the largest eigenvalue of its Jaco
 their stability bound; this one is L-stable, so its step follows the local error only.
 
 Method
-    ROS34PW2 of Rang & Angermann (BIT 45, 2005, Table 4): 4 stages, order 3 with an embedded order 2
+    ROS34PW2 of Rang & Angermann (BIT Numer. Math. 45, 2005): 4 stages, order 3 with an embedded order 2
     solution, L-stable, stiffly accurate, and a W-method (order 3 for any matrix W in place of the
     Jacobian, so an inexact Krylov solve or a difference Jacobian costs no order). Coefficients
     ``alpha, gamma, b, b_hat`` as published (checked against MATLODE's Coefficients_ROS34PW2.m); the step
