@@ -36,7 +36,7 @@ TASK_NAMES = ("markov", "lookback", "majority", "associative", "text")
 TASK_PARAMS = {"markov": ("concentration", "chain_seed"), "lookback": ("lag",), "majority": (),
                "associative": ("n_pairs",), "text": ("path",)}
 COORDINATES = ("full", "output_gain", "gain2", "gain3", "basis_file")
-SOLVER_METHODS = ("euler", "heun", "rk4", "adaptive", "jko", "fv", "sgd", "wfr", "wfr_jko")
+SOLVER_METHODS = ("euler", "heun", "rk4", "adaptive", "jko", "fv", "sgd", "wfr", "wfr_jko", "rosenbrock")
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,15 @@ class SolverConfig:
                                     "(d m/dt = -gamma m Phi, the unbalanced/conic flow)", choices=("fixed", "free"))
     mass_floor: float = spec(1e-12, "wfr: a particle whose mass falls below this fraction of the total is removed "
                                     "(mass set to 0, counted in /steps/removed)", ge=0, le=1e-3)
+    krylov_tol: float = spec(0.01, "rosenbrock: stage-solve accuracy, as a fraction of the local error tolerance", gt=0,
+                             le=1)
+    krylov_maxiter: int = spec(1000, "rosenbrock: MINRES iterations per stage solve (more: a failed solve, the "
+                                     "step is retried at a quarter of its size)", ge=1)
+    deflate: int = spec(0, "rosenbrock: largest eigenpairs of the Jacobian removed from the stage solves by a "
+                           "preconditioner, recomputed every step (0: none)", ge=0, le=1000)
+    jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products by the complex step (exact) or a forward "
+                                  "difference of grad Phi (one real evaluation; the W-method keeps its order)",
+                         choices=("exact", "difference"))
 
 
 @dataclass(frozen=True)
@@ -360,7 +369,7 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
     if r.frame_spacing == "linear" and r.frame_interval > r.t_end:
         raise ConfigError(f"run.frame_interval must be <= run.t_end = {r.t_end}, got {r.frame_interval}")
     s = cfg.solver
-    grid_only, particle_only = ("fv", "wfr_jko"), ("euler", "heun", "rk4", "adaptive", "sgd", "wfr")
+    grid_only, particle_only = ("fv", "wfr_jko"), ("euler", "heun", "rk4", "adaptive", "sgd", "wfr", "rosenbrock")
     if s.method in grid_only and cfg.init.measure != "grid":
         raise ConfigError(f"solver.method = {s.method!r} evolves a grid density: set init.measure = 'grid'")
     if s.method in particle_only and cfg.init.measure != "particles":

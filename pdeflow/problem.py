@@ -9,6 +9,8 @@ A Problem holds a data set and the fixed layer (MODEL.md) and evaluates, for a w
 - ``phi(query, omega, mass)`` [Q]: ``Phi(q; rho) = Phi_data(theta(q)) + (lam/2) |q|^2``;
 - ``grad_phi(query, omega, mass)`` [Q, k]: ``basis^T grad_theta Phi_data + lam q``;
 - ``hvp(point, vector, omega, mass)`` [k]: ``Hessian_omega Phi(point; rho) @ vector`` with rho frozen;
+- ``system_jvp(omega, mass, direction)`` [N, k]: the whole particle system's Jacobian-vector product
+  (particles and measure moving together);
 - ``translation_hvp(point, vector)`` [k]: ``Hessian e(point) @ vector``, ``e(w) = E(delta_w)``.
 
 Hessian-vector products use the complex step: ``H v = Im grad(w + i h v) / h`` with ``h = 1e-30 / |v|``.
@@ -23,6 +25,7 @@ and Phi, grad Phi at the rank's particles equal the serial values.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,6 +285,19 @@ class Problem:
         """
         G = self.residual_features(np.asarray(omega, dtype=float), mass)
         return self._complex_step(point, vector, lambda z: self.grad_phi_field(z[None, :], G)[1][0])
+
+    def system_jvp(self, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
+        """``d/ds grad Phi(omega_i + s u_i; rho_{omega + s u})`` at s = 0: the particles and the measure move
+        together, so this is ``M^-1 Hess E(omega) u`` with ``M = diag(m_i)`` (minus the Jacobian of the particle
+        velocity). ``omega``, ``direction`` u [N, k] -> [N, k]; complex step, exact to rounding (module
+        docstring); one complex evaluation of grad Phi at all particles. Sharded, u is this rank's block."""
+        direction = np.asarray(direction, dtype=float)
+        norm = math.sqrt(self.comm.sum_over_ranks(float(np.sum(direction * direction)))[0])
+        if norm == 0.0:
+            return np.zeros_like(direction)
+        h = COMPLEX_STEP / norm
+        z = np.asarray(omega, dtype=float) + 1j * h * direction
+        return self.grad_phi(z, z, mass).imag / h
 
     def translation_hvp(self, point: np.ndarray, vector: np.ndarray) -> np.ndarray:
         """``Hessian e(point) @ vector`` for the one-head energy ``e(w) = E(delta_w)``: [k] -> [k].

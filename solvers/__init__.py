@@ -2,7 +2,7 @@
 
 ``euler``, ``heun``, ``rk4``, ``adaptive`` (:mod:`solvers.explicit`), ``jko`` (:mod:`solvers.jko`),
 ``fv`` (:mod:`solvers.finite_volume`), ``sgd`` (:mod:`solvers.sgd`), ``wfr`` (:mod:`solvers.wfr`),
-``wfr_jko`` (:mod:`solvers.unbalanced_jko`). The loop that drives them is
+``wfr_jko`` (:mod:`solvers.unbalanced_jko`), ``rosenbrock`` (:mod:`solvers.stiff`). The loop that drives them is
 :func:`solvers.driver.run`.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ STEPPERS: dict[str, type[Stepper]] = {}
 MODULES = {"euler": "solvers.explicit", "heun": "solvers.explicit", "rk4": "solvers.explicit",
            "adaptive": "solvers.explicit", "jko": "solvers.jko", "fv": "solvers.finite_volume",
            "sgd": "solvers.sgd", "wfr": "solvers.wfr",
-           "wfr_jko": "solvers.unbalanced_jko"}
+           "wfr_jko": "solvers.unbalanced_jko", "rosenbrock": "solvers.stiff"}
 
 
 def register(cls: type[Stepper]) -> type[Stepper]:

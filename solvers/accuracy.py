@@ -80,13 +80,9 @@ POLICIES = ("stop", "warn", "off")
 
 def velocity_jvp(problem: Problem, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
     """``d/ds grad Phi(omega_i + s u_i; rho_{omega + s u})`` at s = 0: the particles and the measure move
-    together. ``omega``, ``direction`` [N, k] -> [N, k]; complex step, exact to rounding (see Problem)."""
-    norm = float(np.linalg.norm(direction))
-    if norm == 0.0:
-        return np.zeros_like(omega)
-    h = COMPLEX_STEP / norm
-    z = omega + 1j * h * direction
-    return problem.grad_phi(z, z, mass).imag / h
+    together. ``omega``, ``direction`` [N, k] -> [N, k]; :meth:`Problem.system_jvp` (complex step, exact to
+    rounding)."""
+    return problem.system_jvp(omega, mass, direction)
 
 
 def particle_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> LinearOperator:
