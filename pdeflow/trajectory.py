@@ -78,7 +78,7 @@ from typing import Any, Iterator
 import h5py
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .config import Config, ConfigError, loads_config
 
 SCHEMA = "pdeflow-trajectory"
@@ -597,8 +597,6 @@ def new_result_file(path: str | Path, schema: str, schema_version: int, cfg: Con
     a trajectory (:func:`write_problem`; :func:`stored_problem` rebuilds it from the file alone); it is
     renamed onto ``path`` when the block completes. A kill or an exception
     leaves ``path`` as it was (absent, or the file ``--force`` was going to replace)."""
-    from . import __version__
-
     path = Path(path)
     partial = _partial_path(path)
     partial.unlink(missing_ok=True)

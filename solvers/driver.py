@@ -38,8 +38,9 @@ import numpy as np
 from tqdm import tqdm
 
 from pdeflow.config import Config, ConfigError
-from pdeflow.parallel import SERIAL, GatheringWriter, SerialComm, check_shardable
+from pdeflow.parallel import SERIAL, SerialComm, check_shardable
 from pdeflow.problem import Problem
+from pdeflow.sharded_writer import GatheringWriter
 from pdeflow.trajectory import TrajectoryWriter, error_reason
 
 from . import make_stepper
