@@ -268,7 +268,7 @@ def test_global_minimizer_is_yes_only_with_a_certificate(one_numba_thread):
     minimizer of E in full coordinates (k = 32): the search finds gap 0, but without a certificate the label
     is "not established". A stationary Dirac of the 1-D output gain family (Phi(.; delta_w*) is a convex
     quadratic, so w* is its global minimizer) is certified (k = 1): "yes". A found positive gap proves "no"."""
-    from pdeflow.diagnostics import _BoundTerms
+    from pdeflow.diagnostics.certify import _BoundTerms
 
     cfg, problem = build("model.weight_decay=0.05")
     zero = np.zeros(problem.k)
