@@ -3,7 +3,7 @@
 A config has the sections ``[task]``, ``[model]``, ``[init]``, ``[solver]``, ``[run]``, ``[output]``,
 ``[diagnostics]``, ``[grid]``, ``[sgd]``, ``[chaos]`` and ``[stability]``. Every key is declared once,
 below, as a dataclass field with its type, default and allowed range; that declaration is the whole
-schema (``pdeflow run --help-config`` prints it). Any problem - unknown key, wrong type, value out of
+schema (``pdeflow config`` prints it). Any problem - unknown key, wrong type, value out of
 range, inconsistent shapes - raises :class:`ConfigError` with one line naming ``section.key`` and what
 is allowed.
 """
@@ -461,7 +461,7 @@ def dumps_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def describe_schema() -> str:
-    """Every section and key with its default and meaning, for ``--help-config``."""
+    """Every section and key with its default and meaning, for ``pdeflow config``."""
     out = []
     for name, cls in SECTIONS.items():
         out.append(f"[{name}]")

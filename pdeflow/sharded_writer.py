@@ -34,14 +34,14 @@ class GatheringWriter:
 
     @classmethod
     def create(cls, comm: SerialComm, path: Any, cfg: Config, arrays: dict[str, Any],
-               fields: dict[str, np.ndarray], *args: Any, **kwargs: Any) -> "GatheringWriter":
+               fields: dict[str, np.ndarray], *args: Any, **kwargs: Any) -> GatheringWriter:
         """:meth:`TrajectoryWriter.create` on rank 0 with the gathered ``fields`` (same arguments)."""
         whole = {key: comm.gather_rows(value) for key, value in fields.items()}
         writer = on_root(comm, lambda: TrajectoryWriter.create(path, cfg, arrays, whole, *args, **kwargs))
         return cls(comm, writer, 0, 0, float("nan"), 0.0)
 
     @classmethod
-    def reopen(cls, comm: SerialComm, path: Any) -> tuple["GatheringWriter", Checkpoint]:
+    def reopen(cls, comm: SerialComm, path: Any) -> tuple[GatheringWriter, Checkpoint]:
         """:meth:`TrajectoryWriter.reopen` on rank 0; the checkpoint's fields are split into this rank's
         blocks for the current number of ranks (which may differ from the run that wrote the file)."""
         comm.barrier()  # every rank has finished reading the file before rank 0 opens it for writing

@@ -20,15 +20,14 @@ import numpy as np
 import ot
 import pytest
 
+import solvers.jko as jko
+from conftest import build_config
 from pdeflow.config import ConfigError, load_config
 from pdeflow.measure import Grid, l1_distance
 from pdeflow.problem import Problem
 from pdeflow.trajectory import open_trajectory
 from solvers import make_stepper
 from solvers.driver import run
-import solvers.jko as jko
-
-from conftest import build_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
 pytestmark = pytest.mark.usefixtures("one_numba_thread", "one_blas_thread")
@@ -90,7 +89,8 @@ def test_euler_stability_limit_matches_dense_jacobian():
     for e in np.eye(n):
         d = e.reshape(omega.shape) * step
         plus, minus = omega + d, omega - d
-        columns.append(((problem.grad_phi(plus, plus, mass) - problem.grad_phi(minus, minus, mass)) / (2 * step)).ravel())
+        difference = problem.grad_phi(plus, plus, mass) - problem.grad_phi(minus, minus, mass)
+        columns.append((difference / (2 * step)).ravel())
     jacobian = np.array(columns).T                          # d grad Phi_i / d omega_j
     root = np.repeat(np.sqrt(mass), omega.shape[1])
     symmetric = root[:, None] * jacobian / root[None, :]    # M^{1/2} J M^{-1/2}, symmetric

@@ -12,10 +12,24 @@ from pdeflow import Problem, loads_config
 from pdeflow.cli import main
 from pdeflow.cli_stability import particle_integrator
 from pdeflow.model import join_theta, split_theta
-from pdeflow.stability import (MEAN, NOT_ESTABLISHED, SPREAD, analyse_point, attach_gap, complement_spectrum,
-                               find_stationary_points, frozen_hessian, global_minimizer, one_head_energy,
-                               relevant_modes, simulate_point, symmetry_tangents, translation_hessian, verdict,
-                               zero_head_sweep)
+from pdeflow.stability import (
+    MEAN,
+    NOT_ESTABLISHED,
+    SPREAD,
+    analyse_point,
+    attach_gap,
+    complement_spectrum,
+    find_stationary_points,
+    frozen_hessian,
+    global_minimizer,
+    one_head_energy,
+    relevant_modes,
+    simulate_point,
+    symmetry_tangents,
+    translation_hessian,
+    verdict,
+    zero_head_sweep,
+)
 
 # Tiny problem: V = T = 3, d = 4, dh = 2, full coordinates k = 32; exact enumeration (27 sequences).
 TINY = """

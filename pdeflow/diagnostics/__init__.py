@@ -38,8 +38,17 @@ from .certify import certified_min_phi, grad_phi_bound, hess_phi_bound
 from .clusters import HeadClusters, attention_pattern, frame_measure, head_clusters, probe_sequence, trajectory_grid
 from .domain import Domain
 from .gap import GapResult, entropic_gap, minimize_phi, optimality_gap
-from .rates import KLFit, energy_identity_residual, fit_e_star, fit_e_star_interval, kl_exponent, kl_fit, pl_constant, \
-    trusted_excess
+from .rates import (
+    KLFit,
+    energy_identity_residual,
+    fit_e_star,
+    fit_e_star_interval,
+    kl_exponent,
+    kl_fit,
+    pl_constant,
+    trusted_excess,
+)
+
 __all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "certified_min_phi", "grad_phi_bound",
            "hess_phi_bound", "trusted_excess", "fit_e_star_interval", "ENTROPY_MISSING", "Domain",
            "energy_identity_residual", "pl_constant",

@@ -78,8 +78,8 @@ class Analysis:
 FRAME_ARRAYS = ("time", "energy", "dissipation", "gap", "lower_bound", "min_phi", "mean_phi", "outside_mass",
                 "minimizer", "gap_exhaustive", "pl_mu", "energy_identity_residual", "kl_predicted", "gap_bound",
                 "gap_certified")
-SCALARS = ("e_star", "e_star_source", "e_star_low", "e_star_high", "kl_status", "kl_fitted", "kl_theta", "kl_constant", "kl_points", "kl_window_start", "kl_decay_error",
-           "pl_mu_min",
+SCALARS = ("e_star", "e_star_source", "e_star_low", "e_star_high", "kl_status", "kl_fitted", "kl_theta", "kl_constant",
+           "kl_points", "kl_window_start", "kl_decay_error", "pl_mu_min",
            "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate", "gap_domain", "gap_radius")
 CLUSTER_ARRAYS = ("labels", "mass", "size", "centre", "representative", "attention", "probe")
 
@@ -215,14 +215,16 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
             if best <= e_min:
                 candidates.append(("lower_bound", best, best, e_min))
             else:
-                a.notes.append(f"certified lower bound {best:.10g} exceeds the lowest energy {e_min:.10g}: the energies "
-                               "are not those of this problem's flow (solver error?); the bound is not used as E*")
+                a.notes.append(f"certified lower bound {best:.10g} exceeds the lowest energy {e_min:.10g}: the "
+                               "energies are not those of this problem's flow (solver error?); the bound is not used "
+                               "as E*")
         fitted = fit_e_star_interval(st_e[in_window], st_i[in_window])
         if math.isfinite(fitted[0]):
             candidates.append(("fit",) + fitted)
     if not candidates:
         a.e_star_source = "none"
-        a.kl_status = "no KL regime in this window: E* unknown (no certified gap, and the tail does not determine its limit)"
+        a.kl_status = ("no KL regime in this window: E* unknown (no certified gap, and the tail does not determine "
+                       "its limit)")
         a.notes.append("E* unknown (no certified gap, and the tail does not determine its limit): no PL/KL; "
                        "pass --e-star or run longer")
         return
@@ -231,7 +233,8 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
     trusted = trusted_excess(a.energy, (lo, hi))
     a.pl_mu = np.where(trusted, pl_constant(a.energy, a.dissipation, e_star), np.nan)
     fit = kl_fit(st_e[in_window], st_i[in_window], e_star, e_star_range=(lo, hi), seed=settings.seed)
-    a.kl_theta, a.kl_theta_ci, a.kl_constant, a.kl_points = fit.theta, (fit.ci_low, fit.ci_high), fit.constant, fit.n_points
+    a.kl_theta, a.kl_theta_ci = fit.theta, (fit.ci_low, fit.ci_high)
+    a.kl_constant, a.kl_points = fit.constant, fit.n_points
     a.kl_fitted, a.kl_window_start = fit.fitted, start
     if fit.reason:
         a.kl_status = f"no KL regime in this window: {fit.reason}"

@@ -25,7 +25,7 @@ class _BoundTerms:
     weight_decay: float
 
     @classmethod
-    def of(cls, problem: Problem, G: np.ndarray) -> "_BoundTerms":
+    def of(cls, problem: Problem, G: np.ndarray) -> _BoundTerms:
         a = problem.arrays()
         inputs = a["embedding"][a["tokens"]] + a["positions"][None, :, :]
         basis = a.get("basis")
@@ -189,5 +189,6 @@ def _phi_batched(problem: Problem, G: np.ndarray, x: np.ndarray) -> np.ndarray:
 def _grad_phi_batched(problem: Problem, G: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     phi, grad = np.empty(x.shape[0]), np.empty(x.shape)
     for start in range(0, x.shape[0], GRID_BATCH):
-        phi[start:start + GRID_BATCH], grad[start:start + GRID_BATCH] = problem.grad_phi_field(x[start:start + GRID_BATCH], G)
+        rows = slice(start, start + GRID_BATCH)
+        phi[rows], grad[rows] = problem.grad_phi_field(x[rows], G)
     return phi, grad

@@ -108,11 +108,13 @@ def head_clusters(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, tol:
     labels = relabel[labels]                         # -1 stays -1 (last entry)
     cmass = cmass[order]
     size = np.array([int(np.sum(labels == c)) for c in range(n)], dtype=np.int64)
-    centre = np.array([np.average(omega[labels == c], axis=0, weights=mass[labels == c]) for c in range(n)]).reshape(n, -1)
+    centre = np.array([np.average(omega[labels == c], axis=0, weights=mass[labels == c])
+                       for c in range(n)]).reshape(n, -1)
     rep = np.array([np.flatnonzero(labels == c)[np.argmin(np.linalg.norm(omega[labels == c] - centre[c], axis=1))]
                     for c in range(n)], dtype=np.int64)
     probe = probe_sequence(problem)
     shown = rep[:min(attention_maps, n)]
-    att = attention_pattern(problem, problem.theta(omega[shown]), probe) if shown.size else np.zeros((0,) + (probe.size,) * 2)
+    att = (attention_pattern(problem, problem.theta(omega[shown]), probe) if shown.size
+           else np.zeros((0,) + (probe.size,) * 2))
     return HeadClusters(labels=labels, mass=cmass, size=size, centre=centre, representative=rep, attention=att,
                         probe=probe, threshold=threshold, frame=frame)

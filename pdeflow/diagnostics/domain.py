@@ -19,7 +19,7 @@ class Domain:
 
     @classmethod
     def make(cls, domain: str, k: int, radius: float,
-             bounds: tuple[np.ndarray, np.ndarray] | None = None) -> "Domain":
+             bounds: tuple[np.ndarray, np.ndarray] | None = None) -> Domain:
         """``ball``/``box`` of radius (half-width) ``radius`` about 0, or ``grid``: the box ``bounds``."""
         if domain == "ball":
             return cls("ball", np.full(k, -radius), np.full(k, radius), float(radius))

@@ -121,7 +121,8 @@ def entropic_gap(problem: Problem, grid: Grid, density: np.ndarray) -> GapResult
     phi = problem.phi_field(omega, problem.residual_features(omega, mass))
     beta = problem.beta
     free = problem.energy(omega, mass) + entropy(grid, density, beta)
-    bound = problem.energy(omega, mass) - float(mass @ phi) - (logsumexp(-beta * phi) + math.log(grid.cell_volume)) / beta
+    bound = (problem.energy(omega, mass) - float(mass @ phi)
+             - (logsumexp(-beta * phi) + math.log(grid.cell_volume)) / beta)
     j = int(np.argmin(phi))
     gap, mean_phi = free - bound, float(mass @ phi)
     return GapResult(gap=gap, min_phi=float(phi[j]), mean_phi=mean_phi, minimizer=omega[j].copy(), exhaustive=True,
@@ -226,7 +227,8 @@ def _projected_descent(problem: Problem, G: np.ndarray, dom: Domain, x: np.ndarr
         still = (moved_size > 1e-12 * (1.0 + np.linalg.norm(xi, axis=1))) & \
                 (fi - f_new > 1e-15 * (1.0 + np.abs(fi)))
         still[pending] = False
-        f_moved, g_moved = problem.grad_phi_field(x_new[still], G) if still.any() else (np.zeros(0), np.zeros((0, dom.k)))
+        f_moved, g_moved = (problem.grad_phi_field(x_new[still], G) if still.any()
+                            else (np.zeros(0), np.zeros((0, dom.k))))
         s = x_new[still] - xi[still]
         y = g_moved - gi[still]
         sy, ss = np.einsum("sk,sk->s", s, y), np.einsum("sk,sk->s", s, s)

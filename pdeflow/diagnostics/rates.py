@@ -222,7 +222,8 @@ def fit_e_star_interval(energy: np.ndarray, dissipation: np.ndarray) -> tuple[fl
         return nan3               # the best E* recedes without bound: the tail does not determine it
     a, b = grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]
     best = optimize.minimize_scalar(rss, bounds=(a, b), method="bounded", options={"xatol": 1e-10})
-    log_delta, rss_min = (float(best.x), float(best.fun)) if best.fun <= values[j] else (float(grid[j]), float(values[j]))
+    log_delta, rss_min = ((float(best.x), float(best.fun)) if best.fun <= values[j]
+                          else (float(grid[j]), float(values[j])))
     n_eff = e.size / _block_length(e.size)
     tiny = 1e-300
 
