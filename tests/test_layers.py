@@ -27,7 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# folder (relative to the checkout) -> the import name of the package it holds
+# folder (relative to the checkout) -> the import name of the package it holds. When solvers/ and benchmarks/ are
+# installed as pdeflow.solvers and pdeflow.benchmarks, only these names change: LAYERS already lists both spellings.
 PACKAGES = {"pdeflow": "pdeflow", "solvers": "solvers", "benchmarks": "benchmarks"}
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
