@@ -261,7 +261,7 @@ def run(preset: str, out_dir: Path, log) -> tuple[dict[str, Any], Path, Path]:
 
     cfg = PRESETS[preset]
     out_dir.mkdir(parents=True, exist_ok=True)
-    res: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S+0000"),
+    res: dict[str, Any] = {"date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S+0000"),
                            "preset": preset, "machine": machine(), "load_average": os.getloadavg(),
                            "cluster": CLUSTER, "strong_scaling": {}}
     tiny = _tiny_config(out_dir)

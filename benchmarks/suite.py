@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from . import flops as _flops
-from .common import (REFERENCE_CONFIG, build, interleaved, loglog_exponent, machine, matmul_rate, median, ratio,
-                     sizes, summary)
+from .common import (
+    REFERENCE_CONFIG,
+    build,
+    interleaved,
+    loglog_exponent,
+    machine,
+    matmul_rate,
+    median,
+    ratio,
+    sizes,
+    summary,
+)
 from .worker import spawn
 
 
@@ -102,7 +113,7 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
 
     p = PRESETS[preset] if isinstance(preset, str) else preset
     res: dict[str, Any] = {"preset": asdict(p), "config": str(config),
-                           "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+                           "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
     res["machine"] = machine()
     threads = numba.get_num_threads()
 

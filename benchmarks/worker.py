@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import resource
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any

@@ -43,9 +43,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -547,14 +548,15 @@ def plot_result(path: str | Path, result: ChaosResult) -> None:
     """Four panels (PNG): the coupling distance, logit gap and sliced W2 against N at t_end (every seed, the
     geometric mean over seeds - the level the log-log fits see - and the fits); D_N(t) per N; the SGD excess
     against eta per N; the static gap against N (every draw, the mean and RMS over draws, their fits)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # matplotlib's Agg canvas, no pyplot: the caller's backend and pyplot's figure list stay as they were
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
     d, n, eta = result.data, result.n_list, result.eta_list
-    fig, ax = plt.subplots(2, 2, figsize=(11, 8.5))
+    fig = Figure(figsize=(11, 8.5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots(2, 2)
 
     def geomean(y: np.ndarray, axis: int) -> np.ndarray:
         return np.exp(np.mean(np.log(y), axis=axis))
@@ -616,4 +618,3 @@ def plot_result(path: str | Path, result: ChaosResult) -> None:
     a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from . import __version__
 from .config import Config, ConfigError, describe_schema, load_config

@@ -24,8 +24,9 @@ the energy identity residual E(t) - E(0) + int I, the time stationarity is reach
 G = int Phi d rho - min_Omega Phi at chosen frames (certified for k <= 3, where E - G_bound is a lower bound;
 an estimate otherwise), the PL ratio I / (2 (E - E*)) and the KL exponent theta of
 I ~ C (E - E*)^(2 (1 - theta)) with a block-bootstrap 95% interval where E - E* is trustworthy (else the
-reason there is no KL regime), and clusters of heads with the attention maps of their representatives. Settings: the file's [diagnostics] section, changed by the
-options; minimizers of Phi stored by an earlier analysis seed the new gap search."""
+reason there is no KL regime), and clusters of heads with the attention maps of their representatives. Settings:
+the file's [diagnostics] section, changed by the options; minimizers of Phi stored by an earlier analysis seed the
+new gap search."""
 PLOT_HELP = """Write the figures of a trajectory into a folder, headless: energy and dissipation, the gap, the PL
 ratio, the KL fit, the particles coloured by Phi (or the grid density), attention maps of representative
 heads, and an animation of the measure (GIF; MP4 too where ffmpeg exists). Uses the stored /analysis,
@@ -70,9 +71,10 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
     if res.size and np.all(np.isnan(res)):
         lines.append("energy ident. refused (see the note)")
     else:
-        lines.append(f"energy ident. max |E(t) - E(0) + int I| = {_fmt(float(np.max(np.abs(res))) if res.size else math.nan, '.3e')}"
+        worst = float(np.max(np.abs(res))) if res.size else math.nan
+        lines.append(f"energy ident. max |E(t) - E(0) + int I| = {_fmt(worst, '.3e')}"
                      f" (energy decrease {_fmt(drop, '.3e')})")
-    lines.append(f"stationary    " + (f"from t = {a.stationary_time:.6g}" if math.isfinite(a.stationary_time)
+    lines.append("stationary    " + (f"from t = {a.stationary_time:.6g}" if math.isfinite(a.stationary_time)
                                       else "not reached") + f" (I <= {_fmt(a.stationary_tol, '.3g')})")
     if a.e_star_source == "none":
         lines.append("E*            unknown")
@@ -82,7 +84,8 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
         lines.append(f"E*            {_fmt(a.e_star, '.12g')} ({known.get(a.e_star_source, a.e_star_source)}{span})")
     if math.isfinite(a.kl_theta):
         lo, hi = a.kl_theta_ci
-        lines.append(f"KL exponent   theta = {_fmt(a.kl_theta, '.4f')}, 95% interval [{_fmt(lo, '.4f')}, {_fmt(hi, '.4f')}] "
+        lines.append(f"KL exponent   theta = {_fmt(a.kl_theta, '.4f')}, "
+                     f"95% interval [{_fmt(lo, '.4f')}, {_fmt(hi, '.4f')}] "
                      f"(block bootstrap) over t >= {_fmt(a.kl_window_start, '.4g')} ({a.kl_points} trusted points; "
                      f"0.5 = PL); C = {_fmt(a.kl_constant, '.4g')}; predicted vs observed E - E*: max |log ratio| "
                      f"{_fmt(a.kl_decay_error, '.3g')}")
@@ -115,7 +118,8 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
     for note in a.notes:
         lines.append(f"note          {note}")
     F = a.time.size
-    rows = set(a.gap_frames.tolist()) | set(np.round(np.linspace(0, F - 1, min(F, MAX_TABLE_ROWS))).astype(int).tolist())
+    spread = np.round(np.linspace(0, F - 1, min(F, MAX_TABLE_ROWS))).astype(int)
+    rows = set(a.gap_frames.tolist()) | set(spread.tolist())
     lines.append("")
     head = "E - G bound" if not a.gap_is_estimate else "E - G (none)"
     lines.append(f"{'t':>10} {'energy':>16} {'dissipation':>12} {'gap':>12} {head:>16} {'mu':>10} {'residual':>10}")
@@ -205,7 +209,8 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p)
     p.add_argument("-o", "--output", metavar="DIR", help="output folder (default: <file stem>_plots beside the file)")
-    p.add_argument("--coords", metavar="I,J", help="particle coordinates to plot (default: principal axes; k = 2: both)")
+    p.add_argument("--coords", metavar="I,J",
+                   help="particle coordinates to plot (default: principal axes; k = 2: both)")
     p.add_argument("--frame", type=int, default=-1, help="frame of the particle / density figure (default: last)")
     p.add_argument("--fps", type=int, default=5, help="frames per second of the animation")
     p.add_argument("--no-animation", action="store_true", help="no GIF / MP4")

@@ -29,7 +29,8 @@ def _positive(text: str) -> float:
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="compare a trajectory with a reference trajectory (exit 0 within tolerance, 1 otherwise)")
+    p = sub.add_parser("compare",
+                       help="compare a trajectory with a reference trajectory (exit 0 within tolerance, 1 otherwise)")
     p.add_argument("a", help="trajectory to check")
     p.add_argument("b", help="reference trajectory")
     p.add_argument("--rtol", type=_positive, default=1e-6, help="relative tolerance (default 1e-6)")

@@ -47,22 +47,27 @@ def figure_paths(out: Path) -> dict[str, Path]:
 
 def plot_stability(result: StabilityResult, cfg: Config, out: Path) -> list[Path]:
     """Spectra of H0 and Htr per point, predicted against measured rates, and the weight-decay sweep."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # matplotlib's Agg canvas, no pyplot: the caller's backend and pyplot's figure list stay as they were
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     paths = figure_paths(out)
     written = []
 
+    def figure(figsize: tuple[float, float]) -> Figure:
+        fig = Figure(figsize=figsize)
+        FigureCanvasAgg(fig)
+        return fig
+
     def save(fig, name: str) -> None:
         fig.tight_layout()
         fig.savefig(paths[name], dpi=120)
-        plt.close(fig)
         written.append(paths[name])
 
     S = len(result.points)
     if S:
-        fig, axes = plt.subplots(1, S, figsize=(4.2 * S, 3.6), squeeze=False)
+        fig = figure((4.2 * S, 3.6))
+        axes = fig.subplots(1, S, squeeze=False)
         for ax, (i, a) in zip(axes[0], enumerate(result.points)):
             idx = np.arange(len(a.h0_values))
             ax.plot(idx, a.h0_values, "o", ms=3, label="H0 (frozen)")
@@ -78,7 +83,8 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path) -> list[Path
         pairs += [(r.predicted[ax], r.measured[ax], ax) for r in result.sweep.runs for ax in (MEAN, SPREAD)]
     pairs = [p for p in pairs if np.isfinite(p[0]) and np.isfinite(p[1])]
     if pairs:
-        fig, ax = plt.subplots(figsize=(4.5, 4.2))
+        fig = figure((4.5, 4.2))
+        ax = fig.subplots()
         for axis, marker, label in ((MEAN, "o", "mean (-eig Htr)"), (SPREAD, "s", "spread (-eig H0)")):
             pr = np.array([p[0] for p in pairs if p[2] == axis])
             me = np.array([p[1] for p in pairs if p[2] == axis])
@@ -92,7 +98,8 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path) -> list[Path
         save(fig, "rates")
     if result.sweep is not None and len(result.sweep.weight_decay):
         sw = result.sweep
-        fig, ax = plt.subplots(figsize=(5.0, 3.8))
+        fig = figure((5.0, 3.8))
+        ax = fig.subplots()
         ax.plot(sw.weight_decay, sw.predicted[:, SPREAD], "-", label="predicted  -lambda_min(H0)")
         ax.plot(sw.weight_decay, sw.measured[:, SPREAD], "o", mfc="none", label="measured (simulation)")
         ax.axhline(0.0, color="k", lw=0.6)

@@ -3,7 +3,7 @@
 A config has the sections ``[task]``, ``[model]``, ``[init]``, ``[solver]``, ``[run]``, ``[output]``,
 ``[diagnostics]``, ``[grid]``, ``[sgd]``, ``[chaos]`` and ``[stability]``. Every key is declared once,
 below, as a dataclass field with its type, default and allowed range; that declaration is the whole
-schema (``pdeflow run --help-config`` prints it). Any problem - unknown key, wrong type, value out of
+schema (``pdeflow config`` prints it). Any problem - unknown key, wrong type, value out of
 range, inconsistent shapes - raises :class:`ConfigError` with one line naming ``section.key`` and what
 is allowed.
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -270,7 +271,7 @@ class Config:
             p = Path(self.source).parent / p
         return p
 
-    def replace(self, **sections: Mapping[str, Any]) -> "Config":
+    def replace(self, **sections: Mapping[str, Any]) -> Config:
         """A copy with some keys changed, validated: ``cfg.replace(run={"t_end": 2.0})``."""
         data = self.to_dict()
         for name, values in sections.items():
@@ -506,7 +507,7 @@ def dumps_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def describe_schema() -> str:
-    """Every section and key with its default and meaning, for ``--help-config``."""
+    """Every section and key with its default and meaning, for ``pdeflow config``."""
     out = []
     for name, cls in SECTIONS.items():
         out.append(f"[{name}]")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # pdeflow runs many short parallel kernels back to back, often on machines shared with other jobs.
 # OpenMP's default active waiting makes idle worker threads spin between kernels and steal the cores the

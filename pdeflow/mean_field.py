@@ -19,8 +19,8 @@ not depend on the thread count. Every function is generic in the dtype: float64,
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class AttentionData:
         B, T, _ = self.shape
         return self.tokens is not None and factored_projections(B, T, self.embedding.shape[0])
 
-    def astype(self, dtype: np.dtype) -> "AttentionData":
+    def astype(self, dtype: np.dtype) -> AttentionData:
         """The same data with float tables in ``dtype`` (targets and tokens stay integers)."""
         def cast(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a.astype(dtype)

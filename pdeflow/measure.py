@@ -27,9 +27,10 @@ or k numbers) and ``n`` cells per axis. Trajectories store it as the ``/frames``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.special import ndtr
@@ -65,7 +66,7 @@ class Grid:
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, grid: GridConfig, k: int) -> "Grid":
+    def from_config(cls, grid: GridConfig, k: int) -> Grid:
         """The grid of the ``[grid]`` section for k reduced coordinates; ConfigError naming ``grid.<key>``."""
         if k > 3:
             raise ConfigError(f"a grid needs k <= 3 reduced coordinates, the model has k = {k} "
@@ -87,17 +88,14 @@ class Grid:
 
     def frame_attrs(self) -> dict[str, np.ndarray]:
         """``lower``, ``upper`` (float [k]) and ``shape`` (int [k]): the ``/frames`` attributes of a grid run."""
-        return {"lower": np.array(self.lower), "upper": np.array(self.upper), "shape": np.array(self.shape, dtype=np.int64)}
+        return {"lower": np.array(self.lower), "upper": np.array(self.upper),
+                "shape": np.array(self.shape, dtype=np.int64)}
 
     @classmethod
-    def from_frame_attrs(cls, attrs: dict[str, Any]) -> "Grid":
+    def from_frame_attrs(cls, attrs: dict[str, Any]) -> Grid:
         """Inverse of :meth:`frame_attrs` (e.g. ``Grid.from_frame_attrs(traj.frame_attrs)``)."""
         return cls(tuple(np.atleast_1d(attrs["lower"])), tuple(np.atleast_1d(attrs["upper"])),
                    tuple(np.atleast_1d(attrs["shape"])))
-
-    def refined(self, factor: int = 2) -> "Grid":
-        """The same box with ``factor`` times as many cells per axis."""
-        return Grid(self.lower, self.upper, tuple(factor * n for n in self.shape))
 
     # ---- geometry -----------------------------------------------------------------------------
     @property

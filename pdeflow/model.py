@@ -135,9 +135,11 @@ def make_coordinates(cfg: ModelConfig, base: Path | None = None) -> Coordinates:
         except KeyError:
             raise ConfigError(f"model.basis_path: {str(path)!r} has no array 'basis'") from None
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"model.basis_path: {str(path)!r} is not a readable .npz file ({exc.__class__.__name__})") from None
+            raise ConfigError(f"model.basis_path: {str(path)!r} is not a readable .npz file "
+                              f"({exc.__class__.__name__})") from None
         if basis.ndim != 2 or basis.shape[0] != p or basis.shape[1] < 1:
-            raise ConfigError(f"model.basis_path: 'basis' must have shape [p = 4 d dh = {p}, k], got {list(basis.shape)}")
+            raise ConfigError(f"model.basis_path: 'basis' must have shape [p = 4 d dh = {p}, k], "
+                              f"got {list(basis.shape)}")
         if theta0.shape != (p,):
             raise ConfigError(f"model.basis_path: 'theta0' must have shape [{p}], got {list(theta0.shape)}")
         if not (np.all(np.isfinite(basis)) and np.all(np.isfinite(theta0))):

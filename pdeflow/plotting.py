@@ -18,8 +18,8 @@ One function per figure, each ``(traj, analysis, path, ...) -> Path`` writing on
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from matplotlib import animation

@@ -107,7 +107,7 @@ class Problem:
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, cfg: Config) -> "Problem":
+    def from_config(cls, cfg: Config) -> Problem:
         """Task data, tables and coordinates from a validated config; ConfigError on inconsistent shapes."""
         from .tasks import TaskError, make_task
 
@@ -128,7 +128,7 @@ class Problem:
         return cls(arrays, precision=m.precision, beta=m.beta)
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, Any], precision: str = "float64", beta: float = np.inf) -> "Problem":
+    def from_arrays(cls, arrays: dict[str, Any], precision: str = "float64", beta: float = np.inf) -> Problem:
         """A Problem from the dictionary :meth:`arrays` returns (as stored in a trajectory file)."""
         return cls(arrays, precision=precision, beta=beta)
 
@@ -137,19 +137,19 @@ class Problem:
         ``weights`` [B], ``theta0`` [p], ``basis`` [p,k] or None, ``head_dim``, ``score_scale``, ``weight_decay``."""
         return dict(self._arrays)
 
-    def with_data(self, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray, weights: np.ndarray) -> "Problem":
+    def with_data(self, tokens: np.ndarray, targets: np.ndarray, mask: np.ndarray, weights: np.ndarray) -> Problem:
         """The same layer on another data set (minibatches, probe sets)."""
         arrays = self.arrays()
         arrays.update(tokens=tokens, targets=targets, mask=mask, weights=weights)
         return Problem(arrays, precision=self.precision, beta=self.beta, comm=self.comm)
 
-    def with_weight_decay(self, weight_decay: float) -> "Problem":
+    def with_weight_decay(self, weight_decay: float) -> Problem:
         """The same problem with another weight decay lam."""
         arrays = self.arrays()
         arrays["weight_decay"] = float(weight_decay)
         return Problem(arrays, precision=self.precision, beta=self.beta, comm=self.comm)
 
-    def with_comm(self, comm: SerialComm | None) -> "Problem":
+    def with_comm(self, comm: SerialComm | None) -> Problem:
         """The same problem with measures split across the ranks of ``comm`` (None: serial); shares the arrays."""
         other = copy.copy(self)
         other.comm = comm or SERIAL

@@ -88,7 +88,8 @@ def read_run(path: str | Path) -> StoredRun:
     path = Path(path)
     problems = validate(path)
     if problems:
-        raise TrajectoryError(f"{path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise TrajectoryError(f"{path}: {problems[0]}{more}")
     with open_for_reading(path) as f:
         model, data, fr = f["model"], f["data"], f["frames"]
         arrays: dict[str, Any] = {k: model[k][()] for k in ("embedding", "positions", "unembedding", "theta0")}
@@ -195,7 +196,8 @@ def _validate_open(f: h5py.File) -> list[str]:
     for name, arr in (("targets", targets), ("mask", mask)):
         if arr is not None and arr.shape != tokens.shape:
             out.append(f"/data/{name} must have the shape of /data/tokens {list(tokens.shape)}, got {list(arr.shape)}")
-    if targets is not None and targets.shape == tokens.shape and targets.size and (targets.min() < 0 or targets.max() >= V):
+    if (targets is not None and targets.shape == tokens.shape and targets.size
+            and (targets.min() < 0 or targets.max() >= V)):
         out.append(f"/data/targets must lie in [0, V = {V})")
     if mask is not None and mask.shape == tokens.shape and np.any(mask.sum(axis=1) <= 0):
         out.append("/data/mask must have at least one 1 in every row")
@@ -220,7 +222,8 @@ def _validate_open(f: h5py.File) -> list[str]:
         if density is not None and all(key in fr.attrs for key in ("lower", "upper", "shape")):
             shape = tuple(int(v) for v in np.atleast_1d(fr.attrs["shape"]))
             if density.shape[1:] != shape or density.shape[0] < F:
-                out.append(f"/frames/density must have shape [F = {F}, {', '.join(map(str, shape))}], got {list(density.shape)}")
+                out.append(f"/frames/density must have shape [F = {F}, {', '.join(map(str, shape))}], "
+                           f"got {list(density.shape)}")
             if len(shape) != k:
                 out.append(f"the grid has {len(shape)} axes but the coordinates have k = {k}")
     else:
@@ -282,16 +285,19 @@ class Comparison:
                 f"[{self.span[0]:.6g}, {self.span[1]:.6g}] ({self.matched / max(self.in_span, 1):.0%})")
         if self.in_span < self.reference_frames:
             line += (f"; {self.matched}/{self.reference_frames} of all reference frames "
-                     f"({self.matched / self.reference_frames:.0%}){', partial comparison allowed' if self.partial else ''}")
+                     f"({self.matched / self.reference_frames:.0%})"
+                     f"{', partial comparison allowed' if self.partial else ''}")
         return line
 
     def table(self) -> str:
         lines = [f"{'time':>12}  {'quantity':<14} {'difference':>12} {'allowed':>12}  verdict"]
         for r in self.rows:
-            lines.append(f"{r.time:12.6g}  {r.quantity:<14} {r.value:12.4g} {r.allowed:12.4g}  {'ok' if r.ok else 'FAIL'}")
+            lines.append(f"{r.time:12.6g}  {r.quantity:<14} {r.value:12.4g} {r.allowed:12.4g}  "
+                         f"{'ok' if r.ok else 'FAIL'}")
         lines.extend(f"problem: {p}" for p in self.problems)
         lines.append(self.coverage())
-        lines.append(f"{'PASS' if self.ok else 'FAIL'}: {sum(r.ok for r in self.rows)}/{len(self.rows)} within tolerance")
+        lines.append(f"{'PASS' if self.ok else 'FAIL'}: {sum(r.ok for r in self.rows)}/{len(self.rows)} "
+                     "within tolerance")
         return "\n".join(lines)
 
 
@@ -346,7 +352,8 @@ def match_frames(candidate: np.ndarray, reference: np.ndarray, allow_partial: bo
     return pairs, problems, counts
 
 
-def measure_distance(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], seed: int = 0) -> tuple[float, str]:
+def measure_distance(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
+                     seed: int = 0) -> tuple[float, str]:
     """W2 between weighted clouds: exact (``ot.emd2``) when both have <= EXACT_W2_MAX points, else sliced."""
     import ot
 

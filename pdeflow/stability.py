@@ -36,9 +36,9 @@ Predicted rates are ``-mu`` (mean) and ``-nu`` (spread).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import scipy.optimize
@@ -47,7 +47,6 @@ from .config import Config, ConfigError
 from .model import split_theta
 from .problem import Problem
 
-VERDICTS = ("stable", "translation-unstable", "splitting-unstable", "inconclusive")
 MEAN, SPREAD = 0, 1                 # axis 1 of the rate arrays: the mean (Htr) mode and the spread (H0) mode
 FIT_SKIP = 0.1                      # fraction of a run left out of the rate fit (start-up transients)
 LOG_CHANGE = 4.0                    # a run stops once the faster mode has changed by exp(4): still linear
@@ -619,7 +618,8 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
         g["verdict"] = _strings([a.verdict for a in pts])
         g["optimality_gap"] = stack(lambda a: a.gap, ())
         g["min_phi"] = stack(lambda a: a.min_phi, ())
-        g["global_minimizer"] = _strings([a.global_minimizer or global_minimizer(a, cfg.stability.gap_tol) for a in pts])
+        g["global_minimizer"] = _strings([a.global_minimizer or global_minimizer(a, cfg.stability.gap_tol)
+                                          for a in pts])
         g["gap_exhaustive"] = np.array([a.gap_exhaustive for a in pts])
         g["gap_bound"] = stack(lambda a: a.gap_bound, ())
         predicted, measured, eig = result.rates(n)

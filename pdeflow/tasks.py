@@ -35,8 +35,9 @@ from __future__ import annotations
 import math
 import operator
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -78,14 +78,15 @@ import os
 import re
 import shutil
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import h5py
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .config import Config, ConfigError, loads_config
 
 SCHEMA = "pdeflow-trajectory"
@@ -254,7 +255,7 @@ class TrajectoryWriter:
                step_columns: tuple[str, ...] = (), frame_attrs: dict[str, Any] | None = None,
                extra_size: int = 0, measure: str = "particles", beta: float = np.inf,
                precision: str = "float64", compression: str | None = "gzip",
-               overwrite: bool = False, steps_attrs: dict[str, Any] | None = None) -> "TrajectoryWriter":
+               overwrite: bool = False, steps_attrs: dict[str, Any] | None = None) -> TrajectoryWriter:
         """Create a new file; an existing one is replaced only with ``overwrite`` (atomically, once the new
         file is complete and in SWMR mode). TrajectoryError (one line) if it cannot be created.
 
@@ -298,7 +299,7 @@ class TrajectoryWriter:
         f.attrs["schema"] = SCHEMA
         f.attrs["schema_version"] = SCHEMA_VERSION
         f.attrs["pdeflow_version"] = __version__
-        f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        f.attrs["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         f.attrs["seed"] = cfg.init.seed
         f.attrs["config"] = cfg.to_toml()
         f.attrs["method"] = cfg.solver.method
@@ -339,7 +340,7 @@ class TrajectoryWriter:
             g.create_dataset("extra", data=np.zeros(extra_size))
 
     @classmethod
-    def reopen(cls, path: str | Path) -> tuple["TrajectoryWriter", Checkpoint]:
+    def reopen(cls, path: str | Path) -> tuple[TrajectoryWriter, Checkpoint]:
         """Open an existing file to continue it: truncate to the active checkpoint and return it.
 
         A file whose writer died is first rebuilt from its committed content (module docstring, 4)."""
@@ -624,15 +625,13 @@ def new_result_file(path: str | Path, schema: str, schema_version: int, cfg: Con
     a trajectory (:func:`write_problem`; :func:`stored_problem` rebuilds it from the file alone); it is
     renamed onto ``path`` when the block completes. A kill or an exception
     leaves ``path`` as it was (absent, or the file ``--force`` was going to replace)."""
-    from . import __version__
-
     path = Path(path)
     partial = _partial_path(path)
     partial.unlink(missing_ok=True)
     try:
         with h5py.File(partial, "x") as f:
             f.attrs.update({"schema": schema, "schema_version": schema_version, "pdeflow_version": __version__,
-                            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                             "config": cfg.to_toml(), **attrs})
             if problem is not None:
                 write_problem(f, problem.arrays(), problem.beta, problem.precision)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Callable, Iterator
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lobpcg
 
-from pdeflow.problem import COMPLEX_STEP, Problem
+from pdeflow.problem import Problem
 
 if TYPE_CHECKING:
     from .base import State, Stepper
@@ -160,7 +160,7 @@ class AccuracyMonitor:
     Its state is the last check's eigenvector and the product count (kept in the checkpoint,
     :meth:`checkpoint_vector`) and what :meth:`restore` recomputes from the committed /steps rows."""
 
-    def __init__(self, stepper: "Stepper", comm: Any) -> None:
+    def __init__(self, stepper: Stepper, comm: Any) -> None:
         cfg = stepper.cfg
         self.stepper, self.problem, self.comm = stepper, stepper.problem, comm
         self.policy, self.tol = cfg.run.accuracy, cfg.run.identity_tol
@@ -240,7 +240,7 @@ class AccuracyMonitor:
         growth = math.log(r1 / r0) / (s1 - s0)
         return int(min(self.every, max(1, 0.5 * math.log(1 / r1) / growth)))
 
-    def assess(self, old: "State | None", new: "State", diag0: dict[str, float] | None,
+    def assess(self, old: State | None, new: State, diag0: dict[str, float] | None,
                diag1: dict[str, float]) -> Assessment:
         """The checks of the step ``old -> new`` (``old`` None: the initial state), without changing the
         record: an interrupted step is discarded with its checks."""

@@ -39,7 +39,7 @@ class State:
     evaluation: Any = field(default=None, repr=False)
     dissipation_integral: float | None = field(default=None, repr=False)
 
-    def advanced(self, fields: dict[str, np.ndarray], h: float, **changes: Any) -> "State":
+    def advanced(self, fields: dict[str, np.ndarray], h: float, **changes: Any) -> State:
         """The state after a step of length h with new fields (caches cleared)."""
         changes.setdefault("dissipation_integral", None)
         return replace(self, t=self.t + h, step=self.step + 1, fields=fields, evaluation=None, **changes)

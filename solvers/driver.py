@@ -37,16 +37,17 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 from tqdm import tqdm
 
 from pdeflow.config import Config, ConfigError
-from pdeflow.parallel import SERIAL, GatheringWriter, SerialComm, check_shardable
+from pdeflow.parallel import SERIAL, SerialComm, check_shardable
 from pdeflow.problem import Problem
+from pdeflow.sharded_writer import GatheringWriter
 from pdeflow.trajectory import TrajectoryWriter, committed_steps, error_reason
 
 from . import make_stepper
@@ -132,7 +133,7 @@ class _Signals:
         self.previous: dict[int, object] = {}
         self.ignore_after_interrupt = ignore_after_interrupt
 
-    def __enter__(self) -> "_Signals":
+    def __enter__(self) -> _Signals:
         for s in (signal.SIGINT, signal.SIGTERM):
             self.previous[s] = signal.getsignal(s)
             signal.signal(s, self._handler)

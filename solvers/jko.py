@@ -88,15 +88,16 @@ Grid (``init.measure = "grid"``): an entropic JKO step in the manner of Peyre (S
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import ot
 from scipy.optimize import minimize
-from scipy.special import logsumexp
-from scipy.spatial.distance import cdist
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, cg, eigsh, minres
+from scipy.spatial.distance import cdist
+from scipy.special import logsumexp
 
 from pdeflow.config import Config, ConfigError
 from pdeflow.measure import entropy
@@ -365,7 +366,7 @@ class JKO(Stepper):
     name = "jko"
     quadrature = "right"  # the energy-identity check's quadrature of a minimizing movement (solvers.accuracy)
 
-    def __new__(cls, problem: Problem, cfg: Config) -> "JKO":
+    def __new__(cls, problem: Problem, cfg: Config) -> JKO:
         if cls is JKO:
             cls = GridJKO if cfg.init.measure == "grid" else ParticleJKO
         return super().__new__(cls)

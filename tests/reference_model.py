@@ -52,7 +52,7 @@ class ReferenceModel:
         self.B = self.tokens.shape[0]
 
     @classmethod
-    def from_arrays(cls, a: dict, **replace) -> "ReferenceModel":
+    def from_arrays(cls, a: dict, **replace) -> ReferenceModel:
         """From a dictionary with the keys of ``Problem.arrays()`` (``replace`` overrides entries)."""
         a = {**a, **replace}
         return cls(a["embedding"], a["positions"], a["unembedding"], a["tokens"], a["targets"], a["mask"],

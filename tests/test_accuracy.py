@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import build_config, symmetric_particle_jacobian
 
+from conftest import build_config, symmetric_particle_jacobian
 from pdeflow import Problem, load_config
 from pdeflow.cli import main
 from pdeflow.config import dumps_toml

@@ -269,7 +269,8 @@ def value_for(key: tuple[str, str, str, tuple]) -> st.SearchStrategy:
     _, name, kind, choices = key
     typed = {"int": st.integers(min_value=-1, max_value=5), "float": st.sampled_from(EDGE_FLOATS),
              "bool": st.booleans(), "list": st.lists(st.sampled_from(EDGE_FLOATS[:8]), max_size=4),
-             "str": st.sampled_from(choices) if choices else st.sampled_from(["", "corpus.txt", "basis.npz", "x/y"])}[kind]
+             "str": (st.sampled_from(choices) if choices
+                     else st.sampled_from(["", "corpus.txt", "basis.npz", "x/y"]))}[kind]
     return st.one_of(typed, typed, typed, any_value)
 
 

@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import build_config
-
-from pdeflow import Problem
-from pdeflow import chaos
-from pdeflow.config import ConfigError
+from pdeflow import Problem, chaos
 from pdeflow.cli import main
+from pdeflow.config import ConfigError
 from solvers import make_stepper
 from solvers.driver import frame_times
 

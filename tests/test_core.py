@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import build_problem, config_text, random_arrays, random_measure, rel_err, with_random_data
-from reference_model import ReferenceModel
-
 from pdeflow.problem import Problem
+from reference_model import ReferenceModel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -280,7 +279,10 @@ def test_coordinate_families(coordinates, k):
     basis, theta0 = a["basis"], a["theta0"]
     assert np.allclose(theta, theta0 + omega @ basis.T, rtol=0, atol=1e-14)
     size = d * dh
-    blocks = lambda v: [v[i * size:(i + 1) * size] for i in range(4)]  # WQ, WK, WV, WO
+
+    def blocks(v):
+        return [v[i * size:(i + 1) * size] for i in range(4)]  # WQ, WK, WV, WO
+
     col_blocks = [blocks(basis[:, j]) for j in range(k)]
     nonzero = [[bool(np.any(b != 0)) for b in cb] for cb in col_blocks]
     norms = [[float(np.linalg.norm(b)) for b in cb] for cb in col_blocks]
@@ -483,9 +485,8 @@ def test_results_do_not_depend_on_thread_count(tmp_path):
 def test_blas_runs_on_one_thread_whatever_the_import_order():
     """pdeflow's threads run whole chunks; BLAS must not add threads of its own, even when numpy (and so
     BLAS) was loaded before pdeflow could set OPENBLAS_NUM_THREADS."""
-    script = ("import numpy, threadpoolctl, sys; sys.path.insert(0, %r); import pdeflow; "
-              "print(max(p['num_threads'] for p in threadpoolctl.threadpool_info() if p['user_api'] == 'blas'))"
-              % str(REPO))
+    script = (f"import numpy, threadpoolctl, sys; sys.path.insert(0, {str(REPO)!r}); import pdeflow; "
+              "print(max(p['num_threads'] for p in threadpoolctl.threadpool_info() if p['user_api'] == 'blas'))")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     env["OMP_NUM_THREADS"] = "2"  # OpenBLAS would otherwise take this count
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)

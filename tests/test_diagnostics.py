@@ -274,7 +274,8 @@ def test_attention_pattern_reproduces_the_problem_logits():
     att = D.attention_pattern(problem, problem.theta(omega), probe)
     T = probe.size
     assert att.shape == (3, T, T)
-    assert np.allclose(att.sum(axis=-1), 1.0) and np.all(att[:, np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
+    upper = np.triu_indices(T, 1)
+    assert np.allclose(att.sum(axis=-1), 1.0) and np.all(att[:, upper[0], upper[1]] == 0)
     arrays = problem.arrays()
     x = arrays["embedding"][probe] + arrays["positions"]
     b = int(np.argmax(arrays["weights"]))
@@ -477,7 +478,8 @@ def test_diagnose_command_prints_stores_and_refuses_bad_input(tmp_path, capsys):
     assert D.read_analysis(open_trajectory(path)).e_star == 0.5
     capsys.readouterr()
     for argv, needle in [(["--set", "radius=-1"], "diagnostics.radius"), (["--frames", "-1"], "diagnostics.gap_frames"),
-                         (["--set", "run.t_end=3"], "only [diagnostics]"), (["--set", "domain=grid"], "diagnostics.domain"),
+                         (["--set", "run.t_end=3"], "only [diagnostics]"),
+                         (["--set", "domain=grid"], "diagnostics.domain"),
                          (["--set", "nope=1"], "diagnostics.nope")]:
         assert main(["diagnose", str(path), *argv]) == 2
         err = capsys.readouterr().err

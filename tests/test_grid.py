@@ -19,7 +19,6 @@ from scipy.special import ndtri
 from scipy.stats import norm
 
 from conftest import build_config
-
 from pdeflow.cli import format_info, main
 from pdeflow.config import ConfigError, GridConfig, InitConfig, load_config
 from pdeflow.measure import Grid, entropy, free_energy, initial_density, l1_distance
@@ -97,7 +96,8 @@ def test_grid_geometry_conversions_and_config():
     assert Grid.from_frame_attrs(g.frame_attrs()) == g
     assert Grid.from_config(GridConfig(n=5, radius=2.0), 3) == Grid((-2.0,) * 3, (2.0,) * 3, (5,) * 3)
     assert Grid.from_config(GridConfig(n=5, lower=[-1.0], upper=[1.0, 2.0]), 2) == Grid((-1, -1), (1, 2), (5, 5))
-    for bad, key in ((GridConfig(lower=[0.0, 1.0, 2.0]), "grid.lower"), (GridConfig(lower=[1.0], upper=[1.0]), "grid.upper")):
+    for bad, key in ((GridConfig(lower=[0.0, 1.0, 2.0]), "grid.lower"),
+                     (GridConfig(lower=[1.0], upper=[1.0]), "grid.upper")):
         with pytest.raises(ConfigError, match=key):
             Grid.from_config(bad, 2)
     with pytest.raises(ConfigError, match="k <= 3"):
@@ -365,7 +365,8 @@ def test_run_writes_density_frames_resumes_and_info_reports_the_grid(tmp_path, c
     integral = np.sum(np.diff(steps["time"]) * 0.5 * (steps["dissipation"][1:] + steps["dissipation"][:-1]))
     assert integral == pytest.approx(drop, rel=2e-2)
     for i in range(len(traj.time)):
-        assert traj.frames["energy"][i] == pytest.approx(free_energy(problem, grid, traj.frames["density"][i]), rel=1e-13)
+        expected = free_energy(problem, grid, traj.frames["density"][i])
+        assert traj.frames["energy"][i] == pytest.approx(expected, rel=1e-13)
     info = format_info(traj)
     assert "grid        n = 10 x 10 on [-2, 2] x [-2, 2]; mass 1" in info and "min density" in info
     assert main(["info", str(tmp_path / "whole.h5")]) == 0

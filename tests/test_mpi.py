@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 from conftest import config_text
-
 from pdeflow import open_trajectory
 from pdeflow.cli import main
 from pdeflow.parallel import SERIAL, child_environment, find_mpiexec, shard

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import build_config, random_arrays, random_measure, rel_err
-from reference_model import ReferenceModel
-
 from pdeflow import kernels, mean_field
 from pdeflow.measure import Grid, free_energy
 from pdeflow.problem import Problem
+from reference_model import ReferenceModel
 from solvers import make_stepper
 from solvers.jko import velocity_jvp
 

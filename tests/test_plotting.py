@@ -2,6 +2,7 @@
 particle runs (k = 1, 2 and 56) and grid runs (k = 1, 2, 3); the ``pdeflow plot`` command and its bad input."""
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -107,8 +108,8 @@ def test_plot_command_headless_and_bad_input(particle_file, tmp_path, capsys):
     out = tmp_path / "figs"
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND", "WAYLAND_DISPLAY")}
     env.update(PYTHONPATH=str(REPO), NUMBA_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "pdeflow", "plot", str(particle_file), "-o", str(out), "--coords", "0,5",
-                           "--no-animation"],
+    proc = subprocess.run([sys.executable, "-m", "pdeflow", "plot", str(particle_file), "-o", str(out),
+                           "--coords", "0,5", "--no-animation"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert {Path(line).name for line in proc.stdout.split()} == PARTICLE_FIGURES - {"measure.gif"}
@@ -121,3 +122,20 @@ def test_plot_command_headless_and_bad_input(particle_file, tmp_path, capsys):
         assert main(["plot", str(particle_file), *argv, "--no-animation"]) == 2
         err = capsys.readouterr().err
         assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_module_switches_the_matplotlib_backend():
+    """Figures are drawn on a matplotlib ``Figure`` with its own Agg canvas (as in pdeflow.plotting): no module of
+    pdeflow calls ``matplotlib.use`` or imports pyplot, so a caller's backend and pyplot's figures are left alone."""
+    found = []
+    for folder in ("pdeflow", "solvers", "benchmarks"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else [])
+                if any(n.startswith("matplotlib.pyplot") for n in names):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: imports pyplot")
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "use"
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "matplotlib"):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: calls matplotlib.use")
+    assert not found, found

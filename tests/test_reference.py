@@ -128,7 +128,7 @@ def write_external_file(path: Path, golden: Path, frames: slice = slice(None)) -
             f["model"].attrs[key] = g["model"].attrs[key]
         for key in ("tokens", "targets", "mask", "weights"):
             f[f"data/{key}"] = g[f"data/{key}"][()]
-        n = g["checkpoint/slot%d/n_frames" % g["checkpoint/active"][()]][()]
+        n = g[f"checkpoint/slot{int(g['checkpoint/active'][()])}/n_frames"][()]
         f["frames/time"] = g["frames/time"][:n][frames]
         f["frames/omega"] = g["frames/omega"][:n][frames]
         f["frames/mass"] = g["frames/mass"][:n][frames]

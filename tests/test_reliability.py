@@ -30,8 +30,7 @@ import pytest
 from pdeflow.cli import main
 from pdeflow.config import dumps_toml, load_config
 from pdeflow.problem import Problem
-from pdeflow.trajectory import (TrajectoryError, TrajectoryWriter, edit_trajectory, open_trajectory,
-                                read_checkpoint)
+from pdeflow.trajectory import TrajectoryError, TrajectoryWriter, edit_trajectory, open_trajectory, read_checkpoint
 from solvers import make_stepper
 
 REPO = Path(__file__).resolve().parents[1]
@@ -258,7 +257,8 @@ def test_non_finite_state_stops_with_exit_3_and_keeps_the_last_good_frame(tmp_pa
                                                                           cause):
     cfg_path = tmp_path / "nf.toml"
     cfg_path.write_text(BASE.replace('method = "euler"', f'method = "{method}"').replace("dt = 0.01", "dt = 5.0")
-                        .replace("t_end = 1.0", "t_end = 10000.0").replace("frame_interval = 0.01", "frame_interval = 50.0")
+                        .replace("t_end = 1.0", "t_end = 10000.0")
+                        .replace("frame_interval = 0.01", "frame_interval = 50.0")
                         .replace("head_dim = 2", "head_dim = 2\nweight_decay = 1.0")
                         # the accuracy check would stop the run at t = 0 (lambda_max dt >= 5 > 2): off, to reach inf
                         .replace("[run]", '[run]\naccuracy = "off"'))

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import build_config
-
 from pdeflow import ConfigError, Problem, open_trajectory
 from pdeflow.cli import main
 from solvers import make_stepper
 from solvers.driver import run
+
 
 @pytest.fixture(autouse=True)
 def one_thread():

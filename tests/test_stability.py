@@ -12,10 +12,24 @@ from pdeflow import Problem, loads_config
 from pdeflow.cli import main
 from pdeflow.cli_stability import particle_integrator
 from pdeflow.model import join_theta, split_theta
-from pdeflow.stability import (MEAN, NOT_ESTABLISHED, SPREAD, analyse_point, attach_gap, complement_spectrum,
-                               find_stationary_points, frozen_hessian, global_minimizer, one_head_energy,
-                               relevant_modes, simulate_point, symmetry_tangents, translation_hessian, verdict,
-                               zero_head_sweep)
+from pdeflow.stability import (
+    MEAN,
+    NOT_ESTABLISHED,
+    SPREAD,
+    analyse_point,
+    attach_gap,
+    complement_spectrum,
+    find_stationary_points,
+    frozen_hessian,
+    global_minimizer,
+    one_head_energy,
+    relevant_modes,
+    simulate_point,
+    symmetry_tangents,
+    translation_hessian,
+    verdict,
+    zero_head_sweep,
+)
 
 # Tiny problem: V = T = 3, d = 4, dh = 2, full coordinates k = 32; exact enumeration (27 sequences).
 TINY = """
@@ -268,7 +282,7 @@ def test_global_minimizer_is_yes_only_with_a_certificate(one_numba_thread):
     minimizer of E in full coordinates (k = 32): the search finds gap 0, but without a certificate the label
     is "not established". A stationary Dirac of the 1-D output gain family (Phi(.; delta_w*) is a convex
     quadratic, so w* is its global minimizer) is certified (k = 1): "yes". A found positive gap proves "no"."""
-    from pdeflow.diagnostics import _BoundTerms
+    from pdeflow.diagnostics.certify import _BoundTerms
 
     cfg, problem = build("model.weight_decay=0.05")
     zero = np.zeros(problem.k)

@@ -19,8 +19,17 @@ import numpy as np
 import pytest
 
 from pdeflow.config import loads_config
-from pdeflow.trajectory import (END_ATTRS, MESSAGE_BYTES, Checkpoint, TrajectoryError, TrajectoryWriter, check_file,
-                                committed_counts, edit_trajectory, open_trajectory, read_checkpoint)
+from pdeflow.trajectory import (
+    END_ATTRS,
+    MESSAGE_BYTES,
+    Checkpoint,
+    TrajectoryError,
+    TrajectoryWriter,
+    check_file,
+    committed_counts,
+    edit_trajectory,
+    open_trajectory,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 N, K, V, T, D, DH, B = 5, 3, 3, 4, 4, 2, 6

@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
-
-from pathlib import Path
 
 from pdeflow import Problem, loads_config
 from pdeflow.cli import main
@@ -353,6 +352,7 @@ def test_wfr_jko_inner_problem_is_pots_semi_relaxed_transport():
     """The closed-form plan equals POT's sinkhorn_unbalanced with reg_m = (1, 0) and c = a x 1; without transport
     (infinite off-diagonal cost, eps -> 0) the step is the implicit reaction b = a / (1 + c (xi - lam))^2."""
     import ot
+
     from solvers.unbalanced_jko import jko_masses, semi_relaxed_plan
     rng = np.random.default_rng(0)
     a, cost, eps = rng.random(6), rng.random((6, 7)), 0.3

@@ -1,0 +1,254 @@
+"""The analysis of a trajectory (what ``/analysis`` holds): rates, gaps and head clusters, from the
+``[diagnostics]`` settings; the quantities are those of :mod:`pdeflow.diagnostics`."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import ConfigError, DiagnosticsConfig
+from ..problem import Problem
+from ..trajectory import Trajectory
+from .clusters import HeadClusters, frame_measure, head_clusters, trajectory_grid
+from .gap import entropic_gap, optimality_gap
+from .rates import energy_identity_residual, fit_e_star_interval, kl_fit, pl_constant, trusted_excess
+
+GRID_CLUSTER_MASS = 1e-2     # grid cells lighter than this times the heaviest belong to no cluster
+ENTROPY_MISSING = ("refused: beta < inf with particles, whose stored energy has no entropy term; the energy "
+                   "identity, E*, PL and KL analyses would be those of another functional")
+
+
+@dataclass
+class Analysis:
+    """Everything ``/analysis`` holds. Arrays over frames [F] (nan where not computed): ``time``, ``energy``,
+    ``dissipation``, ``gap`` (from the least Phi found: never above the true gap), ``gap_certified`` (bool: min
+    Phi certified, :class:`GapResult`), ``gap_bound`` (the certified upper bound on the gap), ``lower_bound``
+    (``E - gap_bound``, a proven lower bound on E over measures on Omega; nan where the gap is not certified
+    or an entropy term is missing), ``min_phi``, ``mean_phi``, ``outside_mass``, ``minimizer`` [F, k],
+    ``pl_mu`` (only where E - E* is trustworthy: :func:`trusted_excess`), ``energy_identity_residual``,
+    ``kl_predicted`` (E - E* predicted by the KL fit over its window). Scalars: ``e_star``, where it came from
+    and the interval ``[e_star_low, e_star_high]`` known (given, certified) or estimated (fit) to hold it; the
+    KL fit, or ``kl_status`` saying why the window shows no KL regime; ``pl_mu_min`` (the least trusted PL
+    ratio at the frames of the KL window: the PL constant the tail supports), the stationary time, and the
+    settings the gap search used."""
+    time: np.ndarray
+    energy: np.ndarray
+    dissipation: np.ndarray
+    gap: np.ndarray
+    lower_bound: np.ndarray
+    min_phi: np.ndarray
+    mean_phi: np.ndarray
+    outside_mass: np.ndarray
+    minimizer: np.ndarray
+    gap_exhaustive: np.ndarray
+    pl_mu: np.ndarray
+    energy_identity_residual: np.ndarray
+    kl_predicted: np.ndarray
+    gap_bound: np.ndarray
+    gap_certified: np.ndarray
+    e_star: float = math.nan
+    e_star_source: str = "none"
+    e_star_low: float = math.nan
+    e_star_high: float = math.nan
+    kl_status: str = ""
+    kl_fitted: float = math.nan
+    kl_theta: float = math.nan
+    kl_theta_ci: tuple[float, float] = (math.nan, math.nan)
+    kl_constant: float = math.nan
+    kl_points: int = 0
+    kl_window_start: float = math.nan
+    kl_decay_error: float = math.nan
+    pl_mu_min: float = math.nan
+    stationary_time: float = math.nan
+    stationary_tol: float = math.nan
+    gap_computed: bool = False
+    gap_is_estimate: bool = False
+    gap_domain: str = ""
+    gap_radius: float = math.nan
+    clusters: HeadClusters | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gap_frames(self) -> np.ndarray:
+        """Indices of the frames where the gap was computed."""
+        return np.flatnonzero(np.isfinite(self.gap))
+
+
+FRAME_ARRAYS = ("time", "energy", "dissipation", "gap", "lower_bound", "min_phi", "mean_phi", "outside_mass",
+                "minimizer", "gap_exhaustive", "pl_mu", "energy_identity_residual", "kl_predicted", "gap_bound",
+                "gap_certified")
+SCALARS = ("e_star", "e_star_source", "e_star_low", "e_star_high", "kl_status", "kl_fitted", "kl_theta", "kl_constant",
+           "kl_points", "kl_window_start", "kl_decay_error", "pl_mu_min",
+           "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate", "gap_domain", "gap_radius")
+CLUSTER_ARRAYS = ("labels", "mass", "size", "centre", "representative", "attention", "probe")
+
+
+def gap_frame_indices(n_frames: int, gap_frames: int) -> np.ndarray:
+    """``gap_frames`` frame indices spread evenly over [0, n_frames), the last frame included."""
+    if n_frames == 0 or gap_frames <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if gap_frames == 1:
+        return np.array([n_frames - 1])
+    return np.unique(np.round(np.linspace(0, n_frames - 1, gap_frames)).astype(np.int64))
+
+
+def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis | None = None,
+            run_stationary_tol: float = 0.0) -> Analysis:
+    """The analysis of a trajectory with the ``[diagnostics]`` settings (the :mod:`pdeflow.diagnostics` docstring).
+
+    ``previous``: an earlier analysis of the same file, whose minimizers seed the gap search (so a rerun
+    only improves the minimum found). ``run_stationary_tol``: the run's ``run.stationary_tol``.
+    """
+    problem = traj.problem()
+    time = np.asarray(traj.time, dtype=float)
+    F = time.size
+    energy = np.asarray(traj.frames["energy"], dtype=float)
+    dissipation = np.asarray(traj.frames["dissipation"], dtype=float)
+    nan = np.full(F, np.nan)
+    a = Analysis(time=time, energy=energy, dissipation=dissipation, gap=nan.copy(), lower_bound=nan.copy(),
+                 min_phi=nan.copy(), mean_phi=nan.copy(), outside_mass=nan.copy(),
+                 minimizer=np.full((F, problem.k), np.nan), gap_exhaustive=np.zeros(F, dtype=bool),
+                 pl_mu=nan.copy(), energy_identity_residual=nan.copy(), kl_predicted=nan.copy(),
+                 gap_bound=nan.copy(), gap_certified=np.zeros(F, dtype=bool))
+    if F == 0:
+        a.notes.append("no frames")
+        return a
+    if settings.gap:
+        _gaps(a, traj, problem, settings, previous)
+    if "omega" in traj.frames and not math.isinf(problem.beta):
+        # the stored energy and dissipation of noisy particles lack the entropy term (no density to take it
+        # from): the identity and the rates would be those of another functional
+        a.kl_status = ENTROPY_MISSING
+        a.notes.append(ENTROPY_MISSING)
+        _clusters(a, traj, problem, settings)
+        return a
+    steps = traj.steps
+    dense = len(steps.get("time", ())) >= 2
+    st_t, st_e, st_i = ((np.asarray(steps[c], dtype=float) for c in ("time", "energy", "dissipation")) if dense
+                        else (time, energy, dissipation))
+    a.energy_identity_residual = np.interp(time, st_t, energy_identity_residual(st_t, st_e, st_i))
+
+    tol = settings.stationary_tol or run_stationary_tol or 1e-8 * float(dissipation[0])
+    a.stationary_tol = tol
+    below = dissipation <= tol
+    if below[-1]:
+        first = F - int(np.argmin(below[::-1])) if not below.all() else 0
+        a.stationary_time = float(time[first])
+
+    _rates(a, settings, st_t, st_e, st_i)
+    _clusters(a, traj, problem, settings)
+    return a
+
+
+def _clusters(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig) -> None:
+    last = a.time.size - 1
+    omega, mass = frame_measure(traj, last)
+    grid = trajectory_grid(traj)
+    cells = {} if grid is None else {"min_mass": GRID_CLUSTER_MASS * float(mass.max()),
+                                     "min_distance": 1.01 * float(np.linalg.norm(grid.width))}
+    a.clusters = head_clusters(problem, omega, mass, tol=settings.cluster_tol, attention_maps=settings.attention_maps,
+                               seed=settings.seed, frame=last, **cells)
+
+
+def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig,
+          previous: Analysis | None) -> None:
+    grid = trajectory_grid(traj)
+    bounds = None if grid is None else (np.array(grid.lower), np.array(grid.upper))
+    if settings.domain == "grid" and grid is None:
+        raise ConfigError("diagnostics.domain = 'grid' needs a grid run; this file holds particles")
+    known = [] if previous is None else [previous.minimizer[np.all(np.isfinite(previous.minimizer), axis=1)]]
+    known = [m for m in known if m.shape[-1] == problem.k]
+    entropic = grid is not None and not math.isinf(problem.beta)
+    for f in gap_frame_indices(a.time.size, settings.gap_frames):
+        if entropic:
+            res = entropic_gap(problem, grid, traj.frames["density"][f])
+        else:
+            omega, mass = frame_measure(traj, int(f))
+            res = optimality_gap(problem, omega, mass, domain=settings.domain, radius=settings.radius,
+                                 n_starts=settings.n_starts, grid_points=settings.grid_points,
+                                 seed=settings.seed + int(f), extra_starts=np.concatenate(known) if known else None,
+                                 bounds=bounds)
+        a.gap[f], a.min_phi[f], a.mean_phi[f] = res.gap, res.min_phi, res.mean_phi
+        a.minimizer[f], a.outside_mass[f], a.gap_exhaustive[f] = res.minimizer, res.outside_mass, res.exhaustive
+        a.gap_certified[f], a.gap_bound[f] = res.certified, res.gap_bound
+        known.append(res.minimizer[None])
+    computed = np.isfinite(a.gap)
+    a.gap_computed = bool(computed.any())
+    a.gap_is_estimate = bool(a.gap_computed and not a.gap_certified[computed].all())
+    a.gap_domain = "grid, entropic" if entropic else settings.domain
+    a.gap_radius = settings.radius if settings.domain in ("ball", "box") and not entropic else math.nan
+    if entropic:
+        a.notes.append("beta < inf on a grid: G = E_h - min E_h over grid densities (relative entropy to the Gibbs "
+                       "density of Phi, divided by beta)")
+    if math.isinf(problem.beta) or entropic:
+        a.lower_bound = np.where(a.gap_certified, a.energy - a.gap_bound, np.nan)
+    else:
+        a.notes.append("beta < inf with particles: E - G is not a lower bound (the entropy is not in Phi); "
+                       "lower_bound left nan")
+    if a.gap_is_estimate:
+        a.notes.append(f"the gap is an estimate: min Phi comes from a non-exhaustive search in k = {problem.k} "
+                       "coordinates, so E - G bounds nothing and is not used as E*")
+    if np.any(a.outside_mass[computed] > 0):
+        a.notes.append("part of rho lies outside Omega: the gap may be negative there (a certified E - G bound "
+                       "stays a bound)")
+
+
+def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.ndarray, st_i: np.ndarray) -> None:
+    """E*, the PL ratio at the frames and the KL fit over the window (on the /steps rows when present).
+
+    E* comes with an interval that holds it: ``diagnostics.e_star`` if given (a point); else the narrower of
+    the certified one, ``[best E - gap_bound, lowest E]`` (point: the bound), and the profile interval of the
+    limit fitted from the window's tail (:func:`fit_e_star_interval`). An uncertified gap never gives E*.
+    PL and KL use only samples where E - E* is trustworthy (:func:`trusted_excess`)."""
+    t_end = float(a.time[-1])
+    start = t_end - settings.kl_window * (t_end - float(a.time[0]))
+    in_window = st_t >= start - 1e-12 * max(1.0, abs(start))
+    e_min = float(np.nanmin(st_e))
+    candidates = []
+    if math.isfinite(settings.e_star):
+        candidates.append(("given", float(settings.e_star), float(settings.e_star), float(settings.e_star)))
+    else:
+        bounds = np.isfinite(a.lower_bound)
+        if bounds.any():
+            best = float(np.max(a.lower_bound[bounds]))
+            if best <= e_min:
+                candidates.append(("lower_bound", best, best, e_min))
+            else:
+                a.notes.append(f"certified lower bound {best:.10g} exceeds the lowest energy {e_min:.10g}: the "
+                               "energies are not those of this problem's flow (solver error?); the bound is not used "
+                               "as E*")
+        fitted = fit_e_star_interval(st_e[in_window], st_i[in_window])
+        if math.isfinite(fitted[0]):
+            candidates.append(("fit",) + fitted)
+    if not candidates:
+        a.e_star_source = "none"
+        a.kl_status = ("no KL regime in this window: E* unknown (no certified gap, and the tail does not determine "
+                       "its limit)")
+        a.notes.append("E* unknown (no certified gap, and the tail does not determine its limit): no PL/KL; "
+                       "pass --e-star or run longer")
+        return
+    source, e_star, lo, hi = min(candidates, key=lambda c: c[3] - c[2])
+    a.e_star, a.e_star_source, a.e_star_low, a.e_star_high = e_star, source, lo, hi
+    trusted = trusted_excess(a.energy, (lo, hi))
+    a.pl_mu = np.where(trusted, pl_constant(a.energy, a.dissipation, e_star), np.nan)
+    fit = kl_fit(st_e[in_window], st_i[in_window], e_star, e_star_range=(lo, hi), seed=settings.seed)
+    a.kl_theta, a.kl_theta_ci = fit.theta, (fit.ci_low, fit.ci_high)
+    a.kl_constant, a.kl_points = fit.constant, fit.n_points
+    a.kl_fitted, a.kl_window_start = fit.fitted, start
+    if fit.reason:
+        a.kl_status = f"no KL regime in this window: {fit.reason}"
+        a.notes.append(a.kl_status)
+    else:
+        a.kl_status = "KL regime"
+    frames = np.flatnonzero(a.time >= start - 1e-12 * max(1.0, abs(start)))
+    window_mu = a.pl_mu[frames][np.isfinite(a.pl_mu[frames])]
+    a.pl_mu_min = float(window_mu.min()) if window_mu.size else math.nan
+    if math.isfinite(fit.theta) and frames.size and a.energy[frames[0]] > e_star:
+        t0 = a.time[frames[0]]
+        predicted = fit.predicted_excess(a.time[frames], t0, a.energy[frames[0]] - e_star)
+        a.kl_predicted[frames] = predicted
+        observed = a.energy[frames] - e_star
+        ok = (observed > 0) & (predicted > 0) & trusted[frames]
+        if ok.any():
+            a.kl_decay_error = float(np.max(np.abs(np.log(predicted[ok] / observed[ok]))))
