@@ -1,7 +1,8 @@
 """Time to solution of the stiff stepper against Dormand-Prince and particle JKO (issue 17).
 
 ``python -m benchmarks.time_to_solution --hvp`` measures the exact JVP against grad Phi at N = 128 and
-N = 1024 (``hvp_cost.json``/``.md``). ``python -m benchmarks.time_to_solution [--n N] [--out DIR] [--wall SECONDS]`` integrates the quickstart's
+N = 1024 (``hvp_cost.json``/``.md``). ``python -m benchmarks.time_to_solution [--n N] [--out DIR] [--wall SECONDS]``
+integrates the quickstart's
 problem (data/configs/quickstart.toml; ``--n`` particles and sequences, default 32 of each - a reduced size,
 stated in the output) and writes ``time_to_solution.json`` and ``time_to_solution.md``:
 
@@ -73,7 +74,8 @@ def hvp_costs(log=print) -> dict[str, Any]:
     from pdeflow.problem import Problem
 
     out: dict[str, Any] = {"load_average": os.getloadavg(), "machine": machine()}
-    for name, path in (("quickstart", QUICKSTART), ("bench-reference", REPO / "data" / "configs" / "bench-reference.toml")):
+    for name, path in (("quickstart", QUICKSTART),
+                       ("bench-reference", REPO / "data" / "configs" / "bench-reference.toml")):
         cfg = load_config(path)
         problem = Problem.from_config(cfg)
         out[name] = product_costs(problem, cfg, repeats=5)
@@ -237,7 +239,8 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
     d = dp["at"]["40"]
     last = float(lam_v[-1])
     factor = (lam_integral(float(lam_t[-1])) + last * (f["t"] - float(lam_t[-1]))) / lam_integral(40.0)
-    row["adaptive"] = {"wall": d["wall"] * factor, "grad_equivalents": gradient_equivalents(d, "adaptive", costs, "") * factor,
+    row["adaptive"] = {"wall": d["wall"] * factor,
+                       "grad_equivalents": gradient_equivalents(d, "adaptive", costs, "") * factor,
                        "steps": d["steps"] * factor, "energy_error": None, "measured": False,
                        "method": f"extrapolated: lambda_max held at {last:.3g} (its value at t = {lam_t[-1]:.0f}) "
                                  f"beyond the sampled range, x {factor:.3g}"}
@@ -250,8 +253,10 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [f"# Time to solution ({res['problem']})", "",
              f"Measured by `python -m benchmarks.time_to_solution`; load average {res['load_average'][0]:.1f} on "
              f"{res['machine'].get('cpu_count', '?')} cores. One grad Phi {1e3 * c['grad_phi']:.2f} ms; exact JVP "
-             f"(complex step) {c['exact_over_grad']:.2f} x grad Phi; a difference JVP is one grad Phi call, counted as 1 "
-             f"(timed at {c['difference_over_grad']:.2f} x under this load). The reference is rosenbrock at rtol / 100; "
+             f"(complex step) {c['exact_over_grad']:.2f} x grad Phi; "
+             f"a difference JVP is one grad Phi call, counted as 1 "
+             f"(timed at {c['difference_over_grad']:.2f} x under this load). "
+             "The reference is rosenbrock at rtol / 100; "
              "its own error is of the order of the smallest errors shown.",
              "", "| target | method | wall s | grad-equivalents | steps | energy error | how |",
              "|---|---|---|---|---|---|---|"]
@@ -270,7 +275,8 @@ def markdown(res: dict[str, Any]) -> str:
                          f"{err} | {how} |")
             m = r.get("at_matched_accuracy")
             if m:
-                lines.append(f"| {target} | {method} (matched accuracy) | {m['wall']:.1f} | {m['grad_equivalents']:.0f} "
+                lines.append(f"| {target} | {method} (matched accuracy) | {m['wall']:.1f} "
+                             f"| {m['grad_equivalents']:.0f} "
                              f"| - | - | {m['method']} |")
     for row in res["table"]:
         if "rosenbrock" in row and "adaptive" in row:
@@ -305,13 +311,15 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "hvp_cost.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
         lines = ["# Cost of a whole-system Jacobian-vector product", "",
-                 f"Measured by `python -m benchmarks.time_to_solution --hvp`; load average {res['load_average'][0]:.1f}; "
+                 f"Measured by `python -m benchmarks.time_to_solution --hvp`; "
+                 f"load average {res['load_average'][0]:.1f}; "
                  "medians of 5 interleaved repeats.", "",
                  "| problem | grad Phi ms | exact JVP (complex step) ms | ratio | difference JVP ms | ratio |",
                  "|---|---|---|---|---|---|"]
         for name in ("quickstart", "bench-reference"):
             c = res[name]
-            lines.append(f"| {name} | {1e3 * c['grad_phi']:.1f} | {1e3 * c['jvp_exact']:.1f} | {c['exact_over_grad']:.2f} "
+            lines.append(f"| {name} | {1e3 * c['grad_phi']:.1f} "
+                         f"| {1e3 * c['jvp_exact']:.1f} | {c['exact_over_grad']:.2f} "
                          f"| {1e3 * c['jvp_difference']:.1f} | {c['difference_over_grad']:.2f} |")
         (out / "hvp_cost.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))

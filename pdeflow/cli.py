@@ -180,7 +180,8 @@ def format_info(traj) -> str:
              f"k={traj.model_attrs.get('k')} ({cfg.model.coordinates} coordinates), "
              f"weight decay {a['weight_decay']:g}, beta {traj.model_attrs.get('beta')}",
              f"solver      {traj.attrs.get('method')} on {traj.measure}, solver.dt = {cfg.solver.dt:g}",
-             f"frames      {len(traj.time)}" + (f", t = {traj.time[0]:g} .. {traj.time[-1]:g}" if len(traj.time) else "")]
+             f"frames      {len(traj.time)}"
+             + (f", t = {traj.time[0]:g} .. {traj.time[-1]:g}" if len(traj.time) else "")]
     if "omega" in traj.frames and len(traj.time):
         lines.append(f"particles   N = {traj.frames['omega'].shape[1]}")
     if "density" in traj.frames and len(traj.time):
@@ -191,7 +192,8 @@ def format_info(traj) -> str:
             lines.append(entropic_summary(traj))
     if len(traj.steps.get("time", [])):
         lines.append(f"steps       {len(traj.steps['time']) - 1}")
-        lines.append(f"final       energy {traj.steps['energy'][-1]:.10g}, dissipation {traj.steps['dissipation'][-1]:.4g}")
+        lines.append(f"final       energy {traj.steps['energy'][-1]:.10g}"
+                     f", dissipation {traj.steps['dissipation'][-1]:.4g}")
     from solvers.accuracy import file_verdict
     lines.append(f"accuracy    {file_verdict(traj)}")
     status = traj.attrs.get("status")

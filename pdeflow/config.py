@@ -173,7 +173,8 @@ class DiagnosticsConfig:
     grid_points: int = spec(32, "k <= 3: exhaustive grid points per axis before polishing (k = 3 costs its cube)",
                             ge=2)
     seed: int = spec(0, "seed of the random starts of the gap search", ge=0)
-    e_star: float = spec(math.nan, "known optimal energy for PL/KL (nan: a certified lower bound or the limit fitted from the tail, whichever is known more narrowly)")
+    e_star: float = spec(math.nan, "known optimal energy for PL/KL (nan: a certified lower bound "
+                                   "or the limit fitted from the tail, whichever is known more narrowly)")
     kl_window: float = spec(0.5, "fraction of the time span (the end) used for the KL fit", gt=0, le=1)
     stationary_tol: float = spec(0.0, "dissipation below which (to the end) the flow counts as stationary "
                                       "(0: run.stationary_tol, else 1e-8 times the initial dissipation)", ge=0)
@@ -207,8 +208,10 @@ class ChaosConfig:
     seeds: int = spec(24, "independent sets of initial points per N", ge=1)
     eta_list: list = spec([0.1, 0.05, 0.025], "SGD steps eta in mean-field time (at least 2 distinct)")
     probe_size: int = spec(32, "fresh task sequences in the logit probe set", ge=1)
-    static_draws: int = spec(32, "static approximation: i.i.d. draws of N heads from the converged reference, per N", ge=2)
-    converge_time: float = spec(0.0, "static approximation: time the reference flow runs to (0: run.t_end; else >= run.t_end)",
+    static_draws: int = spec(32, "static approximation: i.i.d. draws of N heads from the converged reference, "
+                                     "per N", ge=2)
+    converge_time: float = spec(0.0, "static approximation: time the reference flow runs to (0: run.t_end; "
+                                      "else >= run.t_end)",
                                 ge=0)
 
 
@@ -379,7 +382,8 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
         raise ConfigError(f"solver.gamma (Fisher-Rao rate) is read by solver.method 'wfr', 'fv' and 'wfr_jko', "
                           f"not {s.method!r}")
     if s.alpha != 1.0 and s.method not in ("wfr", "wfr_jko"):
-        raise ConfigError(f"solver.alpha (transport speed) is read by solver.method 'wfr' and 'wfr_jko', not {s.method!r}")
+        raise ConfigError(f"solver.alpha (transport speed) is read by solver.method "
+                          f"'wfr' and 'wfr_jko', not {s.method!r}")
     if s.method == "wfr_jko" and (s.gamma == 0.0 or s.alpha == 0.0):
         raise ConfigError("solver.method = 'wfr_jko' needs solver.gamma > 0 and solver.alpha > 0 (for the Wasserstein "
                           "JKO use 'jko')")

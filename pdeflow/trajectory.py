@@ -611,7 +611,8 @@ def _rebuild(path: Path) -> None:
         if dst is not None:
             discard_close(dst)
         partial.unlink(missing_ok=True)
-        raise TrajectoryError(f"{path}: its writer died and the file cannot be recovered ({error_reason(exc)})") from None
+        raise TrajectoryError(f"{path}: its writer died and "
+                              f"the file cannot be recovered ({error_reason(exc)})") from None
 
 
 @contextlib.contextmanager

@@ -62,7 +62,8 @@ Grid (``init.measure = "grid"``): an entropic JKO step in the manner of Peyre (S
 
     Entropic bias: for small eps the entropic cost is ``W2^2 + (eps/2)(int p log p + int q log q)`` plus
     a constant, so the scheme solves the flow with the diffusion ``1/beta + eps / (4 tau)``; the tests
-    measure it (keep ``eps << 4 tau / beta``; ``eps ~ tau^2`` keeps the scheme first order). A step shortened to land on a frame uses ``eps h / tau`` to keep that bias per unit time.
+    measure it (keep ``eps << 4 tau / beta``; ``eps ~ tau^2`` keeps the scheme first order).
+    A step shortened to land on a frame uses ``eps h / tau`` to keep that bias per unit time.
     The blur ``sqrt(eps / 2)`` must also resolve the grid (``sqrt(eps) >~ h``): below it, mass moving less
     than a cell per step stays put.
 
@@ -141,7 +142,8 @@ def entropic_summary(traj: Any) -> str:
     eps = float(traj.frame_attrs.get("epsilon", grid_epsilon(cfg, grid.width)))
     diffusion = eps / (4.0 * jko_tau(cfg))
     beta = float(traj.model_attrs.get("beta", np.inf))
-    line = (f"entropic    eps = {eps:.4g}{' (default h^2)' if cfg.solver.epsilon == 0 else ''}, tau = {jko_tau(cfg):g}: "
+    line = (f"entropic    eps = {eps:.4g}{' (default h^2)' if cfg.solver.epsilon == 0 else ''}, "
+            f"tau = {jko_tau(cfg):g}: "
             f"implied diffusion eps/(4 tau) = {diffusion:.3g}")
     if np.isfinite(beta):
         return line + f", {diffusion * beta:.3g} x the physical 1/beta = {1 / beta:.3g}"
@@ -402,7 +404,8 @@ class ParticleJKO(JKO):
         result = proximal_step(self.problem, omega, mass, h, s.inner_tol, s.inner_maxiter, self.evaluate(state))
         if not result.converged:
             raise SolverError(
-                f"the inner solve (L-BFGS-B, then Newton) of JKO step {state.step + 1} (t = {state.t:.6g}, tau = {h:.3g}) stopped "
+                f"the inner solve (L-BFGS-B, then Newton) of JKO step {state.step + 1} "
+                f"(t = {state.t:.6g}, tau = {h:.3g}) stopped "
                 f"after {result.iterations} iterations with Euler-Lagrange residual {result.residual:.3g} > "
                 f"solver.inner_tol = {s.inner_tol:g} ({result.message}); raise solver.inner_maxiter or "
                 f"solver.inner_tol, or reduce solver.tau")

@@ -85,7 +85,8 @@ E_T = (B - B_HAT) @ _GINV                  # y_{n+1} - y_hat_{n+1} = sum_i E_T[i
 
 
 def stability_function(z: complex) -> complex:
-    """``R(z)``: one step on ``y' = lambda y`` multiplies y by ``R(h lambda)``; ``R(z) = 1 + z b^T (I - z (alpha + Gamma))^-1 1``."""
+    """``R(z)``: one step on ``y' = lambda y`` multiplies y by ``R(h lambda)``;
+    ``R(z) = 1 + z b^T (I - z (alpha + Gamma))^-1 1``."""
     s = len(B)
     return complex(1.0 + z * B @ np.linalg.solve(np.eye(s) - z * (ALPHA + GAMMA_TABLE), np.ones(s)))
 

@@ -64,7 +64,8 @@ def semi_relaxed_plan(a: np.ndarray, cost: np.ndarray, eps: float) -> np.ndarray
 
 
 def jko_masses(a: np.ndarray, cost: np.ndarray, xi: np.ndarray, c: float, eps: float) -> np.ndarray:
-    """The minimizer b of ``<xi, b> + (1 / (2 c)) [min_pi <cost, pi> + eps KL(pi | a x 1) + KL(pi 1 | a) + KL(pi^T 1 | b)]``
+    """The minimizer b of ``<xi, b> + (1 / (2 c)) [min_pi <cost, pi> + eps KL(pi | a x 1)
+    + KL(pi 1 | a) + KL(pi^T 1 | b)]``
     over b >= 0 with ``sum b = sum a``: a [M], cost [M, M], xi [M] -> b [M] (module docstring)."""
     occupied = a > 0
     a_occ, cost_occ, total = a[occupied], cost[occupied], float(np.sum(a))

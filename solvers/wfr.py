@@ -17,7 +17,8 @@ which is what :meth:`WassersteinFisherRao.diagnostics` reports (the ``dissipatio
 ``/frames``).
 
 Integration: the step of :class:`solvers.explicit.DormandPrince` itself (same tableau, same controller and
-tolerances) run on the joint state ``y = (omega, m)`` [N, k + 1], so the error control covers the masses too: ``err = rms((y5 - y4) / (atol + rtol max(|y_n|, |y5|)))`` over all N (k + 1) entries. Each
+tolerances) run on the joint state ``y = (omega, m)`` [N, k + 1], so the error control covers the masses too:
+``err = rms((y5 - y4) / (atol + rtol max(|y_n|, |y5|)))`` over all N (k + 1) entries. Each
 stage is one pass of the Problem (Phi and grad Phi together), and the evaluation at the end of an
 accepted step is the first stage of the next (first same as last). The mass equation is linear in m with
 ``sum_i dm_i = 0`` at every stage, so every Runge-Kutta combination keeps the total mass to rounding.

@@ -136,7 +136,8 @@ def symmetric_particle_jacobian(problem: Problem, omega: np.ndarray, mass: np.nd
     for e in np.eye(omega.size):
         d = e.reshape(omega.shape) * step
         plus, minus = omega + d, omega - d
-        columns.append(((problem.grad_phi(plus, plus, mass) - problem.grad_phi(minus, minus, mass)) / (2 * step)).ravel())
+        difference = problem.grad_phi(plus, plus, mass) - problem.grad_phi(minus, minus, mass)
+        columns.append((difference / (2 * step)).ravel())
     jacobian = np.array(columns).T
     root = np.repeat(np.sqrt(mass), omega.shape[1])
     return root[:, None] * jacobian / root[None, :]
