@@ -1,7 +1,7 @@
 """Reference implementations of grad Phi at the particles, for timing against pdeflow.
 
 Both compute, for a measure of N heads with masses ``m_i``, the same numbers as
-``Problem.grad_phi(omega, omega, mass)`` (MODEL.md): ``grad Phi(omega_i) = (1/m_i) d R / d omega_i +
+``Problem.grad_phi(omega, omega, mass)`` (docs/model.md): ``grad Phi(omega_i) = (1/m_i) d R / d omega_i +
 lam omega_i``, where ``R`` is the risk of the mean-field logits.
 
 - :class:`TorchModel`: the finite-head model written the way a PyTorch user would - projections as

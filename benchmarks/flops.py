@@ -1,4 +1,4 @@
-"""Floating-point operation counts of one grad Phi evaluation (MODEL.md), documented term by term.
+"""Floating-point operation counts of one grad Phi evaluation (docs/model.md), documented term by term.
 
 "grad Phi at the particles" is what one explicit step needs: the logits of the measure (forward pass over
 all N heads), the residual features ``G = lw (softmax z - onehot y) U`` and the gradient of

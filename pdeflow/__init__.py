@@ -1,6 +1,6 @@
 """pdeflow: the mean-field Wasserstein gradient flow of multi-head causal self-attention.
 
-See README.md for a tour and ``MODEL.md`` conventions restated in the docstrings.
+See README.md for a tour and docs/model.md for the model contract the docstrings restate.
 """
 from . import jit  # noqa: F401 - first: it sets thread environment variables before numpy loads BLAS
 from ._version import __version__

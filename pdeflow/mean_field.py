@@ -1,4 +1,4 @@
-"""Logits, risk, Phi and grad Phi of a weighted particle measure, on plain arrays (MODEL.md).
+"""Logits, risk, Phi and grad Phi of a weighted particle measure, on plain arrays (docs/model.md).
 
 For a measure ``rho = sum_i m_i delta_{theta_i}`` over head parameters:
 

@@ -5,10 +5,11 @@ equal cells of widths ``h_a = (upper_a - lower_a) / n_a`` and volume ``|C| = pro
 piecewise-constant density ``rho`` [n_1(, n_2, n_3)] (cell averages, C order: the last axis varies fastest),
 with cell masses ``m_c = rho_c |C|`` summing to one. Everything the Problem computes sees the grid measure as
 weighted particles: the cell centres ``c`` [M, k] (``M = n_1 ... n_k``, flattened in the same C order) with
-masses ``m`` [M] (MODEL.md, "The measure and the energy"), so logits, risk, Phi and grad Phi come from the same
-kernels as for particles.
+masses ``m`` [M] (docs/model.md, "The grid measure"), so logits, risk, Phi and grad Phi come from the
+same kernels as for particles.
 
-Energy of a grid measure (MODEL.md): ``E(rho) = R(rho) + (lam/2) sum_c m_c |c|^2 + (1/beta) sum_c |C| rho_c log rho_c``
+Energy of a grid measure (docs/model.md, "The grid measure"):
+``E(rho) = R(rho) + (lam/2) sum_c m_c |c|^2 + (1/beta) sum_c |C| rho_c log rho_c``
 (midpoint rule for the confinement; ``0 log 0 = 0``; the entropy term only where ``beta < inf``). Its
 derivative in the mass of cell c is ``Phi(c; rho) + (1/beta) (log rho_c + 1)``: the discrete first variation.
 

@@ -1,4 +1,5 @@
-"""The fixed parts of the attention layer and the map omega -> theta (MODEL.md, "Data" to "Reduced coordinates").
+"""The fixed parts of the attention layer and the map omega -> theta (docs/model.md, "Data" to
+"Reduced coordinates and the families").
 
 Shapes: ``V`` vocabulary, ``T`` sequence length, ``d`` model width, ``dh`` head width,
 ``p = 4 d dh`` parameters of one head, ``k`` reduced coordinates.
@@ -52,7 +53,7 @@ def n_params(d: int, dh: int) -> int:
 
 
 def split_theta(theta: np.ndarray, d: int, dh: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """[N, p] -> WQ, WK, WV [N, dh, d] and WO [N, d, dh] (views, row-major MODEL.md order)."""
+    """[N, p] -> WQ, WK, WV [N, dh, d] and WO [N, d, dh] (views, row-major docs/model.md order)."""
     n, s = theta.shape[0], dh * d
     return (theta[:, :s].reshape(n, dh, d), theta[:, s:2 * s].reshape(n, dh, d),
             theta[:, 2 * s:3 * s].reshape(n, dh, d), theta[:, 3 * s:].reshape(n, d, dh))
@@ -74,7 +75,7 @@ def make_tables(cfg: ModelConfig, vocab_size: int, seq_len: int) -> tuple[np.nda
 
     ``onehot`` tokens: ``E[v] = e_v`` (needs token width >= V); ``gaussian``: entries N(0, 1/d).
     ``sinusoidal`` positions are added to every column (the transformer table); ``onehot`` positions
-    occupy the last T columns, tokens the first d - T (the concatenating layout of MODEL.md).
+    occupy the last T columns, tokens the first d - T (the concatenating layout of docs/model.md).
     Unembedding ``tied``: U = E; ``identity``: U = [I_V | 0]; ``gaussian``: N(0, 1/d); ``zero``: U = 0
     (switches the data term off: Phi is then the weight decay alone).
     """

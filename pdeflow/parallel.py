@@ -1,7 +1,7 @@
 """Heads sharded across MPI ranks: the communicator.
 
 Heads interact only through the head-averaged output ``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``
-[B, T, d] (MODEL.md): the logits are ``O U^T``, and ``Phi``, ``grad Phi`` at a particle need nothing else of
+[B, T, d] (docs/model.md): the logits are ``O U^T``, and ``Phi``, ``grad Phi`` at a particle need nothing else of
 the measure. So the N particles are split into P contiguous blocks, one per rank (:func:`shard`); each
 rank evaluates its own heads, and one ``Allreduce`` of ``O`` (B T d numbers) per evaluation makes every
 rank see the whole measure. The other sums over particles (the confinement ``(lam/2) sum_i m_i |omega_i|^2``,

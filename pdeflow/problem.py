@@ -1,6 +1,6 @@
 """``Problem``: the one object every solver and diagnostic talks to.
 
-A Problem holds a data set and the fixed layer (MODEL.md) and evaluates, for a weighted particle measure
+A Problem holds a data set and the fixed layer (docs/model.md) and evaluates, for a weighted particle measure
 ``rho = sum_i m_i delta_{omega_i}`` on reduced coordinates ``omega`` [N, k] with masses ``mass`` [N]:
 
 - ``risk(omega, mass)``: ``R(rho)``;

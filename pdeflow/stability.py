@@ -1,7 +1,8 @@
 """Dirac stationary measures: where they are, their linear stability, and the check by simulation.
 
 A Dirac measure ``delta_w`` is stationary for the flow iff ``grad e(w) = 0``, where ``e(w) = E(delta_w)`` is the
-one-head energy (``grad e(w) = grad Phi(w; delta_w)``). At such a point ``w*`` (MODEL.md, last section):
+one-head energy (``grad e(w) = grad Phi(w; delta_w)``). At such a point ``w*``
+(docs/model.md, "Dirac stationary measures and their stability"):
 
 - ``H0 = Hessian_omega Phi(w*; delta_w*)`` with the measure frozen [k, k];
 - ``Htr = Hessian e(w*) = H0 + M`` (translation Hessian), ``M = sum_b w_b/|L_b| sum_l J^T (diag p - p p^T) J``

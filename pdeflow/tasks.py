@@ -1,6 +1,6 @@
 """Data distributions for training one causal attention layer.
 
-Every task produces a :class:`TaskData` in the layout of MODEL.md, section "Data":
+Every task produces a :class:`TaskData` in the layout of docs/model.md, section "Data":
 ``B`` sequences of input tokens ``tok[b, l]`` and target tokens ``y[b, l]`` (int64, shape
 ``[B, T]``, values in ``0..V-1``), a 0/1 loss mask (float64 ``[B, T]``, at least one 1 per
 row) and sample weights ``w[b] >= 0`` (float64 ``[B]``) with ``sum_b w[b] = 1``.
@@ -63,7 +63,7 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class TaskData:
-    """A weighted set of ``B`` sequences of length ``T`` (MODEL.md, "Data").
+    """A weighted set of ``B`` sequences of length ``T`` (docs/model.md, "Data").
 
     Attributes:
         tokens: int64 ``[B, T]`` input tokens in ``0..V-1``.

@@ -1,6 +1,6 @@
 """The HDF5 trajectory file, schema version 1: a writer that survives kills, and a reader.
 
-Layout (every array readable with plain h5py; shapes as in MODEL.md):
+Layout (every array readable with plain h5py; shapes as in docs/model.md):
 
 - root attributes: ``schema = "pdeflow-trajectory"``, ``schema_version = 1``, ``pdeflow_version``,
   ``created`` (ISO 8601, UTC), ``seed`` (init.seed), ``config`` (the full config as TOML text),
@@ -706,7 +706,7 @@ class Trajectory:
             raise TrajectoryError(f"{self.path}: stored config is invalid ({exc})") from None
 
     def _check_shapes(self) -> None:
-        """The shapes MODEL.md promises, so that a damaged or forged file fails here with one line."""
+        """The shapes docs/model.md promises, so that a damaged or forged file fails here with one line."""
         a = self.arrays
 
         def bad(what: str) -> TrajectoryError:

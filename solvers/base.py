@@ -1,7 +1,7 @@
 """What every time stepper shares: the state it advances and the interface the driver calls.
 
 A stepper advances a measure ``rho_t`` of the flow ``d/dt rho = div(rho grad Phi) (+ (1/beta) Laplace rho)``
-(MODEL.md). Its :class:`State` carries the measure's arrays (``fields``: ``omega`` [N,k] and ``mass`` [N]
+(docs/model.md). Its :class:`State` carries the measure's arrays (``fields``: ``omega`` [N,k] and ``mass`` [N]
 for particles, ``density`` for a grid), the time, the step size to try next, the step count and, for
 random steppers, the generator. The driver (:mod:`solvers.driver`) owns the loop, frames and files.
 """

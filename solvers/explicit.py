@@ -1,6 +1,6 @@
 """Explicit Runge-Kutta steppers for particle and weighted-particle measures.
 
-The particle system of MODEL.md, ``d omega_i/dt = -grad Phi(omega_i; rho_N)`` with the masses fixed, is an
+The particle system of docs/model.md, ``d omega_i/dt = -grad Phi(omega_i; rho_N)`` with the masses fixed, is an
 ODE ``y' = f(y)`` in ``y = omega`` [N, k]; every stage evaluates the velocity at all particles at once.
 
 - ``euler`` (order 1), ``heun`` (order 2), ``rk4`` (classical, order 4): fixed step ``solver.dt``.

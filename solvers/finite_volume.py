@@ -4,7 +4,7 @@ The density ``rho`` [n_1(, n_2, n_3)] of a :class:`pdeflow.measure.Grid` follows
 
     d/dt rho = div( rho grad xi ),    xi = Phi(omega; rho) + (1/beta) log rho
 
-(MODEL.md; with ``beta = inf`` the log term is absent), written as a conservation law with the velocity
+(docs/model.md; with ``beta = inf`` the log term is absent), written as a conservation law with the velocity
 ``u = -grad xi`` of the combined potential, as in the positivity-preserving finite-volume schemes for
 gradient flows of Carrillo, Chertock and Huang (Commun. Comput. Phys. 17, 2015).
 

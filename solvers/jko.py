@@ -1,6 +1,6 @@
 """JKO (minimizing-movement) steppers: ``rho_{n+1} = argmin_rho E(rho) + W2^2(rho, rho_n) / (2 tau)``.
 
-An implicit, variational time step of the Wasserstein gradient flow (MODEL.md). For any ``tau`` it
+An implicit, variational time step of the Wasserstein gradient flow (docs/model.md). For any ``tau`` it
 decreases the energy, ``E(rho_{n+1}) + W2^2(rho_{n+1}, rho_n)/(2 tau) <= E(rho_n)`` (the grid's entropic
 variant up to its regularization), which no explicit stepper does beyond its stability limit
 (:func:`euler_stability_limit` measures Euler's); it is first order in ``tau``. ``tau = solver.tau`` (0: ``solver.dt``);

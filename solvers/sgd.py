@@ -1,4 +1,4 @@
-"""Finite-head SGD: the training process whose mean-field limit is the particle flow (MODEL.md).
+"""Finite-head SGD: the training process whose mean-field limit is the particle flow (docs/model.md).
 
 ``solver.method = "sgd"`` moves N heads with masses ``1/N`` by
 

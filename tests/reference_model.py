@@ -1,11 +1,11 @@
-"""A slow, independent pure-numpy oracle of the model, written from ``MODEL.md`` alone.
+"""A slow, independent pure-numpy oracle of the model, written from docs/model.md alone.
 
 Nothing here imports :mod:`pdeflow`. The oracle takes the fixed arrays of a problem (embedding ``E``,
 positions ``P``, unembedding ``U``, data ``tok, y, mask, w``, head width, score scale, weight decay and
 the affine coordinate map ``theta = theta0 + Bm omega``) and evaluates, one head and one sequence at a
 time, with an explicit ``T x T`` score matrix and causal mask:
 
-- ``psi_l(x_b; theta)`` (MODEL.md "One head"),
+- ``psi_l(x_b; theta)`` (docs/model.md "One head and its parameter layout"),
 - logits ``z = sum_i m_i psi(theta(omega_i))``, the per-sequence loss and the risk ``R``,
 - the energy ``E = R + (lam/2) sum_i m_i |omega_i|^2`` (no entropy term),
 - the first variation ``Phi(q; rho)`` and its gradient in ``q``;
@@ -29,7 +29,7 @@ import numpy as np
 
 
 class ReferenceModel:
-    """The model of MODEL.md on explicit arrays. ``basis=None`` means full coordinates (theta = omega)."""
+    """The model of docs/model.md on explicit arrays. ``basis=None`` means full coordinates (theta = omega)."""
 
     def __init__(self, E, P, U, tokens, targets, mask, weights, head_dim, score_scale=None,
                  weight_decay=0.0, theta0=None, basis=None):

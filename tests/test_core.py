@@ -1,7 +1,7 @@
 """Acceptance tests of the core: tables, coordinates, logits, risk, energy, Phi, grad Phi, Hessian-vector
-products (pdeflow.model, pdeflow.kernels, pdeflow.mean_field, pdeflow.problem) against MODEL.md.
+products (pdeflow.model, pdeflow.kernels, pdeflow.mean_field, pdeflow.problem) against docs/model.md.
 
-The oracle is tests/reference_model.py (pure numpy from MODEL.md, explicit T x T causal softmax, loops over
+The oracle is tests/reference_model.py (pure numpy from docs/model.md, explicit T x T causal softmax, loops over
 heads and sequences, hand-written reverse pass for grad Phi, itself checked against complex-step
 differentiation). Nothing below compares with a stored number: every expectation is recomputed.
 """
@@ -533,7 +533,7 @@ def test_hvp_matches_finite_differences_and_is_symmetric(kind):
 
 @pytest.mark.parametrize("kind", ["gain3", "arrays-basis"])
 def test_translation_hessian_is_frozen_hessian_plus_psd_term(kind):
-    """Htr = H0 + M with M = sum_b w_b/|L_b| sum_l J^T (diag p - p p^T) J (MODEL.md), M from the oracle."""
+    """Htr = H0 + M with M = sum_b w_b/|L_b| sum_l J^T (diag p - p p^T) J (docs/model.md), M from the oracle."""
     rng = np.random.default_rng(81)
     problem = hvp_problem(kind, rng)
     k = problem.k

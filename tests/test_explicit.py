@@ -1,5 +1,5 @@
 """Particle flow with the explicit steppers: exact solutions, convergence orders, the energy identity,
-and the symmetries of the particle system (MODEL.md, "The PDE and its discretizations")."""
+and the symmetries of the particle system (docs/model.md, "The flow and its particle form")."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """Dirac stationary measures (:mod:`pdeflow.stability`, ``pdeflow stability``): the verdict logic on constructed
 spectra, the dense Hessians against central differences, the zero head against its closed form, the symmetry
-directions, and the predicted rates against the particle flow itself (MODEL.md, last section)."""
+directions, and the predicted rates against the particle flow itself
+(docs/model.md, "Dirac stationary measures and their stability")."""
 from __future__ import annotations
 
 import h5py

@@ -1,6 +1,6 @@
 """What a trajectory says about the theory: energy identity, optimality gap, PL / KL rates, head structure.
 
-All quantities follow MODEL.md ("Quantities every run can report"):
+All quantities follow docs/model.md ("Dissipation and the energy identity" to "Convergence rates: PL and KL"):
 
 - energy identity residual ``r(t) = E(t) - E(t0) + int_{t0}^t I(u) du`` (trapezoid rule), zero for the exact
   flow; for a fixed-step solver it is ``O(dt^2)`` from the quadrature plus the solver's own error;

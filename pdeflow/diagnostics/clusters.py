@@ -32,7 +32,7 @@ def frame_measure(traj: Trajectory, index: int) -> tuple[np.ndarray, np.ndarray]
 
 def attention_pattern(problem: Problem, theta: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """Causal attention of heads theta [H, p] on one sequence of tokens [T]: [H, T, T], rows summing to one,
-    ``a[h, l, j] = softmax_{j <= l}(scale <WQ_h x_l, WK_h x_j>)``, zero above the diagonal (MODEL.md)."""
+    ``a[h, l, j] = softmax_{j <= l}(scale <WQ_h x_l, WK_h x_j>)``, zero above the diagonal (docs/model.md)."""
     a = problem.arrays()
     tokens = np.asarray(tokens, dtype=np.int64)
     x = a["embedding"][tokens] + a["positions"][:tokens.size]
