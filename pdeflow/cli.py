@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.cli_reference",     # compare, validate
     "pdeflow.cli_chaos",         # chaos
     "pdeflow.cli_stability",     # stability
+    "pdeflow.cli_wfr",           # wfr
     "pdeflow.cli_bench",         # bench
 )
 # Keys that may differ between a file and the config resuming it (they extend or limit the run).

@@ -36,7 +36,7 @@ TASK_NAMES = ("markov", "lookback", "majority", "associative", "text")
 TASK_PARAMS = {"markov": ("concentration", "chain_seed"), "lookback": ("lag",), "majority": (),
                "associative": ("n_pairs",), "text": ("path",)}
 COORDINATES = ("full", "output_gain", "gain2", "gain3", "basis_file")
-SOLVER_METHODS = ("euler", "heun", "rk4", "adaptive", "jko", "fv", "sgd")
+SOLVER_METHODS = ("euler", "heun", "rk4", "adaptive", "jko", "fv", "sgd", "wfr", "wfr_jko")
 
 
 @dataclass(frozen=True)
@@ -92,19 +92,29 @@ class SolverConfig:
     dt_min: float = spec(1e-10, "adaptive: smallest allowed step", gt=0)
     dt_max: float = spec(math.inf, "adaptive: largest allowed step", gt=0)
     max_growth: float = spec(5.0, "adaptive: largest step growth factor per step", gt=1)
-    tau: float = spec(0.0, "jko: proximal time step (0: solver.dt)", ge=0)
+    tau: float = spec(0.0, "jko, wfr_jko: proximal time step (0: solver.dt)", ge=0)
     inner_tol: float = spec(1e-10, "jko: tolerance of the inner solve (particles: Euler-Lagrange residual in "
-                                   "velocity units; grid: L1 marginal violation and linearization change)", gt=0)
+                                   "velocity units; grid: L1 marginal violation and linearization change); "
+                                   "wfr_jko: L1 change of the masses between linearizations, over the mass", gt=0)
     inner_maxiter: int = spec(500, "jko: iteration limit of the inner solve (particles: L-BFGS-B and Newton; "
                                    "grid: Newton per linearization)", ge=1)
-    outer_maxiter: int = spec(50, "jko grid: linearizations of the risk per step (fixed-point iteration)", ge=1)
+    outer_maxiter: int = spec(50, "jko grid, wfr_jko: linearizations of the risk per step (fixed-point iteration)",
+                              ge=1)
     scheme: str = spec("muscl", "fv: flux scheme", choices=("upwind", "muscl"))
     limiter: str = spec("minmod", "fv: slope limiter", choices=("minmod", "vanleer"))
     cfl: float = spec(0.4, "fv: CFL number", gt=0, le=1)
     epsilon: float = spec(0.0, "jko grid: entropic regularization eps (0: h^2, h the smallest cell width - the "
                                 "smallest eps whose blur resolves the grid; below it sub-cell motion is pinned); "
                                 "adds diffusion eps/(4 tau), printed by pdeflow info (raise solver.tau or grid.n "
-                                "to shrink it)", ge=0)
+                                "to shrink it); wfr_jko: of the plan, kernel width sqrt(2 eps alpha / gamma) (0: "
+                                "h^2 gamma / (2 alpha), a kernel one cell wide)", ge=0)
+    alpha: float = spec(1.0, "wfr: transport speed alpha in d omega/dt = -alpha grad Phi", ge=0)
+    gamma: float = spec(0.0, "wfr, fv: Fisher-Rao rate gamma in d m/dt = -gamma m (Phi - <Phi>) (0: Wasserstein "
+                             "flow)", ge=0)
+    total_mass: str = spec("fixed", "wfr: 'fixed' (d m/dt = -gamma m (Phi - <Phi>), probability measures) or 'free' "
+                                    "(d m/dt = -gamma m Phi, the unbalanced/conic flow)", choices=("fixed", "free"))
+    mass_floor: float = spec(1e-12, "wfr: a particle whose mass falls below this fraction of the total is removed "
+                                    "(mass set to 0, counted in /steps/removed)", ge=0, le=1e-3)
 
 
 @dataclass(frozen=True)
@@ -336,11 +346,23 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
     if r.frame_spacing == "linear" and r.frame_interval > r.t_end:
         raise ConfigError(f"run.frame_interval must be <= run.t_end = {r.t_end}, got {r.frame_interval}")
     s = cfg.solver
-    grid_only, particle_only = ("fv",), ("euler", "heun", "rk4", "adaptive", "sgd")
+    grid_only, particle_only = ("fv", "wfr_jko"), ("euler", "heun", "rk4", "adaptive", "sgd", "wfr")
     if s.method in grid_only and cfg.init.measure != "grid":
         raise ConfigError(f"solver.method = {s.method!r} evolves a grid density: set init.measure = 'grid'")
     if s.method in particle_only and cfg.init.measure != "particles":
         raise ConfigError(f"solver.method = {s.method!r} moves particles: set init.measure = 'particles'")
+    if s.gamma > 0 and s.method not in ("wfr", "fv", "wfr_jko"):
+        raise ConfigError(f"solver.gamma (Fisher-Rao rate) is read by solver.method 'wfr', 'fv' and 'wfr_jko', "
+                          f"not {s.method!r}")
+    if s.alpha != 1.0 and s.method not in ("wfr", "wfr_jko"):
+        raise ConfigError(f"solver.alpha (transport speed) is read by solver.method 'wfr' and 'wfr_jko', not {s.method!r}")
+    if s.method == "wfr_jko" and (s.gamma == 0.0 or s.alpha == 0.0):
+        raise ConfigError("solver.method = 'wfr_jko' needs solver.gamma > 0 and solver.alpha > 0 (for the Wasserstein "
+                          "JKO use 'jko')")
+    if s.total_mass != "fixed" and s.method != "wfr":
+        raise ConfigError(f"solver.total_mass is read by solver.method 'wfr', not {s.method!r}")
+    if s.method == "wfr" and s.alpha == 0.0 and s.gamma == 0.0:
+        raise ConfigError("solver.alpha and solver.gamma are both 0: the wfr flow would not move")
     if cfg.diagnostics.domain == "grid" and cfg.init.measure != "grid":
         raise ConfigError("diagnostics.domain = 'grid' is the box of a grid run: set init.measure = 'grid' "
                           "or use 'ball' or 'box'")

@@ -1,7 +1,8 @@
 """pdeflow's time steppers, registered by name and chosen by ``solver.method``.
 
 ``euler``, ``heun``, ``rk4``, ``adaptive`` (:mod:`solvers.explicit`), ``jko`` (:mod:`solvers.jko`),
-``fv`` (:mod:`solvers.finite_volume`), ``sgd`` (:mod:`solvers.sgd`). The loop that drives them is
+``fv`` (:mod:`solvers.finite_volume`), ``sgd`` (:mod:`solvers.sgd`), ``wfr`` (:mod:`solvers.wfr`),
+``wfr_jko`` (:mod:`solvers.unbalanced_jko`). The loop that drives them is
 :func:`solvers.driver.run`.
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ STEPPERS: dict[str, type[Stepper]] = {}
 # The module defining each method; imported on first use so a run loads only what it needs.
 MODULES = {"euler": "solvers.explicit", "heun": "solvers.explicit", "rk4": "solvers.explicit",
            "adaptive": "solvers.explicit", "jko": "solvers.jko", "fv": "solvers.finite_volume",
-           "sgd": "solvers.sgd"}
+           "sgd": "solvers.sgd", "wfr": "solvers.wfr",
+           "wfr_jko": "solvers.unbalanced_jko"}
 
 
 def register(cls: type[Stepper]) -> type[Stepper]:

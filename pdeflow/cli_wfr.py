@@ -1,0 +1,179 @@
+"""``pdeflow wfr CONFIG -o OUT.h5``: the Wasserstein-Fisher-Rao flow against the Wasserstein flow.
+
+Runs CONFIG (``solver.method = "wfr"`` with ``solver.gamma > 0``) into OUT.h5 and the same config with
+``solver.gamma = 0`` (the Wasserstein flow: bit for bit the ``adaptive`` stepper) into ``OUT-w2.h5``,
+computes the optimality gap ``G = int Phi d rho - min_Omega Phi`` at every frame of both
+(:func:`pdeflow.diagnostics.optimality_gap` with the ``[diagnostics]`` domain, radius, starts and grid; for
+k <= 3 the minimum of Phi is certified by the exhaustive grid search), writes the gaps to ``OUT-gaps.csv``
+and one figure ``OUT.png`` (both trajectories, G(t), the masses over time, the energies), and prints a
+summary: the final gaps and the first frame time at which each flow has G <= 1e-6.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .cli import EXIT_CODES, UsageError, add_config_arguments
+from .config import Config, load_config
+
+TARGET_GAP = 1e-6
+
+
+@dataclass
+class FlowGaps:
+    """The gap at every frame of one trajectory: ``time``, ``gap``, ``min_phi`` [F], ``minimizer`` [F, k];
+    ``certified`` when every search was exhaustive with no mass outside Omega."""
+    time: np.ndarray
+    gap: np.ndarray
+    min_phi: np.ndarray
+    minimizer: np.ndarray
+    certified: bool
+
+
+def frame_gaps(path: Path, cfg: Config) -> FlowGaps:
+    """``G`` at every frame of the trajectory file ``path`` with the ``[diagnostics]`` search of ``cfg``."""
+    from .diagnostics import frame_measure, optimality_gap
+    from .trajectory import open_trajectory
+
+    traj = open_trajectory(path)
+    problem, d = traj.problem(), cfg.diagnostics
+    results = []
+    for i in range(len(traj.time)):
+        omega, mass = frame_measure(traj, i)
+        results.append(optimality_gap(problem, omega, mass, domain=d.domain, radius=d.radius, n_starts=d.n_starts,
+                                      grid_points=d.grid_points, seed=d.seed))
+    certified = all(r.exhaustive and r.outside_mass == 0.0 for r in results)
+    return FlowGaps(time=np.asarray(traj.time, dtype=float), gap=np.array([r.gap for r in results]),
+                    min_phi=np.array([r.min_phi for r in results]),
+                    minimizer=np.array([r.minimizer for r in results]), certified=certified)
+
+
+def first_below(g: FlowGaps, level: float = TARGET_GAP) -> float:
+    """The first frame time from which on G stays <= level (nan if it never does)."""
+    above = np.flatnonzero(g.gap > level)
+    start = 0 if above.size == 0 else above[-1] + 1
+    return float(g.time[start]) if start < g.time.size else math.nan
+
+
+def plot_comparison(wfr_path: Path, w2_path: Path, gaps: dict[str, FlowGaps], out: Path) -> Path:
+    """One figure, four panels: the particle paths of both flows (first two coordinates; WFR's final
+    heads sized by mass, the certified minimizer of Phi starred), G(t), WFR's masses m_i(t), E(t)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from .trajectory import open_trajectory
+
+    fig = Figure(figsize=(11.0, 8.5))
+    FigureCanvasAgg(fig)
+    (ax_path, ax_gap), (ax_mass, ax_energy) = fig.subplots(2, 2)
+    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.07, top=0.95, wspace=0.28, hspace=0.3)
+    wfr, w2 = open_trajectory(wfr_path), open_trajectory(w2_path)
+    for traj, colour, label in ((w2, "0.55", "Wasserstein"), (wfr, "C0", "WFR")):
+        omega = np.asarray(traj.frames["omega"], dtype=float)
+        x = omega[:, :, 0]
+        y = omega[:, :, 1] if omega.shape[2] > 1 else np.zeros_like(x)
+        ax_path.plot(x, y, "-", color=colour, lw=0.8)
+        mass = np.asarray(traj.frames["mass"][-1], dtype=float)
+        ax_path.scatter(x[-1], y[-1], s=400 * mass * mass.size / 4 + 4, color=colour, alpha=0.7, label=f"{label} (end)")
+    star = gaps["wfr"].minimizer[-1]
+    ax_path.plot(star[0], star[1] if star.size > 1 else 0.0, "*", color="C3", ms=14, label="argmin Phi (WFR end)")
+    ax_path.set_xlabel("omega_1")
+    ax_path.set_ylabel("omega_2")
+    ax_path.set_title("particle paths (marker area ~ mass)", fontsize=9)
+    ax_path.legend(fontsize=7)
+    for key, colour, label in (("w2", "0.4", "Wasserstein"), ("wfr", "C0", "WFR")):
+        g = gaps[key]
+        keep = g.time > 0
+        ax_gap.loglog(g.time[keep], np.maximum(g.gap[keep], 1e-16), "o-", ms=3, color=colour, label=label)
+    ax_gap.axhline(TARGET_GAP, color="C3", ls="--", lw=0.8, label="1e-6")
+    ax_gap.set_xlabel("t")
+    ax_gap.set_ylabel("optimality gap G")
+    ax_gap.set_title("G = int Phi d rho - min Phi" + (" (min certified)" if gaps["wfr"].certified else ""), fontsize=9)
+    ax_gap.legend(fontsize=7)
+    t = np.asarray(wfr.frames["time"], dtype=float)
+    keep = t > 0
+    ax_mass.loglog(t[keep], np.asarray(wfr.frames["mass"], dtype=float)[keep], lw=0.9)
+    ax_mass.set_xlabel("t")
+    ax_mass.set_ylabel("mass m_i (WFR)")
+    ax_mass.set_title("masses over time (removed heads leave the plot)", fontsize=9)
+    for traj, colour, label in ((w2, "0.4", "Wasserstein"), (wfr, "C0", "WFR")):
+        st = traj.steps
+        ax_energy.semilogx(np.asarray(st["time"])[1:], np.asarray(st["energy"])[1:], color=colour, label=label)
+    ax_energy.set_xlabel("t")
+    ax_energy.set_ylabel("energy E")
+    ax_energy.legend(fontsize=7)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def write_gaps_csv(gaps: dict[str, FlowGaps], out: Path) -> Path:
+    lines = ["flow,time,gap,min_phi,certified"]
+    for key, g in gaps.items():
+        lines += [f"{key},{float(t)!r},{float(v)!r},{float(m)!r},{int(g.certified)}"
+                  for t, v, m in zip(g.time, g.gap, g.min_phi)]
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def beside(out: Path, suffix: str) -> Path:
+    stem = out.with_suffix("")
+    return stem.with_name(stem.name + suffix)
+
+
+def cmd_wfr(args: argparse.Namespace) -> int:
+    from solvers.driver import run
+
+    from .cli import new_output_path
+    from .problem import Problem
+
+    cfg = load_config(args.config, args.set)
+    if cfg.solver.method != "wfr" or cfg.solver.gamma <= 0:
+        raise UsageError(f"pdeflow wfr compares a Wasserstein-Fisher-Rao run with its Wasserstein limit: the config "
+                         f"needs solver.method = 'wfr' and solver.gamma > 0 (got {cfg.solver.method!r}, "
+                         f"gamma = {cfg.solver.gamma:g})")
+    if cfg.solver.total_mass != "fixed":
+        raise UsageError("pdeflow wfr compares flows of probability measures (G assumes mass 1): "
+                         "set solver.total_mass = 'fixed'")
+    if cfg.diagnostics.domain == "grid":
+        raise UsageError("diagnostics.domain = 'grid' is for grid runs; use 'ball' or 'box'")
+    out = new_output_path(cfg, args.config, args.output, args.force)
+    w2_out = beside(out, "-w2.h5")
+    if w2_out.exists() and not args.force:
+        raise UsageError(f"{str(w2_out)!r} exists; pass --force to overwrite it")
+    w2_cfg = cfg.replace(solver={"gamma": 0.0})
+    problem = Problem.from_config(cfg)
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"wfr: {msg}", flush=True))
+    for label, c, path in (("WFR", cfg, out), ("Wasserstein", w2_cfg, w2_out)):
+        say(f"running the {label} flow -> {path}")
+        result = run(c, problem, path, overwrite=args.force, quiet=True, exiting=args.exiting)
+        if result.exit_code != 0:
+            print(f"pdeflow: wfr: the {label} run ended {result.status}: {result.message}")
+            return result.exit_code
+    say("optimality gaps at every frame")
+    gaps = {"w2": frame_gaps(w2_out, cfg), "wfr": frame_gaps(out, cfg)}
+    csv = write_gaps_csv(gaps, beside(out, "-gaps.csv"))
+    figure = None if args.no_plots else plot_comparison(out, w2_out, gaps, out.with_suffix(".png"))
+    for key, label in (("w2", "Wasserstein"), ("wfr", "WFR")):
+        g = gaps[key]
+        reached = first_below(g)
+        where = f"G <= {TARGET_GAP:g} from t = {reached:.4g}" if math.isfinite(reached) else f"G > {TARGET_GAP:g} at t_end"
+        search = "certified" if g.certified else "NOT certified (k > 3 or mass outside Omega)"
+        print(f"{label:<12s} G(t_end) = {g.gap[-1]:.3e}  min Phi = {g.min_phi[-1]:.12g}  {search}  {where}")
+    print(f"pdeflow: wfr: {out}, {w2_out}, {csv}" + (f", {figure}" if figure else ""))
+    return 0
+
+
+def add_command(subparsers) -> None:
+    """Register ``pdeflow wfr``."""
+    p = subparsers.add_parser("wfr", help="Wasserstein-Fisher-Rao against Wasserstein: both runs, G(t), figure",
+                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(p, "TOML config file (solver.method = 'wfr', solver.gamma > 0)",
+                         "WFR trajectory file (default: output.path, else <config>.h5); the Wasserstein run "
+                         "goes to <OUT>-w2.h5")
+    p.add_argument("--no-plots", action="store_true", help="do not write the figure")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_wfr)

@@ -1,0 +1,169 @@
+"""Wasserstein-Fisher-Rao particles (``solver.method = "wfr"``): heads that move and trade mass.
+
+The weighted particles ``rho = sum_i m_i delta_{omega_i}`` follow the Wasserstein-Fisher-Rao
+(Hellinger-Kantorovich) gradient flow of the energy E (docs/model.md):
+
+    d omega_i / dt = -alpha grad Phi(omega_i; rho),
+    d m_i / dt     = -gamma m_i (Phi(omega_i; rho) - <Phi>),    <Phi> = sum_j m_j Phi_j / sum_j m_j,
+
+with ``alpha = solver.alpha`` and ``gamma = solver.gamma``. The mass equation is the Fisher-Rao part
+(birth-death: heads where Phi is below its rho-average gain weight); subtracting ``<Phi>`` makes
+``sum_i dm_i/dt = 0``, so the total mass is conserved. Since ``dE/dm_i = Phi_i`` and
+``dE/domega_i = m_i grad Phi_i``, the energy identity is ``dE/dt = -I`` with the dissipation
+
+    I = alpha sum_i m_i |grad Phi_i|^2 + gamma sum_i m_i (Phi_i - <Phi>)^2,
+
+which is what :meth:`WassersteinFisherRao.diagnostics` reports (the ``dissipation`` of ``/steps`` and
+``/frames``).
+
+Integration: the step of :class:`solvers.explicit.DormandPrince` itself (same tableau, same controller and
+tolerances) run on the joint state ``y = (omega, m)`` [N, k + 1], so the error control covers the masses too: ``err = rms((y5 - y4) / (atol + rtol max(|y_n|, |y5|)))`` over all N (k + 1) entries. Each
+stage is one pass of the Problem (Phi and grad Phi together), and the evaluation at the end of an
+accepted step is the first stage of the next (first same as last). The mass equation is linear in m with
+``sum_i dm_i = 0`` at every stage, so every Runge-Kutta combination keeps the total mass to rounding.
+
+- ``solver.total_mass = "free"``: the unbalanced (conic, Hellinger-Kantorovich) flow of Chizat 2022 and
+  Liero-Mielke-Savare, ``d m_i/dt = -gamma m_i Phi_i`` without ``<Phi>``: the gradient flow of E for the metric
+  with action ``int (|v|^2 / alpha + g^2 / gamma) d rho`` on all nonnegative measures (``d rho/dt + div(rho v) =
+  g rho``); the total mass changes, ``I = alpha int |grad Phi|^2 d rho + gamma int Phi^2 d rho``, and at a
+  stationary point ``Phi = 0`` on the support. Removal (below) then zeroes masses without rescaling the others.
+  The default ``"fixed"`` is the flow above on probability measures (``<Phi>`` is its Lagrange multiplier).
+- ``gamma = 0`` and ``alpha = 1`` is the Wasserstein flow: the step is ``DormandPrince.step`` itself, so a
+  trajectory equals the ``adaptive`` one bit for bit (masses untouched).
+- ``gamma = 0``, ``alpha != 1``: the Wasserstein flow in the time ``alpha t`` (masses not integrated).
+
+**Mass underflow.** Masses decay like ``exp(-gamma (Phi_i - <Phi>) t)``. A mass far below the absolute
+tolerance no longer enters the error estimate, so nothing would keep a step inside the stability region of
+its (possibly fast) decay and it could turn negative. Such particles are removed: after each accepted
+step every particle with ``0 != m_i < solver.mass_floor * sum_j m_j`` (negative masses included) gets
+``m_i = 0`` exactly, and the remaining masses are rescaled by ``M / (M - removed)`` so the total ``M`` is
+unchanged (to rounding). A removed particle is kept in the arrays (frames keep N rows) at the position
+where it was removed: zero is a fixed point of the mass equation and its velocity is set to zero, so it
+never returns and costs the error control nothing. ``/steps/removed`` counts the particles removed at
+each step and ``/steps/removed_mass`` the mass they had. (Integrating ``log m`` instead would avoid the
+floor but not conserve the total mass under Runge-Kutta; removal keeps the linear invariant.)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pdeflow.problem import Evaluation
+
+from . import register
+from .base import SolverError, State
+from .explicit import DormandPrince
+
+
+@dataclass(frozen=True)
+class JointEvaluation:
+    """What the Dormand-Prince step reads of an evaluation at a joint state y = (omega, m) [N, k + 1]:
+    ``grad_phi = -dy/dt`` (the explicit steppers' stage is ``-grad_phi``), and the Problem ``evaluation``."""
+    grad_phi: np.ndarray
+    evaluation: Evaluation
+
+
+@register
+class WassersteinFisherRao(DormandPrince):
+    """Dormand-Prince 5(4) on ``(omega, m)`` for the WFR particle flow (see the module docstring)."""
+    name = "wfr"
+    step_columns = ("rejected", "removed", "removed_mass")
+    sharded = True  # the rho-averages are sums over ranks, like the energy
+
+    def __init__(self, problem, cfg) -> None:
+        super().__init__(problem, cfg)
+        s = cfg.solver
+        self.alpha, self.gamma, self.mass_floor = float(s.alpha), float(s.gamma), float(s.mass_floor)
+        self.fixed_mass = s.total_mass == "fixed"
+
+    # ---- the vector field ---------------------------------------------------------------------
+    def mean_phi(self, phi: np.ndarray, mass: np.ndarray) -> float:
+        """``<Phi> = sum_i m_i Phi_i / sum_i m_i`` (summed over ranks); 0 with ``solver.total_mass = "free"``."""
+        if not self.fixed_mass:
+            return 0.0
+        weighted, total = self.problem.comm.sum_over_ranks(float(np.dot(mass, phi)), float(np.sum(mass)))
+        # a trial step far outside the stability region can cancel the total: its error is then inf
+        return weighted / total if total != 0.0 else math.nan
+
+    def _rates(self, y: np.ndarray, phi: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        """``dy/dt`` [N, k + 1] at the joint state y from Phi [N] and grad Phi [N, k] at its particles."""
+        mass = y[:, -1]
+        out = np.empty_like(y)
+        out[:, :-1] = -self.alpha * grad
+        out[mass == 0.0, :-1] = 0.0  # removed particles stay where they are
+        out[:, -1] = -self.gamma * mass * (phi - self.mean_phi(phi, mass))
+        return out
+
+    def _velocity(self, y: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """The stage derivative: ``dy/dt`` at a joint state y [N, k + 1] (inside :meth:`step`), else the
+        Wasserstein velocity ``-grad Phi`` at positions [N, k] (the gamma = 0 path of DormandPrince)."""
+        if y.shape[1] == self.problem.k:
+            return super()._velocity(y, mass)
+        omega, m = y[:, :-1], y[:, -1]
+        phi, grad = self.problem.grad_phi_field(omega, self.problem.residual_features(omega, m))
+        return self._rates(y, phi, grad)
+
+    def evaluate(self, state: State) -> Evaluation | JointEvaluation:
+        """The Problem evaluation at a state; at a joint state (``fields["omega"]`` [N, k + 1] inside
+        :meth:`step`) the :class:`JointEvaluation` whose ``grad_phi`` is ``-dy/dt``."""
+        if state.evaluation is None and state.fields["omega"].shape[1] == self.problem.k + 1:
+            y = state.fields["omega"]
+            ev = self.problem.evaluate(y[:, :-1], y[:, -1])
+            state.evaluation = JointEvaluation(grad_phi=-self._rates(y, ev.phi, ev.grad_phi), evaluation=ev)
+        return super().evaluate(state)
+
+    # ---- stepping -----------------------------------------------------------------------------
+    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+        if self.gamma == 0.0 and self.alpha == 1.0:
+            new, extra = super().step(state, dt_limit)
+            return new, {**extra, "removed": 0.0, "removed_mass": 0.0}
+        # Dormand-Prince on the joint state y = (omega, m): its "omega" is y, its stages dy/dt (_velocity) and
+        # the negated gradient of its evaluations; with gamma = 0 the mass column has zero rate and stays put
+        ev = self.evaluate(state)
+        y0 = np.concatenate([state.fields["omega"], state.fields["mass"][:, None]], axis=1)
+        joint = State(t=state.t, step=state.step, dt=state.dt, fields={"omega": y0, "mass": state.fields["mass"]},
+                      rng=state.rng, evaluation=JointEvaluation(-self._rates(y0, ev.phi, ev.grad_phi), ev))
+        joint_new, extra = super().step(joint, dt_limit)
+        y5 = joint_new.fields["omega"]
+        new = replace(joint_new, fields={"omega": np.ascontiguousarray(y5[:, :-1]), "mass": y5[:, -1].copy()},
+                      evaluation=joint_new.evaluation.evaluation)
+        removed, removed_mass = self._remove_underflow(new) if self.gamma else (0, 0.0)
+        return new, {**extra, "removed": float(removed), "removed_mass": removed_mass}
+
+    def _remove_underflow(self, state: State) -> tuple[int, float]:
+        """Remove the particles whose mass fell below ``mass_floor`` times the total (module docstring);
+        returns how many (over all ranks) and the mass they had."""
+        mass = state.fields["mass"]
+        local_total = float(np.sum(mass))
+        (total,) = self.problem.comm.sum_over_ranks(local_total)
+        dead = (mass != 0.0) & (mass < self.mass_floor * total)
+        n_dead, dead_mass = self.problem.comm.sum_over_ranks(float(np.count_nonzero(dead)), float(np.sum(mass[dead])))
+        if n_dead == 0:
+            return 0, 0.0
+        if total - dead_mass <= 0.0:
+            raise SolverError("every particle's mass underflowed; lower solver.mass_floor or solver.gamma")
+        mass = np.where(dead, 0.0, mass * (total / (total - dead_mass)) if self.fixed_mass else mass)
+        state.fields = {"omega": state.fields["omega"], "mass": mass}
+        state.evaluation = None
+        return int(n_dead), dead_mass
+
+    # ---- diagnostics --------------------------------------------------------------------------
+    def fisher_rao_dissipation(self, phi: np.ndarray, mass: np.ndarray) -> float:
+        """``sum_i m_i (Phi_i - <Phi>)^2`` (summed over ranks; ``<Phi> = 0`` with a free total mass)."""
+        centred = phi - self.mean_phi(phi, mass)
+        return self.problem.comm.sum_over_ranks(float(np.dot(mass, centred * centred)))[0]
+
+    def diagnostics(self, state: State) -> dict[str, float]:
+        """``energy``, ``risk`` and the WFR ``dissipation`` ``I`` (module docstring), so ``dE/dt = -I``."""
+        ev = self.evaluate(state)
+        if self.gamma == 0.0 and self.alpha == 1.0:
+            return {"energy": ev.energy, "risk": ev.risk, "dissipation": ev.dissipation}
+        fr = self.fisher_rao_dissipation(ev.phi, state.fields["mass"]) if self.gamma else 0.0
+        # removed particles have mass 0 and add nothing to either sum
+        return {"energy": ev.energy, "risk": ev.risk, "dissipation": self.alpha * ev.dissipation + self.gamma * fr}
+
+    def likely_cause(self, state: State) -> str:
+        return (f"the wfr stepper's tolerances (solver.rtol = {self.cfg.solver.rtol:g}, solver.atol = "
+                f"{self.cfg.solver.atol:g}) are too loose for solver.gamma = {self.gamma:g}; tighten them")
