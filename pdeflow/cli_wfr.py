@@ -90,8 +90,9 @@ def summary_line(label: str, g: FlowGaps) -> str:
 
 
 def plot_comparison(wfr_path: Path, w2_path: Path, gaps: dict[str, FlowGaps], out: Path) -> Path:
-    """One figure, four panels: the particle paths of both flows (first two coordinates; WFR's final
-    heads sized by mass, the point of least Phi found starred), G(t) found and certified, WFR's masses m_i(t), E(t)."""
+    """One figure, four panels: the particle paths of both flows (first two coordinates, or omega against
+    log(1 + t) when k = 1; WFR's final heads sized by mass, the point of least Phi found starred), G(t) found
+    and certified, WFR's masses m_i(t), E(t)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -104,15 +105,20 @@ def plot_comparison(wfr_path: Path, w2_path: Path, gaps: dict[str, FlowGaps], ou
     wfr, w2 = open_trajectory(wfr_path), open_trajectory(w2_path)
     for traj, colour, label in ((w2, "0.55", "Wasserstein"), (wfr, "C0", "WFR")):
         omega = np.asarray(traj.frames["omega"], dtype=float)
-        x = omega[:, :, 0]
-        y = omega[:, :, 1] if omega.shape[2] > 1 else np.zeros_like(x)
+        if omega.shape[2] > 1:
+            x, y = omega[:, :, 0], omega[:, :, 1]
+        else:   # k = 1: omega against log(1 + t)
+            x = np.broadcast_to(np.log1p(np.asarray(traj.time, dtype=float))[:, None], omega.shape[:2])
+            y = omega[:, :, 0]
         ax_path.plot(x, y, "-", color=colour, lw=0.8)
         mass = np.asarray(traj.frames["mass"][-1], dtype=float)
         ax_path.scatter(x[-1], y[-1], s=400 * mass * mass.size / 4 + 4, color=colour, alpha=0.7, label=f"{label} (end)")
     star = gaps["wfr"].minimizer[-1]
-    ax_path.plot(star[0], star[1] if star.size > 1 else 0.0, "*", color="C3", ms=14, label="least Phi found (WFR end)")
-    ax_path.set_xlabel("omega_1")
-    ax_path.set_ylabel("omega_2")
+    one_d = star.size == 1
+    ax_path.plot(x[-1, 0] if one_d else star[0], star[0] if one_d else star[1], "*", color="C3", ms=14,
+                 label="least Phi found (WFR end)")
+    ax_path.set_xlabel("log(1 + t)" if one_d else "omega_1")
+    ax_path.set_ylabel("omega_1" if one_d else "omega_2")
     ax_path.set_title("particle paths (marker area ~ mass)", fontsize=9)
     ax_path.legend(fontsize=7)
     for key, colour, label in (("w2", "0.4", "Wasserstein"), ("wfr", "C0", "WFR")):

@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
-
-from pathlib import Path
 
 from pdeflow import Problem, loads_config
 from pdeflow.cli import main
@@ -239,6 +238,21 @@ def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):
     assert not (tmp_path / "x.h5").exists()
 
 
+def test_wfr1d_basis_is_the_gain2_slice_at_output_gain_minus_one():
+    """data/configs/wfr1d.npz is the attention-sharpness axis of wfr.toml's gain2 family at omega_2 = -1:
+    theta(omega) = theta0_gain2 + omega basis_1 - basis_2, rebuilt here from the family (to 1e-13)."""
+    from pdeflow import load_config
+    from pdeflow.model import make_coordinates
+
+    configs = Path(__file__).resolve().parents[1] / "data" / "configs"
+    gain2 = make_coordinates(load_config(configs / "wfr.toml").model)
+    one = Problem.from_config(load_config(configs / "wfr1d.toml"))
+    assert one.k == 1
+    omega = np.linspace(-3.0, 3.0, 7)[:, None]
+    expected = gain2.theta(np.concatenate([omega, -np.ones_like(omega)], axis=1))
+    np.testing.assert_allclose(one.coords.theta(omega), expected, rtol=0, atol=1e-13)
+
+
 def test_wfr_summary_calls_only_the_bound_certified():
     """The summary line: G found is a lower bound; "certified G <= x" states gap_bound, and "from t" follows the
     bound's own crossing of 1e-6, not the gap found's; an uncertified flow says so."""
@@ -317,8 +331,8 @@ def test_grid_reaction_converges_to_the_particle_flow():
     omega, mass = fine.particles(initial_density(fine, cfg.init))
     particles = cfg.replace(init={"measure": "particles"}, solver={"method": "wfr", "rtol": 1e-10, "atol": 1e-13})
     stepper = make_stepper(problem, particles)
-    state, _ = advance(stepper, State(t=0.0, step=0, dt=0.01, fields={"omega": omega[mass > 0], "mass": mass[mass > 0]}),
-                       1.0)
+    start = State(t=0.0, step=0, dt=0.01, fields={"omega": omega[mass > 0], "mass": mass[mass > 0]})
+    state, _ = advance(stepper, start, 1.0)
     reference = moments(problem, state.fields["omega"], state.fields["mass"])
     errors = []
     for n in (16, 32, 64):
@@ -376,6 +390,7 @@ def test_wfr_jko_inner_problem_is_pots_semi_relaxed_transport():
     """The closed-form plan equals POT's sinkhorn_unbalanced with reg_m = (1, 0) and c = a x 1; without transport
     (infinite off-diagonal cost, eps -> 0) the step is the implicit reaction b = a / (1 + c (xi - lam))^2."""
     import ot
+
     from solvers.unbalanced_jko import jko_masses, semi_relaxed_plan
     rng = np.random.default_rng(0)
     a, cost, eps = rng.random(6), rng.random((6, 7)), 0.3
