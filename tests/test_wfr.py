@@ -228,6 +228,7 @@ def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):
     assert len(gaps["wfr"]) == len(gaps["w2"]) == 4 and all(r[6] == "1" for r in rows)  # k = 2: certified
     # found <= true gap <= certified bound, i.e. min Phi found >= its proven lower bound
     assert all(float(r[2]) <= float(r[3]) and float(r[5]) <= float(r[4]) for r in rows)
+    assert all(float(r[3]) - float(r[2]) < 1e-6 for r in rows)  # and tight (the data bounds of the certificate)
     assert gaps["wfr"][0] == gaps["w2"][0] > 1.0  # the same initial measure
     assert 0 <= gaps["wfr"][-1] < 0.7 * gaps["w2"][-1]  # the mass exchange already helps at t = 5
     assert (tmp_path / "w.png").stat().st_size > 0 and (tmp_path / "w-w2.h5").exists()
