@@ -221,9 +221,14 @@ def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):
             "--set", "diagnostics.grid_points=16", "--set", "diagnostics.n_starts=4"]
     assert main(args) == 0
     assert main(args) == 2  # the files exist: no overwrite without --force
-    rows = [line.split(",") for line in (tmp_path / "w-gaps.csv").read_text().splitlines()[1:]]
+    lines = (tmp_path / "w-gaps.csv").read_text().splitlines()
+    assert lines[0] == "flow,time,gap_found,gap_bound,min_phi,min_phi_lower,certified,evaluations"
+    rows = [line.split(",") for line in lines[1:]]
     gaps = {flow: [float(r[2]) for r in rows if r[0] == flow] for flow in ("w2", "wfr")}
-    assert len(gaps["wfr"]) == len(gaps["w2"]) == 4 and all(r[4] == "1" for r in rows)  # k = 2: certified
+    assert len(gaps["wfr"]) == len(gaps["w2"]) == 4 and all(r[6] == "1" for r in rows)  # k = 2: certified
+    # found <= true gap <= certified bound, i.e. min Phi found >= its proven lower bound
+    assert all(float(r[2]) <= float(r[3]) and float(r[5]) <= float(r[4]) for r in rows)
+    assert all(float(r[3]) - float(r[2]) < 1e-6 for r in rows)  # and tight (the data bounds of the certificate)
     assert gaps["wfr"][0] == gaps["w2"][0] > 1.0  # the same initial measure
     assert 0 <= gaps["wfr"][-1] < 0.7 * gaps["w2"][-1]  # the mass exchange already helps at t = 5
     assert (tmp_path / "w.png").stat().st_size > 0 and (tmp_path / "w-w2.h5").exists()
@@ -232,6 +237,40 @@ def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):
     assert main(["wfr", str(config), "-o", str(tmp_path / "x.h5"), "--set", "solver.gamma=0"]) == 2
     assert main(["wfr", str(config), "-o", str(tmp_path / "x.h5"), "--set", "solver.total_mass=free"]) == 2
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_wfr1d_basis_is_the_gain2_slice_at_output_gain_minus_one():
+    """data/configs/wfr1d.npz is the attention-sharpness axis of wfr.toml's gain2 family at omega_2 = -1:
+    theta(omega) = theta0_gain2 + omega basis_1 - basis_2, rebuilt here from the family (to 1e-13)."""
+    from pdeflow import load_config
+    from pdeflow.model import make_coordinates
+
+    configs = Path(__file__).resolve().parents[1] / "data" / "configs"
+    gain2 = make_coordinates(load_config(configs / "wfr.toml").model)
+    one = Problem.from_config(load_config(configs / "wfr1d.toml"))
+    assert one.k == 1
+    omega = np.linspace(-3.0, 3.0, 7)[:, None]
+    expected = gain2.theta(np.concatenate([omega, -np.ones_like(omega)], axis=1))
+    np.testing.assert_allclose(one.coords.theta(omega), expected, rtol=0, atol=1e-13)
+
+
+def test_wfr_summary_calls_only_the_bound_certified():
+    """The summary line: G found is a lower bound; "certified G <= x" states gap_bound, and "from t" follows the
+    bound's own crossing of 1e-6, not the gap found's; an uncertified flow says so."""
+    from pdeflow.cli_wfr import FlowGaps, first_below, summary_line
+
+    t = np.array([0.0, 1.0, 2.0, 3.0])
+    g = FlowGaps(time=t, gap=np.array([1.0, 1e-3, 1e-9, 1e-10]), gap_bound=np.array([2.0, 0.1, 1e-5, 5e-7]),
+                 min_phi=np.full(4, -1.0), min_phi_lower=np.full(4, -1.1), minimizer=np.zeros((4, 2)),
+                 certified=np.ones(4, dtype=bool), evaluations=np.full(4, 10))
+    assert first_below(t, g.gap) == 2.0 and first_below(t, g.gap_bound) == 3.0
+    assert first_below(t, np.array([1e-7, np.nan, 1e-7, 1e-7])) == 2.0      # nan (uncertified) counts as above
+    assert math.isnan(first_below(t, np.array([1e-7, 1e-7, 1e-7, 1e-5])))
+    line = summary_line("WFR", g)
+    assert "G found 1.000e-10 (<= 1e-06 from t = 2; a lower bound on G)" in line
+    assert "certified G <= 5.000e-07 (<= 1e-06 from t = 3)" in line
+    g.certified[-1], g.gap_bound[-1] = False, np.nan
+    assert "NOT certified" in summary_line("WFR", g) and "certified G <=" not in summary_line("WFR", g)
 
 
 # ---- the grid: finite volumes with the Fisher-Rao reaction --------------------------------------------------
@@ -293,8 +332,8 @@ def test_grid_reaction_converges_to_the_particle_flow():
     omega, mass = fine.particles(initial_density(fine, cfg.init))
     particles = cfg.replace(init={"measure": "particles"}, solver={"method": "wfr", "rtol": 1e-10, "atol": 1e-13})
     stepper = make_stepper(problem, particles)
-    state, _ = advance(stepper, State(t=0.0, step=0, dt=0.01, fields={"omega": omega[mass > 0], "mass": mass[mass > 0]}),
-                       1.0)
+    start = State(t=0.0, step=0, dt=0.01, fields={"omega": omega[mass > 0], "mass": mass[mass > 0]})
+    state, _ = advance(stepper, start, 1.0)
     reference = moments(problem, state.fields["omega"], state.fields["mass"])
     errors = []
     for n in (16, 32, 64):
