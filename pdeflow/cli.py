@@ -1,9 +1,6 @@
 """The ``pdeflow`` command line: ``run``, ``info`` and the analysis commands.
 
-Exit codes: 0 done; 1 a check failed (compare, validate); 2 bad input (config, files, arguments),
-one line on stderr and no output touched; 3 the run failed (non-finite state, failed inner solve, the
-trajectory file could not be written, or accuracy lost with run.accuracy = "stop"): the committed frames
-are kept; 130 interrupted by SIGINT, 143 by SIGTERM (state checkpointed; resume with ``--resume``).
+Exit codes: :mod:`pdeflow.exit_codes`.
 """
 from __future__ import annotations
 
@@ -15,18 +12,11 @@ from pathlib import Path
 
 from . import __version__
 from .config import Config, ConfigError, describe_schema, load_config
+from .exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGINT, HELP
 from .parallel import abort_ranks, failed_alike, launcher_rank, world
 from .trajectory import TrajectoryError, check_file, open_trajectory
 
-EXIT_CODES = """exit codes:
-  0    done
-  1    a check failed (compare, validate)
-  2    bad input: one line on stderr naming the problem; no output file created or touched
-  3    the run failed: non-finite state, failed inner solve, the file could not be written
-       (disk full), or accuracy was lost with run.accuracy = "stop"; every frame committed before is
-       kept, continue with --resume
-  130  interrupted by SIGINT, 143 by SIGTERM; the state is checkpointed, continue with --resume
-"""
+EXIT_CODES = HELP  # the epilog of every command's --help
 # Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.cli_diagnostics",   # diagnose, plot
@@ -153,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise  # perhaps on this rank only: main() aborts every rank
         raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
                          f"reduce init.n_particles, task.n_samples or model.d") from None
-    if comm.is_root and result.exit_code == 0:
+    if comm.is_root and result.exit_code == EXIT_OK:
         print(f"pdeflow: {result.status}: {result.message} -> {out}")
     elif comm.is_root:
         print(f"pdeflow: {result.status}: {result.message}", file=sys.stderr)
@@ -167,7 +157,7 @@ def _first_line(exc: BaseException) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     traj = open_trajectory(args.file)
     print(format_info(traj))
-    return 0
+    return EXIT_OK
 
 
 def format_info(traj) -> str:
@@ -239,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("config", help="print every config key with its default and meaning")
-    p.set_defaults(func=lambda args: print(describe_schema()) or 0)
+    p.set_defaults(func=lambda args: print(describe_schema()) or EXIT_OK)
     for module in COMMAND_MODULES:
         try:
             mod = importlib.import_module(module)
@@ -258,16 +248,16 @@ def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         args.exiting = exiting
-        return int(args.func(args) or 0)
+        return int(args.func(args) or EXIT_OK)
     except SystemExit as exc:  # --help and --version
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_BAD_INPUT)
     except (ConfigError, TrajectoryError, UsageError) as exc:
         if failed_alike(_one_line(str(exc))) and launcher_rank() == 0:  # under MPI: rank 0 reports
             print(f"pdeflow: error: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("pdeflow: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
     except Exception as exc:
         abort_ranks(exc)  # under MPI the other ranks may wait for this one forever: end them all
         raise

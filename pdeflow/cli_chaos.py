@@ -11,10 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli import EXIT_CODES, UsageError, add_config_arguments
+from .cli import UsageError, add_config_arguments
 from .config import load_config
-
-EXIT_NUMERICAL = 3
+from .exit_codes import EXIT_FAILED, EXIT_OK, HELP
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -49,7 +48,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         result = chaos.run_chaos(cfg, problem, make_stepper, frame_times(cfg), progress=progress, work=work)
     except chaos.ChaosError as exc:
         print(f"pdeflow: error: chaos: {exc}; no output written", file=sys.stderr)
-        return EXIT_NUMERICAL
+        return EXIT_FAILED
     finally:
         progress.close()
     chaos.write_result(out, result, cfg, problem, quick=args.quick)
@@ -58,7 +57,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     chaos.plot_result(png, result)
     print(chaos.summary(result))
     print(f"pdeflow: chaos: finished in {result.attrs['wall_time']:.0f} s -> {out}, {png}")
-    return 0
+    return EXIT_OK
 
 
 class _Progress:
@@ -89,7 +88,7 @@ def _progress(cfg, quiet: bool) -> _Progress:
 
 def add_command(subparsers) -> None:
     p = subparsers.add_parser("chaos", help="propagation of chaos: N heads and SGD against the mean-field limit",
-                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                               description=__doc__.split("\n\n")[1])
     add_config_arguments(p, "TOML config file (sections [chaos], [sgd], [solver], [run])",
                          "HDF5 result file (default: <config>-chaos.h5); the figure is written beside it with "

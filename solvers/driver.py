@@ -45,6 +45,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pdeflow.config import Config, ConfigError
+from pdeflow.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from pdeflow.parallel import SERIAL, SerialComm, check_shardable
 from pdeflow.problem import Problem
 from pdeflow.sharded_writer import GatheringWriter
@@ -54,9 +55,6 @@ from . import make_stepper
 from .accuracy import COLUMNS as ACCURACY_COLUMNS
 from .accuracy import AccuracyMonitor, Assessment, print_warning
 from .base import SolverError, State, Stepper
-
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
-EXIT_NUMERICAL = EXIT_FAILED  # the name earlier code used for exit code 3
 
 
 class Interrupted(Exception):
