@@ -44,19 +44,36 @@ def output_path(cfg: Config, config_path: str, explicit: str | None) -> Path:
     return Path(Path(config_path).stem + ".h5")
 
 
-def new_output_path(cfg: Config, config_path: str, explicit: str | None, force: bool) -> Path:
-    """:func:`output_path` for a command that writes a new file: UsageError if its directory is missing, it is a
-    directory or the config file itself, or it exists and ``force`` is not set."""
-    out = output_path(cfg, config_path, explicit)
+def check_output_file(out: Path, config_path: str | None = None, force: bool = False,
+                      resume: bool | None = None) -> Path:
+    """``out`` if a command may write the file there, else UsageError: its directory is missing, it is a
+    directory or the config file ``config_path``, or it exists and neither ``force`` (overwrite it) nor ``resume``
+    (continue it; None: the command cannot continue a file) is set. The one check of every output file."""
     if not out.parent.exists():
         raise UsageError(f"output directory {str(out.parent)!r} does not exist")
     if out.is_dir():
         raise UsageError(f"output path {str(out)!r} is a directory")
-    if out.exists() and out.resolve() == Path(config_path).resolve():
+    if config_path is not None and out.exists() and out.resolve() == Path(config_path).resolve():
         raise UsageError(f"output path {str(out)!r} is the config file")
-    if out.exists() and not force:
-        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it")
+    if out.exists() and not (force or resume):
+        hint = "" if resume is None else " or --resume to continue it"
+        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it{hint}")
     return out
+
+
+def check_output_folder(out: Path) -> Path:
+    """``out`` if a command may write files into that folder (made if missing), else UsageError: it exists and is
+    not a folder, or its parent is missing."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"output {str(out)!r} exists and is not a directory")
+    if not out.parent.exists():
+        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
+    return out
+
+
+def new_output_path(cfg: Config, config_path: str, explicit: str | None, force: bool) -> Path:
+    """:func:`output_path` for a command that writes a new file, checked by :func:`check_output_file`."""
+    return check_output_file(output_path(cfg, config_path, explicit), config_path, force=force)
 
 
 def config_difference(a: Config, b: Config) -> str | None:
@@ -96,13 +113,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     comm = world()  # under mpiexec -n P: the particles are split across the P ranks; rank 0 writes and prints
     cfg = load_config(args.config, args.set)
-    out = output_path(cfg, args.config, args.output)
-    if not out.parent.exists():
-        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
-    if out.is_dir():
-        raise UsageError(f"output path {str(out)!r} is a directory")
-    if out.exists() and out.resolve() == Path(args.config).resolve():
-        raise UsageError(f"output path {str(out)!r} is the config file")
+    out = check_output_file(output_path(cfg, args.config, args.output), args.config, force=args.force,
+                            resume=args.resume)
     stored = None
     if args.resume:
         if args.force:
@@ -115,8 +127,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(f"--resume: {str(out)!r} was written by another config ({diff} differs)")
         if stored.checkpoint is None:
             raise UsageError(f"--resume: {str(out)!r} holds no checkpoint to continue from; start again with --force")
-    elif out.exists() and not args.force:
-        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it or --resume to continue it")
     try:
         problem = Problem.from_config(cfg).with_comm(comm)
         stepper = make_stepper(problem, cfg)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli import UsageError, add_config_arguments
+from .cli import UsageError, add_config_arguments, check_output_file
 from .config import load_config
 from .exit_codes import EXIT_FAILED, EXIT_OK, HELP
 
@@ -26,13 +26,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     if args.quick:
         cfg = chaos.quick_config(cfg)
-    out = Path(args.output) if args.output else Path(Path(args.config).stem + "-chaos.h5")
-    if not out.parent.exists():
-        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
-    if out.is_dir():
-        raise UsageError(f"output path {str(out)!r} is a directory")
-    if out.exists() and not args.force:
-        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it")
+    out = check_output_file(Path(args.output) if args.output else Path(Path(args.config).stem + "-chaos.h5"),
+                            args.config, force=args.force)
     work = chaos.work_path(out)
     if args.resume and not work.exists():
         raise UsageError(f"nothing to resume: {str(work)!r} does not exist")

@@ -163,11 +163,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     traj = open_trajectory(args.file)
     if len(traj.time) == 0:
         raise _usage_error(f"{traj.path}: no frames to plot")
-    out = Path(args.output) if args.output else traj.path.with_name(traj.path.stem + "_plots")
-    if out.exists() and not out.is_dir():
-        raise _usage_error(f"output {str(out)!r} exists and is not a directory")
-    if not out.parent.exists():
-        raise _usage_error(f"output directory {str(out.parent)!r} does not exist")
+    from .cli import check_output_folder  # imported late, like _usage_error
+
+    out = check_output_folder(Path(args.output) if args.output else traj.path.with_name(traj.path.stem + "_plots"))
     coords = _coords(args.coords, int(traj.model_attrs.get("k", 0)))
     if coords is not None and "omega" not in traj.frames:
         raise _usage_error("--coords applies to particle runs only")
