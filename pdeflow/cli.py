@@ -14,6 +14,7 @@ from . import __version__
 from .config import Config, ConfigError, describe_schema, load_config
 from .exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGINT, HELP
 from .parallel import abort_ranks, failed_alike, launcher_rank, world
+from .resume import check_resumable, check_same_problem, config_difference
 from .trajectory import TrajectoryError, check_file, open_trajectory
 
 EXIT_CODES = HELP  # the epilog of every command's --help
@@ -26,9 +27,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.cli_wfr",           # wfr
     "pdeflow.cli_bench",         # bench
 )
-# Keys that may differ between a file and the config resuming it (they extend or limit the run).
-RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("run", "checkpoint_interval"),
-                  ("run", "accuracy"), ("run", "identity_tol"), ("output", "path")}
 
 
 class UsageError(Exception):
@@ -76,35 +74,6 @@ def new_output_path(cfg: Config, config_path: str, explicit: str | None, force: 
     return check_output_file(output_path(cfg, config_path, explicit), config_path, force=force)
 
 
-def config_difference(a: Config, b: Config) -> str | None:
-    """The first ``section.key`` whose value differs (ignoring RESUMABLE_KEYS), or None."""
-    da, db = a.to_dict(), b.to_dict()
-    for section, values in da.items():
-        for key, value in values.items():
-            if (section, key) in RESUMABLE_KEYS:
-                continue
-            other = db.get(section, {}).get(key, None)
-            if value != other and not (value != value and other != other):  # nan == nan here
-                return f"{section}.{key}"
-    return None
-
-
-def array_difference(stored: dict, built: dict) -> str | None:
-    """The first problem array (``embedding``, ``tokens``, ...) that differs between a file and the Problem a
-    config builds now (e.g. an edited text or basis file), or None."""
-    import numpy as np
-
-    for key, value in built.items():
-        other = stored.get(key)
-        if value is None or other is None:
-            if (value is None) != (other is None):
-                return key
-            continue
-        if np.shape(value) != np.shape(other) or not np.array_equal(value, other):
-            return key
-    return None
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from solvers import make_stepper
     from solvers.driver import run
@@ -122,11 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not out.exists():
             raise UsageError(f"--resume: {str(out)!r} does not exist")
         stored = open_trajectory(out)
-        diff = config_difference(stored.config, cfg)
-        if diff is not None:
-            raise UsageError(f"--resume: {str(out)!r} was written by another config ({diff} differs)")
-        if stored.checkpoint is None:
-            raise UsageError(f"--resume: {str(out)!r} holds no checkpoint to continue from; start again with --force")
+        check_resumable(stored, cfg, out)
     try:
         problem = Problem.from_config(cfg).with_comm(comm)
         stepper = make_stepper(problem, cfg)
@@ -134,10 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
                          f"reduce init.n_particles, task.n_samples or model.d") from None
     if stored is not None:
-        diff = array_difference(stored.arrays, problem.arrays())
-        if diff is not None:
-            raise UsageError(f"--resume: the {diff!r} array of {str(out)!r} differs from the one the config builds "
-                             f"now (a task, text or basis file changed?)")
+        check_same_problem(stored, problem.arrays(), out)
     on_finish = None
     if cfg.diagnostics.enabled and comm.is_root:
         try:
