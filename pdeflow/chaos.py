@@ -53,10 +53,10 @@ from scipy import stats
 
 from .config import Config, ConfigError
 from .mean_field import loss_weights
+from .methods import EXPLICIT_FLOWS
 from .problem import Problem, task_params
 from .trajectory import Checkpoint
 
-PARTICLE_FLOWS = ("euler", "heun", "rk4", "adaptive")
 SEED_KEYS = {"initial": 1, "sgd": 2, "probe": 3, "static": 4, "sliced": 5}
 SCHEMA = "pdeflow-chaos"
 SCHEMA_VERSION = 1
@@ -170,8 +170,8 @@ class ChaosError(RuntimeError):
 def check_config(cfg: Config) -> None:
     """The rules of a chaos experiment beyond the schema; ConfigError naming the key."""
     c = cfg.chaos
-    if cfg.solver.method not in PARTICLE_FLOWS:
-        raise ConfigError(f"solver.method must be one of {', '.join(PARTICLE_FLOWS)} for a chaos experiment "
+    if cfg.solver.method not in EXPLICIT_FLOWS:
+        raise ConfigError(f"solver.method must be one of {', '.join(EXPLICIT_FLOWS)} for a chaos experiment "
                           f"(the reference flow), got {cfg.solver.method!r}")
     if math.isfinite(cfg.model.beta) or cfg.sgd.noise:
         raise ConfigError("a chaos experiment compares with the noiseless flow: model.beta must be inf and "

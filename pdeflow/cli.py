@@ -1,9 +1,6 @@
 """The ``pdeflow`` command line: ``run``, ``info`` and the analysis commands.
 
-Exit codes: 0 done; 1 a check failed (compare, validate); 2 bad input (config, files, arguments),
-one line on stderr and no output touched; 3 the run failed (non-finite state, failed inner solve, the
-trajectory file could not be written, or accuracy lost with run.accuracy = "stop"): the committed frames
-are kept; 130 interrupted by SIGINT, 143 by SIGTERM (state checkpointed; resume with ``--resume``).
+Exit codes: :mod:`pdeflow.exit_codes`.
 """
 from __future__ import annotations
 
@@ -15,18 +12,12 @@ from pathlib import Path
 
 from . import __version__
 from .config import Config, ConfigError, describe_schema, load_config
+from .exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGINT, HELP
 from .parallel import abort_ranks, failed_alike, launcher_rank, world
+from .resume import check_resumable, check_same_problem, config_difference
 from .trajectory import TrajectoryError, check_file, open_trajectory
 
-EXIT_CODES = """exit codes:
-  0    done
-  1    a check failed (compare, validate)
-  2    bad input: one line on stderr naming the problem; no output file created or touched
-  3    the run failed: non-finite state, failed inner solve, the file could not be written
-       (disk full), or accuracy was lost with run.accuracy = "stop"; every frame committed before is
-       kept, continue with --resume
-  130  interrupted by SIGINT, 143 by SIGTERM; the state is checkpointed, continue with --resume
-"""
+EXIT_CODES = HELP  # the epilog of every command's --help
 # Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.cli_diagnostics",   # diagnose, plot
@@ -36,9 +27,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.cli_wfr",           # wfr
     "pdeflow.cli_bench",         # bench
 )
-# Keys that may differ between a file and the config resuming it (they extend or limit the run).
-RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("run", "checkpoint_interval"),
-                  ("run", "accuracy"), ("run", "identity_tol"), ("output", "path")}
 
 
 class UsageError(Exception):
@@ -54,48 +42,36 @@ def output_path(cfg: Config, config_path: str, explicit: str | None) -> Path:
     return Path(Path(config_path).stem + ".h5")
 
 
-def new_output_path(cfg: Config, config_path: str, explicit: str | None, force: bool) -> Path:
-    """:func:`output_path` for a command that writes a new file: UsageError if its directory is missing, it is a
-    directory or the config file itself, or it exists and ``force`` is not set."""
-    out = output_path(cfg, config_path, explicit)
+def check_output_file(out: Path, config_path: str | None = None, force: bool = False,
+                      resume: bool | None = None) -> Path:
+    """``out`` if a command may write the file there, else UsageError: its directory is missing, it is a
+    directory or the config file ``config_path``, or it exists and neither ``force`` (overwrite it) nor ``resume``
+    (continue it; None: the command cannot continue a file) is set. The one check of every output file."""
     if not out.parent.exists():
         raise UsageError(f"output directory {str(out.parent)!r} does not exist")
     if out.is_dir():
         raise UsageError(f"output path {str(out)!r} is a directory")
-    if out.exists() and out.resolve() == Path(config_path).resolve():
+    if config_path is not None and out.exists() and out.resolve() == Path(config_path).resolve():
         raise UsageError(f"output path {str(out)!r} is the config file")
-    if out.exists() and not force:
-        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it")
+    if out.exists() and not (force or resume):
+        hint = "" if resume is None else " or --resume to continue it"
+        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it{hint}")
     return out
 
 
-def config_difference(a: Config, b: Config) -> str | None:
-    """The first ``section.key`` whose value differs (ignoring RESUMABLE_KEYS), or None."""
-    da, db = a.to_dict(), b.to_dict()
-    for section, values in da.items():
-        for key, value in values.items():
-            if (section, key) in RESUMABLE_KEYS:
-                continue
-            other = db.get(section, {}).get(key, None)
-            if value != other and not (value != value and other != other):  # nan == nan here
-                return f"{section}.{key}"
-    return None
+def check_output_folder(out: Path) -> Path:
+    """``out`` if a command may write files into that folder (made if missing), else UsageError: it exists and is
+    not a folder, or its parent is missing."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"output {str(out)!r} exists and is not a directory")
+    if not out.parent.exists():
+        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
+    return out
 
 
-def array_difference(stored: dict, built: dict) -> str | None:
-    """The first problem array (``embedding``, ``tokens``, ...) that differs between a file and the Problem a
-    config builds now (e.g. an edited text or basis file), or None."""
-    import numpy as np
-
-    for key, value in built.items():
-        other = stored.get(key)
-        if value is None or other is None:
-            if (value is None) != (other is None):
-                return key
-            continue
-        if np.shape(value) != np.shape(other) or not np.array_equal(value, other):
-            return key
-    return None
+def new_output_path(cfg: Config, config_path: str, explicit: str | None, force: bool) -> Path:
+    """:func:`output_path` for a command that writes a new file, checked by :func:`check_output_file`."""
+    return check_output_file(output_path(cfg, config_path, explicit), config_path, force=force)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -106,13 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     comm = world()  # under mpiexec -n P: the particles are split across the P ranks; rank 0 writes and prints
     cfg = load_config(args.config, args.set)
-    out = output_path(cfg, args.config, args.output)
-    if not out.parent.exists():
-        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
-    if out.is_dir():
-        raise UsageError(f"output path {str(out)!r} is a directory")
-    if out.exists() and out.resolve() == Path(args.config).resolve():
-        raise UsageError(f"output path {str(out)!r} is the config file")
+    out = check_output_file(output_path(cfg, args.config, args.output), args.config, force=args.force,
+                            resume=args.resume)
     stored = None
     if args.resume:
         if args.force:
@@ -120,13 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not out.exists():
             raise UsageError(f"--resume: {str(out)!r} does not exist")
         stored = open_trajectory(out)
-        diff = config_difference(stored.config, cfg)
-        if diff is not None:
-            raise UsageError(f"--resume: {str(out)!r} was written by another config ({diff} differs)")
-        if stored.checkpoint is None:
-            raise UsageError(f"--resume: {str(out)!r} holds no checkpoint to continue from; start again with --force")
-    elif out.exists() and not args.force:
-        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it or --resume to continue it")
+        check_resumable(stored, cfg, out)
     try:
         problem = Problem.from_config(cfg).with_comm(comm)
         stepper = make_stepper(problem, cfg)
@@ -134,10 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
                          f"reduce init.n_particles, task.n_samples or model.d") from None
     if stored is not None:
-        diff = array_difference(stored.arrays, problem.arrays())
-        if diff is not None:
-            raise UsageError(f"--resume: the {diff!r} array of {str(out)!r} differs from the one the config builds "
-                             f"now (a task, text or basis file changed?)")
+        check_same_problem(stored, problem.arrays(), out)
     on_finish = None
     if cfg.diagnostics.enabled and comm.is_root:
         try:
@@ -153,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise  # perhaps on this rank only: main() aborts every rank
         raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
                          f"reduce init.n_particles, task.n_samples or model.d") from None
-    if comm.is_root and result.exit_code == 0:
+    if comm.is_root and result.exit_code == EXIT_OK:
         print(f"pdeflow: {result.status}: {result.message} -> {out}")
     elif comm.is_root:
         print(f"pdeflow: {result.status}: {result.message}", file=sys.stderr)
@@ -167,7 +129,7 @@ def _first_line(exc: BaseException) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     traj = open_trajectory(args.file)
     print(format_info(traj))
-    return 0
+    return EXIT_OK
 
 
 def format_info(traj) -> str:
@@ -239,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("config", help="print every config key with its default and meaning")
-    p.set_defaults(func=lambda args: print(describe_schema()) or 0)
+    p.set_defaults(func=lambda args: print(describe_schema()) or EXIT_OK)
     for module in COMMAND_MODULES:
         try:
             mod = importlib.import_module(module)
@@ -258,16 +220,16 @@ def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         args.exiting = exiting
-        return int(args.func(args) or 0)
+        return int(args.func(args) or EXIT_OK)
     except SystemExit as exc:  # --help and --version
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_BAD_INPUT)
     except (ConfigError, TrajectoryError, UsageError) as exc:
         if failed_alike(_one_line(str(exc))) and launcher_rank() == 0:  # under MPI: rank 0 reports
             print(f"pdeflow: error: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("pdeflow: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
     except Exception as exc:
         abort_ranks(exc)  # under MPI the other ranks may wait for this one forever: end them all
         raise

@@ -11,10 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli import EXIT_CODES, UsageError, add_config_arguments
+from .cli import UsageError, add_config_arguments, check_output_file
 from .config import load_config
-
-EXIT_NUMERICAL = 3
+from .exit_codes import EXIT_FAILED, EXIT_OK, HELP
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -27,13 +26,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     if args.quick:
         cfg = chaos.quick_config(cfg)
-    out = Path(args.output) if args.output else Path(Path(args.config).stem + "-chaos.h5")
-    if not out.parent.exists():
-        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
-    if out.is_dir():
-        raise UsageError(f"output path {str(out)!r} is a directory")
-    if out.exists() and not args.force:
-        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it")
+    out = check_output_file(Path(args.output) if args.output else Path(Path(args.config).stem + "-chaos.h5"),
+                            args.config, force=args.force)
     work = chaos.work_path(out)
     if args.resume and not work.exists():
         raise UsageError(f"nothing to resume: {str(work)!r} does not exist")
@@ -49,7 +43,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         result = chaos.run_chaos(cfg, problem, make_stepper, frame_times(cfg), progress=progress, work=work)
     except chaos.ChaosError as exc:
         print(f"pdeflow: error: chaos: {exc}; no output written", file=sys.stderr)
-        return EXIT_NUMERICAL
+        return EXIT_FAILED
     finally:
         progress.close()
     chaos.write_result(out, result, cfg, problem, quick=args.quick)
@@ -58,7 +52,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     chaos.plot_result(png, result)
     print(chaos.summary(result))
     print(f"pdeflow: chaos: finished in {result.attrs['wall_time']:.0f} s -> {out}, {png}")
-    return 0
+    return EXIT_OK
 
 
 class _Progress:
@@ -89,7 +83,7 @@ def _progress(cfg, quiet: bool) -> _Progress:
 
 def add_command(subparsers) -> None:
     p = subparsers.add_parser("chaos", help="propagation of chaos: N heads and SGD against the mean-field limit",
-                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                               description=__doc__.split("\n\n")[1])
     add_config_arguments(p, "TOML config file (sections [chaos], [sgd], [solver], [run])",
                          "HDF5 result file (default: <config>-chaos.h5); the figure is written beside it with "

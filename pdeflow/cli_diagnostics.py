@@ -16,6 +16,7 @@ import numpy as np
 
 from .config import Config, parse_override
 from .diagnostics import Analysis, analyse, check_editable, read_analysis, write_analysis
+from .exit_codes import EXIT_OK, HELP
 from .trajectory import Trajectory, open_trajectory
 
 MAX_TABLE_ROWS = 16
@@ -141,7 +142,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     print(format_analysis(traj, analysis))
     if not args.no_write:
         print(f"\nstored as /analysis in {traj.path}")
-    return 0
+    return EXIT_OK
 
 
 def _coords(text: str | None, k: int) -> list[int] | None:
@@ -162,11 +163,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     traj = open_trajectory(args.file)
     if len(traj.time) == 0:
         raise _usage_error(f"{traj.path}: no frames to plot")
-    out = Path(args.output) if args.output else traj.path.with_name(traj.path.stem + "_plots")
-    if out.exists() and not out.is_dir():
-        raise _usage_error(f"output {str(out)!r} exists and is not a directory")
-    if not out.parent.exists():
-        raise _usage_error(f"output directory {str(out.parent)!r} does not exist")
+    from .cli import check_output_folder  # imported late, like _usage_error
+
+    out = check_output_folder(Path(args.output) if args.output else traj.path.with_name(traj.path.stem + "_plots"))
     coords = _coords(args.coords, int(traj.model_attrs.get("k", 0)))
     if coords is not None and "omega" not in traj.frames:
         raise _usage_error("--coords applies to particle runs only")
@@ -182,13 +181,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     for path in plot_all(traj, analysis, out, coords=coords, frame=args.frame, movie=not args.no_animation,
                          fps=args.fps):
         print(path)
-    return 0
+    return EXIT_OK
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:
     """Register ``diagnose`` and ``plot``."""
-    from .cli import EXIT_CODES
-
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("file", help="trajectory file (.h5)")
         p.add_argument("--no-gap", action="store_true", help="skip the search for min Phi (diagnostics.gap = false)")
@@ -196,7 +193,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
                        help="change a [diagnostics] key, e.g. --set radius=3 --set domain=box (repeatable)")
 
     p = subparsers.add_parser("diagnose", help="energy identity, optimality gap, PL/KL rates, head clusters",
-                              description=DIAGNOSE_HELP, epilog=EXIT_CODES,
+                              description=DIAGNOSE_HELP, epilog=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p)
     p.add_argument("--e-star", type=float, metavar="X", help="known optimal energy E* (diagnostics.e_star)")
@@ -205,7 +202,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_diagnose)
 
     p = subparsers.add_parser("plot", help="figures and an animation of a trajectory (headless)",
-                              description=PLOT_HELP, epilog=EXIT_CODES,
+                              description=PLOT_HELP, epilog=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p)
     p.add_argument("-o", "--output", metavar="DIR", help="output folder (default: <file stem>_plots beside the file)")

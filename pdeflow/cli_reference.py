@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import argparse
 
+from .exit_codes import EXIT_CHECK_FAILED, EXIT_OK
 from .reference import compare, validate
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     result = compare(args.a, args.b, rtol=args.rtol, atol=args.atol, allow_partial=args.allow_partial)
     print(result.table())
-    return 0 if result.ok else 1
+    return EXIT_OK if result.ok else EXIT_CHECK_FAILED
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -18,7 +19,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"{args.file}: {line}")
     if not problems:
         print(f"{args.file}: valid pdeflow trajectory (schema version 1)")
-    return 0 if not problems else 1
+    return EXIT_OK if not problems else EXIT_CHECK_FAILED
 
 
 def _positive(text: str) -> float:

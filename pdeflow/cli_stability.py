@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import Config, load_config
+from .exit_codes import EXIT_OK, HELP
 from .problem import Problem
 from .stability import MEAN, SPREAD, Integrator, StabilityResult, run_stability, write_stability
 
@@ -127,7 +128,7 @@ def cmd_stability(args: argparse.Namespace) -> int:
     print(summary(result), file=sys.stdout)
     print(f"pdeflow: stability: {len(result.points)} point(s) -> {out}"
           + (f" (figures: {', '.join(p.name for p in figures)})" if figures else ""))
-    return 0
+    return EXIT_OK
 
 
 def summary(result: StabilityResult) -> str:
@@ -149,10 +150,10 @@ def summary(result: StabilityResult) -> str:
 
 def add_command(subparsers) -> None:
     """Register ``pdeflow stability``."""
-    from .cli import EXIT_CODES, add_config_arguments
+    from .cli import add_config_arguments
 
     p = subparsers.add_parser("stability", help="stationary Dirac measures: stability analysis checked by simulation",
-                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(p, "TOML config file ([stability] section)",
                          "output HDF5 file (default: output.path, else <config>.h5)")
     p.add_argument("--no-plots", action="store_true", help="do not write the PNG figures")

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .methods import SOLVER_METHODS, measure_mismatch
+
 
 class ConfigError(ValueError):
     """A configuration problem; the message is one line naming the key and what is allowed."""
@@ -37,7 +39,6 @@ TASK_NAMES = ("markov", "lookback", "majority", "associative", "text")
 TASK_PARAMS = {"markov": ("concentration", "chain_seed"), "lookback": ("lag",), "majority": (),
                "associative": ("n_pairs",), "text": ("path",)}
 COORDINATES = ("full", "output_gain", "gain2", "gain3", "basis_file")
-SOLVER_METHODS = ("euler", "heun", "rk4", "adaptive", "jko", "fv", "sgd", "wfr", "wfr_jko", "rosenbrock")
 
 
 @dataclass(frozen=True)
@@ -373,11 +374,9 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
     if r.frame_spacing == "linear" and r.frame_interval > r.t_end:
         raise ConfigError(f"run.frame_interval must be <= run.t_end = {r.t_end}, got {r.frame_interval}")
     s = cfg.solver
-    grid_only, particle_only = ("fv", "wfr_jko"), ("euler", "heun", "rk4", "adaptive", "sgd", "wfr", "rosenbrock")
-    if s.method in grid_only and cfg.init.measure != "grid":
-        raise ConfigError(f"solver.method = {s.method!r} evolves a grid density: set init.measure = 'grid'")
-    if s.method in particle_only and cfg.init.measure != "particles":
-        raise ConfigError(f"solver.method = {s.method!r} moves particles: set init.measure = 'particles'")
+    mismatch = measure_mismatch(s.method, cfg.init.measure)
+    if mismatch is not None:
+        raise ConfigError(mismatch)
     if s.gamma > 0 and s.method not in ("wfr", "fv", "wfr_jko"):
         raise ConfigError(f"solver.gamma (Fisher-Rao rate) is read by solver.method 'wfr', 'fv' and 'wfr_jko', "
                           f"not {s.method!r}")

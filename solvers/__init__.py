@@ -10,16 +10,15 @@ from __future__ import annotations
 import importlib
 
 from pdeflow.config import Config, ConfigError
+from pdeflow.methods import METHODS
 from pdeflow.problem import Problem
 
 from .base import SolverError, State, Stepper
 
 STEPPERS: dict[str, type[Stepper]] = {}
-# The module defining each method; imported on first use so a run loads only what it needs.
-MODULES = {"euler": "solvers.explicit", "heun": "solvers.explicit", "rk4": "solvers.explicit",
-           "adaptive": "solvers.explicit", "jko": "solvers.jko", "fv": "solvers.finite_volume",
-           "sgd": "solvers.sgd", "wfr": "solvers.wfr",
-           "wfr_jko": "solvers.unbalanced_jko", "rosenbrock": "solvers.stiff"}
+# The module defining each method (the table pdeflow.methods.METHODS); imported on first use so a run loads only
+# what it needs.
+MODULES = {name: f"{__name__}.{m.module}" for name, m in METHODS.items()}
 
 
 def register(cls: type[Stepper]) -> type[Stepper]:

@@ -22,10 +22,6 @@ class SolverError(RuntimeError):
     """A step could not be completed (a failed inner solve, a step size below its floor, ...)."""
 
 
-class NonFiniteError(SolverError):
-    """The state or its energy became non-finite."""
-
-
 @dataclass
 class State:
     """A point of a trajectory. ``evaluation`` caches the Problem evaluation at this state (not saved);

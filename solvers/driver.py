@@ -45,18 +45,16 @@ import numpy as np
 from tqdm import tqdm
 
 from pdeflow.config import Config, ConfigError
+from pdeflow.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from pdeflow.parallel import SERIAL, SerialComm, check_shardable
 from pdeflow.problem import Problem
 from pdeflow.sharded_writer import GatheringWriter
-from pdeflow.trajectory import TrajectoryWriter, committed_steps, error_reason
+from pdeflow.trajectory import STEP_COLUMNS, TrajectoryWriter, committed_steps, error_reason
 
 from . import make_stepper
 from .accuracy import COLUMNS as ACCURACY_COLUMNS
 from .accuracy import AccuracyMonitor, Assessment, print_warning
 from .base import SolverError, State, Stepper
-
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 2, 3, 130, 143
-EXIT_NUMERICAL = EXIT_FAILED  # the name earlier code used for exit code 3
 
 
 class Interrupted(Exception):
@@ -189,8 +187,7 @@ class _Run:
         self.comm = problem.comm  # the MPI ranks the particles are split across (pdeflow.parallel)
         self.times = frame_times(cfg)
         self.monitor = AccuracyMonitor(stepper, self.comm)
-        self.rows = _Rows(("time", "dt", "energy", "risk", "dissipation", "wall_time") + ACCURACY_COLUMNS
-                          + stepper.step_columns)
+        self.rows = _Rows(STEP_COLUMNS + ACCURACY_COLUMNS + stepper.step_columns)
         self.accuracy_stop: str | None = None  # the loss that stops the run (run.accuracy = "stop")
         self.signals = _Signals(self.comm, ignore_after_interrupt=exiting)
         self.state: State | None = None

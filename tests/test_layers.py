@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"pdeflow": "pdeflow", "solvers": "solvers", "benchmarks": "benchmarks"}
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("pdeflow._version", "pdeflow.config", "pdeflow.jit", "pdeflow.kernels", "pdeflow.model",
-              "pdeflow.tasks", "pdeflow.mean_field", "pdeflow.workers", "pdeflow.problem", "pdeflow.measure",
-              "pdeflow.parallel")),
-    ("io", ("pdeflow", "pdeflow.trajectory", "pdeflow.sharded_writer", "pdeflow.reference")),
+    ("core", ("pdeflow._version", "pdeflow.exit_codes", "pdeflow.methods", "pdeflow.config", "pdeflow.jit",
+              "pdeflow.kernels", "pdeflow.model", "pdeflow.tasks", "pdeflow.mean_field", "pdeflow.workers",
+              "pdeflow.problem", "pdeflow.measure", "pdeflow.parallel")),
+    ("io", ("pdeflow", "pdeflow.trajectory", "pdeflow.resume", "pdeflow.sharded_writer", "pdeflow.reference")),
     ("steppers", ("solvers", "solvers.*", "pdeflow.solvers", "pdeflow.solvers.*")),
     ("analysis", ("pdeflow.diagnostics", "pdeflow.diagnostics.*", "pdeflow.stability", "pdeflow.chaos",
                   "pdeflow.plotting")),

@@ -1,0 +1,67 @@
+"""When a trajectory file may be continued by a config (``pdeflow run --resume``): the rules beside the file format.
+
+A file is continued only by the config that wrote it, up to :data:`RESUMABLE_KEYS` (keys that extend or limit the
+run), only from a committed checkpoint, and only when the problem arrays the config builds now (embedding, tokens,
+...) equal the stored ones. Each violation is a :class:`pdeflow.trajectory.TrajectoryError` naming it (one line).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import Config
+from .trajectory import Trajectory, TrajectoryError
+
+# Keys that may differ between a file and the config resuming it (they extend or limit the run).
+RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("run", "checkpoint_interval"),
+                  ("run", "accuracy"), ("run", "identity_tol"), ("output", "path")}
+
+
+def config_difference(a: Config, b: Config) -> str | None:
+    """The first ``section.key`` whose value differs (ignoring RESUMABLE_KEYS), or None."""
+    da, db = a.to_dict(), b.to_dict()
+    for section, values in da.items():
+        for key, value in values.items():
+            if (section, key) in RESUMABLE_KEYS:
+                continue
+            other = db.get(section, {}).get(key, None)
+            if value != other and not (value != value and other != other):  # nan == nan here
+                return f"{section}.{key}"
+    return None
+
+
+def array_difference(stored: dict[str, Any], built: dict[str, Any]) -> str | None:
+    """The first problem array (``embedding``, ``tokens``, ...) that differs between a file and the Problem a
+    config builds now (e.g. an edited text or basis file), or None."""
+    for key, value in built.items():
+        other = stored.get(key)
+        if value is None or other is None:
+            if (value is None) != (other is None):
+                return key
+            continue
+        if np.shape(value) != np.shape(other) or not np.array_equal(value, other):
+            return key
+    return None
+
+
+def check_resumable(stored: Trajectory, cfg: Config, path: Path) -> None:
+    """TrajectoryError unless ``cfg`` may continue the file ``stored`` (at ``path``): same config up to
+    :data:`RESUMABLE_KEYS`, and a checkpoint to continue from."""
+    diff = config_difference(stored.config, cfg)
+    if diff is not None:
+        raise TrajectoryError(f"--resume: {str(path)!r} was written by another config ({diff} differs)")
+    if stored.checkpoint is None:
+        raise TrajectoryError(f"--resume: {str(path)!r} holds no checkpoint to continue from; start again with --force")
+
+
+def check_same_problem(stored: Trajectory, arrays: dict[str, Any], path: Path) -> None:
+    """TrajectoryError unless the problem ``arrays`` the config builds now equal the file's."""
+    diff = array_difference(stored.arrays, arrays)
+    if diff is not None:
+        raise TrajectoryError(f"--resume: the {diff!r} array of {str(path)!r} differs from the one the config builds "
+                              f"now (a task, text or basis file changed?)")
+
+
+__all__ = ["RESUMABLE_KEYS", "config_difference", "array_difference", "check_resumable", "check_same_problem"]
