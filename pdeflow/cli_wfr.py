@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli import EXIT_CODES, UsageError, add_config_arguments
+from .cli import UsageError, add_config_arguments
 from .config import Config, load_config
+from .exit_codes import EXIT_OK, HELP
 
 TARGET_GAP = 1e-6
 
@@ -168,7 +169,7 @@ def beside(out: Path, suffix: str) -> Path:
 def cmd_wfr(args: argparse.Namespace) -> int:
     from solvers.driver import run
 
-    from .cli import new_output_path
+    from .cli import check_output_file, new_output_path
     from .problem import Problem
 
     cfg = load_config(args.config, args.set)
@@ -182,9 +183,7 @@ def cmd_wfr(args: argparse.Namespace) -> int:
     if cfg.diagnostics.domain == "grid":
         raise UsageError("diagnostics.domain = 'grid' is for grid runs; use 'ball' or 'box'")
     out = new_output_path(cfg, args.config, args.output, args.force)
-    w2_out = beside(out, "-w2.h5")
-    if w2_out.exists() and not args.force:
-        raise UsageError(f"{str(w2_out)!r} exists; pass --force to overwrite it")
+    w2_out = check_output_file(beside(out, "-w2.h5"), args.config, force=args.force)
     w2_cfg = cfg.replace(solver={"gamma": 0.0})
     problem = Problem.from_config(cfg)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"wfr: {msg}", flush=True))
@@ -201,13 +200,13 @@ def cmd_wfr(args: argparse.Namespace) -> int:
     for key, label in (("w2", "Wasserstein"), ("wfr", "WFR")):
         print(summary_line(label, gaps[key]))
     print(f"pdeflow: wfr: {out}, {w2_out}, {csv}" + (f", {figure}" if figure else ""))
-    return 0
+    return EXIT_OK
 
 
 def add_command(subparsers) -> None:
     """Register ``pdeflow wfr``."""
     p = subparsers.add_parser("wfr", help="Wasserstein-Fisher-Rao against Wasserstein: both runs, G(t), figure",
-                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(p, "TOML config file (solver.method = 'wfr', solver.gamma > 0)",
                          "WFR trajectory file (default: output.path, else <config>.h5); the Wasserstein run "
                          "goes to <OUT>-w2.h5")
