@@ -16,25 +16,37 @@ blocked and the reaction takes over), and adds the blur of entropic JKO schemes.
 
 Solution. E_h is linearized at the current guess, ``E_h(b) ~ <xi, b>`` (``xi`` the potential of
 :mod:`solvers.finite_volume`: ``Phi + (1/beta) log rho``), and re-linearized until the masses stop changing
-(``solver.outer_maxiter`` times at most, tolerance ``solver.inner_tol`` on the L1 change over the mass). For a
-fixed ``xi`` the minimization over b is explicit: with ``c = gamma tau / 2`` and the multiplier ``lam`` of the mass,
+(``solver.outer_maxiter`` times at most, tolerance ``solver.inner_tol`` on the L1 change over the mass). For a fixed
+``xi`` the minimization over b is explicit: with ``c = gamma tau / 2`` and the multiplier ``lam`` of the mass,
 ``b_j = q_j / (1 + c (xi_j - lam))`` (``q = pi^T 1``), and eliminating b leaves a plan problem whose second marginal
 is free and whose cost gains ``log(1 + c (xi_j - lam))`` - POT's ``ot.unbalanced.sinkhorn_unbalanced`` with
-``reg_m = (1, 0)`` and ``c = a x 1``, whose solution is closed-form (no Sinkhorn iterations; the test suite checks
-it against POT to rounding): ``pi_ij = a_i r_i exp(-C'_ij / eps) / Z_i`` with ``Z_i = sum_j exp(-C'_ij / eps)`` and
-``r_i = Z_i^(eps / (1 + eps))``. ``lam`` is the root (Brent) of ``sum_j b_j(lam) = sum_i a_i``. Mass is kept to
-rounding and positivity by construction. First order in tau; at most :data:`MAX_CELLS` cells (dense costs).
+``reg_m = (1, 0)``, ``reg_type = "kl"`` and ``c = a x 1`` (:func:`semi_relaxed_plan`). With the second marginal's
+weight 0 its scaling ``v`` is 1 from the first iteration, so the plain method (``method = "sinkhorn"``) converges in
+two iterations (the second repeats the first: change 0, checked). Its kernel ``exp(-C' / eps)`` over- and underflows
+for small eps (``log Z_i`` from -180 to 1.1e5 measured at n = 128, eps = 2.5e-4), so POT gets the same problem
+rescaled per row: the cost minus its row minimum ``f_i`` and the first marginal ``a_i exp(-f_i)`` (an exact
+reformulation: the marginal KL absorbs the shift), and the shifted cost capped at ``COST_CAP eps`` (+inf included):
+entries below ``exp(-COST_CAP)`` of their row's largest are moved to that level, far below rounding, and no kernel
+column is zero (POT stops on one). ``method = "sinkhorn_stabilized"`` is not used: it adds 1e-16 to ``K v``, which
+biases rows of tail cells (``a_i`` down to 5e-15 there: most plans off by more than 1e-9);
+``"sinkhorn_translation_invariant"`` divides by the weight 0. The solution is also closed-form,
+``pi_ij = a_i r_i exp(-C'_ij / eps) / Z_i`` with ``Z_i = sum_j exp(-C'_ij / eps)`` and
+``r_i = Z_i^(eps / (1 + eps))``: the test suite checks POT's plan in the step against it (to ``1e-14 / eps``, the
+conditioning of ``exp(-C / eps)``; eps down to 2.5e-4, +inf costs). ``lam`` is the root (Brent) of
+``sum_j b_j(lam) = sum_i a_i``. Mass is kept to rounding and positivity by construction. First order in tau; at most
+:data:`MAX_CELLS` cells (dense costs).
 
 Diagnostics as ``fv`` with the reaction (the same ``E_h`` and ``I_h``); ``/steps/outer_iterations``.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
+import ot
 from scipy.optimize import brentq
-from scipy.special import logsumexp
 
 from pdeflow.config import ConfigError
 
@@ -43,6 +55,11 @@ from .base import SolverError, State
 from .finite_volume import FiniteVolume
 
 MAX_CELLS = 4096
+# the plan's shifted cost is capped at COST_CAP eps: exp(-500) ~ 7e-218 of a row's largest entry, far below rounding,
+# and a kernel entry a_i exp(-500) stays a normal double for every a_i > 1e-90 (POT stops on a zero column)
+COST_CAP = 500.0
+# with the second marginal free the scaling repeats itself from its second iteration (change exactly 0)
+PLAN_MAXITER, PLAN_TOL = 10, 1e-14
 
 
 def hk_cost(points: np.ndarray, delta: float) -> np.ndarray:
@@ -55,12 +72,25 @@ def hk_cost(points: np.ndarray, delta: float) -> np.ndarray:
 
 
 def semi_relaxed_plan(a: np.ndarray, cost: np.ndarray, eps: float) -> np.ndarray:
-    """The plan minimizing ``<cost, pi> + eps KL(pi | a x 1) + KL(pi 1 | a)`` (second marginal free), in closed form
-    (module docstring): a [M] (positive), cost [M, M'] -> pi [M, M']."""
-    log_kernel = -cost / eps
-    log_z = logsumexp(log_kernel, axis=1)
-    log_rows = np.log(a) + (eps / (1.0 + eps) - 1.0) * log_z
-    return np.exp(log_kernel + log_rows[:, None])
+    """The plan minimizing ``<cost, pi> + eps KL(pi | a x 1) + KL(pi 1 | a)`` (second marginal free) by POT's
+    ``sinkhorn_unbalanced`` on the row-shifted, capped cost (module docstring): a [M] (positive), cost [M, M'] (every
+    row with a finite entry, +inf allowed) -> pi [M, M']."""
+    shift = np.min(cost, axis=1)
+    if not np.all(np.isfinite(shift)):
+        raise ValueError("semi_relaxed_plan: a row of the cost has no finite entry")
+    shifted = np.minimum(cost - shift[:, None], COST_CAP * eps)
+    ones = np.ones(cost.shape[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # POT only warns on a zero column or an overflow: never let that pass
+        try:
+            plan, log = ot.unbalanced.sinkhorn_unbalanced(a * np.exp(-shift), ones, shifted, eps, (1.0, 0.0),
+                                                          method="sinkhorn", reg_type="kl", c=np.outer(a, ones),
+                                                          numItermax=PLAN_MAXITER, stopThr=PLAN_TOL, log=True)
+        except (RuntimeWarning, UserWarning) as warning:
+            raise SolverError(f"wfr_jko: POT's unbalanced Sinkhorn failed ({warning}); raise solver.epsilon") from None
+    if not log["err"] or log["err"][-1] > PLAN_TOL:
+        raise SolverError(f"wfr_jko: POT's unbalanced Sinkhorn did not converge in {PLAN_MAXITER} iterations")
+    return plan
 
 
 def jko_masses(a: np.ndarray, cost: np.ndarray, xi: np.ndarray, c: float, eps: float) -> np.ndarray:
