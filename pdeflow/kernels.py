@@ -196,6 +196,16 @@ def exp_array(x: np.ndarray, out: np.ndarray) -> None:
 ROWS = 8  # query rows per block of the backward pass (the row sums of dk and dv are blocked by ROWS)
 
 
+def scratch_bytes(T: int, dh: int, tile: int, itemsize: int) -> tuple[int, int]:
+    """Bytes of the per-call scratch arrays of :func:`_attention_units` and :func:`_attention_vjp_units`
+    (forward, backward) for a tile of ``tile`` heads: the working set of one work unit, to compare with
+    the caches (``pdeflow bench`` records it). Forward: q, k, v, c [T, dh, tile], s [T, tile], two [tile];
+    backward: q, k, v, dc, c, dq, dk, dv [T, dh, tile], a, g [ROWS, T, tile], three [tile]."""
+    forward = (4 * T * dh + T + 2) * tile * itemsize
+    backward = (8 * T * dh + 2 * ROWS * T + 3) * tile * itemsize
+    return forward, backward
+
+
 @jit(parallel=False)
 def _unit_range(units: int, nth: int, t: int) -> tuple[int, int]:
     return (units * t) // nth, (units * (t + 1)) // nth
