@@ -210,10 +210,13 @@ def _child(kernels_: list[str], dtypes: list[str]) -> dict[str, Any]:
 
 def inspect(cpu: str, policy: str = "llvm", dtypes: tuple[str, ...] = ("float64", "float32"),
             kernels: tuple[str, ...] = KERNELS, timeout: float = 900.0) -> dict[str, Any]:
-    """Compile the kernels for ``cpu`` (an LLVM CPU name, or ``host``) in a fresh interpreter and return the
-    counts of :func:`analyse` per kernel, with the CPU name and feature string numba used."""
+    """Compile the kernels for ``cpu`` (an LLVM CPU name, ``host``, or ``env``: whatever this process's
+    environment gives) in a fresh interpreter and return the counts of :func:`analyse` per kernel, with the
+    CPU name and feature string numba used."""
     env = dict(os.environ)
-    if cpu == "host":
+    if cpu == "env":
+        pass  # this process's own settings (pdeflow.jit decides again in the child, as it did here)
+    elif cpu == "host":
         env.pop("NUMBA_CPU_NAME", None)
         env.pop("NUMBA_CPU_FEATURES", None)
         if policy != "pdeflow":  # the host's own features plus the policy's flag; pdeflow.jit decides otherwise
@@ -242,8 +245,8 @@ def in_use(data=None, n_total: int = 1024) -> dict[str, Any]:
     """How this process's kernels were compiled, for ``pdeflow bench``: the LLVM CPU name and feature string
     numba compiled for, who chose the features (:data:`pdeflow.jit.VECTOR_WIDTH_CHOICE`), the state of
     ``prefer-256-bit``, and per compiled signature of the two core kernels the counts of :func:`analyse`
-    (``vector_width``: the widest register of their fused multiply-add loops; the float64 and float32
-    signatures are compiled here if this process has not, or loaded from numba's cache). With ``data``
+    (``vector_width``: the widest register of their fused multiply-add loops; float64 and float32, compiled
+    in a child process with this environment). With ``data``
     (:class:`pdeflow.mean_field.AttentionData`) also the tiles pdeflow chooses for it, per dtype: heads per
     kernel work unit, heads and sequences per chunk, and the bytes of a work unit's scratch arrays."""
     import numpy as np
@@ -259,19 +262,16 @@ def in_use(data=None, n_total: int = 1024) -> dict[str, Any]:
                            "features_chosen_by": jit.VECTOR_WIDTH_CHOICE,
                            "prefer_256_bit": flags[-1] if flags else "the CPU's LLVM default",
                            "avx512f": "+avx512f" in features.split(","), "kernels": {}}
+    # numba gives no machine code for functions loaded from its cache: compile them afresh in a child with
+    # this process's environment (so the same LLVM target and features) and an empty cache directory
+    child = inspect("env", "env")
+    rec["same_target_in_child"] = (child["cpu_name"], child["features"]) == (rec["llvm_cpu"], features)
     widths = set()
-    for dtype in ("float64", "float32"):
-        for name in KERNELS:
-            fn = getattr(kernels, name)
-            sigs = _signatures(name, dtype)
-            for k, sig in enumerate(sigs):
-                fn.compile(sig)  # the machine code of this process's target; from numba's cache when there
-                a = analyse(fn.inspect_asm(sig))
-                key = f"{name}[{dtype}]" + ("" if len(sigs) == 1 else f"[accumulate={bool(k)}]")
-                rec["kernels"][key] = {k: a[k] for k in ("vector_width", "fp_loops_by_width",
-                                                         "fma_in_innermost_loops", "vexp_packed",
-                                                         "spills_in_innermost_loops", "calls_in_innermost_loops")}
-                widths.add(a["vector_width"])
+    for key, a in child["kernels"].items():
+        rec["kernels"][key] = {k: a[k] for k in ("vector_width", "fp_loops_by_width", "fma_in_innermost_loops",
+                                                 "vexp_packed", "spills_in_innermost_loops",
+                                                 "calls_in_innermost_loops")}
+        widths.add(a["vector_width"])
     order = {w: i for i, w in enumerate(WIDTHS + ("none",))}
     rec["vector_width"] = min(widths, key=order.get) if widths else "not compiled"
     rec["vector_bits"] = {"zmm": 512, "ymm": 256, "xmm": 128}.get(rec["vector_width"])
