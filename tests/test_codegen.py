@@ -8,6 +8,7 @@ from pathlib import Path
 
 import llvmlite.binding as ll
 import numpy as np
+import pytest
 
 from benchmarks import codegen
 
@@ -92,6 +93,7 @@ def test_jit_sets_512_bit_on_avx512_hosts_and_leaves_the_users_choice_alone():
 _GRAD = r"""
 import sys
 import numpy as np
+import pytest
 import pdeflow
 for precision in ("float64", "float32"):
     cfg = pdeflow.load_config(sys.argv[1], overrides=["init.n_particles=70", "task.n_samples=6", "task.seq_len=11",
@@ -127,3 +129,13 @@ def test_results_do_not_depend_on_the_vector_width():
     assert len(outs[0]) == 3 and all(len(g) > 1000 for g in outs[0][:2])
     assert (outs[0][2], outs[1][2]) == (("zmm", "ymm") if HOST_AVX512 else ("ymm", "xmm"))
     assert outs[0][:2] == outs[1][:2]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+def test_kernel_scratch_arrays_start_at_cache_lines(dtype):
+    """The kernels' scratch comes from ``kernels.empty_aligned``: every array at a 64-byte boundary (numba's
+    np.empty guarantees 32, so zmm loads of a row could straddle two cache lines)."""
+    from pdeflow import kernels
+
+    offsets = kernels._aligned_addresses(64, np.zeros(1, dtype=dtype))
+    assert offsets.shape == (64,) and not offsets.any()
