@@ -232,8 +232,8 @@ def inspect(cpu: str, policy: str = "llvm", dtypes: tuple[str, ...] = ("float64"
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryDirectory(prefix="pdeflow-codegen-") as cache:
         env["NUMBA_CACHE_DIR"] = cache  # compile afresh, and leave no foreign machine code in the real cache
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.codegen", "--child", ",".join(kernels), *dtypes], env=env,
-                              capture_output=True, text=True, timeout=timeout, cwd=root)
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.codegen", "--child", ",".join(kernels), *dtypes],
+                              env=env, capture_output=True, text=True, timeout=timeout, cwd=root)
     if proc.returncode != 0:
         raise RuntimeError(f"compiling for {cpu}: {proc.stderr.strip().splitlines()[-1:]}")
     res = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -280,7 +280,8 @@ def markdown(res: dict[str, Any]) -> str:
     cg = res.get("codegen", {})
     caches = ", ".join(f"{k} {v // 1024} KiB" for k, v in m.get("caches", {}).items())
     lines = [f"Machine: {cpu.get('model', m.get('lscpu Model name', '?'))} ({cpu.get('vendor', '?')} family "
-             f"{cpu.get('family', '?')} model {cpu.get('model_number', '?')}; {caches or 'caches unknown'}), {m.get('lscpu CPU(s)', m.get('cpu_count'))} CPUs "
+             f"{cpu.get('family', '?')} model {cpu.get('model_number', '?')}; {caches or 'caches unknown'}), "
+             f"{m.get('lscpu CPU(s)', m.get('cpu_count'))} CPUs "
              f"({m.get('lscpu Core(s) per socket', '?')} cores/socket, {m.get('lscpu Thread(s) per core', '?')} "
              f"threads/core), numba {m['numba']} ({m['numba_threads']} threads, "
              f"{m.get('numba_threading_layer')}), numpy {m['numpy']}"
@@ -314,8 +315,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines.append(row("fraction of matmul rate (model flops)", f"{100 * res['fraction_of_matmul']:.1f} %",
                      "fraction_of_matmul"))
     if "fraction_of_matmul_executed" in res:
-        lines.append(row("fraction of matmul rate (executed flops)", f"{100 * res['fraction_of_matmul_executed']:.1f} %",
-                         "fraction_of_matmul_executed"))
+        lines.append(row("fraction of matmul rate (executed flops)",
+                         f"{100 * res['fraction_of_matmul_executed']:.1f} %", "fraction_of_matmul_executed"))
     for dtype, key in (("float64", "speedup_vs_torch_float64"), ("float32", "speedup_vs_torch_float32")):
         e = torch_.get(dtype)
         if e:

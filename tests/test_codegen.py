@@ -86,7 +86,8 @@ def test_jit_sets_512_bit_on_avx512_hosts_and_leaves_the_users_choice_alone():
     assert _jit_choice({"NUMBA_CPU_FEATURES": mine}) == {"choice": "user", "features": mine}
     assert _jit_choice({"NUMBA_CPU_NAME": "generic"})["choice"] == "user"
     # pdeflow's own setting, inherited by a subprocess, is decided again there (not taken for the user's)
-    inherited = _jit_choice({"NUMBA_CPU_FEATURES": "+sse2,-prefer-256-bit", "PDEFLOW_CPU_FEATURES": "+sse2,-prefer-256-bit"})
+    flags = "+sse2,-prefer-256-bit"
+    inherited = _jit_choice({"NUMBA_CPU_FEATURES": flags, "PDEFLOW_CPU_FEATURES": flags})
     assert inherited == default
 
 
