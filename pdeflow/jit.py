@@ -76,7 +76,7 @@ def _choose_vector_width() -> str:
 VECTOR_WIDTH_CHOICE = _choose_vector_width()
 
 import numba  # noqa: E402 - after the environment is set
-from numba import prange  # noqa: F401  (re-exported so kernels import loops from one place)
+from numba import prange  # noqa: E402, F401  (re-exported so kernels import loops from one place)
 
 
 def jit(parallel: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
