@@ -97,13 +97,54 @@ def matmul_rate(n: int = 2000, repeats: int = 5, dtype=np.float64, threads: int 
     return {"n": n, "threads": threads, "gflops": 2.0 * n ** 3 / median(ts) / 1e9, "time": summary(ts)}
 
 
+def cpu_model() -> dict[str, Any]:
+    """The CPU as the kernel reports it (``/proc/cpuinfo``: model name, vendor, family, model, stepping)."""
+    out: dict[str, Any] = {}
+    keys = {"model name": "model", "vendor_id": "vendor", "cpu family": "family", "model": "model_number",
+            "stepping": "stepping"}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in keys and keys[key] not in out:
+                    out[keys[key]] = value.strip()
+                if not line.strip() and out:
+                    break  # the first processor is enough
+    except OSError:
+        pass
+    if "model" not in out:
+        out["model"] = platform.processor() or platform.machine()
+    return out
+
+
+def cache_sizes() -> dict[str, int]:
+    """Per-core cache sizes in bytes of CPU 0 (``L1d``, ``L2``, ``L3``; sysfs), those that the system reports."""
+    out: dict[str, int] = {}
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        name = f"L{level}" + ("d" if kind == "Data" else "")
+        value = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        out[name] = value
+    return out
+
+
 def machine() -> dict[str, Any]:
-    """CPU model, core count, library versions, BLAS and thread settings of this process."""
+    """CPU model, caches, core count, library versions, BLAS and thread settings of this process."""
     import numba
 
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
                             "numpy": np.__version__, "numba": numba.__version__,
-                            "numba_threads": numba.get_num_threads(), "cpu_count": os.cpu_count()}
+                            "numba_threads": numba.get_num_threads(), "cpu_count": os.cpu_count(),
+                            "cpu": cpu_model(), "caches": cache_sizes()}
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
         for line in lscpu.splitlines():

@@ -26,6 +26,11 @@ of n heads instead of storing q, k, v for all N heads between the passes, the fo
 both passes and their weight gradient cost ``2 (V + T) d 3 dh`` per head each instead of ``3 pr`` per head
 and sequence, plus one add per element gathered (``3 dh T`` per head and sequence, each pass) or scattered
 (``2 x 3 dh T``); otherwise the projections ``3 pr`` are recomputed too.
+
+Per pass (``Problem.residual_features``, the logits pass, and ``Problem.grad_phi_field``, the gradient
+pass): ``model_logits_pass`` = forward projections + forward core + unembedding, ``model_gradient_pass`` =
+backward projections + backward core (they add up to ``model``); ``executed_*`` the same split of what
+pdeflow executes (the tables are projected in both passes, the forward core is recomputed in the second).
 """
 from __future__ import annotations
 
@@ -46,17 +51,25 @@ def grad_phi_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str,
     }
     model = sum(parts.values())
     core_again = heads * (4 * dh + 5) * P
+    model_logits = parts["projections_forward"] + parts["core_forward"] + parts["unembedding"]
     if factored_projections(B, T, V):
-        tables = 3 * float(N) * 2 * (V + T) * d * 3 * dh  # E W, P W in both passes; E^T S + P^T R
-        adds = heads * 4 * 3 * dh * T                       # two gathers, one scatter into S and R
-        executed = model - heads * 6 * pr + tables + adds + core_again
+        table = float(N) * 2 * (V + T) * d * 3 * dh  # E W and P W (each pass), or E^T S + P^T R
+        gather = heads * 3 * dh * T                   # one add per gathered element (each pass)
+        executed_logits = table + gather + parts["core_forward"] + heads * pr + parts["unembedding"]
+        executed_gradient = 2 * table + 3 * gather + core_again + parts["core_backward"] + heads * 2 * pr
     else:
-        executed = model + heads * 3 * pr + core_again
+        executed_logits = model_logits
+        executed_gradient = heads * 3 * pr + core_again + parts["projections_backward"] + parts["core_backward"]
+    executed = executed_logits + executed_gradient
     out = dict(parts)
     out["projections_share"] = (parts["projections_forward"] + parts["projections_backward"]) / model
     out["factored_projections"] = bool(factored_projections(B, T, V))
     out["model"] = model
     out["executed"] = executed
+    out["model_logits_pass"] = model_logits
+    out["model_gradient_pass"] = model - model_logits
+    out["executed_logits_pass"] = executed_logits
+    out["executed_gradient_pass"] = executed_gradient
     return out
 
 

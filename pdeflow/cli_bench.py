@@ -3,6 +3,12 @@
 Writes ``bench-<preset>-<time>.json`` and ``.md`` into ``--out`` (new, time-stamped names: nothing is
 overwritten) and prints the table. The full preset takes several minutes on two cores; ``--preset quick``
 about one.
+
+The record says what the numbers were measured on (issue 18): the CPU model and cache sizes, the LLVM CPU
+name and feature string the kernels were compiled for and who chose them (:mod:`pdeflow.jit`), the vector
+width of their loops (read from their machine code, :mod:`benchmarks.codegen`) and the tiles with their
+scratch sizes; it prints the rate of the logits pass, of the gradient pass and of the whole-system
+Jacobian-vector product, and marks every missed target **MISSED**.
 """
 from __future__ import annotations
 
@@ -31,7 +37,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="time grad Phi against BLAS, PyTorch and numpy (JSON + markdown table)")
+    p = sub.add_parser("bench", help="time grad Phi against BLAS, PyTorch and numpy; record CPU, compile target, "
+                                              "vector width and tiles; flag missed targets (JSON + markdown)")
     p.add_argument("config", nargs="?", help="problem config (default: data/configs/bench-reference.toml)")
     p.add_argument("--preset", choices=("full", "quick", "tiny"), default="quick",
                    help="sizes and repeats (default quick; full: the reference sizes of the README's table)")

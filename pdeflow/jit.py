@@ -33,8 +33,51 @@ if "numpy" in sys.modules and not _user_blas_threads:
 
     threadpool_limits(1, user_api="blas")
 
+# Vector width of the kernels: 512 bits on every AVX-512 host, chosen here and not by LLVM's tuning tables.
+# numba compiles for the host CPU's name and ISA features; the name brings LLVM's tuning with it, and for
+# Intel's AVX-512 server cores (skylake-avx512, cascadelake, icelake-server, sapphirerapids, ...) that
+# tuning sets `prefer-256-bit`: every loop of pdeflow.kernels then runs on 256-bit ymm registers (0 zmm
+# instructions in the two core kernels), while on AMD Zen 4 the same source gets 512-bit zmm loops
+# (`python -m benchmarks.codegen` shows both; benchmarks/RESULTS.md). The kernels' inner loops are
+# elementwise loops over a tile of heads with about two loads per fused multiply-add, load-bound; a core
+# with two 64-byte load ports (Intel AVX-512 server cores) moves half the data per cycle with ymm. The
+# preference exists because of the clock reduction of 512-bit code on the first AVX-512 generations; it
+# is a compiler default, not a property of these loops, so pdeflow states the width itself:
+# NUMBA_CPU_FEATURES = the host's features + ",-prefer-256-bit" whenever the host has AVX-512F. Results
+# do not depend on the width: no fastmath, every sum in a fixed order, fused multiply-adds written out
+# (pdeflow.kernels), so a lane computes the same operations in a 512-bit, a 256-bit or a scalar loop.
+# The user's choice wins: set NUMBA_CPU_NAME or NUMBA_CPU_FEATURES (e.g. the host's features followed by
+# ",+prefer-256-bit" for 256-bit vectors) and pdeflow leaves both alone. A value pdeflow set itself
+# (inherited by a subprocess, marked by PDEFLOW_CPU_FEATURES) is recomputed for the host it runs on.
+PREFER_512_FLAG = "-prefer-256-bit"
+_MARK = "PDEFLOW_CPU_FEATURES"
+
+
+def _choose_vector_width() -> str:
+    """Set NUMBA_CPU_FEATURES for 512-bit vectors on AVX-512 hosts (see above); returns who chose the
+    features: "user", "pdeflow" or "numba" (no AVX-512: numba's host defaults)."""
+    inherited = os.environ.get(_MARK)
+    if inherited is not None and os.environ.get("NUMBA_CPU_FEATURES") == inherited:
+        del os.environ["NUMBA_CPU_FEATURES"]  # pdeflow's choice in a parent process: decide again here
+    os.environ.pop(_MARK, None)
+    if "NUMBA_CPU_NAME" in os.environ or "NUMBA_CPU_FEATURES" in os.environ:
+        return "user"
+    import llvmlite.binding as ll
+
+    try:
+        features = ll.get_host_cpu_features()
+    except RuntimeError:  # LLVM cannot read this host's features: numba falls back to its defaults too
+        return "numba"
+    if not features.get("avx512f"):
+        return "numba"
+    os.environ["NUMBA_CPU_FEATURES"] = os.environ[_MARK] = features.flatten() + "," + PREFER_512_FLAG
+    return "pdeflow"
+
+
+VECTOR_WIDTH_CHOICE = _choose_vector_width()
+
 import numba  # noqa: E402 - after the environment is set
-from numba import prange  # noqa: F401  (re-exported so kernels import loops from one place)
+from numba import prange  # noqa: E402, F401  (re-exported so kernels import loops from one place)
 
 
 def jit(parallel: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -31,7 +31,9 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
+from numba.np.arrayobj import _empty_nd_impl
 
 from .jit import jit, prange
 
@@ -182,6 +184,54 @@ def exp_array(x: np.ndarray, out: np.ndarray) -> None:
         out[i] = vexp(x[i])
 
 
+# ---- scratch arrays at cache-line boundaries -------------------------------------------------------
+
+CACHE_LINE = 64  # bytes: the alignment of the kernels' scratch arrays
+
+
+class _CacheLineAligned:
+    """numba's target context, except that the arrays it allocates start at a CACHE_LINE boundary."""
+
+    def __init__(self, context) -> None:
+        self._context = context
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+    def get_preferred_array_alignment(self, ty) -> int:
+        return CACHE_LINE
+
+
+@intrinsic
+def empty_aligned(typingctx, shape, like):
+    """``np.empty(shape, like.dtype)`` (C order) starting at a 64-byte boundary.
+
+    numba's ``np.empty`` aligns to 32 bytes, so a 64-byte (zmm) load of a row that is a whole number of cache
+    lines long straddles two lines whenever the array starts at 32 mod 64 - two loads for one on cores
+    that split such loads (Intel's). The allocation is numba's own (``_empty_nd_impl``, its allocator and
+    reference counting) with the alignment raised.
+    """
+    if not (isinstance(shape, types.UniTuple) and isinstance(shape.dtype, types.Integer)
+            and isinstance(like, types.Array)):
+        return None
+    arrty = types.Array(like.dtype, shape.count, "C")
+
+    def codegen(context, builder, signature, args):
+        dims = [context.cast(builder, v, shape.dtype, types.intp) for v in cgutils.unpack_tuple(builder, args[0])]
+        return _empty_nd_impl(_CacheLineAligned(context), builder, arrty, dims)._getvalue()
+    return arrty(shape, like), codegen
+
+
+@jit(parallel=False)
+def _aligned_addresses(n: int, like: np.ndarray) -> np.ndarray:
+    """Start addresses modulo CACHE_LINE of arrays of 1..n elements from :func:`empty_aligned` (for tests)."""
+    out = np.empty(n, dtype=np.int64)
+    for k in range(n):
+        a = empty_aligned((k + 1, 3), like)
+        out[k] = a.ctypes.data % CACHE_LINE
+    return out
+
+
 # ---- the causal core ------------------------------------------------------------------------------
 #
 # A work unit is one sequence b and a tile of up to ``tile`` consecutive heads. Its q, k, v, dc slices
@@ -194,6 +244,16 @@ def exp_array(x: np.ndarray, out: np.ndarray) -> None:
 # run the SLP vectorizer), so the order of every operation is the one written here, on every machine.
 
 ROWS = 8  # query rows per block of the backward pass (the row sums of dk and dv are blocked by ROWS)
+
+
+def scratch_bytes(T: int, dh: int, tile: int, itemsize: int) -> tuple[int, int]:
+    """Bytes of the per-call scratch arrays of :func:`_attention_units` and :func:`_attention_vjp_units`
+    (forward, backward) for a tile of ``tile`` heads: the working set of one work unit, to compare with
+    the caches (``pdeflow bench`` records it). Forward: q, k, v, c [T, dh, tile], s [T, tile], two [tile];
+    backward: q, k, v, dc, c, dq, dk, dv [T, dh, tile], a, g [ROWS, T, tile], three [tile]."""
+    forward = (4 * T * dh + T + 2) * tile * itemsize
+    backward = (8 * T * dh + 2 * ROWS * T + 3) * tile * itemsize
+    return forward, backward
 
 
 @jit(parallel=False)
@@ -402,15 +462,15 @@ def _attention_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale
     buffer passed by the caller made the backward kernel 34 % slower (4.57 ms against 3.41 ms for 8
     sequences x 64 heads), while the allocations cost 26 us per call (under 1 %)."""
     T, dh = tok.shape[1], rows.shape[2]
-    qs = np.empty((T, dh, tile), dtype=rows.dtype)
-    ks = np.empty((T, dh, tile), dtype=rows.dtype)
-    vs = np.empty((T, dh, tile), dtype=rows.dtype)
-    cs = np.empty((T, dh, tile), dtype=rows.dtype)
-    s = np.empty((T, tile), dtype=rows.dtype)
+    qs = empty_aligned((T, dh, tile), rows)
+    ks = empty_aligned((T, dh, tile), rows)
+    vs = empty_aligned((T, dh, tile), rows)
+    cs = empty_aligned((T, dh, tile), rows)
+    s = empty_aligned((T, tile), rows)
     consts = np.ones(2, dtype=rows.dtype)
     consts[1] = scale
     shift = np.empty(tile, dtype=s.real.dtype)
-    inv = np.empty(tile, dtype=rows.dtype)
+    inv = empty_aligned((tile,), rows)
     for u in range(lo, hi):
         b, i0, w = _load_unit(rows, table, tok, u, tile, qs, ks, vs)
         for l in range(T):
@@ -458,22 +518,22 @@ def _attention_vjp_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, d
     """Backward core of work units ``lo <= u < hi`` (see :func:`causal_attention_vjp`); dc5, c5 are
     dc, c reshaped [B, T, 1, dh, n]. Scratch allocated per call, as in :func:`_attention_units`."""
     T, dh = tok.shape[1], rows.shape[2]
-    qs = np.empty((T, dh, tile), dtype=rows.dtype)
-    ks = np.empty((T, dh, tile), dtype=rows.dtype)
-    vs = np.empty((T, dh, tile), dtype=rows.dtype)
-    dcs = np.empty((T, dh, tile), dtype=rows.dtype)
-    cs = np.empty((T, dh, tile), dtype=rows.dtype)
-    dqs = np.empty((T, dh, tile), dtype=rows.dtype)
-    dks = np.empty((T, dh, tile), dtype=rows.dtype)
-    dvs = np.empty((T, dh, tile), dtype=rows.dtype)
-    a = np.empty((ROWS, T, tile), dtype=rows.dtype)   # attention rows of the block
-    g = np.empty((ROWS, T, tile), dtype=rows.dtype)   # dA, then dS rows of the block
+    qs = empty_aligned((T, dh, tile), rows)
+    ks = empty_aligned((T, dh, tile), rows)
+    vs = empty_aligned((T, dh, tile), rows)
+    dcs = empty_aligned((T, dh, tile), rows)
+    cs = empty_aligned((T, dh, tile), rows)
+    dqs = empty_aligned((T, dh, tile), rows)
+    dks = empty_aligned((T, dh, tile), rows)
+    dvs = empty_aligned((T, dh, tile), rows)
+    a = empty_aligned((ROWS, T, tile), rows)   # attention rows of the block
+    g = empty_aligned((ROWS, T, tile), rows)   # dA, then dS rows of the block
     consts = np.ones(2, dtype=rows.dtype)
     consts[1] = scale
     sc = consts[1]
     shift = np.empty(tile, dtype=a.real.dtype)
-    inv = np.empty(tile, dtype=rows.dtype)
-    wsum = np.empty(tile, dtype=rows.dtype)
+    inv = empty_aligned((tile,), rows)
+    wsum = empty_aligned((tile,), rows)
     for u in range(lo, hi):
         b, i0, w = _load_unit(rows, table, tok, u, tile, qs, ks, vs)
         _load(dc5, b, 0, i0, w, dcs)

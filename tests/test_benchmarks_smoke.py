@@ -30,6 +30,32 @@ def test_benchmark_runs_at_tiny_size(tmp_path):
     if "skipped" not in res["torch"]:
         assert res["torch"]["float64"]["rel_error"] < 1e-10
     assert res["machine"]["cpu_count"] >= 1
+    # issue 18: what the kernels run on and were compiled for, per-pass rates, every target flagged
+    assert res["machine"]["cpu"]["model"] and res["machine"]["cpu"]["vendor"]
+    assert res["machine"]["caches"]["L1d"] > 0 and res["machine"]["caches"]["L2"] > res["machine"]["caches"]["L1d"]
+    cg = res["codegen"]
+    assert cg["llvm_cpu"] and isinstance(cg["llvm_features"], str)
+    assert cg["features_chosen_by"] in ("pdeflow", "user", "numba")
+    assert cg["vector_width"] in ("zmm", "ymm", "xmm") and cg["vector_bits"] in (512, 256, 128)
+    assert {"_attention_units[float64]", "_attention_vjp_units[float64][accumulate=True]"} <= set(cg["kernels"])
+    if cg["avx512f"] and cg["features_chosen_by"] == "pdeflow":
+        assert cg["prefer_256_bit"] == "-prefer-256-bit" and cg["vector_width"] == "zmm"
+    t64 = cg["tiles"]["float64"]
+    assert t64["heads_per_work_unit"] >= 1 and t64["heads_per_chunk"] >= 1 and t64["sequences_per_chunk"] >= 1
+    assert 0 < t64["scratch_forward_bytes"] < t64["scratch_backward_bytes"]
+    for key in ("logits_pass", "gradient_pass", "system_jvp"):
+        assert res["rates"][key]["seconds"] > 0 and res["rates"][key]["gflops_model"] > 0, key
+    assert res["flops"]["model_logits_pass"] + res["flops"]["model_gradient_pass"] == res["flops"]["model"]
+    assert res["flops"]["executed_logits_pass"] + res["flops"]["executed_gradient_pass"] == res["flops"]["executed"]
+    assert set(res["targets"]) >= {"speedup_vs_torch_float64", "speedup_vs_torch_float32", "fraction_of_matmul",
+                                   "fraction_of_matmul_executed", "exponent_N", "exponent_B",
+                                   "thread_speedup_1_to_2", "float32_speedup"}
+    missed = [k for k, v in res["targets"].items() if v["met"] is False]
+    table = md.read_text()
+    assert table.count("**MISSED**") == 2 * len(missed)  # in its row and in the closing list
+    for key in missed:
+        assert f"**MISSED** {key} (" in table
+    assert f"`{cg['llvm_cpu']}`" in table and res["machine"]["cpu"]["model"] in table
 
 
 def test_bench_command_rejects_a_bad_config_in_one_line(tmp_path):

@@ -1,0 +1,142 @@
+"""The kernels' vector width (issue 18): pdeflow.jit's choice, the user's override, results that do not depend
+on the width, and the machine-code counter of ``benchmarks/codegen.py`` (``python -m benchmarks.codegen``)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import llvmlite.binding as ll
+import numpy as np
+import pytest
+
+from benchmarks import codegen
+
+REPO = Path(__file__).resolve().parent.parent
+HOST_AVX512 = bool(ll.get_host_cpu_features().get("avx512f"))
+
+ASM = """\
+_kernel:
+\tpushq\t%rbp
+\tvmovupd\t%zmm3, 64(%rsp)
+.LBB0_1:
+\tvmovupd\t(%rdi,%rax,8), %zmm0
+\tvfmadd231pd\t(%rsi,%rax,8), %zmm0, %zmm1
+\tvfmadd231pd\t64(%rsi,%rax,8), %zmm0, %zmm2
+\tvrndscalepd\t$9, %zmm1, %zmm1
+\tvmovupd\t%zmm1, (%rdx,%rax,8)
+\taddq\t$8, %rax
+\tcmpq\t%rcx, %rax
+\tjb\t.LBB0_1
+.LBB0_2:
+\tvmovsd\t(%rdi,%rax,8), %xmm0
+\tvfmadd213sd\t(%rsi,%rax,8), %xmm0, %xmm1
+\tcallq\t*%r11
+\tincq\t%rax
+\tjne\t.LBB0_2
+\tvaddpd\t%ymm1, %ymm2, %ymm3
+\tretq
+"""
+
+
+def test_analyse_counts_loops_widths_spills_and_calls():
+    a = codegen.analyse(ASM)
+    assert a["fma"] == {"zmm": 2, "ymm": 0, "xmm": 0, "scalar": 1}
+    assert a["fp_ops"] == {"zmm": 3, "ymm": 1, "xmm": 0, "scalar": 1}  # vaddpd ymm outside any loop
+    assert a["fp_loops_by_width"] == {"zmm": 1, "ymm": 0, "xmm": 0, "scalar": 1}
+    assert a["fma_in_innermost_loops"] == {"zmm": 2, "ymm": 0, "xmm": 0, "scalar": 1}
+    assert a["vector_width"] == "zmm" and a["vexp_packed"]
+    assert a["spills"] == 1 and a["spills_in_innermost_loops"] == 0
+    assert a["calls_in_innermost_loops"] == 1
+    assert [loop["width"] for loop in a["loops"]] == ["zmm", "scalar"]
+    assert a["loops"][0]["loads"] == 3 and a["loops"][0]["stores"] == 1
+
+
+def test_intel_tuning_prefers_256_bit_and_pdeflow_policy_restores_512():
+    """What the issue is about, compiled (not run) for an Intel AVX-512 server core: LLVM's tuning alone
+    gives ymm loops; pdeflow's feature flag gives zmm; an AVX2-only target never has zmm."""
+    skx = codegen.inspect("skylake-avx512", "llvm", ("float64",), ("exp_array",))["kernels"]["exp_array[float64]"]
+    ours = codegen.inspect("skylake-avx512", "pdeflow", ("float64",), ("exp_array",))["kernels"]["exp_array[float64]"]
+    avx2 = codegen.inspect("haswell", "pdeflow", ("float64",), ("exp_array",))["kernels"]["exp_array[float64]"]
+    assert skx["vector_width"] == "ymm" and skx["fp_ops"]["zmm"] == 0 and skx["vexp_packed"]
+    assert ours["vector_width"] == "zmm" and ours["vexp_packed"]
+    assert avx2["fp_ops"]["zmm"] == 0
+
+
+def _jit_choice(env: dict[str, str]) -> dict[str, str | None]:
+    code = ("import json, os, pdeflow.jit as j; print(json.dumps({'choice': j.VECTOR_WIDTH_CHOICE, "
+            "'features': os.environ.get('NUMBA_CPU_FEATURES')}))")
+    full = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES",
+                                                               "PDEFLOW_CPU_FEATURES")}
+    full.update(env)
+    full["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_jit_sets_512_bit_on_avx512_hosts_and_leaves_the_users_choice_alone():
+    host = ll.get_host_cpu_features().flatten()
+    default = _jit_choice({})
+    if HOST_AVX512:
+        assert default == {"choice": "pdeflow", "features": host + ",-prefer-256-bit"}
+    else:
+        assert default == {"choice": "numba", "features": None}
+    mine = host + ",+prefer-256-bit"
+    assert _jit_choice({"NUMBA_CPU_FEATURES": mine}) == {"choice": "user", "features": mine}
+    assert _jit_choice({"NUMBA_CPU_NAME": "generic"})["choice"] == "user"
+    # pdeflow's own setting, inherited by a subprocess, is decided again there (not taken for the user's)
+    flags = "+sse2,-prefer-256-bit"
+    inherited = _jit_choice({"NUMBA_CPU_FEATURES": flags, "PDEFLOW_CPU_FEATURES": flags})
+    assert inherited == default
+
+
+_GRAD = r"""
+import sys
+import numpy as np
+import pytest
+import pdeflow
+for precision in ("float64", "float32"):
+    cfg = pdeflow.load_config(sys.argv[1], overrides=["init.n_particles=70", "task.n_samples=6", "task.seq_len=11",
+                                                       'model.precision="' + precision + '"'])
+    problem = pdeflow.Problem.from_config(cfg)
+    omega, mass = problem.initial_measure(cfg)
+    g = np.ascontiguousarray(problem.grad_phi(omega, omega, mass))
+    assert np.isfinite(g).all()
+    sys.stdout.write(g.tobytes().hex() + "\n")
+from benchmarks.codegen import in_use
+sys.stdout.write(in_use()["vector_width"] + "\n")
+"""
+
+
+def test_results_do_not_depend_on_the_vector_width():
+    """grad Phi compiled with the host's widest vectors (zmm on AVX-512 hosts) and with 256-bit vectors (AVX-512
+    switched off; 128-bit on AVX2 hosts) is bit-identical: no fastmath, sums in a fixed order, fused
+    multiply-adds written out - a lane computes the same operations in any loop. 70 heads, T = 11: vector
+    bodies and scalar remainders both run."""
+    host = ll.get_host_cpu_features()
+    narrow = ",".join(f"-{k}" if k.startswith("avx512") or (not HOST_AVX512 and k == "avx2") else
+                      ("+" if v else "-") + k for k, v in host.items())
+    outs = []
+    for features in (None, narrow):  # numba's cache keeps machine code per feature string
+        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "PDEFLOW_CPU_FEATURES")}
+        env["PYTHONPATH"] = str(REPO)
+        if features is not None:
+            env["NUMBA_CPU_FEATURES"] = features
+        proc = subprocess.run([sys.executable, "-c", _GRAD, str(REPO / "data/configs/bench-reference.toml")],
+                              env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(proc.stdout.split())
+    assert len(outs[0]) == 3 and all(len(g) > 1000 for g in outs[0][:2])
+    assert (outs[0][2], outs[1][2]) == (("zmm", "ymm") if HOST_AVX512 else ("ymm", "xmm"))
+    assert outs[0][:2] == outs[1][:2]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+def test_kernel_scratch_arrays_start_at_cache_lines(dtype):
+    """The kernels' scratch comes from ``kernels.empty_aligned``: every array at a 64-byte boundary (numba's
+    np.empty guarantees 32, so zmm loads of a row could straddle two cache lines)."""
+    from pdeflow import kernels
+
+    offsets = kernels._aligned_addresses(64, np.zeros(1, dtype=dtype))
+    assert offsets.shape == (64,) and not offsets.any()
