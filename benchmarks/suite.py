@@ -296,7 +296,8 @@ def markdown(res: dict[str, Any]) -> str:
              f"({m.get('lscpu Core(s) per socket', '?')} cores/socket, {m.get('lscpu Thread(s) per core', '?')} "
              f"threads/core), numba {m['numba']} ({m['numba_threads']} threads, "
              f"{m.get('numba_threading_layer')}), numpy {m['numpy']}"
-             + (f", load average {m['load_average_1_5_15min'][0]} at the start" if "load_average_1_5_15min" in m else "")
+             + (f", load average {m['load_average_1_5_15min'][0]} at the start"
+                if "load_average_1_5_15min" in m else "")
              + (f", torch {torch_['version']}" if "version" in torch_ else "") + f"; {res['date']}, preset "
              f"`{res['preset']['name']}`.",
              f"Problem: {Path(res['config']).name} with N={sz['N']}, B={sz['B']}, T={sz['T']}, d={sz['d']}, "
@@ -321,7 +322,8 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(row(f"whole-system JVP ({r['function']}, complex step)",
                          f"{r['seconds']:.3f} s = {r['over_grad_phi']:.2f} grad Phi; {r['gflops_model']:.1f} GFLOP/s "
                          f"model ({r['gflops_executed']:.1f} executed; complex multiply-add = 4 real)"))
-    lines.append(row(f"float64 matmul {res['matmul']['n']}^2 (numpy @, {res['matmul'].get('threads', '?')} BLAS threads)",
+    lines.append(row(f"float64 matmul {res['matmul']['n']}^2 "
+                     f"(numpy @, {res['matmul'].get('threads', '?')} BLAS threads)",
                      f"{res['matmul']['gflops']:.1f} GFLOP/s"))
     lines.append(row("fraction of matmul rate (model flops)", f"{100 * res['fraction_of_matmul']:.1f} %",
                      "fraction_of_matmul"))
@@ -354,7 +356,8 @@ def markdown(res: dict[str, Any]) -> str:
                      f"{mem['step']['peak_rss_mib']:.0f} MiB (omega alone {mem['step']['omega_mib']:.0f} MiB)",
                      "peak_memory_mib"))
     lines.append(row("peak memory, grad_phi_data alone", f"{mem['kernel']['peak_rss_mib']:.0f} MiB"))
-    lines.append(row("float32 speedup over float64", f"{res['float32_speedup']:.2f}x ({times['grad_phi_float32']['median']:.3f} s, "
+    lines.append(row("float32 speedup over float64",
+                     f"{res['float32_speedup']:.2f}x ({times['grad_phi_float32']['median']:.3f} s, "
                      f"{100 * res['fraction_of_matmul_float32']:.1f} % of float32 matmul "
                      f"{res['matmul_float32']['gflops']:.0f} GFLOP/s; rel. error {res['float32_rel_error']:.1e})",
                      "float32_speedup"))

@@ -37,9 +37,6 @@ from numba.np.arrayobj import _empty_nd_impl
 
 from .jit import jit, prange
 
-DEFAULT_TILE = 16  # heads per work unit (SIMD lanes of the inner loops)
-
-
 # ---- a vectorizable exponential ------------------------------------------------------------------
 
 @intrinsic
