@@ -1,10 +1,10 @@
-"""pdeflow's performance benchmarks (issue 4): ``python -m benchmarks [--quick] [--out DIR]``.
+"""pdeflow's performance benchmarks (issue 4): ``python -m pdeflow.benchmarks [--quick] [--out DIR]``.
 
-Times grad Phi at the particles of ``data/configs/bench-reference.toml`` (N = 1024 heads, B = 128, T = 32,
-d = 32, dh = 8), counts its flops (:mod:`benchmarks.flops`), compares with the float64 matrix-multiply rate
+Times grad Phi at the particles of ``benchmarks/bench-reference.toml`` (N = 1024 heads, B = 128, T = 32,
+d = 32, dh = 8), counts its flops (:mod:`pdeflow.benchmarks.flops`), compares with the float64 matrix-multiply rate
 measured in the same run, with PyTorch autograd (float64, float32) and with plain numpy
-(:mod:`benchmarks.baselines`), and measures scaling in N, B and T, 1 vs 2 threads, the overhead of an
-explicit step, peak memory and float32 speed (:mod:`benchmarks.suite`). Results: a JSON record and a
+(:mod:`pdeflow.benchmarks.baselines`), and measures scaling in N, B and T, 1 vs 2 threads, the overhead of an
+explicit step, peak memory and float32 speed (:mod:`pdeflow.benchmarks.suite`). Results: a JSON record and a
 markdown table in ``benchmarks/results/`` (git-ignored); the table is also printed.
 """
 import pdeflow.jit  # noqa: F401 - first, as in every pdeflow process: BLAS on one thread (see pdeflow/jit.py)
@@ -12,7 +12,7 @@ import pdeflow.jit  # noqa: F401 - first, as in every pdeflow process: BLAS on o
 __all__ = ["PRESETS", "markdown", "run", "write", "main"]
 
 
-def __getattr__(name):  # lazy, so that ``python -m benchmarks.worker`` does not import the suite first
+def __getattr__(name):  # lazy, so that ``python -m pdeflow.benchmarks.worker`` does not import the suite first
     if name in ("PRESETS", "markdown", "run", "write"):
         from . import suite
 
@@ -21,7 +21,7 @@ def __getattr__(name):  # lazy, so that ``python -m benchmarks.worker`` does not
 
 
 def main(argv=None) -> int:
-    """The command line; see ``python -m benchmarks --help``."""
+    """The command line; see ``python -m pdeflow.benchmarks --help``."""
     from .__main__ import main as _main
 
     return _main(argv)

@@ -1,4 +1,5 @@
-"""``python -m benchmarks [--quick] [--out DIR]``: run the benchmark suite, write JSON + markdown, print the table."""
+"""``python -m pdeflow.benchmarks [--quick] [--out DIR]``: run the benchmark suite, write JSON + markdown, print
+the table."""
 from __future__ import annotations
 
 import argparse
@@ -6,15 +7,15 @@ import json
 import sys
 from pathlib import Path
 
-from .common import REFERENCE_CONFIG
+from .common import REFERENCE_CONFIG, RESULTS
 from .suite import PRESETS, markdown, run, write
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks", description=__doc__)
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (a few minutes)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="full (default), quick, or tiny (smoke test)")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"),
+    p.add_argument("--out", default=str(RESULTS),
                    help="directory of the JSON and markdown results (default: benchmarks/results)")
     p.add_argument("--config", default=str(REFERENCE_CONFIG), help="problem config (default: bench-reference)")
     args = p.parse_args(argv)

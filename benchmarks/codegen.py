@@ -1,6 +1,6 @@
 """What LLVM makes of pdeflow's causal-core kernels for a given x86-64 target (issue 18).
 
-``python -m benchmarks.codegen --cpu skylake-avx512 [--cpu znver4 ...] [--policy llvm|pdeflow|256] [--json]``
+``python -m pdeflow.benchmarks.codegen --cpu skylake-avx512 [--cpu znver4 ...] [--policy llvm|pdeflow|256] [--json]``
 
 For every target the kernels ``_attention_units`` (logits pass) and ``_attention_vjp_units`` (gradient pass)
 of :mod:`pdeflow.kernels` are compiled - not run - in a fresh interpreter with ``NUMBA_CPU_NAME`` set to
@@ -232,7 +232,8 @@ def inspect(cpu: str, policy: str = "llvm", dtypes: tuple[str, ...] = ("float64"
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryDirectory(prefix="pdeflow-codegen-") as cache:
         env["NUMBA_CACHE_DIR"] = cache  # compile afresh, and leave no foreign machine code in the real cache
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.codegen", "--child", ",".join(kernels), *dtypes],
+        cmd = [sys.executable, "-m", "pdeflow.benchmarks.codegen", "--child", ",".join(kernels), *dtypes]
+        proc = subprocess.run(cmd,
                               env=env, capture_output=True, text=True, timeout=timeout, cwd=root)
     if proc.returncode != 0:
         raise RuntimeError(f"compiling for {cpu}: {proc.stderr.strip().splitlines()[-1:]}")
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         print(json.dumps(_child(argv[1].split(","), argv[2:] or ["float64"])))
         return 0
-    p = argparse.ArgumentParser(prog="python -m benchmarks.codegen", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.codegen", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="append",
                    help=f"LLVM CPU name or 'host' (repeatable; default: {', '.join(TARGETS)}, host)")
     p.add_argument("--policy", action="append", choices=sorted(POLICIES),

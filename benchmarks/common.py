@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-REFERENCE_CONFIG = REPO / "data" / "configs" / "bench-reference.toml"
+# the reference problem ships inside the package (package data), so the benchmarks run outside a checkout
+REFERENCE_CONFIG = Path(__file__).resolve().parent / "bench-reference.toml"
+RESULTS = Path("benchmarks") / "results"  # default folder of the results, relative to the working directory
 THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # recorded
 
 

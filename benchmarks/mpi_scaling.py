@@ -1,4 +1,4 @@
-"""``python -m benchmarks.mpi_scaling [--quick] [--out DIR]``: heads sharded across MPI ranks - strong scaling
+"""``python -m pdeflow.benchmarks.mpi_scaling [--quick] [--out DIR]``: heads sharded across MPI ranks - strong scaling
 1 -> 2 ranks on this machine, and a model of the communication per evaluation for P ranks on a cluster.
 
 Measured (each configuration in a fresh launch, one numba and BLAS thread per rank unless stated):
@@ -44,7 +44,7 @@ import numpy as np
 
 from pdeflow.parallel import child_environment, find_mpiexec
 
-from .common import REFERENCE_CONFIG, REPO, build, summary
+from .common import REFERENCE_CONFIG, RESULTS, build, summary
 
 # The test suite's tiny problem (V = 3, T = 3, d = 7, dh = 2, k = 56) with N = 64: fixed costs dominate.
 TINY_TOML = """[task]
@@ -136,13 +136,12 @@ def launch(ranks: int, threads: int, config: Path, n: int | None, b: int | None,
            sweep: bool = False) -> dict[str, Any]:
     """One worker run in fresh processes: ``ranks`` ranks (1: plain python), ``threads`` threads each."""
     env = child_environment(threads)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "benchmarks.mpi_scaling", "--worker", "--config", str(config),
+    cmd = [sys.executable, "-m", "pdeflow.benchmarks.mpi_scaling", "--worker", "--config", str(config),
            "--repeats", str(repeats)] + (["--n", str(n)] if n else []) + (["--b", str(b)] if b else []) \
         + (["--sweep"] if sweep else [])
     if ranks > 1:
         cmd = [mpiexec(), "-n", str(ranks)] + cmd
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=7200)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200)
     if proc.returncode != 0:
         raise RuntimeError(f"mpi_scaling worker ({ranks} ranks) failed: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -295,9 +294,9 @@ def run(preset: str, out_dir: Path, log) -> tuple[dict[str, Any], Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.mpi_scaling", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.mpi_scaling", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller reference problem, fewer repeats")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="directory of the JSON and markdown")
+    p.add_argument("--out", default=str(RESULTS), help="directory of the JSON and markdown")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", default=str(REFERENCE_CONFIG), help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)

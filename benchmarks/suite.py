@@ -3,7 +3,7 @@
 All times are wall-clock seconds of ``Problem.grad_phi(omega, omega, mass)`` - grad Phi at the particles,
 i.e. the logits pass over all heads plus the gradient pass, what one explicit step needs - unless said
 otherwise. Ratios are ratios of medians of runs interleaved in the same process (see
-:func:`benchmarks.common.interleaved`), so a noisy machine affects both sides alike.
+:func:`pdeflow.benchmarks.common.interleaved`), so a noisy machine affects both sides alike.
 """
 from __future__ import annotations
 
@@ -100,11 +100,11 @@ def _met(key: str, value: float | None) -> bool | None:
 def system_jvp(problem) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
     """``(omega, mass, u) -> d/ds grad Phi(omega + s u; rho_{omega + s u})``, the whole-system Jacobian-vector
     product (one complex-step evaluation of grad Phi): ``Problem.system_jvp`` where it exists, else
-    :func:`solvers.jko.velocity_jvp`."""
+    :func:`pdeflow.solvers.jko.velocity_jvp`."""
     method = getattr(problem, "system_jvp", None)
     if method is not None:
         return method
-    from solvers.jko import velocity_jvp
+    from pdeflow.solvers.jko import velocity_jvp
 
     return lambda omega, mass, u: velocity_jvp(problem, omega, mass, u)
 
@@ -168,7 +168,7 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     res["gflops_executed"] = fl["executed"] / tg / 1e9
     res["fraction_of_matmul"] = res["gflops_model"] / res["matmul"]["gflops"]
     res["fraction_of_matmul_executed"] = res["gflops_executed"] / res["matmul"]["gflops"]
-    # per kernel: seconds, GFLOP/s in model and executed flops (benchmarks.flops); the JVP runs grad Phi in
+    # per kernel: seconds, GFLOP/s in model and executed flops (pdeflow.benchmarks.flops); the JVP runs grad Phi in
     # complex arithmetic, counted as 4 real multiply-adds per complex one
     res["rates"] = {}
     for key in ("logits_pass", "gradient_pass"):
@@ -180,7 +180,7 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
                                   "gflops_model": 4 * fl["model"] / sec / 1e9,
                                   "gflops_executed": 4 * fl["executed"] / sec / 1e9,
                                   "function": "Problem.system_jvp" if getattr(problem, "system_jvp", None)
-                                  else "solvers.jko.velocity_jvp"}
+                                  else "pdeflow.solvers.jko.velocity_jvp"}
     from .codegen import in_use
 
     res["codegen"] = in_use(problem._data, sz["N"])

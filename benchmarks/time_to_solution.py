@@ -1,8 +1,8 @@
 """Time to solution of the stiff stepper against Dormand-Prince and particle JKO (issue 17).
 
-``python -m benchmarks.time_to_solution --hvp`` measures the exact JVP against grad Phi at N = 128 and
-N = 1024 (``hvp_cost.json``/``.md``). ``python -m benchmarks.time_to_solution [--n N] [--out DIR] [--wall SECONDS]``
-integrates the quickstart's
+``python -m pdeflow.benchmarks.time_to_solution --hvp`` measures the exact JVP against grad Phi at N = 128 and
+N = 1024 (``hvp_cost.json``/``.md``).
+``python -m pdeflow.benchmarks.time_to_solution [--n N] [--out DIR] [--wall SECONDS]`` integrates the quickstart's
 problem (data/configs/quickstart.toml; ``--n`` particles and sequences, default 32 of each - a reduced size,
 stated in the output) and writes ``time_to_solution.json`` and ``time_to_solution.md``:
 
@@ -38,9 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from .common import REPO, interleaved, machine, median
+from .common import REFERENCE_CONFIG, RESULTS, interleaved, machine, median
 
-QUICKSTART = REPO / "data" / "configs" / "quickstart.toml"
+# a study of the shipped quickstart problem: run from a checkout
+QUICKSTART = Path(__file__).resolve().parent.parent / "data" / "configs" / "quickstart.toml"
 MARKS = (40.0, 200.0)
 STATIONARY = 1e-9  # dissipation relative to its initial value
 
@@ -69,13 +70,13 @@ def product_costs(problem, cfg, repeats: int = 7) -> dict[str, float]:
 
 def hvp_costs(log=print) -> dict[str, Any]:
     """The exact whole-system JVP (complex step) against one grad Phi at the quickstart size (N = 128) and at
-    the benchmark reference size (data/configs/bench-reference.toml, N = 1024)."""
+    the benchmark reference size (benchmarks/bench-reference.toml, N = 1024)."""
     from pdeflow.config import load_config
     from pdeflow.problem import Problem
 
     out: dict[str, Any] = {"load_average": os.getloadavg(), "machine": machine()}
     for name, path in (("quickstart", QUICKSTART),
-                       ("bench-reference", REPO / "data" / "configs" / "bench-reference.toml")):
+                       ("bench-reference", REFERENCE_CONFIG)):
         cfg = load_config(path)
         problem = Problem.from_config(cfg)
         out[name] = product_costs(problem, cfg, repeats=5)
@@ -87,7 +88,7 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
     """Step ``cfg``'s stepper to t_end (or stationarity, or the wall limit) without files; counts at each mark.
 
     ``probe(t, state, stepper)`` is called at t = 0 and at every multiple of 10 crossed (lambda_max sampling)."""
-    from solvers import make_stepper
+    from pdeflow.solvers import make_stepper
 
     stepper = make_stepper(problem, cfg)
     state = stepper.initial_state()
@@ -145,7 +146,7 @@ def energy_at(run: dict[str, Any], t: float) -> float | None:
 
 
 def benchmark(n: int, rtol: float, wall: float, log=print) -> dict[str, Any]:
-    from solvers.jko import euler_stability_limit
+    from pdeflow.solvers.jko import euler_stability_limit
 
     cfg, problem = setup(n)
     res: dict[str, Any] = {"problem": f"quickstart task/model, N = {n} particles, B = {n} sequences",
@@ -251,7 +252,8 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
 def markdown(res: dict[str, Any]) -> str:
     c = res["costs"]
     lines = [f"# Time to solution ({res['problem']})", "",
-             f"Measured by `python -m benchmarks.time_to_solution`; load average {res['load_average'][0]:.1f} on "
+             "Measured by `python -m pdeflow.benchmarks.time_to_solution`; "
+             f"load average {res['load_average'][0]:.1f} on "
              f"{res['machine'].get('cpu_count', '?')} cores. One grad Phi {1e3 * c['grad_phi']:.2f} ms; exact JVP "
              f"(complex step) {c['exact_over_grad']:.2f} x grad Phi; "
              f"a difference JVP is one grad Phi call, counted as 1 "
@@ -287,11 +289,12 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.time_to_solution", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.time_to_solution",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=32, help="particles and sequences (default 32)")
     p.add_argument("--rtol", type=float, default=1e-4, help="rosenbrock tolerance (atol = rtol / 1000)")
     p.add_argument("--wall", type=float, default=900.0, help="wall-time limit of the run to stationarity (s)")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--render", help="re-render the table of a saved time_to_solution.json instead of running")
     p.add_argument("--hvp", action="store_true", help="only measure the JVP costs at N = 128 and N = 1024")
     p.add_argument("--deflate", type=int, default=None,
@@ -311,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "hvp_cost.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
         lines = ["# Cost of a whole-system Jacobian-vector product", "",
-                 f"Measured by `python -m benchmarks.time_to_solution --hvp`; "
+                 f"Measured by `python -m pdeflow.benchmarks.time_to_solution --hvp`; "
                  f"load average {res['load_average'][0]:.1f}; "
                  "medians of 5 interleaved repeats.", "",
                  "| problem | grad Phi ms | exact JVP (complex step) ms | ratio | difference JVP ms | ratio |",

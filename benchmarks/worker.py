@@ -1,7 +1,7 @@
 """Measurements that need a process of their own: thread counts (set before numba and BLAS start) and
 peak memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is a process-wide high-water mark).
 
-``python -m benchmarks.worker TASK --config PATH [--n N] [--b B] [--repeats R]`` prints one JSON line.
+``python -m pdeflow.benchmarks.worker TASK --config PATH [--n N] [--b B] [--repeats R]`` prints one JSON line.
 Tasks: ``grad_phi`` (median time of ``Problem.grad_phi`` at the particles), ``torch`` (PyTorch autograd
 float64 and float32 interleaved with pdeflow, see :func:`torch_baselines`), ``memory-step`` (peak memory of
 one ``Problem.evaluate`` + explicit Euler update, done in place), ``memory-kernel`` (peak memory of
@@ -127,7 +127,7 @@ def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_
         env.update(thread_environment(threads))
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "benchmarks.worker", task, "--config", str(config), "--repeats", str(repeats)]
+    cmd = [sys.executable, "-m", "pdeflow.benchmarks.worker", task, "--config", str(config), "--repeats", str(repeats)]
     if n is not None:
         cmd += ["--n", str(n)]
     if b is not None:
@@ -141,7 +141,7 @@ def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.worker")
+    p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.worker")
     p.add_argument("task", choices=("grad_phi", "torch", "memory-step", "memory-kernel"))
     p.add_argument("--config", default=str(REFERENCE_CONFIG))
     p.add_argument("--n", type=int)

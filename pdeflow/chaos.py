@@ -7,7 +7,7 @@ The experiment (``pdeflow chaos``, configured by ``[chaos]``, ``[run]``, ``[solv
 2. **Finite heads.** For every N in ``chaos.n_list`` and seed s < ``chaos.seeds``: N i.i.d. initial points
    ``X`` from the same law (their own seed), and from them
    - the finite-head flow ``omega^N_i(t)``: the N-particle system, same stepper and step;
-   - SGD ``omega^{N,eta}_i(t)`` for every eta in ``chaos.eta_list`` (:mod:`solvers.sgd`, ``solver.dt = eta``,
+   - SGD ``omega^{N,eta}_i(t)`` for every eta in ``chaos.eta_list`` (:mod:`pdeflow.solvers.sgd`, ``solver.dt = eta``,
      minibatches by ``sgd.*``);
    - the nonlinear characteristics ``omega_bar_i(t)``: tracers moving in the reference field,
      ``d omega_bar_i/dt = -grad Phi(omega_bar_i; rho_ref(t))``. They are integrated *with* the reference, as
@@ -32,9 +32,9 @@ The experiment (``pdeflow chaos``, configured by ``[chaos]``, ``[run]``, ``[solv
    point, at ``run.t_end``), the energy gap's RMS over seeds against N, the SGD excess against eta
    (every N and seed a point), the static gap's mean over draws against N.
 
-The steppers come from :mod:`solvers` (``pdeflow`` does not import it): :func:`run_chaos` takes the
+The steppers come from :mod:`pdeflow.solvers` (``pdeflow`` does not import it): :func:`run_chaos` takes the
 factory ``make_stepper(problem, cfg)`` and the frame times; ``pdeflow chaos`` passes
-``solvers.make_stepper`` and ``solvers.driver.frame_times``.
+``pdeflow.solvers.make_stepper`` and ``pdeflow.solvers.driver.frame_times``.
 
 Randomness: every random stream is a child of ``SeedSequence(init.seed)`` with a spawn key naming its
 role (``SEED_KEYS``), so each number is reproducible and the streams are independent.
@@ -287,8 +287,8 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
               progress: Callable[[str, float], None] | None = None, work: str | Path | None = None) -> ChaosResult:
     """The whole experiment of the module docstring on ``problem``.
 
-    ``make_stepper(problem, cfg)`` builds a stepper (``solvers.make_stepper``); ``times`` [F] are the frame
-    times, 0 first and ``run.t_end`` last (``solvers.driver.frame_times(cfg)``); ``progress(label, units)``
+    ``make_stepper(problem, cfg)`` builds a stepper (``pdeflow.solvers.make_stepper``); ``times`` [F] are the frame
+    times, 0 first and ``run.t_end`` last (``pdeflow.solvers.driver.frame_times(cfg)``); ``progress(label, units)``
     is called as work completes (units: particle-time, a rough cost measure). ``work``: a work file
     (:func:`write_work`) rewritten after every finished (N, seed) block; if it exists, its blocks are
     taken as done and skipped (a resumed experiment recomputes the reference flow, which is deterministic,

@@ -75,8 +75,8 @@ def new_output_path(cfg: Config, config_path: str, explicit: str | None, force: 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from solvers import make_stepper
-    from solvers.driver import run
+    from pdeflow.solvers import make_stepper
+    from pdeflow.solvers.driver import run
 
     from .problem import Problem
 
@@ -150,13 +150,13 @@ def format_info(traj) -> str:
         from .measure import grid_summary  # grid runs only
         lines.append(grid_summary(traj))
         if traj.attrs.get("method") == "jko":
-            from solvers.jko import entropic_summary
+            from pdeflow.solvers.jko import entropic_summary
             lines.append(entropic_summary(traj))
     if len(traj.steps.get("time", [])):
         lines.append(f"steps       {len(traj.steps['time']) - 1}")
         lines.append(f"final       energy {traj.steps['energy'][-1]:.10g}"
                      f", dissipation {traj.steps['dissipation'][-1]:.4g}")
-    from solvers.accuracy import file_verdict
+    from pdeflow.solvers.accuracy import file_verdict
     lines.append(f"accuracy    {file_verdict(traj)}")
     status = traj.attrs.get("status")
     if status == "running":
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     """The ``pdeflow`` command; returns the exit code. ``exiting``: the process ends right after (see
-    :func:`solvers.driver.run`)."""
+    :func:`pdeflow.solvers.driver.run`)."""
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

@@ -17,8 +17,8 @@ from .exit_codes import EXIT_FAILED, EXIT_OK, HELP
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
-    from solvers import make_stepper
-    from solvers.driver import frame_times
+    from pdeflow.solvers import make_stepper
+    from pdeflow.solvers.driver import frame_times
 
     from . import chaos
     from .problem import Problem

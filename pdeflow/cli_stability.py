@@ -1,7 +1,7 @@
 """``pdeflow stability CONFIG -o OUT.h5``: Dirac stationary measures, their stability, checked by simulation.
 
 Finds the stationary Diracs of the config's problem, computes ``H0``, ``Htr``, verdicts and optimality gaps,
-integrates perturbed particle systems with the explicit RK4 stepper of :mod:`solvers` and compares the
+integrates perturbed particle systems with the explicit RK4 stepper of :mod:`pdeflow.solvers` and compares the
 measured exponential rates with the predicted ones, then sweeps the zero head over
 ``stability.weight_decays`` (:mod:`pdeflow.stability`). Writes ``/stability`` into OUT.h5 and three PNG
 figures beside it: ``<OUT>-spectra.png``, ``<OUT>-rates.png`` and (with a sweep) ``<OUT>-sweep.png``.
@@ -21,10 +21,10 @@ from .stability import MEAN, SPREAD, Integrator, StabilityResult, run_stability,
 
 
 def particle_integrator(cfg: Config) -> Integrator:
-    """An :data:`pdeflow.stability.Integrator` advancing particles with ``solvers.make_stepper`` (RK4 with
+    """An :data:`pdeflow.stability.Integrator` advancing particles with ``pdeflow.solvers.make_stepper`` (RK4 with
     the step the analysis asks for), landing exactly on the requested times."""
-    from solvers import make_stepper
-    from solvers.base import State
+    from pdeflow.solvers import make_stepper
+    from pdeflow.solvers.base import State
 
     def integrate(problem: Problem, omega0: np.ndarray, mass: np.ndarray, times: np.ndarray,
                   dt: float) -> np.ndarray:

@@ -167,7 +167,7 @@ def beside(out: Path, suffix: str) -> Path:
 
 
 def cmd_wfr(args: argparse.Namespace) -> int:
-    from solvers.driver import run
+    from pdeflow.solvers.driver import run
 
     from .cli import check_output_file, new_output_path
     from .problem import Problem

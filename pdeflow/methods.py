@@ -1,10 +1,10 @@
-"""The time steppers ``solver.method`` may name, declared once: the module of :mod:`solvers` defining each and the
-measures (``init.measure``) it evolves.
+"""The time steppers ``solver.method`` may name, declared once: the module of :mod:`pdeflow.solvers` defining each and
+the measures (``init.measure``) it evolves.
 
 :mod:`pdeflow.config` validates ``solver.method`` and its compatibility with ``init.measure`` against
-:data:`METHODS`; :mod:`solvers` imports the module of a method on first use from it; the chaos experiment takes its
-reference flows from it. A test checks that every stepper class registered in :mod:`solvers` agrees with its row
-(name, module, measures, explicit).
+:data:`METHODS`; :mod:`pdeflow.solvers` imports the module of a method on first use from it; the chaos experiment takes
+its reference flows from it. A test checks that every stepper class registered in :mod:`pdeflow.solvers` agrees with its
+row (name, module, measures, explicit).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ PARTICLES, GRID = "particles", "grid"
 
 @dataclass(frozen=True)
 class Method:
-    """``module``: the submodule of :mod:`solvers` defining the stepper; ``measures``: the values of
+    """``module``: the submodule of :mod:`pdeflow.solvers` defining the stepper; ``measures``: the values of
     ``init.measure`` it evolves; ``explicit``: an explicit Runge-Kutta step (fixed or embedded) of the Wasserstein
     flow of particles, velocity ``-grad Phi`` alone (the reference flows of the chaos experiment)."""
     module: str

@@ -29,7 +29,7 @@ stability, so the verdict and the simulated modes use the spectra on their ortho
 coordinates have no such orbit in general; none is removed there.
 
 Simulation. ``N`` particles start at ``w* + eps (u + c_i v)`` (``c`` seeded, mean zero, rms one); the flow is
-integrated by a caller-supplied ``integrate`` (the CLI passes the explicit RK4 stepper of :mod:`solvers`:
+integrated by a caller-supplied ``integrate`` (the CLI passes the explicit RK4 stepper of :mod:`pdeflow.solvers`:
 ``pdeflow`` itself never imports ``solvers``); the amplitudes along ``u`` and ``v`` are recorded and their
 exponential rates fitted by least squares on ``log amplitude`` over the last ``1 - FIT_SKIP`` of the run.
 Predicted rates are ``-mu`` (mean) and ``-nu`` (spread).

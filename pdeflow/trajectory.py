@@ -8,7 +8,7 @@ Layout (every array readable with plain h5py; shapes as in docs/model.md):
   is going or if its process died; once it has ended: "finished", "stationary", "wall_time",
   "max_steps", "interrupted", "non_finite", "error"), ``message``, ``final_time`` and ``steps``.
   ``status`` and ``message`` are fixed-length UTF-8 strings (h5py returns bytes; decode them).
-  The accuracy record of the run (:mod:`solvers.accuracy`), set when it ends: ``accuracy`` (one line,
+  The accuracy record of the run (:mod:`pdeflow.solvers.accuracy`), set when it ends: ``accuracy`` (one line,
   fixed-length string: "held: ...", "LOST at t = ...: ..." or "not checked ..."), ``accuracy_lost_at``
   (NaN when accuracy held), ``max_identity_defect``, ``max_stability_ratio``, ``stability_products``.
   Files written before these checks lack them (and the /steps columns below); readers treat them as absent.

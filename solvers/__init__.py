@@ -1,9 +1,9 @@
 """pdeflow's time steppers, registered by name and chosen by ``solver.method``.
 
-``euler``, ``heun``, ``rk4``, ``adaptive`` (:mod:`solvers.explicit`), ``jko`` (:mod:`solvers.jko`),
-``fv`` (:mod:`solvers.finite_volume`), ``sgd`` (:mod:`solvers.sgd`), ``wfr`` (:mod:`solvers.wfr`),
-``wfr_jko`` (:mod:`solvers.unbalanced_jko`), ``rosenbrock`` (:mod:`solvers.stiff`). The loop that drives them is
-:func:`solvers.driver.run`.
+``euler``, ``heun``, ``rk4``, ``adaptive`` (:mod:`pdeflow.solvers.explicit`), ``jko``
+(:mod:`pdeflow.solvers.jko`), ``fv`` (:mod:`pdeflow.solvers.finite_volume`), ``sgd`` (:mod:`pdeflow.solvers.sgd`),
+``wfr`` (:mod:`pdeflow.solvers.wfr`), ``wfr_jko`` (:mod:`pdeflow.solvers.unbalanced_jko`), ``rosenbrock``
+(:mod:`pdeflow.solvers.stiff`). The loop that drives them is :func:`pdeflow.solvers.driver.run`.
 """
 from __future__ import annotations
 

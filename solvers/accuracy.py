@@ -2,7 +2,7 @@
 
 Along the gradient flow (docs/model.md) the energy falls at the rate of the dissipation,
 ``dE/dt = -I``, ``I = int |grad Phi|^2 d rho``. After an accepted step from ``t_n`` to ``t_{n+1} = t_n + h``
-the driver (:mod:`solvers.driver`) records in ``/steps``:
+the driver (:mod:`pdeflow.solvers.driver`) records in ``/steps``:
 
 ``dissipation_integral``
     ``Q_n`` below, the step's quadrature of ``int I dt`` (so ``E(T) - E(0) + sum_n Q_n`` is the run's
@@ -12,7 +12,7 @@ the driver (:mod:`solvers.driver`) records in ``/steps``:
     ``delta_n = |E_{n+1} - E_n + Q_n| / max(|E_{n+1} - E_n|, floor)``, the part of the step's energy change
     that the dissipation does not account for, relative to that change. ``Q_n`` approximates
     ``int_{t_n}^{t_{n+1}} I dt``: for a Runge-Kutta step it is the method's own quadrature
-    ``h sum_i b_i I(Y_i)`` over its stages ``Y_i`` (:meth:`solvers.base.Stepper.dissipation_integral`);
+    ``h sum_i b_i I(Y_i)`` over its stages ``Y_i`` (:meth:`pdeflow.solvers.base.Stepper.dissipation_integral`);
     that is the RK method applied to the augmented system ``(y, z)' = (f(y), -I(y))``, so ``E_{n+1} - E_n``
     and ``-Q_n`` both approximate the exact decrease to ``O(h^{p+1})`` and ``delta_n = O(h^p)`` for a method
     of order p (measured in tests/test_accuracy.py). Other steppers use the trapezoid on the dissipation at the

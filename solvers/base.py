@@ -3,7 +3,7 @@
 A stepper advances a measure ``rho_t`` of the flow ``d/dt rho = div(rho grad Phi) (+ (1/beta) Laplace rho)``
 (docs/model.md). Its :class:`State` carries the measure's arrays (``fields``: ``omega`` [N,k] and ``mass`` [N]
 for particles, ``density`` for a grid), the time, the step size to try next, the step count and, for
-random steppers, the generator. The driver (:mod:`solvers.driver`) owns the loop, frames and files.
+random steppers, the generator. The driver (:mod:`pdeflow.solvers.driver`) owns the loop, frames and files.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Stepper:
     Subclasses set ``name`` and implement :meth:`step`; grid steppers override :meth:`initial_state`,
     :meth:`evaluate` and :meth:`frame_attrs`.
 
-    Accuracy checks (:mod:`solvers.accuracy`): any stepper whose :meth:`diagnostics` give the ``energy`` and
+    Accuracy checks (:mod:`pdeflow.solvers.accuracy`): any stepper whose :meth:`diagnostics` give the ``energy`` and
     ``dissipation`` of its flow gets the energy-identity check with no code of its own (set
     :attr:`energy_identity` False where the identity does not hold); a fixed-step explicit method declares
     its real-axis :attr:`stability_bound` to get the ``lambda_max * dt`` check.

@@ -3,9 +3,9 @@
 :func:`run` advances a stepper from its initial state (or a file's checkpoint) to ``run.t_end``:
 
 - every accepted step yields a ``/steps`` row (t, dt, energy, risk, dissipation, wall time, the accuracy
-  columns of :mod:`solvers.accuracy` and the stepper's columns); rows are buffered and written with the
+  columns of :mod:`pdeflow.solvers.accuracy` and the stepper's columns); rows are buffered and written with the
   next frame or checkpoint;
-- every step's accuracy is checked (:mod:`solvers.accuracy`: the energy-identity defect, and
+- every step's accuracy is checked (:mod:`pdeflow.solvers.accuracy`: the energy-identity defect, and
   ``lambda_max * dt`` against the stability bound of fixed-step explicit methods); ``run.accuracy`` says
   whether a loss warns (one line per kind) or stops the run;
 - frames fall exactly on the schedule (steps are shortened to land on them): every ``run.frame_interval``
@@ -205,7 +205,7 @@ class _Run:
         with _writing():
             self.rows.flush(self.writer)
             ck = self.stepper.checkpoint(self.state, self.writer.n_frames, self.writer.n_steps)
-            # the stepper's controller state, then the accuracy record's (solvers.accuracy)
+            # the stepper's controller state, then the accuracy record's (pdeflow.solvers.accuracy)
             ck.extra = np.concatenate([np.asarray(ck.extra, dtype=float), self.monitor.checkpoint_vector()])
             self.writer.write_checkpoint(ck)
 

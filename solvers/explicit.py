@@ -15,7 +15,7 @@ The evaluation at the end of a step is kept on the new state, so it serves both 
 Every step also leaves on the new state the method's own quadrature of the dissipation,
 ``Q = h sum_i b_i I(Y_i)``, ``I(Y_i) = sum_j m_j |k_ij|^2`` the dissipation at stage i: the method applied to
 ``z' = -I(y)`` alongside ``y' = f(y)``, so ``E_{n+1} - E_n + Q = O(h^{p+1})`` (the energy-identity check of
-:mod:`solvers.accuracy`). The fixed-step methods declare their real-axis stability bound (the largest
+:mod:`pdeflow.solvers.accuracy`). The fixed-step methods declare their real-axis stability bound (the largest
 ``x`` with ``|R(-s)| <= 1`` on ``[0, x]``, R the stability polynomial): 2 for Euler and Heun,
 2.7853 for RK4.
 """

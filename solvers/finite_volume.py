@@ -46,7 +46,7 @@ Choices, and why:
 
 - **Fisher-Rao reaction** (``solver.gamma > 0``): the Wasserstein-Fisher-Rao flow
   ``d/dt rho = div(rho grad xi) - gamma rho (xi - <xi>)``, ``<xi> = int xi d rho / int d rho`` (the grid form of
-  the particle flow of :mod:`solvers.wfr`, with the cells as particles). Strang splitting, second order:
+  the particle flow of :mod:`pdeflow.solvers.wfr`, with the cells as particles). Strang splitting, second order:
   a step is ``R(h/2) T(h) R(h/2)`` with ``T`` the SSP transport step above and ``R(tau)`` the reaction
   ``d m_c/dt = -gamma m_c (xi_c - <xi>)`` by an exponential trapezoid rule:
   ``rho* = N(rho exp(-gamma tau xi(rho)))``, ``R(tau) rho = N(rho exp(-gamma tau (xi(rho) + xi(rho*)) / 2))``, where

@@ -21,7 +21,7 @@ Particles (``init.measure = "particles"``)
 
         r = sqrt( sum_i m_i |grad Phi(y_i; rho_Y) + (y_i - omega_i) / tau|^2 )
 
-    is at most ``solver.inner_tol``; otherwise the step fails (:class:`~solvers.base.SolverError`).
+    is at most ``solver.inner_tol``; otherwise the step fails (:class:`~pdeflow.solvers.base.SolverError`).
     Zero-mass (tracer) particles do not move the measure; each then solves its own proximal problem
     ``min_y Phi(y; rho_Y) + |y - omega_i|^2 / (2 tau)`` in the field of the new measure.
     Keeping labels is the W2 JKO step restricted to clouds only while the identity coupling is optimal
@@ -84,7 +84,7 @@ Grid (``init.measure = "grid"``): an entropic JKO step in the manner of Peyre (S
     ``cg_iterations`` (summed over the linearizations), ``marginal_violation``, ``linearization_residual``,
     ``energy_change``
     (``E_h(rho_{n+1}) - E_h(rho_n)``), ``transport_cost`` (``<C, pi>``). Energy, risk and dissipation are
-    the finite-volume stepper's (:mod:`solvers.finite_volume`), so grid runs of both methods compare.
+    the finite-volume stepper's (:mod:`pdeflow.solvers.finite_volume`), so grid runs of both methods compare.
 """
 from __future__ import annotations
 
@@ -366,7 +366,7 @@ def euler_stability_limit(problem: Problem, omega: np.ndarray, mass: np.ndarray,
 class JKO(Stepper):
     """``solver.method = "jko"``: builds :class:`ParticleJKO` or :class:`GridJKO` after ``init.measure``."""
     name = "jko"
-    quadrature = "right"  # the energy-identity check's quadrature of a minimizing movement (solvers.accuracy)
+    quadrature = "right"  # the energy-identity check's quadrature of a minimizing movement (pdeflow.solvers.accuracy)
 
     def __new__(cls, problem: Problem, cfg: Config) -> JKO:
         if cls is JKO:

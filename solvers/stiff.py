@@ -35,7 +35,7 @@ Linear systems
 Error control
     ``err = rms(e / (atol + rtol max(|y_n|, |y_{n+1}|)))`` over all coordinates; a step is accepted when
     ``err <= 1`` and the next is ``h * clip(0.9 err^(-1/3), 0.2, max_growth)`` within ``[dt_min, dt_max]``;
-    a step below ``solver.dt_min`` raises :class:`~solvers.base.SolverError` (the run exits 3, keeping
+    a step below ``solver.dt_min`` raises :class:`~pdeflow.solvers.base.SolverError` (the run exits 3, keeping
     its frames). The controller is memoryless: the next step size is all a checkpoint needs (in State).
 
 Deflation (``solver.deflate = m > 0``)

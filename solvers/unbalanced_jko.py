@@ -5,8 +5,8 @@ A step of length ``tau`` (``solver.tau``, 0: ``solver.dt``) from the cell masses
     b = argmin { E_h(b) + D(a, b)^2 / (2 tau) : b >= 0, sum_c b_c = sum_c a_c },
 
 with ``D`` the Wasserstein-Fisher-Rao (Hellinger-Kantorovich) distance of the metric with action
-``int (|v|^2 / alpha + g^2 / gamma) d rho`` - the metric whose gradient flow is :mod:`solvers.wfr` and ``fv`` with
-``solver.gamma`` - in its static (Kantorovich) form (Liero-Mielke-Savare 2018; Chizat-Peyre-Schmitzer-Vialard
+``int (|v|^2 / alpha + g^2 / gamma) d rho`` - the metric whose gradient flow is :mod:`pdeflow.solvers.wfr` and ``fv``
+with ``solver.gamma`` - in its static (Kantorovich) form (Liero-Mielke-Savare 2018; Chizat-Peyre-Schmitzer-Vialard
 2018): ``D^2 = (4 / gamma) min_pi [<C, pi> + KL(pi 1 | a) + KL(pi^T 1 | b)]`` with the cost
 ``C(x, y) = -log cos^2(|x - y| / (2 delta))`` for ``|x - y| < pi delta`` (else +inf), ``delta = sqrt(alpha / gamma)``.
 The KL weights of both marginals are 1: that relaxation is what makes it this metric (no free parameter).
@@ -15,7 +15,7 @@ width ``~ sqrt(2 eps) delta`` per step, which must reach about a cell (else tran
 blocked and the reaction takes over), and adds the blur of entropic JKO schemes.
 
 Solution. E_h is linearized at the current guess, ``E_h(b) ~ <xi, b>`` (``xi`` the potential of
-:mod:`solvers.finite_volume`: ``Phi + (1/beta) log rho``), and re-linearized until the masses stop changing
+:mod:`pdeflow.solvers.finite_volume`: ``Phi + (1/beta) log rho``), and re-linearized until the masses stop changing
 (``solver.outer_maxiter`` times at most, tolerance ``solver.inner_tol`` on the L1 change over the mass). For a fixed
 ``xi`` the minimization over b is explicit: with ``c = gamma tau / 2`` and the multiplier ``lam`` of the mass,
 ``b_j = q_j / (1 + c (xi_j - lam))`` (``q = pi^T 1``), and eliminating b leaves a plan problem whose second marginal

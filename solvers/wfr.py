@@ -16,7 +16,7 @@ with ``alpha = solver.alpha`` and ``gamma = solver.gamma``. The mass equation is
 which is what :meth:`WassersteinFisherRao.diagnostics` reports (the ``dissipation`` of ``/steps`` and
 ``/frames``).
 
-Integration: the step of :class:`solvers.explicit.DormandPrince` itself (same tableau, same controller and
+Integration: the step of :class:`pdeflow.solvers.explicit.DormandPrince` itself (same tableau, same controller and
 tolerances) run on the joint state ``y = (omega, m)`` [N, k + 1], so the error control covers the masses too:
 ``err = rms((y5 - y4) / (atol + rtol max(|y_n|, |y5|)))`` over all N (k + 1) entries. Each
 stage is one pass of the Problem (Phi and grad Phi together), and the evaluation at the end of an

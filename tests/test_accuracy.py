@@ -8,15 +8,15 @@ import sys
 
 import numpy as np
 import pytest
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.accuracy import identity_defect, lambda_max
+from pdeflow.solvers.driver import run
 
 from conftest import build_config, symmetric_particle_jacobian
 from pdeflow import Problem, load_config
 from pdeflow.cli import main
 from pdeflow.config import dumps_toml
 from pdeflow.trajectory import open_trajectory
-from solvers import make_stepper
-from solvers.accuracy import identity_defect, lambda_max
-from solvers.driver import run
 
 EPS = float(np.finfo(float).eps)
 

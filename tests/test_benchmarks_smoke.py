@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark suite (issue 4): ``python -m benchmarks --preset tiny`` runs every measurement
+"""Smoke test of the benchmark suite (issue 4): ``python -m pdeflow.benchmarks --preset tiny`` runs every measurement
 at a tiny size - PyTorch baselines only where torch is installed - and writes a JSON record and a markdown
 table. The numbers are not checked (benchmarks stay out of the test suite); the structure is."""
 import json
@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_benchmark_runs_at_tiny_size(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--preset", "tiny", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "pdeflow.benchmarks", "--preset", "tiny", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| measurement | value | target | met |" in proc.stdout

@@ -9,13 +9,13 @@ import h5py
 import numba
 import numpy as np
 import pytest
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.driver import frame_times
 
 from conftest import build_config
 from pdeflow import Problem, chaos
 from pdeflow.cli import main
 from pdeflow.config import ConfigError
-from solvers import make_stepper
-from solvers.driver import frame_times
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """The kernels' vector width (issue 18): pdeflow.jit's choice, the user's override, results that do not depend
-on the width, and the machine-code counter of ``benchmarks/codegen.py`` (``python -m benchmarks.codegen``)."""
+on the width, and the machine-code counter of ``benchmarks/codegen.py`` (``python -m pdeflow.benchmarks.codegen``)."""
 import json
 import os
 import subprocess
@@ -9,8 +9,7 @@ from pathlib import Path
 import llvmlite.binding as ll
 import numpy as np
 import pytest
-
-from benchmarks import codegen
+from pdeflow.benchmarks import codegen
 
 REPO = Path(__file__).resolve().parent.parent
 HOST_AVX512 = bool(ll.get_host_cpu_features().get("avx512f"))
@@ -104,7 +103,7 @@ for precision in ("float64", "float32"):
     g = np.ascontiguousarray(problem.grad_phi(omega, omega, mass))
     assert np.isfinite(g).all()
     sys.stdout.write(g.tobytes().hex() + "\n")
-from benchmarks.codegen import in_use
+from pdeflow.benchmarks.codegen import in_use
 sys.stdout.write(in_use()["vector_width"] + "\n")
 """
 
@@ -123,7 +122,7 @@ def test_results_do_not_depend_on_the_vector_width():
         env["PYTHONPATH"] = str(REPO)
         if features is not None:
             env["NUMBA_CPU_FEATURES"] = features
-        proc = subprocess.run([sys.executable, "-c", _GRAD, str(REPO / "data/configs/bench-reference.toml")],
+        proc = subprocess.run([sys.executable, "-c", _GRAD, str(REPO / "benchmarks/bench-reference.toml")],
                               env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs.append(proc.stdout.split())

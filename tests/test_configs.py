@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pdeflow.solvers import make_stepper
 
 from pdeflow import Problem, load_config
-from solvers import make_stepper
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "data" / "configs").glob("*.toml"))
 

@@ -13,6 +13,7 @@ import h5py
 import numba
 import numpy as np
 import pytest
+from pdeflow.solvers.driver import run
 
 from conftest import build_config
 from pdeflow import diagnostics as D
@@ -21,7 +22,6 @@ from pdeflow.config import Config, DiagnosticsConfig
 from pdeflow.measure import Grid, free_energy
 from pdeflow.problem import Problem
 from pdeflow.trajectory import Checkpoint, TrajectoryError, TrajectoryWriter, open_trajectory
-from solvers.driver import run
 
 
 @pytest.fixture(autouse=True, scope="module")

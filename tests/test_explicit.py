@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.base import State
 
 from pdeflow import Problem, loads_config
-from solvers import make_stepper
-from solvers.base import State
 
 SMALL = """
 [task]

@@ -1,8 +1,8 @@
-"""Acceptance tests of the grid measure (pdeflow.measure) and the finite-volume solver (solvers.finite_volume).
+"""Acceptance tests of the grid measure (pdeflow.measure) and the finite-volume solver (pdeflow.solvers.finite_volume).
 
 Independent references: numerical quadrature of the initial laws; the Ornstein-Uhlenbeck Fokker-Planck
 equation (data term off: a Gaussian stays Gaussian, known mean and variance); the kernels' own grad Phi at
-the face centres; finite differences of the discrete energy; the particle flow (solvers.explicit) from a
+the face centres; finite differences of the discrete energy; the particle flow (pdeflow.solvers.explicit) from a
 quadrature of the same initial law; POT's exact W2. Observed orders are printed (``pytest -s``).
 """
 from __future__ import annotations
@@ -14,6 +14,10 @@ import numpy as np
 import ot
 import pytest
 from numpy.polynomial.hermite_e import hermegauss
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.base import State
+from pdeflow.solvers.driver import run
+from pdeflow.solvers.finite_volume import FiniteVolume, face_values, face_velocities
 from scipy.integrate import quad
 from scipy.special import ndtri
 from scipy.stats import norm
@@ -24,10 +28,6 @@ from pdeflow.config import ConfigError, GridConfig, InitConfig, load_config
 from pdeflow.measure import Grid, entropy, free_energy, initial_density, l1_distance
 from pdeflow.problem import Problem
 from pdeflow.trajectory import open_trajectory
-from solvers import make_stepper
-from solvers.base import State
-from solvers.driver import run
-from solvers.finite_volume import FiniteVolume, face_values, face_velocities
 
 COORDS = {1: "output_gain", 2: "gain2", 3: "gain3"}
 REPO = Path(__file__).resolve().parents[1]
@@ -294,7 +294,7 @@ def test_ornstein_uhlenbeck_2d_second_order_with_ssprk3():
 
 # ---- grid against particles --------------------------------------------------------------------------
 def particle_flow(cfg, omega: np.ndarray, mass: np.ndarray, t_end: float, dt: float) -> tuple[float, np.ndarray]:
-    """The particle flow (solvers.explicit RK4) of a weighted cloud to t_end: energy and final positions."""
+    """The particle flow (pdeflow.solvers.explicit RK4) of a weighted cloud to t_end: energy and final positions."""
     pcfg = cfg.replace(init={"measure": "particles"}, solver={"method": "rk4", "dt": dt})
     stepper = make_stepper(Problem.from_config(pcfg), pcfg)
     state = State(t=0.0, step=0, dt=dt, fields={"omega": omega, "mass": mass})

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import ot
+import pdeflow.solvers.jko as jko
 import pytest
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.driver import run
 
-import solvers.jko as jko
 from conftest import build_config, symmetric_particle_jacobian
 from pdeflow.config import ConfigError, load_config
 from pdeflow.measure import Grid, l1_distance
 from pdeflow.problem import Problem
 from pdeflow.trajectory import open_trajectory
-from solvers import make_stepper
-from solvers.driver import run
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
 pytestmark = pytest.mark.usefixtures("one_numba_thread", "one_blas_thread")

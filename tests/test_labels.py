@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pdeflow.solvers.driver import run
 
 from conftest import build_config, random_arrays
 from pdeflow import diagnostics as D
@@ -22,7 +23,6 @@ from pdeflow.cli import main
 from pdeflow.config import DiagnosticsConfig
 from pdeflow.problem import Problem
 from pdeflow.trajectory import TrajectoryWriter, open_trajectory
-from solvers.driver import run
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 

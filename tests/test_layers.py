@@ -7,9 +7,9 @@ From the bottom up (the table :data:`LAYERS`; a module matches the first pattern
    measure and the communicator;
 2. ``io``: the file formats (trajectory, result files, the sharded writer, reference files and validation) and the
    package's front door ``pdeflow/__init__``, which re-exports the file reader;
-3. ``steppers``: ``solvers/``, spelled ``solvers.*`` or ``pdeflow.solvers.*``;
+3. ``steppers``: ``solvers/``, installed as ``pdeflow.solvers``;
 4. ``analysis``: diagnostics, stability, chaos, plotting;
-5. ``interface``: the command line and the benchmarks.
+5. ``interface``: the command line and the benchmarks (``benchmarks/``, installed as ``pdeflow.benchmarks``).
 
 A module may import its own layer and those below it. A new module matches no pattern until it is given a layer
 here, and fails the check until then. Imports are read with :mod:`ast` (strings given to ``importlib`` are not
@@ -27,20 +27,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# folder (relative to the checkout) -> the import name of the package it holds. When solvers/ and benchmarks/ are
-# installed as pdeflow.solvers and pdeflow.benchmarks, only these names change: LAYERS already lists both spellings.
-PACKAGES = {"pdeflow": "pdeflow", "solvers": "solvers", "benchmarks": "benchmarks"}
+# folder (relative to the checkout) -> the import name of the package it holds (setup.cfg's package_dir installs
+# solvers/ and benchmarks/ as subpackages of pdeflow).
+PACKAGES = {"pdeflow": "pdeflow", "solvers": "pdeflow.solvers", "benchmarks": "pdeflow.benchmarks"}
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("pdeflow._version", "pdeflow.exit_codes", "pdeflow.methods", "pdeflow.config", "pdeflow.jit",
               "pdeflow.kernels", "pdeflow.model", "pdeflow.tasks", "pdeflow.mean_field", "pdeflow.workers",
               "pdeflow.problem", "pdeflow.measure", "pdeflow.parallel")),
     ("io", ("pdeflow", "pdeflow.trajectory", "pdeflow.resume", "pdeflow.sharded_writer", "pdeflow.reference")),
-    ("steppers", ("solvers", "solvers.*", "pdeflow.solvers", "pdeflow.solvers.*")),
+    ("steppers", ("pdeflow.solvers", "pdeflow.solvers.*")),
     ("analysis", ("pdeflow.diagnostics", "pdeflow.diagnostics.*", "pdeflow.stability", "pdeflow.chaos",
                   "pdeflow.plotting")),
-    ("interface", ("pdeflow.cli", "pdeflow.cli_*", "pdeflow.__main__", "benchmarks", "benchmarks.*",
-                   "pdeflow.benchmarks", "pdeflow.benchmarks.*")),
+    ("interface", ("pdeflow.cli", "pdeflow.cli_*", "pdeflow.__main__", "pdeflow.benchmarks", "pdeflow.benchmarks.*")),
 ]
 
 

@@ -1,16 +1,16 @@
 """The table of solver methods (:mod:`pdeflow.methods`) is the one source of solver choices and particle/grid
-compatibility: every stepper registered in :mod:`solvers` agrees with its row, and the config accepts exactly the
-(method, measure) pairs the table lists."""
+compatibility: every stepper registered in :mod:`pdeflow.solvers` agrees with its row, and the config accepts exactly
+the (method, measure) pairs the table lists."""
 from __future__ import annotations
 
 import importlib
 
+import pdeflow.solvers
 import pytest
+from pdeflow.solvers.explicit import ExplicitRK
 
-import solvers
 from pdeflow.config import Config, ConfigError
 from pdeflow.methods import GRID, METHODS, PARTICLES
-from solvers.explicit import ExplicitRK
 
 
 def _accepted_measures(cls: type) -> set[str]:
@@ -21,12 +21,12 @@ def _accepted_measures(cls: type) -> set[str]:
 
 def test_every_registered_stepper_agrees_with_the_table() -> None:
     for method in METHODS.values():
-        importlib.import_module(f"solvers.{method.module}")
-    assert set(solvers.STEPPERS) == set(METHODS), "a stepper is registered without a row in pdeflow.methods"
+        importlib.import_module(f"pdeflow.solvers.{method.module}")
+    assert set(pdeflow.solvers.STEPPERS) == set(METHODS), "a stepper is registered without a row in pdeflow.methods"
     for name, method in METHODS.items():
-        cls = solvers.stepper_class(name)
+        cls = pdeflow.solvers.stepper_class(name)
         assert cls.name == name
-        assert cls.__module__ == f"solvers.{method.module}", name
+        assert cls.__module__ == f"pdeflow.solvers.{method.module}", name
         assert _accepted_measures(cls) == set(method.measures), name
         # explicit: an explicit Runge-Kutta step of the Wasserstein velocity -grad Phi alone (wfr integrates
         # (omega, m) with its own vector field)
@@ -54,4 +54,4 @@ def test_an_unknown_method_is_refused_with_the_table_listed() -> None:
     with pytest.raises(ConfigError, match="solver.method"):
         Config().replace(solver={"method": "leapfrog"})
     with pytest.raises(ConfigError, match="methods are euler, heun, rk4"):
-        solvers.stepper_class("leapfrog")
+        pdeflow.solvers.stepper_class("leapfrog")

@@ -116,7 +116,7 @@ def test_shard_blocks_cover_the_particles_in_rank_order(n, size):
 
 def test_serial_run_never_imports_mpi4py():
     """Outside an MPI launcher the communicator is SERIAL and mpi4py stays unimported."""
-    code = ("import sys; from pdeflow.parallel import world, SERIAL; import pdeflow.cli, solvers.driver; "
+    code = ("import sys; from pdeflow.parallel import world, SERIAL; import pdeflow.cli, pdeflow.solvers.driver; "
             "assert world() is SERIAL; assert not any(m.startswith('mpi4py') for m in sys.modules), 'imported'")
     subprocess.run([sys.executable, "-c", code], env=environment(), check=True, timeout=TIMEOUT)
     assert SERIAL.sum_over_ranks(1.5, 2.0) == (1.5, 2.0) and SERIAL.local_rows(np.arange(3)).tolist() == [0, 1, 2]
@@ -263,7 +263,7 @@ def test_a_failure_on_one_rank_aborts_every_rank(tmp_path):
     with the traceback of the failing rank and a non-zero exit code, instead of hanging."""
     config = write_config(tmp_path / "f.toml")
     code = ("import sys; from pdeflow.cli import main; from pdeflow.parallel import world\n"
-            "import solvers.explicit as e\n"
+            "import pdeflow.solvers.explicit as e\n"
             "step = e.DormandPrince.step\n"
             "def failing(self, state, dt_limit):\n"
             "    if world().rank == 1 and state.step == 2: raise RuntimeError('injected failure')\n"

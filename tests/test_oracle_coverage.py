@@ -1,6 +1,6 @@
 """The independent oracle (tests/reference_model.py) where tests/test_core.py does not reach it: many heads
 (several kernel tiles and chunks, the factored-table weight gradient of pdeflow.mean_field), second
-derivatives (Problem.hvp and the whole-system JVP solvers.jko.velocity_jvp), and the grid measure's free
+derivatives (Problem.hvp and the whole-system JVP pdeflow.solvers.jko.velocity_jvp), and the grid measure's free
 energy with its entropy term. Every expectation is recomputed by the oracle; nothing is a stored number."""
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import math
 
 import numpy as np
 import pytest
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.jko import velocity_jvp
 
 from conftest import build_config, random_arrays, random_measure, rel_err
 from pdeflow import kernels, mean_field
 from pdeflow.measure import Grid, free_energy
 from pdeflow.problem import Problem
 from reference_model import ReferenceModel
-from solvers import make_stepper
-from solvers.jko import velocity_jvp
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from pdeflow.solvers.driver import run
 
 from pdeflow import Problem, load_config
 from pdeflow.cli import main
 from pdeflow.reference import compare, validate
-from solvers.driver import run
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference"
 TOLERANCES = tomllib.loads((REFERENCE / "tolerances.toml").read_text())

@@ -26,12 +26,12 @@ import h5py
 import numba
 import numpy as np
 import pytest
+from pdeflow.solvers import make_stepper
 
 from pdeflow.cli import main
 from pdeflow.config import dumps_toml, load_config
 from pdeflow.problem import Problem
 from pdeflow.trajectory import TrajectoryError, TrajectoryWriter, edit_trajectory, open_trajectory, read_checkpoint
-from solvers import make_stepper
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = """

@@ -7,12 +7,12 @@ import math
 import numba
 import numpy as np
 import pytest
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.driver import run
 
 from conftest import build_config
 from pdeflow import ConfigError, Problem, open_trajectory
 from pdeflow.cli import main
-from solvers import make_stepper
-from solvers.driver import run
 
 
 @pytest.fixture(autouse=True)

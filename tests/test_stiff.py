@@ -6,13 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.base import State
+from pdeflow.solvers.stiff import ORDER, stability_function
 
 from pdeflow import Problem, loads_config
 from pdeflow.cli import main
 from pdeflow.trajectory import open_trajectory
-from solvers import make_stepper
-from solvers.base import State
-from solvers.stiff import ORDER, stability_function
 from test_explicit import SMALL as EXPLICIT_SMALL
 
 # the small problem of the explicit steppers' tests, stepped by rosenbrock
@@ -205,7 +205,7 @@ def test_failed_stage_solves_exit_3_and_keep_the_frames(tmp_path, capsys):
 
 def test_time_to_solution_counts_what_the_stepper_reports():
     """benchmarks/time_to_solution.py: rows at each mark, a difference product counted as one grad Phi."""
-    from benchmarks.time_to_solution import gradient_equivalents, run_stepper
+    from pdeflow.benchmarks.time_to_solution import gradient_equivalents, run_stepper
 
     cfg, problem = build("solver.jacobian=\"difference\"")
     res = run_stepper(cfg, problem, 1.0, marks=(0.5,))

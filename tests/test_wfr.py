@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.base import State
+from pdeflow.solvers.driver import run
 
 from pdeflow import Problem, loads_config
 from pdeflow.cli import main
 from pdeflow.config import ConfigError
 from pdeflow.trajectory import open_trajectory
-from solvers import make_stepper
-from solvers.base import State
-from solvers.driver import run
 from test_explicit import SMALL
 
 # the small problem of the explicit steppers' tests, with the WFR stepper
@@ -360,7 +360,7 @@ def test_grid_reaction_keeps_mass_positivity_and_the_energy_identity(beta):
 
 
 def test_reaction_factor_is_the_exact_frozen_reaction():
-    from solvers.finite_volume import reaction_factor
+    from pdeflow.solvers.finite_volume import reaction_factor
     rho = np.array([0.0, 0.5, 1.0, 2.0, 0.25])
     xi = np.array([-900.0, 1.0, 0.0, 0.3, 800.0])  # huge exponents: no overflow, empty cells stay empty
     out = reaction_factor(rho, -2.0 * xi, float(rho.sum()))
@@ -426,7 +426,7 @@ def test_wfr_jko_plan_is_the_closed_form_at_small_eps_and_infinite_costs():
     down to 1e-15. Row sums, column sums (what the step uses) and every entry above 1e-12 of its row's largest, to
     1e-14 / eps: a cost of size ~10 known to rounding moves exp(-cost / eps) by ~1e-15 / eps in both (measured
     <= 1.1e-15 / eps)."""
-    from solvers.unbalanced_jko import hk_cost, semi_relaxed_plan
+    from pdeflow.solvers.unbalanced_jko import hk_cost, semi_relaxed_plan
     rng = np.random.default_rng(1)
     x = np.linspace(-4.0, 4.0, 128)
     a = np.exp(-x**2) / np.sum(np.exp(-x**2)) + 1e-15
@@ -443,7 +443,7 @@ def test_wfr_jko_plan_is_the_closed_form_at_small_eps_and_infinite_costs():
 
 def test_wfr_jko_inner_problem_without_transport_is_the_implicit_reaction():
     """Infinite off-diagonal cost, eps -> 0: the step is the implicit reaction b = a / (1 + c (xi - lam))^2."""
-    from solvers.unbalanced_jko import jko_masses
+    from pdeflow.solvers.unbalanced_jko import jko_masses
     rng = np.random.default_rng(0)
     a, xi, c = rng.random(8) + 0.1, rng.normal(size=8), 0.3
     diagonal = np.where(np.eye(8) > 0, 0.0, np.inf)
@@ -456,7 +456,7 @@ def test_wfr_jko_inner_problem_without_transport_is_the_implicit_reaction():
 def test_wfr_jko_steps_use_plans_equal_to_the_closed_form(monkeypatch):
     """Every plan the stepper computes (tau = 0.2, eps = 4e-3, n = 128: 1233 plans) against the oracle at the same
     inputs: the column sums (the masses b) and every entry above 1e-12 of its row's largest to 1e-14 / eps."""
-    import solvers.unbalanced_jko as module
+    import pdeflow.solvers.unbalanced_jko as module
     pots = module.semi_relaxed_plan
     worst = [0.0, 0.0, 0]
 
