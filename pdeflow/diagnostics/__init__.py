@@ -2,8 +2,9 @@
 
 All quantities follow docs/model.md ("Dissipation and the energy identity" to "Convergence rates: PL and KL"):
 
-- energy identity residual ``r(t) = E(t) - E(t0) + int_{t0}^t I(u) du`` (trapezoid rule), zero for the exact
-  flow; for a fixed-step solver it is ``O(dt^2)`` from the quadrature plus the solver's own error;
+- energy identity residual ``r(t) = E(t) - E(t0) + int_{t0}^t I(u) du``, zero for the exact flow; the integral
+  is the run's own quadrature of each step (``/steps/dissipation_integral``: a Runge-Kutta method's stage
+  quadrature, so ``r`` falls at the method's order), the trapezoid rule (``O(dt^2)``) for older files;
 - optimality gap ``G(rho) = int Phi d rho - min_{omega in Omega} Phi(omega; rho)`` on a compact set Omega
   (a ball ``|omega| <= R``, a box ``[-R, R]^k``, or the box of a grid run). With ``beta = inf`` the energy is
   convex in rho, so ``E(nu) >= E(rho) + int Phi_rho d(nu - rho) >= E(rho) - G(rho)`` for every measure nu on

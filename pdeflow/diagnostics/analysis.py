@@ -127,7 +127,9 @@ def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis
     dense = len(steps.get("time", ())) >= 2
     st_t, st_e, st_i = ((np.asarray(steps[c], dtype=float) for c in ("time", "energy", "dissipation")) if dense
                         else (time, energy, dissipation))
-    a.energy_identity_residual = np.interp(time, st_t, energy_identity_residual(st_t, st_e, st_i))
+    integral = np.asarray(steps["dissipation_integral"], dtype=float) if dense and "dissipation_integral" in steps \
+        else None
+    a.energy_identity_residual = np.interp(time, st_t, energy_identity_residual(st_t, st_e, st_i, integral))
 
     tol = settings.stationary_tol or run_stationary_tol or 1e-8 * float(dissipation[0])
     a.stationary_tol = tol
