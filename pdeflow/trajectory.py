@@ -86,14 +86,14 @@ from typing import Any
 import h5py
 import numpy as np
 
+from . import schema
 from ._version import __version__
 from .config import Config, ConfigError, loads_config
+from .schema import RNG_BYTES, SCHEMA, SCHEMA_VERSION
 
-SCHEMA = "pdeflow-trajectory"
-SCHEMA_VERSION = 1
-STEP_COLUMNS = ("time", "dt", "energy", "risk", "dissipation", "wall_time")
-FRAME_SCALARS = ("time", "step", "dt", "wall_time", "energy", "dissipation")
-RNG_BYTES = 2048
+# The columns every file of pdeflow's writer has, from the schema table (pdeflow.schema.ITEMS).
+STEP_COLUMNS = schema.names("/steps", needs=(schema.WRITTEN,))
+FRAME_SCALARS = schema.names("/frames", shape=("F",))
 RUNNING = "running"
 STATUS_BYTES, MESSAGE_BYTES = 32, 1024
 # Root attributes a run sets when it ends, pre-created so that they can be overwritten in SWMR mode.
@@ -210,11 +210,12 @@ def write_problem(f: h5py.File, arrays: dict[str, Any], beta: float = np.inf, pr
     """Store a problem in ``/model`` and ``/data`` (the layout of the module docstring) so that the file alone
     rebuilds it (:func:`read_problem`): ``arrays`` is :meth:`pdeflow.Problem.arrays`. Trajectories and the
     result files of ``pdeflow chaos`` and ``pdeflow stability`` (:func:`new_result_file`) share it."""
-    m = f.create_group("model")
-    for key in ("embedding", "positions", "unembedding", "theta0"):
-        m.create_dataset(key, data=np.asarray(arrays[key], dtype=np.float64))
-    if arrays.get("basis") is not None:
-        m.create_dataset("basis", data=np.asarray(arrays["basis"], dtype=np.float64))
+    for group in ("/model", "/data"):
+        g = f.create_group(group)
+        for it in schema.items_in(group):
+            if it.need == schema.REQUIRED or arrays.get(it.name) is not None:
+                g.create_dataset(it.name, data=np.asarray(arrays[it.name], dtype=schema.numpy_dtype(it)))
+    m = f["model"]
     m.attrs["head_dim"] = int(arrays["head_dim"])
     m.attrs["score_scale"] = float(arrays["score_scale"])
     m.attrs["weight_decay"] = float(arrays["weight_decay"])
@@ -222,11 +223,6 @@ def write_problem(f: h5py.File, arrays: dict[str, Any], beta: float = np.inf, pr
     m.attrs["precision"] = precision
     m.attrs["k"] = int(np.asarray(arrays["theta0"]).shape[0] if arrays.get("basis") is None
                        else np.asarray(arrays["basis"]).shape[1])
-    dgrp = f.create_group("data")
-    dgrp.create_dataset("tokens", data=np.asarray(arrays["tokens"], dtype=np.int64))
-    dgrp.create_dataset("targets", data=np.asarray(arrays["targets"], dtype=np.int64))
-    dgrp.create_dataset("mask", data=np.asarray(arrays["mask"], dtype=np.float64))
-    dgrp.create_dataset("weights", data=np.asarray(arrays["weights"], dtype=np.float64))
 
 
 class TrajectoryWriter:
@@ -315,29 +311,29 @@ class TrajectoryWriter:
         for key, value in frame_attrs.items():
             fr.attrs[key] = value
         for key in FRAME_SCALARS:
-            dtype = np.int64 if key == "step" else np.float64
+            dtype = schema.numpy_dtype(schema.item(f"/frames/{key}"))
             fr.create_dataset(key, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
         for key, value in fields.items():
             shape = np.shape(value)
             # one frame per chunk: a frame write adds a chunk and never rewrites a committed one
-            fr.create_dataset(key, shape=(0,) + shape, maxshape=(None,) + shape, dtype=np.float64,
-                              chunks=(1,) + shape, compression=compression)
+            fr.create_dataset(key, shape=(0,) + shape, maxshape=(None,) + shape,
+                              dtype=schema.numpy_dtype(schema.item(f"/frames/{key}")), chunks=(1,) + shape,
+                              compression=compression)
         st = f.create_group("steps")
         for key in STEP_COLUMNS + tuple(step_columns):
             # 8 KiB chunks: a short run's file is not mostly the first chunk of each column
             st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(1024,))
         ck = f.create_group("checkpoint")
         ck.create_dataset("active", data=np.int64(-1))
-        for s in ("slot0", "slot1"):
+        sizes = {"R": RNG_BYTES, "E": extra_size}
+        for s in schema.SLOTS:
             g = ck.create_group(s)
+            for it in schema.items_in("/checkpoint/slot#", needs=(schema.REQUIRED,)):
+                shape = tuple(sizes[symbol] for symbol in it.shape)
+                g.create_dataset(it.name, data=np.zeros(shape, dtype=schema.numpy_dtype(it)))
             for key, value in fields.items():
-                g.create_dataset(key, data=np.zeros(np.shape(value)))
-            for key in ("t", "dt"):
-                g.create_dataset(key, data=np.float64(0.0))
-            for key in ("step", "n_frames", "n_steps"):
-                g.create_dataset(key, data=np.int64(0))
-            g.create_dataset("rng", data=np.zeros(RNG_BYTES, dtype=np.uint8))
-            g.create_dataset("extra", data=np.zeros(extra_size))
+                g.create_dataset(key, data=np.zeros(np.shape(value),
+                                                    dtype=schema.numpy_dtype(schema.item(f"/checkpoint/slot#/{key}"))))
 
     @classmethod
     def reopen(cls, path: str | Path) -> tuple[TrajectoryWriter, Checkpoint]:
@@ -484,6 +480,22 @@ def committed_counts(f: h5py.File) -> tuple[int, int]:
     return min(n_frames, ck.n_frames), min(n_steps, ck.n_steps)
 
 
+def row_counts(f: h5py.File) -> tuple[int, int]:
+    """The rows of /frames and /steps that belong to the trajectory: :func:`committed_counts` for a file of
+    pdeflow's writer, every row for a file from another code (no /checkpoint; S = 0 without /steps)."""
+    if "checkpoint" in f and "steps" in f and "time" in f["steps"]:
+        return committed_counts(f)
+    return int(f["frames"]["time"].shape[0]), (int(f["steps"]["time"].shape[0]) if "steps" in f and "time" in f["steps"]
+                                                else 0)
+
+
+def schema_error(path: str | Path, problems: list[str]) -> TrajectoryError:
+    """The one-line error of a file departing from the schema (:func:`pdeflow.schema.check`): its first problem,
+    and how many more there are; the reader and :func:`pdeflow.reference.read_run` raise it alike."""
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return TrajectoryError(f"{path}: {problems[0]}{more}")
+
+
 def committed_steps(path: str | Path, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
     """The committed rows of those /steps ``columns`` a file has (:func:`committed_counts`)."""
     with _open_read(Path(path)) as f:
@@ -545,15 +557,14 @@ def check_file(path: str | Path) -> None:
         raise TrajectoryError(f"{path}: not readable")
     try:
         with _open_read(path) as f:
-            schema = _plain(f.attrs.get("schema"))
-            if schema != SCHEMA:
+            if _plain(f.attrs.get("schema")) != SCHEMA:
                 raise TrajectoryError(f"{path}: not a pdeflow trajectory (no schema = {SCHEMA!r} attribute)")
             version = _plain(f.attrs.get("schema_version"))
             if version != SCHEMA_VERSION:
                 raise TrajectoryError(f"{path}: schema version {version}, this pdeflow reads version {SCHEMA_VERSION}")
-            for group in ("model", "data", "frames", "steps"):
-                if group not in f:
-                    raise TrajectoryError(f"{path}: truncated or damaged trajectory (no /{group})")
+            problems = schema.check(f, lambda: row_counts(f), needs=(schema.REQUIRED, schema.WRITTEN))
+            if problems:
+                raise schema_error(path, [p.message for p in problems])
     except TrajectoryError:
         raise
     except (OSError, KeyError, ValueError, TypeError) as exc:
@@ -699,37 +710,10 @@ class Trajectory:
             missing = re.search(r"object '([^']+)' doesn't exist", str(exc))
             what = f"no dataset or group {missing.group(1)!r}" if missing else error_reason(exc)[:80]
             raise TrajectoryError(f"{self.path}: truncated or damaged trajectory ({what})") from None
-        self._check_shapes()
         try:
             self.config: Config = loads_config(str(self.attrs.get("config", "")))
         except ConfigError as exc:
             raise TrajectoryError(f"{self.path}: stored config is invalid ({exc})") from None
-
-    def _check_shapes(self) -> None:
-        """The shapes docs/model.md promises, so that a damaged or forged file fails here with one line."""
-        a = self.arrays
-
-        def bad(what: str) -> TrajectoryError:
-            return TrajectoryError(f"{self.path}: damaged trajectory ({what})")
-
-        for key in ("embedding", "positions", "unembedding", "tokens", "targets", "mask", "weights", "theta0"):
-            if not isinstance(a.get(key), np.ndarray):
-                raise bad(f"no array {key}")
-        if a["embedding"].ndim != 2 or a["unembedding"].shape != a["embedding"].shape:
-            raise bad("embedding and unembedding must both be [V, d]")
-        if a["tokens"].ndim != 2 or a["targets"].shape != a["tokens"].shape or a["mask"].shape != a["tokens"].shape:
-            raise bad("tokens, targets and mask must all be [B, T]")
-        if a["weights"].shape != a["tokens"].shape[:1] or a["positions"].shape != (a["tokens"].shape[1],
-                                                                                    a["embedding"].shape[1]):
-            raise bad("weights must be [B] and positions [T, d]")
-        for key in FRAME_SCALARS:
-            if key not in self.frames or self.frames[key].ndim != 1:
-                raise bad(f"no column /frames/{key}")
-        if "time" not in self.steps:
-            raise bad("no column /steps/time")
-        n = len(self.frames["time"])
-        if any(len(v) != n for v in self.frames.values()):
-            raise bad("/frames datasets of different lengths")
 
     @property
     def time(self) -> np.ndarray:
