@@ -356,8 +356,8 @@ def markdown() -> str:
     lines = []
     for group in GROUPS:
         own = [it for it in ITEMS if it.path == group]
-        inside = [it for it in ITEMS if it.path != group and (it.group == group or
-                                                               (group != "/" and it.group.startswith(group + "/")))]
+        inside = [it for it in ITEMS if it.path not in GROUPS
+                  and (it.group == group or (group != "/" and it.group.startswith(group + "/")))]
         title = "Root attributes" if group == "/" else f"`{group}`: {own[0].meaning}"
         lines += [f"### {title}", ""]
         if own:

@@ -1,73 +1,11 @@
 """The HDF5 trajectory file, schema version 1: a writer that survives kills, and a reader.
 
-Layout (every array readable with plain h5py; shapes as in docs/model.md):
-
-- root attributes: ``schema = "pdeflow-trajectory"``, ``schema_version = 1``, ``pdeflow_version``,
-  ``created`` (ISO 8601, UTC), ``seed`` (init.seed), ``config`` (the full config as TOML text),
-  ``method`` (solver.method), ``measure`` ("particles" or "grid"), ``status`` ("running" while the run
-  is going or if its process died; once it has ended: "finished", "stationary", "wall_time",
-  "max_steps", "interrupted", "non_finite", "error"), ``message``, ``final_time`` and ``steps``.
-  ``status`` and ``message`` are fixed-length UTF-8 strings (h5py returns bytes; decode them).
-  The accuracy record of the run (:mod:`pdeflow.solvers.accuracy`), set when it ends: ``accuracy`` (one line,
-  fixed-length string: "held: ...", "LOST at t = ...: ..." or "not checked ..."), ``accuracy_lost_at``
-  (NaN when accuracy held), ``max_identity_defect``, ``max_stability_ratio``, ``stability_products``.
-  Files written before these checks lack them (and the /steps columns below); readers treat them as absent.
-  The status ``accuracy_lost`` marks a run stopped by ``run.accuracy = "stop"``.
-- ``/model``: ``embedding`` [V,d], ``positions`` [T,d], ``unembedding`` [V,d], ``theta0`` [p], ``basis``
-  [p,k] (absent for full coordinates); attributes ``head_dim``, ``score_scale``, ``weight_decay``,
-  ``beta``, ``precision``, ``k``.
-- ``/data``: ``tokens`` [B,T], ``targets`` [B,T], ``mask`` [B,T], ``weights`` [B].
-- ``/frames``: ``time`` [F], ``step`` [F], ``dt`` [F], ``wall_time`` [F], ``energy`` [F],
-  ``dissipation`` [F], and the measure: ``omega`` [F,N,k] and ``mass`` [F,N] for particles, or
-  ``density`` [F,n1(,n2,n3)] for a grid (attributes ``lower``, ``upper``, ``shape`` on ``/frames``).
-- ``/steps``: ``time``, ``dt``, ``energy``, ``risk``, ``dissipation``, ``wall_time``, the accuracy columns
-  ``identity_defect`` and ``lambda_max_dt`` (NaN where a check did not run or does not apply; attributes
-  ``stability_bound``, ``identity_tol``, ``accuracy_note``) and the stepper's own columns (``rejected``,
-  ``inner_iterations``, ...), one row per accepted step; row 0 is the initial state.
-- ``/checkpoint``: two slots ``slot0``, ``slot1`` and ``active`` (which slot is complete, -1 before the
-  first). A slot holds the state fields, ``t``, ``dt``, ``step``, ``n_frames``, ``n_steps`` (the rows of
-  /frames and /steps committed with that state), ``rng`` (the generator state as JSON bytes, zero-padded)
-  and ``extra`` (the stepper's controller state).
-
-Crash safety: what a kill (SIGKILL, OOM, a crash) at any instant leaves behind, and why.
-
-1. *The file at the output path is always an openable HDF5 file.* It is created under a sibling name
-   ``<name>.partial``, populated, switched to HDF5's single-writer/multiple-reader mode (SWMR) and only
-   then renamed onto the output path (an atomic rename; ``--force`` replaces an old file only at this
-   moment). From then on every write happens in SWMR mode, whose ordered metadata flushes keep the
-   file consistent for a reader at every instant; a file reopened to resume is opened directly in SWMR
-   write mode. A file whose writer died keeps HDF5's "open for SWMR write" flag: plain
-   ``h5py.File(path)`` refuses it, ``h5py.File(path, "r", swmr=True)`` reads it, and so does
-   :func:`open_trajectory` (it falls back to SWMR reading).
-2. *Rows are committed by the checkpoint, not by their own write.* Within one flush HDF5 orders its
-   metadata writes by its own dependencies, not by the order of our dataset writes, so "write
-   ``time`` last" alone cannot make a torn frame invisible. Instead a commit is two flushes: the new
-   /frames and /steps rows and the inactive checkpoint slot are written and flushed; then the 8-byte
-   ``/checkpoint/active`` is flipped to that slot and flushed (an in-place write of one small
-   contiguous dataset, which a kill cannot tear). The active slot's ``n_frames``/``n_steps`` are the
-   committed rows. A kill before the flip leaves the previous slot, and the rows it counts, in force;
-   rows beyond it are ignored by the reader (:func:`committed_counts`) and cut off on resume.
-3. *Committed rows are never rewritten.* Field datasets (``omega``, ``mass``, ``density``) are chunked
-   one frame per chunk, so a frame write only adds a chunk (a compressed chunk rewritten to hold one
-   more frame would also be relocated each time and leak the old space: a 256-frame chunk made files
-   ~100 times their size). Scalar columns have fixed-size uncompressed chunks rewritten in place with
-   identical bytes for the committed rows.
-4. *Resuming a killed file* (whose SWMR flag HDF5 will not let a writer clear) copies its committed
-   content through a SWMR reader into ``<name>.partial`` and renames that over the original, then
-   continues: a kill during the copy leaves the original untouched.
-5. *Ending a run* writes the final checkpoint (commit), then overwrites the pre-created fixed-size
-   ``status``/``message``/``final_time``/``steps`` attributes in place, still in SWMR mode, and closes.
-   A run that ended (any status other than "running") has every row committed, so for such a file
-   ``len(/frames/time)`` is the frame count, as plain h5py users expect.
-6. *Later changes* to a finished file (the analysis a run appends) go through :func:`edit_trajectory`:
-   on a copy, renamed over the original when complete.
-7. *One writer at a time.* A writer holds an advisory lock on its file (:class:`WriterLock`), released
-   when it closes or its process dies; resuming, overwriting (``--force``) or editing a file whose
-   writer is alive is refused, since it would split the run into two diverging files.
-
-What a kill loses: the steps since the last commit (a frame, or ``run.checkpoint_interval`` seconds of
-wall time); ``pdeflow run --resume`` recomputes them bit for bit. Not covered: power loss or an OS crash
-(pdeflow does not fsync; data the OS had not written may be lost, and the file may need recovery).
+The layout is the table :data:`pdeflow.schema.ITEMS` (the writer creates the file from it, :func:`check_file` checks
+a file against it); the page docs/schema.md shows it, with the commit protocol and what a kill at any instant leaves
+behind ("Crash safety"). In short: a new file is built under ``<name>.partial`` and renamed into place in SWMR mode;
+rows become part of the trajectory only when a checkpoint slot that counts them is flipped active; committed rows are
+never rewritten; a file whose writer died is rebuilt from its committed content before it is resumed; one writer at a
+time holds an advisory lock (:class:`WriterLock`).
 """
 from __future__ import annotations
 
@@ -207,7 +145,7 @@ def _open_swmr_write(path: Path) -> h5py.File:
 
 
 def write_problem(f: h5py.File, arrays: dict[str, Any], beta: float = np.inf, precision: str = "float64") -> None:
-    """Store a problem in ``/model`` and ``/data`` (the layout of the module docstring) so that the file alone
+    """Store a problem in ``/model`` and ``/data`` (the layout of :data:`pdeflow.schema.ITEMS`) so that the file alone
     rebuilds it (:func:`read_problem`): ``arrays`` is :meth:`pdeflow.Problem.arrays`. Trajectories and the
     result files of ``pdeflow chaos`` and ``pdeflow stability`` (:func:`new_result_file`) share it."""
     for group in ("/model", "/data"):
@@ -230,7 +168,7 @@ class TrajectoryWriter:
 
     Create with :meth:`create` (a new file) or :meth:`reopen` (resume). :meth:`append_frame` and
     :meth:`append_steps` write rows that become part of the trajectory only when the next
-    :meth:`write_checkpoint` commits them (see the module docstring).
+    :meth:`write_checkpoint` commits them (docs/schema.md, "Crash safety").
     """
 
     def __init__(self, f: h5py.File, path: Path, lock: WriterLock) -> None:
@@ -339,7 +277,7 @@ class TrajectoryWriter:
     def reopen(cls, path: str | Path) -> tuple[TrajectoryWriter, Checkpoint]:
         """Open an existing file to continue it: truncate to the active checkpoint and return it.
 
-        A file whose writer died is first rebuilt from its committed content (module docstring, 4)."""
+        A file whose writer died is first rebuilt from its committed content (docs/schema.md, "Crash safety", 4)."""
         path = Path(path)
         check_file(path)
         lock = WriterLock(path)
