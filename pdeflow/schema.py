@@ -195,7 +195,7 @@ def numpy_dtype(it: Item) -> str:
 
 # ---- checking a file against the table ----------------------------------------------------------------------------
 @dataclass
-class Problem:
+class Departure:
     """A departure from the table: the path it concerns and one line naming it."""
     path: str
     message: str
@@ -254,12 +254,12 @@ def _shape_text(shape: tuple[str, ...], sizes: _Sizes, rows: dict[str, int]) -> 
     return "[" + ", ".join(parts) + "]"
 
 
-def check(f, rows: Callable[[], tuple[int, int]], needs: tuple[str, ...] = (REQUIRED,)) -> list[Problem]:
+def check(f, rows: Callable[[], tuple[int, int]], needs: tuple[str, ...] = (REQUIRED,)) -> list[Departure]:
     """Every departure of the open file ``f`` from :data:`ITEMS`, except the root ``schema`` and ``schema_version``
     (the callers name those in their own words first). ``rows()`` gives the committed rows (F, S); ``needs`` the
     levels a missing entry is reported for (besides :data:`PARTICLES` or :data:`GRID`, after ``/frames/density``).
     Reads shapes and types only, no data."""
-    out: list[Problem] = []
+    out: list[Departure] = []
     grid = "frames" in f and "density" in f["frames"]
     needed = set(needs) | {GRID if grid else PARTICLES}
     sizes = _Sizes(f, rows)
@@ -284,7 +284,7 @@ def check(f, rows: Callable[[], tuple[int, int]], needs: tuple[str, ...] = (REQU
                 continue
             if it.name not in f[parent].attrs and it.need in needed:
                 where = f"root attribute {it.name}" if parent == "/" else f"attribute {path}"
-                out.append(Problem(path, f"missing {where}" + (" (the grid of /frames/density)" if it.need == GRID
+                out.append(Departure(path, f"missing {where}" + (" (the grid of /frames/density)" if it.need == GRID
                                                                     else "")))
             continue
         node = f.get(path) if path.lstrip("/") in f else None
@@ -292,21 +292,21 @@ def check(f, rows: Callable[[], tuple[int, int]], needs: tuple[str, ...] = (REQU
             if it.kind == "group":
                 absent.add(path)
             if it.need in needed:
-                out.append(Problem(path, f"missing {it.kind} {path}"))
+                out.append(Departure(path, f"missing {it.kind} {path}"))
                 bad.add(path)
             continue
         if it.kind == "group":
             if not isinstance(node, h5py.Group):
-                out.append(Problem(path, f"{path} must be a group"))
+                out.append(Departure(path, f"{path} must be a group"))
                 bad.add(path)
             continue
         if not isinstance(node, h5py.Dataset):
-            out.append(Problem(path, f"{path} must be a dataset"))
+            out.append(Departure(path, f"{path} must be a dataset"))
             bad.add(path)
             continue
         message = _check_dataset(it, path, node, sizes, count)
         if message:
-            out.append(Problem(path, message))
+            out.append(Departure(path, message))
             bad.add(path)
     return out
 
