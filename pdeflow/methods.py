@@ -71,4 +71,5 @@ def unread_key(method: str, key: str) -> str | None:
     return f"solver.{key}{what} is read by solver.method {listed}, not {method!r}"
 
 
-__all__ = ["Method", "METHODS", "METHOD_KEYS", "readers", "unread_key", "SOLVER_METHODS", "EXPLICIT_FLOWS", "PARTICLES", "GRID", "measure_mismatch"]
+__all__ = ["Method", "METHODS", "METHOD_KEYS", "readers", "unread_key", "SOLVER_METHODS", "EXPLICIT_FLOWS", "PARTICLES",
+           "GRID", "measure_mismatch"]
