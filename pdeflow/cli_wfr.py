@@ -184,19 +184,21 @@ def cmd_wfr(args: argparse.Namespace) -> int:
         raise UsageError("diagnostics.domain = 'grid' is for grid runs; use 'ball' or 'box'")
     out = new_output_path(cfg, args.config, args.output, args.force)
     w2_out = check_output_file(beside(out, "-w2.h5"), args.config, force=args.force)
+    csv_out = check_output_file(beside(out, "-gaps.csv"), args.config, force=args.force)
+    png_out = None if args.no_plots else check_output_file(out.with_suffix(".png"), args.config, force=args.force)
     w2_cfg = cfg.replace(solver={"gamma": 0.0})
     problem = Problem.from_config(cfg)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"wfr: {msg}", flush=True))
     for label, c, path in (("WFR", cfg, out), ("Wasserstein", w2_cfg, w2_out)):
         say(f"running the {label} flow -> {path}")
         result = run(c, problem, path, overwrite=args.force, quiet=True, exiting=args.exiting)
-        if result.exit_code != 0:
+        if result.exit_code != EXIT_OK:
             print(f"pdeflow: wfr: the {label} run ended {result.status}: {result.message}")
             return result.exit_code
     say("optimality gaps at every frame")
     gaps = {"w2": frame_gaps(w2_out, cfg), "wfr": frame_gaps(out, cfg)}
-    csv = write_gaps_csv(gaps, beside(out, "-gaps.csv"))
-    figure = None if args.no_plots else plot_comparison(out, w2_out, gaps, out.with_suffix(".png"))
+    csv = write_gaps_csv(gaps, csv_out)
+    figure = None if png_out is None else plot_comparison(out, w2_out, gaps, png_out)
     for key, label in (("w2", "Wasserstein"), ("wfr", "WFR")):
         print(summary_line(label, gaps[key]))
     print(f"pdeflow: wfr: {out}, {w2_out}, {csv}" + (f", {figure}" if figure else ""))

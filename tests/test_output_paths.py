@@ -73,3 +73,17 @@ def test_bench_checks_its_output_folder_before_measuring(tmp_path, monkeypatch, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and expected in err[0], (code, err)
     assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["out-gaps.csv", "out.png"])
+def test_wfr_refuses_to_overwrite_its_csv_or_figure(tmp_path, monkeypatch, capsys, name):
+    """``pdeflow wfr -o out.h5`` also writes out-gaps.csv and out.png: an existing one is overwritten only with
+    --force, like the trajectories (checked before any run)."""
+    shutil.copy(REPO / "data" / "configs" / "wfr.toml", tmp_path / "wfr.toml")
+    (tmp_path / name).write_bytes(b"not to be touched")
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(tmp_path)
+    code = main(["wfr", "wfr.toml", "-o", "out.h5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"'{name}' exists; pass --force" in err[0], (code, err)
+    assert _snapshot(tmp_path) == before
