@@ -3,6 +3,7 @@ and the tables of docs/schema.md: a file missing a required entry fails the read
 one-line message naming it, the writer writes exactly the table, and the document cannot drift from it."""
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from pdeflow import schema
 from pdeflow.config import loads_config
 from pdeflow.reference import validate
+from pdeflow.resume import RESUMABLE_KEYS
 from pdeflow.trajectory import TrajectoryError, TrajectoryWriter, open_trajectory, row_counts
 from test_trajectory import frame_scalars, new_writer, problem_arrays, write_frames
 
@@ -168,3 +170,11 @@ def test_every_entry_is_well_formed():
         assert it.need in schema.NEEDS and it.kind in ("group", "dataset", "attribute"), it
         assert (it.dtype is None) == (it.kind == "group") and (it.shape is None) == (it.kind != "dataset"), it
         assert it.dtype is None or it.dtype in schema.DTYPES, it
+
+
+def test_docs_list_the_keys_a_resumed_run_may_change():
+    """docs/schema.md's resume section names exactly pdeflow.resume.RESUMABLE_KEYS."""
+    text = (ROOT / "docs" / "schema.md").read_text(encoding="utf-8")
+    section = text.split("## Resuming", 1)[1].split("\n## ", 1)[0]
+    listed = {tuple(m.split(".")) for m in re.findall(r"`(\w+\.\w+)`", section)} - {("pdeflow", "resume")}
+    assert listed == RESUMABLE_KEYS
