@@ -1,33 +1,11 @@
 """pdeflow as a reference: validate a trajectory file against schema version 1, and compare two files.
 
-:func:`validate` checks a file written by any code: the root attributes ``schema`` and ``schema_version``;
-``/model`` (``embedding`` [V,d], ``positions`` [T,d], ``unembedding`` [V,d], ``theta0`` [p = 4 d dh],
-optional ``basis`` [p,k]; attributes ``head_dim``, ``score_scale``, ``weight_decay``), ``/data``
-(``tokens``, ``targets`` [B,T] integers in [0, V), ``mask`` [B,T] with a 1 in every row, ``weights`` [B]
-summing to 1), ``/frames`` (``time`` [F] non-decreasing, and either ``omega`` [F,N,k] with ``mass`` [F,N]
-or ``density`` [F,n1(,n2,n3)] with the grid attributes ``lower``, ``upper``, ``shape``), and, where
-present, ``/frames/energy``, ``/frames/dissipation`` [F] and equal-length ``/steps`` columns. Each problem
-is one line.
-
-:func:`compare` checks file A (the candidate) against file B (the reference). It passes only what it has
-compared:
-
-- coverage: A's frames must span B's, ``[t_B first, t_B last]`` (each end within the time tolerance below),
-  else FAIL naming the uncovered part, unless ``allow_partial`` (``pdeflow compare --allow-partial``);
-- matching: every frame of B inside the common span ``[max(t_A first, t_B first), min(t_A last, t_B last)]``
-  needs a frame of A at the same time, ``|t_a - t_b| <= TIME_MATCH max(1, |t_b|)`` with
-  :data:`TIME_MATCH` = 1e-9, else FAIL naming the unmatched times (frames of A between B's are ignored);
-  the table states the matched fraction (matched frames / frames of B in the common span, and of all of B);
-- at each matched time, with ``|a - b| <= atol + rtol |b|``:
-
-  ``energy`` and ``dissipation`` (stored, or recomputed from the stored problem when absent);
-  ``logits`` on the stored data set: ``max |z_a - z_b| <= atol + rtol max |z_b|``;
-  the measures: the exact W2 distance (POT ``ot.emd2``) between particle clouds of at most
-  :data:`EXACT_W2_MAX` particles each, a sliced W2 (``ot.sliced_wasserstein_distance``) for larger ones, and
-  the L1 distance ``int |rho_a - rho_b|`` between densities on the same grid; the W2 distances are held to
-  ``atol + rtol * R`` with ``R = (int |omega|^2 d rho_b)^(1/2)``, the L1 distance to ``atol + rtol``.
-
-Both files must hold the same problem (the same /model and /data arrays).
+:func:`validate` reports every departure from the schema table (:data:`pdeflow.schema.ITEMS`) and from the rules on
+values, one line each. :func:`compare` checks file A (the candidate) against file B (the reference) at B's frame
+times: coverage of B's span, a frame of A at each time of B (:data:`TIME_MATCH`), then energy, dissipation, logits and
+the distance between the measures (exact W2 up to :data:`EXACT_W2_MAX` particles, else sliced W2; L1 between
+densities), each within ``atol + rtol |b|``; it passes only what it has compared. The full rules: docs/design.md,
+"Validating and comparing files".
 """
 from __future__ import annotations
 
@@ -221,7 +199,7 @@ def _times(values) -> str:
 
 def match_frames(candidate: np.ndarray, reference: np.ndarray, allow_partial: bool = False
                  ) -> tuple[list[tuple[int, int, float]], list[str], dict[str, Any]]:
-    """Pair the reference frame times [F_b] with candidate frame times [F_a] (module docstring).
+    """Pair the reference frame times [F_b] with candidate frame times [F_a] (docs/design.md).
 
     Returns the pairs (candidate index, reference index, reference time), the problems (one line each) and
     the counts of :class:`Comparison` (``matched``, ``in_span``, ``reference_frames``, ``span``)."""
@@ -293,7 +271,7 @@ def same_problem(a: StoredRun, b: StoredRun) -> str | None:
 
 def compare(path_a: str | Path, path_b: str | Path, rtol: float = 1e-6, atol: float = 1e-10,
             allow_partial: bool = False) -> Comparison:
-    """Compare file A (candidate) against file B (the reference) at B's frame times (module docstring)."""
+    """Compare file A (candidate) against file B (the reference) at B's frame times (docs/design.md)."""
     a, b = read_run(path_a), read_run(path_b)
     diff = same_problem(a, b)
     if diff is not None:
