@@ -178,3 +178,19 @@ def test_docs_list_the_keys_a_resumed_run_may_change():
     section = text.split("## Resuming", 1)[1].split("\n## ", 1)[0]
     listed = {tuple(m.split(".")) for m in re.findall(r"`(\w+\.\w+)`", section)} - {("pdeflow", "resume")}
     assert listed == RESUMABLE_KEYS
+
+
+def test_the_readme_file_table_agrees_with_the_schema_table():
+    """README's short table of the file ("`name` [shape]" per group) gives each dataset the table's shape."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## The trajectory file", 1)[1].split("\n## ", 1)[0]
+    checked = 0
+    for group, row in re.findall(r"^\| `/(\w+)` \| (.*) \|$", section, flags=re.M):
+        for name, shape in re.findall(r"`(\w+)` \[([^\]]+)\]", row):
+            symbols = tuple(s.strip() for s in shape.split(","))
+            expected = schema.item(f"/{group}/{name}").shape
+            if schema.GRID_AXES in expected:  # written out as n1(,n2,n3)
+                symbols, expected = symbols[:1], expected[:1]
+            assert symbols == expected, (group, name, shape, expected)
+            checked += 1
+    assert checked >= 15
