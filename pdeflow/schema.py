@@ -237,7 +237,7 @@ def _expand(f) -> Iterator[tuple[Item, str]]:
             if group is not None and hasattr(group, "keys"):
                 named = set(names(it.group))
                 for key in group.keys():
-                    if key not in named:
+                    if key not in named and isinstance(group[key], h5py.Dataset):
                         yield it, f"{it.group}/{key}"
         else:
             yield it, it.path
