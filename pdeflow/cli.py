@@ -14,7 +14,7 @@ from . import __version__
 from .config import Config, ConfigError, describe_schema, load_config
 from .exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGINT, HELP
 from .parallel import abort_ranks, failed_alike, launcher_rank, world
-from .resume import check_resumable, check_same_problem, config_difference
+from .resume import check_same_problem, config_difference, open_resumable
 from .trajectory import TrajectoryError, check_file, open_trajectory
 
 EXIT_CODES = HELP  # the epilog of every command's --help
@@ -88,10 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.force:
             raise UsageError("--resume and --force exclude each other")
-        if not out.exists():
-            raise UsageError(f"--resume: {str(out)!r} does not exist")
-        stored = open_trajectory(out)
-        check_resumable(stored, cfg, out)
+        stored = open_resumable(out, cfg)
     try:
         problem = Problem.from_config(cfg).with_comm(comm)
         stepper = make_stepper(problem, cfg)

@@ -16,8 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli import UsageError
+from .cli import check_output_folder
 from .config import load_config
+from .exit_codes import EXIT_OK
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -26,14 +27,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     config = Path(args.config) if args.config else REFERENCE_CONFIG
     load_config(config)  # a bad config is one line and exit 2 before anything is measured
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
+    out = check_output_folder(Path(args.out))
     res = run(args.preset, config, log=lambda s: print(s, file=sys.stderr, flush=True))
     js, md = write(res, out)
     print(markdown(res))
     print(f"results: {js} and {md}")
-    return 0
+    return EXIT_OK
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:

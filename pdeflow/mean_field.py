@@ -1,21 +1,10 @@
 """Logits, risk, Phi and grad Phi of a weighted particle measure, on plain arrays (docs/model.md).
 
-For a measure ``rho = sum_i m_i delta_{theta_i}`` over head parameters:
-
-- head output ``o_l(theta) = WO c_l``, ``c_l = sum_{j<=l} a[l, j] WV x_j``; the head feature is ``U o_l``;
-- aggregate output ``O[b, l] = sum_i m_i o_l(x_b; theta_i)`` [B, T, d], logits ``z = O U^T`` [B, T, V];
-- loss weights ``lw[b, l] = w_b mask[b, l] / |L_b|``; risk ``R = sum lw (logsumexp z - z_y)``;
-- residual features ``G[b, l] = lw[b, l] (softmax z[b, l] - onehot y[b, l]) U`` [B, T, d] - the shared
-  unembedding product, computed once per measure;
-- data part of the first variation ``Phi_data(theta) = sum_{b,l} <G[b, l], o_l(x_b; theta)>``, whose
-  gradient is a vector-Jacobian product of one head.
-
-Heads are processed in chunks of ``n`` so that every projection is one large matrix product
-``X [BT, d] @ W^T [d, n dh]`` (BLAS) and memory stays ``O(B T n dh)`` per thread; the causal core runs in
-:mod:`pdeflow.kernels`. Whole chunks of heads (gradient pass) or blocks of sequences (logits pass) are the
-items of :mod:`pdeflow.workers`' threads, so products and kernels run in parallel alike and the results do
-not depend on the thread count. Every function is generic in the dtype: float64, float32 and complex128
-(complex-step Hessian-vector products).
+For ``rho = sum_i m_i delta_{theta_i}``: the aggregate output ``O`` [B, T, d], logits ``z = O U^T`` [B, T, V], the
+risk, the residual features ``G`` [B, T, d] and ``Phi_data(theta) = sum_{b,l} <G[b, l], o_l(x_b; theta)>``. Heads
+are processed in chunks so every projection is one BLAS product; results do not depend on the thread count; every
+function is generic in the dtype (float64, float32, complex128). Details: docs/design.md, "Evaluating the mean
+field".
 """
 from __future__ import annotations
 

@@ -1,29 +1,10 @@
 """Grid discretization of the head distribution rho on a box in reduced coordinates omega (k <= 3).
 
-A :class:`Grid` is the box ``[lower_1, upper_1] x ... x [lower_k, upper_k]`` cut into ``shape = (n_1, .., n_k)``
-equal cells of widths ``h_a = (upper_a - lower_a) / n_a`` and volume ``|C| = prod_a h_a``. A grid measure is a
-piecewise-constant density ``rho`` [n_1(, n_2, n_3)] (cell averages, C order: the last axis varies fastest),
-with cell masses ``m_c = rho_c |C|`` summing to one. Everything the Problem computes sees the grid measure as
-weighted particles: the cell centres ``c`` [M, k] (``M = n_1 ... n_k``, flattened in the same C order) with
-masses ``m`` [M] (docs/model.md, "The grid measure"), so logits, risk, Phi and grad Phi come from the
-same kernels as for particles.
-
-Energy of a grid measure (docs/model.md, "The grid measure"):
-``E(rho) = R(rho) + (lam/2) sum_c m_c |c|^2 + (1/beta) sum_c |C| rho_c log rho_c``
-(midpoint rule for the confinement; ``0 log 0 = 0``; the entropy term only where ``beta < inf``). Its
-derivative in the mass of cell c is ``Phi(c; rho) + (1/beta) (log rho_c + 1)``: the discrete first variation.
-
-Initial densities (:func:`initial_density`, from ``[init]``), always exact cell averages, then
-renormalized to total mass one (mass of the law outside the box is dropped; less than
-:data:`MIN_MASS_IN_BOX` inside is a config error):
-
-- ``gaussian``: ``N(mean, scale^2 I)``; cell averages from differences of the normal CDF per axis;
-- ``uniform``: uniform on ``mean + [-scale, scale]^k``; cell averages from the overlap of each cell with it;
-- ``point`` (or ``scale = 0``): all mass in the one cell containing ``mean`` (a Dirac at grid resolution).
-
-The box comes from ``[grid]``: ``lower``/``upper`` (empty: ``-radius``/``+radius``; one number: every axis;
-or k numbers) and ``n`` cells per axis. Trajectories store it as the ``/frames`` attributes ``lower``,
-``upper``, ``shape`` (:meth:`Grid.frame_attrs`, :meth:`Grid.from_frame_attrs`).
+A :class:`Grid` cuts the box into ``shape = (n_1, .., n_k)`` equal cells; a grid measure is a piecewise-constant
+density ``rho`` [n_1(, n_2, n_3)] (cell averages, C order) with cell masses ``m_c = rho_c |C|`` summing to one, seen
+by the Problem as weighted particles at the cell centres (docs/model.md, "The grid measure"). Energy:
+``E(rho) = R(rho) + (lam/2) sum_c m_c |c|^2 + (1/beta) sum_c |C| rho_c log rho_c``. Initial densities
+(:func:`initial_density`) are exact cell averages. Details: docs/design.md, "The grid measure".
 """
 from __future__ import annotations
 
@@ -251,7 +232,7 @@ def _init_centre(mean: Sequence[float], k: int) -> np.ndarray:
 
 
 def initial_density(grid: Grid, init: InitConfig) -> np.ndarray:
-    """The initial density of ``[init]`` on the grid (see the module docstring): [shape], mass one.
+    """The initial density of ``[init]`` on the grid (docs/design.md, "The grid measure"): [shape], mass one.
 
     ConfigError if ``init.mean`` has the wrong length, a point lies outside the box, or less than
     :data:`MIN_MASS_IN_BOX` of the law falls inside the box.

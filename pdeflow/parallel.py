@@ -1,26 +1,11 @@
 """Heads sharded across MPI ranks: the communicator.
 
-Heads interact only through the head-averaged output ``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``
-[B, T, d] (docs/model.md): the logits are ``O U^T``, and ``Phi``, ``grad Phi`` at a particle need nothing else of
-the measure. So the N particles are split into P contiguous blocks, one per rank (:func:`shard`); each
-rank evaluates its own heads, and one ``Allreduce`` of ``O`` (B T d numbers) per evaluation makes every
-rank see the whole measure. The other sums over particles (the confinement ``(lam/2) sum_i m_i |omega_i|^2``,
-the dissipation ``sum_i m_i |grad Phi_i|^2``, error norms) are scalars reduced with :meth:`allgather`
-and added in rank order, so every rank gets bitwise the same number and takes the same decisions.
-
-Two communicators with one interface:
-
-- :data:`SERIAL` (one process, every operation the identity): the default everywhere; a serial run never
-  imports mpi4py.
-- :class:`MPIComm`, over mpi4py's ``COMM_WORLD``, which :func:`world` returns when the process was started
-  by an MPI launcher (``mpiexec -n P``) with P > 1. Detection reads the launcher's environment
-  (``PMI_SIZE``: MPICH, Intel MPI, Slurm's PMI2; ``OMPI_COMM_WORLD_SIZE``: Open MPI;
-  ``MV2_COMM_WORLD_SIZE``: MVAPICH); ``PDEFLOW_MPI=1`` forces MPI for launchers that set none of them.
-  No command-line flag is needed: ``mpiexec -n P pdeflow run CONFIG`` just works.
-
-:func:`on_root` runs an operation on rank 0 and re-raises its failure on every rank at the same call, so all
-ranks leave a run together; :class:`pdeflow.sharded_writer.GatheringWriter`, the trajectory writer of a sharded
-run, is built on it (in the I/O layer: this module stays below the file format).
+Heads interact only through the head-averaged output ``O`` [B, T, d], so the N particles are split into P contiguous
+blocks (:func:`shard`) and one ``Allreduce`` of ``O`` per evaluation lets every rank see the whole measure; scalar
+sums are gathered and added in rank order, so every rank takes the same decisions. :data:`SERIAL` (one process) and
+:class:`MPIComm` (``mpiexec -n P``, detected from the launcher's environment) share one interface; :func:`on_root`
+runs an operation on rank 0 and re-raises its failure on every rank. The design: docs/design.md, "Heads sharded
+across MPI ranks".
 """
 from __future__ import annotations
 

@@ -1,33 +1,11 @@
 """pdeflow as a reference: validate a trajectory file against schema version 1, and compare two files.
 
-:func:`validate` checks a file written by any code: the root attributes ``schema`` and ``schema_version``;
-``/model`` (``embedding`` [V,d], ``positions`` [T,d], ``unembedding`` [V,d], ``theta0`` [p = 4 d dh],
-optional ``basis`` [p,k]; attributes ``head_dim``, ``score_scale``, ``weight_decay``), ``/data``
-(``tokens``, ``targets`` [B,T] integers in [0, V), ``mask`` [B,T] with a 1 in every row, ``weights`` [B]
-summing to 1), ``/frames`` (``time`` [F] non-decreasing, and either ``omega`` [F,N,k] with ``mass`` [F,N]
-or ``density`` [F,n1(,n2,n3)] with the grid attributes ``lower``, ``upper``, ``shape``), and, where
-present, ``/frames/energy``, ``/frames/dissipation`` [F] and equal-length ``/steps`` columns. Each problem
-is one line.
-
-:func:`compare` checks file A (the candidate) against file B (the reference). It passes only what it has
-compared:
-
-- coverage: A's frames must span B's, ``[t_B first, t_B last]`` (each end within the time tolerance below),
-  else FAIL naming the uncovered part, unless ``allow_partial`` (``pdeflow compare --allow-partial``);
-- matching: every frame of B inside the common span ``[max(t_A first, t_B first), min(t_A last, t_B last)]``
-  needs a frame of A at the same time, ``|t_a - t_b| <= TIME_MATCH max(1, |t_b|)`` with
-  :data:`TIME_MATCH` = 1e-9, else FAIL naming the unmatched times (frames of A between B's are ignored);
-  the table states the matched fraction (matched frames / frames of B in the common span, and of all of B);
-- at each matched time, with ``|a - b| <= atol + rtol |b|``:
-
-  ``energy`` and ``dissipation`` (stored, or recomputed from the stored problem when absent);
-  ``logits`` on the stored data set: ``max |z_a - z_b| <= atol + rtol max |z_b|``;
-  the measures: the exact W2 distance (POT ``ot.emd2``) between particle clouds of at most
-  :data:`EXACT_W2_MAX` particles each, a sliced W2 (``ot.sliced_wasserstein_distance``) for larger ones, and
-  the L1 distance ``int |rho_a - rho_b|`` between densities on the same grid; the W2 distances are held to
-  ``atol + rtol * R`` with ``R = (int |omega|^2 d rho_b)^(1/2)``, the L1 distance to ``atol + rtol``.
-
-Both files must hold the same problem (the same /model and /data arrays).
+:func:`validate` reports every departure from the schema table (:data:`pdeflow.schema.ITEMS`) and from the rules on
+values, one line each. :func:`compare` checks file A (the candidate) against file B (the reference) at B's frame
+times: coverage of B's span, a frame of A at each time of B (:data:`TIME_MATCH`), then energy, dissipation, logits and
+the distance between the measures (exact W2 up to :data:`EXACT_W2_MAX` particles, else sliced W2; L1 between
+densities), each within ``atol + rtol |b|``; it passes only what it has compared. The full rules: docs/design.md,
+"Validating and comparing files".
 """
 from __future__ import annotations
 
@@ -39,9 +17,11 @@ import h5py
 import numpy as np
 from scipy.spatial.distance import cdist
 
+from . import schema
 from .measure import Grid, free_energy
 from .problem import Problem
-from .trajectory import SCHEMA, SCHEMA_VERSION, TrajectoryError, committed_counts, open_for_reading
+from .schema import SCHEMA, SCHEMA_VERSION
+from .trajectory import open_for_reading, row_counts, schema_error
 
 EXACT_W2_MAX = 2000
 TIME_MATCH = 1e-9
@@ -88,8 +68,7 @@ def read_run(path: str | Path) -> StoredRun:
     path = Path(path)
     problems = validate(path)
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise TrajectoryError(f"{path}: {problems[0]}{more}")
+        raise schema_error(path, problems)
     with open_for_reading(path) as f:
         model, data, fr = f["model"], f["data"], f["frames"]
         arrays: dict[str, Any] = {k: model[k][()] for k in ("embedding", "positions", "unembedding", "theta0")}
@@ -98,18 +77,10 @@ def read_run(path: str | Path) -> StoredRun:
         for key in ("head_dim", "score_scale", "weight_decay"):
             arrays[key] = model.attrs[key].item() if hasattr(model.attrs[key], "item") else model.attrs[key]
         beta = float(model.attrs.get("beta", np.inf))
-        n = _frame_count(f)
+        n = row_counts(f)[0]
         frames = {k: fr[k][:n] for k in ("time", "energy", "dissipation", "omega", "mass", "density") if k in fr}
         grid = Grid.from_frame_attrs(dict(fr.attrs)) if "density" in fr else None
     return StoredRun(path, arrays, beta, frames["time"], frames, grid)
-
-
-def _frame_count(f: h5py.File) -> int:
-    """Frames that belong to the trajectory: a pdeflow writer's committed rows (a run in progress or killed
-    holds rows past its active checkpoint), else every row of /frames/time (a file from another code)."""
-    if "checkpoint" in f and "steps" in f and "time" in f["steps"]:
-        return committed_counts(f)[0]
-    return int(f["frames"]["time"].shape[0])
 
 
 # ---- validate --------------------------------------------------------------------------------
@@ -136,113 +107,31 @@ def _validate_open(f: h5py.File) -> list[str]:
     version = f.attrs.get("schema_version")
     if version is None or int(version) != SCHEMA_VERSION:
         out.append(f"root attribute schema_version must be {SCHEMA_VERSION}, got {version!r}")
-    for group in ("model", "data", "frames"):
-        if group not in f or not isinstance(f[group], h5py.Group):
-            out.append(f"missing group /{group}")
-    if out and any(line.startswith("missing group") for line in out):
-        return out
+    problems = schema.check(f, lambda: row_counts(f), needs=(schema.REQUIRED,))
+    out += [p.message for p in problems]
+    bad = {p.path for p in problems}
 
-    def dataset(group: str, name: str, ndim: int, kind: str) -> np.ndarray | None:
-        if name not in f[group]:
-            out.append(f"missing dataset /{group}/{name}")
+    def read(path: str) -> np.ndarray | None:
+        """The values of a dataset that has its table shape, for the rules on values (None: absent or reported)."""
+        parents = [path[:i] for i in range(1, len(path)) if path[i] == "/"]
+        if path in bad or any(p in bad for p in parents) or path.lstrip("/") not in f:
             return None
-        ds = f[group][name]
-        if not isinstance(ds, h5py.Dataset):
-            out.append(f"/{group}/{name} must be a dataset")
-            return None
-        if ds.ndim != ndim:
-            out.append(f"/{group}/{name} must have {ndim} dimensions, got shape {list(ds.shape)}")
-            return None
-        if ds.dtype.kind not in kind:
-            out.append(f"/{group}/{name} must be of {'integer' if kind == 'iu' else 'floating'} type, got {ds.dtype}")
-            return None
-        return ds[()]
+        return f[path][()]
 
-    E = dataset("model", "embedding", 2, "f")
-    P = dataset("model", "positions", 2, "f")
-    U = dataset("model", "unembedding", 2, "f")
-    theta0 = dataset("model", "theta0", 1, "f")
-    for key in ("head_dim", "score_scale", "weight_decay"):
-        if key not in f["model"].attrs:
-            out.append(f"missing attribute /model.{key}")
-    tokens = dataset("data", "tokens", 2, "iu")
-    targets = dataset("data", "targets", 2, "iu")
-    mask = dataset("data", "mask", 2, "fiu")
-    weights = dataset("data", "weights", 1, "f")
-    if E is None or P is None or U is None or theta0 is None or tokens is None:
-        return out
-    V, d = E.shape
-    T = P.shape[0]
-    if P.shape[1] != d:
-        out.append(f"/model/positions must have shape [T, d = {d}], got {list(P.shape)}")
-    if U.shape != (V, d):
-        out.append(f"/model/unembedding must have shape [V, d] = {[V, d]}, got {list(U.shape)}")
-    dh = int(f["model"].attrs.get("head_dim", 0))
-    p = 4 * d * dh
-    if theta0.shape != (p,):
-        out.append(f"/model/theta0 must have shape [p = 4 d dh = {p}], got {list(theta0.shape)}")
-    k = p
-    if "basis" in f["model"]:
-        basis = dataset("model", "basis", 2, "f")
-        if basis is not None:
-            if basis.shape[0] != p:
-                out.append(f"/model/basis must have shape [p = {p}, k], got {list(basis.shape)}")
-            k = basis.shape[1]
-    B = tokens.shape[0]
-    if tokens.shape[1] != T:
-        out.append(f"/data/tokens must have shape [B, T = {T}], got {list(tokens.shape)}")
-    elif tokens.size and (tokens.min() < 0 or tokens.max() >= V):
-        out.append(f"/data/tokens must lie in [0, V = {V})")
-    for name, arr in (("targets", targets), ("mask", mask)):
-        if arr is not None and arr.shape != tokens.shape:
-            out.append(f"/data/{name} must have the shape of /data/tokens {list(tokens.shape)}, got {list(arr.shape)}")
-    if (targets is not None and targets.shape == tokens.shape and targets.size
-            and (targets.min() < 0 or targets.max() >= V)):
-        out.append(f"/data/targets must lie in [0, V = {V})")
-    if mask is not None and mask.shape == tokens.shape and np.any(mask.sum(axis=1) <= 0):
+    E, tokens, targets = read("/model/embedding"), read("/data/tokens"), read("/data/targets")
+    V = None if E is None else E.shape[0]
+    for name, arr in (("tokens", tokens), ("targets", targets)):
+        if V is not None and arr is not None and arr.size and (arr.min() < 0 or arr.max() >= V):
+            out.append(f"/data/{name} must lie in [0, V = {V})")
+    mask = read("/data/mask")
+    if mask is not None and np.any(mask.sum(axis=1) <= 0):
         out.append("/data/mask must have at least one 1 in every row")
-    if weights is not None:
-        if weights.shape != (B,):
-            out.append(f"/data/weights must have shape [B = {B}], got {list(weights.shape)}")
-        elif np.any(weights < 0) or abs(weights.sum() - 1.0) > 1e-9:
-            out.append("/data/weights must be >= 0 and sum to 1")
-    fr = f["frames"]
-    time = dataset("frames", "time", 1, "f")
-    if time is None:
-        return out
-    F = _frame_count(f)
-    time = time[:F]
-    if np.any(np.diff(time) < 0):
+    weights = read("/data/weights")
+    if weights is not None and (np.any(weights < 0) or abs(weights.sum() - 1.0) > 1e-9):
+        out.append("/data/weights must be >= 0 and sum to 1")
+    time = read("/frames/time")
+    if time is not None and np.any(np.diff(time[:row_counts(f)[0]]) < 0):
         out.append("/frames/time must be non-decreasing")
-    if "density" in fr:
-        density = dataset("frames", "density", fr["density"].ndim, "f")
-        for key in ("lower", "upper", "shape"):
-            if key not in fr.attrs:
-                out.append(f"missing attribute /frames.{key} (the grid of /frames/density)")
-        if density is not None and all(key in fr.attrs for key in ("lower", "upper", "shape")):
-            shape = tuple(int(v) for v in np.atleast_1d(fr.attrs["shape"]))
-            if density.shape[1:] != shape or density.shape[0] < F:
-                out.append(f"/frames/density must have shape [F = {F}, {', '.join(map(str, shape))}], "
-                           f"got {list(density.shape)}")
-            if len(shape) != k:
-                out.append(f"the grid has {len(shape)} axes but the coordinates have k = {k}")
-    else:
-        omega = dataset("frames", "omega", 3, "f")
-        mass = dataset("frames", "mass", 2, "f")
-        if omega is not None:
-            if omega.shape[0] < F or omega.shape[2] != k:
-                out.append(f"/frames/omega must have shape [F = {F}, N, k = {k}], got {list(omega.shape)}")
-            if mass is not None and (mass.shape[0] < F or mass.shape[1] != omega.shape[1]):
-                out.append(f"/frames/mass must have shape [F = {F}, N = {omega.shape[1]}], got {list(mass.shape)}")
-    for key in ("energy", "dissipation"):
-        if key in fr:
-            arr = dataset("frames", key, 1, "f")
-            if arr is not None and arr.shape[0] < F:
-                out.append(f"/frames/{key} must have shape [F = {F}], got {list(arr.shape)}")
-    if "steps" in f:
-        lengths = {name: ds.shape for name, ds in f["steps"].items() if isinstance(ds, h5py.Dataset)}
-        if len({s for s in lengths.values()}) > 1:
-            out.append(f"/steps columns must have equal lengths, got {dict((n, s[0]) for n, s in lengths.items())}")
     return out
 
 
@@ -310,7 +199,7 @@ def _times(values) -> str:
 
 def match_frames(candidate: np.ndarray, reference: np.ndarray, allow_partial: bool = False
                  ) -> tuple[list[tuple[int, int, float]], list[str], dict[str, Any]]:
-    """Pair the reference frame times [F_b] with candidate frame times [F_a] (module docstring).
+    """Pair the reference frame times [F_b] with candidate frame times [F_a] (docs/design.md).
 
     Returns the pairs (candidate index, reference index, reference time), the problems (one line each) and
     the counts of :class:`Comparison` (``matched``, ``in_span``, ``reference_frames``, ``span``)."""
@@ -382,7 +271,7 @@ def same_problem(a: StoredRun, b: StoredRun) -> str | None:
 
 def compare(path_a: str | Path, path_b: str | Path, rtol: float = 1e-6, atol: float = 1e-10,
             allow_partial: bool = False) -> Comparison:
-    """Compare file A (candidate) against file B (the reference) at B's frame times (module docstring)."""
+    """Compare file A (candidate) against file B (the reference) at B's frame times (docs/design.md)."""
     a, b = read_run(path_a), read_run(path_b)
     diff = same_problem(a, b)
     if diff is not None:

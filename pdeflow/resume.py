@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .config import Config
-from .trajectory import Trajectory, TrajectoryError
+from .trajectory import Trajectory, TrajectoryError, open_trajectory
 
 # Keys that may differ between a file and the config resuming it (they extend or limit the run).
 RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("run", "checkpoint_interval"),
@@ -56,6 +56,17 @@ def check_resumable(stored: Trajectory, cfg: Config, path: Path) -> None:
         raise TrajectoryError(f"--resume: {str(path)!r} holds no checkpoint to continue from; start again with --force")
 
 
+def open_resumable(path: Path, cfg: Config) -> Trajectory:
+    """The file at ``path`` read for ``cfg`` to continue it: TrajectoryError unless it exists, is a readable
+    trajectory and :func:`check_resumable` passes (the problem arrays are checked later, by
+    :func:`check_same_problem`, once the config has built them)."""
+    if not path.exists():
+        raise TrajectoryError(f"--resume: {str(path)!r} does not exist")
+    stored = open_trajectory(path)
+    check_resumable(stored, cfg, path)
+    return stored
+
+
 def check_same_problem(stored: Trajectory, arrays: dict[str, Any], path: Path) -> None:
     """TrajectoryError unless the problem ``arrays`` the config builds now equal the file's."""
     diff = array_difference(stored.arrays, arrays)
@@ -64,4 +75,5 @@ def check_same_problem(stored: Trajectory, arrays: dict[str, Any], path: Path) -
                               f"now (a task, text or basis file changed?)")
 
 
-__all__ = ["RESUMABLE_KEYS", "config_difference", "array_difference", "check_resumable", "check_same_problem"]
+__all__ = ["RESUMABLE_KEYS", "config_difference", "array_difference", "check_resumable", "open_resumable",
+           "check_same_problem"]

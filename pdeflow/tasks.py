@@ -1,33 +1,11 @@
 """Data distributions for training one causal attention layer.
 
-Every task produces a :class:`TaskData` in the layout of docs/model.md, section "Data":
-``B`` sequences of input tokens ``tok[b, l]`` and target tokens ``y[b, l]`` (int64, shape
-``[B, T]``, values in ``0..V-1``), a 0/1 loss mask (float64 ``[B, T]``, at least one 1 per
-row) and sample weights ``w[b] >= 0`` (float64 ``[B]``) with ``sum_b w[b] = 1``.
-
-Two ways to build a data set from a task:
-
-* :func:`sample_task` -- Monte Carlo: ``B = n_samples`` i.i.d. sequences, ``w = 1/B``.
-* :func:`enumerate_task` -- exact population: every sequence the task can produce, each with
-  its probability as weight (zero-probability sequences may appear with weight 0). The number of
-  enumerated sequences is limited by :data:`MAX_ENUMERATION`.
-
-:func:`make_task` chooses between the two with its ``exact`` flag.
-
-Conventions shared by all tasks:
-
-* Positions with ``mask == 0`` carry target ``0``: a valid token id that the loss ignores.
-* Random streams: the sampling stream of :func:`sample_task` is
-  ``np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,)))`` (the first child of
-  ``seed``). A task's fixed random structure (the Markov chain) is drawn from
-  ``np.random.default_rng(chain_seed)``; because the two streams differ, reusing ``seed`` as
-  ``chain_seed`` (the default) does not correlate the chain with the sequences sampled from it.
-* Enumeration lists sequences in lexicographic order of their defining digits (documented per
-  task); duplicates are not merged.
-* Returned arrays are read-only, so a data set shared between solvers cannot be altered in place.
-
-Tasks (see the ``_sample_*`` docstrings for the exact generative processes):
-``markov``, ``lookback``, ``majority``, ``associative``, ``text``.
+Every task produces a :class:`TaskData` in the layout of docs/model.md, section "Data": tokens and targets
+[B, T] (int64, values in ``0..V-1``), a 0/1 loss mask [B, T] and weights [B] summing to one, as read-only arrays.
+:func:`sample_task` draws ``B`` i.i.d. sequences (``w = 1/B``), :func:`enumerate_task` lists every sequence with its
+probability as weight; :func:`make_task` chooses with its ``exact`` flag. Tasks: ``markov``, ``lookback``,
+``majority``, ``associative``, ``text``. Conventions (masked targets, random streams, enumeration order):
+docs/design.md, "Tasks".
 """
 
 from __future__ import annotations

@@ -1,73 +1,11 @@
 """The HDF5 trajectory file, schema version 1: a writer that survives kills, and a reader.
 
-Layout (every array readable with plain h5py; shapes as in docs/model.md):
-
-- root attributes: ``schema = "pdeflow-trajectory"``, ``schema_version = 1``, ``pdeflow_version``,
-  ``created`` (ISO 8601, UTC), ``seed`` (init.seed), ``config`` (the full config as TOML text),
-  ``method`` (solver.method), ``measure`` ("particles" or "grid"), ``status`` ("running" while the run
-  is going or if its process died; once it has ended: "finished", "stationary", "wall_time",
-  "max_steps", "interrupted", "non_finite", "error"), ``message``, ``final_time`` and ``steps``.
-  ``status`` and ``message`` are fixed-length UTF-8 strings (h5py returns bytes; decode them).
-  The accuracy record of the run (:mod:`pdeflow.solvers.accuracy`), set when it ends: ``accuracy`` (one line,
-  fixed-length string: "held: ...", "LOST at t = ...: ..." or "not checked ..."), ``accuracy_lost_at``
-  (NaN when accuracy held), ``max_identity_defect``, ``max_stability_ratio``, ``stability_products``.
-  Files written before these checks lack them (and the /steps columns below); readers treat them as absent.
-  The status ``accuracy_lost`` marks a run stopped by ``run.accuracy = "stop"``.
-- ``/model``: ``embedding`` [V,d], ``positions`` [T,d], ``unembedding`` [V,d], ``theta0`` [p], ``basis``
-  [p,k] (absent for full coordinates); attributes ``head_dim``, ``score_scale``, ``weight_decay``,
-  ``beta``, ``precision``, ``k``.
-- ``/data``: ``tokens`` [B,T], ``targets`` [B,T], ``mask`` [B,T], ``weights`` [B].
-- ``/frames``: ``time`` [F], ``step`` [F], ``dt`` [F], ``wall_time`` [F], ``energy`` [F],
-  ``dissipation`` [F], and the measure: ``omega`` [F,N,k] and ``mass`` [F,N] for particles, or
-  ``density`` [F,n1(,n2,n3)] for a grid (attributes ``lower``, ``upper``, ``shape`` on ``/frames``).
-- ``/steps``: ``time``, ``dt``, ``energy``, ``risk``, ``dissipation``, ``wall_time``, the accuracy columns
-  ``identity_defect`` and ``lambda_max_dt`` (NaN where a check did not run or does not apply; attributes
-  ``stability_bound``, ``identity_tol``, ``accuracy_note``) and the stepper's own columns (``rejected``,
-  ``inner_iterations``, ...), one row per accepted step; row 0 is the initial state.
-- ``/checkpoint``: two slots ``slot0``, ``slot1`` and ``active`` (which slot is complete, -1 before the
-  first). A slot holds the state fields, ``t``, ``dt``, ``step``, ``n_frames``, ``n_steps`` (the rows of
-  /frames and /steps committed with that state), ``rng`` (the generator state as JSON bytes, zero-padded)
-  and ``extra`` (the stepper's controller state).
-
-Crash safety: what a kill (SIGKILL, OOM, a crash) at any instant leaves behind, and why.
-
-1. *The file at the output path is always an openable HDF5 file.* It is created under a sibling name
-   ``<name>.partial``, populated, switched to HDF5's single-writer/multiple-reader mode (SWMR) and only
-   then renamed onto the output path (an atomic rename; ``--force`` replaces an old file only at this
-   moment). From then on every write happens in SWMR mode, whose ordered metadata flushes keep the
-   file consistent for a reader at every instant; a file reopened to resume is opened directly in SWMR
-   write mode. A file whose writer died keeps HDF5's "open for SWMR write" flag: plain
-   ``h5py.File(path)`` refuses it, ``h5py.File(path, "r", swmr=True)`` reads it, and so does
-   :func:`open_trajectory` (it falls back to SWMR reading).
-2. *Rows are committed by the checkpoint, not by their own write.* Within one flush HDF5 orders its
-   metadata writes by its own dependencies, not by the order of our dataset writes, so "write
-   ``time`` last" alone cannot make a torn frame invisible. Instead a commit is two flushes: the new
-   /frames and /steps rows and the inactive checkpoint slot are written and flushed; then the 8-byte
-   ``/checkpoint/active`` is flipped to that slot and flushed (an in-place write of one small
-   contiguous dataset, which a kill cannot tear). The active slot's ``n_frames``/``n_steps`` are the
-   committed rows. A kill before the flip leaves the previous slot, and the rows it counts, in force;
-   rows beyond it are ignored by the reader (:func:`committed_counts`) and cut off on resume.
-3. *Committed rows are never rewritten.* Field datasets (``omega``, ``mass``, ``density``) are chunked
-   one frame per chunk, so a frame write only adds a chunk (a compressed chunk rewritten to hold one
-   more frame would also be relocated each time and leak the old space: a 256-frame chunk made files
-   ~100 times their size). Scalar columns have fixed-size uncompressed chunks rewritten in place with
-   identical bytes for the committed rows.
-4. *Resuming a killed file* (whose SWMR flag HDF5 will not let a writer clear) copies its committed
-   content through a SWMR reader into ``<name>.partial`` and renames that over the original, then
-   continues: a kill during the copy leaves the original untouched.
-5. *Ending a run* writes the final checkpoint (commit), then overwrites the pre-created fixed-size
-   ``status``/``message``/``final_time``/``steps`` attributes in place, still in SWMR mode, and closes.
-   A run that ended (any status other than "running") has every row committed, so for such a file
-   ``len(/frames/time)`` is the frame count, as plain h5py users expect.
-6. *Later changes* to a finished file (the analysis a run appends) go through :func:`edit_trajectory`:
-   on a copy, renamed over the original when complete.
-7. *One writer at a time.* A writer holds an advisory lock on its file (:class:`WriterLock`), released
-   when it closes or its process dies; resuming, overwriting (``--force``) or editing a file whose
-   writer is alive is refused, since it would split the run into two diverging files.
-
-What a kill loses: the steps since the last commit (a frame, or ``run.checkpoint_interval`` seconds of
-wall time); ``pdeflow run --resume`` recomputes them bit for bit. Not covered: power loss or an OS crash
-(pdeflow does not fsync; data the OS had not written may be lost, and the file may need recovery).
+The layout is the table :data:`pdeflow.schema.ITEMS` (the writer creates the file from it, :func:`check_file` checks
+a file against it); the page docs/schema.md shows it, with the commit protocol and what a kill at any instant leaves
+behind ("Crash safety"). In short: a new file is built under ``<name>.partial`` and renamed into place in SWMR mode;
+rows become part of the trajectory only when a checkpoint slot that counts them is flipped active; committed rows are
+never rewritten; a file whose writer died is rebuilt from its committed content before it is resumed; one writer at a
+time holds an advisory lock (:class:`WriterLock`).
 """
 from __future__ import annotations
 
@@ -86,14 +24,14 @@ from typing import Any
 import h5py
 import numpy as np
 
+from . import schema
 from ._version import __version__
 from .config import Config, ConfigError, loads_config
+from .schema import RNG_BYTES, SCHEMA, SCHEMA_VERSION
 
-SCHEMA = "pdeflow-trajectory"
-SCHEMA_VERSION = 1
-STEP_COLUMNS = ("time", "dt", "energy", "risk", "dissipation", "wall_time")
-FRAME_SCALARS = ("time", "step", "dt", "wall_time", "energy", "dissipation")
-RNG_BYTES = 2048
+# The columns every file of pdeflow's writer has, from the schema table (pdeflow.schema.ITEMS).
+STEP_COLUMNS = schema.names("/steps", needs=(schema.WRITTEN,))
+FRAME_SCALARS = schema.names("/frames", shape=("F",))
 RUNNING = "running"
 STATUS_BYTES, MESSAGE_BYTES = 32, 1024
 # Root attributes a run sets when it ends, pre-created so that they can be overwritten in SWMR mode.
@@ -207,14 +145,15 @@ def _open_swmr_write(path: Path) -> h5py.File:
 
 
 def write_problem(f: h5py.File, arrays: dict[str, Any], beta: float = np.inf, precision: str = "float64") -> None:
-    """Store a problem in ``/model`` and ``/data`` (the layout of the module docstring) so that the file alone
+    """Store a problem in ``/model`` and ``/data`` (the layout of :data:`pdeflow.schema.ITEMS`) so that the file alone
     rebuilds it (:func:`read_problem`): ``arrays`` is :meth:`pdeflow.Problem.arrays`. Trajectories and the
     result files of ``pdeflow chaos`` and ``pdeflow stability`` (:func:`new_result_file`) share it."""
-    m = f.create_group("model")
-    for key in ("embedding", "positions", "unembedding", "theta0"):
-        m.create_dataset(key, data=np.asarray(arrays[key], dtype=np.float64))
-    if arrays.get("basis") is not None:
-        m.create_dataset("basis", data=np.asarray(arrays["basis"], dtype=np.float64))
+    for group in ("/model", "/data"):
+        g = f.create_group(group)
+        for it in schema.items_in(group):
+            if it.need == schema.REQUIRED or arrays.get(it.name) is not None:
+                g.create_dataset(it.name, data=np.asarray(arrays[it.name], dtype=schema.numpy_dtype(it)))
+    m = f["model"]
     m.attrs["head_dim"] = int(arrays["head_dim"])
     m.attrs["score_scale"] = float(arrays["score_scale"])
     m.attrs["weight_decay"] = float(arrays["weight_decay"])
@@ -222,11 +161,6 @@ def write_problem(f: h5py.File, arrays: dict[str, Any], beta: float = np.inf, pr
     m.attrs["precision"] = precision
     m.attrs["k"] = int(np.asarray(arrays["theta0"]).shape[0] if arrays.get("basis") is None
                        else np.asarray(arrays["basis"]).shape[1])
-    dgrp = f.create_group("data")
-    dgrp.create_dataset("tokens", data=np.asarray(arrays["tokens"], dtype=np.int64))
-    dgrp.create_dataset("targets", data=np.asarray(arrays["targets"], dtype=np.int64))
-    dgrp.create_dataset("mask", data=np.asarray(arrays["mask"], dtype=np.float64))
-    dgrp.create_dataset("weights", data=np.asarray(arrays["weights"], dtype=np.float64))
 
 
 class TrajectoryWriter:
@@ -234,7 +168,7 @@ class TrajectoryWriter:
 
     Create with :meth:`create` (a new file) or :meth:`reopen` (resume). :meth:`append_frame` and
     :meth:`append_steps` write rows that become part of the trajectory only when the next
-    :meth:`write_checkpoint` commits them (see the module docstring).
+    :meth:`write_checkpoint` commits them (docs/schema.md, "Crash safety").
     """
 
     def __init__(self, f: h5py.File, path: Path, lock: WriterLock) -> None:
@@ -315,35 +249,35 @@ class TrajectoryWriter:
         for key, value in frame_attrs.items():
             fr.attrs[key] = value
         for key in FRAME_SCALARS:
-            dtype = np.int64 if key == "step" else np.float64
+            dtype = schema.numpy_dtype(schema.item(f"/frames/{key}"))
             fr.create_dataset(key, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
         for key, value in fields.items():
             shape = np.shape(value)
             # one frame per chunk: a frame write adds a chunk and never rewrites a committed one
-            fr.create_dataset(key, shape=(0,) + shape, maxshape=(None,) + shape, dtype=np.float64,
-                              chunks=(1,) + shape, compression=compression)
+            fr.create_dataset(key, shape=(0,) + shape, maxshape=(None,) + shape,
+                              dtype=schema.numpy_dtype(schema.item(f"/frames/{key}")), chunks=(1,) + shape,
+                              compression=compression)
         st = f.create_group("steps")
         for key in STEP_COLUMNS + tuple(step_columns):
             # 8 KiB chunks: a short run's file is not mostly the first chunk of each column
             st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(1024,))
         ck = f.create_group("checkpoint")
         ck.create_dataset("active", data=np.int64(-1))
-        for s in ("slot0", "slot1"):
+        sizes = {"R": RNG_BYTES, "E": extra_size}
+        for s in schema.SLOTS:
             g = ck.create_group(s)
+            for it in schema.items_in("/checkpoint/slot#", needs=(schema.REQUIRED,)):
+                shape = tuple(sizes[symbol] for symbol in it.shape)
+                g.create_dataset(it.name, data=np.zeros(shape, dtype=schema.numpy_dtype(it)))
             for key, value in fields.items():
-                g.create_dataset(key, data=np.zeros(np.shape(value)))
-            for key in ("t", "dt"):
-                g.create_dataset(key, data=np.float64(0.0))
-            for key in ("step", "n_frames", "n_steps"):
-                g.create_dataset(key, data=np.int64(0))
-            g.create_dataset("rng", data=np.zeros(RNG_BYTES, dtype=np.uint8))
-            g.create_dataset("extra", data=np.zeros(extra_size))
+                g.create_dataset(key, data=np.zeros(np.shape(value),
+                                                    dtype=schema.numpy_dtype(schema.item(f"/checkpoint/slot#/{key}"))))
 
     @classmethod
     def reopen(cls, path: str | Path) -> tuple[TrajectoryWriter, Checkpoint]:
         """Open an existing file to continue it: truncate to the active checkpoint and return it.
 
-        A file whose writer died is first rebuilt from its committed content (module docstring, 4)."""
+        A file whose writer died is first rebuilt from its committed content (docs/schema.md, "Crash safety", 4)."""
         path = Path(path)
         check_file(path)
         lock = WriterLock(path)
@@ -484,6 +418,22 @@ def committed_counts(f: h5py.File) -> tuple[int, int]:
     return min(n_frames, ck.n_frames), min(n_steps, ck.n_steps)
 
 
+def row_counts(f: h5py.File) -> tuple[int, int]:
+    """The rows of /frames and /steps that belong to the trajectory: :func:`committed_counts` for a file of
+    pdeflow's writer, every row for a file from another code (no /checkpoint; S = 0 without /steps)."""
+    if "checkpoint" in f and "steps" in f and "time" in f["steps"]:
+        return committed_counts(f)
+    return int(f["frames"]["time"].shape[0]), (int(f["steps"]["time"].shape[0]) if "steps" in f and "time" in f["steps"]
+                                                else 0)
+
+
+def schema_error(path: str | Path, problems: list[str]) -> TrajectoryError:
+    """The one-line error of a file departing from the schema (:func:`pdeflow.schema.check`): its first problem,
+    and how many more there are; the reader and :func:`pdeflow.reference.read_run` raise it alike."""
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return TrajectoryError(f"{path}: {problems[0]}{more}")
+
+
 def committed_steps(path: str | Path, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
     """The committed rows of those /steps ``columns`` a file has (:func:`committed_counts`)."""
     with _open_read(Path(path)) as f:
@@ -545,15 +495,14 @@ def check_file(path: str | Path) -> None:
         raise TrajectoryError(f"{path}: not readable")
     try:
         with _open_read(path) as f:
-            schema = _plain(f.attrs.get("schema"))
-            if schema != SCHEMA:
+            if _plain(f.attrs.get("schema")) != SCHEMA:
                 raise TrajectoryError(f"{path}: not a pdeflow trajectory (no schema = {SCHEMA!r} attribute)")
             version = _plain(f.attrs.get("schema_version"))
             if version != SCHEMA_VERSION:
                 raise TrajectoryError(f"{path}: schema version {version}, this pdeflow reads version {SCHEMA_VERSION}")
-            for group in ("model", "data", "frames", "steps"):
-                if group not in f:
-                    raise TrajectoryError(f"{path}: truncated or damaged trajectory (no /{group})")
+            problems = schema.check(f, lambda: row_counts(f), needs=(schema.REQUIRED, schema.WRITTEN))
+            if problems:
+                raise schema_error(path, [p.message for p in problems])
     except TrajectoryError:
         raise
     except (OSError, KeyError, ValueError, TypeError) as exc:
@@ -699,37 +648,10 @@ class Trajectory:
             missing = re.search(r"object '([^']+)' doesn't exist", str(exc))
             what = f"no dataset or group {missing.group(1)!r}" if missing else error_reason(exc)[:80]
             raise TrajectoryError(f"{self.path}: truncated or damaged trajectory ({what})") from None
-        self._check_shapes()
         try:
             self.config: Config = loads_config(str(self.attrs.get("config", "")))
         except ConfigError as exc:
             raise TrajectoryError(f"{self.path}: stored config is invalid ({exc})") from None
-
-    def _check_shapes(self) -> None:
-        """The shapes docs/model.md promises, so that a damaged or forged file fails here with one line."""
-        a = self.arrays
-
-        def bad(what: str) -> TrajectoryError:
-            return TrajectoryError(f"{self.path}: damaged trajectory ({what})")
-
-        for key in ("embedding", "positions", "unembedding", "tokens", "targets", "mask", "weights", "theta0"):
-            if not isinstance(a.get(key), np.ndarray):
-                raise bad(f"no array {key}")
-        if a["embedding"].ndim != 2 or a["unembedding"].shape != a["embedding"].shape:
-            raise bad("embedding and unembedding must both be [V, d]")
-        if a["tokens"].ndim != 2 or a["targets"].shape != a["tokens"].shape or a["mask"].shape != a["tokens"].shape:
-            raise bad("tokens, targets and mask must all be [B, T]")
-        if a["weights"].shape != a["tokens"].shape[:1] or a["positions"].shape != (a["tokens"].shape[1],
-                                                                                    a["embedding"].shape[1]):
-            raise bad("weights must be [B] and positions [T, d]")
-        for key in FRAME_SCALARS:
-            if key not in self.frames or self.frames[key].ndim != 1:
-                raise bad(f"no column /frames/{key}")
-        if "time" not in self.steps:
-            raise bad("no column /steps/time")
-        n = len(self.frames["time"])
-        if any(len(v) != n for v in self.frames.values()):
-            raise bad("/frames datasets of different lengths")
 
     @property
     def time(self) -> np.ndarray:

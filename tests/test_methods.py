@@ -1,16 +1,22 @@
-"""The table of solver methods (:mod:`pdeflow.methods`) is the one source of solver choices and particle/grid
-compatibility: every stepper registered in :mod:`pdeflow.solvers` agrees with its row, and the config accepts exactly
-the (method, measure) pairs the table lists."""
+"""The table of solver methods (:mod:`pdeflow.methods`) is the one source of solver choices, particle/grid
+compatibility and the method-specific ``[solver]`` keys: every stepper registered in :mod:`pdeflow.solvers` agrees
+with its row (including the keys it reads when built), and the config accepts exactly the (method, measure) pairs and
+the keys the table lists."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 import pdeflow.solvers
 import pytest
 from pdeflow.solvers.explicit import ExplicitRK
 
+from conftest import build_config
 from pdeflow.config import Config, ConfigError
-from pdeflow.methods import GRID, METHODS, PARTICLES
+from pdeflow.methods import GRID, METHOD_KEYS, METHODS, PARTICLES, Method, readers
+from pdeflow.problem import Problem
 
 
 def _accepted_measures(cls: type) -> set[str]:
@@ -55,3 +61,71 @@ def test_an_unknown_method_is_refused_with_the_table_listed() -> None:
         Config().replace(solver={"method": "leapfrog"})
     with pytest.raises(ConfigError, match="methods are euler, heun, rk4"):
         pdeflow.solvers.stepper_class("leapfrog")
+
+
+class _RecordingSection:
+    """A ``[solver]`` section that records which keys are read from it."""
+
+    def __init__(self, section: Any) -> None:
+        self._section, self.read = section, set()
+
+    def __getattr__(self, name: str) -> Any:
+        self.read.add(name)
+        return getattr(self._section, name)
+
+
+def method_keys_read(build: Callable[[Config], Any], cfg: Config) -> set[str]:
+    """The keys of METHOD_KEYS that ``build(cfg)`` reads from ``cfg.solver``."""
+    section = _RecordingSection(cfg.solver)
+    build(dataclasses.replace(cfg, solver=section))
+    return section.read & set(METHOD_KEYS)
+
+
+def _config_for(name: str) -> Config:
+    """A small config the stepper of ``name`` can be built from (a coarse grid for grid methods)."""
+    solver = {"method": name, "gamma": 1.0} if name == "wfr_jko" else {"method": name}
+    if METHODS[name].measures[0] == GRID:
+        return build_config(model={"coordinates": "output_gain"}, init={"measure": GRID}, grid={"n": 8},
+                            solver=solver)
+    return build_config(init={"n_particles": 4}, solver=solver)
+
+
+def _table_disagreement(name: str, row: Method, read: set[str]) -> str | None:
+    if read != set(row.reads):
+        return f"{name}: its stepper reads solver.{sorted(read)} of METHOD_KEYS, its row says {sorted(row.reads)}"
+    return None
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_the_keys_a_stepper_reads_are_its_row(name: str) -> None:
+    cfg = _config_for(name)
+    problem = Problem.from_config(cfg)
+    read = method_keys_read(lambda c: pdeflow.solvers.make_stepper(problem, c), cfg)
+    assert _table_disagreement(name, METHODS[name], read) is None
+
+
+def test_a_stepper_reading_a_key_its_row_omits_is_caught() -> None:
+    """The check fails when a stepper and its row disagree (a planted stepper reading solver.gamma)."""
+    read = method_keys_read(lambda c: c.solver.gamma * c.solver.dt, Config())
+    assert read == {"gamma"}
+    assert _table_disagreement("planted", Method("explicit", (PARTICLES,)), read) is not None
+    assert _table_disagreement("planted", Method("explicit", (PARTICLES,), reads=("gamma",)), read) is None
+
+
+@pytest.mark.parametrize("key", list(METHOD_KEYS))
+@pytest.mark.parametrize("name", list(METHODS))
+def test_the_config_refuses_a_method_key_its_method_does_not_read(name: str, key: str) -> None:
+    value = {"gamma": 2.0, "alpha": 0.5, "total_mass": "free"}[key]
+    measure = METHODS[name].measures[0]
+    solver = {"method": name, "gamma": 1.0, key: value} if name == "wfr_jko" else {"method": name, key: value}
+    base = Config().replace(model={"coordinates": "output_gain"})
+
+    def build() -> Config:
+        return base.replace(solver=solver, init={"measure": measure})
+    if key in METHODS[name].reads:
+        build()
+        return
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert str(info.value).startswith(f"solver.{key}") and f"not {name!r}" in str(info.value)
+    assert all(repr(reader) in str(info.value) for reader in readers(key))

@@ -60,3 +60,30 @@ def test_the_folder_check(tmp_path):
         check_output_folder(tmp_path / "missing" / "plots")
     assert check_output_folder(tmp_path / "plots") == tmp_path / "plots"
     assert check_output_folder(tmp_path) == tmp_path
+
+
+@pytest.mark.parametrize("out,expected", [("a_file", "exists and is not a directory"),
+                                          ("no_such_folder/results", "does not exist")])
+def test_bench_checks_its_output_folder_before_measuring(tmp_path, monkeypatch, capsys, out, expected):
+    """``pdeflow bench --out`` goes through the same folder check (exit code 2, one line, nothing written)."""
+    (tmp_path / "a_file").write_bytes(b"not to be touched")
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(tmp_path)
+    code = main(["bench", "--preset", "tiny", "--out", out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and expected in err[0], (code, err)
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["out-gaps.csv", "out.png"])
+def test_wfr_refuses_to_overwrite_its_csv_or_figure(tmp_path, monkeypatch, capsys, name):
+    """``pdeflow wfr -o out.h5`` also writes out-gaps.csv and out.png: an existing one is overwritten only with
+    --force, like the trajectories (checked before any run)."""
+    shutil.copy(REPO / "data" / "configs" / "wfr.toml", tmp_path / "wfr.toml")
+    (tmp_path / name).write_bytes(b"not to be touched")
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(tmp_path)
+    code = main(["wfr", "wfr.toml", "-o", "out.h5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"'{name}' exists; pass --force" in err[0], (code, err)
+    assert _snapshot(tmp_path) == before

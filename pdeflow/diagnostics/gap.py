@@ -1,26 +1,9 @@
 """The optimality gap ``G(rho) = int Phi d rho - min_{omega in Omega} Phi(omega; rho)`` (see pdeflow.diagnostics).
 
-The minimum of Phi (:func:`optimality_gap`) is searched in three stages, all on the feasible set:
-
-1. k <= 3: Phi on a regular grid of ``grid_points`` per axis over the bounding box of Omega (points outside
-   a ball are skipped), evaluated in batches; the best grid-local minima become starts
-   (``GapResult.exhaustive``). After the search, :func:`certified_min_phi` proves a lower bound on min Phi
-   from the grid, Taylor bounds with derivative bounds over each cell, and refinement of the cells that
-   could hold a lower value (``GapResult.certified``, ``min_phi_lower``).
-2. starts (the grid minima, the particles - a mass-weighted subsample if there are many -, random points
-   uniform in Omega, and ``extra_starts`` such as earlier minimizers) descend together by projected
-   gradient with Barzilai-Borwein steps and Armijo backtracking; Phi and grad Phi of all active starts are
-   one batched call per iteration (a single-point call costs almost as much as a batch). Without a grid
-   (k > 3) the starts are cut by successive halving: every 10 iterations the moving starts above the
-   median Phi stop, until no more than the polished few move.
-3. the best few distinct results are polished with scipy: L-BFGS-B with the analytic gradient (box bounds).
-   For a ball, L-BFGS-B runs in the bounding box from interior points; a point on the sphere, or one that
-   L-BFGS-B carries outside the ball, is polished on the sphere through the smooth reparametrization
-   ``omega = R u / |u|`` (L-BFGS-B without bounds in u), then, if Phi decreases inward there (negative
-   multiplier), once more from just inside.
-   Every candidate is projected onto Omega (clipped to the box, or scaled onto the ball) before Phi is
-   evaluated, so the reported minimum is attained at a point of Omega: the reported gap never exceeds the
-   true gap, and is an estimate (possibly too small) when min Phi is not certified.
+min Phi (:func:`optimality_gap`) is searched on Omega in three stages: a grid for k <= 3 (then certified by
+:func:`certified_min_phi`), batched projected-gradient descent from many starts, and a scipy L-BFGS-B polish. Every
+candidate is projected onto Omega, so the reported gap never exceeds the true one. The stages in detail:
+docs/design.md, "The search for min Phi".
 """
 from __future__ import annotations
 
@@ -80,7 +63,7 @@ def optimality_gap(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, dom
     omega [N, k], mass [N]; ``domain``: "ball" (``|omega| <= radius``), "box" (``[-radius, radius]^k``) or
     "grid" (the box ``bounds = (lower, upper)``); ``n_starts`` random starts uniform in Omega besides the
     particles (at most MAX_PARTICLE_STARTS of them) and ``extra_starts`` [S, k]; for k <= 3 an exhaustive
-    grid of ``grid_points`` per axis first. The search is described in the module docstring.
+    grid of ``grid_points`` per axis first. The search: docs/design.md, "The search for min Phi".
     """
     omega = np.atleast_2d(np.asarray(omega, dtype=float))
     mass = np.asarray(mass, dtype=float)
@@ -165,7 +148,7 @@ def minimize_phi(problem: Problem, G: np.ndarray, dom: Domain, starts: np.ndarra
                  exhaustive: bool = False) -> tuple[float, np.ndarray, int]:
     """The least ``Phi(.; rho)`` found on Omega from ``starts`` [S, k] (the measure given by its residual
     features G): ``(min_phi, minimizer [k], number of distinct starts)``. Batched projected descent, then
-    scipy polishing of the best few (module docstring). ``exhaustive``: the starts include the minima of
+    scipy polishing of the best few (docs/design.md). ``exhaustive``: the starts include the minima of
     an exhaustive grid; every start then descends to convergence (no successive halving)."""
     x0 = dom.project(np.asarray(starts, dtype=float))
     scale = max(1.0, float(np.max(np.abs(x0)))) if x0.size else 1.0
