@@ -160,16 +160,18 @@ class AccuracyMonitor:
     Its state is the last check's eigenvector and the product count (kept in the checkpoint,
     :meth:`checkpoint_vector`) and what :meth:`restore` recomputes from the committed /steps rows."""
 
-    def __init__(self, stepper: Stepper, comm: Any) -> None:
-        cfg = stepper.cfg
+    def __init__(self, stepper: Stepper, comm: Any, run: Any, n_particles: int) -> None:
+        """``run``: the ``[run]`` settings (``accuracy``, ``identity_tol``, ``stability_interval``);
+        ``n_particles``: of the whole measure (the size of the checkpointed eigenvector)."""
         self.stepper, self.problem, self.comm = stepper, stepper.problem, comm
-        self.policy, self.tol = cfg.run.accuracy, cfg.run.identity_tol
-        self.dt = cfg.solver.dt
+        self.policy, self.tol = run.accuracy, run.identity_tol
+        self.dt = stepper.dt  # the fixed step of the methods with a stability bound
+        self.n_particles = int(n_particles)
         self.identity = bool(stepper.energy_identity)
         self.bound = float(stepper.stability_bound)
         self.serial = comm.size == 1
         self.stability = math.isfinite(self.bound) and self.serial and stepper.measure == "particles"
-        self.every = max(1, cfg.run.stability_interval // max(1, stepper.stages))
+        self.every = max(1, run.stability_interval // max(1, stepper.stages))
         self.eps = float(np.finfo(np.float32 if self.problem.precision == "float32" else np.float64).eps)
         self.vector: np.ndarray | None = None
         self.products = 0
@@ -198,7 +200,7 @@ class AccuracyMonitor:
     @property
     def checkpoint_size(self) -> int:
         """Length of :meth:`checkpoint_vector`: the eigenvector [N k] (serial stability runs) and the count."""
-        n = self.stepper.cfg.init.n_particles * self.problem.k if self.stability else 0
+        n = self.n_particles * self.problem.k if self.stability else 0
         return n + 1
 
     def checkpoint_vector(self) -> np.ndarray:

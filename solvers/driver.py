@@ -48,10 +48,11 @@ from pdeflow.config import Config
 from pdeflow.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from pdeflow.parallel import SERIAL, SerialComm, check_shardable
 from pdeflow.problem import Problem
+from pdeflow.resume import checkpoint_of, state_of
 from pdeflow.sharded_writer import GatheringWriter
 from pdeflow.trajectory import STEP_COLUMNS, TrajectoryWriter, committed_steps, error_reason
 
-from . import make_stepper
+from . import initial_fields, make_stepper
 from .accuracy import COLUMNS as ACCURACY_COLUMNS
 from .accuracy import AccuracyMonitor, Assessment, print_warning
 from .base import State, Stepper
@@ -162,7 +163,7 @@ class _Run(Observer):
         self.cfg, self.problem, self.path, self.stepper, self.quiet = cfg, problem, path, stepper, quiet
         self.comm = problem.comm  # the MPI ranks the particles are split across (pdeflow.parallel)
         self.times = frame_times(cfg)
-        self.monitor = AccuracyMonitor(stepper, self.comm)
+        self.monitor = AccuracyMonitor(stepper, self.comm, cfg.run, cfg.init.n_particles)
         self.rows = _Rows(STEP_COLUMNS + ACCURACY_COLUMNS + stepper.step_columns)
         self.accuracy_stop: str | None = None  # the loss that stops the run (run.accuracy = "stop")
         self.signals = _Signals(self.comm, ignore_after_interrupt=exiting)
@@ -180,10 +181,9 @@ class _Run(Observer):
         """Write the buffered rows and a checkpoint of the state: everything so far becomes permanent."""
         with _writing():
             self.rows.flush(self.writer)
-            ck = self.stepper.checkpoint(self.state, self.writer.n_frames, self.writer.n_steps)
             # the stepper's controller state, then the accuracy record's (pdeflow.solvers.accuracy)
-            ck.extra = np.concatenate([np.asarray(ck.extra, dtype=float), self.monitor.checkpoint_vector()])
-            self.writer.write_checkpoint(ck)
+            extra = np.concatenate([self.stepper.extra_state(self.state), self.monitor.checkpoint_vector()])
+            self.writer.write_checkpoint(checkpoint_of(self.state, extra, self.writer.n_frames, self.writer.n_steps))
 
     def write_frame(self, diag: dict[str, float]) -> None:
         s = self.state
@@ -201,12 +201,12 @@ class _Run(Observer):
                                    if self.comm.is_root else None)
             self.writer, ck = GatheringWriter.reopen(self.comm, self.path)
             extra = np.asarray(ck.extra, dtype=float)
-            ck.extra = extra[:st.extra_size]
-            self.state = st.restore(ck)
+            self.state = st.restore(state_of(ck), extra[:st.extra_size])
             self.monitor.restore(extra[st.extra_size:] if extra.size > st.extra_size else None, rows)
             self.wall_offset = self.writer.last_wall_time
             return
-        self.state = st.initial_state()
+        # a stepper given without an initial measure (run(stepper=...)) starts from the config's
+        self.state = st.initial_state() if st.initial_fields else st.initial_state(initial_fields(st, self.cfg))
         self.state.fields = {key: self.comm.local_rows(v) for key, v in self.state.fields.items()}  # rank's block
         diag = st.diagnostics(self.state)  # before the file exists: a bad config leaves no file behind
         self.writer = GatheringWriter.create(
