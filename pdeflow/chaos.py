@@ -58,6 +58,7 @@ from .problem import Problem, task_params
 from .solvers import make_stepper
 from .solvers.base import State, Stepper
 from .solvers.loop import advance, frame_times
+from .solvers.sgd import SGD
 
 SEED_KEYS = {"initial": 1, "sgd": 2, "probe": 3, "static": 4, "sliced": 5}
 SCHEMA = "pdeflow-chaos"
@@ -298,11 +299,13 @@ def run_chaos(cfg: Config, problem: Problem, times: np.ndarray | None = None,
     nN, S, nE, F = len(n_list), c.seeds, len(eta_list), len(times)
     flow = make_stepper(problem, cfg)
 
-    def sgd_config(n: int, s: int, e: int) -> Config:
-        return cfg.replace(solver={"method": "sgd", "dt": float(eta_list[e])},
-                           sgd={"seed": child_seed(cfg, "sgd", n, s, e)})
+    minibatches = SGD.parameters(cfg)
 
-    make_stepper(problem, sgd_config(0, 0, 0))  # a bad [sgd] setting fails here, before any work
+    def sgd_stepper(n: int, s: int, e: int) -> SGD:
+        """SGD with step eta_list[e] and the minibatches of [sgd], its generator seeded by the (N, seed, eta)."""
+        return SGD(problem, float(eta_list[e]), **{**minibatches, "seed": child_seed(cfg, "sgd", n, s, e)})
+
+    sgd_stepper(0, 0, 0)  # a bad [sgd] setting fails here, before any work
     probe = probe_problem(problem, cfg)
     probe_lw = loss_weights(probe.arrays()["mask"], probe.arrays()["weights"])
 
@@ -353,9 +356,8 @@ def run_chaos(cfg: Config, problem: Problem, times: np.ndarray | None = None,
         _trajectory(flow, x, mass, times, cfg.solver.dt, on_frame=on_flow)
         report(f"flow N={n}", n * times[-1])
         for e, eta in enumerate(eta_list):
-            sgd_cfg = sgd_config(n, s, e)
-            sgd = make_stepper(problem, sgd_cfg)
-            rng = np.random.default_rng(sgd_cfg.sgd.seed)
+            sgd = sgd_stepper(n, s, e)
+            rng = np.random.default_rng(sgd.seed)
 
             def on_sgd(f: int, state, e=e, sgd=sgd) -> None:
                 omega = state.fields["omega"]

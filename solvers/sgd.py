@@ -70,11 +70,17 @@ class SGD(Stepper):
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> SGD:
+        return cls(problem, cfg.solver.dt, **cls.parameters(cfg))
+
+    @staticmethod
+    def parameters(cfg: Config) -> dict:
+        """The minibatch parameters of ``cfg`` (``sgd.*``, and the ``task.*`` the fresh sampler draws from), as
+        keyword arguments."""
         s, t = cfg.sgd, cfg.task
-        sampler = functools.partial(sample_task, t.name, vocab_size=t.vocab_size, seq_len=t.seq_len,
-                                    n_samples=s.batch_size, **task_params(cfg))
-        return cls(problem, cfg.solver.dt, batch_size=s.batch_size, sampling=s.sampling, noise=s.noise, seed=s.seed,
-                   sampler=lambda seed: sampler(seed=seed))
+        draw = functools.partial(sample_task, t.name, vocab_size=t.vocab_size, seq_len=t.seq_len,
+                                 n_samples=s.batch_size, **task_params(cfg))
+        return {"batch_size": s.batch_size, "sampling": s.sampling, "noise": s.noise, "seed": s.seed,
+                "sampler": lambda seed: draw(seed=seed)}
 
     @property
     def energy_identity(self) -> bool:
