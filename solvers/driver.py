@@ -1,6 +1,7 @@
-"""The time loop: steps, frames, per-step diagnostics, stop reasons, checkpoints, progress, resume.
+"""A run into a trajectory file: frames, per-step diagnostics, stop reasons, checkpoints, progress, resume.
 
-:func:`run` advances a stepper from its initial state (or a file's checkpoint) to ``run.t_end``:
+:func:`run` advances a stepper from its initial state (or a file's checkpoint) to ``run.t_end`` through the
+shared time loop (:class:`pdeflow.solvers.loop.Loop`), the run itself its first observer:
 
 - every accepted step yields a ``/steps`` row (t, dt, energy, risk, dissipation, wall time, the accuracy
   columns of :mod:`pdeflow.solvers.accuracy` and the stepper's columns); rows are buffered and written with the
