@@ -62,6 +62,8 @@ from scipy.sparse.linalg import LinearOperator, lobpcg
 
 from pdeflow.problem import Problem
 
+from .loop import Observer, Step, Stop
+
 if TYPE_CHECKING:
     from .base import State, Stepper
 
@@ -368,6 +370,46 @@ def file_verdict(traj: Any) -> str:
                         traj.config.run.accuracy)
     return line if notes.get("accuracy_note", "all checks apply") == "all checks apply" else \
         f"{line} [{notes['accuracy_note']}]"
+
+
+class AccuracyRecord(Observer):
+    """The accuracy record as an observer of the time loop (:mod:`pdeflow.solvers.loop`, which computes the
+    diagnostics): each step assessed with it (its columns on the step), entered in the :class:`AccuracyMonitor`
+    once taken (warnings printed on rank 0), and with ``run.accuracy = "stop"`` the loop stopped before the step
+    after a loss, or at the end if the last step lost it (``accuracy_lost``)."""
+
+    def __init__(self, monitor: AccuracyMonitor) -> None:
+        self.monitor = monitor
+        self.stop_reason: str | None = None  # the loss that stops the run
+
+    def record(self, t: float, step: int, checks: Assessment) -> None:
+        """Enter a step's checks in the record; print its warnings; note a loss that stops the run."""
+        for line in self.monitor.accept(t, step, checks):
+            if self.monitor.comm.is_root:
+                print_warning(line)
+        if self.monitor.should_stop(checks):
+            self.stop_reason = checks.losses[0][1]
+
+    def check(self, state: State) -> Stop | None:
+        if self.stop_reason is not None:
+            return Stop("accuracy_lost", f"accuracy lost {self.stop_reason}; every frame before is kept "
+                                         f"(run.accuracy = 'stop'; to continue anyway: pdeflow run --resume "
+                                         f"--set run.accuracy=warn)")
+        return None
+
+    def assess(self, step: Step) -> None:
+        checks = self.monitor.assess(step.old, step.new, self.monitor.stepper.diagnostics(step.old), step.diagnostics)
+        step.data["checks"] = checks
+        step.columns.update(checks.columns)
+
+    def accept(self, step: Step) -> None:
+        self.record(step.new.t, step.new.step, step.data["checks"])
+
+    def finish(self, state: State) -> Stop | None:
+        if self.stop_reason is not None:  # the last step lost accuracy: the same stop, at t_end
+            return Stop("accuracy_lost", f"accuracy lost {self.stop_reason}; every frame is kept "
+                                         f"(run.accuracy = 'stop')")
+        return None
 
 
 def print_warning(line: str) -> None:

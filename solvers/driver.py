@@ -55,9 +55,9 @@ from pdeflow.trajectory import STEP_COLUMNS, TrajectoryWriter, committed_steps, 
 
 from . import initial_fields, make_stepper
 from .accuracy import COLUMNS as ACCURACY_COLUMNS
-from .accuracy import AccuracyMonitor, Assessment, print_warning
+from .accuracy import AccuracyMonitor, AccuracyRecord
 from .base import State, Stepper
-from .loop import Loop, MaxSteps, Observer, Stationary, Step, Stop, WallTime, frame_times
+from .loop import Loop, MaxSteps, Observer, Stationary, Step, WallTime, frame_times
 
 
 class Interrupted(Exception):
@@ -156,6 +156,21 @@ def _writing() -> Iterator[None]:
         raise _WriteFailed(error_reason(exc)) from None
 
 
+class _Progress(Observer):
+    """The progress bar over t (on a terminal, unless quiet): energy, dissipation and step in its postfix."""
+
+    def __init__(self, t_end: float, t: float, quiet: bool) -> None:
+        self.bar = tqdm(total=t_end, initial=t, unit="t", disable=quiet or not sys.stderr.isatty(),
+                        bar_format="{l_bar}{bar}| t={n:.4g}/{total:.4g} [{elapsed}<{remaining}]{postfix}")
+
+    def accept(self, step: Step) -> None:
+        new, diag = step.new, step.diagnostics
+        self.bar.update(new.t - self.bar.n)
+        if not self.bar.disable:
+            self.bar.set_postfix_str(f"E={diag['energy']:.6g} I={diag['dissipation']:.3g} dt={new.dt:.3g}",
+                                     refresh=False)
+
+
 class _Run(Observer):
     """One execution of :func:`run`: the state, the file, the buffered rows and the signal guard."""
 
@@ -166,7 +181,7 @@ class _Run(Observer):
         self.times = frame_times(cfg)
         self.monitor = AccuracyMonitor(stepper, self.comm, cfg.run, cfg.init.n_particles)
         self.rows = _Rows(STEP_COLUMNS + ACCURACY_COLUMNS + stepper.step_columns)
-        self.accuracy_stop: str | None = None  # the loss that stops the run (run.accuracy = "stop")
+        self.accuracy = AccuracyRecord(self.monitor)  # its stop_reason: the loss that stops the run
         self.signals = _Signals(self.comm, ignore_after_interrupt=exiting)
         self.state: State | None = None
         self.writer: GatheringWriter | None = None
@@ -217,72 +232,39 @@ class _Run(Observer):
             compression=self.cfg.output.compression, overwrite=overwrite, steps_attrs=self.monitor.notes())
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             checks = self.monitor.assess(None, self.state, None, diag)
-        self.record(checks)
+        self.accuracy.record(self.state.t, self.state.step, checks)
         self.rows.add({"time": self.state.t, "dt": 0.0, "wall_time": 0.0, **diag, **checks.columns})
         self.write_frame(diag)
 
-    def record(self, checks: Assessment) -> None:
-        """Enter a step's accuracy checks in the record; print its warnings; note a loss that stops the run."""
-        for line in self.monitor.accept(self.state.t, self.state.step, checks):
-            if self.comm.is_root:
-                print_warning(line)
-        if self.monitor.should_stop(checks):
-            self.accuracy_stop = checks.losses[0][1]
-
     # ---- the loop's observer --------------------------------------------------------------------
-    def check(self, state: State) -> Stop | None:
-        """Before a step: the accuracy stop of the step before (``run.accuracy = "stop"``)."""
-        if self.accuracy_stop is not None:
-            return Stop("accuracy_lost", f"accuracy lost {self.accuracy_stop}; every frame before is kept "
-                                         f"(run.accuracy = 'stop'; to continue anyway: pdeflow run --resume "
-                                         f"--set run.accuracy=warn)")
-        return None
-
-    def assess(self, step: Step) -> None:
-        """The step's accuracy checks (:mod:`pdeflow.solvers.accuracy`), computed with the step."""
-        checks = self.monitor.assess(step.old, step.new, self.stepper.diagnostics(step.old), step.diagnostics)
-        step.data["checks"] = checks
-        step.columns.update(checks.columns)
-
     def accept(self, step: Step) -> None:
-        """Record the step: accuracy record, its /steps row, a frame or a checkpoint when due, progress."""
+        """The step taken: its /steps row, and a frame or a checkpoint when due."""
         new, diag = step.new, step.diagnostics
         self.state = new
-        self.record(step.data["checks"])
         self.rows.add({"time": new.t, "dt": new.t - step.old.t, "wall_time": self.wall(), **diag,
                        **step.columns, **step.extra})
         if step.frame is not None:
             self.write_frame(diag)
             self.last_commit = self.wall()
-        elif self.wall() - self.last_commit >= self.cfg.run.checkpoint_interval or self.accuracy_stop is not None:
+        elif (self.wall() - self.last_commit >= self.cfg.run.checkpoint_interval
+              or self.accuracy.stop_reason is not None):
             self.commit()
             self.last_commit = self.wall()
-        bar = self.bar
-        bar.update(new.t - bar.n)
-        if not bar.disable:
-            bar.set_postfix_str(f"E={diag['energy']:.6g} I={diag['dissipation']:.3g} dt={new.dt:.3g}", refresh=False)
-
-    def finish(self, state: State) -> Stop | None:
-        if self.accuracy_stop is not None:  # the last step lost accuracy: the same stop, at t_end
-            return Stop("accuracy_lost", f"accuracy lost {self.accuracy_stop}; every frame is kept "
-                                         f"(run.accuracy = 'stop')")
-        return None
 
     def loop(self) -> tuple[str, str, int]:
-        """Step until the schedule ends or a stop reason (the shared :class:`pdeflow.solvers.loop.Loop`, this run
-        its first observer); returns (status, message, exit code)."""
+        """Step until the schedule ends or a stop reason: the shared :class:`pdeflow.solvers.loop.Loop` with the
+        accuracy record, this run (the file), the stop reasons and the progress bar as observers; returns
+        (status, message, exit code)."""
         cfg = self.cfg
         self.last_commit = self.wall()
-        self.bar = tqdm(total=cfg.run.t_end, initial=self.state.t, unit="t",
-                        disable=self.quiet or not sys.stderr.isatty(),
-                        bar_format="{l_bar}{bar}| t={n:.4g}/{total:.4g} [{elapsed}<{remaining}]{postfix}")
-        observers = [self, MaxSteps(cfg.run.max_steps), WallTime(cfg.run.wall_time_limit, self.wall),
-                     Stationary(cfg.run.stationary_tol)]
+        progress = _Progress(cfg.run.t_end, self.state.t, self.quiet)
+        observers = [self.accuracy, self, MaxSteps(cfg.run.max_steps), WallTime(cfg.run.wall_time_limit, self.wall),
+                     progress, Stationary(cfg.run.stationary_tol)]
         loop = Loop(self.stepper, self.times, observers, measure=True, comm=self.comm, guard=self.signals.held)
         try:
             self.state, stop = loop.run(self.state)
         finally:
-            self.bar.close()
+            progress.bar.close()
         if stop.status == "finished":
             return "finished", f"reached t_end = {cfg.run.t_end:g}", EXIT_OK
         if stop.status in ("non_finite", "error"):
