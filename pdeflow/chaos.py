@@ -32,9 +32,9 @@ The experiment (``pdeflow chaos``, configured by ``[chaos]``, ``[run]``, ``[solv
    point, at ``run.t_end``), the energy gap's RMS over seeds against N, the SGD excess against eta
    (every N and seed a point), the static gap's mean over draws against N.
 
-The steppers come from :mod:`pdeflow.solvers` (``pdeflow`` does not import it): :func:`run_chaos` takes the
-factory ``make_stepper(problem, cfg)`` and the frame times; ``pdeflow chaos`` passes
-``pdeflow.solvers.make_stepper`` and ``pdeflow.solvers.driver.frame_times``.
+Every trajectory (reference with tracers, finite heads, SGD, the continuation to ``chaos.converge_time``) goes
+through the shared time loop of :mod:`pdeflow.solvers.loop` (steps land exactly on the frame times); the
+steppers come from :mod:`pdeflow.solvers`.
 
 Randomness: every random stream is a child of ``SeedSequence(init.seed)`` with a spawn key naming its
 role (``SEED_KEYS``), so each number is reproducible and the streams are independent.
@@ -55,7 +55,10 @@ from .config import Config, ConfigError
 from .mean_field import loss_weights
 from .methods import EXPLICIT_FLOWS
 from .problem import Problem, task_params
-from .trajectory import Checkpoint
+from .solvers import make_stepper
+from .solvers.base import State, Stepper
+from .solvers.loop import advance, frame_times
+from .solvers.sgd import SGD
 
 SEED_KEYS = {"initial": 1, "sgd": 2, "probe": 3, "static": 4, "sliced": 5}
 SCHEMA = "pdeflow-chaos"
@@ -206,30 +209,22 @@ class ChaosResult:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
-def _advance(stepper, state, t: float):
-    """Step until ``state.t == t`` (the last step is shortened to land on it)."""
-    tol = 1e-12 * max(1.0, abs(t))
-    while t - state.t > tol:
-        state, _ = stepper.step(state, t - state.t)
-        if abs(state.t - t) <= tol:
-            state.t = float(t)
-    if not stepper.is_finite(state):
-        raise ChaosError(f"{stepper.name}: non-finite state at t = {state.t:.6g} ({stepper.likely_cause(state)})")
-    return state
+def _advance(stepper: Stepper, state: State, times: np.ndarray,
+             on_frame: Callable[[int, State], None] | None = None) -> State:
+    """``state`` through ``times`` by the shared time loop (:func:`pdeflow.solvers.loop.advance`: steps land on
+    every time), ``on_frame(f, state)`` at each; the final state. ChaosError if a step fails or is not finite."""
+    end, stop = advance(stepper, state, times, on_frame)
+    if stop.status != "finished":
+        raise ChaosError(f"{stepper.name}: {stop.message}")
+    return end
 
 
-def _trajectory(stepper, omega: np.ndarray, mass: np.ndarray, times: np.ndarray, dt: float,
-                rng: np.random.Generator | None = None, on_frame: Callable[[int, Any], None] | None = None):
+def _trajectory(stepper: Stepper, omega: np.ndarray, mass: np.ndarray, times: np.ndarray, dt: float,
+                rng: np.random.Generator | None = None, on_frame: Callable[[int, State], None] | None = None) -> State:
     """Integrate from (omega, mass) at t = 0 through ``times``; ``on_frame(f, state)`` at each; the final state."""
-    start = Checkpoint(fields={"omega": np.array(omega, dtype=float), "mass": np.asarray(mass, dtype=float)},
-                       t=0.0, dt=dt, step=0, n_frames=0, n_steps=0,
-                       rng=None if rng is None else rng.bit_generator.state, extra=np.zeros(stepper.extra_size))
-    state = stepper.restore(start)
-    for f, t in enumerate(times):
-        state = _advance(stepper, state, float(t))
-        if on_frame is not None:
-            on_frame(f, state)
-    return state
+    start = State(t=0.0, step=0, dt=dt, fields={"omega": np.array(omega, dtype=float),
+                                                "mass": np.array(mass, dtype=float)}, rng=rng)
+    return _advance(stepper, start, times, on_frame)
 
 
 def characteristics(stepper, omega_ref: np.ndarray, mass_ref: np.ndarray, tracers: np.ndarray, times: np.ndarray,
@@ -283,12 +278,12 @@ def static_gaps(problem: Problem, omega: np.ndarray, mass: np.ndarray, n_list: n
     return gaps
 
 
-def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Config], Any], times: np.ndarray,
+def run_chaos(cfg: Config, problem: Problem, times: np.ndarray | None = None,
               progress: Callable[[str, float], None] | None = None, work: str | Path | None = None) -> ChaosResult:
     """The whole experiment of the module docstring on ``problem``.
 
-    ``make_stepper(problem, cfg)`` builds a stepper (``pdeflow.solvers.make_stepper``); ``times`` [F] are the frame
-    times, 0 first and ``run.t_end`` last (``pdeflow.solvers.driver.frame_times(cfg)``); ``progress(label, units)``
+    ``times`` [F] are the frame times, 0 first and ``run.t_end`` last (default
+    :func:`pdeflow.solvers.loop.frame_times`); ``progress(label, units)``
     is called as work completes (units: particle-time, a rough cost measure). ``work``: a work file
     (:func:`write_work`) rewritten after every finished (N, seed) block; if it exists, its blocks are
     taken as done and skipped (a resumed experiment recomputes the reference flow, which is deterministic,
@@ -298,17 +293,19 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
     wall0 = time.perf_counter()
     c, i = cfg.chaos, cfg.init
     report = progress or (lambda label, units: None)
-    times = np.asarray(times, dtype=float)
+    times = np.asarray(frame_times(cfg) if times is None else times, dtype=float)
     n_list = np.array(sorted({int(n) for n in c.n_list}))
     eta_list = np.array(sorted(set(float(e) for e in c.eta_list), reverse=True))
     nN, S, nE, F = len(n_list), c.seeds, len(eta_list), len(times)
     flow = make_stepper(problem, cfg)
 
-    def sgd_config(n: int, s: int, e: int) -> Config:
-        return cfg.replace(solver={"method": "sgd", "dt": float(eta_list[e])},
-                           sgd={"seed": child_seed(cfg, "sgd", n, s, e)})
+    minibatches = SGD.parameters(cfg)
 
-    make_stepper(problem, sgd_config(0, 0, 0))  # a bad [sgd] setting fails here, before any work
+    def sgd_stepper(n: int, s: int, e: int) -> SGD:
+        """SGD with step eta_list[e] and the minibatches of [sgd], its generator seeded by the (N, seed, eta)."""
+        return SGD(problem, float(eta_list[e]), **{**minibatches, "seed": child_seed(cfg, "sgd", n, s, e)})
+
+    sgd_stepper(0, 0, 0)  # a bad [sgd] setting fails here, before any work
     probe = probe_problem(problem, cfg)
     probe_lw = loss_weights(probe.arrays()["mask"], probe.arrays()["weights"])
 
@@ -359,9 +356,8 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
         _trajectory(flow, x, mass, times, cfg.solver.dt, on_frame=on_flow)
         report(f"flow N={n}", n * times[-1])
         for e, eta in enumerate(eta_list):
-            sgd_cfg = sgd_config(n, s, e)
-            sgd = make_stepper(problem, sgd_cfg)
-            rng = np.random.default_rng(sgd_cfg.sgd.seed)
+            sgd = sgd_stepper(n, s, e)
+            rng = np.random.default_rng(sgd.seed)
 
             def on_sgd(f: int, state, e=e, sgd=sgd) -> None:
                 omega = state.fields["omega"]
@@ -377,7 +373,7 @@ def run_chaos(cfg: Config, problem: Problem, make_stepper: Callable[[Problem, Co
 
     # 4. static approximation at the converged reference
     converge_time = c.converge_time or float(times[-1])
-    converged = _advance(flow, _reference_only(reference_end, c.n_ref), converge_time)
+    converged = _advance(flow, _reference_only(reference_end, c.n_ref), np.array([converge_time]))
     ev = flow.evaluate(converged)
     # sqrt(Var_rho Phi): zero when Phi is constant on the support, and then the static gap is O(1/N)
     phi_spread = float(np.sqrt(np.sum(mass_ref * (ev.phi - mass_ref @ ev.phi) ** 2)))

@@ -18,7 +18,6 @@ from .exit_codes import EXIT_FAILED, EXIT_OK, HELP
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     from pdeflow.solvers import make_stepper
-    from pdeflow.solvers.driver import frame_times
 
     from . import chaos
     from .problem import Problem
@@ -40,7 +39,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         work.unlink()
     progress = _progress(cfg, quiet=args.quiet)
     try:
-        result = chaos.run_chaos(cfg, problem, make_stepper, frame_times(cfg), progress=progress, work=work)
+        result = chaos.run_chaos(cfg, problem, progress=progress, work=work)
     except chaos.ChaosError as exc:
         print(f"pdeflow: error: chaos: {exc}; no output written", file=sys.stderr)
         return EXIT_FAILED

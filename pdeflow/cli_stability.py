@@ -1,8 +1,8 @@
 """``pdeflow stability CONFIG -o OUT.h5``: Dirac stationary measures, their stability, checked by simulation.
 
 Finds the stationary Diracs of the config's problem, computes ``H0``, ``Htr``, verdicts and optimality gaps,
-integrates perturbed particle systems with the explicit RK4 stepper of :mod:`pdeflow.solvers` and compares the
-measured exponential rates with the predicted ones, then sweeps the zero head over
+integrates perturbed particle systems (:func:`pdeflow.stability.simulate`: RK4 through the shared time loop) and
+compares the measured exponential rates with the predicted ones, then sweeps the zero head over
 ``stability.weight_decays`` (:mod:`pdeflow.stability`). Writes ``/stability`` into OUT.h5 and three PNG
 figures beside it: ``<OUT>-spectra.png``, ``<OUT>-rates.png`` and (with a sweep) ``<OUT>-sweep.png``.
 """
@@ -17,27 +17,7 @@ import numpy as np
 from .config import Config, load_config
 from .exit_codes import EXIT_OK, HELP
 from .problem import Problem
-from .stability import MEAN, SPREAD, Integrator, StabilityResult, run_stability, write_stability
-
-
-def particle_integrator(cfg: Config) -> Integrator:
-    """An :data:`pdeflow.stability.Integrator` advancing particles with ``pdeflow.solvers.make_stepper`` (RK4 with
-    the step the analysis asks for), landing exactly on the requested times."""
-    from pdeflow.solvers import make_stepper
-    from pdeflow.solvers.base import State
-
-    def integrate(problem: Problem, omega0: np.ndarray, mass: np.ndarray, times: np.ndarray,
-                  dt: float) -> np.ndarray:
-        stepper = make_stepper(problem, cfg.replace(solver={"method": "rk4", "dt": float(dt)}))
-        state = State(t=0.0, step=0, dt=float(dt), fields={"omega": np.array(omega0, dtype=float), "mass": mass})
-        out = [state.fields["omega"]]
-        for t in times[1:]:
-            while t - state.t > 1e-12 * max(1.0, t):
-                state, _ = stepper.step(state, t - state.t)
-            out.append(state.fields["omega"])
-        return np.stack(out)
-
-    return integrate
+from .stability import MEAN, SPREAD, StabilityResult, run_stability, write_stability
 
 
 def figure_paths(out: Path) -> dict[str, Path]:
@@ -122,7 +102,7 @@ def cmd_stability(args: argparse.Namespace) -> int:
         raise UsageError(f"stability needs k <= 256 coordinates for its dense Hessians, got k = {problem.k} "
                          f"(reduce model.d or model.head_dim, or use reduced coordinates)")
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
-    result = run_stability(cfg, problem, particle_integrator(cfg), progress=say)
+    result = run_stability(cfg, problem, progress=say)
     write_stability(out, result, cfg, problem.k, problem)
     figures = [] if args.no_plots else plot_stability(result, cfg, out)
     print(summary(result), file=sys.stdout)

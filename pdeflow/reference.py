@@ -18,12 +18,15 @@ import numpy as np
 from scipy.spatial.distance import cdist
 
 from . import schema
+from .clock import same_time
 from .measure import Grid, free_energy
 from .problem import Problem
 from .schema import SCHEMA, SCHEMA_VERSION
 from .trajectory import open_for_reading, row_counts, schema_error
 
 EXACT_W2_MAX = 2000
+# pdeflow.clock's rule at a looser tolerance: a compared file may come from another code (pdeflow's own runs land
+# every frame exactly on its time)
 TIME_MATCH = 1e-9
 
 
@@ -204,7 +207,7 @@ def match_frames(candidate: np.ndarray, reference: np.ndarray, allow_partial: bo
     Returns the pairs (candidate index, reference index, reference time), the problems (one line each) and
     the counts of :class:`Comparison` (``matched``, ``in_span``, ``reference_frames``, ``span``)."""
     def close(t: float, u) -> np.ndarray:
-        return np.abs(np.asarray(u) - t) <= TIME_MATCH * max(1.0, abs(t))
+        return same_time(np.asarray(u), t, TIME_MATCH)
 
     counts: dict[str, Any] = {"matched": 0, "in_span": 0, "reference_frames": len(reference), "span": None,
                               "partial": allow_partial}

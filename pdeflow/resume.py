@@ -3,6 +3,10 @@
 A file is continued only by the config that wrote it, up to :data:`RESUMABLE_KEYS` (keys that extend or limit the
 run), only from a committed checkpoint, and only when the problem arrays the config builds now (embedding, tokens,
 ...) equal the stored ones. Each violation is a :class:`pdeflow.trajectory.TrajectoryError` naming it (one line).
+
+A checkpoint of the file (:class:`pdeflow.trajectory.Checkpoint`) converts to the steppers' state
+(:class:`pdeflow.state.State`) and back here (:func:`checkpoint_of`, :func:`state_of`): the steppers never see
+the file's type.
 """
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from .config import Config
-from .trajectory import Trajectory, TrajectoryError, open_trajectory
+from .state import State, rng_from_state, rng_state
+from .trajectory import Checkpoint, Trajectory, TrajectoryError, open_trajectory
 
 # Keys that may differ between a file and the config resuming it (they extend or limit the run).
 RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("run", "checkpoint_interval"),
@@ -75,5 +80,18 @@ def check_same_problem(stored: Trajectory, arrays: dict[str, Any], path: Path) -
                               f"now (a task, text or basis file changed?)")
 
 
-__all__ = ["RESUMABLE_KEYS", "config_difference", "array_difference", "check_resumable", "open_resumable",
-           "check_same_problem"]
+def checkpoint_of(state: State, extra: np.ndarray, n_frames: int, n_steps: int) -> Checkpoint:
+    """The checkpoint of ``state`` (fields copied, the generator as plain data), with the controller and accuracy
+    record state ``extra`` and the file's committed frame and step counts."""
+    return Checkpoint(fields={k: np.array(v) for k, v in state.fields.items()}, t=state.t, dt=state.dt,
+                      step=state.step, n_frames=n_frames, n_steps=n_steps, rng=rng_state(state.rng),
+                      extra=np.asarray(extra, dtype=float))
+
+
+def state_of(ck: Checkpoint) -> State:
+    """The state a checkpoint holds (its ``extra`` is the caller's to split: stepper controller, accuracy record)."""
+    return State(t=ck.t, step=ck.step, dt=ck.dt, fields=dict(ck.fields), rng=rng_from_state(ck.rng))
+
+
+__all__ = ["checkpoint_of", "state_of", "RESUMABLE_KEYS", "config_difference", "array_difference",
+           "check_resumable", "open_resumable", "check_same_problem"]

@@ -29,8 +29,8 @@ stability, so the verdict and the simulated modes use the spectra on their ortho
 coordinates have no such orbit in general; none is removed there.
 
 Simulation. ``N`` particles start at ``w* + eps (u + c_i v)`` (``c`` seeded, mean zero, rms one); the flow is
-integrated by a caller-supplied ``integrate`` (the CLI passes the explicit RK4 stepper of :mod:`pdeflow.solvers`:
-``pdeflow`` itself never imports ``solvers``); the amplitudes along ``u`` and ``v`` are recorded and their
+integrated by the explicit RK4 stepper of :mod:`pdeflow.solvers` through the shared time loop
+(:func:`simulate`); the amplitudes along ``u`` and ``v`` are recorded and their
 exponential rates fitted by least squares on ``log amplitude`` over the last ``1 - FIT_SKIP`` of the run.
 Predicted rates are ``-mu`` (mean) and ``-nu`` (spread).
 """
@@ -47,6 +47,9 @@ import scipy.optimize
 from .config import Config, ConfigError
 from .model import split_theta
 from .problem import Problem
+from .solvers.base import State
+from .solvers.explicit import RK4
+from .solvers.loop import advance
 
 MEAN, SPREAD = 0, 1                 # axis 1 of the rate arrays: the mean (Htr) mode and the spread (H0) mode
 FIT_SKIP = 0.1                      # fraction of a run left out of the rate fit (start-up transients)
@@ -56,8 +59,6 @@ MIN_STEPS = 200                     # at least this many steps per run, whatever
 ZERO_HEAD = "zero head"
 SAMPLES = 201                       # amplitudes are recorded at this many equally spaced times
 
-# (problem, omega0 [N, k], mass [N], times [F] (times[0] = 0), dt) -> omega at the times [F, N, k]
-Integrator = Callable[[Problem, np.ndarray, np.ndarray, np.ndarray, float], np.ndarray]
 Progress = Callable[[str], None]
 
 
@@ -381,8 +382,22 @@ def fit_rate(times: np.ndarray, amplitude: np.ndarray) -> tuple[float, float]:
     return float(coef[0]), float(np.max(np.abs(A @ coef - y)))
 
 
+def simulate(problem: Problem, omega0: np.ndarray, mass: np.ndarray, times: np.ndarray, dt: float) -> np.ndarray:
+    """The particles ``omega0`` [N, k] (masses [N]) moved by the explicit RK4 stepper with step ``dt`` through the
+    shared time loop (:func:`pdeflow.solvers.loop.advance`: the steps land on every time), recorded at ``times``
+    [F] (``times[0] = 0``): [F, N, k]. Frames after a non-finite step are NaN."""
+    out = np.full((len(times),) + np.shape(omega0), np.nan)
+
+    def record(f: int, state: State) -> None:
+        out[f] = state.fields["omega"]
+
+    start = State(t=0.0, step=0, dt=float(dt), fields={"omega": np.array(omega0, dtype=float), "mass": mass})
+    advance(RK4(problem, dt=float(dt)), start, times, record)
+    return out
+
+
 def simulate_modes(problem: Problem, point: np.ndarray, mean_mode: tuple[float, np.ndarray] | None,
-                   spread_mode: tuple[float, np.ndarray] | None, integrate: Integrator, *, eps: float,
+                   spread_mode: tuple[float, np.ndarray] | None, *, eps: float,
                    n_particles: int, t_end: float, seed: int, dt: float = 0.0,
                    fastest: float = 0.0) -> ModeRun:
     """Perturb the Dirac at ``point`` along a mean mode ``(mu, u)`` of ``Htr`` and a spread mode ``(nu, v)`` of
@@ -405,7 +420,7 @@ def simulate_modes(problem: Problem, point: np.ndarray, mean_mode: tuple[float, 
     mass = np.full(n_particles, 1.0 / n_particles)
     omega0 = point[None, :] + eps * (dirs[MEAN][None, :] + c[:, None] * dirs[SPREAD][None, :])
     times = np.linspace(0.0, duration, SAMPLES)
-    omega = np.asarray(integrate(problem, omega0, mass, times, dt))
+    omega = simulate(problem, omega0, mass, times, dt)
     amp_mean, amp_spread = mode_amplitudes(omega, mass, point, dirs[MEAN], dirs[SPREAD])
     measured, worst = np.full(2, np.nan), 0.0
     for axis, amp in ((MEAN, amp_mean), (SPREAD, amp_spread)):
@@ -430,7 +445,7 @@ def relevant_modes(values: np.ndarray, vectors: np.ndarray, tol: float, n: int) 
     return out
 
 
-def simulate_point(problem: Problem, a: DiracAnalysis, integrate: Integrator, cfg: Config,
+def simulate_point(problem: Problem, a: DiracAnalysis, cfg: Config,
                    seed: int) -> list[ModeRun]:
     """The ``stability.n_modes`` pairs (j-th relevant mode of ``Htr``, j-th relevant mode of ``H0``)."""
     s = cfg.stability
@@ -440,7 +455,7 @@ def simulate_point(problem: Problem, a: DiracAnalysis, integrate: Integrator, cf
     runs = []
     for j in range(max(len(means), len(spreads))):
         runs.append(simulate_modes(problem, a.point, means[j] if j < len(means) else None,
-                                   spreads[j] if j < len(spreads) else None, integrate, eps=s.eps,
+                                   spreads[j] if j < len(spreads) else None, eps=s.eps,
                                    n_particles=s.n_particles, t_end=s.t_end, seed=seed + j, dt=s.dt,
                                    fastest=fastest))
     return runs
@@ -470,7 +485,7 @@ class Sweep:
         return np.array([r.measured for r in self.runs])
 
 
-def zero_head_sweep(problem: Problem, integrate: Integrator, cfg: Config,
+def zero_head_sweep(problem: Problem, cfg: Config,
                     progress: Progress | None = None) -> Sweep:
     """The sweep of ``stability.weight_decays`` at the zero head (see :class:`Sweep`)."""
     s = cfg.stability
@@ -486,7 +501,7 @@ def zero_head_sweep(problem: Problem, integrate: Integrator, cfg: Config,
                               f"(|grad e(0)| = {a.grad_norm:.2e}); use model.coordinates = 'full'")
         fastest = float(max(np.max(np.abs(a.h0_values)), np.max(np.abs(a.htr_values))))
         run = simulate_modes(p, zero, (float(a.htr_relevant[0]), a.htr_vectors[:, 0]),
-                             (float(a.h0_relevant[0]), a.h0_vectors[:, 0]), integrate, eps=s.eps,
+                             (float(a.h0_relevant[0]), a.h0_vectors[:, 0]), eps=s.eps,
                              n_particles=s.n_particles, t_end=s.t_end, seed=s.seed + 1000 + i, dt=s.dt,
                              fastest=fastest)
         h0_min.append(float(a.h0_relevant[0]))
@@ -526,7 +541,7 @@ class StabilityResult:
         return out[0], out[1], out[2]
 
 
-def run_stability(cfg: Config, problem: Problem, integrate: Integrator,
+def run_stability(cfg: Config, problem: Problem,
                   progress: Progress | None = None) -> StabilityResult:
     """Find the stationary Diracs of ``problem``, analyse each (Hessians, verdict, optimality gap), check the
     predicted rates by simulation, and sweep the zero head over ``stability.weight_decays``."""
@@ -546,7 +561,7 @@ def run_stability(cfg: Config, problem: Problem, integrate: Integrator,
         a.global_minimizer = global_minimizer(a, s.gap_tol)
         if reason and reason not in notes:
             notes.append(reason)
-        runs = simulate_point(problem, a, integrate, cfg, seed=s.seed + 100 * i)
+        runs = simulate_point(problem, a, cfg, seed=s.seed + 100 * i)
         points.append(a)
         all_runs.append(runs)
         say(f"point {i} ({c.origin}): e = {a.energy:.10g}, verdict {a.verdict}, lambda_min(H0) = "
@@ -555,7 +570,7 @@ def run_stability(cfg: Config, problem: Problem, integrate: Integrator,
         for r in runs:
             say(f"    rates predicted {r.predicted[MEAN]:+.6f} / {r.predicted[SPREAD]:+.6f}, measured "
                 f"{r.measured[MEAN]:+.6f} / {r.measured[SPREAD]:+.6f} (mean / spread)")
-    sweep = zero_head_sweep(problem, integrate, cfg, progress) if s.weight_decays else None
+    sweep = zero_head_sweep(problem, cfg, progress) if s.weight_decays else None
     return StabilityResult(points=points, runs=all_runs, sweep=sweep, search=search, notes=notes)
 
 

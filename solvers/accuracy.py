@@ -62,6 +62,8 @@ from scipy.sparse.linalg import LinearOperator, lobpcg
 
 from pdeflow.problem import Problem
 
+from .loop import Observer, Step, Stop
+
 if TYPE_CHECKING:
     from .base import State, Stepper
 
@@ -160,16 +162,18 @@ class AccuracyMonitor:
     Its state is the last check's eigenvector and the product count (kept in the checkpoint,
     :meth:`checkpoint_vector`) and what :meth:`restore` recomputes from the committed /steps rows."""
 
-    def __init__(self, stepper: Stepper, comm: Any) -> None:
-        cfg = stepper.cfg
+    def __init__(self, stepper: Stepper, comm: Any, run: Any, n_particles: int) -> None:
+        """``run``: the ``[run]`` settings (``accuracy``, ``identity_tol``, ``stability_interval``);
+        ``n_particles``: of the whole measure (the size of the checkpointed eigenvector)."""
         self.stepper, self.problem, self.comm = stepper, stepper.problem, comm
-        self.policy, self.tol = cfg.run.accuracy, cfg.run.identity_tol
-        self.dt = cfg.solver.dt
+        self.policy, self.tol = run.accuracy, run.identity_tol
+        self.dt = stepper.dt  # the fixed step of the methods with a stability bound
+        self.n_particles = int(n_particles)
         self.identity = bool(stepper.energy_identity)
         self.bound = float(stepper.stability_bound)
         self.serial = comm.size == 1
         self.stability = math.isfinite(self.bound) and self.serial and stepper.measure == "particles"
-        self.every = max(1, cfg.run.stability_interval // max(1, stepper.stages))
+        self.every = max(1, run.stability_interval // max(1, stepper.stages))
         self.eps = float(np.finfo(np.float32 if self.problem.precision == "float32" else np.float64).eps)
         self.vector: np.ndarray | None = None
         self.products = 0
@@ -198,7 +202,7 @@ class AccuracyMonitor:
     @property
     def checkpoint_size(self) -> int:
         """Length of :meth:`checkpoint_vector`: the eigenvector [N k] (serial stability runs) and the count."""
-        n = self.stepper.cfg.init.n_particles * self.problem.k if self.stability else 0
+        n = self.n_particles * self.problem.k if self.stability else 0
         return n + 1
 
     def checkpoint_vector(self) -> np.ndarray:
@@ -366,6 +370,46 @@ def file_verdict(traj: Any) -> str:
                         traj.config.run.accuracy)
     return line if notes.get("accuracy_note", "all checks apply") == "all checks apply" else \
         f"{line} [{notes['accuracy_note']}]"
+
+
+class AccuracyRecord(Observer):
+    """The accuracy record as an observer of the time loop (:mod:`pdeflow.solvers.loop`, which computes the
+    diagnostics): each step assessed with it (its columns on the step), entered in the :class:`AccuracyMonitor`
+    once taken (warnings printed on rank 0), and with ``run.accuracy = "stop"`` the loop stopped before the step
+    after a loss, or at the end if the last step lost it (``accuracy_lost``)."""
+
+    def __init__(self, monitor: AccuracyMonitor) -> None:
+        self.monitor = monitor
+        self.stop_reason: str | None = None  # the loss that stops the run
+
+    def record(self, t: float, step: int, checks: Assessment) -> None:
+        """Enter a step's checks in the record; print its warnings; note a loss that stops the run."""
+        for line in self.monitor.accept(t, step, checks):
+            if self.monitor.comm.is_root:
+                print_warning(line)
+        if self.monitor.should_stop(checks):
+            self.stop_reason = checks.losses[0][1]
+
+    def check(self, state: State) -> Stop | None:
+        if self.stop_reason is not None:
+            return Stop("accuracy_lost", f"accuracy lost {self.stop_reason}; every frame before is kept "
+                                         f"(run.accuracy = 'stop'; to continue anyway: pdeflow run --resume "
+                                         f"--set run.accuracy=warn)")
+        return None
+
+    def assess(self, step: Step) -> None:
+        checks = self.monitor.assess(step.old, step.new, self.monitor.stepper.diagnostics(step.old), step.diagnostics)
+        step.data["checks"] = checks
+        step.columns.update(checks.columns)
+
+    def accept(self, step: Step) -> None:
+        self.record(step.new.t, step.new.step, step.data["checks"])
+
+    def finish(self, state: State) -> Stop | None:
+        if self.stop_reason is not None:  # the last step lost accuracy: the same stop, at t_end
+            return Stop("accuracy_lost", f"accuracy lost {self.stop_reason}; every frame is kept "
+                                         f"(run.accuracy = 'stop')")
+        return None
 
 
 def print_warning(line: str) -> None:

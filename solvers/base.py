@@ -3,63 +3,33 @@
 A stepper advances a measure ``rho_t`` of the flow ``d/dt rho = div(rho grad Phi) (+ (1/beta) Laplace rho)``
 (docs/model.md). Its :class:`State` carries the measure's arrays (``fields``: ``omega`` [N,k] and ``mass`` [N]
 for particles, ``density`` for a grid), the time, the step size to try next, the step count and, for
-random steppers, the generator. The driver (:mod:`pdeflow.solvers.driver`) owns the loop, frames and files.
+random steppers, the generator (:class:`pdeflow.state.State`). A stepper takes its parameters explicitly
+(``RK4(problem, dt=0.01)``); :meth:`Stepper.from_config` reads them from a config's ``[solver]`` (and related)
+keys. The loop (:mod:`pdeflow.solvers.loop`) advances it; the driver (:mod:`pdeflow.solvers.driver`) owns frames
+and files; a file's checkpoint converts to a :class:`State` and back in :mod:`pdeflow.resume`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from pdeflow.config import Config
 from pdeflow.problem import Evaluation, Problem
-from pdeflow.trajectory import Checkpoint
+from pdeflow.state import State, rng_from_state, rng_state
 
 
 class SolverError(RuntimeError):
     """A step could not be completed (a failed inner solve, a step size below its floor, ...)."""
 
 
-@dataclass
-class State:
-    """A point of a trajectory. ``evaluation`` caches the Problem evaluation at this state (not saved);
-    ``dissipation_integral`` is the stepper's own quadrature of the dissipation over the step that led here
-    (None: the driver takes the trapezoid, :meth:`Stepper.dissipation_integral`)."""
-    t: float
-    step: int
-    dt: float
-    fields: dict[str, np.ndarray]
-    rng: np.random.Generator | None = None
-    evaluation: Any = field(default=None, repr=False)
-    dissipation_integral: float | None = field(default=None, repr=False)
-
-    def advanced(self, fields: dict[str, np.ndarray], h: float, **changes: Any) -> State:
-        """The state after a step of length h with new fields (caches cleared)."""
-        changes.setdefault("dissipation_integral", None)
-        return replace(self, t=self.t + h, step=self.step + 1, fields=fields, evaluation=None, **changes)
-
-
-def rng_state(rng: np.random.Generator | None) -> dict | None:
-    """The generator's bit-generator state as plain JSON-able data (no pickle)."""
-    return None if rng is None else rng.bit_generator.state
-
-
-def rng_from_state(state: dict | None) -> np.random.Generator | None:
-    """Inverse of :func:`rng_state`."""
-    if state is None:
-        return None
-    bit_gen = getattr(np.random, state["bit_generator"])()
-    bit_gen.state = state
-    return np.random.Generator(bit_gen)
-
-
 class Stepper:
     """Base class: a particle measure evolving under the velocity ``-grad Phi(omega_i; rho_N)``.
 
-    Subclasses set ``name`` and implement :meth:`step`; grid steppers override :meth:`initial_state`,
-    :meth:`evaluate` and :meth:`frame_attrs`.
+    Subclasses set ``name``, take their parameters in ``__init__`` with a :meth:`from_config` reading them
+    from a config, and implement :meth:`step`; grid steppers override :meth:`evaluate` and :meth:`frame_attrs`.
 
     Accuracy checks (:mod:`pdeflow.solvers.accuracy`): any stepper whose :meth:`diagnostics` give the ``energy`` and
     ``dissipation`` of its flow gets the energy-identity check with no code of its own (set
@@ -81,14 +51,31 @@ class Stepper:
     # (h I_new, the quadrature implicit Euler and minimizing movements carry: their defect stays below 1)
     quadrature: ClassVar[str] = "trapezoid"
 
-    def __init__(self, problem: Problem, cfg: Config) -> None:
+    def __init__(self, problem: Problem, cfg: Config | None = None) -> None:
+        """``cfg``: only for a stepper still configured by the whole Config (read as ``self.cfg``; the default
+        :meth:`from_config` passes it); a stepper with explicit parameters calls ``super().__init__(problem)`` and
+        sets ``dt``, the first step size of :meth:`initial_state`."""
         self.problem = problem
         self.cfg = cfg
+        self.dt = cfg.solver.dt if cfg is not None else math.nan
+        # the initial measure's fields when initial_state() is called without (make_stepper: the config's)
+        self.initial_fields: Callable[[], dict[str, np.ndarray]] | None = None
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
+        """The stepper with the parameters ``cfg`` sets (``solver.*`` and the sections the method reads). Default:
+        ``cls(problem, cfg)``, a stepper still configured by the whole Config."""
+        return cls(problem, cfg)
 
     # ---- state --------------------------------------------------------------------------------
-    def initial_state(self) -> State:
-        omega, mass = self.problem.initial_measure(self.cfg)
-        return State(t=0.0, step=0, dt=self.cfg.solver.dt, fields={"omega": omega, "mass": mass})
+    def initial_state(self, fields: dict[str, np.ndarray] | None = None) -> State:
+        """The state at t = 0 holding the measure ``fields`` (default: :attr:`initial_fields`, which
+        :func:`pdeflow.solvers.make_stepper` sets from the config's ``init.*``), first step ``dt``."""
+        if fields is None:
+            if self.initial_fields is None:
+                raise ValueError(f"{type(self).__name__}.initial_state: no initial measure given (pass its fields)")
+            fields = self.initial_fields()
+        return State(t=0.0, step=0, dt=self.dt, fields=fields)
 
     def frame_attrs(self) -> dict[str, Any]:
         """Attributes of ``/frames`` describing the measure (a grid's box and shape)."""
@@ -98,14 +85,10 @@ class Stepper:
         """Controller state beyond ``State`` that a checkpoint must keep (length ``extra_size``)."""
         return np.zeros(self.extra_size)
 
-    def checkpoint(self, state: State, n_frames: int, n_steps: int) -> Checkpoint:
-        return Checkpoint(fields={k: np.array(v) for k, v in state.fields.items()}, t=state.t, dt=state.dt,
-                          step=state.step, n_frames=n_frames, n_steps=n_steps, rng=rng_state(state.rng),
-                          extra=self.extra_state(state))
-
-    def restore(self, ck: Checkpoint) -> State:
-        """The state a checkpoint holds (subclasses read ``ck.extra`` for their controller)."""
-        return State(t=ck.t, step=ck.step, dt=ck.dt, fields=dict(ck.fields), rng=rng_from_state(ck.rng))
+    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
+        """Continue from ``state`` (a resumed file's, :func:`pdeflow.resume.state_of`) with the controller state
+        ``extra`` of :meth:`extra_state`; the default controller keeps nothing beyond the state."""
+        return state
 
     # ---- evaluation ---------------------------------------------------------------------------
     def evaluate(self, state: State) -> Evaluation:
@@ -152,5 +135,8 @@ class Stepper:
 
     def likely_cause(self, state: State) -> str:
         """What most likely made the state non-finite, named with the config key to change."""
-        return (f"solver.dt = {self.cfg.solver.dt:g} is likely above the stability limit of this problem; "
+        return (f"solver.dt = {self.dt:g} is likely above the stability limit of this problem; "
                 f"reduce solver.dt or use solver.method = 'adaptive'")
+
+
+__all__ = ["SolverError", "State", "Stepper", "rng_state", "rng_from_state"]

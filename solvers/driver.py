@@ -1,6 +1,7 @@
-"""The time loop: steps, frames, per-step diagnostics, stop reasons, checkpoints, progress, resume.
+"""A run into a trajectory file: frames, per-step diagnostics, stop reasons, checkpoints, progress, resume.
 
-:func:`run` advances a stepper from its initial state (or a file's checkpoint) to ``run.t_end``:
+:func:`run` advances a stepper from its initial state (or a file's checkpoint) to ``run.t_end`` through the
+shared time loop (:class:`pdeflow.solvers.loop.Loop`), the run itself its first observer:
 
 - every accepted step yields a ``/steps`` row (t, dt, energy, risk, dissipation, wall time, the accuracy
   columns of :mod:`pdeflow.solvers.accuracy` and the stepper's columns); rows are buffered and written with the
@@ -44,17 +45,19 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pdeflow.config import Config, ConfigError
+from pdeflow.config import Config
 from pdeflow.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from pdeflow.parallel import SERIAL, SerialComm, check_shardable
 from pdeflow.problem import Problem
+from pdeflow.resume import checkpoint_of, state_of
 from pdeflow.sharded_writer import GatheringWriter
 from pdeflow.trajectory import STEP_COLUMNS, TrajectoryWriter, committed_steps, error_reason
 
-from . import make_stepper
+from . import initial_fields, make_stepper
 from .accuracy import COLUMNS as ACCURACY_COLUMNS
-from .accuracy import AccuracyMonitor, Assessment, print_warning
-from .base import SolverError, State, Stepper
+from .accuracy import AccuracyMonitor, AccuracyRecord
+from .base import State, Stepper
+from .loop import Loop, MaxSteps, Observer, Stationary, Step, WallTime, frame_times
 
 
 class Interrupted(Exception):
@@ -74,31 +77,6 @@ class RunResult:
     exit_code: int
     state: State | None
     path: Path
-
-
-MAX_FRAMES = 10**6  # a longer frame schedule is a typo (and would not fit in memory as an array)
-
-
-def frame_times(cfg: Config) -> np.ndarray:
-    """The frame schedule: t = 0, then ``k * frame_interval`` up to t_end, or log-spaced; t_end last.
-
-    ConfigError if it has more than :data:`MAX_FRAMES` frames."""
-    r = cfg.run
-    count = r.n_frames if r.frame_spacing == "log" else r.t_end / r.frame_interval
-    if not count <= MAX_FRAMES:
-        what = (f"run.n_frames = {r.n_frames}" if r.frame_spacing == "log" else
-                f"run.frame_interval = {r.frame_interval:g} up to run.t_end = {r.t_end:g} gives {count:.3g} frames,")
-        raise ConfigError(f"{what} more than {MAX_FRAMES}; store fewer frames")
-    if r.frame_spacing == "log":
-        first = min(cfg.solver.dt, r.t_end / 1000.0)
-        times = np.concatenate([[0.0], np.geomspace(first, r.t_end, r.n_frames)])
-    else:
-        n = int(math.floor(r.t_end / r.frame_interval + 1e-9))
-        times = np.arange(n + 1) * r.frame_interval
-        if r.t_end - times[-1] > 1e-9 * r.t_end:
-            times = np.append(times, r.t_end)
-        times[-1] = r.t_end if abs(times[-1] - r.t_end) <= 1e-9 * r.t_end else times[-1]
-    return times
 
 
 class _Rows:
@@ -178,7 +156,22 @@ def _writing() -> Iterator[None]:
         raise _WriteFailed(error_reason(exc)) from None
 
 
-class _Run:
+class _Progress(Observer):
+    """The progress bar over t (on a terminal, unless quiet): energy, dissipation and step in its postfix."""
+
+    def __init__(self, t_end: float, t: float, quiet: bool) -> None:
+        self.bar = tqdm(total=t_end, initial=t, unit="t", disable=quiet or not sys.stderr.isatty(),
+                        bar_format="{l_bar}{bar}| t={n:.4g}/{total:.4g} [{elapsed}<{remaining}]{postfix}")
+
+    def accept(self, step: Step) -> None:
+        new, diag = step.new, step.diagnostics
+        self.bar.update(new.t - self.bar.n)
+        if not self.bar.disable:
+            self.bar.set_postfix_str(f"E={diag['energy']:.6g} I={diag['dissipation']:.3g} dt={new.dt:.3g}",
+                                     refresh=False)
+
+
+class _Run(Observer):
     """One execution of :func:`run`: the state, the file, the buffered rows and the signal guard."""
 
     def __init__(self, cfg: Config, problem: Problem, path: Path, stepper: Stepper, quiet: bool,
@@ -186,9 +179,9 @@ class _Run:
         self.cfg, self.problem, self.path, self.stepper, self.quiet = cfg, problem, path, stepper, quiet
         self.comm = problem.comm  # the MPI ranks the particles are split across (pdeflow.parallel)
         self.times = frame_times(cfg)
-        self.monitor = AccuracyMonitor(stepper, self.comm)
+        self.monitor = AccuracyMonitor(stepper, self.comm, cfg.run, cfg.init.n_particles)
         self.rows = _Rows(STEP_COLUMNS + ACCURACY_COLUMNS + stepper.step_columns)
-        self.accuracy_stop: str | None = None  # the loss that stops the run (run.accuracy = "stop")
+        self.accuracy = AccuracyRecord(self.monitor)  # its stop_reason: the loss that stops the run
         self.signals = _Signals(self.comm, ignore_after_interrupt=exiting)
         self.state: State | None = None
         self.writer: GatheringWriter | None = None
@@ -204,10 +197,9 @@ class _Run:
         """Write the buffered rows and a checkpoint of the state: everything so far becomes permanent."""
         with _writing():
             self.rows.flush(self.writer)
-            ck = self.stepper.checkpoint(self.state, self.writer.n_frames, self.writer.n_steps)
             # the stepper's controller state, then the accuracy record's (pdeflow.solvers.accuracy)
-            ck.extra = np.concatenate([np.asarray(ck.extra, dtype=float), self.monitor.checkpoint_vector()])
-            self.writer.write_checkpoint(ck)
+            extra = np.concatenate([self.stepper.extra_state(self.state), self.monitor.checkpoint_vector()])
+            self.writer.write_checkpoint(checkpoint_of(self.state, extra, self.writer.n_frames, self.writer.n_steps))
 
     def write_frame(self, diag: dict[str, float]) -> None:
         s = self.state
@@ -225,12 +217,12 @@ class _Run:
                                    if self.comm.is_root else None)
             self.writer, ck = GatheringWriter.reopen(self.comm, self.path)
             extra = np.asarray(ck.extra, dtype=float)
-            ck.extra = extra[:st.extra_size]
-            self.state = st.restore(ck)
+            self.state = st.restore(state_of(ck), extra[:st.extra_size])
             self.monitor.restore(extra[st.extra_size:] if extra.size > st.extra_size else None, rows)
             self.wall_offset = self.writer.last_wall_time
             return
-        self.state = st.initial_state()
+        # a stepper given without an initial measure (run(stepper=...)) starts from the config's
+        self.state = st.initial_state() if st.initial_fields else st.initial_state(initial_fields(st, self.cfg))
         self.state.fields = {key: self.comm.local_rows(v) for key, v in self.state.fields.items()}  # rank's block
         diag = st.diagnostics(self.state)  # before the file exists: a bad config leaves no file behind
         self.writer = GatheringWriter.create(
@@ -240,83 +232,44 @@ class _Run:
             compression=self.cfg.output.compression, overwrite=overwrite, steps_attrs=self.monitor.notes())
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             checks = self.monitor.assess(None, self.state, None, diag)
-        self.record(checks)
+        self.accuracy.record(self.state.t, self.state.step, checks)
         self.rows.add({"time": self.state.t, "dt": 0.0, "wall_time": 0.0, **diag, **checks.columns})
         self.write_frame(diag)
 
-    def record(self, checks: Assessment) -> None:
-        """Enter a step's accuracy checks in the record; print its warnings; note a loss that stops the run."""
-        for line in self.monitor.accept(self.state.t, self.state.step, checks):
-            if self.comm.is_root:
-                print_warning(line)
-        if self.monitor.should_stop(checks):
-            self.accuracy_stop = checks.losses[0][1]
+    # ---- the loop's observer --------------------------------------------------------------------
+    def accept(self, step: Step) -> None:
+        """The step taken: its /steps row, and a frame or a checkpoint when due."""
+        new, diag = step.new, step.diagnostics
+        self.state = new
+        self.rows.add({"time": new.t, "dt": new.t - step.old.t, "wall_time": self.wall(), **diag,
+                       **step.columns, **step.extra})
+        if step.frame is not None:
+            self.write_frame(diag)
+            self.last_commit = self.wall()
+        elif (self.wall() - self.last_commit >= self.cfg.run.checkpoint_interval
+              or self.accuracy.stop_reason is not None):
+            self.commit()
+            self.last_commit = self.wall()
 
-    # ---- the loop -----------------------------------------------------------------------------
     def loop(self) -> tuple[str, str, int]:
-        """Step until the schedule ends or a stop reason; returns (status, message, exit code)."""
-        cfg, st, times = self.cfg, self.stepper, self.times
-        next_frame = int(np.searchsorted(times, self.state.t, side="right"))
-        last_commit = self.wall()
-        bar = tqdm(total=cfg.run.t_end, initial=self.state.t, unit="t",
-                   disable=self.quiet or not sys.stderr.isatty(),
-                   bar_format="{l_bar}{bar}| t={n:.4g}/{total:.4g} [{elapsed}<{remaining}]{postfix}")
-        diag = None
+        """Step until the schedule ends or a stop reason: the shared :class:`pdeflow.solvers.loop.Loop` with the
+        accuracy record, this run (the file), the stop reasons and the progress bar as observers; returns
+        (status, message, exit code)."""
+        cfg = self.cfg
+        self.last_commit = self.wall()
+        progress = _Progress(cfg.run.t_end, self.state.t, self.quiet)
+        observers = [self.accuracy, self, MaxSteps(cfg.run.max_steps), WallTime(cfg.run.wall_time_limit, self.wall),
+                     progress, Stationary(cfg.run.stationary_tol)]
+        loop = Loop(self.stepper, self.times, observers, measure=True, comm=self.comm, guard=self.signals.held)
         try:
-            while next_frame < len(times):
-                if self.accuracy_stop is not None:
-                    return ("accuracy_lost", f"accuracy lost {self.accuracy_stop}; every frame before is kept "
-                                             f"(run.accuracy = 'stop'; to continue anyway: pdeflow run --resume "
-                                             f"--set run.accuracy=warn)", EXIT_FAILED)
-                target = times[next_frame]
-                state = self.state
-                if state.step >= cfg.run.max_steps:
-                    return "max_steps", f"stopped at run.max_steps = {cfg.run.max_steps}", EXIT_OK
-                if self.wall() > cfg.run.wall_time_limit:
-                    return ("wall_time", f"stopped after run.wall_time_limit = {cfg.run.wall_time_limit:g} s",
-                            EXIT_OK)
-                try:
-                    # non-finite values are detected below, state by state; numpy's warnings would only
-                    # add lines to the one-line report
-                    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-                        new, extra = st.step(state, target - state.t)
-                        finite = all(self.comm.allgather(st.is_finite(new)))
-                        new_diag = st.diagnostics(new) if finite else {}
-                        if not finite or not all(np.isfinite(v) for v in new_diag.values()):
-                            return ("non_finite",
-                                    f"non-finite state at step {state.step + 1} (t = {state.t:.6g}): "
-                                    f"{st.likely_cause(state)}; the last good frame is kept", EXIT_FAILED)
-                        checks = self.monitor.assess(state, new, st.diagnostics(state), new_diag)
-                except SolverError as exc:
-                    return ("error", f"step {state.step + 1} (t = {state.t:.6g}) failed: {exc}; "
-                                     f"the last good frame is kept", EXIT_FAILED)
-                with self.signals.held():
-                    if abs(new.t - target) <= 1e-12 * max(1.0, abs(target)):
-                        new.t = float(target)
-                    self.state, diag = new, new_diag
-                    self.record(checks)
-                    self.rows.add({"time": new.t, "dt": new.t - state.t, "wall_time": self.wall(), **diag,
-                                   **checks.columns, **extra})
-                    if new.t >= target:
-                        self.write_frame(diag)
-                        next_frame += 1
-                        last_commit = self.wall()
-                    elif self.wall() - last_commit >= cfg.run.checkpoint_interval or self.accuracy_stop is not None:
-                        self.commit()
-                        last_commit = self.wall()
-                    bar.update(new.t - bar.n)
-                    if not bar.disable:
-                        bar.set_postfix_str(f"E={diag['energy']:.6g} I={diag['dissipation']:.3g} dt={new.dt:.3g}",
-                                            refresh=False)
-                if cfg.run.stationary_tol > 0 and diag["dissipation"] < cfg.run.stationary_tol:
-                    return ("stationary", f"stationary at t = {new.t:.6g}: dissipation {diag['dissipation']:.3g} "
-                                          f"< run.stationary_tol = {cfg.run.stationary_tol:g}", EXIT_OK)
-            if self.accuracy_stop is not None:  # the last step lost accuracy: the same stop, at t_end
-                return ("accuracy_lost", f"accuracy lost {self.accuracy_stop}; every frame is kept "
-                                         f"(run.accuracy = 'stop')", EXIT_FAILED)
-            return "finished", f"reached t_end = {cfg.run.t_end:g}", EXIT_OK
+            self.state, stop = loop.run(self.state)
         finally:
-            bar.close()
+            progress.bar.close()
+        if stop.status == "finished":
+            return "finished", f"reached t_end = {cfg.run.t_end:g}", EXIT_OK
+        if stop.status in ("non_finite", "error"):
+            return stop.status, f"{stop.message}; the last good frame is kept", EXIT_FAILED
+        return stop.status, stop.message, EXIT_FAILED if stop.status == "accuracy_lost" else EXIT_OK
 
     def end(self, status: str) -> None:
         """The final frame (for stops between frames) and the final checkpoint; later signals are ignored."""

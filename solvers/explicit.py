@@ -26,6 +26,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from pdeflow.config import Config
+from pdeflow.problem import Problem
+
 from . import register
 from .base import SolverError, State, Stepper
 
@@ -36,6 +39,15 @@ class ExplicitRK(Stepper):
     A: ClassVar[tuple[tuple[float, ...], ...]] = ()
     b: ClassVar[tuple[float, ...]] = ()
     order: ClassVar[int] = 1
+
+    def __init__(self, problem: Problem, dt: float) -> None:
+        """``dt``: the step (``solver.dt``)."""
+        super().__init__(problem)
+        self.dt = float(dt)
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> ExplicitRK:
+        return cls(problem, dt=cfg.solver.dt)
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         return -self.problem.grad_phi(omega, omega, mass)
@@ -67,7 +79,7 @@ class ExplicitRK(Stepper):
         return h * sum(w * d for w, d in zip(weights, dissipation) if w != 0.0)
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        h = min(self.cfg.solver.dt, dt_limit)
+        h = min(self.dt, dt_limit)
         stages = self._stages(state, h, len(self.b))
         omega = self._combine(state.fields["omega"], h, self.b, stages)
         return state.advanced({"omega": omega, "mass": state.fields["mass"]}, h,
@@ -125,10 +137,27 @@ class DormandPrince(ExplicitRK):
     # b - b_hat: the embedded fourth-order solution's difference, as in the published pair
     e = (71 / 57600, 0.0, -71 / 16695, 71 / 1920, -17253 / 339200, 22 / 525, -1 / 40)
 
+    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
+                 max_growth: float) -> None:
+        """``dt`` the first step; the error tolerances ``rtol``, ``atol``; the step within ``[dt_min, dt_max]``
+        and growing by at most ``max_growth`` per step (``solver.*`` of the same names)."""
+        super().__init__(problem, dt)
+        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
+        self.max_growth = float(max_growth)
+
+    @classmethod
+    def controller(cls, cfg: Config) -> dict[str, float]:
+        """The error controller's parameters in ``cfg.solver``."""
+        s = cfg.solver
+        return {"rtol": s.rtol, "atol": s.atol, "dt_min": s.dt_min, "dt_max": s.dt_max, "max_growth": s.max_growth}
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> DormandPrince:
+        return cls(problem, cfg.solver.dt, **cls.controller(cfg))
+
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        s = self.cfg.solver
         omega, mass = state.fields["omega"], state.fields["mass"]
-        dt = min(state.dt, s.dt_max)
+        dt = min(state.dt, self.dt_max)
         rejected = 0
         while True:
             h = min(dt, dt_limit)
@@ -138,25 +167,25 @@ class DormandPrince(ExplicitRK):
             ev = self.evaluate(new)
             stages.append(-ev.grad_phi)
             err_vec = self._combine(np.zeros_like(omega), h, self.e, stages)
-            scale = s.atol + s.rtol * np.maximum(np.abs(omega), np.abs(y5))
+            scale = self.atol + self.rtol * np.maximum(np.abs(omega), np.abs(y5))
             # the rms over all particles of all ranks: every rank gets the same err and takes the same step
             squares, count = self.problem.comm.sum_over_ranks(float(np.sum((err_vec / scale) ** 2)), err_vec.size)
             err = math.sqrt(squares / count) if count else 0.0
             if not np.isfinite(err):
                 err = np.inf
-            factor = s.max_growth if err == 0.0 else min(s.max_growth, max(0.2, 0.9 * err ** -0.2))
+            factor = self.max_growth if err == 0.0 else min(self.max_growth, max(0.2, 0.9 * err ** -0.2))
             if err <= 1.0:
                 # a step cut short by a frame time does not shrink the controller's proposal
                 proposal = dt * factor if h >= dt else max(dt, h * factor)
-                new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
+                new.dt = float(np.clip(proposal, self.dt_min, self.dt_max))
                 new.dissipation_integral = self._quadrature(state, h, self.b[:6], stages[:6])
                 return new, {"rejected": float(rejected)}
             rejected += 1
             dt = h * max(0.2, factor)
-            if dt < s.dt_min:
-                raise SolverError(f"adaptive step size fell below solver.dt_min = {s.dt_min:g} at t = {state.t:.6g} "
+            if dt < self.dt_min:
+                raise SolverError(f"adaptive step size fell below solver.dt_min = {self.dt_min:g} at t = {state.t:.6g} "
                                   f"(error estimate {err:.3g}); loosen solver.rtol/atol or lower solver.dt_min")
 
     def likely_cause(self, state: State) -> str:
-        return (f"the adaptive stepper's tolerances (solver.rtol = {self.cfg.solver.rtol:g}, "
-                f"solver.atol = {self.cfg.solver.atol:g}) are too loose for this problem; tighten them")
+        return (f"the adaptive stepper's tolerances (solver.rtol = {self.rtol:g}, "
+                f"solver.atol = {self.atol:g}) are too loose for this problem; tighten them")

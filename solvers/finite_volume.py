@@ -69,7 +69,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pdeflow.measure import Grid, entropy, initial_density
+from pdeflow.config import Config
+from pdeflow.measure import Grid, entropy
+from pdeflow.problem import Problem
 
 from . import register
 from .base import SolverError, State, Stepper
@@ -200,35 +202,21 @@ class GridEvaluation:
     dissipation: float
 
 
-@register
-class FiniteVolume(Stepper):
-    """Upwind / MUSCL finite volumes with SSP Runge-Kutta time stepping (see the module docstring)."""
-    name = "fv"
-    measure: ClassVar[str] = "grid"
-    step_columns = ("mass", "min_density", "rejected")
+class GridEvaluator:
+    """One evaluation of a grid density (module docstring): the discrete energy ``E_h``, ``Phi`` and ``xi`` at the
+    centres, face velocities and fluxes (``scheme``, ``limiter``), the outflow rate and the dissipation ``I_h``
+    (with the reaction term when ``gamma > 0``). Shared by the finite-volume stepper and the grid JKO steppers,
+    whose energies and dissipations therefore compare."""
 
-    def __init__(self, problem: Any, cfg: Any) -> None:
-        super().__init__(problem, cfg)
-        self.grid = Grid.from_config(cfg.grid, problem.k)
+    def __init__(self, problem: Problem, grid: Grid, scheme: str = "muscl", limiter: str = "minmod",
+                 gamma: float = 0.0) -> None:
+        self.problem, self.grid, self.scheme, self.limiter, self.gamma = problem, grid, scheme, limiter, float(gamma)
         self.beta = float(problem.beta)
-        s = cfg.solver
-        self.scheme, self.limiter, self.cfl = s.scheme, s.limiter, s.cfl
-        self.alphas = SSP_ALPHA[cfg.grid.time_order]
-        self.gamma = float(s.gamma)
-        self.floor = DENSITY_FLOOR / self.grid.box_volume
-        width = self.grid.width
+        self.floor = DENSITY_FLOOR / grid.box_volume
+        width = grid.width
         self.parabolic_rate = 0.0 if not math.isfinite(self.beta) else float(2.0 / self.beta * np.sum(1.0 / width ** 2))
 
-    # ---- state --------------------------------------------------------------------------------
-    def initial_state(self) -> State:
-        rho = initial_density(self.grid, self.cfg.init)
-        return State(t=0.0, step=0, dt=self.cfg.solver.dt, fields={"density": rho})
-
-    def frame_attrs(self) -> dict[str, Any]:
-        return self.grid.frame_attrs()
-
-    # ---- evaluation ---------------------------------------------------------------------------
-    def evaluate_density(self, rho: np.ndarray) -> GridEvaluation:
+    def __call__(self, rho: np.ndarray) -> GridEvaluation:
         """Energy, potential, face velocities and fluxes, outflow rate and dissipation of a density [shape]."""
         grid, problem = self.grid, self.problem
         centres, masses = grid.particles(rho)
@@ -260,6 +248,50 @@ class FiniteVolume(Stepper):
                               fluxes=fluxes, rate=rate, drho_dt=flux_divergence(fluxes, width),
                               dissipation=dissipation)
 
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config, grid: Grid | None = None) -> GridEvaluator:
+        """The evaluator of ``cfg``'s grid (or ``grid``), ``solver.scheme``, ``solver.limiter``, ``solver.gamma``."""
+        s = cfg.solver
+        return cls(problem, grid or Grid.from_config(cfg.grid, problem.k), s.scheme, s.limiter, s.gamma)
+
+
+@register
+class FiniteVolume(Stepper):
+    """Upwind / MUSCL finite volumes with SSP Runge-Kutta time stepping (see the module docstring)."""
+    name = "fv"
+    measure: ClassVar[str] = "grid"
+    step_columns = ("mass", "min_density", "rejected")
+
+    def __init__(self, problem: Problem, grid: Grid, dt: float, *, cfl: float = 0.4, dt_min: float = 0.0,
+                 scheme: str = "muscl", limiter: str = "minmod", time_order: int = 2, gamma: float = 0.0) -> None:
+        """On ``grid``: steps of at most ``dt`` and ``cfl`` over the outflow rate, never below ``dt_min``; the
+        flux ``scheme`` and ``limiter``; SSP Runge-Kutta of ``time_order`` (2 or 3); the Fisher-Rao rate
+        ``gamma`` (``solver.*`` and ``grid.time_order``)."""
+        super().__init__(problem)
+        self.grid, self.dt, self.dt_min, self.cfl = grid, float(dt), float(dt_min), cfl
+        self.evaluator = GridEvaluator(problem, grid, scheme, limiter, gamma)
+        self.beta, self.scheme, self.limiter, self.gamma = self.evaluator.beta, scheme, limiter, self.evaluator.gamma
+        self.alphas = SSP_ALPHA[time_order]
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> FiniteVolume:
+        return cls(problem, Grid.from_config(cfg.grid, problem.k), **cls.parameters(cfg))
+
+    @staticmethod
+    def parameters(cfg: Config) -> dict[str, Any]:
+        """The finite-volume parameters of ``cfg`` (``solver.*``, ``grid.time_order``), as keyword arguments."""
+        s = cfg.solver
+        return {"dt": s.dt, "cfl": s.cfl, "dt_min": s.dt_min, "scheme": s.scheme, "limiter": s.limiter,
+                "time_order": cfg.grid.time_order, "gamma": s.gamma}
+
+    def frame_attrs(self) -> dict[str, Any]:
+        return self.grid.frame_attrs()
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def evaluate_density(self, rho: np.ndarray) -> GridEvaluation:
+        """The evaluation of a density [shape] (:class:`GridEvaluator`)."""
+        return self.evaluator(rho)
+
     def evaluate(self, state: State) -> GridEvaluation:  # type: ignore[override]
         """The evaluation at the state's density, cached on the state."""
         if state.evaluation is None:
@@ -274,7 +306,7 @@ class FiniteVolume(Stepper):
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         rho0 = state.fields["density"]
         ev0 = self.evaluate(state)
-        dt = self.cfg.solver.dt if ev0.rate == 0.0 else min(self.cfg.solver.dt, self.cfl / ev0.rate)
+        dt = self.dt if ev0.rate == 0.0 else min(self.dt, self.cfl / ev0.rate)
         if self.gamma:
             spread = float(np.ptp(ev0.xi[rho0 > 0])) if np.any(rho0 > 0) else 0.0
             if spread > 0.0:
@@ -288,8 +320,8 @@ class FiniteVolume(Stepper):
                 break
             rejected += 1
             dt = 0.5 * h
-            if dt < self.cfg.solver.dt_min:
-                raise SolverError(f"finite-volume step fell below solver.dt_min = {self.cfg.solver.dt_min:g} "
+            if dt < self.dt_min:
+                raise SolverError(f"finite-volume step fell below solver.dt_min = {self.dt_min:g} "
                                   f"keeping the density nonnegative; lower solver.cfl")
         new = state.advanced({"density": rho}, h, dt=h)
         new.evaluation = ev
@@ -331,5 +363,5 @@ class FiniteVolume(Stepper):
         return rho, self.evaluate_density(rho)
 
     def likely_cause(self, state: State) -> str:
-        return (f"the finite-volume step (solver.cfl = {self.cfl:g}, solver.dt = {self.cfg.solver.dt:g}) "
-                f"is too large for this problem on grid.n = {self.cfg.grid.n}; lower solver.cfl or solver.dt")
+        return (f"the finite-volume step (solver.cfl = {self.cfl:g}, solver.dt = {self.dt:g}) "
+                f"is too large for this problem on grid.n = {self.grid.shape[0]}; lower solver.cfl or solver.dt")

@@ -101,12 +101,13 @@ from scipy.spatial.distance import cdist
 from scipy.special import logsumexp
 
 from pdeflow.config import Config, ConfigError
-from pdeflow.measure import entropy
+from pdeflow.measure import Grid, entropy
 from pdeflow.problem import COMPLEX_STEP, Evaluation, Problem
 
 from . import register
 from .accuracy import particle_jacobian, velocity_jvp
 from .base import SolverError, State, Stepper
+from .finite_volume import GridEvaluator
 
 # A coupling counts as optimal when the identity's cost exceeds W2^2 by at most this (relative) amount:
 # ot.emd2's network simplex is exact up to rounding of the cost matrix.
@@ -122,10 +123,15 @@ def jko_tau(cfg: Config) -> float:
     return cfg.solver.tau if cfg.solver.tau > 0 else cfg.solver.dt
 
 
+def entropic_epsilon(epsilon: float, cell_widths) -> float:
+    """The entropic regularization of a grid JKO step: ``epsilon``, or when it is 0 the default ``h^2`` with h the
+    smallest of ``cell_widths`` [k] (module docstring, "Default eps")."""
+    return epsilon if epsilon > 0 else float(np.min(cell_widths)) ** 2
+
+
 def grid_epsilon(cfg: Config, cell_widths) -> float:
-    """The entropic regularization of a grid JKO step: ``solver.epsilon``, or when it is 0 the default
-    ``h^2`` with h the smallest of ``cell_widths`` [k] (module docstring, "Default eps")."""
-    return cfg.solver.epsilon if cfg.solver.epsilon > 0 else float(np.min(cell_widths)) ** 2
+    """:func:`entropic_epsilon` of ``solver.epsilon``."""
+    return entropic_epsilon(cfg.solver.epsilon, cell_widths)
 
 
 def implied_diffusion(cfg: Config, cell_widths) -> float:
@@ -364,18 +370,17 @@ def euler_stability_limit(problem: Problem, omega: np.ndarray, mass: np.ndarray,
 # ---- steppers -------------------------------------------------------------------------------------
 @register
 class JKO(Stepper):
-    """``solver.method = "jko"``: builds :class:`ParticleJKO` or :class:`GridJKO` after ``init.measure``."""
+    """``solver.method = "jko"``: :meth:`from_config` builds :class:`ParticleJKO` or :class:`GridJKO` after
+    ``init.measure``."""
     name = "jko"
     quadrature = "right"  # the energy-identity check's quadrature of a minimizing movement (pdeflow.solvers.accuracy)
+    tau: float
 
-    def __new__(cls, problem: Problem, cfg: Config) -> JKO:
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> JKO:
         if cls is JKO:
-            cls = GridJKO if cfg.init.measure == "grid" else ParticleJKO
-        return super().__new__(cls)
-
-    @property
-    def tau(self) -> float:
-        return jko_tau(self.cfg)
+            return (GridJKO if cfg.init.measure == "grid" else ParticleJKO).from_config(problem, cfg)
+        raise NotImplementedError(f"{cls.__name__}.from_config")
 
     def likely_cause(self, state: State) -> str:
         return (f"the JKO step with solver.tau = {self.tau:g} left the region where the problem is finite; "
@@ -388,26 +393,28 @@ class ParticleJKO(JKO):
     step_columns = ("inner_iterations", "inner_evaluations", "inner_grad_norm", "inner_tol",
                     "coupling_optimal", "transport_gap")
 
-    def __init__(self, problem: Problem, cfg: Config) -> None:
-        super().__init__(problem, cfg)
+    def __init__(self, problem: Problem, tau: float, *, inner_tol: float = 1e-10, inner_maxiter: int = 500) -> None:
+        """Proximal steps of ``tau``; the inner solve stops at the residual ``inner_tol`` or after
+        ``inner_maxiter`` iterations (``solver.*``)."""
+        super().__init__(problem)
+        self.tau = self.dt = float(tau)
+        self.inner_tol, self.inner_maxiter = inner_tol, inner_maxiter
         self.non_optimal_couplings = 0
 
-    def initial_state(self) -> State:
-        state = super().initial_state()
-        state.dt = self.tau
-        return state
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> ParticleJKO:
+        return cls(problem, jko_tau(cfg), inner_tol=cfg.solver.inner_tol, inner_maxiter=cfg.solver.inner_maxiter)
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        s = self.cfg.solver
         h = min(self.tau, dt_limit)
         omega, mass = state.fields["omega"], state.fields["mass"]
-        result = proximal_step(self.problem, omega, mass, h, s.inner_tol, s.inner_maxiter, self.evaluate(state))
+        result = proximal_step(self.problem, omega, mass, h, self.inner_tol, self.inner_maxiter, self.evaluate(state))
         if not result.converged:
             raise SolverError(
                 f"the inner solve (L-BFGS-B, then Newton) of JKO step {state.step + 1} "
                 f"(t = {state.t:.6g}, tau = {h:.3g}) stopped "
                 f"after {result.iterations} iterations with Euler-Lagrange residual {result.residual:.3g} > "
-                f"solver.inner_tol = {s.inner_tol:g} ({result.message}); raise solver.inner_maxiter or "
+                f"solver.inner_tol = {self.inner_tol:g} ({result.message}); raise solver.inner_maxiter or "
                 f"solver.inner_tol, or reduce solver.tau")
         gap = coupling_gap(omega, result.omega, mass)
         optimal = gap <= COUPLING_RTOL
@@ -421,7 +428,7 @@ class ParticleJKO(JKO):
         new = state.advanced({"omega": result.omega, "mass": mass}, h, dt=self.tau)
         new.evaluation = result.evaluation
         return new, {"inner_iterations": float(result.iterations), "inner_evaluations": float(result.evaluations),
-                     "inner_grad_norm": result.residual, "inner_tol": s.inner_tol,
+                     "inner_grad_norm": result.residual, "inner_tol": self.inner_tol,
                      "coupling_optimal": float(optimal), "transport_gap": gap}
 
 
@@ -431,33 +438,41 @@ class GridJKO(JKO):
     step_columns = ("mass", "min_density", "outer_iterations", "newton_iterations", "cg_iterations",
                     "marginal_violation", "linearization_residual", "energy_change", "transport_cost")
 
-    def __init__(self, problem: Problem, cfg: Config) -> None:
-        from .finite_volume import FiniteVolume  # its grid, initial density and diagnostics
-
-        super().__init__(problem, cfg)
-        self.fv = FiniteVolume(problem, cfg)
-        self.grid = self.fv.grid
+    def __init__(self, problem: Problem, grid: Grid, tau: float, *, epsilon: float = 0.0, inner_tol: float = 1e-10,
+                 inner_maxiter: int = 500, outer_maxiter: int = 50, evaluator: GridEvaluator | None = None) -> None:
+        """Entropic JKO steps of ``tau`` on ``grid``: the entropic ``epsilon`` (0: ``h^2``, :func:`grid_epsilon`);
+        each linearized problem solved to ``inner_tol`` in at most ``inner_maxiter`` Newton steps, at most
+        ``outer_maxiter`` linearizations (``solver.*``). ``evaluator``: the grid evaluation of energy, risk and
+        dissipation (default: the finite-volume one with its default flux, :class:`GridEvaluator`)."""
+        super().__init__(problem)
+        self.grid = grid
         if self.grid.n_cells > MAX_GRID_CELLS:
-            raise ConfigError(f"grid.n = {cfg.grid.n} gives {self.grid.n_cells} cells; solver.method = 'jko' on a "
+            raise ConfigError(f"grid.n = {grid.shape[0]} gives {self.grid.n_cells} cells; solver.method = 'jko' on a "
                               f"grid forms dense cell-to-cell plans and takes at most {MAX_GRID_CELLS}: lower grid.n")
+        self.tau = self.dt = float(tau)
+        self.inner_tol, self.inner_maxiter, self.outer_maxiter = inner_tol, inner_maxiter, outer_maxiter
+        self.evaluator = evaluator or GridEvaluator(problem, grid)
         centres = self.grid.centres
         self.cost = ot.dist(centres, centres, metric="sqeuclidean")
-        self.epsilon = grid_epsilon(cfg, self.grid.width)
+        self.epsilon = entropic_epsilon(epsilon, self.grid.width)
 
-    def initial_state(self) -> State:
-        state = self.fv.initial_state()
-        state.dt = self.tau
-        return state
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> GridJKO:
+        s = cfg.solver
+        grid = Grid.from_config(cfg.grid, problem.k)
+        return cls(problem, grid, jko_tau(cfg), epsilon=s.epsilon, inner_tol=s.inner_tol,
+                   inner_maxiter=s.inner_maxiter, outer_maxiter=s.outer_maxiter,
+                   evaluator=GridEvaluator.from_config(problem, cfg, grid))
 
     def frame_attrs(self) -> dict[str, Any]:
         """The grid's attributes, and ``epsilon`` and ``implied_diffusion`` (eps / (4 tau)) of the steps."""
-        return {**self.fv.frame_attrs(), "epsilon": self.epsilon,
-                "implied_diffusion": implied_diffusion(self.cfg, self.grid.width)}
+        return {**self.grid.frame_attrs(), "epsilon": self.epsilon,
+                "implied_diffusion": self.epsilon / (4.0 * self.tau)}
 
     def evaluate(self, state: State) -> Any:  # type: ignore[override]
         """The finite-volume evaluation (energy E_h, risk, Phi at the centres, dissipation I_h), cached."""
         if state.evaluation is None:
-            state.evaluation = self.fv.evaluate_density(state.fields["density"])
+            state.evaluation = self.evaluator(state.fields["density"])
         return state.evaluation
 
     def linearization(self, masses: np.ndarray) -> tuple[float, np.ndarray]:
@@ -469,7 +484,7 @@ class GridJKO(JKO):
         return energy, problem.phi_field(grid.centres, G)
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        s, grid, beta = self.cfg.solver, self.grid, self.problem.beta
+        grid, beta = self.grid, self.problem.beta
         h = min(self.tau, dt_limit)
         eps = self.epsilon * h / self.tau
         energy0 = self.evaluate(state).energy
@@ -480,17 +495,17 @@ class GridJKO(JKO):
         newton = products = 0
         residual = np.inf
         anderson = _Anderson(ANDERSON_DEPTH)
-        for outer in range(1, s.outer_maxiter + 1):
-            sol = entropic_prox(self.cost, p, V, eps, h, beta, grid.cell_volume, s.inner_tol, s.inner_maxiter, g)
+        for outer in range(1, self.outer_maxiter + 1):
+            sol = entropic_prox(self.cost, p, V, eps, h, beta, grid.cell_volume, self.inner_tol, self.inner_maxiter, g)
             newton, products = newton + sol.iterations, products + sol.products
             if not sol.converged:
                 raise SolverError(f"the Newton solve of the entropic transport in {where} stopped after "
                                   f"{sol.iterations} iterations with marginal violation {sol.violation:.3g} > "
-                                  f"solver.inner_tol = {s.inner_tol:g}; raise solver.inner_maxiter or "
+                                  f"solver.inner_tol = {self.inner_tol:g}; raise solver.inner_maxiter or "
                                   f"solver.inner_tol, or reduce solver.tau")
             residual = float(np.sum(np.abs(sol.masses - q))) if outer > 1 else np.inf
             q, g = sol.masses, sol.potential
-            if residual <= s.inner_tol:
+            if residual <= self.inner_tol:
                 break
             # the fixed point V = Phi(x; S(V)), S the linearized step: Anderson-accelerated, the residual
             # weighted by the new masses (V matters only where there is mass to move)

@@ -48,7 +48,9 @@ import numpy as np
 import ot
 from scipy.optimize import brentq
 
-from pdeflow.config import ConfigError
+from pdeflow.config import Config, ConfigError
+from pdeflow.measure import Grid
+from pdeflow.problem import Problem
 
 from . import register
 from .base import SolverError, State
@@ -122,33 +124,44 @@ class UnbalancedJKO(FiniteVolume):
     name = "wfr_jko"
     step_columns = ("mass", "min_density", "outer_iterations")
 
-    def __init__(self, problem: Any, cfg: Any) -> None:
-        super().__init__(problem, cfg)
-        s = cfg.solver
+    def __init__(self, problem: Problem, grid: Grid, tau: float, *, alpha: float, gamma: float, epsilon: float = 0.0,
+                 inner_tol: float = 1e-10, outer_maxiter: int = 50, **fv: Any) -> None:
+        """Steps of ``tau`` on ``grid`` for the metric of ``alpha`` and ``gamma``; the plan's entropic ``epsilon``
+        (0: one cell wide, module docstring); the linearization stops at ``inner_tol`` or after ``outer_maxiter``
+        (``solver.*``); ``fv``: the :class:`FiniteVolume` parameters (its evaluation and first ``dt``)."""
+        super().__init__(problem, grid, gamma=gamma, **fv)
         if self.grid.n_cells > MAX_CELLS:
             raise ConfigError(f"solver.method = 'wfr_jko' stores dense costs: at most {MAX_CELLS} cells, got "
                               f"{self.grid.n_cells}; lower grid.n")
-        self.tau = s.tau if s.tau > 0 else s.dt
+        self.tau, self.inner_tol, self.outer_maxiter = float(tau), inner_tol, outer_maxiter
         # 0: a kernel one cell wide, sqrt(2 eps) delta = h with delta = sqrt(alpha / gamma) (see the docstring)
-        self.eps = s.epsilon if s.epsilon > 0 else float(np.min(self.grid.width)) ** 2 * s.gamma / (2.0 * s.alpha)
-        self.cost = hk_cost(np.asarray(self.grid.centres).reshape(self.grid.n_cells, -1), math.sqrt(s.alpha / s.gamma))
+        self.eps = epsilon if epsilon > 0 else float(np.min(self.grid.width)) ** 2 * gamma / (2.0 * alpha)
+        self.cost = hk_cost(np.asarray(self.grid.centres).reshape(self.grid.n_cells, -1), math.sqrt(alpha / gamma))
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> UnbalancedJKO:
+        s = cfg.solver
+        return cls(problem, Grid.from_config(cfg.grid, problem.k), s.tau if s.tau > 0 else s.dt, alpha=s.alpha,
+                   epsilon=s.epsilon, inner_tol=s.inner_tol, outer_maxiter=s.outer_maxiter,
+                   **cls.parameters(cfg))
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        s, grid = self.cfg.solver, self.grid
+        grid = self.grid
         h = min(self.tau, dt_limit)
         a = grid.masses(state.fields["density"])
         total = float(np.sum(a))
         b, ev = a, self.evaluate(state)
-        for iteration in range(1, s.outer_maxiter + 1):
+        for iteration in range(1, self.outer_maxiter + 1):
             new_b = jko_masses(a, self.cost, ev.xi.ravel(), 0.5 * self.gamma * h, self.eps)
             change = float(np.sum(np.abs(new_b - b))) / total
             b = new_b
             ev = self.evaluate_density(grid.density(b))
-            if change <= s.inner_tol:
+            if change <= self.inner_tol:
                 break
         else:
-            raise SolverError(f"wfr_jko: the linearization did not settle in solver.outer_maxiter = {s.outer_maxiter} "
-                              f"iterations (last change {change:.2e}); lower solver.tau or raise solver.outer_maxiter")
+            raise SolverError(f"wfr_jko: the linearization did not settle in solver.outer_maxiter = "
+                              f"{self.outer_maxiter} iterations (last change {change:.2e}); lower solver.tau or "
+                              f"raise solver.outer_maxiter")
         rho = grid.density(b)
         new = state.advanced({"density": rho}, h, dt=self.tau)
         new.evaluation = ev
@@ -157,4 +170,4 @@ class UnbalancedJKO(FiniteVolume):
 
     def likely_cause(self, state: State) -> str:
         return (f"the wfr_jko step (solver.tau = {self.tau:g}, solver.epsilon = {self.eps:g}) failed on grid.n = "
-                f"{self.cfg.grid.n}; lower solver.tau or raise solver.epsilon")
+                f"{self.grid.shape[0]}; lower solver.tau or raise solver.epsilon")

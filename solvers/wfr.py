@@ -51,7 +51,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pdeflow.problem import Evaluation
+from pdeflow.config import Config
+from pdeflow.problem import Evaluation, Problem
 
 from . import register
 from .base import SolverError, State
@@ -73,11 +74,20 @@ class WassersteinFisherRao(DormandPrince):
     step_columns = ("rejected", "removed", "removed_mass")
     sharded = True  # the rho-averages are sums over ranks, like the energy
 
-    def __init__(self, problem, cfg) -> None:
-        super().__init__(problem, cfg)
+    def __init__(self, problem: Problem, dt: float, *, alpha: float, gamma: float, mass_floor: float,
+                 total_mass: str = "fixed", **controller: float) -> None:
+        """The transport rate ``alpha``, the Fisher-Rao rate ``gamma``, the removal threshold ``mass_floor`` and
+        ``total_mass`` (``"fixed"`` or ``"free"``), ``solver.*`` of the same names; ``dt`` and ``controller``
+        as for :class:`~pdeflow.solvers.explicit.DormandPrince`."""
+        super().__init__(problem, dt, **controller)
+        self.alpha, self.gamma, self.mass_floor = float(alpha), float(gamma), float(mass_floor)
+        self.fixed_mass = total_mass == "fixed"
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> WassersteinFisherRao:
         s = cfg.solver
-        self.alpha, self.gamma, self.mass_floor = float(s.alpha), float(s.gamma), float(s.mass_floor)
-        self.fixed_mass = s.total_mass == "fixed"
+        return cls(problem, s.dt, alpha=s.alpha, gamma=s.gamma, mass_floor=s.mass_floor, total_mass=s.total_mass,
+                   **cls.controller(cfg))
 
     # ---- the vector field ---------------------------------------------------------------------
     def mean_phi(self, phi: np.ndarray, mass: np.ndarray) -> float:
@@ -174,5 +184,5 @@ class WassersteinFisherRao(DormandPrince):
         return {"energy": ev.energy, "risk": ev.risk, "dissipation": self.alpha * ev.dissipation + self.gamma * fr}
 
     def likely_cause(self, state: State) -> str:
-        return (f"the wfr stepper's tolerances (solver.rtol = {self.cfg.solver.rtol:g}, solver.atol = "
-                f"{self.cfg.solver.atol:g}) are too loose for solver.gamma = {self.gamma:g}; tighten them")
+        return (f"the wfr stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = "
+                f"{self.atol:g}) are too loose for solver.gamma = {self.gamma:g}; tighten them")

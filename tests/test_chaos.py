@@ -10,7 +10,7 @@ import numba
 import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
-from pdeflow.solvers.driver import frame_times
+from pdeflow.solvers.loop import frame_times
 
 from conftest import build_config
 from pdeflow import Problem, chaos
@@ -214,7 +214,7 @@ def test_full_batch_sgd_excess_is_first_order_in_eta(tmp_path):
     cfg = tiny_config(sgd={"batch_size": 10_000}, chaos={"eta_list": [0.1, 0.05, 0.025], "seeds": 1},
                       run={"t_end": 0.2, "frame_interval": 0.2})
     problem = Problem.from_config(cfg)
-    result = chaos.run_chaos(cfg, problem, make_stepper, frame_times(cfg))
+    result = chaos.run_chaos(cfg, problem, frame_times(cfg))
     assert result.fits["sgd_eta"].slope == pytest.approx(1.0, abs=0.1)
 
 
@@ -259,7 +259,7 @@ def test_an_interrupted_experiment_resumes_bit_for_bit(tmp_path):
     cfg = tiny_config(chaos={"seeds": 1})
     problem = Problem.from_config(cfg)
     times = frame_times(cfg)
-    whole = chaos.run_chaos(cfg, problem, make_stepper, times)
+    whole = chaos.run_chaos(cfg, problem, times)
     work = tmp_path / "out.h5.work"
     labels = []
 
@@ -269,13 +269,13 @@ def test_an_interrupted_experiment_resumes_bit_for_bit(tmp_path):
             raise _Crash
 
     with pytest.raises(_Crash):
-        chaos.run_chaos(cfg, problem, make_stepper, times, progress=crash_in_third_block, work=work)
+        chaos.run_chaos(cfg, problem, times, progress=crash_in_third_block, work=work)
     data = {name: np.empty_like(whole.data[name]) for name in chaos.BLOCK_DATA}
     done = chaos.read_work(work, cfg, data)
     assert done.tolist() == [[True], [True], [False]]
     assert np.all(np.isnan(data["coupling"][2])) and np.all(np.isfinite(data["coupling"][:2]))
     labels.clear()
-    resumed = chaos.run_chaos(cfg, problem, make_stepper, times, progress=lambda label, u: labels.append(label),
+    resumed = chaos.run_chaos(cfg, problem, times, progress=lambda label, u: labels.append(label),
                               work=work)
     assert "N=2 (done before)" in labels and "N=4 (done before)" in labels and "flow N=8" in labels
     assert "flow N=2" not in labels
@@ -284,7 +284,7 @@ def test_an_interrupted_experiment_resumes_bit_for_bit(tmp_path):
     # a work file of another config is refused
     other = tiny_config(chaos={"seeds": 1, "n_ref": 40})
     with pytest.raises(ConfigError, match="another config"):
-        chaos.run_chaos(other, Problem.from_config(other), make_stepper, frame_times(other), work=work)
+        chaos.run_chaos(other, Problem.from_config(other), frame_times(other), work=work)
 
 
 def test_chaos_command_resume_and_force(tmp_path, capsys):
@@ -297,7 +297,7 @@ def test_chaos_command_resume_and_force(tmp_path, capsys):
     # an unfinished experiment's work file: refused without --resume or --force, and left as it was
     problem = Problem.from_config(cfg)
     with pytest.raises(_Crash):
-        chaos.run_chaos(cfg, problem, make_stepper, frame_times(cfg), work=work,
+        chaos.run_chaos(cfg, problem, frame_times(cfg), work=work,
                         progress=lambda label, u: (_ for _ in ()).throw(_Crash) if label == "flow N=4" else None)
     before = work.read_bytes()
     assert main(["chaos", str(config), "-o", str(out), "--quiet"]) == 2

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"pdeflow": "pdeflow", "solvers": "pdeflow.solvers", "benchmarks": "pdeflow.benchmarks"}
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("pdeflow._version", "pdeflow.exit_codes", "pdeflow.methods", "pdeflow.config", "pdeflow.jit",
+    ("core", ("pdeflow._version", "pdeflow.exit_codes", "pdeflow.methods", "pdeflow.config", "pdeflow.clock",
+              "pdeflow.state", "pdeflow.jit",
               "pdeflow.kernels", "pdeflow.model", "pdeflow.tasks", "pdeflow.mean_field", "pdeflow.workers",
               "pdeflow.problem", "pdeflow.measure", "pdeflow.parallel")),
     ("io", ("pdeflow", "pdeflow.schema", "pdeflow.trajectory", "pdeflow.resume", "pdeflow.sharded_writer",

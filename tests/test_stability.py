@@ -11,7 +11,6 @@ import scipy.linalg
 
 from pdeflow import Problem, loads_config
 from pdeflow.cli import main
-from pdeflow.cli_stability import particle_integrator
 from pdeflow.model import join_theta, split_theta
 from pdeflow.stability import (
     MEAN,
@@ -162,7 +161,7 @@ def test_zero_head_derivatives_vanish_and_h0_is_the_bilinear_coupling():
     expected = np.sort(np.concatenate([np.repeat(lam + sigma, dh), np.repeat(lam - sigma, dh),
                                        np.full(2 * d * dh, lam)]))
     np.testing.assert_allclose(np.linalg.eigvalsh(H0), expected, atol=1e-13)
-    sweep = zero_head_sweep(problem, particle_integrator(cfg), cfg.replace(stability={"weight_decays": []}))
+    sweep = zero_head_sweep(problem, cfg.replace(stability={"weight_decays": []}))
     assert sweep.lam_c_predicted == pytest.approx(sigma[0], rel=1e-12)
 
 
@@ -197,7 +196,7 @@ def test_zero_head_critical_weight_decay_matches_simulation():
     """Below lam_c the perturbations of the zero head grow, above they decay, at -lambda_min(H0) (5%: here far
     better), and the zero of the measured rates against lam is lam_c."""
     cfg, problem = build("stability.weight_decays=[0.05, 0.25]", "stability.t_end=20.0")
-    sweep = zero_head_sweep(problem, particle_integrator(cfg), cfg)
+    sweep = zero_head_sweep(problem, cfg)
     lam_c = sweep.lam_c_predicted
     assert 0.05 < lam_c < 0.25
     assert sweep.verdicts == ["translation-unstable", "stable"]
@@ -213,7 +212,7 @@ def test_nonzero_stationary_dirac_rates_match_simulation(nonzero_point):
     cfg, problem, a = nonzero_point
     assert a.verdict == "splitting-unstable"
     assert a.htr_relevant[0] > cfg.stability.tol and a.h0_relevant[0] < -cfg.stability.tol
-    runs = simulate_point(problem, a, particle_integrator(cfg), cfg, seed=0)
+    runs = simulate_point(problem, a, cfg, seed=0)
     assert len(runs) == 1
     r = runs[0]
     np.testing.assert_allclose(r.predicted, [-a.htr_relevant[0], -a.h0_relevant[0]], rtol=1e-12)
@@ -225,7 +224,7 @@ def test_nonzero_stationary_dirac_rates_match_simulation(nonzero_point):
     errors = []
     for eps in (1e-3, 1e-4):
         c = cfg.replace(stability={"eps": eps})
-        run = simulate_point(problem, a, particle_integrator(c), c, seed=0)[0]
+        run = simulate_point(problem, a, c, seed=0)[0]
         errors.append(np.abs(run.measured / run.predicted - 1.0))
     assert np.all(errors[0] > 1e-5)  # well above the step and fit errors
     np.testing.assert_allclose(errors[0] / errors[1], 10.0, rtol=0.2)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..clock import time_tolerance
 from ..config import ConfigError, DiagnosticsConfig
 from ..problem import Problem
 from ..trajectory import Trajectory
@@ -205,7 +206,7 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
     PL and KL use only samples where E - E* is trustworthy (:func:`trusted_excess`)."""
     t_end = float(a.time[-1])
     start = t_end - settings.kl_window * (t_end - float(a.time[0]))
-    in_window = st_t >= start - 1e-12 * max(1.0, abs(start))
+    in_window = st_t >= start - time_tolerance(start)
     e_min = float(np.nanmin(st_e))
     candidates = []
     if math.isfinite(settings.e_star):
@@ -243,7 +244,7 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
         a.notes.append(a.kl_status)
     else:
         a.kl_status = "KL regime"
-    frames = np.flatnonzero(a.time >= start - 1e-12 * max(1.0, abs(start)))
+    frames = np.flatnonzero(a.time >= start - time_tolerance(start))
     window_mu = a.pl_mu[frames][np.isfinite(a.pl_mu[frames])]
     a.pl_mu_min = float(window_mu.min()) if window_mu.size else math.nan
     if math.isfinite(fit.theta) and frames.size and a.energy[frames[0]] > e_star:
