@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from pdeflow.exit_codes import EXIT_OK
+
 from .common import REFERENCE_CONFIG, RESULTS
 from .suite import PRESETS, markdown, run, write
 
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     js, md = write(res, args.out)
     print(markdown(res))
     print(f"results: {js} and {md}")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         print(json.dumps(_child(argv[1].split(","), argv[2:] or ["float64"])))
-        return 0
+        return 0  # the exit code literal: importing pdeflow here would fix numba's target before the child sets it
     p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.codegen", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="append",
                    help=f"LLVM CPU name or 'host' (repeatable; default: {', '.join(TARGETS)}, host)")

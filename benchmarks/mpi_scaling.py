@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from pdeflow.exit_codes import EXIT_OK
 from pdeflow.parallel import child_environment, find_mpiexec
 
 from .common import REFERENCE_CONFIG, RESULTS, build, summary
@@ -308,12 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         result = worker(args.config, args.n, args.b, args.repeats, args.sweep)
         if result is not None:
             print(json.dumps(result, default=float))
-        return 0
+        return EXIT_OK
     res, js, md = run("quick" if args.quick else "full", Path(args.out),
                       lambda s: print(s, file=sys.stderr, flush=True))
     print(markdown(res))
     print(f"results: {js} and {md}")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

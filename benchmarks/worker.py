@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pdeflow.exit_codes import EXIT_OK
+
 from .common import REFERENCE_CONFIG, build, interleaved, ratio, summary
 
 
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     print(json.dumps(run_task(args.task, args.config, args.n, args.b, args.repeats, args.t)))
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":
