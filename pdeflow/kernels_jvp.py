@@ -305,9 +305,11 @@ def _attention_vjp_jvp_units(rows: np.ndarray, table: np.ndarray, drows: np.ndar
                 for j in range(top):
                     for h in range(dh):
                         for ii in range(w):
-                            tv[j, h, ii] = _rows_dot(a, j, dgs, l0, h, ii, _rows_dot(da, j, gs, l0, h, ii, tv[j, h, ii]))
+                            acc = _rows_dot(da, j, gs, l0, h, ii, tv[j, h, ii])
+                            tv[j, h, ii] = _rows_dot(a, j, dgs, l0, h, ii, acc)
                         for ii in range(w):
-                            tk[j, h, ii] = _rows_dot(e, j, dqs, l0, h, ii, _rows_dot(de, j, qs, l0, h, ii, tk[j, h, ii]))
+                            acc = _rows_dot(de, j, qs, l0, h, ii, tk[j, h, ii])
+                            tk[j, h, ii] = _rows_dot(e, j, dqs, l0, h, ii, acc)
             else:
                 for r in range(rb):
                     for j in range(l0 + r + 1):
