@@ -28,7 +28,18 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import jit, prange
-from .kernels import ROWS, _load, _load_unit, _put_unit, _rows_dot, _store, _unit_range, empty_aligned, madd, vexp
+from .kernels import (
+    ROWS,
+    _load,
+    _load_unit,
+    _put_unit,
+    _rows_dot,
+    _store,
+    _unit_range,
+    empty_aligned,
+    madd,
+    softmax_scores,
+)
 
 
 def scratch_bytes(T: int, dh: int, tile: int, itemsize: int) -> tuple[int, int]:
@@ -136,29 +147,12 @@ def _softmax_tangent_row(qs: np.ndarray, ks: np.ndarray, dqs: np.ndarray, dks: n
     s'_j = sc (<q'_l, k_j> + <q_l, k'_j>), for j <= l. The exponentials and the shift are those of
     :func:`pdeflow.kernels._softmax_row` (same values to the last bit)."""
     _scores_tangent(qs, ks, dqs, dks, l, w, s, ds)
+    softmax_scores(l, w, sc, one, s, shift, inv)
     for ii in range(w):
-        shift[ii] = -np.inf
-    for j in range(l + 1):
-        for ii in range(w):
-            x = s[j, ii] * sc
-            s[j, ii] = x
-            cur = shift[ii]
-            shift[ii] = x if x > cur else cur
-    for ii in range(w):
-        inv[ii] = 0.0
-    for j in range(l + 1):
-        for ii in range(w):
-            e = vexp(s[j, ii] - shift[ii])
-            s[j, ii] = e
-            inv[ii] += e
-    for ii in range(w):
-        inv[ii] = one / inv[ii]
         mu[ii] = 0.0
     for j in range(l + 1):
         for ii in range(w):
-            p = s[j, ii] * inv[ii]
-            s[j, ii] = p
-            mu[ii] = madd(p, ds[j, ii], mu[ii])
+            mu[ii] = madd(s[j, ii], ds[j, ii], mu[ii])
     for j in range(l + 1):
         for ii in range(w):
             ds[j, ii] = s[j, ii] * (ds[j, ii] - mu[ii]) * sc
