@@ -2,12 +2,11 @@
 independent references: the complex step through the reverse pass (Problem.system_jvp_complex_step), central
 differences of grad Phi in real arithmetic, the symmetry of the Hessian in the mass-weighted inner product, the
 oracle (tests/test_oracle_coverage.py), on every path of the evaluation - kernel tiles and chunks of heads, blocks
-of sequences, factored and direct projections, random bases, non-uniform masses and masks, float32, thread counts
-and MPI ranks."""
+of sequences, factored and direct projections, random bases, non-uniform masses and masks, float32 and thread counts
+(two MPI ranks: tests/test_mpi.py, test_problem_on_two_ranks_equals_the_serial_problem)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -173,36 +172,3 @@ def test_jvp_does_not_depend_on_thread_count(tmp_path):
         assert results[n]["threads"] == n
     for name in ("one_item", "items"):
         np.testing.assert_array_equal(np.array(results[2][name]), np.array(results[1][name]), err_msg=name)
-
-
-SHARDED_CHECK = """
-import json, sys
-import numpy as np
-from pdeflow import Problem, load_config
-from pdeflow.parallel import world
-comm = world()
-serial = Problem.from_config(load_config(sys.argv[1]))
-sharded = serial.with_comm(comm)
-rng = np.random.default_rng(0)
-omega, mass = rng.normal(size=(11, serial.k)), rng.dirichlet(np.full(11, 2.0))   # unequal masses
-u = rng.normal(size=omega.shape)
-lo, hi = comm.shard(11)
-mine, whole = sharded.system_jvp(omega[lo:hi], mass[lo:hi], u[lo:hi]), serial.system_jvp(omega, mass, u)
-dev = {"system_jvp": float(np.abs(mine - whole[lo:hi]).max() / np.abs(whole).max()), "rows": hi - lo}
-worst = comm.allgather(dev)
-if comm.is_root:
-    print(json.dumps(worst))
-"""
-
-
-def test_sharded_jvp_equals_the_serial_jvp(tmp_path):
-    """Two MPI ranks, each with its block of a measure with unequal masses and its block of the direction: the
-    rank's rows of the serial product within 1e-12 (O and O' summed over the ranks in one Allreduce)."""
-    from test_mpi import mpi_python, write_config
-
-    config = write_config(tmp_path / "p.toml")
-    proc = mpi_python(SHARDED_CHECK, str(config))
-    assert proc.returncode == 0, proc.stderr
-    ranks = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [r["rows"] for r in ranks] == [6, 5]
-    assert all(r["system_jvp"] <= 1e-12 for r in ranks), ranks
