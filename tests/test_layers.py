@@ -34,7 +34,7 @@ PACKAGES = {"pdeflow": "pdeflow", "solvers": "pdeflow.solvers", "benchmarks": "p
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("pdeflow._version", "pdeflow.exit_codes", "pdeflow.methods", "pdeflow.config", "pdeflow.jit",
               "pdeflow.kernels", "pdeflow.model", "pdeflow.tasks", "pdeflow.mean_field", "pdeflow.workers",
-              "pdeflow.problem", "pdeflow.measure", "pdeflow.parallel")),
+              "pdeflow.problem", "pdeflow.measure", "pdeflow.parallel", "pdeflow.kernels_jvp")),
     ("io", ("pdeflow", "pdeflow.trajectory", "pdeflow.resume", "pdeflow.sharded_writer", "pdeflow.reference")),
     ("steppers", ("pdeflow.solvers", "pdeflow.solvers.*")),
     ("analysis", ("pdeflow.diagnostics", "pdeflow.diagnostics.*", "pdeflow.stability", "pdeflow.chaos",
