@@ -17,8 +17,8 @@ A Problem holds a data set and the fixed layer (docs/model.md) and evaluates, fo
 The evaluation chain is analytic (softmax shifted by a real constant), so this is exact to rounding:
 its truncation error is O(h^2), some 1e-60 relative, and it involves no cancellation. ``system_jvp``, the
 product the stiff stepper and JKO's Newton steps repeat, is forward mode in real arithmetic
-(:mod:`pdeflow.kernels_jvp`), also exact to rounding and about 2.2-2.4 grad Phi evaluations of work against
-3.5-6.3 for the complex step (``system_jvp_complex_step``, kept as its reference).
+(:mod:`pdeflow.kernels_jvp`), also exact to rounding and about 2.2-2.5 grad Phi evaluations of work against
+4.2-6.7 for the complex step (``system_jvp_complex_step``, kept as its reference).
 
 Sharded across MPI ranks (:meth:`Problem.with_comm`, :mod:`pdeflow.parallel`), the ``omega``, ``mass`` a method
 receives are this rank's block of the measure; the aggregate output ``O`` is summed over ranks before the
