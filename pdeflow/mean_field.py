@@ -15,8 +15,7 @@ Heads are processed in chunks of ``n`` so that every projection is one large mat
 :mod:`pdeflow.kernels`. Whole chunks of heads (gradient pass) or blocks of sequences (logits pass) are the
 items of :mod:`pdeflow.workers`' threads, so products and kernels run in parallel alike and the results do
 not depend on the thread count. Every function is generic in the dtype: float64, float32 and complex128
-(complex-step Hessian-vector products), except the forward-mode tangents (``*_jvp``: float64 and float32,
-:mod:`pdeflow.kernels_jvp`).
+(complex-step Hessian-vector products).
 """
 from __future__ import annotations
 
