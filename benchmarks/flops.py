@@ -76,3 +76,35 @@ def grad_phi_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str,
 def matmul_flops(n: int) -> float:
     """``2 n^3`` for an ``n x n`` by ``n x n`` product."""
     return 2.0 * n ** 3
+
+
+def system_jvp_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str, float]:
+    """Flop counts of one forward-mode whole-system JVP (:meth:`pdeflow.problem.Problem.system_jvp`,
+    pdeflow/kernels_jvp.py), by the rules above. Per head and sequence:
+
+    - tangent logits pass: q, k, v and their tangents ``6 pr``; ``O`` and ``O' = c' WO^T + c WO'^T`` ``3 pr``;
+      core ``(12 dh + 10) P`` (s and s' ``6 dh P``, softmax ``5 P``, a' ``5 P``, c and c' ``6 dh P``);
+    - tangent gradient pass: ``g = G WO``, ``g' = G' WO + G WO'`` ``3 pr``; ``dWO' = G'^T c + G^T c'`` ``2 pr``;
+      ``dW{Q,K,V}'`` ``3 pr``; core ``(18 dh + 8) P + 6 dh T`` (dA and dA' ``6 dh P``, dS and dS' ``8 P``,
+      dq', dk', dv' ``12 dh P``, w and w' ``6 dh T``);
+    - shared: ``z, z'`` ``4 B T d V``, the softmax and its tangent ``10 B T V``, ``G, G'`` ``4 B T V d``.
+
+    ``model`` is that sum; ``executed`` adds the tangent forward core recomputed in the gradient pass and
+    counts the projections as pdeflow does them (the tables, for W and for the direction, when factored)."""
+    from pdeflow.mean_field import factored_projections
+
+    P = T * (T + 1) / 2
+    pr = 2.0 * T * d * dh
+    heads = float(N) * B
+    core_forward = heads * (12 * dh + 10) * P
+    core_backward = heads * ((18 * dh + 8) * P + 6 * dh * T)
+    shared = 8.0 * B * T * d * V + 10.0 * B * T * V
+    model = heads * 17 * pr + core_forward + core_backward + shared
+    if factored_projections(B, T, V):
+        table = float(N) * 2 * (V + T) * d * 3 * dh
+        gather = heads * 3 * dh * T
+        executed = (2 * table + 2 * gather + heads * 3 * pr + core_forward       # tangent logits pass
+                    + 3 * table + 4 * gather + heads * 5 * pr + core_forward + core_backward + shared)
+    else:
+        executed = model + heads * 6 * pr + core_forward
+    return {"model": model, "executed": executed}

@@ -1,13 +1,13 @@
 """Time to solution of the stiff stepper against Dormand-Prince and particle JKO (issue 17).
 
-``python -m pdeflow.benchmarks.time_to_solution --hvp`` measures the exact JVP against grad Phi at N = 128 and
-N = 1024 (``hvp_cost.json``/``.md``).
+``python -m pdeflow.benchmarks.time_to_solution --hvp`` measures the exact JVP (forward mode, and the complex step
+it replaced) against grad Phi at N = 128 and N = 1024 (``hvp_cost.json``/``.md``).
 ``python -m pdeflow.benchmarks.time_to_solution [--n N] [--out DIR] [--wall SECONDS]`` integrates the quickstart's
 problem (data/configs/quickstart.toml; ``--n`` particles and sequences, default 32 of each - a reduced size,
 stated in the output) and writes ``time_to_solution.json`` and ``time_to_solution.md``:
 
 - **cost of a product**: seconds of one grad Phi at all particles (``Problem.grad_phi``), of one exact
-  whole-system JVP (``Problem.system_jvp``, complex step) and of one difference JVP (a real grad Phi),
+  whole-system JVP (``Problem.system_jvp``, forward mode) and of one difference JVP (a real grad Phi),
   medians of interleaved repeats; their ratios convert products into gradient-evaluation equivalents;
 - **rosenbrock** (``solver.method = "rosenbrock"``, ``--rtol``, difference Jacobian) run to stationarity
   (dissipation <= 1e-9 x its initial value) or ``--wall`` seconds: wall time, gradient evaluations, JVPs
@@ -54,23 +54,29 @@ def setup(n: int, *overrides: str):
     return cfg, Problem.from_config(cfg)
 
 
-def product_costs(problem, cfg, repeats: int = 7) -> dict[str, float]:
-    """Median seconds of grad Phi, the exact JVP and the difference JVP at the initial particles, interleaved."""
+def product_costs(problem, cfg, repeats: int = 7, complex_step: bool = False) -> dict[str, float]:
+    """Median seconds of grad Phi, the exact JVP (forward mode) and the difference JVP at the initial particles,
+    interleaved; with ``complex_step`` also the complex-step JVP (``jvp_complex_step``)."""
     omega, mass = problem.initial_measure(cfg)
     u = np.random.default_rng(0).standard_normal(omega.shape)
     funcs = {"grad_phi": lambda: problem.grad_phi(omega, omega, mass),
              "jvp_exact": lambda: problem.system_jvp(omega, mass, u),
              "jvp_difference": lambda: problem.grad_phi(omega + 1e-8 * u, omega + 1e-8 * u, mass)}
+    if complex_step:
+        funcs["jvp_complex_step"] = lambda: problem.system_jvp_complex_step(omega, mass, u)
     times = interleaved(funcs, repeats)
     out = {k: median(v) for k, v in times.items()}
     out["exact_over_grad"] = out["jvp_exact"] / out["grad_phi"]
     out["difference_over_grad"] = out["jvp_difference"] / out["grad_phi"]
+    if complex_step:
+        out["complex_step_over_grad"] = out["jvp_complex_step"] / out["grad_phi"]
     return out
 
 
 def hvp_costs(log=print) -> dict[str, Any]:
-    """The exact whole-system JVP (complex step) against one grad Phi at the quickstart size (N = 128) and at
-    the benchmark reference size (benchmarks/bench-reference.toml, N = 1024)."""
+    """The exact whole-system JVP (forward mode, and the complex step it replaced) against one grad Phi at the
+    quickstart size (N = 128) and at the benchmark reference size (benchmarks/bench-reference.toml, N = 1024);
+    the load average before and after each size."""
     from pdeflow.config import load_config
     from pdeflow.problem import Problem
 
@@ -79,7 +85,9 @@ def hvp_costs(log=print) -> dict[str, Any]:
                        ("bench-reference", REFERENCE_CONFIG)):
         cfg = load_config(path)
         problem = Problem.from_config(cfg)
-        out[name] = product_costs(problem, cfg, repeats=5)
+        load_before = os.getloadavg()
+        out[name] = product_costs(problem, cfg, repeats=5, complex_step=True)
+        out[name]["load_average"] = [load_before, os.getloadavg()]
         log(f"{name}: {out[name]}")
     return out
 
@@ -313,16 +321,23 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "hvp_cost.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
+        cpu = res["machine"].get("cpu") or {}
         lines = ["# Cost of a whole-system Jacobian-vector product", "",
-                 f"Measured by `python -m pdeflow.benchmarks.time_to_solution --hvp`; "
-                 f"load average {res['load_average'][0]:.1f}; "
-                 "medians of 5 interleaved repeats.", "",
-                 "| problem | grad Phi ms | exact JVP (complex step) ms | ratio | difference JVP ms | ratio |",
-                 "|---|---|---|---|---|---|"]
+                 f"Measured by `python -m pdeflow.benchmarks.time_to_solution --hvp` on {cpu.get('model', '?')} "
+                 f"(family {cpu.get('family', '?')} model {cpu.get('model_number', '?')}, "
+                 f"{res['machine'].get('cpu_count')} cores, shared); medians of 5 interleaved repeats, so the "
+                 "ratios of one row are taken under the same load. Exact JVP: `Problem.system_jvp` (forward mode, "
+                 "pdeflow/kernels_jvp.py); complex step: `Problem.system_jvp_complex_step`; difference JVP: one "
+                 "grad Phi at moved particles (not exact).", "",
+                 "| problem | load (1 min) before/after | grad Phi ms | exact JVP ms | ratio | complex step ms "
+                 "| ratio | difference JVP ms | ratio |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         for name in ("quickstart", "bench-reference"):
             c = res[name]
-            lines.append(f"| {name} | {1e3 * c['grad_phi']:.1f} "
+            lines.append(f"| {name} | {c['load_average'][0][0]:.1f} / {c['load_average'][1][0]:.1f} "
+                         f"| {1e3 * c['grad_phi']:.1f} "
                          f"| {1e3 * c['jvp_exact']:.1f} | {c['exact_over_grad']:.2f} "
+                         f"| {1e3 * c['jvp_complex_step']:.1f} | {c['complex_step_over_grad']:.2f} "
                          f"| {1e3 * c['jvp_difference']:.1f} | {c['difference_over_grad']:.2f} |")
         (out / "hvp_cost.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))

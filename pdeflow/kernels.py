@@ -359,6 +359,13 @@ def _softmax_row(qs: np.ndarray, ks: np.ndarray, l: int, w: int, sc, one, s: np.
                  inv: np.ndarray) -> None:
     """s[j, :w] = softmax_j(sc <q_l, k_j>) for j <= l (scratch [T, dh, tile] inputs)."""
     _scores(qs, ks, l, w, s)
+    softmax_scores(l, w, sc, one, s, shift, inv)
+
+
+@jit(parallel=False)
+def softmax_scores(l: int, w: int, sc, one, s: np.ndarray, shift: np.ndarray, inv: np.ndarray) -> None:
+    """s[j, :w] <- softmax_j(sc s[j, :w]) for j <= l, in place (shift by the largest real part, :func:`vexp`);
+    leaves ``inv`` = 1 / the sum of the exponentials."""
     for ii in range(w):
         shift[ii] = -np.inf
     for j in range(l + 1):

@@ -3,8 +3,8 @@
 For ``rho = sum_i m_i delta_{theta_i}``: the aggregate output ``O`` [B, T, d], logits ``z = O U^T`` [B, T, V], the
 risk, the residual features ``G`` [B, T, d] and ``Phi_data(theta) = sum_{b,l} <G[b, l], o_l(x_b; theta)>``. Heads
 are processed in chunks so every projection is one BLAS product; results do not depend on the thread count; every
-function is generic in the dtype (float64, float32, complex128). Details: docs/design.md, "Evaluating the mean
-field".
+function is generic in the dtype (float64, float32, complex128), except the forward-mode tangents ``*_jvp``
+(float64, float32). Details: docs/design.md, "Evaluating the mean field".
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
+from . import kernels, kernels_jvp
 from .jit import num_threads
 from .model import split_theta
 from .workers import for_each_item
@@ -157,14 +157,29 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
     heads: 7 % of the pass when done per block). Each block sums the chunks of heads in their order, so O
     depends neither on the thread count nor on the grouping.
     """
+    return _aggregate(theta, mass, data, None)[0]
+
+
+def aggregate_output_jvp(theta: np.ndarray, dtheta: np.ndarray, mass: np.ndarray,
+                         data: AttentionData) -> tuple[np.ndarray, np.ndarray]:
+    """``O`` and its tangent ``O' = sum_i m_i (WO'_i c_l + WO_i c'_l)`` along head directions dtheta [N, p]
+    (forward mode, :func:`pdeflow.kernels_jvp.causal_attention_jvp`): [B, T, d] each. O is bitwise the
+    value :func:`aggregate_output` returns."""
+    return _aggregate(theta, mass, data, dtheta)
+
+
+def _aggregate(theta: np.ndarray, mass: np.ndarray, data: AttentionData, dtheta: np.ndarray | None):
+    """O and (``dtheta`` given) O' of :func:`aggregate_output_jvp`; (O, None) without a direction."""
     B, T, d = data.shape
     dh = data.head_dim
     dtype = _dtype(theta, data)
     x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
     N = theta.shape[0]
+    tangent = dtheta is not None
     n, bc = _blocks(data, np.dtype(dtype).itemsize, N)
     mass = np.asarray(mass).astype(dtype, copy=False)
     out = np.zeros((B * T, d), dtype=dtype)
+    dout = np.zeros((B * T, d), dtype=dtype) if tangent else None
     tile = _tile(dtype)
     n_blocks = -(-B // bc)
     groups = min(n_blocks, num_threads())
@@ -175,6 +190,11 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
         c_buf = np.empty(bc * T * dh * n, dtype=dtype)
         wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
         wo_buf = np.empty(dh * n * d, dtype=dtype)
+        if tangent:
+            dproj = _Projections(data, x, n, bc, dtype)
+            dc_buf = np.empty(bc * T * dh * n, dtype=dtype)
+            dwcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+            dwo_buf = np.empty(dh * n * d, dtype=dtype)
         for group in items:
             blocks = range(group * n_blocks // groups, (group + 1) * n_blocks // groups)
             for start in range(0, N, n):
@@ -182,28 +202,57 @@ def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -
                 m = stop - start
                 th = theta[start:stop].astype(dtype, copy=False)
                 proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
-                # rows (h, i) of WO_i^T, scaled by the head's mass, so the mass-weighted sum is one product
-                wo_t = wo_buf[:dh * m * d].reshape(dh, m, d)
-                np.multiply(split_theta(th, d, dh)[3].transpose(2, 0, 1), mass[None, start:stop, None], out=wo_t)
-                wo_t = wo_t.reshape(dh * m, d)
+                wo_t = _scaled_output_weights(th, mass[start:stop], d, dh, wo_buf)
+                if tangent:
+                    dth = dtheta[start:stop].astype(dtype, copy=False)
+                    dproj.chunk(_qkv_weights(dth, d, dh, dwcat_buf))
+                    dwo_t = _scaled_output_weights(dth, mass[start:stop], d, dh, dwo_buf)
                 for blk in blocks:
                     b0 = blk * bc
                     nb = min(B, b0 + bc) - b0
                     rows = slice(b0 * T, (b0 + nb) * T)
                     c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
-                    kernels.causal_attention(*proj.block(b0, nb), data.score_scale, c.reshape(nb, T, dh, m), tile,
-                                             kernel_threads)
                     part = part_buf[:nb * T * d].reshape(nb * T, d)
+                    if tangent:
+                        dc = dc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                        kernels_jvp.causal_attention_jvp(*proj.block(b0, nb)[:2], *dproj.block(b0, nb),
+                                                         data.score_scale, c.reshape(nb, T, dh, m),
+                                                         dc.reshape(nb, T, dh, m), tile, kernel_threads)
+                        # O' = c' WO^T + c WO'^T, in that order
+                        np.matmul(dc, wo_t, out=part)
+                        dout[rows] += part
+                        np.matmul(c, dwo_t, out=part)
+                        dout[rows] += part
+                    else:
+                        kernels.causal_attention(*proj.block(b0, nb), data.score_scale, c.reshape(nb, T, dh, m),
+                                                 tile, kernel_threads)
                     np.matmul(c, wo_t, out=part)
                     out[rows] += part
 
     for_each_item(groups, num_threads(), run)
-    return out.reshape(B, T, d)
+    return out.reshape(B, T, d), (dout.reshape(B, T, d) if tangent else None)
+
+
+def _scaled_output_weights(theta: np.ndarray, mass: np.ndarray, d: int, dh: int, out: np.ndarray) -> np.ndarray:
+    """Rows (h, i) of WO_i^T scaled by the head's mass [dh m, d], so the mass-weighted sum over heads is one
+    product."""
+    m = theta.shape[0]
+    wo_t = out[:dh * m * d].reshape(dh, m, d)
+    np.multiply(split_theta(theta, d, dh)[3].transpose(2, 0, 1), mass[None, :, None], out=wo_t)
+    return wo_t.reshape(dh * m, d)
 
 
 def logits(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
     """``z = O U^T``: [B, T, V]."""
     return aggregate_output(theta, mass, data) @ data.unembedding.T.astype(_dtype(theta, data), copy=False)
+
+
+def _softmax(z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``e = exp(z - shift)`` and ``total = sum e`` over the last axis, with the shift ``max Re z`` (real, so
+    that the function stays analytic for complex-step differentiation): (e, total, shift)."""
+    shift = z.real.max(axis=-1, keepdims=True)
+    e = np.exp(z - shift)
+    return e, e.sum(axis=-1, keepdims=True), shift
 
 
 def cross_entropy(z: np.ndarray, data: AttentionData) -> tuple[complex | float, np.ndarray]:
@@ -212,9 +261,7 @@ def cross_entropy(z: np.ndarray, data: AttentionData) -> tuple[complex | float, 
     ``G[b, l] = lw[b, l] (softmax z[b, l] - onehot y[b, l]) @ U``. The softmax shift uses the real part,
     so the function stays analytic for complex-step differentiation.
     """
-    shift = z.real.max(axis=-1, keepdims=True)
-    e = np.exp(z - shift)
-    total = e.sum(axis=-1, keepdims=True)
+    e, total, shift = _softmax(z)
     lse = (np.log(total) + shift)[..., 0]
     zy = np.take_along_axis(z, data.targets[..., None], axis=-1)[..., 0]
     lw = data.loss_weights.astype(z.dtype, copy=False)
@@ -224,6 +271,16 @@ def cross_entropy(z: np.ndarray, data: AttentionData) -> tuple[complex | float, 
                       axis=-1)
     G = (lw[..., None] * r) @ data.unembedding.astype(z.dtype, copy=False)
     return risk, G
+
+
+def residual_features_jvp(z: np.ndarray, dz: np.ndarray, data: AttentionData) -> np.ndarray:
+    """The tangent ``G'[b, l] = lw[b, l] (p * (z' - <p, z'>)) @ U`` of the residual features of
+    :func:`cross_entropy` as the logits move along dz, ``p = softmax z[b, l]``: z, dz [B, T, V] -> [B, T, d]."""
+    e, total, _ = _softmax(z)
+    p = e / total
+    dp = p * (dz - np.sum(p * dz, axis=-1, keepdims=True))
+    lw = data.loss_weights.astype(dz.dtype, copy=False)
+    return (lw[..., None] * dp) @ data.unembedding.astype(dz.dtype, copy=False)
 
 
 def phi_data(theta: np.ndarray, G: np.ndarray, data: AttentionData) -> np.ndarray:
@@ -236,13 +293,27 @@ def grad_phi_data(theta: np.ndarray, G: np.ndarray, data: AttentionData) -> tupl
     return _evaluate(theta, G, data, with_grad=True)
 
 
-def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: bool):
-    """Phi_data [Q] and (``with_grad``) its gradient [Q, p]; chunks of heads are the threads' items."""
+def grad_phi_data_jvp(theta: np.ndarray, dtheta: np.ndarray, G: np.ndarray, dG: np.ndarray,
+                      data: AttentionData) -> np.ndarray:
+    """The tangent of the gradient of :func:`grad_phi_data` as the query heads move along dtheta [Q, p] and
+    the residual features along dG [B, T, d]: ``Hess_theta Phi_data(theta; G) dtheta + grad_theta
+    Phi_data(theta; dG)`` [Q, p] (forward mode through the gradient pass,
+    :func:`pdeflow.kernels_jvp.causal_attention_vjp_jvp`)."""
+    return _evaluate(theta, G, data, with_grad=True, tangent=(dtheta, dG))[1]
+
+
+def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: bool,
+              tangent: tuple[np.ndarray, np.ndarray] | None = None):
+    """Phi_data [Q] and (``with_grad``) its gradient [Q, p]; chunks of heads are the threads' items. With a
+    ``tangent`` (dtheta, dG) the second value is the gradient's tangent (:func:`grad_phi_data_jvp`) instead
+    of the gradient, and the first is not computed."""
     B, T, d = data.shape
     dh = data.head_dim
     dtype = np.result_type(_dtype(theta, data), G.dtype)
     x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
     g = G.reshape(B * T, d).astype(dtype, copy=False)
+    if tangent is not None:
+        dtheta, gp = tangent[0], tangent[1].reshape(B * T, d).astype(dtype, copy=False)
     Q = theta.shape[0]
     s = dh * d
     n, bc = _blocks(data, np.dtype(dtype).itemsize, Q)
@@ -269,6 +340,23 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
         if tables_grad:
             s_buf = np.empty(data.embedding.shape[0] * 3 * dh * n, dtype=dtype)
             r_buf = np.empty(T * 3 * dh * n, dtype=dtype)
+        if tangent is not None:  # the direction's projections and output weights, c', the cotangent's tangent
+            dproj = _Projections(data, x, n, bc, dtype)
+            dwcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+            dwo_buf = np.empty(d * dh * n, dtype=dtype)
+            cp_buf = np.empty(bc * T * dh * n, dtype=dtype)
+            ddc_buf = np.empty(bc * T * dh * n, dtype=dtype)
+            ddc_part_buf = np.empty(bc * T * dh * n, dtype=dtype)
+
+        def add_product(target: np.ndarray, left: np.ndarray, right: np.ndarray, first: bool) -> None:
+            """target = left @ right (first) or target += left @ right."""
+            if first:
+                np.matmul(left, right, out=target)
+            else:
+                part = part_buf[:target.size].reshape(target.shape)
+                np.matmul(left, right, out=part)
+                target += part
+
         for chunk in chunks:
             start = chunk * n
             stop = min(Q, start + n)
@@ -285,6 +373,11 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
                 R = r_buf[:T * 3 * dh * m].reshape(T, 3 * dh * m)
                 S[...] = 0.0
                 R[...] = 0.0
+            if tangent is not None:
+                dth = dtheta[start:stop].astype(dtype, copy=False)
+                dproj.chunk(_qkv_weights(dth, d, dh, dwcat_buf))
+                dwo = dwo_buf[:d * dh * m].reshape(d, dh, m)
+                dwo[...] = split_theta(dth, d, dh)[3].transpose(1, 2, 0)
             for b0 in range(0, B, bc):
                 nb = min(B, b0 + bc) - b0
                 rows = slice(b0 * T, (b0 + nb) * T)
@@ -299,29 +392,35 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
                     else:
                         dqkv = dqkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
                         grows, gtable = dqkv.reshape(nb * T, 3, dh, m), None
+                if tangent is not None:
+                    # the cotangent's tangent G' WO + G WO', the tangent context c' and (dq', dk', dv')
+                    cp = cp_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    ddc = ddc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    np.matmul(gp[rows], wo.reshape(d, dh * m), out=ddc)
+                    ddc_part = ddc_part_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    np.matmul(g[rows], dwo.reshape(d, dh * m), out=ddc_part)
+                    ddc += ddc_part
+                    kernels_jvp.causal_attention_vjp_jvp(*projections[:2], *dproj.block(b0, nb), dc.reshape(shape4),
+                                                         ddc.reshape(shape4), data.score_scale, c.reshape(shape4),
+                                                         cp.reshape(shape4), grows, gtable, tile, kernel_threads)
+                elif with_grad:
                     kernels.causal_attention_vjp(*projections, dc.reshape(shape4), data.score_scale,
                                                  c.reshape(shape4), grows, gtable, tile, kernel_threads)
                 else:
                     kernels.causal_attention(*projections, data.score_scale, c.reshape(shape4), tile, kernel_threads)
-                # sums over the sequences: the first block writes, the next ones accumulate
-                if b0 == 0:
-                    np.matmul(g[rows].T, c, out=g_c)
-                else:
-                    part = part_buf[:d * dh * m].reshape(d, dh * m)
-                    np.matmul(g[rows].T, c, out=part)
-                    g_c += part
+                # sums over the sequences: the first block writes, the next ones accumulate; with a tangent the
+                # WO gradient's tangent G'^T c + G^T c'
+                add_product(g_c, (g if tangent is None else gp)[rows].T, c, b0 == 0)
+                if tangent is not None:
+                    add_product(g_c, g[rows].T, cp, False)
                 if with_grad and not tables_grad:
-                    if b0 == 0:
-                        np.matmul(x[rows].T, dqkv, out=dw)
-                    else:
-                        part = part_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)
-                        np.matmul(x[rows].T, dqkv, out=part)
-                        dw += part
+                    add_product(dw, x[rows].T, dqkv, b0 == 0)
             if tables_grad:
                 np.matmul(proj.E.T, S, out=dw)
                 dw += proj.P.T @ R
             g_c3 = g_c.reshape(d, dh, m)
-            phi[start:stop] = np.einsum("chi,chi->i", g_c3, wo)
+            if tangent is None:
+                phi[start:stop] = np.einsum("chi,chi->i", g_c3, wo)
             if with_grad:
                 dw4 = dw.reshape(d, 3, dh, m)
                 out_rows = grad[start:stop]

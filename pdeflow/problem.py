@@ -13,9 +13,12 @@ A Problem holds a data set and the fixed layer (docs/model.md) and evaluates, fo
   (particles and measure moving together);
 - ``translation_hvp(point, vector)`` [k]: ``Hessian e(point) @ vector``, ``e(w) = E(delta_w)``.
 
-Hessian-vector products use the complex step: ``H v = Im grad(w + i h v) / h`` with ``h = 1e-30 / |v|``.
+``hvp`` and ``translation_hvp`` use the complex step: ``H v = Im grad(w + i h v) / h`` with ``h = 1e-30 / |v|``.
 The evaluation chain is analytic (softmax shifted by a real constant), so this is exact to rounding:
-its truncation error is O(h^2), some 1e-60 relative, and it involves no cancellation.
+its truncation error is O(h^2), some 1e-60 relative, and it involves no cancellation. ``system_jvp``, the
+product the stiff stepper and JKO's Newton steps repeat, is forward mode in real arithmetic
+(:mod:`pdeflow.kernels_jvp`), also exact to rounding and about 2.2-2.5 grad Phi evaluations of work against
+4.2-6.7 for the complex step (``system_jvp_complex_step``, kept as its reference).
 
 Sharded across MPI ranks (:meth:`Problem.with_comm`, :mod:`pdeflow.parallel`), the ``omega``, ``mass`` a method
 receives are this rank's block of the measure; the aggregate output ``O`` is summed over ranks before the
@@ -289,8 +292,35 @@ class Problem:
     def system_jvp(self, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
         """``d/ds grad Phi(omega_i + s u_i; rho_{omega + s u})`` at s = 0: the particles and the measure move
         together, so this is ``M^-1 Hess E(omega) u`` with ``M = diag(m_i)`` (minus the Jacobian of the particle
-        velocity). ``omega``, ``direction`` u [N, k] -> [N, k]; complex step, exact to rounding (module
-        docstring); one complex evaluation of grad Phi at all particles. Sharded, u is this rank's block."""
+        velocity). ``omega``, ``direction`` u [N, k] -> [N, k]. Sharded, u is this rank's block.
+
+        Forward mode, exact to rounding in the problem's precision: with ``theta' = basis u``, the logits
+        pass and its tangent give ``O, O'`` (:func:`pdeflow.mean_field.aggregate_output_jvp`; one Allreduce
+        of both), ``z' = O' U^T``, the residual features' tangent ``G'``
+        (:func:`pdeflow.mean_field.residual_features_jvp`), then the gradient pass's tangent
+        ``Hess_theta Phi_data(theta_i; G) theta'_i + grad_theta Phi_data(theta_i; G')``
+        (:func:`pdeflow.mean_field.grad_phi_data_jvp`), pulled back, plus ``lam u_i``. About 2.2-2.5 grad Phi
+        evaluations of work (benchmarks/HVP_COST.md); :meth:`system_jvp_complex_step` is the slower
+        complex-step reference."""
+        omega = self._cast(np.asarray(omega, dtype=float))
+        direction = np.asarray(direction, dtype=float)
+        data = self._data
+        theta = self.theta(omega)
+        basis = self.coords.basis
+        dtheta = (direction if basis is None else direction @ basis.T).astype(self.dtype, copy=False)
+        O, dO = mean_field.aggregate_output_jvp(theta, dtheta, np.asarray(mass, dtype=self.dtype), data)
+        z, dz = self.comm.allreduce_sum(np.stack([O, dO])) @ data.unembedding.T
+        G = mean_field.cross_entropy(z, data)[1]
+        dG = mean_field.residual_features_jvp(z, dz, data)
+        grad = self.coords.pullback(mean_field.grad_phi_data_jvp(theta, dtheta, G, dG, data))
+        if self.weight_decay:
+            grad = grad + self.weight_decay * direction
+        return self._real(grad)
+
+    def system_jvp_complex_step(self, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
+        """:meth:`system_jvp` by the complex step (module docstring): one complex evaluation of grad Phi at all
+        particles, in float64 whatever the problem's precision; the reference the forward mode is tested
+        against, at 4.2-6.7 grad Phi evaluations (benchmarks/HVP_COST.md)."""
         direction = np.asarray(direction, dtype=float)
         norm = math.sqrt(self.comm.sum_over_ranks(float(np.sum(direction * direction)))[0])
         if norm == 0.0:

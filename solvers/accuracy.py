@@ -30,7 +30,7 @@ the driver (:mod:`pdeflow.solvers.driver`) records in ``/steps``:
     ``M^{1/2} J M^{-1/2}``: :func:`particle_jacobian`). The method is stable on that mode while
     ``lambda_max dt`` is below its real-axis bound (:attr:`Stepper.stability_bound`: Euler and Heun 2,
     RK4 2.785); above it the mode grows each step and the run is no longer the flow. ``lambda_max`` comes
-    from :data:`LOBPCG_ITERATIONS` iterations of scipy's LOBPCG on exact (complex-step) Hessian-vector
+    from :data:`LOBPCG_ITERATIONS` iterations of scipy's LOBPCG on exact (forward-mode) Hessian-vector
     products, warm-started from the previous check's eigenvector (the first check of a run starts from a
     fixed random vector and takes :data:`COLD_ITERATIONS`): a Rayleigh-Ritz value, so never above the true
     ``lambda_max`` (a check can be late, not false). NaN between checks. A check runs on the initial
@@ -73,8 +73,9 @@ FLOOR_ULPS = 1000.0
 # eigsh's lambda_max ten RK4 steps after the previous check) and cold (the first check: within 1e-5)
 LOBPCG_ITERATIONS = 2
 COLD_ITERATIONS = 10
-# a complex-step product costs about this many real gradient evaluations (measured on the quickstart)
-COMPLEX_COST = 3.4
+# a whole-system Jacobian-vector product costs about this many gradient evaluations (forward mode, measured on
+# the quickstart: benchmarks/HVP_COST.md)
+JVP_COST = 2.5
 # a check also follows a step whose dissipation grew by more than this factor
 DISSIPATION_JUMP = 1.25
 POLICIES = ("stop", "warn", "off")
@@ -82,7 +83,7 @@ POLICIES = ("stop", "warn", "off")
 
 def velocity_jvp(problem: Problem, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
     """``d/ds grad Phi(omega_i + s u_i; rho_{omega + s u})`` at s = 0: the particles and the measure move
-    together. ``omega``, ``direction`` [N, k] -> [N, k]; :meth:`Problem.system_jvp` (complex step, exact to
+    together. ``omega``, ``direction`` [N, k] -> [N, k]; :meth:`Problem.system_jvp` (forward mode, exact to
     rounding)."""
     return problem.system_jvp(omega, mass, direction)
 
@@ -92,7 +93,7 @@ def particle_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> 
 
     ``J = d grad Phi(omega_i; rho) / d omega_j`` (measure moving with the particles) is ``M^{-1} Hess E`` with
     ``M = diag(m_i)``: similar to a symmetric matrix, with the same eigenvalues. Each product is one
-    complex-step :func:`velocity_jvp` (a complex gradient evaluation)."""
+    :func:`velocity_jvp` (forward mode, about :data:`JVP_COST` gradient evaluations)."""
     omega = np.asarray(omega, dtype=float)
     mass = np.asarray(mass, dtype=float)
     root = np.sqrt(mass)[:, None]
@@ -318,8 +319,8 @@ class AccuracyMonitor:
         if self.stability and steps > 0:
             evaluations = steps * self.stepper.stages
             line += (f"; stability checks cost {self.products} complex Hessian-vector products, ~"
-                     f"{COMPLEX_COST * self.products / evaluations:.2g} of the steps' {evaluations} gradient "
-                     f"evaluations (a product ~ {COMPLEX_COST:g} evaluations)")
+                     f"{JVP_COST * self.products / evaluations:.2g} of the steps' {evaluations} gradient "
+                     f"evaluations (a product ~ {JVP_COST:g} evaluations)")
         return line
 
     def end_attrs(self, steps: int) -> dict[str, Any]:

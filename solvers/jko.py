@@ -16,7 +16,7 @@ Particles (``init.measure = "particles"``)
     predictor. The minimizer solves the implicit Euler equations ``y_i = omega_i - tau grad Phi(y_i; rho_Y)``.
     The inner solve runs in the scaled variables ``z_i = sqrt(m_i / tau) (y_i - omega_i)``, in which
     ``F = E(rho_Y) + |z|^2 / 2`` has Hessian ``I + O(tau)``; once L-BFGS-B's line search no longer resolves
-    F (its rounding, near r ~ 1e-8), Newton steps (MINRES on complex-step Hessian-vector products) finish.
+    F (its rounding, near r ~ 1e-8), Newton steps (MINRES on exact Hessian-vector products) finish.
     It stops when the Euler-Lagrange residual (velocity units)
 
         r = sqrt( sum_i m_i |grad Phi(y_i; rho_Y) + (y_i - omega_i) / tau|^2 )
@@ -347,9 +347,9 @@ def euler_stability_limit(problem: Problem, omega: np.ndarray, mass: np.ndarray,
     ``lambda_max`` is the largest eigenvalue of the Jacobian ``J = d grad Phi(omega_i; rho) / d omega_j``
     [N k, N k] of minus the particle velocity (measure moving with the particles), which is
     ``M^{-1} Hess E`` with ``M = diag(m_i)``; it is found (Lanczos, relative tolerance ``tol``) on the
-    symmetric ``M^{1/2} J M^{-1/2}``, each product by the complex step on ``grad Phi``. Euler's
+    symmetric ``M^{1/2} J M^{-1/2}``, each product an exact forward-mode JVP of ``grad Phi``. Euler's
     amplification of that mode, ``|1 - dt lambda_max|``, exceeds 1 for ``dt > 2 / lambda_max``.
-    Returns ``inf`` when no eigenvalue is positive. Costs some tens of complex evaluations.
+    Returns ``inf`` when no eigenvalue is positive. Costs some tens of products.
     """
     op = particle_jacobian(problem, omega, mass)
     n = op.shape[0]

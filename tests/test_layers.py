@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("pdeflow._version", "pdeflow.exit_codes", "pdeflow.methods", "pdeflow.config", "pdeflow.clock",
               "pdeflow.state", "pdeflow.jit",
               "pdeflow.kernels", "pdeflow.model", "pdeflow.tasks", "pdeflow.mean_field", "pdeflow.workers",
-              "pdeflow.problem", "pdeflow.measure", "pdeflow.parallel")),
+              "pdeflow.problem", "pdeflow.measure", "pdeflow.parallel", "pdeflow.kernels_jvp")),
     ("io", ("pdeflow", "pdeflow.schema", "pdeflow.trajectory", "pdeflow.resume", "pdeflow.sharded_writer",
             "pdeflow.reference")),
     ("steppers", ("pdeflow.solvers", "pdeflow.solvers.*")),

@@ -134,6 +134,7 @@ sharded = serial.with_comm(comm)
 rng = np.random.default_rng(0)
 omega, mass = rng.normal(size=(11, serial.k)), rng.dirichlet(np.full(11, 2.0))   # unequal masses
 query, point, vector = rng.normal(size=(3, serial.k)), rng.normal(size=serial.k), rng.normal(size=serial.k)
+direction = rng.normal(size=omega.shape)   # a whole-system direction: each rank takes its block
 lo, hi = comm.shard(11)
 mine, whole = sharded.evaluate(omega[lo:hi], mass[lo:hi]), serial.evaluate(omega, mass)
 om, ms = omega[lo:hi], mass[lo:hi]
@@ -148,6 +149,8 @@ dev = {"energy": abs(mine.energy - whole.energy), "risk": abs(mine.risk - whole.
        "hvp (complex Allreduce)": np.abs(sharded.hvp(point, vector, om, ms)
                                          - serial.hvp(point, vector, omega, mass)).max(),
        "translation_hvp": np.abs(sharded.translation_hvp(point, vector) - serial.translation_hvp(point, vector)).max(),
+       "system_jvp (forward mode, O and O' in one Allreduce)": np.abs(
+           sharded.system_jvp(om, ms, direction[lo:hi]) - serial.system_jvp(omega, mass, direction)[lo:hi]).max(),
        "rows": hi - lo}
 worst = comm.allgather(dev)
 if comm.is_root:
@@ -157,8 +160,9 @@ if comm.is_root:
 
 def test_problem_on_two_ranks_equals_the_serial_problem(tmp_path):
     """Every Problem method on a rank's block of a measure with unequal masses: energy, risk, dissipation,
-    confinement and Phi, grad Phi, Hessian-vector products at the rank's particles and at common query points
-    equal the serial values within 1e-12 (the one-head translation Hessian is not summed over ranks)."""
+    confinement and Phi, grad Phi, Hessian-vector products at the rank's particles and at common query points,
+    and the whole-system JVP on the rank's block of a direction equal the serial values within 1e-12 (the
+    one-head translation Hessian is not summed over ranks)."""
     config = write_config(tmp_path / "p.toml")
     proc = mpi_python(PROBLEM_CHECK, str(config))
     assert proc.returncode == 0, proc.stderr

@@ -1,6 +1,7 @@
 """The independent oracle (tests/reference_model.py) where tests/test_core.py does not reach it: many heads
 (several kernel tiles and chunks, the factored-table weight gradient of pdeflow.mean_field), second
-derivatives (Problem.hvp and the whole-system JVP pdeflow.solvers.jko.velocity_jvp), and the grid measure's free
+derivatives (Problem.hvp and the whole-system JVP pdeflow.solvers.jko.velocity_jvp = Problem.system_jvp, forward
+mode, and its complex-step reference), and the grid measure's free
 energy with its entropy term. Every expectation is recomputed by the oracle; nothing is a stored number."""
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def test_many_heads_take_the_factored_table_gradient_and_match_the_oracle(monkey
     worst = max(rel_err(g, ref.grad_phi_from_residuals(q, r)) for g, q in zip(grad, omega))
     print(f"150 heads, 3 chunks, factored tables: worst relative grad Phi error {worst:.2e}")
     assert worst <= 1e-11
+    # the whole-system JVP in forward mode (pdeflow.kernels_jvp) on the same three chunks, summed tables included
+    u = rng.standard_normal(omega.shape)
+    assert rel_err(problem.system_jvp(omega, mass, u), ref.velocity_jvp(omega, mass, u)) <= 1e-11
 
 
 # ---- second derivatives ---------------------------------------------------------------------------
@@ -85,6 +89,8 @@ def test_hvp_and_whole_system_jvp_match_the_oracle(k):
     u = rng.standard_normal(omega.shape)
     jvp, oracle = velocity_jvp(problem, omega, mass, u), ref.velocity_jvp(omega, mass, u)
     assert rel_err(jvp, oracle) <= 1e-11
+    # velocity_jvp is Problem.system_jvp (forward mode); its complex-step reference agrees with the oracle too
+    assert rel_err(problem.system_jvp_complex_step(omega, mass, u), oracle) <= 1e-11
     # the whole-system JVP is not the frozen HVP: the measure's motion adds to it
     frozen = np.array([ref.hvp(w, du, omega, mass) for w, du in zip(omega, u)])
     assert rel_err(frozen, oracle) > 1e-3
