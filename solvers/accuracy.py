@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lobpcg
 
+from pdeflow import schema
 from pdeflow.problem import Problem
 
 from .loop import Observer, Step, Stop
@@ -146,7 +147,8 @@ def identity_defect(energy0: float, energy1: float, integral: float, eps: float)
 
 
 # ---- the record a run keeps -----------------------------------------------------------------------
-COLUMNS = ("dissipation_integral", "identity_defect", "lambda_max_dt")
+# the accuracy record's /steps columns: the named optional /steps datasets of the file's schema table
+COLUMNS = schema.names("/steps", needs=(schema.OPTIONAL,))
 
 
 @dataclass
