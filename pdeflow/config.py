@@ -122,7 +122,9 @@ class SolverConfig:
     krylov_maxiter: int = spec(1000, "rosenbrock: MINRES iterations per stage solve (more: a failed solve, the "
                                      "step is retried at a quarter of its size)", ge=1)
     deflate: int = spec(0, "rosenbrock: largest eigenpairs of the Jacobian removed from the stage solves by a "
-                           "preconditioner, recomputed every step (0: none)", ge=0, le=1000)
+                           "preconditioner (0: none)", ge=0, le=1000)
+    deflate_every: int = spec(1, "rosenbrock: steps between refinements of the deflated eigenpairs (warm-started "
+                                 "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
     jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products by the complex step (exact) or a forward "
                                   "difference of grad Phi (one real evaluation; the W-method keeps its order)",
                          choices=("exact", "difference"))

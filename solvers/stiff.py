@@ -40,10 +40,23 @@ Error control
 
 Deflation (``solver.deflate = m > 0``)
     MINRES needs ~sqrt(1 + h g lambda_max) iterations; the spectrum of ``S`` has a few large outliers (on
-    the quickstart at t = 56: 220, then 43, 38, 31, 18, and below 11 from the 6th on). With the ``m`` largest
-    eigenpairs ``(lam, V)`` of ``S`` at ``y_n`` (ARPACK, once per step) the stage solves are preconditioned by
-    ``P = (1/(h g)) I + V diag(lam) V^T`` (symmetric positive definite, exact on span V), which removes the
-    outliers from the iteration count at the price of the eigensolve's products (counted in ``jvps``).
+    the quickstart at t = 56: 220, then 43, 38, 31, 18, and below 11 from the 6th on). With ``m`` approximate
+    top eigenpairs ``(lam, V)`` of ``S`` the stage solves are preconditioned by
+    ``P = (1/(h g)) I + V diag(lam) V^T`` (symmetric positive definite for ``lam > 0``, exact on span V when V is
+    invariant), which removes the outliers from the iteration count. Any SPD ``P`` leaves the solution and its
+    residual test unchanged, so the pairs need not be current: they are computed once (ARPACK, a fixed start
+    vector), carried from step to step, and refined every ``solver.deflate_every`` steps by
+    :data:`REFINE_ITERATIONS` LOBPCG iterations warm-started from the carried ``V`` at the step's ``y_n``.
+    Their products are counted in ``jvps``; the pairs are in the checkpoint, so a resumed run refines the same
+    vectors at the same steps.
+
+Energy identity
+    The step leaves its own quadrature of the dissipation ``int I dt`` (``State.dissipation_integral``, checked
+    against the energy change by :mod:`pdeflow.solvers.accuracy`): the Hermite (corrected trapezoid) rule
+    ``h (I_n + I_{n+1}) / 2 + h^2 (I'_n - I'_{n+1}) / 12``, error ``O(h^5)``, with
+    ``I' = dI/dt = -2 sum_i m_i f_i . (-J f)_i`` (one Jacobian-vector product per accepted state, counted
+    in ``jvps``). The plain trapezoid's ``O(h^3)`` error would dominate the identity defect at the long steps
+    this stepper takes; with the Hermite rule the defect shows the method's own energy error.
 
 ``/steps`` columns: ``rejected`` (error test failures), ``failed_solves``, ``krylov_iters`` (MINRES
 iterations), ``jvps`` (Jacobian-vector products, the residual checks included) and ``gradient_evals``
@@ -55,10 +68,12 @@ runs on one rank (``sharded = False``).
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, minres
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, lobpcg, minres
 
 from . import register
 from .base import SolverError, State, Stepper
@@ -98,8 +113,29 @@ FLOOR = {"exact": 1e-13, "difference": 1e-6}
 DIFFERENCE_STEP = 1.5e-8
 
 
+# LOBPCG iterations of a refinement of the carried eigenpairs (each costs m products, plus m for the start)
+REFINE_ITERATIONS = 2
+
+
+def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> float:
+    """``int_0^h I dt`` by the Hermite rule ``h (I0 + I1) / 2 + h^2 (I0' - I1') / 12`` (exact for cubics)."""
+    return 0.5 * h * (i0 + i1) + h * h * (slope0 - slope1) / 12.0
+
+
 class _SolveFailed(Exception):
     """A stage system missed its tolerance within solver.krylov_maxiter iterations."""
+
+
+@dataclass
+class _Carry:
+    """What an accepted step hands to the next besides the measure (and what a checkpoint keeps of it):
+    ``slope = dI/dt`` at ``state``, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none yet)
+    and ``age``, the steps since they were computed or refined."""
+    state: State
+    slope: float
+    lam: np.ndarray | None = None
+    V: np.ndarray | None = None
+    age: int = 0
 
 
 @register
@@ -110,8 +146,49 @@ class Rosenbrock(Stepper):
     order: ClassVar[int] = ORDER
     step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals")
 
+    _carry: _Carry | None = None
+
+    @property
+    def extra_size(self) -> int:  # type: ignore[override]
+        """The checkpoint's controller state: ``[dI/dt, age, pairs, lam (m), V (n m)]`` (``m = solver.deflate``)."""
+        m = self.cfg.solver.deflate
+        return 1 if m == 0 else 3 + m + m * self.cfg.init.n_particles * self.problem.k
+
+    def extra_state(self, state: State) -> np.ndarray:
+        out = np.zeros(self.extra_size)
+        carry = self._carry if self._carry is not None and self._carry.state is state else None
+        out[0] = math.nan if carry is None else carry.slope  # NaN: computed again by the next step
+        m = self.cfg.solver.deflate
+        if m and carry is not None and carry.V is not None:
+            count = carry.lam.size
+            out[1], out[2] = carry.age, count
+            out[3:3 + count] = carry.lam
+            out[3 + m:3 + m + carry.V.size] = carry.V.ravel()
+        return out
+
+    def restore(self, ck) -> State:
+        state = super().restore(ck)
+        extra = np.asarray(ck.extra, dtype=float)
+        self._carry = None
+        if extra.size and math.isfinite(extra[0]):
+            self._carry = _Carry(state, float(extra[0]))
+            m, count = self.cfg.solver.deflate, int(extra[2]) if extra.size > 2 else 0
+            if m and count:
+                n = state.fields["omega"].size
+                self._carry.lam = extra[3:3 + count].copy()
+                self._carry.V = extra[3 + m:3 + m + n * count].reshape(n, count).copy()
+                self._carry.age = int(extra[1])
+        return state
+
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         return -self.problem.grad_phi(omega, omega, mass)
+
+    def _slope(self, state: State, counts: dict[str, float]) -> float:
+        """``dI/dt = -2 sum_i m_i f_i . (-J f)_i`` at the state, ``f = -grad Phi``: one product."""
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        grad = self.evaluate(state).grad_phi
+        counts["jvps"] += 1
+        return -2.0 * float(np.sum(mass[:, None] * grad * self._jvp(omega, mass, grad)(grad)))
 
     def _solve(self, jvp, root: np.ndarray, shift: float, rhs: np.ndarray, target: float,
                counts: dict[str, float], tighten: list[float],
@@ -142,25 +219,32 @@ class Rosenbrock(Stepper):
         floor = FLOOR[self.cfg.solver.jacobian]
         target = max(target, floor * norm_b)
         budget = self.cfg.solver.krylov_maxiter
-        v, previous = None, np.inf
+        # the start v0 = V c and its image (A V) c, known without a product: MINRES solves for the correction
+        start, start_image, rest = np.zeros(n), np.zeros(n), b
         if basis:
             V = np.column_stack([p[0] for p in basis])
             AV = np.column_stack([p[1] for p in basis])
             c = np.linalg.lstsq(AV, b, rcond=None)[0]
             if float(np.linalg.norm(b - AV @ c)) < norm_b:
-                v = V @ c
+                start, start_image = V @ c, AV @ c
+                rest = b - start_image
+        norm_rest = float(np.linalg.norm(rest))
+        if norm_rest <= target:
+            basis.append((start, start_image))
+            return start.reshape(shape) / root
+        v, previous = None, np.inf
         while True:
             iterations = [0]
-            rtol = max(min(0.1, target / norm_b) / tighten[0], FLOOR["exact"])
-            v, _ = minres(op, b, x0=v, rtol=rtol, maxiter=budget, M=precond,
+            rtol = max(min(0.1, target / norm_rest) / tighten[0], FLOOR["exact"])
+            v, _ = minres(op, rest, x0=v, rtol=rtol, maxiter=budget, M=precond,
                           callback=lambda _: iterations.__setitem__(0, iterations[0] + 1))
             counts["krylov_iters"] += iterations[0]
             budget -= iterations[0]
             image = apply(v)
-            residual = float(np.linalg.norm(b - image))
+            residual = float(np.linalg.norm(rest - image))
             if residual <= target:
-                basis.append((v, image))
-                return v.reshape(shape) / root
+                basis.append((start + v, start_image + image))
+                return (start + v).reshape(shape) / root
             # out of iterations, at MINRES's own floor, or a restart that no longer halves the residual
             if budget <= 0 or rtol <= FLOOR["exact"] or residual > 0.5 * previous:
                 raise _SolveFailed(f"MINRES residual {residual:.3g} > {target:.3g} after "
@@ -230,15 +314,20 @@ class Rosenbrock(Stepper):
             err += E_T[i] * U[i]
         return y_new, err
 
-    def _eigenpairs(self, state: State, counts: dict[str, float]) -> tuple[np.ndarray, np.ndarray] | None:
-        """The ``solver.deflate`` largest eigenpairs (positive ones only) of ``S = M^{1/2} (-J) M^{-1/2}`` at the
-        state (ARPACK, relative tolerance 1e-2, a fixed start vector: a function of the state alone, so resume
-        stays exact): ``(lam [m], V [n, m])``, or None when deflation is off or nothing positive was found."""
+    def _eigenpairs(self, state: State, carry: _Carry | None,
+                    counts: dict[str, float]) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """``(lam [m], V [n, m], age)``: approximate top eigenpairs of ``S = M^{1/2} (-J) M^{-1/2}`` for the step
+        from ``state`` (module docstring, Deflation): the carried ones while younger than
+        ``solver.deflate_every`` steps, else refined by warm-started LOBPCG at the state; without carried
+        pairs ARPACK's ``solver.deflate`` largest (relative tolerance 1e-2, a fixed start vector, so a function
+        of the state alone). None when deflation is off."""
         m = self.cfg.solver.deflate
         omega, mass = state.fields["omega"], state.fields["mass"]
         n = omega.size
         if m == 0 or m >= n - 1:
             return None
+        if carry is not None and carry.V is not None and carry.age < self.cfg.solver.deflate_every:
+            return carry.lam, carry.V, carry.age
         root = np.sqrt(mass)[:, None]
         jvp = self._jvp(omega, mass, self.evaluate(state).grad_phi)
 
@@ -246,13 +335,21 @@ class Rosenbrock(Stepper):
             counts["jvps"] += 1
             return (root * jvp(v.reshape(omega.shape) / root)).ravel()
 
+        def apply_block(x: np.ndarray) -> np.ndarray:
+            return np.column_stack([apply(c) for c in x.T])
+
+        op = LinearOperator((n, n), matvec=apply, matmat=apply_block, dtype=float)
+        if carry is not None and carry.V is not None and carry.V.shape[1] >= 1:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design
+                lam, V = lobpcg(op, carry.V, maxiter=REFINE_ITERATIONS, largest=True, tol=1e-3 * carry.lam.max())
+            return np.asarray(lam, dtype=float), np.asarray(V, dtype=float), 0
         v0 = np.random.default_rng(0).standard_normal(n)
         try:
-            lam, V = eigsh(LinearOperator((n, n), matvec=apply, dtype=float), k=m, which="LA", tol=1e-2, v0=v0)
+            lam, V = eigsh(op, k=m, which="LA", tol=1e-2, v0=v0)
         except ArpackNoConvergence as exc:
             lam, V = exc.eigenvalues, exc.eigenvectors
-        keep = lam > 0
-        return (lam[keep], V[:, keep]) if np.any(keep) else None
+        return lam, V, 0
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         s = self.cfg.solver
@@ -262,7 +359,13 @@ class Rosenbrock(Stepper):
                               "symmetrized with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
         counts = {"rejected": 0.0, "failed_solves": 0.0, "krylov_iters": 0.0, "jvps": 0.0, "gradient_evals": 0.0}
         dt = min(state.dt, s.dt_max)
-        pairs = self._eigenpairs(state, counts)
+        carry = self._carry if self._carry is not None and self._carry.state is state else None
+        slope = carry.slope if carry is not None else self._slope(state, counts)
+        eigen = self._eigenpairs(state, carry, counts)
+        pairs = None
+        if eigen is not None and np.any(eigen[0] > 0):
+            keep = eigen[0] > 0  # P stays positive definite
+            pairs = (eigen[0][keep], eigen[1][:, keep])
         while True:
             h = min(dt, dt_limit)
             try:
@@ -287,6 +390,12 @@ class Rosenbrock(Stepper):
                 # a step cut short by a frame time does not shrink the controller's proposal
                 proposal = dt * factor if h >= dt else max(dt, h * factor)
                 new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
+                new_slope = self._slope(new, counts)
+                new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
+                                                   slope, new_slope)
+                self._carry = _Carry(new, new_slope)
+                if eigen is not None:
+                    self._carry.lam, self._carry.V, self._carry.age = eigen[0], eigen[1], eigen[2] + 1
                 return new, counts
             counts["rejected"] += 1
             dt = h * factor
