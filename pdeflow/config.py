@@ -125,6 +125,11 @@ class SolverConfig:
                            "preconditioner (0: none)", ge=0, le=1000)
     deflate_every: int = spec(1, "rosenbrock: steps between refinements of the deflated eigenpairs (warm-started "
                                  "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
+    stage_solve: str = spec("minres", "rosenbrock: 'minres' (every stage system solved by MINRES with the "
+                                      "current Jacobian) or 'auto' (needs solver.deflate > 0: a step short enough "
+                                      "for the explicit stability bound of the non-deflated spectrum solves its "
+                                      "stages with W = the Jacobian on the deflated eigenpairs, without products; "
+                                      "longer steps use MINRES)", choices=("minres", "auto"))
     jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products by the complex step (exact) or a forward "
                                   "difference of grad Phi (one real evaluation; the W-method keeps its order)",
                          choices=("exact", "difference"))
@@ -397,6 +402,8 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
                           "or use 'ball' or 'box'")
     if cfg.init.measure == "grid" and m.coordinates == "full":
         raise ConfigError("init.measure = 'grid' needs reduced coordinates (model.coordinates with k <= 3)")
+    if s.stage_solve == "auto" and s.method == "rosenbrock" and s.deflate == 0:
+        raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
     if s.dt_min > s.dt_max:
         raise ConfigError(f"solver.dt_min must be <= solver.dt_max = {s.dt_max}, got {s.dt_min}")
     for key in ("n_list", "eta_list"):

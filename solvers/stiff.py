@@ -34,9 +34,12 @@ Linear systems
 
 Error control
     ``err = rms(e / (atol + rtol max(|y_n|, |y_{n+1}|)))`` over all coordinates; a step is accepted when
-    ``err <= 1`` and the next is ``h * clip(0.9 err^(-1/3), 0.2, max_growth)`` within ``[dt_min, dt_max]``;
-    a step below ``solver.dt_min`` raises :class:`~pdeflow.solvers.base.SolverError` (the run exits 3, keeping
-    its frames). The controller is memoryless: the next step size is all a checkpoint needs (in State).
+    ``err <= 1``. After an accepted step the next is the PI controller's (Gustafsson; Hairer & Wanner II,
+    IV.2) ``h * clip(0.9 err_n^(-0.7/3) err_{n-1}^(0.4/3), 0.2, max_growth)``, which damps the step-size
+    oscillation (and the rejections) of the plain ``h * 0.9 err^(-1/3)``; after a rejection, and on the first
+    step, the plain rule. The step size stays within ``[dt_min, dt_max]``; a step below ``solver.dt_min``
+    raises :class:`~pdeflow.solvers.base.SolverError` (the run exits 3, keeping its frames). The previous
+    accepted error is part of the checkpoint.
 
 Deflation (``solver.deflate = m > 0``)
     MINRES needs ~sqrt(1 + h g lambda_max) iterations; the spectrum of ``S`` has a few large outliers (on
@@ -49,6 +52,22 @@ Deflation (``solver.deflate = m > 0``)
     :data:`REFINE_ITERATIONS` LOBPCG iterations warm-started from the carried ``V`` at the step's ``y_n``.
     Their products are counted in ``jvps``; the pairs are in the checkpoint, so a resumed run refines the same
     vectors at the same steps.
+
+Krylov-free steps (``solver.stage_solve = "auto"``, with ``solver.deflate = m``)
+    A W-method keeps its order for any W, so a step may solve its stages with
+    ``W = -M^{-1/2} V diag(lam) V^T M^{1/2}`` (the Jacobian on the carried eigenpairs with ``lam > 0``), i.e.
+    ``v = P^{-1} M^{1/2} r`` with the deflation preconditioner itself: no product at all. On span V this is
+    the linearly implicit method; on the orthogonal complement W = 0 and the step is the explicit Runge-Kutta
+    method ``(alpha, b)`` of the table (order 3), stable for ``h s <= EXPLICIT_BOUND = 1.99`` on a mode of
+    eigenvalue ``s`` (:func:`explicit_stability_function`). So before every step the largest eigenvalue
+    ``rho_c`` of ``S`` on the complement of span V is estimated (LOBPCG constrained to that complement,
+    warm-started from the previous step's vector: a Rayleigh-Ritz value, a lower bound, hence the margin
+    :data:`SAFETY`), and a Krylov-free step is taken only with ``h rho_c <= SAFETY * EXPLICIT_BOUND``: the step
+    is capped there when that is cheaper per unit time than a MINRES step of the error-controlled size (the
+    products of the last MINRES step against :data:`EXPLICIT_COST`), else the step uses MINRES. Each
+    Krylov-free step records ``h rho_c / EXPLICIT_BOUND`` in ``/steps/explicit_margin`` (NaN for MINRES steps),
+    so the bound it kept is in the file; an instability the estimate missed (a late estimate, V far from
+    invariant) shows in the embedded error estimate, whose explicit part grows with it, and the step is rejected.
 
 Energy identity
     The step leaves its own quadrature of the dissipation ``int I dt`` (``State.dissipation_integral``, checked
@@ -113,8 +132,30 @@ FLOOR = {"exact": 1e-13, "difference": 1e-6}
 DIFFERENCE_STEP = 1.5e-8
 
 
+# checkpoint floats before the eigenpairs: dI/dt, the last accepted error, the pairs' age and count, the
+# last MINRES step's products
+HEADER = 5
+# the PI step-size controller's exponents (Hairer & Wanner II, IV.2: 0.7 / k and 0.4 / k, k = ORDER)
+PI_ALPHA, PI_BETA = 0.7 / ORDER, 0.4 / ORDER
 # LOBPCG iterations of a refinement of the carried eigenpairs (each costs m products, plus m for the start)
 REFINE_ITERATIONS = 2
+
+
+def explicit_stability_function(z: complex) -> complex:
+    """The stability function of a step with ``W = 0`` (the explicit Runge-Kutta method ``(alpha, b)``):
+    ``1 + z b^T (I - z alpha)^-1 1``, a cubic-accurate polynomial of degree 4."""
+    s = len(B)
+    return complex(1.0 + z * B @ np.linalg.solve(np.eye(s) - z * ALPHA, np.ones(s)))
+
+
+# |R_explicit(-x)| <= 1 for 0 <= x <= EXPLICIT_BOUND (checked in tests/test_stiff.py)
+EXPLICIT_BOUND = 1.99
+# a Krylov-free step keeps h rho_c below SAFETY * EXPLICIT_BOUND: rho_c is a Rayleigh-Ritz lower bound
+SAFETY = 0.8
+# products of a Krylov-free step: 3 new stages, the new state's gradient, dI/dt, and about 3 for rho_c
+EXPLICIT_COST = 8.0
+# what a MINRES step is assumed to cost before one has been measured
+DEFAULT_MINRES_COST = 50.0
 
 
 def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> float:
@@ -130,12 +171,17 @@ class _SolveFailed(Exception):
 class _Carry:
     """What an accepted step hands to the next besides the measure (and what a checkpoint keeps of it):
     ``slope = dI/dt`` at ``state``, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none yet)
-    and ``age``, the steps since they were computed or refined."""
+    and ``age``, the steps since they were computed or refined; ``err`` the accepted step's error estimate
+    (the PI controller's memory); ``top`` [n] the complement's top eigenvector (Krylov-free steps) and
+    ``minres_cost`` the products of the last MINRES step."""
     state: State
     slope: float
+    err: float = math.nan
     lam: np.ndarray | None = None
     V: np.ndarray | None = None
     age: int = 0
+    top: np.ndarray | None = None
+    minres_cost: float = DEFAULT_MINRES_COST
 
 
 @register
@@ -144,40 +190,47 @@ class Rosenbrock(Stepper):
     name = "rosenbrock"
     sharded = False
     order: ClassVar[int] = ORDER
-    step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals")
+    step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals", "explicit_margin")
 
     _carry: _Carry | None = None
 
     @property
     def extra_size(self) -> int:  # type: ignore[override]
-        """The checkpoint's controller state: ``[dI/dt, age, pairs, lam (m), V (n m)]`` (``m = solver.deflate``)."""
-        m = self.cfg.solver.deflate
-        return 1 if m == 0 else 3 + m + m * self.cfg.init.n_particles * self.problem.k
+        """The checkpoint's controller state: ``[dI/dt, err, age, pairs, minres cost, lam (m), V (n m), top (n)]``
+        (``m = solver.deflate``; ``top`` only for ``solver.stage_solve = "auto"``)."""
+        m, n = self.cfg.solver.deflate, self.cfg.init.n_particles * self.problem.k
+        return HEADER + m + m * n + (n if self.cfg.solver.stage_solve == "auto" else 0)
 
     def extra_state(self, state: State) -> np.ndarray:
         out = np.zeros(self.extra_size)
         carry = self._carry if self._carry is not None and self._carry.state is state else None
-        out[0] = math.nan if carry is None else carry.slope  # NaN: computed again by the next step
+        out[:2] = math.nan  # no carry: the next step computes dI/dt again and starts the controller afresh
         m = self.cfg.solver.deflate
-        if m and carry is not None and carry.V is not None:
-            count = carry.lam.size
-            out[1], out[2] = carry.age, count
-            out[3:3 + count] = carry.lam
-            out[3 + m:3 + m + carry.V.size] = carry.V.ravel()
+        if carry is not None:
+            out[0], out[1], out[4] = carry.slope, carry.err, carry.minres_cost
+            if m and carry.V is not None:
+                count = carry.lam.size
+                out[2], out[3] = carry.age, count
+                out[HEADER:HEADER + count] = carry.lam
+                out[HEADER + m:HEADER + m + carry.V.size] = carry.V.ravel()
+            if carry.top is not None:
+                out[-carry.top.size:] = carry.top
         return out
 
     def restore(self, ck) -> State:
         state = super().restore(ck)
         extra = np.asarray(ck.extra, dtype=float)
         self._carry = None
-        if extra.size and math.isfinite(extra[0]):
-            self._carry = _Carry(state, float(extra[0]))
-            m, count = self.cfg.solver.deflate, int(extra[2]) if extra.size > 2 else 0
+        if extra.size >= HEADER and math.isfinite(extra[0]):
+            self._carry = _Carry(state, float(extra[0]), float(extra[1]), minres_cost=float(extra[4]))
+            m, count = self.cfg.solver.deflate, int(extra[3])
+            n = state.fields["omega"].size
             if m and count:
-                n = state.fields["omega"].size
-                self._carry.lam = extra[3:3 + count].copy()
-                self._carry.V = extra[3 + m:3 + m + n * count].reshape(n, count).copy()
-                self._carry.age = int(extra[1])
+                self._carry.lam = extra[HEADER:HEADER + count].copy()
+                self._carry.V = extra[HEADER + m:HEADER + m + n * count].reshape(n, count).copy()
+                self._carry.age = int(extra[2])
+            if self.cfg.solver.stage_solve == "auto" and np.any(extra[-n:] != 0.0):
+                self._carry.top = extra[-n:].copy()
         return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
@@ -270,9 +323,12 @@ class Rosenbrock(Stepper):
         return difference
 
     def _attempt(self, state: State, h: float, counts: dict[str, float],
-                 pairs: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 pairs: tuple[np.ndarray, np.ndarray] | None = None,
+                 krylov: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """One ROS34PW2 step of size h from ``state``: (y_{n+1}, error vector); ``pairs`` the deflated
-        eigenpairs of ``S`` at ``y_n`` (:meth:`_eigenpairs`) or None."""
+        eigenpairs of ``S`` at ``y_n`` (:meth:`_eigenpairs`) or None. ``krylov`` False: the stage systems are
+        solved with ``W = -M^{-1/2} V diag(lam) V^T M^{1/2}`` exactly (no product; module docstring, Krylov-free
+        steps)."""
         s = self.cfg.solver
         omega, mass = state.fields["omega"], state.fields["mass"]
         root = np.sqrt(mass)[:, None]
@@ -307,6 +363,10 @@ class Rosenbrock(Stepper):
             rhs = f.copy()
             for j in range(i):
                 rhs += (C_T[i, j] / h) * U[j]
+            if not krylov:
+                b = (root * rhs).ravel()
+                U.append((b / shift if precond is None else precond.matvec(b)).reshape(rhs.shape) / root)
+                continue
             U.append(self._solve(jvp, root, shift, rhs, target, counts, tighten, basis, precond))
         y_new, err = omega.copy(), np.zeros_like(omega)
         for i in range(len(B)):
@@ -322,23 +382,12 @@ class Rosenbrock(Stepper):
         pairs ARPACK's ``solver.deflate`` largest (relative tolerance 1e-2, a fixed start vector, so a function
         of the state alone). None when deflation is off."""
         m = self.cfg.solver.deflate
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        n = omega.size
+        n = state.fields["omega"].size
         if m == 0 or m >= n - 1:
             return None
         if carry is not None and carry.V is not None and carry.age < self.cfg.solver.deflate_every:
             return carry.lam, carry.V, carry.age
-        root = np.sqrt(mass)[:, None]
-        jvp = self._jvp(omega, mass, self.evaluate(state).grad_phi)
-
-        def apply(v: np.ndarray) -> np.ndarray:
-            counts["jvps"] += 1
-            return (root * jvp(v.reshape(omega.shape) / root)).ravel()
-
-        def apply_block(x: np.ndarray) -> np.ndarray:
-            return np.column_stack([apply(c) for c in x.T])
-
-        op = LinearOperator((n, n), matvec=apply, matmat=apply_block, dtype=float)
+        op = self._operator(state, counts)
         if carry is not None and carry.V is not None and carry.V.shape[1] >= 1:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design
@@ -350,6 +399,37 @@ class Rosenbrock(Stepper):
         except ArpackNoConvergence as exc:
             lam, V = exc.eigenvalues, exc.eigenvectors
         return lam, V, 0
+
+    def _operator(self, state: State, counts: dict[str, float]) -> LinearOperator:
+        """``S = M^{1/2} (-J) M^{-1/2}`` at the state as counted products (blocks column by column)."""
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        root = np.sqrt(mass)[:, None]
+        jvp = self._jvp(omega, mass, self.evaluate(state).grad_phi)
+
+        def apply(v: np.ndarray) -> np.ndarray:
+            counts["jvps"] += 1
+            return (root * jvp(v.reshape(omega.shape) / root)).ravel()
+
+        def apply_block(x: np.ndarray) -> np.ndarray:
+            return np.column_stack([apply(c) for c in x.T])
+
+        n = omega.size
+        return LinearOperator((n, n), matvec=apply, matmat=apply_block, dtype=float)
+
+    def _complement_top(self, state: State, V: np.ndarray | None, start: np.ndarray | None,
+                        counts: dict[str, float]) -> tuple[float, np.ndarray]:
+        """``(rho_c, x)``: the largest eigenvalue of ``S`` on the orthogonal complement of span V (0 if negative)
+        and its vector, by LOBPCG constrained to that complement (a Rayleigh-Ritz value: a lower bound),
+        one iteration warm from ``start``, or ten from a fixed random vector."""
+        op = self._operator(state, counts)
+        n = op.shape[0]
+        cold = start is None
+        x = np.random.default_rng(1).standard_normal(n) if cold else start
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design
+            lam, vec = lobpcg(op, x.reshape(n, 1), Y=V if V is not None and V.shape[1] else None,
+                              maxiter=10 if cold else 1, largest=True, tol=1e-12)
+        return max(float(lam[0]), 0.0), np.asarray(vec[:, 0], dtype=float)
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         s = self.cfg.solver
@@ -366,10 +446,22 @@ class Rosenbrock(Stepper):
         if eigen is not None and np.any(eigen[0] > 0):
             keep = eigen[0] > 0  # P stays positive definite
             pairs = (eigen[0][keep], eigen[1][:, keep])
+        h_stable, top = math.inf, None
+        minres_cost = carry.minres_cost if carry is not None else DEFAULT_MINRES_COST
+        if s.stage_solve == "auto" and eigen is not None:
+            rho, top = self._complement_top(state, None if pairs is None else pairs[1],
+                                            carry.top if carry is not None else None, counts)
+            h_stable = SAFETY * EXPLICIT_BOUND / rho if rho > 0 else math.inf
         while True:
             h = min(dt, dt_limit)
+            # Krylov-free when the step fits the explicit bound, or when capping it there costs less per unit time
+            krylov = not (h <= h_stable or h_stable / EXPLICIT_COST >= h / minres_cost)
+            margin = math.nan
+            if not krylov:
+                h = min(h, h_stable)
+                margin = SAFETY * h / h_stable if math.isfinite(h_stable) else 0.0
             try:
-                y_new, err_vec = self._attempt(state, h, counts, pairs)
+                y_new, err_vec = self._attempt(state, h, counts, pairs, krylov)
             except _SolveFailed as exc:
                 counts["failed_solves"] += 1
                 dt = 0.25 * h
@@ -383,7 +475,13 @@ class Rosenbrock(Stepper):
             err = math.sqrt(float(np.mean((err_vec / scale) ** 2)))
             if not np.isfinite(err):
                 err = np.inf
-            factor = s.max_growth if err == 0.0 else min(s.max_growth, max(0.2, 0.9 * err ** (-1.0 / ORDER)))
+            previous = carry.err if carry is not None and counts["rejected"] == 0 else math.nan
+            if err == 0.0:
+                factor = s.max_growth
+            elif math.isfinite(previous) and previous > 0.0 and err <= 1.0:
+                factor = min(s.max_growth, max(0.2, 0.9 * err ** -PI_ALPHA * previous ** PI_BETA))
+            else:
+                factor = min(s.max_growth, max(0.2, 0.9 * err ** (-1.0 / ORDER)))
             if err <= 1.0:
                 self.evaluate(new)  # the next step's first stage and the step's diagnostics
                 counts["gradient_evals"] += 1
@@ -393,9 +491,12 @@ class Rosenbrock(Stepper):
                 new_slope = self._slope(new, counts)
                 new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
                                                    slope, new_slope)
-                self._carry = _Carry(new, new_slope)
+                if krylov:
+                    minres_cost = counts["jvps"] + counts["gradient_evals"]
+                self._carry = _Carry(new, new_slope, max(err, 1e-4), top=top, minres_cost=minres_cost)
                 if eigen is not None:
                     self._carry.lam, self._carry.V, self._carry.age = eigen[0], eigen[1], eigen[2] + 1
+                counts["explicit_margin"] = margin
                 return new, counts
             counts["rejected"] += 1
             dt = h * factor
