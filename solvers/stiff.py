@@ -49,7 +49,8 @@ Deflation (``solver.deflate = m > 0``)
     invariant), which removes the outliers from the iteration count. Any SPD ``P`` leaves the solution and its
     residual test unchanged, so the pairs need not be current: they are computed once (ARPACK, a fixed start
     vector), carried from step to step, and refined every ``solver.deflate_every`` steps by
-    :data:`REFINE_ITERATIONS` LOBPCG iterations warm-started from the carried ``V`` at the step's ``y_n``.
+    :data:`REFINE_ITERATIONS` LOBPCG iterations warm-started from the carried ``V`` at the step's ``y_n`` (and,
+    with Krylov-free steps, as soon as the complement holds an eigenvalue above the smallest carried one).
     Their products are counted in ``jvps``; the pairs are in the checkpoint, so a resumed run refines the same
     vectors at the same steps.
 
@@ -156,6 +157,14 @@ SAFETY = 0.8
 EXPLICIT_COST = 8.0
 # what a MINRES step is assumed to cost before one has been measured
 DEFAULT_MINRES_COST = 50.0
+
+
+def _positive(eigen: tuple[np.ndarray, np.ndarray, int] | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The pairs with ``lam > 0`` (the preconditioner and W stay positive definite), or None."""
+    if eigen is None or not np.any(eigen[0] > 0):
+        return None
+    keep = eigen[0] > 0
+    return eigen[0][keep], eigen[1][:, keep]
 
 
 def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> float:
@@ -374,18 +383,19 @@ class Rosenbrock(Stepper):
             err += E_T[i] * U[i]
         return y_new, err
 
-    def _eigenpairs(self, state: State, carry: _Carry | None,
-                    counts: dict[str, float]) -> tuple[np.ndarray, np.ndarray, int] | None:
+    def _eigenpairs(self, state: State, carry: _Carry | None, counts: dict[str, float],
+                    refine: bool = False) -> tuple[np.ndarray, np.ndarray, int] | None:
         """``(lam [m], V [n, m], age)``: approximate top eigenpairs of ``S = M^{1/2} (-J) M^{-1/2}`` for the step
         from ``state`` (module docstring, Deflation): the carried ones while younger than
-        ``solver.deflate_every`` steps, else refined by warm-started LOBPCG at the state; without carried
+        ``solver.deflate_every`` steps and ``refine`` is False, else refined by warm-started LOBPCG at the state;
+        without carried
         pairs ARPACK's ``solver.deflate`` largest (relative tolerance 1e-2, a fixed start vector, so a function
         of the state alone). None when deflation is off."""
         m = self.cfg.solver.deflate
         n = state.fields["omega"].size
         if m == 0 or m >= n - 1:
             return None
-        if carry is not None and carry.V is not None and carry.age < self.cfg.solver.deflate_every:
+        if carry is not None and carry.V is not None and carry.age < self.cfg.solver.deflate_every and not refine:
             return carry.lam, carry.V, carry.age
         op = self._operator(state, counts)
         if carry is not None and carry.V is not None and carry.V.shape[1] >= 1:
@@ -442,20 +452,22 @@ class Rosenbrock(Stepper):
         carry = self._carry if self._carry is not None and self._carry.state is state else None
         slope = carry.slope if carry is not None else self._slope(state, counts)
         eigen = self._eigenpairs(state, carry, counts)
-        pairs = None
-        if eigen is not None and np.any(eigen[0] > 0):
-            keep = eigen[0] > 0  # P stays positive definite
-            pairs = (eigen[0][keep], eigen[1][:, keep])
+        pairs = _positive(eigen)
         h_stable, top = math.inf, None
         minres_cost = carry.minres_cost if carry is not None else DEFAULT_MINRES_COST
         if s.stage_solve == "auto" and eigen is not None:
             rho, top = self._complement_top(state, None if pairs is None else pairs[1],
                                             carry.top if carry is not None else None, counts)
+            if eigen[2] > 0 and pairs is not None and rho > pairs[0].min():
+                # V has drifted off the top of the spectrum (a larger eigenvalue outside it): refine it now
+                eigen = self._eigenpairs(state, carry, counts, refine=True)
+                pairs = _positive(eigen)
+                rho, top = self._complement_top(state, None if pairs is None else pairs[1], top, counts)
             h_stable = SAFETY * EXPLICIT_BOUND / rho if rho > 0 else math.inf
         while True:
             h = min(dt, dt_limit)
             # Krylov-free when the step fits the explicit bound, or when capping it there costs less per unit time
-            krylov = not (h <= h_stable or h_stable / EXPLICIT_COST >= h / minres_cost)
+            krylov = top is None or not (h <= h_stable or h_stable / EXPLICIT_COST >= h / minres_cost)
             margin = math.nan
             if not krylov:
                 h = min(h, h_stable)
