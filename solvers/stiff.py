@@ -429,16 +429,26 @@ class Rosenbrock(Stepper):
     def _complement_top(self, state: State, V: np.ndarray | None, start: np.ndarray | None,
                         counts: dict[str, float]) -> tuple[float, np.ndarray]:
         """``(rho_c, x)``: the largest eigenvalue of ``S`` on the orthogonal complement of span V (0 if negative)
-        and its vector, by LOBPCG constrained to that complement (a Rayleigh-Ritz value: a lower bound),
-        one iteration warm from ``start``, or ten from a fixed random vector."""
+        and its vector: LOBPCG on ``C = Pi S Pi``, ``Pi = I - V V^T`` (V orthonormal; C is zero on span V), one
+        iteration warm from ``start``, or ten from a fixed random vector. A Rayleigh-Ritz value: a lower bound.
+        (LOBPCG's own constraint argument ``Y`` is not used: with V far from invariant it returned the start
+        vector's Rayleigh quotient unchanged.)"""
         op = self._operator(state, counts)
         n = op.shape[0]
+
+        def project(x: np.ndarray) -> np.ndarray:
+            return x if V is None or V.shape[1] == 0 else x - V @ (V.T @ x)
+
+        def apply(x: np.ndarray) -> np.ndarray:
+            return project(op.matvec(project(x)))
+
+        complement = LinearOperator((n, n), matvec=apply, matmat=lambda x: np.column_stack([apply(c) for c in x.T]),
+                                    dtype=float)
         cold = start is None
-        x = np.random.default_rng(1).standard_normal(n) if cold else start
+        x = project(np.random.default_rng(1).standard_normal(n) if cold else start)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design
-            lam, vec = lobpcg(op, x.reshape(n, 1), Y=V if V is not None and V.shape[1] else None,
-                              maxiter=10 if cold else 1, largest=True, tol=1e-12)
+            lam, vec = lobpcg(complement, x.reshape(n, 1), maxiter=10 if cold else 1, largest=True, tol=1e-12)
         return max(float(lam[0]), 0.0), np.asarray(vec[:, 0], dtype=float)
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
