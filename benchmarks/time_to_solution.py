@@ -267,7 +267,8 @@ def markdown(res: dict[str, Any]) -> str:
              "The reference is rosenbrock at rtol / 100; "
              "its own error is of the order of the smallest errors shown. "
              f"rosenbrock: rtol {res['rosenbrock']['rtol']:g}, difference Jacobian, "
-             f"deflate {res['rosenbrock'].get('deflate', 0)}, deflate_every {res['rosenbrock'].get('deflate_every', 1)}, "
+             f"deflate {res['rosenbrock'].get('deflate', 0)}, "
+             f"deflate_every {res['rosenbrock'].get('deflate_every', 1)}, "
              f"stage_solve {res['rosenbrock'].get('stage_solve', 'minres')}.",
              "", "| target | method | wall s | grad-equivalents | steps | energy error | how |",
              "|---|---|---|---|---|---|---|"]
