@@ -61,8 +61,8 @@ Krylov-free steps (``solver.stage_solve = "auto"``, with ``solver.deflate = m``)
     the linearly implicit method; on the orthogonal complement W = 0 and the step is the explicit Runge-Kutta
     method ``(alpha, b)`` of the table (order 3), stable for ``h s <= EXPLICIT_BOUND = 1.99`` on a mode of
     eigenvalue ``s`` (:func:`explicit_stability_function`). So before every step the largest eigenvalue
-    ``rho_c`` of ``S`` on the complement of span V is estimated (LOBPCG constrained to that complement,
-    warm-started from the previous step's vector: a Rayleigh-Ritz value, a lower bound, hence the margin
+    ``rho_c`` of ``S`` on the complement of span V is estimated (Rayleigh-Ritz on a 3-dimensional Krylov space
+    of the projected operator, warm-started from the previous step's vector: a lower bound, hence the margin
     :data:`SAFETY`), and a Krylov-free step is taken only with ``h rho_c <= SAFETY * EXPLICIT_BOUND``: the step
     is capped there when that is cheaper per unit time than a MINRES step of the error-controlled size (the
     products of the last MINRES step against :data:`EXPLICIT_COST`), else the step uses MINRES. Each
@@ -155,6 +155,9 @@ EXPLICIT_BOUND = 1.99
 SAFETY = 0.8
 # products of a Krylov-free step: 3 new stages, the new state's gradient, dI/dt, and about 3 for rho_c
 EXPLICIT_COST = 8.0
+# Krylov dimensions of the complement estimate: warm (each step) and cold (the first)
+COMPLEMENT_KRYLOV = 3
+COMPLEMENT_COLD = 12
 # what a MINRES step is assumed to cost before one has been measured
 DEFAULT_MINRES_COST = 50.0
 
@@ -429,27 +432,39 @@ class Rosenbrock(Stepper):
     def _complement_top(self, state: State, V: np.ndarray | None, start: np.ndarray | None,
                         counts: dict[str, float]) -> tuple[float, np.ndarray]:
         """``(rho_c, x)``: the largest eigenvalue of ``S`` on the orthogonal complement of span V (0 if negative)
-        and its vector: LOBPCG on ``C = Pi S Pi``, ``Pi = I - V V^T`` (V orthonormal; C is zero on span V), one
-        iteration warm from ``start``, or ten from a fixed random vector. A Rayleigh-Ritz value: a lower bound.
-        (LOBPCG's own constraint argument ``Y`` is not used: with V far from invariant it returned the start
-        vector's Rayleigh quotient unchanged.)"""
+        and its Ritz vector: Rayleigh-Ritz of ``C = Pi S Pi`` (``Pi = I - V V^T``, V orthonormal; C is zero on
+        span V) on the Krylov space ``span{x, C x, ..., C^(d-1) x}``, ``d`` = :data:`COMPLEMENT_KRYLOV` from
+        ``start`` (the previous step's vector) or :data:`COMPLEMENT_COLD` from a fixed random vector; d products.
+        A Ritz value: a lower bound of the true one, never below ``x^T C x``, so the warm estimate only improves
+        on the previous vector. (scipy's LOBPCG is not used here: with one or two iterations it may return its
+        start vector, the iterate of smallest residual.)"""
         op = self._operator(state, counts)
         n = op.shape[0]
 
         def project(x: np.ndarray) -> np.ndarray:
             return x if V is None or V.shape[1] == 0 else x - V @ (V.T @ x)
 
-        def apply(x: np.ndarray) -> np.ndarray:
-            return project(op.matvec(project(x)))
-
-        complement = LinearOperator((n, n), matvec=apply, matmat=lambda x: np.column_stack([apply(c) for c in x.T]),
-                                    dtype=float)
         cold = start is None
         x = project(np.random.default_rng(1).standard_normal(n) if cold else start)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design
-            lam, vec = lobpcg(complement, x.reshape(n, 1), maxiter=10 if cold else 1, largest=True, tol=1e-12)
-        return max(float(lam[0]), 0.0), np.asarray(vec[:, 0], dtype=float)
+        dims = COMPLEMENT_COLD if cold else COMPLEMENT_KRYLOV
+        basis = np.zeros((n, dims))
+        images = np.zeros((n, dims))
+        q = x / np.linalg.norm(x)
+        size = 0
+        for j in range(dims):
+            basis[:, j] = q
+            images[:, j] = project(op.matvec(q))
+            size = j + 1
+            w = images[:, j] - basis[:, :size] @ (basis[:, :size].T @ images[:, j])
+            w -= basis[:, :size] @ (basis[:, :size].T @ w)  # twice is enough (Kahan-Parlett)
+            norm = float(np.linalg.norm(w))
+            if norm <= 1e-12 * float(np.linalg.norm(images[:, j])):
+                break  # an invariant subspace: its Ritz values are exact
+            q = w / norm
+        Q, CQ = basis[:, :size], images[:, :size]
+        T = Q.T @ CQ
+        values, vectors = np.linalg.eigh(0.5 * (T + T.T))
+        return max(float(values[-1]), 0.0), Q @ vectors[:, -1]
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         s = self.cfg.solver
