@@ -50,7 +50,8 @@ Deflation (``solver.deflate = m > 0``)
     residual test unchanged, so the pairs need not be current: they are computed once (ARPACK, a fixed start
     vector), carried from step to step, and refined every ``solver.deflate_every`` steps by
     :data:`REFINE_ITERATIONS` LOBPCG iterations warm-started from the carried ``V`` at the step's ``y_n`` (and,
-    with Krylov-free steps, as soon as the complement holds an eigenvalue above the smallest carried one).
+    with Krylov-free steps, as soon as the complement holds an eigenvalue above :data:`DRIFT` times the
+    smallest carried one).
     Their products are counted in ``jvps``; the pairs are in the checkpoint, so a resumed run refines the same
     vectors at the same steps.
 
@@ -155,6 +156,8 @@ EXPLICIT_BOUND = 1.99
 SAFETY = 0.8
 # products of a Krylov-free step: 3 new stages, the new state's gradient, dI/dt, and about 3 for rho_c
 EXPLICIT_COST = 8.0
+# the carried eigenpairs are refined at once when the complement's top exceeds DRIFT x the smallest of them
+DRIFT = 2.0
 # Krylov dimensions of the complement estimate: warm (each step) and cold (the first)
 COMPLEMENT_KRYLOV = 3
 COMPLEMENT_COLD = 12
@@ -483,8 +486,10 @@ class Rosenbrock(Stepper):
         if s.stage_solve == "auto" and eigen is not None:
             rho, top = self._complement_top(state, None if pairs is None else pairs[1],
                                             carry.top if carry is not None else None, counts)
-            if eigen[2] > 0 and pairs is not None and rho > pairs[0].min():
-                # V has drifted off the top of the spectrum (a larger eigenvalue outside it): refine it now
+            if eigen[2] > 0 and pairs is not None and rho > DRIFT * pairs[0].min():
+                # V has drifted off the top of the spectrum (an eigenvalue well above its smallest outside it):
+                # refine it now. Not at rho just above lam_min: on a continuous spectrum the complement's top is
+                # about the m-th eigenvalue, and refining would not move it
                 eigen = self._eigenpairs(state, carry, counts, refine=True)
                 pairs = _positive(eigen)
                 rho, top = self._complement_top(state, None if pairs is None else pairs[1], top, counts)
