@@ -148,7 +148,7 @@ def energy_at(run: dict[str, Any], t: float) -> float | None:
     return None
 
 
-def benchmark(n: int, rtol: float, wall: float, deflate: int = 16, deflate_every: int = 50,
+def benchmark(n: int, rtol: float, wall: float, deflate: int = 32, deflate_every: int = 50,
               stage_solve: str = "auto", log=print) -> dict[str, Any]:
     from pdeflow.solvers.jko import euler_stability_limit
 
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--render", help="re-render the table of a saved time_to_solution.json instead of running")
     p.add_argument("--hvp", action="store_true", help="only measure the JVP costs at N = 128 and N = 1024")
-    p.add_argument("--deflate", type=int, default=16, help="rosenbrock: solver.deflate (default 16)")
+    p.add_argument("--deflate", type=int, default=32, help="rosenbrock: solver.deflate (default 32)")
     p.add_argument("--deflate-every", type=int, default=50, help="rosenbrock: solver.deflate_every (default 50)")
     p.add_argument("--stage-solve", default="auto", choices=("auto", "minres"),
                    help="rosenbrock: solver.stage_solve (default auto)")

@@ -161,6 +161,8 @@ DRIFT = 2.0
 # Krylov dimensions of the complement estimate: warm (each step) and cold (the first)
 COMPLEMENT_KRYLOV = 3
 COMPLEMENT_COLD = 12
+# largest ratio of the proposed step to a step cut to the explicit bound
+CAPPED_GROWTH = 10.0
 # what a MINRES step is assumed to cost before one has been measured
 DEFAULT_MINRES_COST = 50.0
 
@@ -529,6 +531,11 @@ class Rosenbrock(Stepper):
                 counts["gradient_evals"] += 1
                 # a step cut short by a frame time does not shrink the controller's proposal
                 proposal = dt * factor if h >= dt else max(dt, h * factor)
+                if not krylov and h < min(dt, dt_limit):
+                    # cut to the explicit bound: the error of the short step says how long an accurate step could
+                    # be (err ~ h^3), the choice against a MINRES step of that size needs it
+                    growth = CAPPED_GROWTH if err == 0.0 else min(CAPPED_GROWTH, 0.9 * err ** (-1.0 / ORDER))
+                    proposal = max(dt, h * growth)
                 new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
                 new_slope = self._slope(new, counts)
                 new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
