@@ -125,11 +125,10 @@ class SolverConfig:
                            "preconditioner (0: none)", ge=0, le=1000)
     deflate_every: int = spec(1, "rosenbrock: steps between refinements of the deflated eigenpairs (warm-started "
                                  "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
-    stage_solve: str = spec("minres", "rosenbrock: 'minres' (every stage system solved by MINRES with the "
-                                      "current Jacobian) or 'auto' (needs solver.deflate > 0: a step short enough "
-                                      "for the explicit stability bound of the non-deflated spectrum solves its "
-                                      "stages with W = the Jacobian on the deflated eigenpairs, without products; "
-                                      "longer steps use MINRES)", choices=("minres", "auto"))
+    stage_solve: str = spec("minres", "rosenbrock: 'minres' (MINRES with the current Jacobian) or 'auto' (needs "
+                                      "solver.deflate: steps within the explicit bound of the rest of the spectrum "
+                                      "take W = the Jacobian on the eigenpairs, no products)",
+                            choices=("minres", "auto"))
     jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products by the complex step (exact) or a forward "
                                   "difference of grad Phi (one real evaluation; the W-method keeps its order)",
                          choices=("exact", "difference"))
