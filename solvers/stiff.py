@@ -80,8 +80,9 @@ Energy identity
     this stepper takes; with the Hermite rule the defect shows the method's own energy error.
 
 ``/steps`` columns: ``rejected`` (error test failures), ``failed_solves``, ``krylov_iters`` (MINRES
-iterations), ``jvps`` (Jacobian-vector products, the residual checks included) and ``gradient_evals``
-(evaluations of grad Phi at all particles), summed over the tries of the step.
+iterations), ``jvps`` (Jacobian-vector products: the residual checks, eigenpairs, complement estimate and
+``dI/dt`` included) and ``gradient_evals`` (evaluations of grad Phi at all particles), summed over the tries of
+the step; ``explicit_margin`` (``h rho_c / EXPLICIT_BOUND`` of a Krylov-free step, NaN otherwise).
 
 Not sharded: scipy's MINRES takes inner products of the local block only, so under MPI this stepper
 runs on one rank (``sharded = False``).
