@@ -110,6 +110,12 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
             state, extra = stepper.step(state, stop - state.t)
             totals["steps"] += 1
             for key, value in extra.items():
+                if key == "explicit_margin":  # a per-step ratio, not a count: how many steps and the largest
+                    finite = bool(np.isfinite(value))
+                    totals["krylov_free_steps"] = totals.get("krylov_free_steps", 0.0) + finite
+                    largest = totals.get("max_explicit_margin", 0.0)
+                    totals["max_explicit_margin"] = max(largest, value) if finite else largest
+                    continue
                 totals[key] = totals.get(key, 0.0) + value
             d = stepper.diagnostics(state)
             if d["dissipation"] <= STATIONARY * d0["dissipation"]:
