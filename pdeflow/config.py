@@ -122,7 +122,13 @@ class SolverConfig:
     krylov_maxiter: int = spec(1000, "rosenbrock: MINRES iterations per stage solve (more: a failed solve, the "
                                      "step is retried at a quarter of its size)", ge=1)
     deflate: int = spec(0, "rosenbrock: largest eigenpairs of the Jacobian removed from the stage solves by a "
-                           "preconditioner, recomputed every step (0: none)", ge=0, le=1000)
+                           "preconditioner (0: none)", ge=0, le=1000)
+    deflate_every: int = spec(1, "rosenbrock: steps between refinements of the deflated eigenpairs (warm-started "
+                                 "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
+    stage_solve: str = spec("minres", "rosenbrock: 'minres' (MINRES with the current Jacobian) or 'auto' (needs "
+                                      "solver.deflate: steps within the explicit bound of the rest of the spectrum "
+                                      "take W = the Jacobian on the eigenpairs, no products)",
+                            choices=("minres", "auto"))
     jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products by the complex step (exact) or a forward "
                                   "difference of grad Phi (one real evaluation; the W-method keeps its order)",
                          choices=("exact", "difference"))
@@ -392,6 +398,8 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
                           "or use 'ball' or 'box'")
     if cfg.init.measure == "grid" and m.coordinates == "full":
         raise ConfigError("init.measure = 'grid' needs reduced coordinates (model.coordinates with k <= 3)")
+    if s.stage_solve == "auto" and s.method == "rosenbrock" and s.deflate == 0:
+        raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
     if s.dt_min > s.dt_max:
         raise ConfigError(f"solver.dt_min must be <= solver.dt_max = {s.dt_max}, got {s.dt_min}")
     for key in ("n_list", "eta_list"):

@@ -34,20 +34,55 @@ Linear systems
 
 Error control
     ``err = rms(e / (atol + rtol max(|y_n|, |y_{n+1}|)))`` over all coordinates; a step is accepted when
-    ``err <= 1`` and the next is ``h * clip(0.9 err^(-1/3), 0.2, max_growth)`` within ``[dt_min, dt_max]``;
-    a step below ``solver.dt_min`` raises :class:`~pdeflow.solvers.base.SolverError` (the run exits 3, keeping
-    its frames). The controller is memoryless: the next step size is all a checkpoint needs (in State).
+    ``err <= 1``. After an accepted step the next is the PI controller's (Gustafsson; Hairer & Wanner II,
+    IV.2) ``h * clip(0.9 err_n^(-0.7/3) err_{n-1}^(0.4/3), 0.2, max_growth)``, which damps the step-size
+    oscillation (and the rejections) of the plain ``h * 0.9 err^(-1/3)``; after a rejection, and on the first
+    step, the plain rule. The step size stays within ``[dt_min, dt_max]``; a step below ``solver.dt_min``
+    raises :class:`~pdeflow.solvers.base.SolverError` (the run exits 3, keeping its frames). The previous
+    accepted error is part of the checkpoint.
 
 Deflation (``solver.deflate = m > 0``)
     MINRES needs ~sqrt(1 + h g lambda_max) iterations; the spectrum of ``S`` has a few large outliers (on
-    the quickstart at t = 56: 220, then 43, 38, 31, 18, and below 11 from the 6th on). With the ``m`` largest
-    eigenpairs ``(lam, V)`` of ``S`` at ``y_n`` (ARPACK, once per step) the stage solves are preconditioned by
-    ``P = (1/(h g)) I + V diag(lam) V^T`` (symmetric positive definite, exact on span V), which removes the
-    outliers from the iteration count at the price of the eigensolve's products (counted in ``jvps``).
+    the quickstart at t = 56: 220, then 43, 38, 31, 18, and below 11 from the 6th on). With ``m`` approximate
+    top eigenpairs ``(lam, V)`` of ``S`` the stage solves are preconditioned by
+    ``P = (1/(h g)) I + V diag(lam) V^T`` (symmetric positive definite for ``lam > 0``, exact on span V when V is
+    invariant), which removes the outliers from the iteration count. Any SPD ``P`` leaves the solution and its
+    residual test unchanged, so the pairs need not be current: they are computed once (ARPACK, a fixed start
+    vector), carried from step to step, and refined every ``solver.deflate_every`` steps by
+    :data:`REFINE_ITERATIONS` LOBPCG iterations warm-started from the carried ``V`` at the step's ``y_n`` (and,
+    with Krylov-free steps, as soon as the complement holds an eigenvalue above :data:`DRIFT` times the
+    smallest carried one).
+    Their products are counted in ``jvps``; the pairs are in the checkpoint, so a resumed run refines the same
+    vectors at the same steps.
+
+Krylov-free steps (``solver.stage_solve = "auto"``, with ``solver.deflate = m``)
+    A W-method keeps its order for any W, so a step may solve its stages with
+    ``W = -M^{-1/2} V diag(lam) V^T M^{1/2}`` (the Jacobian on the carried eigenpairs with ``lam > 0``), i.e.
+    ``v = P^{-1} M^{1/2} r`` with the deflation preconditioner itself: no product at all. On span V this is
+    the linearly implicit method; on the orthogonal complement W = 0 and the step is the explicit Runge-Kutta
+    method ``(alpha, b)`` of the table (order 3), stable for ``h s <= EXPLICIT_BOUND = 1.99`` on a mode of
+    eigenvalue ``s`` (:func:`explicit_stability_function`). So before every step the largest eigenvalue
+    ``rho_c`` of ``S`` on the complement of span V is estimated (Rayleigh-Ritz on a 3-dimensional Krylov space
+    of the projected operator, warm-started from the previous step's vector: a lower bound, hence the margin
+    :data:`SAFETY`), and a Krylov-free step is taken only with ``h rho_c <= SAFETY * EXPLICIT_BOUND``: the step
+    is capped there when that is cheaper per unit time than a MINRES step of the error-controlled size (the
+    products of the last MINRES step against :data:`EXPLICIT_COST`), else the step uses MINRES. Each
+    Krylov-free step records ``h rho_c / EXPLICIT_BOUND`` in ``/steps/explicit_margin`` (NaN for MINRES steps),
+    so the bound it kept is in the file; an instability the estimate missed (a late estimate, V far from
+    invariant) shows in the embedded error estimate, whose explicit part grows with it, and the step is rejected.
+
+Energy identity
+    The step leaves its own quadrature of the dissipation ``int I dt`` (``State.dissipation_integral``, checked
+    against the energy change by :mod:`pdeflow.solvers.accuracy`): the Hermite (corrected trapezoid) rule
+    ``h (I_n + I_{n+1}) / 2 + h^2 (I'_n - I'_{n+1}) / 12``, error ``O(h^5)``, with
+    ``I' = dI/dt = -2 sum_i m_i f_i . (-J f)_i`` (one Jacobian-vector product per accepted state, counted
+    in ``jvps``). The plain trapezoid's ``O(h^3)`` error would dominate the identity defect at the long steps
+    this stepper takes; with the Hermite rule the defect shows the method's own energy error.
 
 ``/steps`` columns: ``rejected`` (error test failures), ``failed_solves``, ``krylov_iters`` (MINRES
-iterations), ``jvps`` (Jacobian-vector products, the residual checks included) and ``gradient_evals``
-(evaluations of grad Phi at all particles), summed over the tries of the step.
+iterations), ``jvps`` (Jacobian-vector products: the residual checks, eigenpairs, complement estimate and
+``dI/dt`` included) and ``gradient_evals`` (evaluations of grad Phi at all particles), summed over the tries of
+the step; ``explicit_margin`` (``h rho_c / EXPLICIT_BOUND`` of a Krylov-free step, NaN otherwise).
 
 Not sharded: scipy's MINRES takes inner products of the local block only, so under MPI this stepper
 runs on one rank (``sharded = False``).
@@ -55,10 +90,12 @@ runs on one rank (``sharded = False``).
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, minres
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, lobpcg, minres
 
 from . import register
 from .base import SolverError, State, Stepper
@@ -98,8 +135,71 @@ FLOOR = {"exact": 1e-13, "difference": 1e-6}
 DIFFERENCE_STEP = 1.5e-8
 
 
+# checkpoint floats before the eigenpairs: dI/dt, the last accepted error, the pairs' age and count, the
+# last MINRES step's products
+HEADER = 5
+# the PI step-size controller's exponents (Hairer & Wanner II, IV.2: 0.7 / k and 0.4 / k, k = ORDER)
+PI_ALPHA, PI_BETA = 0.7 / ORDER, 0.4 / ORDER
+# LOBPCG iterations of a refinement of the carried eigenpairs (each costs m products, plus m for the start)
+REFINE_ITERATIONS = 2
+
+
+def explicit_stability_function(z: complex) -> complex:
+    """The stability function of a step with ``W = 0`` (the explicit Runge-Kutta method ``(alpha, b)``):
+    ``1 + z b^T (I - z alpha)^-1 1``, a cubic-accurate polynomial of degree 4."""
+    s = len(B)
+    return complex(1.0 + z * B @ np.linalg.solve(np.eye(s) - z * ALPHA, np.ones(s)))
+
+
+# |R_explicit(-x)| <= 1 for 0 <= x <= EXPLICIT_BOUND (checked in tests/test_stiff.py)
+EXPLICIT_BOUND = 1.99
+# a Krylov-free step keeps h rho_c below SAFETY * EXPLICIT_BOUND: rho_c is a Rayleigh-Ritz lower bound
+SAFETY = 0.8
+# products of a Krylov-free step: 3 new stages, the new state's gradient, dI/dt, and about 3 for rho_c
+EXPLICIT_COST = 8.0
+# the carried eigenpairs are refined at once when the complement's top exceeds DRIFT x the smallest of them
+DRIFT = 2.0
+# Krylov dimensions of the complement estimate: warm (each step) and cold (the first)
+COMPLEMENT_KRYLOV = 3
+COMPLEMENT_COLD = 12
+# largest ratio of the proposed step to a step cut to the explicit bound
+CAPPED_GROWTH = 10.0
+# what a MINRES step is assumed to cost before one has been measured
+DEFAULT_MINRES_COST = 50.0
+
+
+def _positive(eigen: tuple[np.ndarray, np.ndarray, int] | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The pairs with ``lam > 0`` (the preconditioner and W stay positive definite), or None."""
+    if eigen is None or not np.any(eigen[0] > 0):
+        return None
+    keep = eigen[0] > 0
+    return eigen[0][keep], eigen[1][:, keep]
+
+
+def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> float:
+    """``int_0^h I dt`` by the Hermite rule ``h (I0 + I1) / 2 + h^2 (I0' - I1') / 12`` (exact for cubics)."""
+    return 0.5 * h * (i0 + i1) + h * h * (slope0 - slope1) / 12.0
+
+
 class _SolveFailed(Exception):
     """A stage system missed its tolerance within solver.krylov_maxiter iterations."""
+
+
+@dataclass
+class _Carry:
+    """What an accepted step hands to the next besides the measure (and what a checkpoint keeps of it):
+    ``slope = dI/dt`` at ``state``, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none yet)
+    and ``age``, the steps since they were computed or refined; ``err`` the accepted step's error estimate
+    (the PI controller's memory); ``top`` [n] the complement's top eigenvector (Krylov-free steps) and
+    ``minres_cost`` the products of the last MINRES step."""
+    state: State
+    slope: float
+    err: float = math.nan
+    lam: np.ndarray | None = None
+    V: np.ndarray | None = None
+    age: int = 0
+    top: np.ndarray | None = None
+    minres_cost: float = DEFAULT_MINRES_COST
 
 
 @register
@@ -108,10 +208,58 @@ class Rosenbrock(Stepper):
     name = "rosenbrock"
     sharded = False
     order: ClassVar[int] = ORDER
-    step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals")
+    step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals", "explicit_margin")
+
+    _carry: _Carry | None = None
+
+    @property
+    def extra_size(self) -> int:  # type: ignore[override]
+        """The checkpoint's controller state: ``[dI/dt, err, age, pairs, minres cost, lam (m), V (n m), top (n)]``
+        (``m = solver.deflate``; ``top`` only for ``solver.stage_solve = "auto"``)."""
+        m, n = self.cfg.solver.deflate, self.cfg.init.n_particles * self.problem.k
+        return HEADER + m + m * n + (n if self.cfg.solver.stage_solve == "auto" else 0)
+
+    def extra_state(self, state: State) -> np.ndarray:
+        out = np.zeros(self.extra_size)
+        carry = self._carry if self._carry is not None and self._carry.state is state else None
+        out[:2] = math.nan  # no carry: the next step computes dI/dt again and starts the controller afresh
+        m = self.cfg.solver.deflate
+        if carry is not None:
+            out[0], out[1], out[4] = carry.slope, carry.err, carry.minres_cost
+            if m and carry.V is not None:
+                count = carry.lam.size
+                out[2], out[3] = carry.age, count
+                out[HEADER:HEADER + count] = carry.lam
+                out[HEADER + m:HEADER + m + carry.V.size] = carry.V.ravel()
+            if carry.top is not None:
+                out[-carry.top.size:] = carry.top
+        return out
+
+    def restore(self, ck) -> State:
+        state = super().restore(ck)
+        extra = np.asarray(ck.extra, dtype=float)
+        self._carry = None
+        if extra.size >= HEADER and math.isfinite(extra[0]):
+            self._carry = _Carry(state, float(extra[0]), float(extra[1]), minres_cost=float(extra[4]))
+            m, count = self.cfg.solver.deflate, int(extra[3])
+            n = state.fields["omega"].size
+            if m and count:
+                self._carry.lam = extra[HEADER:HEADER + count].copy()
+                self._carry.V = extra[HEADER + m:HEADER + m + n * count].reshape(n, count).copy()
+                self._carry.age = int(extra[2])
+            if self.cfg.solver.stage_solve == "auto" and np.any(extra[-n:] != 0.0):
+                self._carry.top = extra[-n:].copy()
+        return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         return -self.problem.grad_phi(omega, omega, mass)
+
+    def _slope(self, state: State, counts: dict[str, float]) -> float:
+        """``dI/dt = -2 sum_i m_i f_i . (-J f)_i`` at the state, ``f = -grad Phi``: one product."""
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        grad = self.evaluate(state).grad_phi
+        counts["jvps"] += 1
+        return -2.0 * float(np.sum(mass[:, None] * grad * self._jvp(omega, mass, grad)(grad)))
 
     def _solve(self, jvp, root: np.ndarray, shift: float, rhs: np.ndarray, target: float,
                counts: dict[str, float], tighten: list[float],
@@ -142,25 +290,32 @@ class Rosenbrock(Stepper):
         floor = FLOOR[self.cfg.solver.jacobian]
         target = max(target, floor * norm_b)
         budget = self.cfg.solver.krylov_maxiter
-        v, previous = None, np.inf
+        # the start v0 = V c and its image (A V) c, known without a product: MINRES solves for the correction
+        start, start_image, rest = np.zeros(n), np.zeros(n), b
         if basis:
             V = np.column_stack([p[0] for p in basis])
             AV = np.column_stack([p[1] for p in basis])
             c = np.linalg.lstsq(AV, b, rcond=None)[0]
             if float(np.linalg.norm(b - AV @ c)) < norm_b:
-                v = V @ c
+                start, start_image = V @ c, AV @ c
+                rest = b - start_image
+        norm_rest = float(np.linalg.norm(rest))
+        if norm_rest <= target:
+            basis.append((start, start_image))
+            return start.reshape(shape) / root
+        v, previous = None, np.inf
         while True:
             iterations = [0]
-            rtol = max(min(0.1, target / norm_b) / tighten[0], FLOOR["exact"])
-            v, _ = minres(op, b, x0=v, rtol=rtol, maxiter=budget, M=precond,
+            rtol = max(min(0.1, target / norm_rest) / tighten[0], FLOOR["exact"])
+            v, _ = minres(op, rest, x0=v, rtol=rtol, maxiter=budget, M=precond,
                           callback=lambda _: iterations.__setitem__(0, iterations[0] + 1))
             counts["krylov_iters"] += iterations[0]
             budget -= iterations[0]
             image = apply(v)
-            residual = float(np.linalg.norm(b - image))
+            residual = float(np.linalg.norm(rest - image))
             if residual <= target:
-                basis.append((v, image))
-                return v.reshape(shape) / root
+                basis.append((start + v, start_image + image))
+                return (start + v).reshape(shape) / root
             # out of iterations, at MINRES's own floor, or a restart that no longer halves the residual
             if budget <= 0 or rtol <= FLOOR["exact"] or residual > 0.5 * previous:
                 raise _SolveFailed(f"MINRES residual {residual:.3g} > {target:.3g} after "
@@ -186,9 +341,12 @@ class Rosenbrock(Stepper):
         return difference
 
     def _attempt(self, state: State, h: float, counts: dict[str, float],
-                 pairs: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 pairs: tuple[np.ndarray, np.ndarray] | None = None,
+                 krylov: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """One ROS34PW2 step of size h from ``state``: (y_{n+1}, error vector); ``pairs`` the deflated
-        eigenpairs of ``S`` at ``y_n`` (:meth:`_eigenpairs`) or None."""
+        eigenpairs of ``S`` at ``y_n`` (:meth:`_eigenpairs`) or None. ``krylov`` False: the stage systems are
+        solved with ``W = -M^{-1/2} V diag(lam) V^T M^{1/2}`` exactly (no product; module docstring, Krylov-free
+        steps)."""
         s = self.cfg.solver
         omega, mass = state.fields["omega"], state.fields["mass"]
         root = np.sqrt(mass)[:, None]
@@ -223,6 +381,10 @@ class Rosenbrock(Stepper):
             rhs = f.copy()
             for j in range(i):
                 rhs += (C_T[i, j] / h) * U[j]
+            if not krylov:
+                b = (root * rhs).ravel()
+                U.append((b / shift if precond is None else precond.matvec(b)).reshape(rhs.shape) / root)
+                continue
             U.append(self._solve(jvp, root, shift, rhs, target, counts, tighten, basis, precond))
         y_new, err = omega.copy(), np.zeros_like(omega)
         for i in range(len(B)):
@@ -230,15 +392,36 @@ class Rosenbrock(Stepper):
             err += E_T[i] * U[i]
         return y_new, err
 
-    def _eigenpairs(self, state: State, counts: dict[str, float]) -> tuple[np.ndarray, np.ndarray] | None:
-        """The ``solver.deflate`` largest eigenpairs (positive ones only) of ``S = M^{1/2} (-J) M^{-1/2}`` at the
-        state (ARPACK, relative tolerance 1e-2, a fixed start vector: a function of the state alone, so resume
-        stays exact): ``(lam [m], V [n, m])``, or None when deflation is off or nothing positive was found."""
+    def _eigenpairs(self, state: State, carry: _Carry | None, counts: dict[str, float],
+                    refine: bool = False) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """``(lam [m], V [n, m], age)``: approximate top eigenpairs of ``S = M^{1/2} (-J) M^{-1/2}`` for the step
+        from ``state`` (module docstring, Deflation): the carried ones while younger than
+        ``solver.deflate_every`` steps and ``refine`` is False, else refined by warm-started LOBPCG at the state;
+        without carried
+        pairs ARPACK's ``solver.deflate`` largest (relative tolerance 1e-2, a fixed start vector, so a function
+        of the state alone). None when deflation is off."""
         m = self.cfg.solver.deflate
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        n = omega.size
+        n = state.fields["omega"].size
         if m == 0 or m >= n - 1:
             return None
+        if carry is not None and carry.V is not None and carry.age < self.cfg.solver.deflate_every and not refine:
+            return carry.lam, carry.V, carry.age
+        op = self._operator(state, counts)
+        if carry is not None and carry.V is not None and carry.V.shape[1] >= 1:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design
+                lam, V = lobpcg(op, carry.V, maxiter=REFINE_ITERATIONS, largest=True, tol=1e-3 * carry.lam.max())
+            return np.asarray(lam, dtype=float), np.asarray(V, dtype=float), 0
+        v0 = np.random.default_rng(0).standard_normal(n)
+        try:
+            lam, V = eigsh(op, k=m, which="LA", tol=1e-2, v0=v0)
+        except ArpackNoConvergence as exc:
+            lam, V = exc.eigenvalues, exc.eigenvectors
+        return lam, V, 0
+
+    def _operator(self, state: State, counts: dict[str, float]) -> LinearOperator:
+        """``S = M^{1/2} (-J) M^{-1/2}`` at the state as counted products (blocks column by column)."""
+        omega, mass = state.fields["omega"], state.fields["mass"]
         root = np.sqrt(mass)[:, None]
         jvp = self._jvp(omega, mass, self.evaluate(state).grad_phi)
 
@@ -246,13 +429,48 @@ class Rosenbrock(Stepper):
             counts["jvps"] += 1
             return (root * jvp(v.reshape(omega.shape) / root)).ravel()
 
-        v0 = np.random.default_rng(0).standard_normal(n)
-        try:
-            lam, V = eigsh(LinearOperator((n, n), matvec=apply, dtype=float), k=m, which="LA", tol=1e-2, v0=v0)
-        except ArpackNoConvergence as exc:
-            lam, V = exc.eigenvalues, exc.eigenvectors
-        keep = lam > 0
-        return (lam[keep], V[:, keep]) if np.any(keep) else None
+        def apply_block(x: np.ndarray) -> np.ndarray:
+            return np.column_stack([apply(c) for c in x.T])
+
+        n = omega.size
+        return LinearOperator((n, n), matvec=apply, matmat=apply_block, dtype=float)
+
+    def _complement_top(self, state: State, V: np.ndarray | None, start: np.ndarray | None,
+                        counts: dict[str, float]) -> tuple[float, np.ndarray]:
+        """``(rho_c, x)``: the largest eigenvalue of ``S`` on the orthogonal complement of span V (0 if negative)
+        and its Ritz vector: Rayleigh-Ritz of ``C = Pi S Pi`` (``Pi = I - V V^T``, V orthonormal; C is zero on
+        span V) on the Krylov space ``span{x, C x, ..., C^(d-1) x}``, ``d`` = :data:`COMPLEMENT_KRYLOV` from
+        ``start`` (the previous step's vector) or :data:`COMPLEMENT_COLD` from a fixed random vector; d products.
+        A Ritz value: a lower bound of the true one, never below ``x^T C x``, so the warm estimate only improves
+        on the previous vector. (scipy's LOBPCG is not used here: with one or two iterations it may return its
+        start vector, the iterate of smallest residual.)"""
+        op = self._operator(state, counts)
+        n = op.shape[0]
+
+        def project(x: np.ndarray) -> np.ndarray:
+            return x if V is None or V.shape[1] == 0 else x - V @ (V.T @ x)
+
+        cold = start is None
+        x = project(np.random.default_rng(1).standard_normal(n) if cold else start)
+        dims = COMPLEMENT_COLD if cold else COMPLEMENT_KRYLOV
+        basis = np.zeros((n, dims))
+        images = np.zeros((n, dims))
+        q = x / np.linalg.norm(x)
+        size = 0
+        for j in range(dims):
+            basis[:, j] = q
+            images[:, j] = project(op.matvec(q))
+            size = j + 1
+            w = images[:, j] - basis[:, :size] @ (basis[:, :size].T @ images[:, j])
+            w -= basis[:, :size] @ (basis[:, :size].T @ w)  # twice is enough (Kahan-Parlett)
+            norm = float(np.linalg.norm(w))
+            if norm <= 1e-12 * float(np.linalg.norm(images[:, j])):
+                break  # an invariant subspace: its Ritz values are exact
+            q = w / norm
+        Q, CQ = basis[:, :size], images[:, :size]
+        T = Q.T @ CQ
+        values, vectors = np.linalg.eigh(0.5 * (T + T.T))
+        return max(float(values[-1]), 0.0), Q @ vectors[:, -1]
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         s = self.cfg.solver
@@ -262,11 +480,33 @@ class Rosenbrock(Stepper):
                               "symmetrized with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
         counts = {"rejected": 0.0, "failed_solves": 0.0, "krylov_iters": 0.0, "jvps": 0.0, "gradient_evals": 0.0}
         dt = min(state.dt, s.dt_max)
-        pairs = self._eigenpairs(state, counts)
+        carry = self._carry if self._carry is not None and self._carry.state is state else None
+        slope = carry.slope if carry is not None else self._slope(state, counts)
+        eigen = self._eigenpairs(state, carry, counts)
+        pairs = _positive(eigen)
+        h_stable, top = math.inf, None
+        minres_cost = carry.minres_cost if carry is not None else DEFAULT_MINRES_COST
+        if s.stage_solve == "auto" and eigen is not None:
+            rho, top = self._complement_top(state, None if pairs is None else pairs[1],
+                                            carry.top if carry is not None else None, counts)
+            if eigen[2] > 0 and pairs is not None and rho > DRIFT * pairs[0].min():
+                # V has drifted off the top of the spectrum (an eigenvalue well above its smallest outside it):
+                # refine it now. Not at rho just above lam_min: on a continuous spectrum the complement's top is
+                # about the m-th eigenvalue, and refining would not move it
+                eigen = self._eigenpairs(state, carry, counts, refine=True)
+                pairs = _positive(eigen)
+                rho, top = self._complement_top(state, None if pairs is None else pairs[1], top, counts)
+            h_stable = SAFETY * EXPLICIT_BOUND / rho if rho > 0 else math.inf
         while True:
             h = min(dt, dt_limit)
+            # Krylov-free when the step fits the explicit bound, or when capping it there costs less per unit time
+            krylov = top is None or not (h <= h_stable or h_stable / EXPLICIT_COST >= h / minres_cost)
+            margin = math.nan
+            if not krylov:
+                h = min(h, h_stable)
+                margin = SAFETY * h / h_stable if math.isfinite(h_stable) else 0.0
             try:
-                y_new, err_vec = self._attempt(state, h, counts, pairs)
+                y_new, err_vec = self._attempt(state, h, counts, pairs, krylov)
             except _SolveFailed as exc:
                 counts["failed_solves"] += 1
                 dt = 0.25 * h
@@ -280,13 +520,33 @@ class Rosenbrock(Stepper):
             err = math.sqrt(float(np.mean((err_vec / scale) ** 2)))
             if not np.isfinite(err):
                 err = np.inf
-            factor = s.max_growth if err == 0.0 else min(s.max_growth, max(0.2, 0.9 * err ** (-1.0 / ORDER)))
+            previous = carry.err if carry is not None and counts["rejected"] == 0 else math.nan
+            if err == 0.0:
+                factor = s.max_growth
+            elif math.isfinite(previous) and previous > 0.0 and err <= 1.0:
+                factor = min(s.max_growth, max(0.2, 0.9 * err ** -PI_ALPHA * previous ** PI_BETA))
+            else:
+                factor = min(s.max_growth, max(0.2, 0.9 * err ** (-1.0 / ORDER)))
             if err <= 1.0:
                 self.evaluate(new)  # the next step's first stage and the step's diagnostics
                 counts["gradient_evals"] += 1
                 # a step cut short by a frame time does not shrink the controller's proposal
                 proposal = dt * factor if h >= dt else max(dt, h * factor)
+                if not krylov and h < min(dt, dt_limit):
+                    # cut to the explicit bound: the error of the short step says how long an accurate step could
+                    # be (err ~ h^3), the choice against a MINRES step of that size needs it
+                    growth = CAPPED_GROWTH if err == 0.0 else min(CAPPED_GROWTH, 0.9 * err ** (-1.0 / ORDER))
+                    proposal = max(dt, h * growth)
                 new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
+                new_slope = self._slope(new, counts)
+                new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
+                                                   slope, new_slope)
+                if krylov:
+                    minres_cost = counts["jvps"] + counts["gradient_evals"]
+                self._carry = _Carry(new, new_slope, max(err, 1e-4), top=top, minres_cost=minres_cost)
+                if eigen is not None:
+                    self._carry.lam, self._carry.V, self._carry.age = eigen[0], eigen[1], eigen[2] + 1
+                counts["explicit_margin"] = margin
                 return new, counts
             counts["rejected"] += 1
             dt = h * factor

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
 from pdeflow.solvers.base import State
-from pdeflow.solvers.stiff import ORDER, stability_function
+from pdeflow.solvers.stiff import (
+    EXPLICIT_BOUND,
+    ORDER,
+    SAFETY,
+    explicit_stability_function,
+    hermite,
+    stability_function,
+)
 
 from pdeflow import Problem, loads_config
 from pdeflow.cli import main
@@ -165,11 +172,14 @@ def write_config(tmp_path: Path, *extra: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("deflate", [0, 4])
-def test_resume_is_bit_exact(tmp_path, deflate):
+@pytest.mark.parametrize("solver", [["deflate=0"], ["deflate=4"], ["deflate=4", "deflate_every=3"],
+                                    ["deflate=4", "deflate_every=3", "stage_solve=\"auto\""]])
+def test_resume_is_bit_exact(tmp_path, solver):
+    """Resume after run.max_steps repeats the uninterrupted run bit for bit: the carried eigenpairs, their age,
+    dI/dt, the PI controller's memory and the complement vector are in the checkpoint."""
     cfg = write_config(tmp_path)
     full, part = tmp_path / "full.h5", tmp_path / "part.h5"
-    deflation = ["--set", f"solver.deflate={deflate}"]
+    deflation = [arg for key in solver for arg in ("--set", f"solver.{key}")]
     assert main(["run", str(cfg), "-o", str(full), "--quiet", *deflation]) == 0
     assert main(["run", str(cfg), "-o", str(part), "--quiet", "--set", "run.max_steps=7", *deflation]) == 0
     assert open_trajectory(part).attrs["steps"] == 7
@@ -185,7 +195,9 @@ def test_resume_is_bit_exact(tmp_path, deflate):
             np.testing.assert_array_equal(mine[key], theirs[key][rows], err_msg=f"{group}/{key}")
     for key, value in a.checkpoint.fields.items():
         np.testing.assert_array_equal(value, b.checkpoint.fields[key])
-    assert np.all(a.steps["jvps"][1:] > 0) and np.all(a.steps["krylov_iters"][1:] > 0)  # row 0: t = 0
+    assert np.all(a.steps["jvps"][1:] > 0)  # row 0: t = 0
+    if "auto" not in str(solver):
+        assert np.all(a.steps["krylov_iters"][1:] > 0)
 
 
 def test_failed_stage_solves_exit_3_and_keep_the_frames(tmp_path, capsys):
@@ -231,3 +243,97 @@ def test_deflation_preconditioner_same_step_fewer_iterations():
     assert np.max(np.abs(plain.fields["omega"] - deflated.fields["omega"])) < 2e-3 * step
     assert c1["krylov_iters"] < 0.7 * c0["krylov_iters"], (c0, c1)
     assert c0["failed_solves"] == c1["failed_solves"] == 0
+
+
+# ---- carried eigenpairs, the Hermite quadrature and Krylov-free steps ------------------------------
+
+def test_explicit_bound_and_hermite_rule():
+    """EXPLICIT_BOUND is the real stability interval of the W = 0 method (alpha, b); the Hermite rule is exact on
+    cubics (the dissipation integral each step leaves)."""
+    for x in np.linspace(0.0, EXPLICIT_BOUND, 400):
+        assert abs(explicit_stability_function(-x)) <= 1 + 1e-12
+    assert abs(explicit_stability_function(-(EXPLICIT_BOUND + 0.01))) > 1
+    # W = 0 is an explicit method of order 3: R(z) - e^z = O(z^4)
+    defects = [abs(explicit_stability_function(z) - np.exp(z)) for z in (-0.02, -0.01)]
+    assert abs(np.log2(defects[0] / defects[1]) - (ORDER + 1)) < 0.05
+    p = np.polynomial.Polynomial([0.3, -1.0, 0.7, 2.0])
+    h = 0.8
+    assert abs(hermite(h, p(0), p(h), p.deriv()(0), p.deriv()(h)) - (p.integ()(h) - p.integ()(0))) < 1e-14
+
+
+def test_carried_eigenpairs_give_the_same_solution_with_fewer_products():
+    """Deflation with eigenpairs carried and refined every 5 steps solves the same stage systems as eigenpairs
+    recomputed every step (the preconditioner changes how, not what): the same trajectory to the solve
+    tolerance, fewer products."""
+    cfg, problem = build("model.weight_decay=0.01")
+    start, _, _, _ = integrate(cfg, problem, 1.0, method="rosenbrock", dt=0.05)
+    finals, totals = {}, {}
+    for every in (1, 5):
+        solver = {"method": "rosenbrock", "dt": 0.5, "rtol": 1e-5, "atol": 1e-8, "deflate": 8, "deflate_every": every}
+        finals[every], _, _, totals[every] = integrate(cfg, problem, 1.0 + 20.0, start, **solver)
+    moved = np.max(np.abs(finals[1].fields["omega"] - start.fields["omega"]))
+    assert np.max(np.abs(finals[1].fields["omega"] - finals[5].fields["omega"])) < 1e-4 * moved
+    assert totals[5]["jvps"] < 0.8 * totals[1]["jvps"], (totals[1], totals[5])
+
+
+def test_krylov_free_step_keeps_the_explicit_bound_on_a_known_spectrum():
+    """Weight decay alone (zero unembedding): S = lam I, so every eigenvalue is lam, V holds m of them and the
+    complement's top is lam. A step asked for at 4x the explicit bound of the complement is capped at
+    SAFETY * EXPLICIT_BOUND / lam (margin SAFETY), taken without a product in the stage solves, and is
+    exactly R(-lam h) on span V and the explicit R_explicit(-lam h) on its complement; asked for far beyond,
+    it solves with MINRES (margin NaN) and is R(-lam h) everywhere."""
+    lam = 10.0
+    cfg, problem = build("model.unembedding=\"zero\"", f"model.weight_decay={lam}")
+    h_bound = SAFETY * EXPLICIT_BOUND / lam
+    for asked, krylov_free in ((4.0 * h_bound, True), (1000.0 * h_bound, False)):
+        solver = {**fixed(asked), "deflate": 3, "stage_solve": "auto"}
+        stepper = make_stepper(problem, cfg.replace(solver=solver))
+        state = stepper.initial_state()
+        new, extra = stepper.step(state, asked)
+        h = new.t - state.t
+        omega = state.fields["omega"]
+        if krylov_free:
+            assert abs(h - h_bound) < 1e-3 * h_bound and abs(extra["explicit_margin"] - SAFETY) < 1e-3
+            assert extra["krylov_iters"] == 0
+            V = stepper._carry.V  # the carried eigenpairs: orthonormal, in sqrt(m) omega coordinates
+            root = np.sqrt(state.fields["mass"])[:, None]
+            v = (root * omega).ravel()
+            on_v = V @ (V.T @ v)
+            expected = (stability_function(-lam * h).real * on_v
+                        + explicit_stability_function(-lam * h).real * (v - on_v))
+            np.testing.assert_allclose((root * new.fields["omega"]).ravel(), expected, rtol=1e-8, atol=1e-12)
+        else:
+            assert h == asked and np.isnan(extra["explicit_margin"]) and extra["krylov_iters"] > 0
+            np.testing.assert_allclose(new.fields["omega"], stability_function(-lam * h).real * omega, rtol=1e-6)
+
+
+def test_krylov_free_steps_follow_the_minres_trajectory():
+    """stage_solve = "auto" on a stiff stretch (weight decay 0.01, lambda_max ~ 60) gives the MINRES run's answer
+    to the error tolerance with fewer gradient equivalents, every Krylov-free step within the bound."""
+    cfg, problem = build("model.weight_decay=0.01", "solver.jacobian=\"difference\"")
+    start, _, _, _ = integrate(cfg, problem, 1.0, method="rosenbrock", dt=0.05)
+    tol = {"method": "rosenbrock", "dt": 0.2, "rtol": 1e-6, "atol": 1e-9, "jacobian": "difference", "deflate": 12}
+    plain, _, _, c0 = integrate(cfg, problem, 21.0, start, **tol)
+    fast, states, _, c1 = integrate(cfg, problem, 21.0, start, stage_solve="auto", deflate_every=20, **tol)
+    scale = np.max(np.abs(plain.fields["omega"]))
+    assert np.max(np.abs(plain.fields["omega"] - fast.fields["omega"])) < 1e-4 * scale
+    assert c1["jvps"] + c1["gradient_evals"] < 0.7 * (c0["jvps"] + c0["gradient_evals"]), (c0, c1)
+    assert c1["failed_solves"] == 0 and c1["krylov_iters"] < c0["krylov_iters"]
+
+
+def test_complement_estimate_against_the_dense_spectrum():
+    """The explicit bound's rho_c (largest eigenvalue of S off span V) against the dense projected matrix: a lower
+    bound within 5 %, for eigenpairs of the current state and for stale ones (of an earlier state)."""
+    cfg, problem = build("model.weight_decay=0.01", "solver.deflate=4", "solver.stage_solve=\"auto\"")
+    stepper = make_stepper(problem, cfg)
+    first = stepper.initial_state()
+    later, _, _, _ = integrate(cfg, problem, 1.0, method="rosenbrock", dt=0.05)
+    counts = {"jvps": 0.0}
+    dense = stepper._operator(later, counts).matmat(np.eye(later.fields["omega"].size))
+    dense = 0.5 * (dense + dense.T)
+    for source in (later, first):
+        lam, V, _ = stepper._eigenpairs(source, None, counts)
+        projector = np.eye(V.shape[0]) - V @ V.T
+        exact = np.linalg.eigvalsh(projector @ dense @ projector)[-1]
+        rho, _ = stepper._complement_top(later, V, None, counts)
+        assert 0.95 * exact <= rho <= exact * (1 + 1e-6), (rho, exact)
