@@ -51,21 +51,18 @@ class Stepper:
     # (h I_new, the quadrature implicit Euler and minimizing movements carry: their defect stays below 1)
     quadrature: ClassVar[str] = "trapezoid"
 
-    def __init__(self, problem: Problem, cfg: Config | None = None) -> None:
-        """``cfg``: only for a stepper still configured by the whole Config (read as ``self.cfg``; the default
-        :meth:`from_config` passes it); a stepper with explicit parameters calls ``super().__init__(problem)`` and
-        sets ``dt``, the first step size of :meth:`initial_state`."""
+    def __init__(self, problem: Problem) -> None:
+        """A stepper's own ``__init__`` takes its parameters explicitly, calls this and sets ``dt``, the first
+        step size of :meth:`initial_state`."""
         self.problem = problem
-        self.cfg = cfg
-        self.dt = cfg.solver.dt if cfg is not None else math.nan
+        self.dt = math.nan
         # the initial measure's fields when initial_state() is called without (make_stepper: the config's)
         self.initial_fields: Callable[[], dict[str, np.ndarray]] | None = None
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
-        """The stepper with the parameters ``cfg`` sets (``solver.*`` and the sections the method reads). Default:
-        ``cls(problem, cfg)``, a stepper still configured by the whole Config."""
-        return cls(problem, cfg)
+        """The stepper with the parameters ``cfg`` sets (``solver.*`` and the sections the method reads)."""
+        raise NotImplementedError(f"{cls.__name__} defines no from_config")
 
     # ---- state --------------------------------------------------------------------------------
     def initial_state(self, fields: dict[str, np.ndarray] | None = None) -> State:

@@ -97,8 +97,12 @@ from typing import ClassVar
 import numpy as np
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, lobpcg, minres
 
+from pdeflow.config import Config
+from pdeflow.problem import Problem
+
 from . import register
 from .base import SolverError, State, Stepper
+from .explicit import DormandPrince
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -212,18 +216,40 @@ class Rosenbrock(Stepper):
 
     _carry: _Carry | None = None
 
+    def __init__(self, problem: Problem, dt: float, *, n_particles: int, rtol: float, atol: float, dt_min: float,
+                 dt_max: float, max_growth: float, jacobian: str, krylov_tol: float, krylov_maxiter: int,
+                 deflate: int, deflate_every: int, stage_solve: str) -> None:
+        """``dt`` the first step; ``n_particles`` the size of the clouds it advances (its checkpoint carries
+        eigenvectors of that length); the error controller as for ``adaptive``; ``jacobian`` "exact" or
+        "difference" products; the stage solves' ``krylov_tol`` and ``krylov_maxiter``; ``deflate`` carried
+        eigenpairs refined every ``deflate_every`` steps; ``stage_solve`` "minres" or "auto" (``solver.*`` of
+        the same names)."""
+        super().__init__(problem)
+        self.dt, self.n_particles = float(dt), int(n_particles)
+        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
+        self.max_growth = float(max_growth)
+        self.jacobian, self.krylov_tol, self.krylov_maxiter = jacobian, float(krylov_tol), int(krylov_maxiter)
+        self.deflate, self.deflate_every, self.stage_solve = int(deflate), int(deflate_every), stage_solve
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> Rosenbrock:
+        s = cfg.solver
+        return cls(problem, s.dt, n_particles=cfg.init.n_particles, **DormandPrince.controller(cfg),
+                   jacobian=s.jacobian, krylov_tol=s.krylov_tol, krylov_maxiter=s.krylov_maxiter, deflate=s.deflate,
+                   deflate_every=s.deflate_every, stage_solve=s.stage_solve)
+
     @property
     def extra_size(self) -> int:  # type: ignore[override]
         """The checkpoint's controller state: ``[dI/dt, err, age, pairs, minres cost, lam (m), V (n m), top (n)]``
         (``m = solver.deflate``; ``top`` only for ``solver.stage_solve = "auto"``)."""
-        m, n = self.cfg.solver.deflate, self.cfg.init.n_particles * self.problem.k
-        return HEADER + m + m * n + (n if self.cfg.solver.stage_solve == "auto" else 0)
+        m, n = self.deflate, self.n_particles * self.problem.k
+        return HEADER + m + m * n + (n if self.stage_solve == "auto" else 0)
 
     def extra_state(self, state: State) -> np.ndarray:
         out = np.zeros(self.extra_size)
         carry = self._carry if self._carry is not None and self._carry.state is state else None
         out[:2] = math.nan  # no carry: the next step computes dI/dt again and starts the controller afresh
-        m = self.cfg.solver.deflate
+        m = self.deflate
         if carry is not None:
             out[0], out[1], out[4] = carry.slope, carry.err, carry.minres_cost
             if m and carry.V is not None:
@@ -235,19 +261,18 @@ class Rosenbrock(Stepper):
                 out[-carry.top.size:] = carry.top
         return out
 
-    def restore(self, ck) -> State:
-        state = super().restore(ck)
-        extra = np.asarray(ck.extra, dtype=float)
+    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
+        extra = np.zeros(0) if extra is None else np.asarray(extra, dtype=float)
         self._carry = None
         if extra.size >= HEADER and math.isfinite(extra[0]):
             self._carry = _Carry(state, float(extra[0]), float(extra[1]), minres_cost=float(extra[4]))
-            m, count = self.cfg.solver.deflate, int(extra[3])
+            m, count = self.deflate, int(extra[3])
             n = state.fields["omega"].size
             if m and count:
                 self._carry.lam = extra[HEADER:HEADER + count].copy()
                 self._carry.V = extra[HEADER + m:HEADER + m + n * count].reshape(n, count).copy()
                 self._carry.age = int(extra[2])
-            if self.cfg.solver.stage_solve == "auto" and np.any(extra[-n:] != 0.0):
+            if self.stage_solve == "auto" and np.any(extra[-n:] != 0.0):
                 self._carry.top = extra[-n:].copy()
         return state
 
@@ -287,9 +312,9 @@ class Rosenbrock(Stepper):
         norm_b = float(np.linalg.norm(b))
         if norm_b == 0.0:
             return np.zeros(shape)
-        floor = FLOOR[self.cfg.solver.jacobian]
+        floor = FLOOR[self.jacobian]
         target = max(target, floor * norm_b)
-        budget = self.cfg.solver.krylov_maxiter
+        budget = self.krylov_maxiter
         # the start v0 = V c and its image (A V) c, known without a product: MINRES solves for the correction
         start, start_image, rest = np.zeros(n), np.zeros(n), b
         if basis:
@@ -319,7 +344,7 @@ class Rosenbrock(Stepper):
             # out of iterations, at MINRES's own floor, or a restart that no longer halves the residual
             if budget <= 0 or rtol <= FLOOR["exact"] or residual > 0.5 * previous:
                 raise _SolveFailed(f"MINRES residual {residual:.3g} > {target:.3g} after "
-                                   f"{self.cfg.solver.krylov_maxiter - budget} iterations")
+                                   f"{self.krylov_maxiter - budget} iterations")
             tighten[0] *= 2.0 * residual / target
             previous = residual
 
@@ -327,7 +352,7 @@ class Rosenbrock(Stepper):
         """``u -> -J u`` [N, k] at ``omega`` (grad Phi there: ``grad0``): exact (complex step) or a forward
         difference of grad Phi, ``(grad Phi(y + eps u) - grad Phi(y)) / eps``."""
         problem = self.problem
-        if self.cfg.solver.jacobian == "exact":
+        if self.jacobian == "exact":
             return lambda u: problem.system_jvp(omega, mass, u)
         size = 1.0 + float(np.linalg.norm(omega))
 
@@ -347,7 +372,7 @@ class Rosenbrock(Stepper):
         eigenpairs of ``S`` at ``y_n`` (:meth:`_eigenpairs`) or None. ``krylov`` False: the stage systems are
         solved with ``W = -M^{-1/2} V diag(lam) V^T M^{1/2}`` exactly (no product; module docstring, Krylov-free
         steps)."""
-        s = self.cfg.solver
+        s = self
         omega, mass = state.fields["omega"], state.fields["mass"]
         root = np.sqrt(mass)[:, None]
         shift = 1.0 / (h * GAMMA)
@@ -400,11 +425,11 @@ class Rosenbrock(Stepper):
         without carried
         pairs ARPACK's ``solver.deflate`` largest (relative tolerance 1e-2, a fixed start vector, so a function
         of the state alone). None when deflation is off."""
-        m = self.cfg.solver.deflate
+        m = self.deflate
         n = state.fields["omega"].size
         if m == 0 or m >= n - 1:
             return None
-        if carry is not None and carry.V is not None and carry.age < self.cfg.solver.deflate_every and not refine:
+        if carry is not None and carry.V is not None and carry.age < self.deflate_every and not refine:
             return carry.lam, carry.V, carry.age
         op = self._operator(state, counts)
         if carry is not None and carry.V is not None and carry.V.shape[1] >= 1:
@@ -473,7 +498,7 @@ class Rosenbrock(Stepper):
         return max(float(values[-1]), 0.0), Q @ vectors[:, -1]
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        s = self.cfg.solver
+        s = self
         omega, mass = state.fields["omega"], state.fields["mass"]
         if not np.all(mass > 0):
             raise SolverError("solver.method = 'rosenbrock' needs positive masses (its stage systems are "
@@ -556,5 +581,5 @@ class Rosenbrock(Stepper):
                                   f"or lower solver.dt_min")
 
     def likely_cause(self, state: State) -> str:
-        return (f"the rosenbrock stepper's tolerances (solver.rtol = {self.cfg.solver.rtol:g}, "
-                f"solver.atol = {self.cfg.solver.atol:g}) are too loose for this problem; tighten them")
+        return (f"the rosenbrock stepper's tolerances (solver.rtol = {self.rtol:g}, "
+                f"solver.atol = {self.atol:g}) are too loose for this problem; tighten them")

@@ -12,6 +12,7 @@ from pdeflow.solvers.finite_volume import FiniteVolume, GridEvaluator
 from pdeflow.solvers.jko import GridJKO, ParticleJKO
 from pdeflow.solvers.loop import Frames, Loop, MaxSteps, Observer, Stationary, advance, frame_times
 from pdeflow.solvers.sgd import SGD
+from pdeflow.solvers.stiff import Rosenbrock
 from pdeflow.solvers.unbalanced_jko import UnbalancedJKO
 from pdeflow.solvers.wfr import WassersteinFisherRao
 
@@ -142,6 +143,10 @@ def test_particle_steppers_from_parameters_equal_the_configured_ones():
          {"method": "wfr", "dt": 0.05, "gamma": 0.5, **control}),
         (ParticleJKO(problem, tau=0.2, inner_tol=1e-9), {"method": "jko", "tau": 0.2, "inner_tol": 1e-9}),
         (SGD(problem, 0.05, batch_size=2, seed=11), {"method": "sgd", "dt": 0.05}),
+        (Rosenbrock(problem, 0.05, n_particles=fields["omega"].shape[0], jacobian="exact", krylov_tol=0.01,
+                    krylov_maxiter=200, deflate=2, deflate_every=3, stage_solve="auto", **control),
+         {"method": "rosenbrock", "dt": 0.05, "krylov_maxiter": 200, "deflate": 2, "deflate_every": 3,
+          "stage_solve": "auto", **control}),
     ]
     for stepper, solver in cases:
         configured = make_stepper(problem, cfg.replace(solver=solver, sgd={"batch_size": 2, "seed": 11}))

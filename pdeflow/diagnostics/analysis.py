@@ -197,12 +197,31 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
                        "stays a bound)")
 
 
+def _fit_moves_with_the_window(fitted: tuple[float, float, float], st_t: np.ndarray, st_e: np.ndarray,
+                               st_i: np.ndarray, start: float, t_end: float) -> str:
+    """Why the tail fit of E* is not used ("" when it is): its interval assumes the window is in the asymptotic
+    regime (``log I`` affine in ``log(E - E*)``); a tail still on its way there gives an interval that the
+    fit on one half of the window does not overlap. Such a fit moves with the window, so it is no E*."""
+    if not math.isfinite(fitted[0]):
+        return ""
+    middle = 0.5 * (start + t_end)
+    for name, half in (("first", (st_t >= start - time_tolerance(start)) & (st_t <= middle)),
+                       ("second", st_t >= middle)):
+        part = fit_e_star_interval(st_e[half], st_i[half])
+        if math.isfinite(part[0]) and not (part[1] <= fitted[2] and fitted[1] <= part[2]):
+            return (f"E* fitted from the tail moves with the window ({part[0]:.10g} in [{part[1]:.10g}, "
+                    f"{part[2]:.10g}] on its {name} half, {fitted[0]:.10g} in [{fitted[1]:.10g}, {fitted[2]:.10g}] on "
+                    "all of it): the tail is not yet asymptotic, so the fit is no E*")
+    return ""
+
+
 def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.ndarray, st_i: np.ndarray) -> None:
     """E*, the PL ratio at the frames and the KL fit over the window (on the /steps rows when present).
 
     E* comes with an interval that holds it: ``diagnostics.e_star`` if given (a point); else the narrower of
     the certified one, ``[best E - gap_bound, lowest E]`` (point: the bound), and the profile interval of the
-    limit fitted from the window's tail (:func:`fit_e_star_interval`). An uncertified gap never gives E*.
+    limit fitted from the window's tail (:func:`fit_e_star_interval`) if the fit on the window's first half
+    agrees with it (:func:`_fit_moves_with_the_window`). An uncertified gap never gives E*.
     PL and KL use only samples where E - E* is trustworthy (:func:`trusted_excess`)."""
     t_end = float(a.time[-1])
     start = t_end - settings.kl_window * (t_end - float(a.time[0]))
@@ -222,7 +241,10 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
                                "energies are not those of this problem's flow (solver error?); the bound is not used "
                                "as E*")
         fitted = fit_e_star_interval(st_e[in_window], st_i[in_window])
-        if math.isfinite(fitted[0]):
+        moved = _fit_moves_with_the_window(fitted, st_t, st_e, st_i, start, t_end)
+        if moved:
+            a.notes.append(moved)
+        elif math.isfinite(fitted[0]):
             candidates.append(("fit",) + fitted)
     if not candidates:
         a.e_star_source = "none"
