@@ -223,6 +223,8 @@ def fit_e_star_interval(energy: np.ndarray, dissipation: np.ndarray) -> tuple[fl
         return float(res @ res)
 
     floor = 64 * np.finfo(float).eps * max(1.0, abs(e_min))
+    if 10.0 * span <= floor:
+        return nan3               # the energy moves at its rounding: nothing to fit
     grid = np.linspace(math.log(max(floor, 1e-300)), math.log(10.0 * span), 160)
     values = np.array([rss(g) for g in grid])
     j = int(np.argmin(values))
