@@ -2,27 +2,11 @@
 
 ``python -m pdeflow.benchmarks.codegen --cpu skylake-avx512 [--cpu znver4 ...] [--policy llvm|pdeflow|256] [--json]``
 
-For every target the kernels ``_attention_units`` (logits pass) and ``_attention_vjp_units`` (gradient pass)
-of :mod:`pdeflow.kernels` are compiled - not run - in a fresh interpreter with ``NUMBA_CPU_NAME`` set to
-the target and an empty numba cache directory, and their machine code is read back
-(``Dispatcher.inspect_asm``). Nothing needs the target's hardware: LLVM compiles for any x86-64 CPU it
-knows (``llc -mcpu=help``).
-
-``--policy`` chooses the feature string (``NUMBA_CPU_FEATURES``):
-
-- ``llvm``: empty - the target's own ISA and LLVM's tuning for it, which is what numba does unaided on a
-  machine of that kind (it passes the host's CPU name and ISA features; the tuning comes with the name);
-- ``pdeflow``: ``-prefer-256-bit`` - the choice :mod:`pdeflow.jit` makes on AVX-512 hosts (a no-op on
-  targets without 512-bit registers);
-- ``256``: ``+prefer-256-bit`` - 256-bit vectors forced, for comparison.
-
-Reported per kernel and dtype: the packed floating-point instructions by register width (zmm = 512 bit,
-ymm = 256, xmm = 128, scalar), the fused multiply-adds among them, the innermost loops that do
-floating-point work grouped by the widest register they use, whether the exponential of the softmax
-(:func:`pdeflow.kernels.vexp`: a ``floor`` = ``vrndscale``/``vround`` per element) runs packed, calls
-inside innermost loops (a libm call would be one), and vector spills (vector stores to the stack). Loops
-are found from the machine code itself: a backward branch closes a loop; a loop is innermost when it
-contains no other backward branch.
+Compiles (does not run) ``_attention_units`` and ``_attention_vjp_units`` of :mod:`pdeflow.kernels` for each target
+in a fresh interpreter (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES`` from ``--policy``) and reports, per kernel and
+dtype, the packed floating-point instructions by register width, FMAs, the innermost loops by widest register,
+whether :func:`pdeflow.kernels.vexp` runs packed, calls in innermost loops and vector spills.
+Details: docs/benchmarks.md, "What LLVM makes of the kernels".
 """
 from __future__ import annotations
 

@@ -1,36 +1,11 @@
 """Floating-point operation counts of one grad Phi evaluation (docs/model.md), documented term by term.
 
-"grad Phi at the particles" is what one explicit step needs: the logits of the measure (forward pass over
-all N heads), the residual features ``G = lw (softmax z - onehot y) U`` and the gradient of
-``Phi_data(theta_i) = sum_{b,l} <G[b,l], o_l(x_b; theta_i)>`` for every head (backward pass). A PyTorch user
-computes the same numbers with one forward and one backward pass of the finite-head model.
-
-Counting rules: a multiply-add is 2 flops; a matrix product ``[M, K] @ [K, N]`` is ``2 M K N``; causal
-products only count the ``P = T (T + 1) / 2`` pairs ``j <= l`` that exist; softmax and elementwise work
-count one flop per arithmetic operation (``exp`` counts as 1). Per head and sequence, with ``pr = 2 T d dh``
-the flops of one projection:
-
-- forward: Q, K, V projections ``3 pr``; scores ``2 dh P``; softmax ``5 P`` (max, subtract, exp, sum,
-  normalize); context ``2 dh P``; output projection ``WO c`` ``pr``;
-- backward: ``dc = WO^T G`` ``pr``; ``dWO = G^T c`` ``pr``; ``dA = dc V^T`` ``2 dh P``;
-  ``dV = A^T dc`` ``2 dh P``; ``dS = A (dA - sum A dA) scale`` ``5 P``; ``dQ = dS K`` ``2 dh P``;
-  ``dK = dS^T Q`` ``2 dh P``; ``dWQ, dWK, dWV`` ``3 pr``;
-- shared by all heads (once per evaluation): logits ``z = O U^T`` ``2 B T d V``, cross-entropy softmax
-  ``5 B T V``, ``G = r U`` ``2 B T V d``.
-
-``model`` is that sum - the work of one forward and one backward pass, and the number every GFLOP/s in the
-report divides by. ``executed`` is what pdeflow does: it recomputes, to keep memory O(B T n dh) per chunk
-of n heads instead of storing q, k, v for all N heads between the passes, the forward causal core
-``(4 dh + 5) P`` in the gradient pass; and when it projects the tables instead of the inputs
-(``x W = (E W)[tok] + P W``, :func:`pdeflow.mean_field.factored_projections`), the Q, K, V projections of
-both passes and their weight gradient cost ``2 (V + T) d 3 dh`` per head each instead of ``3 pr`` per head
-and sequence, plus one add per element gathered (``3 dh T`` per head and sequence, each pass) or scattered
-(``2 x 3 dh T``); otherwise the projections ``3 pr`` are recomputed too.
-
-Per pass (``Problem.residual_features``, the logits pass, and ``Problem.grad_phi_field``, the gradient
-pass): ``model_logits_pass`` = forward projections + forward core + unembedding, ``model_gradient_pass`` =
-backward projections + backward core (they add up to ``model``); ``executed_*`` the same split of what
-pdeflow executes (the tables are projected in both passes, the forward core is recomputed in the second).
+"grad Phi at the particles" is what one explicit step needs: the logits of the measure (forward pass over all N
+heads), the residual features ``G`` and the gradient of ``Phi_data(theta_i)`` for every head (backward pass). A
+multiply-add is 2 flops, ``[M, K] @ [K, N]`` is ``2 M K N``, causal products count the ``P = T (T + 1) / 2`` pairs.
+``model`` is one forward and one backward pass (what every GFLOP/s divides by); ``executed`` is what pdeflow does
+(the forward core recomputed in the gradient pass, tables projected instead of inputs); both split per pass.
+Details, term by term: docs/benchmarks.md, "Flop counts of one grad Phi evaluation".
 """
 from __future__ import annotations
 

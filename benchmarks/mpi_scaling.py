@@ -1,31 +1,12 @@
 """``python -m pdeflow.benchmarks.mpi_scaling [--quick] [--out DIR]``: heads sharded across MPI ranks - strong scaling
 1 -> 2 ranks on this machine, and a model of the communication per evaluation for P ranks on a cluster.
 
-Measured (each configuration in a fresh launch, one numba and BLAS thread per rank unless stated):
-
-- the time of one ``Problem.evaluate`` (energy, Phi and grad Phi at the particles: what a step is made of)
-  with the particles split over 1 and 2 ranks, and, for reference, on 1 rank with 2 threads (the other way
-  to use the two cores), on a tiny problem (where the fixed costs per evaluation dominate) and on the
-  benchmark reference data with N heads (where sharding pays);
-- the ``Allreduce`` of the head-averaged output ``O`` [B, T, d] alone, and an Allreduce sweep over message
-  sizes that gives this machine's ``alpha`` (latency: the 8-byte time) and ``beta`` (seconds per byte: the
-  least-squares slope over messages from 32 KiB to 8 MiB) for 2 ranks.
-
-Modelled, for P ranks on a cluster with stated ``alpha``, ``beta`` (alpha-beta model of MPICH's algorithms):
-
-- per evaluation one Allreduce of ``m = 8 B T d`` bytes: recursive doubling ``ceil(log2 P) (alpha + m beta)``
-  for m <= 2 KiB, else Rabenseifner's reduce-scatter + allgather ``2 ceil(log2 P) alpha + 2 (P-1)/P m beta``;
-- per step a few latency-bound scalar collectives (sums of the confinement and dissipation, the finite-state
-  check, rank 0's wall clock, the signal agreement): ``SCALAR_COLLECTIVES * ceil(log2 P) alpha``;
-- the compute of an evaluation ``t_rep + (N / P) B T t_token``: ``t_token`` (seconds per head and token) and
-  ``t_rep`` (the work every rank repeats: cross-entropy and residual features over all B T tokens, the fixed
-  cost of a call; measured as an evaluation of an empty block), both CPU time on 1 rank and 1 thread at the
-  reference size; efficiency is against P times the 1-rank speed, and the heads per rank it takes for 90 %
-  are ``9 (t_rep + allreduce) / (B T t_token)``, which hardly depends on B;
-- per frame or checkpoint the gather of the N x k particles to rank 0: ``ceil(log2 P) alpha + 8 N k beta``.
-
-Results: ``mpi_scaling-<time>.json`` and ``.md`` (the table and the README text) in ``--out``
-(default ``benchmarks/results``); the table is printed.
+Measured: one ``Problem.evaluate`` on 1 and 2 ranks (and 1 rank with 2 threads), the ``Allreduce`` of ``O``
+[B, T, d], and this machine's ``alpha``, ``beta`` from an Allreduce sweep. Modelled (alpha-beta, MPICH's
+algorithms): per evaluation one Allreduce of ``8 B T d`` bytes plus the compute ``t_rep + (N / P) B T t_token``,
+per step ``SCALAR_COLLECTIVES`` scalar collectives, per frame the gather of the particles. Results:
+``mpi_scaling-<time>.json`` and ``.md`` in ``--out`` (default ``benchmarks/results``).
+Details: docs/benchmarks.md, "Strong scaling across MPI ranks".
 """
 from __future__ import annotations
 

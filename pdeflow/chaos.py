@@ -1,43 +1,13 @@
 """Propagation of chaos and the static approximation: how far N heads are from the mean-field limit.
 
-The experiment (``pdeflow chaos``, configured by ``[chaos]``, ``[run]``, ``[solver]`` and ``[sgd]``):
-
-1. **Reference.** ``rho_ref(t)``: ``chaos.n_ref`` i.i.d. particles from the initial law (``init.*``, seed
-   ``init.seed``), moved by the explicit stepper ``solver.method`` with ``solver.dt`` on the full data set.
-2. **Finite heads.** For every N in ``chaos.n_list`` and seed s < ``chaos.seeds``: N i.i.d. initial points
-   ``X`` from the same law (their own seed), and from them
-   - the finite-head flow ``omega^N_i(t)``: the N-particle system, same stepper and step;
-   - SGD ``omega^{N,eta}_i(t)`` for every eta in ``chaos.eta_list`` (:mod:`pdeflow.solvers.sgd`, ``solver.dt = eta``,
-     minibatches by ``sgd.*``);
-   - the nonlinear characteristics ``omega_bar_i(t)``: tracers moving in the reference field,
-     ``d omega_bar_i/dt = -grad Phi(omega_bar_i; rho_ref(t))``. They are integrated *with* the reference, as
-     particles of mass zero in the same state: a zero mass leaves the logits (and so ``Phi``) unchanged,
-     so every stage of the stepper moves reference and tracers by the same field. This is the synchronous
-     coupling of ``omega^N`` and ``omega_bar`` (same initial points, no noise).
-3. **Measurements** at the frame times of ``[run]`` (up to ``run.t_end``):
-   - coupling distance ``D_N(t) = (1/N sum_i |omega^N_i(t) - omega_bar_i(t)|^2)^(1/2)``;
-   - logit gap ``L_N(t) = (sum_{b,l} lw[b,l] |z_N(t)[b,l] - z_ref(t)[b,l]|^2)^(1/2)`` on a probe set of
-     ``chaos.probe_size`` fresh task sequences (``lw``: the loss weights ``w_b mask / |L_b|``; ``|.|``: the
-     Euclidean norm over the vocabulary);
-   - energy gap ``E(mu_N(t)) - E(rho_ref(t))``; sliced W2 between ``mu_N(t)`` and ``rho_ref(t)`` (beside only:
-     W2 between empirical measures in k dimensions decays like N^(-1/k) and would hide the rate);
-   - SGD: excess ``(1/N sum_i |omega^{N,eta}_i - omega^N_i|^2)^(1/2)`` over the finite-head flow, coupling
-     distance to the characteristics and energy gap.
-4. **Static approximation.** The reference is continued (alone) to ``chaos.converge_time``; for every N,
-   ``chaos.static_draws`` draws of N i.i.d. points from ``rho_ref`` (with replacement, masses 1/N) give
-   ``E(hat rho_N) - E(rho_ref)``. At a minimizer ``Phi`` is constant on the support, so the first-order
-   term vanishes and the gap decays like 1/N; away from it, like N^(-1/2).
-5. **Rates.** Power laws ``y = C x^s`` fitted by least squares on ``log y = log C + s log x`` with a Student-t
-   confidence interval (:func:`fit_power_law`): coupling, logit gap and sliced W2 against N (every seed a
-   point, at ``run.t_end``), the energy gap's RMS over seeds against N, the SGD excess against eta
-   (every N and seed a point), the static gap's mean over draws against N.
-
-Every trajectory (reference with tracers, finite heads, SGD, the continuation to ``chaos.converge_time``) goes
-through the shared time loop of :mod:`pdeflow.solvers.loop` (steps land exactly on the frame times); the
-steppers come from :mod:`pdeflow.solvers`.
-
-Randomness: every random stream is a child of ``SeedSequence(init.seed)`` with a spawn key naming its
-role (``SEED_KEYS``), so each number is reproducible and the streams are independent.
+The experiment (``pdeflow chaos``, configured by ``[chaos]``, ``[run]``, ``[solver]`` and ``[sgd]``) runs a reference
+``rho_ref(t)`` of ``chaos.n_ref`` particles carrying zero-mass tracers (the nonlinear characteristics
+``omega_bar_i``), N-head flows and SGD runs from the same initial points, and measures the coupling distance
+``D_N(t) = (1/N sum_i |omega^N_i(t) - omega_bar_i(t)|^2)^(1/2)``, the logit gap, the energy gap, sliced W2, the SGD
+excess and the static gap ``E(hat rho_N) - E(rho_ref)``; rates are power laws fitted with a Student-t interval
+(:func:`fit_power_law`). Every trajectory goes through the shared loop of :mod:`pdeflow.solvers.loop`; every random
+stream is a child of ``SeedSequence(init.seed)`` named in ``SEED_KEYS``.
+Details: docs/design.md, "Propagation of chaos and the static approximation".
 """
 from __future__ import annotations
 

@@ -1,30 +1,11 @@
 """Numba kernels: the causal T x T attention core of a chunk of heads, forward and backward.
 
-The Q/K/V/O projections of a chunk of ``n`` heads are large matrix products and run in BLAS (see
-:mod:`pdeflow.mean_field`); what is left is the causal softmax core of every (head, sequence) pair,
-done here row by row so that memory is O(T) per head and thread and never O(N B T T).
-
-Layout: heads are the innermost (contiguous) axis. The projections reach the kernels as (rows, table,
-tok): q, k, v of position l of sequence b are ``rows[tok[b, l]] + table[l]``, rows [R, 3, dh, n] and
-table [T, 3, dh, n] ordered (which of q/k/v, head channel, head), so that one GEMM ``A [R, d] @ Wcat
-[d, 3 dh n]`` produces rows without a copy: A = X (R = B T, table zero) or, as x = E[tok] + P, A = E
-(R = V) with table = P Wcat. ``c, dc`` are [B, T, dh, n], the cotangents ``dqkv`` [B, T, 3, dh, n]. The
-gather happens in the copy of each work unit into scratch, which is made anyway. With heads innermost
-every operation of the core - scores, softmax,
-context and their vector-Jacobian product - is elementwise across heads: the loops over a tile of
-heads are axpy-style loops over contiguous memory that LLVM vectorizes (SIMD) without reassociating
-anything, so no ``fastmath`` is needed and the order of every sum is the one fixed in the source.
-A work unit is (sequence ``b``, tile of up to ``tile`` consecutive heads); units are independent, so
-results do not depend on the thread count.
-
-``exp`` of the softmax is :func:`vexp`, a branch-free exponential (Cody-Waite reduction, Taylor
-polynomial in fused multiply-adds, exponent bits) that vectorizes where a libm call does not; it is
-accurate to about 1 ulp (float64: relative error < 3e-16, float32: < 2e-7). Complex arguments (the
-complex-step Hessian-vector product differentiates through the kernels) use ``np.exp``; the softmax
-shift uses the real part only, which leaves the function analytic.
-
-The kernels are generic in the dtype: float64, float32, and complex128. Arithmetic stays in the
-array dtype (constants are cast to it), so float32 runs at float32 SIMD width.
+The Q/K/V/O projections run in BLAS (:mod:`pdeflow.mean_field`); here is the causal softmax core of every
+(head, sequence) pair, row by row, memory O(T) per head and thread. Heads are the innermost (contiguous) axis:
+q, k, v of position l of sequence b are ``rows[tok[b, l]] + table[l]``, rows [R, 3, dh, n], table [T, 3, dh, n];
+``c, dc`` [B, T, dh, n], cotangents ``dqkv`` [B, T, 3, dh, n]. A work unit is (sequence, tile of heads), so results
+do not depend on the thread count. ``exp`` is :func:`vexp` (branch-free, about 1 ulp) for real dtypes, ``np.exp``
+for complex; generic in float64, float32 and complex128. Details: docs/design.md, "The causal attention kernels".
 """
 from __future__ import annotations
 

@@ -1,29 +1,11 @@
 """``Problem``: the one object every solver and diagnostic talks to.
 
 A Problem holds a data set and the fixed layer (docs/model.md) and evaluates, for a weighted particle measure
-``rho = sum_i m_i delta_{omega_i}`` on reduced coordinates ``omega`` [N, k] with masses ``mass`` [N]:
-
-- ``risk(omega, mass)``: ``R(rho)``;
-- ``energy(omega, mass)``: ``E(rho) = R(rho) + (lam/2) sum_i m_i |omega_i|^2`` (the entropy term of a grid
-  measure is added by the grid solver, which owns the density);
-- ``phi(query, omega, mass)`` [Q]: ``Phi(q; rho) = Phi_data(theta(q)) + (lam/2) |q|^2``;
-- ``grad_phi(query, omega, mass)`` [Q, k]: ``basis^T grad_theta Phi_data + lam q``;
-- ``hvp(point, vector, omega, mass)`` [k]: ``Hessian_omega Phi(point; rho) @ vector`` with rho frozen;
-- ``system_jvp(omega, mass, direction)`` [N, k]: the whole particle system's Jacobian-vector product
-  (particles and measure moving together);
-- ``translation_hvp(point, vector)`` [k]: ``Hessian e(point) @ vector``, ``e(w) = E(delta_w)``.
-
-``hvp`` and ``translation_hvp`` use the complex step: ``H v = Im grad(w + i h v) / h`` with ``h = 1e-30 / |v|``.
-The evaluation chain is analytic (softmax shifted by a real constant), so this is exact to rounding:
-its truncation error is O(h^2), some 1e-60 relative, and it involves no cancellation. ``system_jvp``, the
-product the stiff stepper and JKO's Newton steps repeat, is forward mode in real arithmetic
-(:mod:`pdeflow.kernels_jvp`), also exact to rounding and about 2.2-2.5 grad Phi evaluations of work against
-4.2-6.7 for the complex step (``system_jvp_complex_step``, kept as its reference).
-
-Sharded across MPI ranks (:meth:`Problem.with_comm`, :mod:`pdeflow.parallel`), the ``omega``, ``mass`` a method
-receives are this rank's block of the measure; the aggregate output ``O`` is summed over ranks before the
-logits, and the confinement and dissipation sums over particles are summed over ranks, so energy, risk
-and Phi, grad Phi at the rank's particles equal the serial values.
+``rho = sum_i m_i delta_{omega_i}`` on reduced coordinates ``omega`` [N, k] with masses ``mass`` [N]: ``risk``,
+``energy`` ``E(rho) = R(rho) + (lam/2) sum_i m_i |omega_i|^2``, ``phi`` [Q], ``grad_phi`` [Q, k], ``hvp`` and
+``translation_hvp`` [k] (complex step, exact to rounding) and ``system_jvp`` [N, k] (forward mode,
+:mod:`pdeflow.kernels_jvp`). Sharded across MPI ranks (:meth:`Problem.with_comm`), the arrays a method receives are
+this rank's block and the results equal the serial values. Details: docs/design.md, "The problem".
 """
 from __future__ import annotations
 

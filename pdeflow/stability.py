@@ -1,38 +1,12 @@
 """Dirac stationary measures: where they are, their linear stability, and the check by simulation.
 
-A Dirac measure ``delta_w`` is stationary for the flow iff ``grad e(w) = 0``, where ``e(w) = E(delta_w)`` is the
-one-head energy (``grad e(w) = grad Phi(w; delta_w)``). At such a point ``w*``
-(docs/model.md, "Dirac stationary measures and their stability"):
-
-- ``H0 = Hessian_omega Phi(w*; delta_w*)`` with the measure frozen [k, k];
-- ``Htr = Hessian e(w*) = H0 + M`` (translation Hessian), ``M = sum_b w_b/|L_b| sum_l J^T (diag p - p p^T) J``
-  positive semidefinite;
-- linearized particles ``omega_i = w* + xi_i`` follow ``d xi_i/dt = -H0 xi_i - M mean(xi)``: the mean of the
-  perturbation moves under ``-Htr`` and the spread about the mean under ``-H0``. A perturbation
-  ``xi_i = a u + c_i v`` with ``Htr u = mu u``, ``H0 v = nu v`` and ``sum_i m_i c_i = 0`` has a mean amplitude
-  ``a exp(-mu t)`` along ``u`` and a spread amplitude ``exp(-nu t) sqrt(sum m_i c_i^2)`` along ``v``.
-
-Verdict of a point, from the spectra with the symmetry directions removed (below), ``tol`` absolute:
-
-- ``translation-unstable``: ``lambda_min(Htr) < -tol`` (the whole Dirac slides downhill; then ``H0`` too
-  has a negative eigenvalue since ``M >= 0``);
-- ``splitting-unstable``: ``lambda_min(H0) < -tol`` but not the above (the Dirac splits into several);
-- ``stable``: ``lambda_min(H0) > tol`` (then ``Htr`` is positive definite too): locally exponentially stable;
-- ``inconclusive``: ``|lambda_min(H0)| <= tol`` and nothing negative beyond ``tol``; linear theory is silent.
-
-Symmetries. In full coordinates the head feature depends on ``WQ^T WK`` and ``WO WV`` only, so ``e`` and
-``Phi(.; rho)`` are invariant under ``(WQ, WK, WV, WO) -> (G WQ, G^-T WK, H WV, WO H^-1)``: ``G, H`` in
-``O(dh)`` when ``lam > 0`` (the weight decay is rotation invariant), in ``GL(dh)`` when ``lam = 0``. At a
-stationary point the tangents of the orbit, ``(A WQ, -A^T WK, 0, 0)`` and ``(0, 0, A WV, -WO A)``, are exact
-null vectors of ``H0`` and ``Htr`` (a direction along which nothing changes); they say nothing about
-stability, so the verdict and the simulated modes use the spectra on their orthogonal complement. Reduced
-coordinates have no such orbit in general; none is removed there.
-
-Simulation. ``N`` particles start at ``w* + eps (u + c_i v)`` (``c`` seeded, mean zero, rms one); the flow is
-integrated by the explicit RK4 stepper of :mod:`pdeflow.solvers` through the shared time loop
-(:func:`simulate`); the amplitudes along ``u`` and ``v`` are recorded and their
-exponential rates fitted by least squares on ``log amplitude`` over the last ``1 - FIT_SKIP`` of the run.
-Predicted rates are ``-mu`` (mean) and ``-nu`` (spread).
+A Dirac measure ``delta_w`` is stationary iff ``grad e(w) = 0``, ``e(w) = E(delta_w)`` (docs/model.md, "Dirac
+stationary measures and their stability"). At such a point: the frozen Hessian ``H0 = Hessian_omega Phi(w*; delta_w*)``
+[k, k] (:func:`frozen_hessian`) governs the spread, the translation Hessian ``Htr = H0 + M`` [k, k]
+(:func:`translation_hessian`, ``M`` positive semidefinite) the mean. :func:`verdict`: ``translation-unstable``,
+``splitting-unstable``, ``stable`` or ``inconclusive``, from the spectra with the symmetry orbit's exact null
+directions removed (full coordinates). :func:`simulate` checks the predicted rates ``-mu``, ``-nu`` with RK4 through
+the shared time loop. Details: docs/design.md, "Dirac stationary measures and their stability".
 """
 from __future__ import annotations
 

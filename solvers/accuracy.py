@@ -1,53 +1,12 @@
 """Every run watches its own accuracy: the local energy-identity defect and the explicit stability margin.
 
-Along the gradient flow (docs/model.md) the energy falls at the rate of the dissipation,
-``dE/dt = -I``, ``I = int |grad Phi|^2 d rho``. After an accepted step from ``t_n`` to ``t_{n+1} = t_n + h``
-the driver (:mod:`pdeflow.solvers.driver`) records in ``/steps``:
-
-``dissipation_integral``
-    ``Q_n`` below, the step's quadrature of ``int I dt`` (so ``E(T) - E(0) + sum_n Q_n`` is the run's
-    cumulative energy-identity residual, recomputable from the file).
-
-``identity_defect``
-    ``delta_n = |E_{n+1} - E_n + Q_n| / max(|E_{n+1} - E_n|, floor)``, the part of the step's energy change
-    that the dissipation does not account for, relative to that change. ``Q_n`` approximates
-    ``int_{t_n}^{t_{n+1}} I dt``: for a Runge-Kutta step it is the method's own quadrature
-    ``h sum_i b_i I(Y_i)`` over its stages ``Y_i`` (:meth:`pdeflow.solvers.base.Stepper.dissipation_integral`);
-    that is the RK method applied to the augmented system ``(y, z)' = (f(y), -I(y))``, so ``E_{n+1} - E_n``
-    and ``-Q_n`` both approximate the exact decrease to ``O(h^{p+1})`` and ``delta_n = O(h^p)`` for a method
-    of order p (measured in tests/test_accuracy.py). Other steppers use the trapezoid on the dissipation at the
-    step's ends (``delta_n = O(h)`` for first-order methods such as JKO). ``floor = FLOOR_ULPS * eps * |E|``
-    (eps the kernels' precision) keeps a step whose energy change is at the rounding of E from dividing by
-    rounding. ``delta_n > run.identity_tol`` is a loss of accuracy. Summed over a run, the steps' defects
-    bound the cumulative residual: ``|E(T) - E(0) + sum Q_n| <= max_n delta_n * sum_n |E_{n+1} - E_n|``.
-    NaN where the identity does not hold for the stepper (:attr:`Stepper.energy_identity`: SGD with noise or
-    minibatches; particles with finite ``model.beta``, whose recorded energy lacks the entropy term).
-
-``lambda_max_dt``
-    For the fixed-step explicit particle steppers (``euler``, ``heun``, ``rk4``, full-batch noiseless ``sgd``),
-    ``lambda_max * solver.dt`` at the new state, ``lambda_max`` the largest eigenvalue of the Jacobian of
-    minus the particle velocity (``M^{-1} Hess E``, the measure moving with the particles, on the symmetric
-    ``M^{1/2} J M^{-1/2}``: :func:`particle_jacobian`). The method is stable on that mode while
-    ``lambda_max dt`` is below its real-axis bound (:attr:`Stepper.stability_bound`: Euler and Heun 2,
-    RK4 2.785); above it the mode grows each step and the run is no longer the flow. ``lambda_max`` comes
-    from :data:`LOBPCG_ITERATIONS` iterations of scipy's LOBPCG on exact (forward-mode) Hessian-vector
-    products, warm-started from the previous check's eigenvector (the first check of a run starts from a
-    fixed random vector and takes :data:`COLD_ITERATIONS`): a Rayleigh-Ritz value, so never above the true
-    ``lambda_max`` (a check can be late, not false). NaN between checks. A check runs on the initial
-    state, after any step whose dissipation grew by more than :data:`DISSIPATION_JUMP`, and otherwise after
-    ``run.stability_interval`` gradient evaluations or sooner: the last two checks' ratios
-    ``r = lambda_max dt / bound``, extrapolated log-linearly in the step count, predict when r reaches 1,
-    and the next check comes at half that distance. Each warm check costs ``LOBPCG_ITERATIONS + 3``
-    complex products (about 3.4 real gradient evaluations each); the count is kept (root attribute
-    ``stability_products``). Only for serial runs (LOBPCG's inner products are not summed over MPI ranks):
-    under MPI the column is NaN and the file says so.
-
-Policy (``run.accuracy``): ``"stop"`` ends the run after the first step that loses accuracy (status
-``accuracy_lost``, exit code 3, every frame and the offending step committed, resumable), ``"warn"``
-prints one line per kind of loss and continues, ``"off"`` records the columns but neither warns nor stops.
-When a run ends the root attributes ``accuracy`` (one line: the verdict "held", "lost at t = ...", or
-"not checked ..."), ``accuracy_lost_at`` (NaN when accuracy held), ``max_identity_defect``,
-``max_stability_ratio`` (largest ``lambda_max dt / bound``) and ``stability_products`` say what was found.
+Along the gradient flow (docs/model.md) ``dE/dt = -I``. After each accepted step ``t_n -> t_n + h`` the driver
+records in ``/steps``: ``dissipation_integral`` ``Q_n`` (the step's quadrature of ``int I dt``: the RK method's own
+``h sum_i b_i I(Y_i)``, else the trapezoid), ``identity_defect``
+``delta_n = |E_{n+1} - E_n + Q_n| / max(|E_{n+1} - E_n|, floor)`` (``O(h^p)``; above ``run.identity_tol`` accuracy
+is lost) and, for fixed-step explicit particle steppers, ``lambda_max_dt`` (:func:`lambda_max` by warm-started
+LOBPCG on :func:`particle_jacobian`, against :attr:`Stepper.stability_bound`). ``run.accuracy`` = ``"stop"``,
+``"warn"`` or ``"off"``. Details, check schedule and costs: docs/solvers.md, "How every run checks its own accuracy".
 """
 from __future__ import annotations
 

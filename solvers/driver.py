@@ -1,35 +1,13 @@
 """A run into a trajectory file: frames, per-step diagnostics, stop reasons, checkpoints, progress, resume.
 
 :func:`run` advances a stepper from its initial state (or a file's checkpoint) to ``run.t_end`` through the
-shared time loop (:class:`pdeflow.solvers.loop.Loop`), the run itself its first observer:
-
-- every accepted step yields a ``/steps`` row (t, dt, energy, risk, dissipation, wall time, the accuracy
-  columns of :mod:`pdeflow.solvers.accuracy` and the stepper's columns); rows are buffered and written with the
-  next frame or checkpoint;
-- every step's accuracy is checked (:mod:`pdeflow.solvers.accuracy`: the energy-identity defect, and
-  ``lambda_max * dt`` against the stability bound of fixed-step explicit methods); ``run.accuracy`` says
-  whether a loss warns (one line per kind) or stops the run;
-- frames fall exactly on the schedule (steps are shortened to land on them): every ``run.frame_interval``
-  (``linear``) or ``run.n_frames`` log-spaced times (``log``); t = 0 and t_end are always frames;
-- the state is checkpointed after every frame and, between frames, whenever ``run.checkpoint_interval``
-  seconds of wall time have passed since the last checkpoint. A checkpoint is what commits rows to the
-  file (:mod:`pdeflow.trajectory`), so a killed run keeps every frame up to its last checkpoint and
-  ``--resume`` continues from there bit for bit (the state, step size, step count, generator and
-  controller state are all in the checkpoint; the steps recomputed are the same floating-point
-  operations on the same numbers; the accuracy record's warm-start eigenvector is in the checkpoint, the
-  rest is recomputed from the committed /steps rows);
-- stop reasons: ``finished`` (t_end), ``stationary`` (dissipation < run.stationary_tol), ``wall_time``,
-  ``max_steps`` (each writes a frame at the stopping time), ``interrupted`` (SIGINT/SIGTERM: checkpoint,
-  exit 130/143), ``accuracy_lost`` (``run.accuracy = "stop"``: the step that lost accuracy is recorded
-  and checkpointed, every frame before it kept, exit 3; resumable, e.g. with
-  ``--set run.accuracy=warn``), ``non_finite`` (last good frame and checkpoint kept, exit 3), ``error`` (a failed inner
-  solve: same, exit 3), ``write_error`` (the file could not be written, e.g. a full disk: the rows
-  committed before are intact, the file is left "running" and resumable, exit 3).
-
-Signals: SIGINT and SIGTERM raise :class:`Interrupted` at once while a step is being computed (the step
-is discarded), but are held back while the loop records a step or writes the file, so the state, the
-/steps rows and the file always agree when the final checkpoint is written. Further signals during that
-final checkpoint are ignored.
+shared time loop (:class:`pdeflow.solvers.loop.Loop`), the run itself its first observer: a ``/steps`` row per
+accepted step (with the accuracy columns of :mod:`pdeflow.solvers.accuracy`), frames exactly on the schedule, a
+checkpoint after every frame and every ``run.checkpoint_interval`` seconds (what commits rows: ``--resume`` continues
+bit for bit), and the stop reasons ``finished``, ``stationary``, ``wall_time``, ``max_steps``, ``interrupted``,
+``accuracy_lost``, ``non_finite``, ``error``, ``write_error``. SIGINT/SIGTERM raise :class:`Interrupted` during a
+step, and are held back while a step is recorded or the file written.
+Details, with the exit codes: docs/design.md, "A run into a trajectory file".
 """
 from __future__ import annotations
 

@@ -2,22 +2,10 @@
 
 The particle system of docs/model.md, ``d omega_i/dt = -grad Phi(omega_i; rho_N)`` with the masses fixed, is an
 ODE ``y' = f(y)`` in ``y = omega`` [N, k]; every stage evaluates the velocity at all particles at once.
-
-- ``euler`` (order 1), ``heun`` (order 2), ``rk4`` (classical, order 4): fixed step ``solver.dt``.
-- ``adaptive``: the Dormand-Prince 5(4) pair with first-same-as-last reuse. The error of a step is
-  ``err = rms((y5 - y4) / (atol + rtol max(|y_n|, |y5|)))``; a step is accepted when ``err <= 1`` and the
-  next step is ``dt * clip(0.9 err^(-1/5), 0.2, max_growth)``, within ``[dt_min, dt_max]``.
-  Rejected steps are counted in the ``rejected`` column of ``/steps``.
-
-The evaluation at the end of a step is kept on the new state, so it serves both the step diagnostics
-(energy, dissipation) and the first stage of the next step: one evaluation per stage, no more.
-
-Every step also leaves on the new state the method's own quadrature of the dissipation,
-``Q = h sum_i b_i I(Y_i)``, ``I(Y_i) = sum_j m_j |k_ij|^2`` the dissipation at stage i: the method applied to
-``z' = -I(y)`` alongside ``y' = f(y)``, so ``E_{n+1} - E_n + Q = O(h^{p+1})`` (the energy-identity check of
-:mod:`pdeflow.solvers.accuracy`). The fixed-step methods declare their real-axis stability bound (the largest
-``x`` with ``|R(-s)| <= 1`` on ``[0, x]``, R the stability polynomial): 2 for Euler and Heun,
-2.7853 for RK4.
+``euler``, ``heun``, ``rk4`` (orders 1, 2, 4) take the fixed step ``solver.dt``; ``adaptive`` is the Dormand-Prince
+5(4) pair with first-same-as-last reuse and error control. Each step leaves on the new state its quadrature of the
+dissipation, ``Q = h sum_i b_i I(Y_i)`` (:mod:`pdeflow.solvers.accuracy`); fixed-step methods declare their
+real-axis stability bound (2, 2, 2.7853). Details: docs/solvers.md, "Particles: euler, heun, rk4, adaptive".
 """
 from __future__ import annotations
 

@@ -1,65 +1,12 @@
 """Finite volumes on a reduced-coordinate grid (``solver.method = "fv"``, ``init.measure = "grid"``).
 
 The density ``rho`` [n_1(, n_2, n_3)] of a :class:`pdeflow.measure.Grid` follows
-
-    d/dt rho = div( rho grad xi ),    xi = Phi(omega; rho) + (1/beta) log rho
-
-(docs/model.md; with ``beta = inf`` the log term is absent), written as a conservation law with the velocity
-``u = -grad xi`` of the combined potential, as in the positivity-preserving finite-volume schemes for
-gradient flows of Carrillo, Chertock and Huang (Commun. Comput. Phys. 17, 2015).
-
-Choices, and why:
-
-- **Potential at cell centres, velocity by differences.** The measure is the cell centres as weighted
-  particles; one ``Problem.risk_and_features`` pass gives ``R`` and the residual features ``G``, then
-  ``Problem.phi_field(centres, G)`` gives ``Phi`` at every centre. With
-  ``xi_c = Phi(c; rho) + (1/beta) log rho_c`` the face velocity is ``u_{c+1/2} = -(xi_{c+e_a} - xi_c) / h_a``
-  (axis a). Why: ``xi_c - (1/beta)`` is exactly ``d E_h / d m_c``, the derivative of the discrete energy
-  ``E_h`` (``pdeflow.measure``) in the mass of cell c, so the semi-discrete scheme is an exact gradient
-  flow of ``E_h``: ``d E_h/dt = -I_h <= 0`` with ``I_h`` below; the entropy enters through the same
-  potential (no separate diffusion flux), which keeps positivity with plain upwinding and makes
-  the discrete Gibbs state ``rho_c ~ exp(-beta Phi_c)`` exactly stationary; the difference is a centred
-  (second-order) approximation of the normal derivative at the face centre; and it needs ``Phi`` (no
-  gradient) at M centres, cheaper than ``grad Phi`` at ~k M face centres. (The test suite checks it
-  against ``-grad_phi_field`` at the face centres: second-order agreement.)
-- **Fluxes.** ``F = max(u, 0) rho^L + min(u, 0) rho^R`` at interior faces, upwinded on the sign of the face
-  velocity of the combined potential; ``rho^L, rho^R`` are the face values of the cells on either side:
-  ``upwind`` (first order) the cell averages, ``muscl`` (second order) ``rho_c +- s_c / 2`` with a limited
-  slope ``s_c`` per axis (``minmod`` or ``vanleer`` of the two one-sided differences; 0 in the first and
-  last cell of an axis). Either limiter keeps face values in ``[0, 2 rho_c]``.
-- **No-flux boundaries.** Boundary faces carry no flux, so ``sum_c m_c`` is conserved exactly up to
-  rounding: each interior flux is computed once and enters its two cells with opposite signs.
-- **Time stepping.** SSP Runge-Kutta (Shu-Osher form; ``grid.time_order`` 2 or 3): convex combinations of
-  forward-Euler stages, so every property of one Euler stage (positivity, energy decrease: ``E_h`` is
-  convex in the masses) carries over to the step.
-- **Step size.** ``dt = min(solver.dt, cfl / r, time to the next frame)`` with the outflow rate
-  ``r = max_{c: rho_c > 0} sum_a w_a / h_a + (2/beta) sum_a 1/h_a^2``: ``w_a`` is the outgoing face speed
-  (upwind: ``max(u_{c+1/2}, 0) + max(-u_{c-1/2}, 0)``; MUSCL: twice the larger of the two, as face values
-  reach ``2 rho_c``), the second term the parabolic limit of the linearized entropy term. An Euler stage
-  with ``dt r <= 1`` keeps ``rho >= 0``; the later stages are checked against that bound (and for a negative
-  density) and the step is retried with a smaller dt if they fail; retries are counted in ``/steps/rejected``.
-- **Vacuum.** ``log rho`` is evaluated as ``log max(rho, rho_floor)`` with ``rho_floor`` =
-  :data:`DENSITY_FLOOR` / box volume: an empty cell next to an occupied one would otherwise get an
-  infinite velocity. Below the floor the density moves by transport alone; that concerns a total mass
-  below ``DENSITY_FLOOR``. ``Phi`` is evaluated only on the occupied cells and their face neighbours (the
-  flux through a face between two empty cells is zero); the risk sums over occupied cells.
-
-- **Fisher-Rao reaction** (``solver.gamma > 0``): the Wasserstein-Fisher-Rao flow
-  ``d/dt rho = div(rho grad xi) - gamma rho (xi - <xi>)``, ``<xi> = int xi d rho / int d rho`` (the grid form of
-  the particle flow of :mod:`pdeflow.solvers.wfr`, with the cells as particles). Strang splitting, second order:
-  a step is ``R(h/2) T(h) R(h/2)`` with ``T`` the SSP transport step above and ``R(tau)`` the reaction
-  ``d m_c/dt = -gamma m_c (xi_c - <xi>)`` by an exponential trapezoid rule:
-  ``rho* = N(rho exp(-gamma tau xi(rho)))``, ``R(tau) rho = N(rho exp(-gamma tau (xi(rho) + xi(rho*)) / 2))``, where
-  ``N`` rescales to the total mass before the reaction (``<xi>`` is a constant factor that ``N`` removes).
-  Positivity needs no step restriction (the factors are positive, empty cells stay empty) and the mass is
-  kept to rounding; for accuracy the step also obeys ``h gamma (max xi - min xi) <= cfl`` over the occupied
-  cells (no mass ratio changes by more than ``e^cfl`` per step). ``gamma = 0`` leaves the scheme as it was.
-
-Diagnostics (``/steps`` and ``/frames``): ``energy = E_h`` (risk, confinement and entropy), ``risk``, and
-``dissipation`` ``I_h = |C| sum_faces F u = |C| sum_faces rho_face u^2`` (the scheme's own discretization of
-``int |grad(Phi + (1/beta) log rho)|^2 rho``, so that ``E_h(t) - E_h(s) = -int_s^t I_h`` up to the time error),
-plus ``gamma sum_c m_c (xi_c - <xi>)^2`` with the reaction (``xi_c - 1/beta = dE_h/dm_c``);
-stepper columns ``mass`` (``sum_c m_c``), ``min_density`` and ``rejected``.
+``d/dt rho = div(rho grad xi)``, ``xi = Phi(omega; rho) + (1/beta) log rho`` (docs/model.md), upwinded on the face
+velocity ``u = -grad xi`` taken from differences of ``xi`` at the cell centres (Carrillo-Chertock-Huang), so the
+semi-discrete scheme is an exact gradient flow of the discrete energy ``E_h``; ``upwind`` or ``muscl`` fluxes, no flux
+through the boundary, SSP Runge-Kutta in time with a positivity-keeping step; with ``solver.gamma > 0`` a Fisher-Rao
+reaction by Strang splitting. The choices and why, the step size, vacuum (:data:`DENSITY_FLOOR`) and the diagnostics:
+docs/solvers.md, "The finite-volume scheme".
 """
 from __future__ import annotations
 

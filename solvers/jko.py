@@ -1,90 +1,12 @@
 """JKO (minimizing-movement) steppers: ``rho_{n+1} = argmin_rho E(rho) + W2^2(rho, rho_n) / (2 tau)``.
 
-An implicit, variational time step of the Wasserstein gradient flow (docs/model.md). For any ``tau`` it
-decreases the energy, ``E(rho_{n+1}) + W2^2(rho_{n+1}, rho_n)/(2 tau) <= E(rho_n)`` (the grid's entropic
-variant up to its regularization), which no explicit stepper does beyond its stability limit
-(:func:`euler_stability_limit` measures Euler's); it is first order in ``tau``. ``tau = solver.tau`` (0: ``solver.dt``);
-steps are shortened to land on frame times.
-
-Particles (``init.measure = "particles"``)
-    The new cloud ``Y`` [N, k] keeps the masses and the labels of the old cloud ``omega`` and minimizes
-
-        F(Y) = E(rho_Y) + (1/(2 tau)) sum_i m_i |y_i - omega_i|^2,
-        d F / d y_i = m_i (grad Phi(y_i; rho_Y) + (y_i - omega_i) / tau),
-
-    with scipy's L-BFGS-B and this analytic gradient, from the better of ``omega`` and the explicit Euler
-    predictor. The minimizer solves the implicit Euler equations ``y_i = omega_i - tau grad Phi(y_i; rho_Y)``.
-    The inner solve runs in the scaled variables ``z_i = sqrt(m_i / tau) (y_i - omega_i)``, in which
-    ``F = E(rho_Y) + |z|^2 / 2`` has Hessian ``I + O(tau)``; once L-BFGS-B's line search no longer resolves
-    F (its rounding, near r ~ 1e-8), Newton steps (MINRES on exact Hessian-vector products) finish.
-    It stops when the Euler-Lagrange residual (velocity units)
-
-        r = sqrt( sum_i m_i |grad Phi(y_i; rho_Y) + (y_i - omega_i) / tau|^2 )
-
-    is at most ``solver.inner_tol``; otherwise the step fails (:class:`~pdeflow.solvers.base.SolverError`).
-    Zero-mass (tracer) particles do not move the measure; each then solves its own proximal problem
-    ``min_y Phi(y; rho_Y) + |y - omega_i|^2 / (2 tau)`` in the field of the new measure.
-    Keeping labels is the W2 JKO step restricted to clouds only while the identity coupling is optimal
-    between ``omega`` and ``Y``: every step re-solves the optimal coupling with POT (``ot.emd2`` on the
-    squared distances with the masses) and reports ``coupling_optimal`` (1/0) and the relative
-    ``transport_gap = (sum_i m_i |y_i - omega_i|^2 - W2^2) / sum_i m_i |y_i - omega_i|^2``; the first
-    non-optimal step is warned about and ``non_optimal_couplings`` counts them.
-
-    ``/steps`` columns: ``inner_iterations``, ``inner_evaluations``, ``inner_grad_norm`` (r above),
-    ``inner_tol``, ``coupling_optimal``, ``transport_gap``.
-
-Grid (``init.measure = "grid"``): an entropic JKO step in the manner of Peyre (SIAM J. Imaging Sci. 8, 2015)
-    With cell masses ``p`` (old) and ``q`` (new) on the cell centres ``x`` [M, k], ``C_ij = |x_i - x_j|^2``
-    (``ot.dist``), the step solves over plans ``pi >= 0`` with ``pi 1 = p``
-
-        min  <C, pi> + eps sum_ij pi_ij (log pi_ij - 1) + 2 tau F(pi^T 1),
-        F(q) = sum_j q_j V_j + (1/beta) sum_j q_j log(q_j / |C|),
-
-    ``V_j = Phi(x_j; rho)`` the first variation of risk plus confinement. The risk is non-linear in ``q``:
-    ``V`` is re-linearized at the new masses until the fixed point ``V = Phi(x; q(V))``,
-    ``|q^{m+1} - q^m|_1 <= inner_tol`` (at most ``solver.outer_maxiter`` linearizations), so the step is the
-    fully implicit one; the plain iteration overshoots at large tau, so it is Anderson-accelerated. With
-    ``s = 2 tau / beta``, ``F`` is ``(s / 2 tau) KL(q | |C| exp(-beta V))`` up to a constant: each
-    linearized problem is semi-relaxed entropic transport (POT's ``ot.unbalanced.sinkhorn_unbalanced``
-    with ``reg_m = (inf, s)`` solves it too; the tests compare). Generalized Sinkhorn iterations
-    (``a = p / K b``, ``b = prox(K^T a) / K^T a``) need thousands of sweeps for eps << |box|^2, so here
-    Newton's method (CG with the Hessian's diagonal as preconditioner, line search on J) maximizes the
-    concave semi-dual in ``g`` [M]:
-
-        J(g) = -eps sum_i p_i log sum_j exp((g_j - C_ij) / eps) - s |C| sum_j exp((-g_j - 2 tau V_j) / s - 1),
-        -grad J = pi^T 1 - q(g),   q_j(g) = |C| exp((-g_j - 2 tau V_j) / s - 1),
-
-    with ``pi_ij = p_i softmax_j((g_j - C_ij) / eps)``, whose first marginal is ``p`` exactly. The
-    returned masses are ``pi^T 1``, so mass is conserved to rounding; the marginal violation
-    ``|pi^T 1 - q(g)|_1 <= inner_tol`` is the convergence test. With ``beta = inf``, ``F`` is linear and
-    ``pi_ij = p_i softmax_j((-2 tau V_j - C_ij) / eps)`` in closed form. The plan is dense: at most
-    :data:`MAX_GRID_CELLS` cells.
-
-    Entropic bias: for small eps the entropic cost is ``W2^2 + (eps/2)(int p log p + int q log q)`` plus
-    a constant, so the scheme solves the flow with the diffusion ``1/beta + eps / (4 tau)``; the tests
-    measure it (keep ``eps << 4 tau / beta``; ``eps ~ tau^2`` keeps the scheme first order).
-    A step shortened to land on a frame uses ``eps h / tau`` to keep that bias per unit time.
-    The blur ``sqrt(eps / 2)`` must also resolve the grid (``sqrt(eps) >~ h``): below it, mass moving less
-    than a cell per step stays put.
-
-    Default eps (``solver.epsilon = 0``, :func:`grid_epsilon`): ``h^2``, h the smallest cell width. Why: with a
-    linear potential (locally, any smooth one) a cell's row of the plan is a Gaussian of variance ``eps / 2``
-    around the transported point, sampled on the grid; by Poisson summation its mean and variance are the
-    continuous ones up to ``~exp(-pi^2 eps / h^2)`` of a cell (5e-5 at eps = h^2, 0.085 at eps = h^2 / 4).
-    So eps = h^2 is, within a factor, the smallest eps that keeps sub-cell displacements (smaller eps pins
-    them: an unregularized grid step moves no mass unless ``|v| tau >~ h / 2``), and every larger eps only
-    adds diffusion. Its implied diffusion :func:`implied_diffusion` ``h^2 / (4 tau)`` is the grid's own
-    resolution per step (each step spreads mass by ``h / sqrt(2)``); against the physical ``1/beta`` it is
-    ``beta h^2 / (4 tau)``, printed by ``pdeflow info``: a larger ``solver.tau`` or ``grid.n`` shrinks it,
-    no choice of eps can without pinning. With beta = inf, ``x' = -lam x`` and a linear drift the step is
-    exact in closed form: mean ``/ (1 + lam tau)``, variance ``var / (1 + lam tau)^2 + eps / (2 (1 + lam tau))``
-    per step (tested).
-
-    ``/steps`` columns: ``mass``, ``min_density``, ``outer_iterations``, ``newton_iterations`` and
-    ``cg_iterations`` (summed over the linearizations), ``marginal_violation``, ``linearization_residual``,
-    ``energy_change``
-    (``E_h(rho_{n+1}) - E_h(rho_n)``), ``transport_cost`` (``<C, pi>``). Energy, risk and dissipation are
-    the finite-volume stepper's (:mod:`pdeflow.solvers.finite_volume`), so grid runs of both methods compare.
+An implicit, variational time step of the Wasserstein gradient flow (docs/model.md): energy-decreasing at any
+``tau`` (:func:`euler_stability_limit` measures the explicit limit it avoids), first order; ``tau = solver.tau``
+(0: ``solver.dt``). :class:`ParticleJKO` moves the cloud ``Y`` [N, k] (masses and labels kept) to the minimizer of
+``F(Y) = E(rho_Y) + (1/(2 tau)) sum_i m_i |y_i - omega_i|^2`` (L-BFGS-B, then Newton), checking the identity
+coupling with POT. :class:`GridJKO` takes an entropic step over plans ``pi`` [M, M] between cell masses ``p`` and
+``q`` [M] (at most :data:`MAX_GRID_CELLS` cells; Newton on the semi-dual; default eps :func:`grid_epsilon` = ``h^2``).
+Details, with the ``/steps`` columns: docs/solvers.md, "Particle JKO steps" and "Grid JKO steps (entropic)".
 """
 from __future__ import annotations
 

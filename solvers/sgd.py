@@ -1,27 +1,11 @@
 """Finite-head SGD: the training process whose mean-field limit is the particle flow (docs/model.md).
 
-``solver.method = "sgd"`` moves N heads with masses ``1/N`` by
-
-    omega_i <- omega_i - eta g_i (+ sqrt(2 eta / beta) xi_i),   t <- t + eta,
-
-with ``eta = solver.dt`` in mean-field time, ``g_i = grad Phi(omega_i; rho_N)`` evaluated on a minibatch
-(the same weight decay ``lam omega_i``), and, when ``sgd.noise`` is on, i.i.d. standard normal ``xi_i``
-[k] (Langevin noise at inverse temperature ``model.beta``). A step cut short by a frame time uses the
-shorter length ``h`` for both the drift and the noise variance ``2 h / beta``.
-
-Minibatches (``sgd.batch_size = n``):
-
-- ``sampling = "resample"``: n sequences of the data set drawn uniformly without replacement, weighted
-  ``w_b B / n`` (so that the minibatch gradient is an unbiased estimate of the full one), in data-set
-  order. ``n >= B`` is the whole data set: full-batch gradient descent, which is explicit Euler with
-  ``dt = eta`` bit for bit.
-- ``sampling = "fresh"``: n new sequences from the task (:func:`pdeflow.tasks.sample_task`, weights
-  ``1/n``) with a seed drawn from the stepper's generator: online SGD on the population.
-
-The generator lives in ``State.rng`` (seeded by ``sgd.seed``) and is saved with every checkpoint, so a
-resumed run continues bit for bit. Per step it draws, in this order: the minibatch (indices, or the
-seed of the fresh sample), then the noise. The energy, risk and dissipation the driver records are those
-of the full data set; the ``batch_risk`` column holds the minibatch risk the step descended.
+``solver.method = "sgd"`` moves N heads [N, k] with masses ``1/N`` by
+``omega_i <- omega_i - eta g_i (+ sqrt(2 eta / beta) xi_i)``, ``t <- t + eta``, ``eta = solver.dt`` in mean-field
+time, ``g_i`` the gradient of ``Phi`` on a minibatch (``sgd.sampling`` = ``"resample"`` from the data set, weights
+rescaled to keep it unbiased, or ``"fresh"`` from the task). The generator lives in ``State.rng`` and is
+checkpointed, so resume is exact; the recorded energy is the full data set's, ``batch_risk`` the minibatch's.
+Details: docs/solvers.md, "Finite heads: sgd".
 """
 from __future__ import annotations
 

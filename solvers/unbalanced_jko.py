@@ -1,42 +1,13 @@
 """Implicit (JKO) steps for the Wasserstein-Fisher-Rao metric on a grid (``solver.method = "wfr_jko"``).
 
-A step of length ``tau`` (``solver.tau``, 0: ``solver.dt``) from the cell masses ``a`` (``m_c = rho_c |C|``) is
-
-    b = argmin { E_h(b) + D(a, b)^2 / (2 tau) : b >= 0, sum_c b_c = sum_c a_c },
-
-with ``D`` the Wasserstein-Fisher-Rao (Hellinger-Kantorovich) distance of the metric with action
-``int (|v|^2 / alpha + g^2 / gamma) d rho`` - the metric whose gradient flow is :mod:`pdeflow.solvers.wfr` and ``fv``
-with ``solver.gamma`` - in its static (Kantorovich) form (Liero-Mielke-Savare 2018; Chizat-Peyre-Schmitzer-Vialard
-2018): ``D^2 = (4 / gamma) min_pi [<C, pi> + KL(pi 1 | a) + KL(pi^T 1 | b)]`` with the cost
-``C(x, y) = -log cos^2(|x - y| / (2 delta))`` for ``|x - y| < pi delta`` (else +inf), ``delta = sqrt(alpha / gamma)``.
-The KL weights of both marginals are 1: that relaxation is what makes it this metric (no free parameter).
-The plan gets an entropic term ``eps KL(pi | a x 1)`` (``eps = solver.epsilon``): its kernel spreads mass over a
-width ``~ sqrt(2 eps) delta`` per step, which must reach about a cell (else transport below a cell per step is
-blocked and the reaction takes over), and adds the blur of entropic JKO schemes.
-
-Solution. E_h is linearized at the current guess, ``E_h(b) ~ <xi, b>`` (``xi`` the potential of
-:mod:`pdeflow.solvers.finite_volume`: ``Phi + (1/beta) log rho``), and re-linearized until the masses stop changing
-(``solver.outer_maxiter`` times at most, tolerance ``solver.inner_tol`` on the L1 change over the mass). For a fixed
-``xi`` the minimization over b is explicit: with ``c = gamma tau / 2`` and the multiplier ``lam`` of the mass,
-``b_j = q_j / (1 + c (xi_j - lam))`` (``q = pi^T 1``), and eliminating b leaves a plan problem whose second marginal
-is free and whose cost gains ``log(1 + c (xi_j - lam))`` - POT's ``ot.unbalanced.sinkhorn_unbalanced`` with
-``reg_m = (1, 0)``, ``reg_type = "kl"`` and ``c = a x 1`` (:func:`semi_relaxed_plan`). With the second marginal's
-weight 0 its scaling ``v`` is 1 from the first iteration, so the plain method (``method = "sinkhorn"``) converges in
-two iterations (the second repeats the first: change 0, checked). Its kernel ``exp(-C' / eps)`` over- and underflows
-for small eps (``log Z_i`` from -180 to 1.1e5 measured at n = 128, eps = 2.5e-4), so POT gets the same problem
-rescaled per row: the cost minus its row minimum ``f_i`` and the first marginal ``a_i exp(-f_i)`` (an exact
-reformulation: the marginal KL absorbs the shift), and the shifted cost capped at ``COST_CAP eps`` (+inf included):
-entries below ``exp(-COST_CAP)`` of their row's largest are moved to that level, far below rounding, and no kernel
-column is zero (POT stops on one). ``method = "sinkhorn_stabilized"`` is not used: it adds 1e-16 to ``K v``, which
-biases rows of tail cells (``a_i`` down to 5e-15 there: most plans off by more than 1e-9);
-``"sinkhorn_translation_invariant"`` divides by the weight 0. The solution is also closed-form,
-``pi_ij = a_i r_i exp(-C'_ij / eps) / Z_i`` with ``Z_i = sum_j exp(-C'_ij / eps)`` and
-``r_i = Z_i^(eps / (1 + eps))``: the test suite checks POT's plan in the step against it (to ``1e-14 / eps``, the
-conditioning of ``exp(-C / eps)``; eps down to 2.5e-4, +inf costs). ``lam`` is the root (Brent) of
-``sum_j b_j(lam) = sum_i a_i``. Mass is kept to rounding and positivity by construction. First order in tau; at most
-:data:`MAX_CELLS` cells (dense costs).
-
-Diagnostics as ``fv`` with the reaction (the same ``E_h`` and ``I_h``); ``/steps/outer_iterations``.
+A step of length ``tau`` from the cell masses ``a`` [M] is
+``b = argmin { E_h(b) + D(a, b)^2 / (2 tau) : b >= 0, sum_c b_c = sum_c a_c }``, ``D`` the
+Hellinger-Kantorovich distance in its static form with the cost ``C(x, y) = -log cos^2(|x - y| / (2 delta))``,
+``delta = sqrt(alpha / gamma)``, and an entropic term ``eps KL(pi | a x 1)`` on the plan. ``E_h`` is
+re-linearized to a fixed point; each linearized problem is a semi-relaxed entropic plan (POT's
+``sinkhorn_unbalanced`` with ``reg_m = (1, 0)``, :func:`semi_relaxed_plan`), the mass multiplier found by Brent.
+First order; at most :data:`MAX_CELLS` cells. Diagnostics as ``fv`` with the reaction.
+Details: docs/solvers.md, "Implicit WFR steps on a grid: wfr_jko".
 """
 from __future__ import annotations
 

@@ -1,48 +1,12 @@
 """Wasserstein-Fisher-Rao particles (``solver.method = "wfr"``): heads that move and trade mass.
 
-The weighted particles ``rho = sum_i m_i delta_{omega_i}`` follow the Wasserstein-Fisher-Rao
-(Hellinger-Kantorovich) gradient flow of the energy E (docs/model.md):
-
-    d omega_i / dt = -alpha grad Phi(omega_i; rho),
-    d m_i / dt     = -gamma m_i (Phi(omega_i; rho) - <Phi>),    <Phi> = sum_j m_j Phi_j / sum_j m_j,
-
-with ``alpha = solver.alpha`` and ``gamma = solver.gamma``. The mass equation is the Fisher-Rao part
-(birth-death: heads where Phi is below its rho-average gain weight); subtracting ``<Phi>`` makes
-``sum_i dm_i/dt = 0``, so the total mass is conserved. Since ``dE/dm_i = Phi_i`` and
-``dE/domega_i = m_i grad Phi_i``, the energy identity is ``dE/dt = -I`` with the dissipation
-
-    I = alpha sum_i m_i |grad Phi_i|^2 + gamma sum_i m_i (Phi_i - <Phi>)^2,
-
-which is what :meth:`WassersteinFisherRao.diagnostics` reports (the ``dissipation`` of ``/steps`` and
-``/frames``).
-
-Integration: the step of :class:`pdeflow.solvers.explicit.DormandPrince` itself (same tableau, same controller and
-tolerances) run on the joint state ``y = (omega, m)`` [N, k + 1], so the error control covers the masses too:
-``err = rms((y5 - y4) / (atol + rtol max(|y_n|, |y5|)))`` over all N (k + 1) entries. Each
-stage is one pass of the Problem (Phi and grad Phi together), and the evaluation at the end of an
-accepted step is the first stage of the next (first same as last). The mass equation is linear in m with
-``sum_i dm_i = 0`` at every stage, so every Runge-Kutta combination keeps the total mass to rounding.
-
-- ``solver.total_mass = "free"``: the unbalanced (conic, Hellinger-Kantorovich) flow of Chizat 2022 and
-  Liero-Mielke-Savare, ``d m_i/dt = -gamma m_i Phi_i`` without ``<Phi>``: the gradient flow of E for the metric
-  with action ``int (|v|^2 / alpha + g^2 / gamma) d rho`` on all nonnegative measures (``d rho/dt + div(rho v) =
-  g rho``); the total mass changes, ``I = alpha int |grad Phi|^2 d rho + gamma int Phi^2 d rho``, and at a
-  stationary point ``Phi = 0`` on the support. Removal (below) then zeroes masses without rescaling the others.
-  The default ``"fixed"`` is the flow above on probability measures (``<Phi>`` is its Lagrange multiplier).
-- ``gamma = 0`` and ``alpha = 1`` is the Wasserstein flow: the step is ``DormandPrince.step`` itself, so a
-  trajectory equals the ``adaptive`` one bit for bit (masses untouched).
-- ``gamma = 0``, ``alpha != 1``: the Wasserstein flow in the time ``alpha t`` (masses not integrated).
-
-**Mass underflow.** Masses decay like ``exp(-gamma (Phi_i - <Phi>) t)``. A mass far below the absolute
-tolerance no longer enters the error estimate, so nothing would keep a step inside the stability region of
-its (possibly fast) decay and it could turn negative. Such particles are removed: after each accepted
-step every particle with ``0 != m_i < solver.mass_floor * sum_j m_j`` (negative masses included) gets
-``m_i = 0`` exactly, and the remaining masses are rescaled by ``M / (M - removed)`` so the total ``M`` is
-unchanged (to rounding). A removed particle is kept in the arrays (frames keep N rows) at the position
-where it was removed: zero is a fixed point of the mass equation and its velocity is set to zero, so it
-never returns and costs the error control nothing. ``/steps/removed`` counts the particles removed at
-each step and ``/steps/removed_mass`` the mass they had. (Integrating ``log m`` instead would avoid the
-floor but not conserve the total mass under Runge-Kutta; removal keeps the linear invariant.)
+The weighted particles ``rho = sum_i m_i delta_{omega_i}`` follow (docs/model.md)
+``d omega_i/dt = -alpha grad Phi(omega_i; rho)``, ``d m_i/dt = -gamma m_i (Phi(omega_i; rho) - <Phi>)`` (total mass
+kept; ``solver.total_mass = "free"`` drops ``<Phi>``), with dissipation
+``I = alpha sum_i m_i |grad Phi_i|^2 + gamma sum_i m_i (Phi_i - <Phi>)^2``. Integrated by the step of
+:class:`pdeflow.solvers.explicit.DormandPrince` on the joint state ``y = (omega, m)`` [N, k + 1]; ``gamma = 0``,
+``alpha = 1`` is ``adaptive`` bit for bit. Masses below ``solver.mass_floor`` times the total are removed
+(``/steps/removed``, ``/steps/removed_mass``). Details: docs/solvers.md, "WFR particles: wfr".
 """
 from __future__ import annotations
 
