@@ -55,7 +55,9 @@ def installed(tmp_path_factory):
     assert install.returncode == 0, install.stderr[-3000:]
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
+    # this interpreter's site folders, also those it sees through path files (a venv layered on another)
     deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    deps |= {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")}
     (Path(purelib) / "_pdeflow_test_dependencies.pth").write_text("\n".join(sorted(deps)) + "\n")
     work = root / "elsewhere"
     work.mkdir()
