@@ -1,91 +1,12 @@
 """A stiff particle stepper: the linearly implicit Rosenbrock-W method ROS34PW2 with error control.
 
 The particle system ``y' = f(y)``, ``y = omega`` [N, k], ``f(y)_i = -grad Phi(omega_i; rho_N)`` (masses fixed,
-docs/model.md) stiffens as the heads sharpen: the largest eigenvalue of its Jacobian grows from ~3 to
-> 100 on the quickstart while weight decay sets a slow scale ~1/lam. Explicit steppers are then held at
-their stability bound; this one is L-stable, so its step follows the local error only.
-
-Method
-    ROS34PW2 of Rang & Angermann (BIT Numer. Math. 45, 2005): 4 stages, order 3 with an embedded order 2
-    solution, L-stable, stiffly accurate, and a W-method (order 3 for any matrix W in place of the
-    Jacobian, so an inexact Krylov solve or a difference Jacobian costs no order). Coefficients
-    ``alpha, gamma, b, b_hat`` as published (checked against MATLODE's Coefficients_ROS34PW2.m); the step
-    runs in the transformed variables of Hairer & Wanner (Solving ODEs II, IV.7, (7.25)-(7.27)):
-
-        (1/(h g) I - J) U_i = f(y_n + sum_{j<i} a_ij U_j) + sum_{j<i} (c_ij / h) U_j,
-        y_{n+1} = y_n + sum_i m_i U_i,      error  e = sum_i (m_i - m_hat_i) U_i,
-
-    with ``Gamma = (gamma_ij)``, ``a = alpha Gamma^-1``, ``C = diag(1/g) - Gamma^-1``, ``m = b Gamma^-1``,
-    ``m_hat = b_hat Gamma^-1`` (computed below from the published table). ``J = df/dy`` is taken at
-    ``y_n`` and frozen over the step.
-
-Linear systems
-    ``J = -M^-1 Hess E`` with ``M = diag(m_i)`` per particle, so in ``v = M^{1/2} U`` the stage system
-    is symmetric: ``(1/(h g) I + S) v = M^{1/2} r``, ``S = M^{1/2} (-J) M^{-1/2}``. MINRES (scipy) solves it
-    matrix-free on whole-system Jacobian-vector products (:meth:`pdeflow.problem.Problem.system_jvp`:
-    the particles and the measure move together, the interaction term included). MINRES is used rather
-    than CG because ``Hess E`` can be indefinite away from minimizers. The solve stops when the residual
-    is small against the error tolerance: with error weights ``w = 1/(atol + rtol |y_n|)``,
-    ``|r_v| <= krylov_tol sqrt(n) / (h g rms(w / sqrt(m)))``, so the solution error it leaves
-    (at most ``h g |r_v|`` where ``S >= 0``) is about ``krylov_tol`` in the error norm. The true residual
-    is recomputed after every solve (one product); a solve that misses its tolerance within
-    ``solver.krylov_maxiter`` iterations is a failed solve: the step is retried at a quarter of its size
-    and counted in ``failed_solves``.
-
-Error control
-    ``err = rms(e / (atol + rtol max(|y_n|, |y_{n+1}|)))`` over all coordinates; a step is accepted when
-    ``err <= 1``. After an accepted step the next is the PI controller's (Gustafsson; Hairer & Wanner II,
-    IV.2) ``h * clip(0.9 err_n^(-0.7/3) err_{n-1}^(0.4/3), 0.2, max_growth)``, which damps the step-size
-    oscillation (and the rejections) of the plain ``h * 0.9 err^(-1/3)``; after a rejection, and on the first
-    step, the plain rule. The step size stays within ``[dt_min, dt_max]``; a step below ``solver.dt_min``
-    raises :class:`~pdeflow.solvers.base.SolverError` (the run exits 3, keeping its frames). The previous
-    accepted error is part of the checkpoint.
-
-Deflation (``solver.deflate = m > 0``)
-    MINRES needs ~sqrt(1 + h g lambda_max) iterations; the spectrum of ``S`` has a few large outliers (on
-    the quickstart at t = 56: 220, then 43, 38, 31, 18, and below 11 from the 6th on). With ``m`` approximate
-    top eigenpairs ``(lam, V)`` of ``S`` the stage solves are preconditioned by
-    ``P = (1/(h g)) I + V diag(lam) V^T`` (symmetric positive definite for ``lam > 0``, exact on span V when V is
-    invariant), which removes the outliers from the iteration count. Any SPD ``P`` leaves the solution and its
-    residual test unchanged, so the pairs need not be current: they are computed once (ARPACK, a fixed start
-    vector), carried from step to step, and refined every ``solver.deflate_every`` steps by
-    :data:`REFINE_ITERATIONS` LOBPCG iterations warm-started from the carried ``V`` at the step's ``y_n`` (and,
-    with Krylov-free steps, as soon as the complement holds an eigenvalue above :data:`DRIFT` times the
-    smallest carried one).
-    Their products are counted in ``jvps``; the pairs are in the checkpoint, so a resumed run refines the same
-    vectors at the same steps.
-
-Krylov-free steps (``solver.stage_solve = "auto"``, with ``solver.deflate = m``)
-    A W-method keeps its order for any W, so a step may solve its stages with
-    ``W = -M^{-1/2} V diag(lam) V^T M^{1/2}`` (the Jacobian on the carried eigenpairs with ``lam > 0``), i.e.
-    ``v = P^{-1} M^{1/2} r`` with the deflation preconditioner itself: no product at all. On span V this is
-    the linearly implicit method; on the orthogonal complement W = 0 and the step is the explicit Runge-Kutta
-    method ``(alpha, b)`` of the table (order 3), stable for ``h s <= EXPLICIT_BOUND = 1.99`` on a mode of
-    eigenvalue ``s`` (:func:`explicit_stability_function`). So before every step the largest eigenvalue
-    ``rho_c`` of ``S`` on the complement of span V is estimated (Rayleigh-Ritz on a 3-dimensional Krylov space
-    of the projected operator, warm-started from the previous step's vector: a lower bound, hence the margin
-    :data:`SAFETY`), and a Krylov-free step is taken only with ``h rho_c <= SAFETY * EXPLICIT_BOUND``: the step
-    is capped there when that is cheaper per unit time than a MINRES step of the error-controlled size (the
-    products of the last MINRES step against :data:`EXPLICIT_COST`), else the step uses MINRES. Each
-    Krylov-free step records ``h rho_c / EXPLICIT_BOUND`` in ``/steps/explicit_margin`` (NaN for MINRES steps),
-    so the bound it kept is in the file; an instability the estimate missed (a late estimate, V far from
-    invariant) shows in the embedded error estimate, whose explicit part grows with it, and the step is rejected.
-
-Energy identity
-    The step leaves its own quadrature of the dissipation ``int I dt`` (``State.dissipation_integral``, checked
-    against the energy change by :mod:`pdeflow.solvers.accuracy`): the Hermite (corrected trapezoid) rule
-    ``h (I_n + I_{n+1}) / 2 + h^2 (I'_n - I'_{n+1}) / 12``, error ``O(h^5)``, with
-    ``I' = dI/dt = -2 sum_i m_i f_i . (-J f)_i`` (one Jacobian-vector product per accepted state, counted
-    in ``jvps``). The plain trapezoid's ``O(h^3)`` error would dominate the identity defect at the long steps
-    this stepper takes; with the Hermite rule the defect shows the method's own energy error.
-
-``/steps`` columns: ``rejected`` (error test failures), ``failed_solves``, ``krylov_iters`` (MINRES
-iterations), ``jvps`` (Jacobian-vector products: the residual checks, eigenpairs, complement estimate and
-``dI/dt`` included) and ``gradient_evals`` (evaluations of grad Phi at all particles), summed over the tries of
-the step; ``explicit_margin`` (``h rho_c / EXPLICIT_BOUND`` of a Krylov-free step, NaN otherwise).
-
-Not sharded: scipy's MINRES takes inner products of the local block only, so under MPI this stepper
-runs on one rank (``sharded = False``).
+docs/model.md): 4 stages, order 3 with an embedded order-2 error estimate, L-stable, a W-method (order 3 for any
+matrix W in place of the Jacobian). Stage systems ``(1/(h g) I - W) U_i = r_i`` in the mass-weighted symmetric
+form, by MINRES on whole-system Jacobian-vector products (``stage_solve = "minres"``) or, with carried deflation
+eigenpairs, without products under the explicit bound of the rest of the spectrum (``"auto"``). PI step-size
+control; Hermite quadrature of the dissipation for the energy-identity check; not sharded.
+Details: docs/solvers.md, "Stiff particle runs: rosenbrock" and "The ROS34PW2 stepper in detail".
 """
 from __future__ import annotations
 
