@@ -279,7 +279,7 @@ class AccuracyMonitor:
                             self.policy)
         if self.stability and steps > 0:
             evaluations = steps * self.stepper.stages
-            line += (f"; stability checks cost {self.products} complex Hessian-vector products, ~"
+            line += (f"; stability checks cost {self.products} Hessian-vector products, ~"
                      f"{JVP_COST * self.products / evaluations:.2g} of the steps' {evaluations} gradient "
                      f"evaluations (a product ~ {JVP_COST:g} evaluations)")
         return line

@@ -270,7 +270,7 @@ class Rosenbrock(Stepper):
             previous = residual
 
     def _jvp(self, omega: np.ndarray, mass: np.ndarray, grad0: np.ndarray):
-        """``u -> -J u`` [N, k] at ``omega`` (grad Phi there: ``grad0``): exact (complex step) or a forward
+        """``u -> -J u`` [N, k] at ``omega`` (grad Phi there: ``grad0``): exact (forward mode) or a forward
         difference of grad Phi, ``(grad Phi(y + eps u) - grad Phi(y)) / eps``."""
         problem = self.problem
         if self.jacobian == "exact":
