@@ -96,28 +96,37 @@ def hvp_costs(log=print) -> dict[str, Any]:
 
 
 def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, probe=None) -> dict[str, Any]:
-    """Step ``cfg``'s stepper to t_end (or stationarity, or the wall limit) without files; counts at each mark.
+    """Step ``cfg``'s stepper to t_end (or stationarity, or the wall limit) without files, through the one time
+    loop (:mod:`pdeflow.solvers.loop`); counts at each mark and at the state a stop leaves.
 
     ``probe(t, state, stepper)`` is called at t = 0 and at every multiple of 10 crossed (lambda_max sampling)."""
     from pdeflow.solvers import make_stepper
+    from pdeflow.solvers.loop import Frames, Loop, Observer, Stationary, WallTime
 
     stepper = make_stepper(problem, cfg)
     state = stepper.initial_state()
     d0 = stepper.diagnostics(state)
     totals: dict[str, float] = {"steps": 0.0}
     at: dict[str, dict[str, float]] = {}
-    stops = sorted(set([m for m in marks if m <= t_end] + [t_end]))
     t0 = time.perf_counter()
-    next_probe = 0.0
-    result = {"status": "finished", "initial_energy": d0["energy"], "initial_dissipation": d0["dissipation"]}
-    for stop in stops:
-        while stop - state.t > 1e-9 * max(1.0, stop):
-            if probe is not None and state.t >= next_probe:
+
+    def row(state) -> None:
+        d = stepper.diagnostics(state)
+        at[f"{state.t:.6g}"] = {"t": state.t, "wall": time.perf_counter() - t0, "energy": d["energy"],
+                                "dissipation": d["dissipation"], "dt": state.dt, **totals}
+
+    class Counts(Observer):
+        """Sums the stepper's /steps columns and calls ``probe`` as the loop passes multiples of 10."""
+        next_probe = 0.0
+
+        def check(self, state) -> None:
+            if probe is not None and state.t >= self.next_probe:
                 probe(state.t, state, stepper)
-                next_probe += 10.0
-            state, extra = stepper.step(state, stop - state.t)
+                self.next_probe += 10.0
+
+        def accept(self, step) -> None:
             totals["steps"] += 1
-            for key, value in extra.items():
+            for key, value in step.extra.items():
                 if key == "explicit_margin":  # a per-step ratio, not a count: how many steps and the largest
                     finite = bool(np.isfinite(value))
                     totals["krylov_free_steps"] = totals.get("krylov_free_steps", 0.0) + finite
@@ -125,18 +134,16 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
                     totals["max_explicit_margin"] = max(largest, value) if finite else largest
                     continue
                 totals[key] = totals.get(key, 0.0) + value
-            d = stepper.diagnostics(state)
-            if d["dissipation"] <= STATIONARY * d0["dissipation"]:
-                result["status"] = "stationary"
-                break
-            if time.perf_counter() - t0 > wall:
-                result["status"] = "wall_time"
-                break
-        d = stepper.diagnostics(state)
-        at[f"{state.t:.6g}"] = {"t": state.t, "wall": time.perf_counter() - t0, "energy": d["energy"],
-                                "dissipation": d["dissipation"], "dt": state.dt, **totals}
-        if result["status"] != "finished":
-            break
+
+    stops = sorted(set([m for m in marks if m <= t_end] + [t_end]))
+    observers = [Counts(), Frames(lambda index, state: row(state)),
+                 WallTime(wall, lambda: time.perf_counter() - t0), Stationary(STATIONARY * d0["dissipation"])]
+    state, stop = Loop(stepper, stops, observers, measure=True).run(state)
+    if stop.status not in ("finished", "stationary", "wall_time"):
+        raise RuntimeError(f"{cfg.solver.method}: {stop.message}")
+    if f"{state.t:.6g}" not in at:
+        row(state)
+    result = {"status": stop.status, "initial_energy": d0["energy"], "initial_dissipation": d0["dissipation"]}
     result.update(at=at, final=at[list(at)[-1]])
     return result
 
