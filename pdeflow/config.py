@@ -129,9 +129,11 @@ class SolverConfig:
                                       "solver.deflate: steps within the explicit bound of the rest of the spectrum "
                                       "take W = the Jacobian on the eigenpairs, no products)",
                             choices=("minres", "auto"))
-    jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products by the complex step (exact) or a forward "
+    jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products in forward mode (exact) or by a forward "
                                   "difference of grad Phi (one real evaluation; the W-method keeps its order)",
                          choices=("exact", "difference"))
+    radius_every: int = spec(25, "rkc: steps between estimates of the Jacobian's spectral radius (and after every "
+                                 "rejected step)", ge=1)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ METHODS: dict[str, Method] = {
     "wfr": Method("wfr", (PARTICLES,), reads=("gamma", "alpha", "total_mass")),
     "wfr_jko": Method("unbalanced_jko", (GRID,), reads=("gamma", "alpha")),
     "rosenbrock": Method("stiff", (PARTICLES,)),
+    "rkc": Method("chebyshev", (PARTICLES,)),
 }
 SOLVER_METHODS: tuple[str, ...] = tuple(METHODS)
 EXPLICIT_FLOWS: tuple[str, ...] = tuple(name for name, m in METHODS.items() if m.explicit)

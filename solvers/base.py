@@ -20,6 +20,24 @@ from pdeflow.config import Config
 from pdeflow.problem import Evaluation, Problem
 from pdeflow.state import State, rng_from_state, rng_state
 
+# the PI step-size controller's exponents times the order k of the error estimate (Hairer & Wanner II, IV.2: 0.7 / k
+# and 0.4 / k), and the factor's safety and lower clip
+PI_ALPHA, PI_BETA, SAFETY_FACTOR, SHRINK_FLOOR = 0.7, 0.4, 0.9, 0.2
+
+
+def controller_factor(err: float, previous: float, order: int, max_growth: float) -> float:
+    """The next step's size over this one's from the error estimate ``err`` (its norm; <= 1 accepted) of a local
+    error ``~ h^order``: the PI controller ``0.9 err^(-0.7/k) previous^(0.4/k)`` when the previous accepted step's
+    estimate ``previous`` is known and ``err <= 1``, else ``0.9 err^(-1/k)``; clipped to ``[0.2, max_growth]``
+    (``max_growth`` when ``err = 0``)."""
+    if err == 0.0:
+        return max_growth
+    if math.isfinite(previous) and previous > 0.0 and err <= 1.0:
+        factor = SAFETY_FACTOR * err ** (-PI_ALPHA / order) * previous ** (PI_BETA / order)
+    else:
+        factor = SAFETY_FACTOR * err ** (-1.0 / order)
+    return min(max_growth, max(SHRINK_FLOOR, factor))
+
 
 class SolverError(RuntimeError):
     """A step could not be completed (a failed inner solve, a step size below its floor, ...)."""
@@ -136,4 +154,4 @@ class Stepper:
                 f"reduce solver.dt or use solver.method = 'adaptive'")
 
 
-__all__ = ["SolverError", "State", "Stepper", "rng_state", "rng_from_state"]
+__all__ = ["SolverError", "State", "Stepper", "controller_factor", "rng_state", "rng_from_state"]

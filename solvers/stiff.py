@@ -22,8 +22,9 @@ from pdeflow.config import Config
 from pdeflow.problem import Problem
 
 from . import register
-from .base import SolverError, State, Stepper
+from .base import SolverError, State, Stepper, controller_factor
 from .explicit import DormandPrince
+from .jacobian import Product, mass_weighted, top_ritz, velocity_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -56,15 +57,11 @@ def stability_function(z: complex) -> complex:
 # relative residual below which a stage solve is not asked to go: rounding of the exact product, and the
 # truncation error of the difference product (about sqrt(machine epsilon) relative)
 FLOOR = {"exact": 1e-13, "difference": 1e-6}
-# forward-difference step relative to 1 + |y|: about sqrt(machine epsilon), balancing truncation and rounding
-DIFFERENCE_STEP = 1.5e-8
 
 
 # checkpoint floats before the eigenpairs: dI/dt, the last accepted error, the pairs' age and count, the
 # last MINRES step's products
 HEADER = 5
-# the PI step-size controller's exponents (Hairer & Wanner II, IV.2: 0.7 / k and 0.4 / k, k = ORDER)
-PI_ALPHA, PI_BETA = 0.7 / ORDER, 0.4 / ORDER
 # LOBPCG iterations of a refinement of the carried eigenpairs (each costs m products, plus m for the start)
 REFINE_ITERATIONS = 2
 
@@ -269,22 +266,10 @@ class Rosenbrock(Stepper):
             tighten[0] *= 2.0 * residual / target
             previous = residual
 
-    def _jvp(self, omega: np.ndarray, mass: np.ndarray, grad0: np.ndarray):
-        """``u -> -J u`` [N, k] at ``omega`` (grad Phi there: ``grad0``): exact (forward mode) or a forward
-        difference of grad Phi, ``(grad Phi(y + eps u) - grad Phi(y)) / eps``."""
-        problem = self.problem
-        if self.jacobian == "exact":
-            return lambda u: problem.system_jvp(omega, mass, u)
-        size = 1.0 + float(np.linalg.norm(omega))
-
-        def difference(u: np.ndarray) -> np.ndarray:
-            norm = float(np.linalg.norm(u))
-            if norm == 0.0:
-                return np.zeros_like(u)
-            eps = DIFFERENCE_STEP * size / norm
-            y = omega + eps * u
-            return (problem.grad_phi(y, y, mass) - grad0) / eps
-        return difference
+    def _jvp(self, omega: np.ndarray, mass: np.ndarray, grad0: np.ndarray) -> Product:
+        """``u -> -J u`` [N, k] at ``omega`` (grad Phi there: ``grad0``), exact or a forward difference as
+        ``solver.jacobian`` says (:func:`pdeflow.solvers.jacobian.velocity_jacobian`)."""
+        return velocity_jacobian(self.problem, omega, mass, grad0, self.jacobian)
 
     def _attempt(self, state: State, h: float, counts: dict[str, float],
                  pairs: tuple[np.ndarray, np.ndarray] | None = None,
@@ -368,12 +353,8 @@ class Rosenbrock(Stepper):
     def _operator(self, state: State, counts: dict[str, float]) -> LinearOperator:
         """``S = M^{1/2} (-J) M^{-1/2}`` at the state as counted products (blocks column by column)."""
         omega, mass = state.fields["omega"], state.fields["mass"]
-        root = np.sqrt(mass)[:, None]
-        jvp = self._jvp(omega, mass, self.evaluate(state).grad_phi)
-
-        def apply(v: np.ndarray) -> np.ndarray:
-            counts["jvps"] += 1
-            return (root * jvp(v.reshape(omega.shape) / root)).ravel()
+        apply = mass_weighted(self._jvp(omega, mass, self.evaluate(state).grad_phi), mass,
+                              lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
 
         def apply_block(x: np.ndarray) -> np.ndarray:
             return np.column_stack([apply(c) for c in x.T])
@@ -384,39 +365,18 @@ class Rosenbrock(Stepper):
     def _complement_top(self, state: State, V: np.ndarray | None, start: np.ndarray | None,
                         counts: dict[str, float]) -> tuple[float, np.ndarray]:
         """``(rho_c, x)``: the largest eigenvalue of ``S`` on the orthogonal complement of span V (0 if negative)
-        and its Ritz vector: Rayleigh-Ritz of ``C = Pi S Pi`` (``Pi = I - V V^T``, V orthonormal; C is zero on
-        span V) on the Krylov space ``span{x, C x, ..., C^(d-1) x}``, ``d`` = :data:`COMPLEMENT_KRYLOV` from
-        ``start`` (the previous step's vector) or :data:`COMPLEMENT_COLD` from a fixed random vector; d products.
-        A Ritz value: a lower bound of the true one, never below ``x^T C x``, so the warm estimate only improves
-        on the previous vector. (scipy's LOBPCG is not used here: with one or two iterations it may return its
-        start vector, the iterate of smallest residual.)"""
+        and its Ritz vector: :func:`pdeflow.solvers.jacobian.top_ritz` of ``C = Pi S Pi`` (``Pi = I - V V^T``, V
+        orthonormal; C is zero on span V) with :data:`COMPLEMENT_KRYLOV` products from ``start`` (the previous
+        step's vector) or :data:`COMPLEMENT_COLD` from a fixed random vector. A lower bound of the true value."""
         op = self._operator(state, counts)
-        n = op.shape[0]
 
         def project(x: np.ndarray) -> np.ndarray:
             return x if V is None or V.shape[1] == 0 else x - V @ (V.T @ x)
 
         cold = start is None
-        x = project(np.random.default_rng(1).standard_normal(n) if cold else start)
-        dims = COMPLEMENT_COLD if cold else COMPLEMENT_KRYLOV
-        basis = np.zeros((n, dims))
-        images = np.zeros((n, dims))
-        q = x / np.linalg.norm(x)
-        size = 0
-        for j in range(dims):
-            basis[:, j] = q
-            images[:, j] = project(op.matvec(q))
-            size = j + 1
-            w = images[:, j] - basis[:, :size] @ (basis[:, :size].T @ images[:, j])
-            w -= basis[:, :size] @ (basis[:, :size].T @ w)  # twice is enough (Kahan-Parlett)
-            norm = float(np.linalg.norm(w))
-            if norm <= 1e-12 * float(np.linalg.norm(images[:, j])):
-                break  # an invariant subspace: its Ritz values are exact
-            q = w / norm
-        Q, CQ = basis[:, :size], images[:, :size]
-        T = Q.T @ CQ
-        values, vectors = np.linalg.eigh(0.5 * (T + T.T))
-        return max(float(values[-1]), 0.0), Q @ vectors[:, -1]
+        x = np.random.default_rng(1).standard_normal(op.shape[0]) if cold else start
+        value, vector = top_ritz(op.matvec, x, COMPLEMENT_COLD if cold else COMPLEMENT_KRYLOV, project)
+        return max(value, 0.0), vector
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         s = self
@@ -467,12 +427,7 @@ class Rosenbrock(Stepper):
             if not np.isfinite(err):
                 err = np.inf
             previous = carry.err if carry is not None and counts["rejected"] == 0 else math.nan
-            if err == 0.0:
-                factor = s.max_growth
-            elif math.isfinite(previous) and previous > 0.0 and err <= 1.0:
-                factor = min(s.max_growth, max(0.2, 0.9 * err ** -PI_ALPHA * previous ** PI_BETA))
-            else:
-                factor = min(s.max_growth, max(0.2, 0.9 * err ** (-1.0 / ORDER)))
+            factor = controller_factor(err, previous, ORDER, s.max_growth)
             if err <= 1.0:
                 self.evaluate(new)  # the next step's first stage and the step's diagnostics
                 counts["gradient_evals"] += 1

@@ -1,0 +1,233 @@
+"""A stabilized explicit particle stepper: the Runge-Kutta-Chebyshev method RKC, order 2, with error control.
+
+The particle system ``y' = f(y)``, ``y = omega`` [N, k], ``f(y)_i = -grad Phi(omega_i; rho_N)`` (masses fixed,
+docs/model.md) has a Jacobian symmetric in the mass-weighted inner product, so its spectrum is real. An s-stage
+RKC step (Sommeijer, Shampine & Verwer 1997; damping ``eps = 2/13``) multiplies an eigencomponent by
+``R_s(z) = a_s + b_s T_s(w0 + w1 z)`` (``T_s`` Chebyshev), second order, ``|R_s| <= 1`` on ``[-beta(s), 0]`` with
+``beta(s) = (1 + w0) / w1 ~ 0.65 s^2``: a step of the size accuracy asks for stays stable at any stiffness for
+about ``sqrt(h rho / 0.65)`` gradient evaluations, where an explicit Runge-Kutta method needs ``h rho / 3``.
+``rho``, the spectral radius, is a Rayleigh-Ritz estimate on difference products, re-estimated every
+``radius_every`` steps and after a rejected step, and taken with the margin :data:`RADIUS_SAFETY`. Error control
+by the RKC estimate ``(12 (y_n - y_{n+1}) + 6 h (f_n + f_{n+1})) / 15`` (``O(h^3)``) and the PI controller.
+Details: docs/solvers.md, "Long runs: rkc".
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from pdeflow.config import Config
+from pdeflow.problem import Problem
+
+from . import register
+from .base import SolverError, State, Stepper, controller_factor
+from .explicit import DormandPrince
+from .jacobian import mass_weighted, top_ritz, velocity_jacobian
+
+# the damping of the stability polynomial: |R_s| <= 1 - eps/3 or so inside the interval (a margin against rounding
+# and a slightly wrong rho), at the price of beta(s) ~ 0.65 s^2 instead of 2 s^2
+DAMPING = 2.0 / 13.0
+# rho is a Rayleigh-Ritz value (a lower bound): the stages are chosen for RADIUS_SAFETY x rho
+RADIUS_SAFETY = 1.2
+# Krylov dimensions of the radius estimate: warm (from the previous vector) and cold (the first)
+RADIUS_KRYLOV = 8
+RADIUS_COLD = 16
+# stages of one step at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
+MAX_STAGES = 2000
+ORDER = 2  # of y_{n+1}; the error estimate is O(h^3)
+# checkpoint floats before the radius vector: rho, its age in steps, the last accepted error
+HEADER = 3
+
+
+@dataclass(frozen=True)
+class Chebyshev:
+    """The coefficients of an s-stage RKC step: ``w0 = 1 + eps / s^2``, ``w1 = T_s'(w0) / T_s''(w0)``,
+    ``b`` [s+1] (``b_j = T_j''(w0) / T_j'(w0)^2``, ``b_0 = b_1 = b_2``), ``T`` [s+1] the values ``T_j(w0)``, and
+    the stability boundary ``beta = (1 + w0) / w1``."""
+    s: int
+    w0: float
+    w1: float
+    b: np.ndarray
+    T: np.ndarray
+    beta: float
+
+
+@functools.cache
+def chebyshev(s: int) -> Chebyshev:
+    """The :class:`Chebyshev` coefficients of ``s >= 2`` stages (three-term recurrences of T_j, T_j', T_j'')."""
+    w0 = 1.0 + DAMPING / s ** 2
+    T, dT, d2T = np.zeros(s + 1), np.zeros(s + 1), np.zeros(s + 1)
+    T[0], T[1], dT[1] = 1.0, w0, 1.0
+    for j in range(2, s + 1):
+        T[j] = 2.0 * w0 * T[j - 1] - T[j - 2]
+        dT[j] = 2.0 * T[j - 1] + 2.0 * w0 * dT[j - 1] - dT[j - 2]
+        d2T[j] = 4.0 * dT[j - 1] + 2.0 * w0 * d2T[j - 1] - d2T[j - 2]
+    w1 = dT[s] / d2T[s]
+    b = np.zeros(s + 1)
+    b[2:] = d2T[2:] / dT[2:] ** 2
+    b[0] = b[1] = b[2]
+    return Chebyshev(s, w0, w1, b, T, (1.0 + w0) / w1)
+
+
+def stages_for(h_rho: float) -> int:
+    """The fewest stages ``s >= 2`` with ``beta(s) >= h_rho`` (``MAX_STAGES + 1`` when even MAX_STAGES is short)."""
+    if h_rho > chebyshev(MAX_STAGES).beta:
+        return MAX_STAGES + 1
+    s = max(2, math.ceil(math.sqrt(h_rho / 0.66)))
+    while s > 2 and chebyshev(s - 1).beta >= h_rho:
+        s -= 1
+    while chebyshev(s).beta < h_rho:
+        s += 1
+    return s
+
+
+def rkc_step(f: Callable[[np.ndarray], np.ndarray], y: np.ndarray, fy: np.ndarray, h: float, s: int) -> np.ndarray:
+    """``y_{n+1}`` of one s-stage RKC step of size h from ``y`` (``fy = f(y)``); s - 1 evaluations of f:
+    ``Y_1 = y + mu~_1 h f(y)``, ``Y_j = (1 - mu_j - nu_j) y + mu_j Y_{j-1} + nu_j Y_{j-2} + mu~_j h f(Y_{j-1})
+    + gamma~_j h f(y)`` with ``mu_j = 2 b_j w0 / b_{j-1}``, ``nu_j = -b_j / b_{j-2}``, ``mu~_j = 2 b_j w1 / b_{j-1}``,
+    ``gamma~_j = -(1 - b_{j-1} T_{j-1}) mu~_j``, ``y_{n+1} = Y_s``."""
+    c = chebyshev(s)
+    previous, current = y, y + (c.b[1] * c.w1 * h) * fy
+    for j in range(2, s + 1):
+        mu = 2.0 * c.b[j] * c.w0 / c.b[j - 1]
+        nu = -c.b[j] / c.b[j - 2]
+        mu_t = 2.0 * c.b[j] * c.w1 / c.b[j - 1]
+        gamma_t = -(1.0 - c.b[j - 1] * c.T[j - 1]) * mu_t
+        nxt = (1.0 - mu - nu) * y + mu * current + nu * previous + (mu_t * h) * f(current) + (gamma_t * h) * fy
+        previous, current = current, nxt
+    return current
+
+
+def error_estimate(y: np.ndarray, y_new: np.ndarray, fy: np.ndarray, f_new: np.ndarray, h: float) -> np.ndarray:
+    """The RKC local error estimate ``(12 (y_n - y_{n+1}) + 6 h (f_n + f_{n+1})) / 15``, ``O(h^3)``."""
+    return (12.0 * (y - y_new) + 6.0 * h * (fy + f_new)) / 15.0
+
+
+@dataclass
+class _Carry:
+    """What an accepted step hands to the next (and a checkpoint keeps): the radius estimate ``rho``, its Ritz
+    vector [n] and ``age`` in steps, and ``err``, the accepted step's error estimate (the PI controller's
+    memory)."""
+    state: State
+    rho: float
+    vector: np.ndarray
+    age: int
+    err: float
+
+
+@register
+class RKC(Stepper):
+    """``solver.method = "rkc"``: the Runge-Kutta-Chebyshev method (see the module docstring)."""
+    name = "rkc"
+    sharded = False
+    order: ClassVar[int] = ORDER
+    step_columns = ("rejected", "stages", "gradient_evals", "jvps", "spectral_radius", "stability_margin")
+
+    _carry: _Carry | None = None
+
+    def __init__(self, problem: Problem, dt: float, *, n_particles: int, rtol: float, atol: float, dt_min: float,
+                 dt_max: float, max_growth: float, radius_every: int) -> None:
+        """``dt`` the first step; ``n_particles`` the size of the clouds it advances (its checkpoint carries the
+        radius estimate's vector of that length); the error controller as for ``adaptive``; ``radius_every``
+        steps between estimates of the spectral radius (``solver.*`` of the same names)."""
+        super().__init__(problem)
+        self.dt, self.n_particles = float(dt), int(n_particles)
+        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
+        self.max_growth, self.radius_every = float(max_growth), int(radius_every)
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> RKC:
+        return cls(problem, cfg.solver.dt, n_particles=cfg.init.n_particles, **DormandPrince.controller(cfg),
+                   radius_every=cfg.solver.radius_every)
+
+    @property
+    def extra_size(self) -> int:  # type: ignore[override]
+        """The checkpoint's controller state: ``[rho, age, err, vector (n)]``, ``n = N k``."""
+        return HEADER + self.n_particles * self.problem.k
+
+    def extra_state(self, state: State) -> np.ndarray:
+        out = np.zeros(self.extra_size)
+        out[0] = math.nan  # no carry: the next step estimates rho afresh
+        carry = self._carry if self._carry is not None and self._carry.state is state else None
+        if carry is not None:
+            out[0], out[1], out[2] = carry.rho, carry.age, carry.err
+            out[HEADER:] = carry.vector
+        return out
+
+    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
+        extra = np.zeros(0) if extra is None else np.asarray(extra, dtype=float)
+        self._carry = None
+        if extra.size == self.extra_size and math.isfinite(extra[0]):
+            self._carry = _Carry(state, float(extra[0]), extra[HEADER:].copy(), int(extra[1]), float(extra[2]))
+        return state
+
+    def _velocity(self, omega: np.ndarray, mass: np.ndarray, counts: dict[str, float]) -> np.ndarray:
+        counts["gradient_evals"] += 1
+        return -self.problem.grad_phi(omega, omega, mass)
+
+    def _radius(self, state: State, start: np.ndarray | None, counts: dict[str, float]) -> tuple[float, np.ndarray]:
+        """``(rho, x)``: the largest eigenvalue of ``S = M^{1/2} (-J) M^{-1/2}`` at the state by
+        :func:`pdeflow.solvers.jacobian.top_ritz` on difference products (one grad Phi each), warm from ``start``
+        or cold from a fixed random vector; a lower bound, at least 0."""
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        product = velocity_jacobian(self.problem, omega, mass, self.evaluate(state).grad_phi, "difference")
+        apply = mass_weighted(product, mass, lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
+        cold = start is None
+        x = np.random.default_rng(1).standard_normal(omega.size) if cold else start
+        value, vector = top_ritz(apply, x, RADIUS_COLD if cold else RADIUS_KRYLOV)
+        return max(value, 0.0), vector
+
+    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+        s = self
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        counts = {"rejected": 0.0, "gradient_evals": 0.0, "jvps": 0.0}
+        carry = self._carry if self._carry is not None and self._carry.state is state else None
+        if carry is None or carry.age >= s.radius_every:
+            rho, vector = self._radius(state, None if carry is None else carry.vector, counts)
+            age = 0
+        else:
+            rho, vector, age = carry.rho, carry.vector, carry.age
+        previous = carry.err if carry is not None else math.nan
+        fy = -self.evaluate(state).grad_phi
+        dt = min(state.dt, s.dt_max)
+        while True:
+            h = min(dt, dt_limit)
+            stages = stages_for(RADIUS_SAFETY * rho * h)
+            if stages > MAX_STAGES:
+                stages = MAX_STAGES
+                h = chebyshev(MAX_STAGES).beta / (RADIUS_SAFETY * rho)
+            y_new = rkc_step(lambda y: self._velocity(y, mass, counts), omega, fy, h, stages)
+            new = state.advanced({"omega": y_new, "mass": mass}, h)
+            f_new = -self.evaluate(new).grad_phi  # the next step's first stage and the step's diagnostics
+            counts["gradient_evals"] += 1
+            scale = s.atol + s.rtol * np.maximum(np.abs(omega), np.abs(y_new))
+            err = math.sqrt(float(np.mean((error_estimate(omega, y_new, fy, f_new, h) / scale) ** 2)))
+            if not np.isfinite(err):
+                err = np.inf
+            factor = controller_factor(err, previous if counts["rejected"] == 0 else math.nan, ORDER, s.max_growth)
+            if err <= 1.0:
+                # a step cut short by a frame time does not shrink the controller's proposal
+                proposal = dt * factor if h >= dt else max(dt, h * factor)
+                new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
+                self._carry = _Carry(new, rho, vector, age + 1, max(err, 1e-4))
+                counts.update(stages=float(stages), spectral_radius=rho,
+                              stability_margin=h * rho / chebyshev(stages).beta)
+                return new, counts
+            counts["rejected"] += 1
+            dt = h * factor
+            if dt < s.dt_min:
+                raise SolverError(f"rkc step size fell below solver.dt_min = {s.dt_min:g} at t = {state.t:.6g} "
+                                  f"(error estimate {err:.3g}); loosen solver.rtol/atol or lower solver.dt_min")
+            # a rejection may come from a radius that grew since it was estimated: estimate it again
+            rho, vector = self._radius(state, vector, counts)
+            age = 0
+
+    def likely_cause(self, state: State) -> str:
+        return (f"the rkc stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) are too "
+                f"loose for this problem, or solver.radius_every = {self.radius_every} lets the spectral radius "
+                f"grow too far between estimates; tighten them")

@@ -1,0 +1,86 @@
+"""The particle system's Jacobian as products, and its top Ritz pair: what the stiff steppers know of it.
+
+``y = omega`` [N, k], ``f(y)_i = -grad Phi(omega_i; rho_N)`` (masses fixed, docs/model.md). ``-J u`` is the
+directional derivative of grad Phi along ``u`` [N, k]: exact (forward mode, ``Problem.system_jvp``, about 2.5 grad
+Phi) or a forward difference of grad Phi (one real evaluation, relative accuracy about sqrt(machine epsilon)).
+``S = M^{1/2} (-J) M^{-1/2}`` (``M = diag(m_i)``) is symmetric, so the spectrum of J is real: the Rayleigh-Ritz value
+of S on a small Krylov space is a lower bound of its largest eigenvalue that the steppers guard with a margin.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from pdeflow.problem import Problem
+
+# forward-difference step relative to 1 + |y|: about sqrt(machine epsilon), balancing truncation and rounding
+DIFFERENCE_STEP = 1.5e-8
+
+Product = Callable[[np.ndarray], np.ndarray]
+
+
+def velocity_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray, grad0: np.ndarray,
+                      kind: str = "exact") -> Product:
+    """``u -> -J u`` [N, k] at ``omega`` [N, k] (``grad0`` = grad Phi there): ``kind`` "exact" (forward mode) or
+    "difference", ``(grad Phi(y + eps u) - grad Phi(y)) / eps`` with ``eps = DIFFERENCE_STEP (1 + |y|) / |u|``."""
+    if kind == "exact":
+        return lambda u: problem.system_jvp(omega, mass, u)
+    size = 1.0 + float(np.linalg.norm(omega))
+
+    def difference(u: np.ndarray) -> np.ndarray:
+        norm = float(np.linalg.norm(u))
+        if norm == 0.0:
+            return np.zeros_like(u)
+        eps = DIFFERENCE_STEP * size / norm
+        y = omega + eps * u
+        return (problem.grad_phi(y, y, mass) - grad0) / eps
+    return difference
+
+
+def mass_weighted(product: Product, mass: np.ndarray, counter: Callable[[], None] | None = None) -> Product:
+    """``v -> S v`` on flat vectors [N k]: ``S = M^{1/2} (-J) M^{-1/2}`` from ``product`` (``u -> -J u`` [N, k]);
+    ``counter`` is called once per product."""
+    root = np.sqrt(mass)[:, None]
+    shape = (mass.size, -1)
+
+    def apply(v: np.ndarray) -> np.ndarray:
+        if counter is not None:
+            counter()
+        return (root * product(v.reshape(shape) / root)).ravel()
+    return apply
+
+
+def top_ritz(apply: Product, start: np.ndarray, dims: int,
+             project: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[float, np.ndarray]:
+    """``(theta, x)``: the largest Ritz value of the symmetric operator ``C = Pi A Pi`` (``A`` = ``apply`` on flat
+    vectors [n], ``Pi`` = ``project``, default the identity) on the Krylov space ``span{x0, C x0, ..., C^(d-1) x0}``,
+    ``x0 = Pi start``, ``d = dims`` (d products, fewer if the space is invariant), and its unit Ritz vector [n].
+    ``theta`` never exceeds the largest eigenvalue of C and never falls below ``x0^T C x0 / |x0|^2``, so a start
+    from the previous estimate's vector only improves on it. (scipy's LOBPCG is not used: with one or two
+    iterations it may return its start vector, the iterate of smallest residual.)"""
+    def op(x: np.ndarray) -> np.ndarray:
+        return apply(x) if project is None else project(apply(x))
+
+    x = start if project is None else project(start)
+    n = x.size
+    basis, images = np.zeros((n, dims)), np.zeros((n, dims))
+    q = x / np.linalg.norm(x)
+    size = 0
+    for j in range(dims):
+        basis[:, j] = q
+        images[:, j] = op(q)
+        size = j + 1
+        w = images[:, j] - basis[:, :size] @ (basis[:, :size].T @ images[:, j])
+        w -= basis[:, :size] @ (basis[:, :size].T @ w)  # twice is enough (Kahan-Parlett)
+        norm = float(np.linalg.norm(w))
+        if norm <= 1e-12 * float(np.linalg.norm(images[:, j])):
+            break  # an invariant subspace: its Ritz values are exact
+        q = w / norm
+    Q, CQ = basis[:, :size], images[:, :size]
+    T = Q.T @ CQ
+    values, vectors = np.linalg.eigh(0.5 * (T + T.T))
+    return float(values[-1]), Q @ vectors[:, -1]
+
+
+__all__ = ["DIFFERENCE_STEP", "velocity_jacobian", "mass_weighted", "top_ritz"]
