@@ -39,6 +39,13 @@ def controller_factor(err: float, previous: float, order: int, max_growth: float
     return min(max_growth, max(SHRINK_FLOOR, factor))
 
 
+def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> float:
+    """``int_0^h I dt`` by the Hermite rule ``h (I0 + I1) / 2 + h^2 (I0' - I1') / 12`` (exact for cubics): a step's
+    quadrature of the dissipation whose error, ``O(h^5)``, stays below a second- or third-order method's, so the
+    energy-identity defect shows the method's error rather than the quadrature's."""
+    return 0.5 * h * (i0 + i1) + h * h * (slope0 - slope1) / 12.0
+
+
 class SolverError(RuntimeError):
     """A step could not be completed (a failed inner solve, a step size below its floor, ...)."""
 
@@ -154,4 +161,4 @@ class Stepper:
                 f"reduce solver.dt or use solver.method = 'adaptive'")
 
 
-__all__ = ["SolverError", "State", "Stepper", "controller_factor", "rng_state", "rng_from_state"]
+__all__ = ["SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state", "rng_from_state"]

@@ -8,7 +8,9 @@ RKC step (Sommeijer, Shampine & Verwer 1997; damping ``eps = 2/13``) multiplies 
 about ``sqrt(h rho / 0.65)`` gradient evaluations, where an explicit Runge-Kutta method needs ``h rho / 3``.
 ``rho``, the spectral radius, is a Rayleigh-Ritz estimate on difference products, re-estimated every
 ``radius_every`` steps and after a rejected step, and taken with the margin :data:`RADIUS_SAFETY`. Error control
-by the RKC estimate ``(12 (y_n - y_{n+1}) + 6 h (f_n + f_{n+1})) / 15`` (``O(h^3)``) and the PI controller.
+by the RKC estimate ``(12 (y_n - y_{n+1}) + 6 h (f_n + f_{n+1})) / 15`` (``O(h^3)``) and the PI controller. Each
+step leaves the Hermite quadrature of the dissipation (one difference product for ``dI/dt`` at the new state), so
+the energy-identity defect shows the method's error, not the trapezoid's.
 Details: docs/solvers.md, "Long runs: rkc".
 """
 from __future__ import annotations
@@ -25,9 +27,9 @@ from pdeflow.config import Config
 from pdeflow.problem import Problem
 
 from . import register
-from .base import SolverError, State, Stepper, controller_factor
+from .base import SolverError, State, Stepper, controller_factor, hermite
 from .explicit import DormandPrince
-from .jacobian import mass_weighted, top_ritz, velocity_jacobian
+from .jacobian import dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
 
 # the damping of the stability polynomial: |R_s| <= 1 - eps/3 or so inside the interval (a margin against rounding
 # and a slightly wrong rho), at the price of beta(s) ~ 0.65 s^2 instead of 2 s^2
@@ -40,8 +42,8 @@ RADIUS_COLD = 16
 # stages of one step at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 2000
 ORDER = 2  # of y_{n+1}; the error estimate is O(h^3)
-# checkpoint floats before the radius vector: rho, its age in steps, the last accepted error
-HEADER = 3
+# checkpoint floats before the radius vector: rho, its age in steps, the last accepted error, dI/dt
+HEADER = 4
 
 
 @dataclass(frozen=True)
@@ -111,13 +113,14 @@ def error_estimate(y: np.ndarray, y_new: np.ndarray, fy: np.ndarray, f_new: np.n
 @dataclass
 class _Carry:
     """What an accepted step hands to the next (and a checkpoint keeps): the radius estimate ``rho``, its Ritz
-    vector [n] and ``age`` in steps, and ``err``, the accepted step's error estimate (the PI controller's
-    memory)."""
+    vector [n] and ``age`` in steps, ``err``, the accepted step's error estimate (the PI controller's memory), and
+    ``slope = dI/dt`` at ``state``."""
     state: State
     rho: float
     vector: np.ndarray
     age: int
     err: float
+    slope: float
 
 
 @register
@@ -147,7 +150,7 @@ class RKC(Stepper):
 
     @property
     def extra_size(self) -> int:  # type: ignore[override]
-        """The checkpoint's controller state: ``[rho, age, err, vector (n)]``, ``n = N k``."""
+        """The checkpoint's controller state: ``[rho, age, err, dI/dt, vector (n)]``, ``n = N k``."""
         return HEADER + self.n_particles * self.problem.k
 
     def extra_state(self, state: State) -> np.ndarray:
@@ -155,7 +158,7 @@ class RKC(Stepper):
         out[0] = math.nan  # no carry: the next step estimates rho afresh
         carry = self._carry if self._carry is not None and self._carry.state is state else None
         if carry is not None:
-            out[0], out[1], out[2] = carry.rho, carry.age, carry.err
+            out[0], out[1], out[2], out[3] = carry.rho, carry.age, carry.err, carry.slope
             out[HEADER:] = carry.vector
         return out
 
@@ -163,12 +166,20 @@ class RKC(Stepper):
         extra = np.zeros(0) if extra is None else np.asarray(extra, dtype=float)
         self._carry = None
         if extra.size == self.extra_size and math.isfinite(extra[0]):
-            self._carry = _Carry(state, float(extra[0]), extra[HEADER:].copy(), int(extra[1]), float(extra[2]))
+            self._carry = _Carry(state, float(extra[0]), extra[HEADER:].copy(), int(extra[1]), float(extra[2]),
+                                 float(extra[3]))
         return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray, counts: dict[str, float]) -> np.ndarray:
         counts["gradient_evals"] += 1
         return -self.problem.grad_phi(omega, omega, mass)
+
+    def _slope(self, state: State, counts: dict[str, float]) -> float:
+        """``dI/dt`` at the state (:func:`pdeflow.solvers.jacobian.dissipation_slope`), one difference product."""
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        grad = self.evaluate(state).grad_phi
+        counts["jvps"] += 1
+        return dissipation_slope(grad, mass, velocity_jacobian(self.problem, omega, mass, grad, "difference"))
 
     def _radius(self, state: State, start: np.ndarray | None, counts: dict[str, float]) -> tuple[float, np.ndarray]:
         """``(rho, x)``: the largest eigenvalue of ``S = M^{1/2} (-J) M^{-1/2}`` at the state by
@@ -193,6 +204,7 @@ class RKC(Stepper):
         else:
             rho, vector, age = carry.rho, carry.vector, carry.age
         previous = carry.err if carry is not None else math.nan
+        slope = carry.slope if carry is not None else self._slope(state, counts)
         fy = -self.evaluate(state).grad_phi
         dt = min(state.dt, s.dt_max)
         while True:
@@ -214,7 +226,10 @@ class RKC(Stepper):
                 # a step cut short by a frame time does not shrink the controller's proposal
                 proposal = dt * factor if h >= dt else max(dt, h * factor)
                 new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
-                self._carry = _Carry(new, rho, vector, age + 1, max(err, 1e-4))
+                new_slope = self._slope(new, counts)
+                new.dissipation_integral = hermite(h, self.evaluate(state).dissipation,
+                                                   self.evaluate(new).dissipation, slope, new_slope)
+                self._carry = _Carry(new, rho, vector, age + 1, max(err, 1e-4), new_slope)
                 counts.update(stages=float(stages), spectral_radius=rho,
                               stability_margin=h * rho / chebyshev(stages).beta)
                 return new, counts

@@ -38,6 +38,12 @@ def velocity_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray, gra
     return difference
 
 
+def dissipation_slope(grad: np.ndarray, mass: np.ndarray, product: Product) -> float:
+    """``dI/dt = -2 sum_i m_i f_i . (-J f)_i`` along the flow, ``f = -grad Phi`` (``grad`` [N, k], ``mass`` [N]),
+    ``I = sum_i m_i |f_i|^2``; ``product`` is ``u -> -J u`` (one product)."""
+    return -2.0 * float(np.sum(mass[:, None] * grad * product(grad)))
+
+
 def mass_weighted(product: Product, mass: np.ndarray, counter: Callable[[], None] | None = None) -> Product:
     """``v -> S v`` on flat vectors [N k]: ``S = M^{1/2} (-J) M^{-1/2}`` from ``product`` (``u -> -J u`` [N, k]);
     ``counter`` is called once per product."""
@@ -83,4 +89,4 @@ def top_ritz(apply: Product, start: np.ndarray, dims: int,
     return float(values[-1]), Q @ vectors[:, -1]
 
 
-__all__ = ["DIFFERENCE_STEP", "velocity_jacobian", "mass_weighted", "top_ritz"]
+__all__ = ["DIFFERENCE_STEP", "dissipation_slope", "velocity_jacobian", "mass_weighted", "top_ritz"]

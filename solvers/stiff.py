@@ -22,9 +22,9 @@ from pdeflow.config import Config
 from pdeflow.problem import Problem
 
 from . import register
-from .base import SolverError, State, Stepper, controller_factor
+from .base import SolverError, State, Stepper, controller_factor, hermite
 from .explicit import DormandPrince
-from .jacobian import Product, mass_weighted, top_ritz, velocity_jacobian
+from .jacobian import Product, dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -96,11 +96,6 @@ def _positive(eigen: tuple[np.ndarray, np.ndarray, int] | None) -> tuple[np.ndar
         return None
     keep = eigen[0] > 0
     return eigen[0][keep], eigen[1][:, keep]
-
-
-def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> float:
-    """``int_0^h I dt`` by the Hermite rule ``h (I0 + I1) / 2 + h^2 (I0' - I1') / 12`` (exact for cubics)."""
-    return 0.5 * h * (i0 + i1) + h * h * (slope0 - slope1) / 12.0
 
 
 class _SolveFailed(Exception):
@@ -198,11 +193,11 @@ class Rosenbrock(Stepper):
         return -self.problem.grad_phi(omega, omega, mass)
 
     def _slope(self, state: State, counts: dict[str, float]) -> float:
-        """``dI/dt = -2 sum_i m_i f_i . (-J f)_i`` at the state, ``f = -grad Phi``: one product."""
+        """``dI/dt`` at the state (:func:`pdeflow.solvers.jacobian.dissipation_slope`): one product."""
         omega, mass = state.fields["omega"], state.fields["mass"]
         grad = self.evaluate(state).grad_phi
         counts["jvps"] += 1
-        return -2.0 * float(np.sum(mass[:, None] * grad * self._jvp(omega, mass, grad)(grad)))
+        return dissipation_slope(grad, mass, self._jvp(omega, mass, grad))
 
     def _solve(self, jvp, root: np.ndarray, shift: float, rhs: np.ndarray, target: float,
                counts: dict[str, float], tighten: list[float],

@@ -7,13 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
-from pdeflow.solvers.base import State
+from pdeflow.solvers.base import State, hermite
 from pdeflow.solvers.stiff import (
     EXPLICIT_BOUND,
     ORDER,
     SAFETY,
     explicit_stability_function,
-    hermite,
     stability_function,
 )
 
