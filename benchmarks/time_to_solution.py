@@ -288,8 +288,9 @@ def markdown(res: dict[str, Any]) -> str:
     c, cpu = res["costs"], res["machine"].get("cpu") or {}
     rkc, ros = res["rkc"], res["rosenbrock"]
     lines = [f"# Time to solution ({res['problem']})", "",
-             f"Measured by `python -m pdeflow.benchmarks.time_to_solution` on {cpu.get('model', '?')} "
-             f"({res['machine'].get('cpu_count', '?')} cores), load average {res['load_average'][0]:.1f} at the "
+             f"Measured by `python -m pdeflow.benchmarks.time_to_solution` on {cpu.get('model', '?')} (family "
+             f"{cpu.get('family', '?')}, model {cpu.get('model_number', '?')}, {res['machine'].get('cpu_count', '?')} "
+             f"cores), load average {res['load_average'][0]:.1f} at the "
              f"start. One grad Phi {1e3 * c['grad_phi']:.2f} ms; exact JVP (forward mode) "
              f"{c['exact_over_grad']:.2f} x grad Phi; a difference JVP is one grad Phi call, counted as 1 (timed at "
              f"{c['difference_over_grad']:.2f} x). The reference is Dormand-Prince at rtol "
