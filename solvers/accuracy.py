@@ -153,7 +153,10 @@ class AccuracyMonitor:
         why = []
         if not self.identity:
             why.append(f"identity_defect not recorded: {self.stepper.identity_note()}")
-        if not math.isfinite(self.bound):
+        if not math.isfinite(self.bound) and self.stepper.stability_column:
+            why.append(f"lambda_max_dt not recorded: {self.stepper.name!r} guards its own stability (margin in "
+                       f"/steps/{self.stepper.stability_column})")
+        elif not math.isfinite(self.bound):
             why.append(f"lambda_max_dt not recorded: {self.stepper.name!r} is not a fixed-step explicit particle "
                        f"method with a stability bound")
         elif not self.stability:

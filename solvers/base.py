@@ -70,6 +70,8 @@ class Stepper:
     sharded: ClassVar[bool] = False
     # the real-axis stability bound of lambda_max * dt of a fixed-step explicit method (nan: none applies)
     stability_bound: ClassVar[float] = math.nan
+    # the /steps column where a stepper that guards its own stability records its margin ("": none)
+    stability_column: ClassVar[str] = ""
     # gradient evaluations per step (sets the spacing of the stability checks)
     stages: ClassVar[int] = 1
     # the quadrature of int I dt over a step when the step leaves none of its own: "trapezoid", or "right"

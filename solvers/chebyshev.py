@@ -130,6 +130,7 @@ class RKC(Stepper):
     sharded = False
     order: ClassVar[int] = ORDER
     step_columns = ("rejected", "stages", "gradient_evals", "jvps", "spectral_radius", "stability_margin")
+    stability_column = "stability_margin"
 
     _carry: _Carry | None = None
 

@@ -126,6 +126,7 @@ class Rosenbrock(Stepper):
     sharded = False
     order: ClassVar[int] = ORDER
     step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals", "explicit_margin")
+    stability_column = "explicit_margin"
 
     _carry: _Carry | None = None
 
