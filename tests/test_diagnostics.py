@@ -113,6 +113,24 @@ def test_a_tail_fit_that_moves_with_the_window_is_no_e_star():
     assert "moves with the window" in _fit_moves_with_the_window(fitted, t, energy, dissipation, 10.0, 40.0)
 
 
+def test_a_tail_fit_bounded_from_above_only_gives_no_point_estimate():
+    """A noisy power-law tail far from its limit (E = 1 + t^-1/2, I with 5 % noise, t <= 100): the profile bounds
+    E* from above only, and its point estimate misses the limit 1 by 0.07. The analysis keeps no E* and says so."""
+    from pdeflow.config import DiagnosticsConfig
+    from pdeflow.diagnostics.analysis import Analysis, _rates
+
+    t = np.geomspace(1.0, 100.0, 60)
+    energy = 1.0 + t ** -0.5
+    dissipation = 0.5 * t ** -1.5 * np.exp(0.05 * np.random.default_rng(0).standard_normal(t.size))
+    fitted = D.fit_e_star_interval(energy[t >= 50.0], dissipation[t >= 50.0])
+    assert fitted[1] == -math.inf and fitted[0] - 1.0 > 0.05  # the point estimate is a guess
+    nan = np.full(t.size, np.nan)
+    a = Analysis(t, energy, dissipation, *([nan] * 12))
+    _rates(a, DiagnosticsConfig(), t, energy, dissipation)
+    assert a.e_star_source == "none" and not math.isfinite(a.e_star)
+    assert any(f"E* <= {fitted[2]:.10g} (95%)" in note for note in a.notes)
+
+
 def test_energy_identity_residual_takes_the_runs_own_quadrature():
     """Given the steps' integrals of I (a run's /steps/dissipation_integral), the residual is E - E(0) + their
     cumulative sum: zero for exact integrals where the trapezoid rule is not; a non-finite integral (a stepper

@@ -244,6 +244,11 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
         moved = _fit_moves_with_the_window(fitted, st_t, st_e, st_i, start, t_end)
         if moved:
             a.notes.append(moved)
+        elif math.isfinite(fitted[0]) and not math.isfinite(fitted[1]):
+            # a power-law tail far from its limit: the profile bounds E* from above only, so a point estimate
+            # inside [-inf, hi] would be a guess
+            a.notes.append(f"the tail fit bounds E* from above only: E* <= {fitted[2]:.10g} (95%), no point "
+                           "estimate (the energy is still far from its limit)")
         elif math.isfinite(fitted[0]):
             candidates.append(("fit",) + fitted)
     if not candidates:
