@@ -171,18 +171,16 @@ def write_config(tmp_path: Path, *extra: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("solver", [["deflate=0"], ["deflate=4"], ["deflate=4", "deflate_every=3"],
-                                    ["deflate=4", "deflate_every=3", "stage_solve=\"auto\""]])
-def test_resume_is_bit_exact(tmp_path, solver):
-    """Resume after run.max_steps repeats the uninterrupted run bit for bit: the carried eigenpairs, their age,
-    dI/dt, the PI controller's memory and the complement vector are in the checkpoint."""
+def resumed_run_matches(tmp_path: Path, options: list[str]):
+    """Run the small config with ``options`` whole, and stopped by run.max_steps = 7 then resumed: the resumed
+    file's frames (but the frame the stop added), /steps rows and checkpoint are the whole run's, bit for bit.
+    Returns the whole run's trajectory."""
     cfg = write_config(tmp_path)
     full, part = tmp_path / "full.h5", tmp_path / "part.h5"
-    deflation = [arg for key in solver for arg in ("--set", f"solver.{key}")]
-    assert main(["run", str(cfg), "-o", str(full), "--quiet", *deflation]) == 0
-    assert main(["run", str(cfg), "-o", str(part), "--quiet", "--set", "run.max_steps=7", *deflation]) == 0
+    assert main(["run", str(cfg), "-o", str(full), "--quiet", *options]) == 0
+    assert main(["run", str(cfg), "-o", str(part), "--quiet", "--set", "run.max_steps=7", *options]) == 0
     assert open_trajectory(part).attrs["steps"] == 7
-    assert main(["run", str(cfg), "-o", str(part), "--quiet", "--resume", *deflation]) == 0
+    assert main(["run", str(cfg), "-o", str(part), "--quiet", "--resume", *options]) == 0
     a, b = open_trajectory(full), open_trajectory(part)
     # the max_steps stop added a frame at step 7; every other frame and every /steps row are the same bits
     keep = b.frames["step"] != 7
@@ -194,6 +192,15 @@ def test_resume_is_bit_exact(tmp_path, solver):
             np.testing.assert_array_equal(mine[key], theirs[key][rows], err_msg=f"{group}/{key}")
     for key, value in a.checkpoint.fields.items():
         np.testing.assert_array_equal(value, b.checkpoint.fields[key])
+    return a
+
+
+@pytest.mark.parametrize("solver", [["deflate=0"], ["deflate=4"], ["deflate=4", "deflate_every=3"],
+                                    ["deflate=4", "deflate_every=3", "stage_solve=\"auto\""]])
+def test_resume_is_bit_exact(tmp_path, solver):
+    """Resume after run.max_steps repeats the uninterrupted run bit for bit: the carried eigenpairs, their age,
+    dI/dt, the PI controller's memory and the complement vector are in the checkpoint."""
+    a = resumed_run_matches(tmp_path, [arg for key in solver for arg in ("--set", f"solver.{key}")])
     assert np.all(a.steps["jvps"][1:] > 0)  # row 0: t = 0
     if "auto" not in str(solver):
         assert np.all(a.steps["krylov_iters"][1:] > 0)
