@@ -58,12 +58,23 @@ def _steps(traj: Trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(np.asarray(traj.frames[c], dtype=float) for c in ("time", "energy", "dissipation"))
 
 
+def time_axis(ax, t: np.ndarray) -> str:
+    """Set a log time axis (``symlog``, linear below the first positive time, so t = 0 stays) when the positive
+    times span more than two decades (a long run with log-spaced frames); returns the scale set."""
+    pos = np.asarray(t, dtype=float)
+    pos = pos[np.isfinite(pos) & (pos > 0)]
+    if pos.size and pos.max() > 100.0 * pos.min():
+        ax.set_xscale("symlog", linthresh=float(pos.min()))
+        return "symlog"
+    return "linear"
+
+
 def _title(traj: Trajectory, what: str) -> str:
     return f"{what} - {traj.path.name} ({traj.attrs.get('method', '?')}, {traj.measure})"
 
 
 def plot_energy(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
-    """``E - E*`` (or E when E* is unknown) and ``I`` against time, log scale."""
+    """``E - E*`` (or E when E* is unknown) and ``I`` against time, log scale; a log time axis over decades."""
     t, e, i = _steps(traj)
     fig, (ax_e, ax_i) = _figure(10, 4, 2)
     e_star = analysis.e_star
@@ -91,6 +102,8 @@ def plot_energy(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     if math.isfinite(analysis.stationary_time):
         ax_i.axvline(analysis.stationary_time, color="k", ls=":", label="stationary")
     ax_i.set_xlabel("t")
+    for ax in (ax_e, ax_i):
+        time_axis(ax, t)
     ax_i.set_ylabel("I")
     ax_i.set_title("dissipation I = int |grad Phi|^2 d rho", fontsize=9)
     ax_i.legend(fontsize=8)

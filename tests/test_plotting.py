@@ -139,3 +139,14 @@ def test_no_module_switches_the_matplotlib_backend():
                         and isinstance(node.func.value, ast.Name) and node.func.value.id == "matplotlib"):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}: calls matplotlib.use")
     assert not found, found
+
+
+def test_a_run_over_decades_gets_a_log_time_axis():
+    from matplotlib.figure import Figure
+
+    from pdeflow.plotting import time_axis
+
+    ax = Figure().subplots()
+    assert time_axis(ax, np.array([0.0, 0.01, 1.0, 1e4])) == "symlog" and ax.get_xscale() == "symlog"
+    ax = Figure().subplots()
+    assert time_axis(ax, np.linspace(0.0, 20.0, 21)) == "linear" and ax.get_xscale() == "linear"
