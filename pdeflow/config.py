@@ -132,8 +132,8 @@ class SolverConfig:
     jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products in forward mode (exact) or by a forward "
                                   "difference of grad Phi (one real evaluation; the W-method keeps its order)",
                          choices=("exact", "difference"))
-    radius_every: int = spec(25, "rkc: steps between estimates of the Jacobian's spectral radius (and after every "
-                                 "rejected step)", ge=1)
+    radius_every: int = spec(25, "rkc: the most steps between estimates of the Jacobian's spectral radius (fewer "
+                                 "while it grows; and after every rejected step)", ge=1)
 
 
 @dataclass(frozen=True)

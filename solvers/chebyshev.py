@@ -6,9 +6,10 @@ RKC step (Sommeijer, Shampine & Verwer 1997; damping ``eps = 2/13``) multiplies 
 ``R_s(z) = a_s + b_s T_s(w0 + w1 z)`` (``T_s`` Chebyshev), second order, ``|R_s| <= 1`` on ``[-beta(s), 0]`` with
 ``beta(s) = (1 + w0) / w1 ~ 0.65 s^2``: a step of the size accuracy asks for stays stable at any stiffness for
 about ``sqrt(h rho / 0.65)`` gradient evaluations, where an explicit Runge-Kutta method needs ``h rho / 3``.
-``rho``, the spectral radius, is a Rayleigh-Ritz estimate on difference products, re-estimated every
-``radius_every`` steps and after a rejected step, and taken with the margin :data:`RADIUS_SAFETY`. Error control
-by the RKC estimate ``(12 (y_n - y_{n+1}) + 6 h (f_n + f_{n+1})) / 15`` (``O(h^3)``) and the PI controller. Each
+``rho``, the spectral radius, is a Rayleigh-Ritz estimate on difference products, taken with the margin
+:data:`RADIUS_SAFETY` and re-estimated after a rejected step and every ``interval`` steps: the interval halves when
+an estimate finds rho grown by more than :data:`RADIUS_GROWTH` and doubles up to ``radius_every`` when not. Error
+control by the RKC estimate ``(12 (y_n - y_{n+1}) + 6 h (f_n + f_{n+1})) / 15`` (``O(h^3)``) and the PI controller. Each
 step leaves the Hermite quadrature of the dissipation (one difference product for ``dI/dt`` at the new state), so
 the energy-identity defect shows the method's error, not the trapezoid's.
 Details: docs/solvers.md, "Long runs: rkc".
@@ -36,14 +37,16 @@ from .jacobian import dissipation_slope, mass_weighted, top_ritz, velocity_jacob
 DAMPING = 2.0 / 13.0
 # rho is a Rayleigh-Ritz value (a lower bound): the stages are chosen for RADIUS_SAFETY x rho
 RADIUS_SAFETY = 1.2
+# an estimate finding rho grown by more than this factor halves the steps to the next one (else they double)
+RADIUS_GROWTH = 1.1
 # Krylov dimensions of the radius estimate: warm (from the previous vector) and cold (the first)
 RADIUS_KRYLOV = 8
 RADIUS_COLD = 16
 # stages of one step at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 2000
 ORDER = 2  # of y_{n+1}; the error estimate is O(h^3)
-# checkpoint floats before the radius vector: rho, its age in steps, the last accepted error, dI/dt
-HEADER = 4
+# checkpoint floats before the radius vector: rho, its age and interval in steps, the last accepted error, dI/dt
+HEADER = 5
 
 
 @dataclass(frozen=True)
@@ -113,12 +116,13 @@ def error_estimate(y: np.ndarray, y_new: np.ndarray, fy: np.ndarray, f_new: np.n
 @dataclass
 class _Carry:
     """What an accepted step hands to the next (and a checkpoint keeps): the radius estimate ``rho``, its Ritz
-    vector [n] and ``age`` in steps, ``err``, the accepted step's error estimate (the PI controller's memory), and
-    ``slope = dI/dt`` at ``state``."""
+    vector [n], its ``age`` and the ``interval`` to the next estimate in steps, ``err``, the accepted step's error
+    estimate (the PI controller's memory), and ``slope = dI/dt`` at ``state``."""
     state: State
     rho: float
     vector: np.ndarray
     age: int
+    interval: int
     err: float
     slope: float
 
@@ -151,7 +155,7 @@ class RKC(Stepper):
 
     @property
     def extra_size(self) -> int:  # type: ignore[override]
-        """The checkpoint's controller state: ``[rho, age, err, dI/dt, vector (n)]``, ``n = N k``."""
+        """The checkpoint's controller state: ``[rho, age, interval, err, dI/dt, vector (n)]``, ``n = N k``."""
         return HEADER + self.n_particles * self.problem.k
 
     def extra_state(self, state: State) -> np.ndarray:
@@ -159,7 +163,7 @@ class RKC(Stepper):
         out[0] = math.nan  # no carry: the next step estimates rho afresh
         carry = self._carry if self._carry is not None and self._carry.state is state else None
         if carry is not None:
-            out[0], out[1], out[2], out[3] = carry.rho, carry.age, carry.err, carry.slope
+            out[:HEADER] = carry.rho, carry.age, carry.interval, carry.err, carry.slope
             out[HEADER:] = carry.vector
         return out
 
@@ -167,8 +171,8 @@ class RKC(Stepper):
         extra = np.zeros(0) if extra is None else np.asarray(extra, dtype=float)
         self._carry = None
         if extra.size == self.extra_size and math.isfinite(extra[0]):
-            self._carry = _Carry(state, float(extra[0]), extra[HEADER:].copy(), int(extra[1]), float(extra[2]),
-                                 float(extra[3]))
+            self._carry = _Carry(state, float(extra[0]), extra[HEADER:].copy(), int(extra[1]), int(extra[2]),
+                                 float(extra[3]), float(extra[4]))
         return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray, counts: dict[str, float]) -> np.ndarray:
@@ -194,16 +198,28 @@ class RKC(Stepper):
         value, vector = top_ritz(apply, x, RADIUS_COLD if cold else RADIUS_KRYLOV)
         return max(value, 0.0), vector
 
+    def _reestimate(self, state: State, rho: float, vector: np.ndarray, interval: int,
+                    counts: dict[str, float]) -> tuple[float, np.ndarray, int]:
+        """A new radius estimate from the old one's vector, and the steps to the next: half the interval when rho
+        grew by more than :data:`RADIUS_GROWTH`, else twice it, within ``[1, radius_every]``."""
+        new_rho, new_vector = self._radius(state, vector, counts)
+        grown = new_rho > RADIUS_GROWTH * rho
+        interval = max(1, interval // 2) if grown else min(self.radius_every, 2 * interval)
+        return new_rho, new_vector, interval
+
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         s = self
         omega, mass = state.fields["omega"], state.fields["mass"]
         counts = {"rejected": 0.0, "gradient_evals": 0.0, "jvps": 0.0}
         carry = self._carry if self._carry is not None and self._carry.state is state else None
-        if carry is None or carry.age >= s.radius_every:
-            rho, vector = self._radius(state, None if carry is None else carry.vector, counts)
+        if carry is None:
+            rho, vector = self._radius(state, None, counts)
+            age, interval = 0, 1
+        elif carry.age >= carry.interval:
+            rho, vector, interval = self._reestimate(state, carry.rho, carry.vector, carry.interval, counts)
             age = 0
         else:
-            rho, vector, age = carry.rho, carry.vector, carry.age
+            rho, vector, age, interval = carry.rho, carry.vector, carry.age, carry.interval
         previous = carry.err if carry is not None else math.nan
         slope = carry.slope if carry is not None else self._slope(state, counts)
         fy = -self.evaluate(state).grad_phi
@@ -230,7 +246,7 @@ class RKC(Stepper):
                 new_slope = self._slope(new, counts)
                 new.dissipation_integral = hermite(h, self.evaluate(state).dissipation,
                                                    self.evaluate(new).dissipation, slope, new_slope)
-                self._carry = _Carry(new, rho, vector, age + 1, max(err, 1e-4), new_slope)
+                self._carry = _Carry(new, rho, vector, age + 1, interval, max(err, 1e-4), new_slope)
                 counts.update(stages=float(stages), spectral_radius=rho,
                               stability_margin=h * rho / chebyshev(stages).beta)
                 return new, counts
@@ -240,7 +256,7 @@ class RKC(Stepper):
                 raise SolverError(f"rkc step size fell below solver.dt_min = {s.dt_min:g} at t = {state.t:.6g} "
                                   f"(error estimate {err:.3g}); loosen solver.rtol/atol or lower solver.dt_min")
             # a rejection may come from a radius that grew since it was estimated: estimate it again
-            rho, vector = self._radius(state, vector, counts)
+            rho, vector, interval = self._reestimate(state, rho, vector, interval, counts)
             age = 0
 
     def likely_cause(self, state: State) -> str:
