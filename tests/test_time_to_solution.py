@@ -22,6 +22,9 @@ def test_benchmark_rows_and_render(tmp_path):
     last = res["table"][-1]
     assert last["t"] in ("stationary", "reached") and last["adaptive"]["measured"] is False
     assert last["rkc"]["t"] == res["rkc"]["final"]["t"]
+    final = res["rkc"]["final"]  # per-step columns are kept as their largest value, not summed
+    assert "stability_margin" not in final and 0 < final["max_stability_margin"] <= 1 / 1.2 + 1e-12
+    assert final["max_spectral_radius"] > 0 and final["steps"] > 1
     text = markdown(res)
     ratio = rows["200.0"]["adaptive"]["grad_equivalents"] / rows["200.0"]["rkc"]["grad_equivalents"]
     assert f"t = 200.0: Dormand-Prince / rkc gradient equivalents = {ratio:.2f}" in text
