@@ -22,6 +22,7 @@ from scipy.sparse.linalg import LinearOperator, lobpcg
 from pdeflow import schema
 from pdeflow.problem import Problem
 
+from .jacobian import mass_weighted
 from .loop import Observer, Step, Stop
 
 if TYPE_CHECKING:
@@ -56,14 +57,8 @@ def particle_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> 
     :func:`velocity_jvp` (forward mode, about :data:`JVP_COST` gradient evaluations)."""
     omega = np.asarray(omega, dtype=float)
     mass = np.asarray(mass, dtype=float)
-    root = np.sqrt(mass)[:, None]
-    shape, n = omega.shape, omega.size
-
-    def matvec(v: np.ndarray) -> np.ndarray:
-        u = np.asarray(v, dtype=float).reshape(shape) / root
-        return (root * velocity_jvp(problem, omega, mass, u)).ravel()
-
-    return LinearOperator((n, n), matvec=matvec, dtype=float)
+    apply = mass_weighted(lambda u: velocity_jvp(problem, omega, mass, u), mass)
+    return LinearOperator((omega.size, omega.size), matvec=lambda v: apply(np.asarray(v, dtype=float)), dtype=float)
 
 
 @dataclass
