@@ -40,6 +40,6 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                                               "vector width and tiles; flag missed targets (JSON + markdown)")
     p.add_argument("config", nargs="?", help="problem config (default: benchmarks/bench-reference.toml)")
     p.add_argument("--preset", choices=("full", "quick", "tiny"), default="quick",
-                   help="sizes and repeats (default quick; full: the reference sizes of the README's table)")
+                   help="sizes and repeats (default quick; full: the reference sizes of benchmarks/RESULTS.md)")
     p.add_argument("--out", default="pdeflow-bench", help="directory of the results (default ./pdeflow-bench)")
     p.set_defaults(func=cmd_bench)

@@ -559,7 +559,7 @@ def _strings(values: list[str]) -> np.ndarray:
 
 
 def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: int, problem: Problem) -> None:
-    """Write ``/stability`` (layout in the README; S points, k coordinates, n = stability.n_modes):
+    """Write ``/stability`` (layout in docs/experiments.md; S points, k coordinates, n = stability.n_modes):
 
     ``points`` [S,k], ``energy``, ``grad_norm``, ``multiplicity`` [S], ``origin`` [S] (str), ``h0``, ``htr``
     [S,k,k], ``h0_eigenvalues``, ``htr_eigenvalues``, ``m_eigenvalues`` [S,k] (ascending),

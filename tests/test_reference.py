@@ -115,7 +115,7 @@ def test_validate_names_a_file_that_is_not_hdf5(tmp_path):
 
 
 def write_external_file(path: Path, golden: Path, frames: slice = slice(None)) -> None:
-    """What another code writes (the README's example): the problem, and its frames at matching times.
+    """What another code writes (the example of docs/experiments.md): the problem, and its frames at matching times.
 
     Here the 'other code' copies pdeflow's frames (those selected by ``frames``); a real one would integrate
     them itself."""

@@ -10,7 +10,7 @@ Not run here: the experiment configs driven by other commands, exercised by thos
 ``benchmarks/bench-reference.toml`` lives with the benchmarks, tests/test_benchmarks_smoke.py).
 Shortened here: ``data/configs/longtime.toml``, a 10-minute run by design (its wall-time limit); the test runs
 its first time units (``run.t_end = 2``: the stiff start, where its steps grow 1.25x per step from dt = 0.005)
-and the README records the full run's verdict as a measurement.
+and docs/guide.md records the full run's verdict as a measurement.
 """
 from __future__ import annotations
 
