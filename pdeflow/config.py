@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -83,6 +84,11 @@ class InitConfig:
     distribution: str = spec("gaussian", "law of the initial particles", choices=("gaussian", "uniform", "point"))
     scale: float = spec(0.5, "gaussian: standard deviation; uniform: half-width; per coordinate", ge=0)
     mean: list = spec([], "centre of the initial law: empty (zero), one number, or k numbers")
+
+
+# the relative tolerances an error-controlled stepper can deliver in float64: from 100 machine epsilons (below it the
+# error estimate is rounding noise and the steps shrink without end) to 1 (an error as large as the solution)
+RTOL_RANGE = (100.0 * sys.float_info.epsilon, 1.0)
 
 
 @dataclass(frozen=True)
@@ -404,6 +410,9 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
         raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
     if s.dt_min > s.dt_max:
         raise ConfigError(f"solver.dt_min must be <= solver.dt_max = {s.dt_max}, got {s.dt_min}")
+    if not RTOL_RANGE[0] <= s.rtol <= RTOL_RANGE[1]:
+        raise ConfigError(f"solver.rtol must be in [{RTOL_RANGE[0]:.1e}, {RTOL_RANGE[1]:g}] (from 100 float64 machine "
+                          f"epsilons, below which rounding errors swamp the error estimate, to 1), got {s.rtol!r}")
     for key in ("n_list", "eta_list"):
         values = getattr(cfg.chaos, key)
         if not values or any(v <= 0 for v in values):

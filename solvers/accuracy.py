@@ -93,6 +93,20 @@ def lambda_max(problem: Problem, omega: np.ndarray, mass: np.ndarray, start: np.
     return Eigenpair(float(values[0]), vector / np.linalg.norm(vector), count[0])
 
 
+def remedy(stepper: Stepper) -> str:
+    """The change of ``stepper``'s own accuracy setting that makes its steps more accurate, as advice: the
+    tolerances (and largest step) of an error-controlled method, the step ``tau`` of a minimizing movement, the
+    CFL number and step of a finite-volume method, else the fixed step ``dt``."""
+    if hasattr(stepper, "rtol"):
+        return (f"tighten solver.rtol = {stepper.rtol:g} and solver.atol = {stepper.atol:g} or lower "
+                f"solver.dt_max = {stepper.dt_max:g}")
+    if hasattr(stepper, "tau"):
+        return f"reduce solver.tau = {stepper.tau:g}"
+    if hasattr(stepper, "cfl"):
+        return f"lower solver.cfl = {stepper.cfl:g} or solver.dt = {stepper.dt:g}"
+    return f"reduce solver.dt = {stepper.dt:g}"
+
+
 def identity_defect(energy0: float, energy1: float, integral: float, eps: float) -> float:
     """``|E1 - E0 + Q| / max(|E1 - E0|, FLOOR_ULPS eps max(|E0|, |E1|))`` (module docstring)."""
     change = energy1 - energy0
@@ -231,7 +245,7 @@ class AccuracyMonitor:
         if defect > self.tol:
             out.append(("identity", f"at t = {t:.6g} the energy-identity defect {defect:.3g} exceeds "
                                     f"run.identity_tol = {self.tol:g} (the step's energy change and the integral of "
-                                    f"the dissipation disagree); reduce solver.dt"))
+                                    f"the dissipation disagree); {remedy(self.stepper)}"))
         if lam_dt > self.bound:
             out.append(("stability", f"at t = {t:.6g} lambda_max * dt = {lam_dt:.4g} exceeds {self.stepper.name}'s "
                                      f"stability bound {self.bound:.4g} (lambda_max = {lam_dt / self.dt:.4g}, "
@@ -305,6 +319,26 @@ def summary_line(max_defect: float, max_ratio: float, tol: float, bound: float, 
     return f"{held}: {figures}"
 
 
+def file_lost_at(traj: Any) -> float:
+    """The time a trajectory's run lost accuracy (nan: it held, or no check was recorded): the root attribute
+    ``accuracy_lost_at`` its run wrote when it ended, else (running, or killed) the first committed /steps row
+    whose checks exceed the thresholds the run started with (:func:`file_verdict`)."""
+    if "identity_defect" not in traj.steps:
+        return math.nan
+    if traj.attrs.get("status") != "running" and traj.attrs.get("accuracy"):
+        return float(traj.attrs.get("accuracy_lost_at", math.nan))
+    lost = _lost_rows(traj)
+    return float(traj.steps["time"][np.argmax(lost)]) if lost.any() else math.nan
+
+
+def _lost_rows(traj: Any) -> np.ndarray:
+    """Which committed /steps rows of a trajectory lost accuracy, by the thresholds its run started with."""
+    notes = getattr(traj, "steps_attrs", {})
+    tol = float(notes.get("identity_tol", traj.config.run.identity_tol))
+    bound = float(notes.get("stability_bound", math.nan))
+    return (traj.steps["identity_defect"] > tol) | (traj.steps["lambda_max_dt"] > bound)
+
+
 def file_verdict(traj: Any) -> str:
     """The accuracy line of a trajectory (:class:`pdeflow.trajectory.Trajectory`): the verdict its run wrote
     when it ended (root attribute ``accuracy``), else (running, or killed) one from its committed /steps rows
@@ -317,7 +351,7 @@ def file_verdict(traj: Any) -> str:
     tol = float(notes.get("identity_tol", traj.config.run.identity_tol))
     bound = float(notes.get("stability_bound", math.nan))
     defect, lam_dt, times = steps["identity_defect"], steps["lambda_max_dt"], steps["time"]
-    lost = (defect > tol) | (lam_dt > bound)
+    lost = _lost_rows(traj)
     lost_at = float(times[np.argmax(lost)]) if lost.any() else math.nan
     text = ""
     if lost.any():

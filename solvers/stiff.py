@@ -57,6 +57,9 @@ def stability_function(z: complex) -> complex:
 # relative residual below which a stage solve is not asked to go: rounding of the exact product, and the
 # truncation error of the difference product (about sqrt(machine epsilon) relative)
 FLOOR = {"exact": 1e-13, "difference": 1e-6}
+# relative residual a stage solve always reaches, however loose solver.rtol/atol: a target at or above |b| would
+# accept U = 0, a zero error estimate and a step that stands still
+CEILING = 0.1
 
 
 # checkpoint floats before the eigenpairs: dI/dt, the last accepted error, the pairs' age and count, the
@@ -227,7 +230,7 @@ class Rosenbrock(Stepper):
         if norm_b == 0.0:
             return np.zeros(shape)
         floor = FLOOR[self.jacobian]
-        target = max(target, floor * norm_b)
+        target = min(max(target, floor * norm_b), CEILING * norm_b)
         budget = self.krylov_maxiter
         # the start v0 = V c and its image (A V) c, known without a product: MINRES solves for the correction
         start, start_image, rest = np.zeros(n), np.zeros(n), b

@@ -94,6 +94,8 @@ class UnbalancedJKO(FiniteVolume):
     """JKO steps for the Wasserstein-Fisher-Rao metric on a grid (see the module docstring)."""
     name = "wfr_jko"
     step_columns = ("mass", "min_density", "outer_iterations")
+    # a minimizing movement carries the right-point rule h I(b) (as jko): pdeflow.solvers.accuracy
+    quadrature = "right"
 
     def __init__(self, problem: Problem, grid: Grid, tau: float, *, alpha: float, gamma: float, epsilon: float = 0.0,
                  inner_tol: float = 1e-10, outer_maxiter: int = 50, **fv: Any) -> None:
@@ -122,8 +124,11 @@ class UnbalancedJKO(FiniteVolume):
         a = grid.masses(state.fields["density"])
         total = float(np.sum(a))
         b, ev = a, self.evaluate(state)
+        # the plan's blur (variance ~ eps) per step of h is a diffusion of rate ~ eps / h: eps scales with h so that
+        # a step cut short by a frame time diffuses at the rate of the full steps (as the grid jko does)
+        eps = self.eps * h / self.tau
         for iteration in range(1, self.outer_maxiter + 1):
-            new_b = jko_masses(a, self.cost, ev.xi.ravel(), 0.5 * self.gamma * h, self.eps)
+            new_b = jko_masses(a, self.cost, ev.xi.ravel(), 0.5 * self.gamma * h, eps)
             change = float(np.sum(np.abs(new_b - b))) / total
             b = new_b
             ev = self.evaluate_density(grid.density(b))
