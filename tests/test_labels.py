@@ -203,6 +203,38 @@ def test_kl_interval_is_calibrated_on_noisy_synthetic_curves(n, phi):
     assert 0.90 <= hits / 200 <= 0.99
 
 
+def test_kl_interval_stays_in_the_exponents_range_and_says_when_it_was_cut(tmp_path):
+    """theta = 0.99 on 80 noisy curves (5 % AR(1) noise, correlation 0.3; a fitted theta above 1 is refused): the
+    bootstrap interval of a fit reaches past 1 on some (before the cut, e.g. theta 0.99 in [0.899, 1.082]); every
+    interval lies in [0, 1], the cut ones are flagged,
+    and ``pdeflow diagnose`` labels such an interval as cut to (0, 1]."""
+    from pdeflow.cli_diagnostics import format_analysis
+
+    rng = np.random.default_rng(1)
+    theta, e_star, n = 0.99, 0.5, 60
+    excess = np.exp(np.linspace(0.0, -6.0, n))
+    cut = 0
+    for s in range(80):
+        dissipation = 0.7 * excess ** (2 * (1 - theta)) * np.exp(0.05 * ar1_noise(rng, n, 0.3))
+        fit = D.kl_fit(e_star + excess, dissipation, e_star, seed=s)
+        if fit.reason:
+            continue
+        assert 0.0 <= fit.ci_low <= fit.theta <= fit.ci_high <= 1.0, (fit.ci_low, fit.theta, fit.ci_high)
+        cut += fit.clipped
+    assert cut >= 1  # measured: 3 of the curves with a fit
+    cfg = build_config(run={"t_end": 0.2, "frame_interval": 0.1}, diagnostics={"gap": False})
+    path = tmp_path / "kl.h5"
+    assert run(cfg, Problem.from_config(cfg), path, quiet=True).status == "finished"
+    traj = open_trajectory(path)
+    a = D.analyse(traj, cfg.diagnostics)
+    a.kl_theta, a.kl_theta_ci = 0.99, (0.899, 1.0)
+    line = next(x for x in format_analysis(traj, a).splitlines() if x.startswith("KL exponent"))
+    assert "[0.8990, 1.0000]" in line and "cut to (0, 1]" in line
+    a.kl_theta_ci = (0.899, 0.999)
+    line = next(x for x in format_analysis(traj, a).splitlines() if x.startswith("KL exponent"))
+    assert "cut to" not in line
+
+
 @pytest.mark.parametrize("a", [1.5, 2.0, 4.0])
 def test_exact_power_law_interval_contains_its_exponent(a):
     """E - E* = (1 + t)^(-a) with the exact I = a (1 + t)^(-a-1): theta = (a - 1) / (2 a) lies in the interval
