@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
 from pdeflow.solvers.accuracy import remedy
+from pdeflow.solvers.driver import run
 
 from pdeflow import Problem, loads_config
 from pdeflow.cli import main
@@ -174,3 +175,31 @@ def test_tolerances_float64_cannot_deliver_are_refused(tmp_path, capsys, rtol):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "solver.rtol" in err and "Traceback" not in err
     assert rtol == "0" or "2.2e-14" in err
+
+
+# ---- the order of the recorded identity defect ------------------------------------------------------------------
+# the error-controlled steppers at fixed steps (dt_max = dt, a tolerance no step fails) and the order of their
+# recorded defect |dE + Q| / |dE|, Q the /steps/dissipation_integral the run recorded: the method's order where the
+# quadrature is finer (rkc 2, rosenbrock 3: Hermite; adaptive: its own stages, measured 6.5 on this problem), the
+# trapezoid's 2 for wfr (its joint (omega, m) stages carry no quadrature of the WFR dissipation)
+RECORDED_ORDER = {"adaptive": (4.5, math.inf), "wfr": (1.8, 2.2), "rkc": (1.8, 2.4), "rosenbrock": (2.7, 3.3)}
+FIXED_STEPS = ["solver.rtol=1.0", "solver.atol=1.0", "run.t_end=1.0"]
+
+
+@pytest.mark.parametrize("method", list(RECORDED_ORDER))
+def test_recorded_identity_defect_has_the_order_of_the_method(method, tmp_path):
+    from test_explicit import SMALL
+
+    medians = []
+    for h in (0.1, 0.05):
+        extra = ["solver.gamma=2.0"] if method == "wfr" else ["solver.krylov_tol=1e-12"] if method == "rosenbrock" \
+            else []
+        cfg = loads_config(SMALL, [f"solver.method='{method}'", f"solver.dt={h}", f"solver.dt_max={h}", *FIXED_STEPS,
+                                   "diagnostics.enabled=false", *extra])
+        path = tmp_path / f"{h}.h5"
+        assert run(cfg, Problem.from_config(cfg), path, quiet=True).status == "finished"
+        steps = open_trajectory(path).steps
+        assert len(steps["time"]) == round(1.0 / h) + 1  # fixed steps: no rejection changed them
+        medians.append(float(np.median(steps["identity_defect"][1:])))
+    low, high = RECORDED_ORDER[method]
+    assert low < math.log2(medians[0] / medians[1]) < high, medians
