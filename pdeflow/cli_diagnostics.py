@@ -16,6 +16,7 @@ import numpy as np
 
 from .config import Config, parse_override
 from .diagnostics import Analysis, analyse, check_editable, read_analysis, write_analysis
+from .diagnostics.rates import kl_interval_clipped
 from .exit_codes import EXIT_OK, HELP
 from .trajectory import Trajectory, open_trajectory
 
@@ -85,9 +86,11 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
         lines.append(f"E*            {_fmt(a.e_star, '.12g')} ({known.get(a.e_star_source, a.e_star_source)}{span})")
     if math.isfinite(a.kl_theta):
         lo, hi = a.kl_theta_ci
+        cut = "; cut to (0, 1], the exponent's range" if kl_interval_clipped(lo, hi) else ""
         lines.append(f"KL exponent   theta = {_fmt(a.kl_theta, '.4f')}, "
                      f"95% interval [{_fmt(lo, '.4f')}, {_fmt(hi, '.4f')}] "
-                     f"(block bootstrap) over t >= {_fmt(a.kl_window_start, '.4g')} ({a.kl_points} trusted points; "
+                     f"(block bootstrap{cut}) over t >= {_fmt(a.kl_window_start, '.4g')} "
+                     f"({a.kl_points} trusted points; "
                      f"0.5 = PL); C = {_fmt(a.kl_constant, '.4g')}; predicted vs observed E - E*: max |log ratio| "
                      f"{_fmt(a.kl_decay_error, '.3g')}")
     else:

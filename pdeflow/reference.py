@@ -9,6 +9,7 @@ densities), each within ``atol + rtol |b|``; it passes only what it has compared
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,15 +20,59 @@ from scipy.spatial.distance import cdist
 
 from . import schema
 from .clock import same_time
+from .config import ConfigError, loads_config
 from .measure import Grid, free_energy
+from .methods import METHODS
 from .problem import Problem
 from .schema import SCHEMA, SCHEMA_VERSION
-from .trajectory import open_for_reading, row_counts, schema_error
+from .trajectory import TrajectoryError, open_for_reading, row_counts, schema_error
 
 EXACT_W2_MAX = 2000
 # pdeflow.clock's rule at a looser tolerance: a compared file may come from another code (pdeflow's own runs land
 # every frame exactly on its time)
 TIME_MATCH = 1e-9
+
+
+@dataclass(frozen=True)
+class Dynamics:
+    """The flow a file's measures follow (docs/model.md): the Wasserstein flow (``gamma = 0``) or the
+    Wasserstein-Fisher-Rao flow of transport rate ``alpha`` and Fisher-Rao rate ``gamma``, its ``total_mass``
+    ("fixed" or "free"), and the inverse temperature ``beta``. Two files hold the same problem only if these agree."""
+    alpha: float = 1.0
+    gamma: float = 0.0
+    total_mass: str = "fixed"
+    beta: float = math.inf
+
+    @property
+    def family(self) -> str:
+        return "Wasserstein-Fisher-Rao" if self.gamma > 0 else "Wasserstein"
+
+    def describe(self) -> str:
+        """One phrase: the family with its rates, mass and temperature."""
+        rates = f" (alpha {self.alpha:g}, gamma {self.gamma:g}, {self.total_mass} total mass)" if self.gamma > 0 else ""
+        return f"{self.family}{rates}, beta {self.beta:g}"
+
+    @classmethod
+    def of(cls, config_text: str, beta: float) -> Dynamics:
+        """The dynamics of a file from its ``/.config`` text (empty: a file from another code, taken to hold the
+        Wasserstein flow) and ``/model.beta``: the keys of :data:`pdeflow.methods.METHOD_KEYS` count only for the
+        methods that read them."""
+        if not config_text:
+            return cls(beta=beta)
+        s = loads_config(config_text).solver
+        reads = METHODS[s.method].reads
+        return cls(alpha=s.alpha if "alpha" in reads else 1.0, gamma=s.gamma if "gamma" in reads else 0.0,
+                   total_mass=s.total_mass if "total_mass" in reads else "fixed", beta=beta)
+
+    def dissipation(self, problem: Problem, omega: np.ndarray, mass: np.ndarray) -> float:
+        """``I = alpha int |grad Phi|^2 d rho + gamma int (Phi - <Phi>)^2 d rho`` at the measure ``omega`` [N, k],
+        ``mass`` [N] (``<Phi> = int Phi d rho / int d rho``, 0 with a free total mass; the Wasserstein
+        ``int |grad Phi|^2 d rho`` when ``gamma = 0``)."""
+        ev = problem.evaluate(omega, mass)
+        if self.gamma == 0.0:
+            return self.alpha * ev.dissipation
+        mean = float(mass @ ev.phi) / float(mass.sum()) if self.total_mass == "fixed" else 0.0
+        return self.alpha * ev.dissipation + self.gamma * float(mass @ (ev.phi - mean) ** 2)
 
 
 @dataclass
@@ -39,6 +84,7 @@ class StoredRun:
     time: np.ndarray
     frames: dict[str, np.ndarray]
     grid: Grid | None
+    dynamics: Dynamics = field(default_factory=Dynamics)
     _problem: Problem | None = field(default=None, repr=False)
 
     @property
@@ -63,7 +109,7 @@ class StoredRun:
     def dissipation(self, i: int) -> float:
         if "dissipation" in self.frames:
             return float(self.frames["dissipation"][i])
-        return self.problem.evaluate(*self.measure(i)).dissipation
+        return self.dynamics.dissipation(self.problem, *self.measure(i))
 
 
 def read_run(path: str | Path) -> StoredRun:
@@ -83,7 +129,13 @@ def read_run(path: str | Path) -> StoredRun:
         n = row_counts(f)[0]
         frames = {k: fr[k][:n] for k in ("time", "energy", "dissipation", "omega", "mass", "density") if k in fr}
         grid = Grid.from_frame_attrs(dict(fr.attrs)) if "density" in fr else None
-    return StoredRun(path, arrays, beta, frames["time"], frames, grid)
+        config = f.attrs.get("config", "")
+    config = config.decode("utf-8", errors="replace") if isinstance(config, bytes) else str(config)
+    try:
+        dynamics = Dynamics.of(config, beta)
+    except ConfigError as exc:
+        raise TrajectoryError(f"{path}: stored config is invalid ({exc})") from None
+    return StoredRun(path, arrays, beta, frames["time"], frames, grid, dynamics)
 
 
 # ---- validate --------------------------------------------------------------------------------
@@ -181,6 +233,16 @@ class Comparison:
                      f"{', partial comparison allowed' if self.partial else ''}")
         return line
 
+    def verdict(self) -> str:
+        """The last line: PASS or FAIL with the count of rows within tolerance and, on a FAIL with every row
+        within it, what failed instead (the problems above, or nothing compared)."""
+        good = sum(r.ok for r in self.rows)
+        line = f"{'PASS' if self.ok else 'FAIL'}: {good}/{len(self.rows)} within tolerance"
+        if not self.ok and good == len(self.rows):
+            line += (f", but {len(self.problems)} problem(s) above" if self.problems
+                     else ": nothing was compared")
+        return line
+
     def table(self) -> str:
         lines = [f"{'time':>12}  {'quantity':<14} {'difference':>12} {'allowed':>12}  verdict"]
         for r in self.rows:
@@ -188,8 +250,7 @@ class Comparison:
                          f"{'ok' if r.ok else 'FAIL'}")
         lines.extend(f"problem: {p}" for p in self.problems)
         lines.append(self.coverage())
-        lines.append(f"{'PASS' if self.ok else 'FAIL'}: {sum(r.ok for r in self.rows)}/{len(self.rows)} "
-                     "within tolerance")
+        lines.append(self.verdict())
         return "\n".join(lines)
 
 
@@ -259,7 +320,9 @@ def measure_distance(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.n
 
 
 def same_problem(a: StoredRun, b: StoredRun) -> str | None:
-    """The first stored array that differs between two runs' problems, or None."""
+    """What differs between two runs' problems (the first stored array, or the dynamics), or None."""
+    if a.dynamics != b.dynamics:
+        return f"the dynamics: {a.dynamics.describe()} against {b.dynamics.describe()}"
     for key, va in a.arrays.items():
         vb = b.arrays.get(key)
         if va is None or vb is None:
@@ -278,7 +341,8 @@ def compare(path_a: str | Path, path_b: str | Path, rtol: float = 1e-6, atol: fl
     a, b = read_run(path_a), read_run(path_b)
     diff = same_problem(a, b)
     if diff is not None:
-        return Comparison([], [f"the files hold different problems ({diff} differs)"],
+        what = diff if diff.startswith("the dynamics") else f"{diff} differs"
+        return Comparison([], [f"the files hold different problems ({what})"],
                           reference_frames=len(b.time))
     pairs, problems, counts = match_frames(np.asarray(a.time, dtype=float), np.asarray(b.time, dtype=float),
                                            allow_partial)

@@ -546,3 +546,54 @@ def test_diagnose_command_prints_stores_and_refuses_bad_input(tmp_path, capsys):
         assert needle in err and len(err.strip().splitlines()) == 1
     assert main(["diagnose", str(tmp_path / "missing.h5")]) == 2
     assert main(["diagnose", str(path), "--e-star", "abc"]) == 2
+
+
+# ---- claims only where their assumptions hold -------------------------------------------------------------------
+def test_no_lower_bound_for_a_flow_with_free_total_mass(tmp_path):
+    """E - gap_bound bounds E over probability measures: a WFR run with solver.total_mass = 'free' (whose energy
+    falls below any such bound: its limit is no probability measure) gets no lower bound and no certified E*, with
+    a note saying why; the same run with a fixed total mass keeps its certified bound, below every energy."""
+    from test_every_method import tiny_config
+
+    analyses = {}
+    for mass in ("free", "fixed"):
+        cfg = tiny_config("wfr", "solver.gamma=1.0", f"solver.total_mass='{mass}'", "diagnostics.gap=true",
+                          "diagnostics.gap_frames=1", "diagnostics.grid_points=16", "diagnostics.domain='box'",
+                          "diagnostics.radius=3.0")
+        path = tmp_path / f"{mass}.h5"
+        assert run(cfg, Problem.from_config(cfg), path, quiet=True).status == "finished"
+        analyses[mass] = D.analyse(open_trajectory(path), cfg.diagnostics)
+    free, fixed = analyses["free"], analyses["fixed"]
+    assert free.gap_certified.any() and np.all(np.isnan(free.lower_bound)) and free.e_star_source != "lower_bound"
+    assert any("total_mass = 'free'" in note and "bounds nothing" in note for note in free.notes)
+    bound = fixed.lower_bound[np.isfinite(fixed.lower_bound)]
+    assert bound.size == 1 and bound[0] <= np.min(fixed.energy)
+    assert not any("total_mass" in note for note in fixed.notes)
+
+
+def test_diagnose_analyses_only_the_span_before_accuracy_was_lost(tmp_path, capsys):
+    """Euler on the tiny problem, its per-step identity defects rising to 0.0497 at t = 0.4 (0.0488 at t = 0.3,
+    0.0495 at t = 0.35): with run.identity_tol = 0.049 and run.accuracy = 'warn' the run goes on to t = 1 and its file
+    says accuracy was lost at t = 0.35. diagnose says so in one line and analyses only the frames (t = 0, 0.25) and
+    /steps rows before it: nothing after is fitted or tabulated beyond the file's own energies."""
+    from test_every_method import tiny_config
+
+    cfg = tiny_config("euler", "run.t_end=1.0", "run.identity_tol=0.049", "run.accuracy='warn'")
+    path = tmp_path / "warned.h5"
+    assert run(cfg, Problem.from_config(cfg), path, quiet=True).status == "finished"
+    traj = open_trajectory(path)
+    assert traj.attrs["accuracy_lost_at"] == pytest.approx(0.35) and len(traj.time) == 5
+    assert main(["diagnose", str(path), "--no-gap"]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "lost accuracy" in line]
+    assert len(notes) == 1 and "t = 0.35" in notes[0] and "2 of 5 frames and 7 /steps rows" in notes[0], out
+    a = D.read_analysis(open_trajectory(path))
+    assert a.time.size == 5 and np.array_equal(a.energy, traj.frames["energy"])
+    for name in ("energy_identity_residual", "pl_mu", "kl_predicted"):
+        assert np.all(np.isnan(getattr(a, name)[2:])), name
+    assert np.isfinite(a.energy_identity_residual[1])
+    # the accurate span is all of a run that kept its accuracy: no note
+    held = tiny_config("euler", "run.t_end=1.0")
+    assert run(held, Problem.from_config(held), tmp_path / "held.h5", quiet=True).status == "finished"
+    kept = D.analyse(open_trajectory(tmp_path / "held.h5"), held.diagnostics)
+    assert not any("lost accuracy" in n for n in kept.notes)

@@ -12,7 +12,7 @@ from pdeflow.solvers.driver import run
 
 from pdeflow import Problem, load_config
 from pdeflow.cli import main
-from pdeflow.reference import compare, validate
+from pdeflow.reference import compare, read_run, validate
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference"
 TOLERANCES = tomllib.loads((REFERENCE / "tolerances.toml").read_text())
@@ -238,3 +238,78 @@ def test_candidate_frames_between_the_references_are_ignored_but_every_reference
     pairs, problems, counts = match_frames(ref[2:], ref)
     assert counts["matched"] == 3 and any("uncovered [0, 1)" in p for p in problems)
     assert not match_frames(ref[2:], ref, allow_partial=True)[1]
+
+
+# ---- the dynamics are part of the problem -------------------------------------------------------------------
+def _tiny_run(tmp_path, name: str, method: str, *overrides: str) -> Path:
+    from test_every_method import tiny_config
+
+    cfg = tiny_config(method, *overrides)
+    out = tmp_path / f"{name}.h5"
+    assert run(cfg, Problem.from_config(cfg), out, quiet=True).exit_code == 0
+    return out
+
+
+def _strip(path: Path, out: Path, *items: str) -> Path:
+    """A copy of ``path`` without the given datasets / root attributes (as another code might write it)."""
+    shutil.copyfile(path, out)
+    with h5py.File(out, "r+") as f:
+        for item in items:
+            if item.startswith("."):
+                del f.attrs[item[1:]]
+            else:
+                del f[item]
+    return out
+
+
+def test_compare_recomputes_the_dissipation_its_dynamics_define(tmp_path):
+    """A WFR file without its stored energies and dissipations (its /.config kept) against the original: the
+    recomputed dissipation is alpha int |grad Phi|^2 + gamma int (Phi - <Phi>)^2 (the stored one to 1e-10), so it
+    passes; the Wasserstein int |grad Phi|^2 alone would differ by the Fisher-Rao term, far beyond that."""
+    wfr = _tiny_run(tmp_path, "wfr", "wfr", "solver.gamma=1.0", "solver.alpha=0.5")
+    bare = _strip(wfr, tmp_path / "bare.h5", "frames/energy", "frames/dissipation")
+    result = compare(bare, wfr, rtol=1e-10, atol=1e-12)
+    assert result.ok, result.table()
+    assert {r.quantity for r in result.rows} >= {"energy", "dissipation"}
+    a = read_run(bare)
+    omega, mass = a.measure(1)
+    transport = a.problem.evaluate(omega, mass).dissipation
+    assert abs(a.dissipation(1) - transport) > 1e-3 * a.dissipation(1)
+    # the same file with a free total mass: <Phi> = 0 in the Fisher-Rao term
+    free = _tiny_run(tmp_path, "free", "wfr", "solver.gamma=1.0", "solver.total_mass='free'")
+    result = compare(_strip(free, tmp_path / "free-bare.h5", "frames/dissipation"), free, rtol=1e-10, atol=1e-12)
+    assert result.ok, result.table()
+
+
+def test_compare_refuses_runs_of_different_dynamics(tmp_path, capsys):
+    """Two runs that differ only in gamma hold the same measure at t = 0 but not the same problem; a copy of a WFR
+    run without /.config (another code's file: the Wasserstein flow) neither. Each is one line, exit 1."""
+    a = _tiny_run(tmp_path, "g1", "wfr", "solver.gamma=1.0")
+    b = _tiny_run(tmp_path, "g2", "wfr", "solver.gamma=2.0")
+    for candidate in (b, _strip(a, tmp_path / "external.h5", ".config", "frames/dissipation")):
+        assert main(["compare", str(candidate), str(a)]) == 1
+        out = capsys.readouterr().out
+        problems = [line for line in out.splitlines() if line.startswith("problem:")]
+        assert len(problems) == 1 and "different problems (the dynamics: " in problems[0], out
+        assert "gamma 1" in problems[0] and "FAIL: 0/0 within tolerance, but 1 problem(s) above" in out
+    # beta is part of the dynamics too
+    assert "beta" in read_run(a).dynamics.describe()
+
+
+def test_compare_of_a_file_holding_only_t0_says_what_failed(tmp_path):
+    """A run stopped after its first step (frames at t = 0 and 0.05) against the full run, which shares only
+    t = 0 with it: every compared row is within
+    tolerance, the uncovered span fails it, and the verdict says both (never "FAIL: 4/4 within tolerance" alone);
+    against itself it passes."""
+    full = _tiny_run(tmp_path, "full", "rk4")
+    cfg_short = tmp_path / "short.h5"
+    from test_every_method import tiny_config
+
+    cfg = tiny_config("rk4", "run.max_steps=1")
+    run(cfg, Problem.from_config(cfg), cfg_short, quiet=True)
+    result = compare(cfg_short, full)
+    assert len(result.rows) == 4 and all(r.ok for r in result.rows) and not result.ok
+    assert result.table().splitlines()[-1] == "FAIL: 4/4 within tolerance, but 1 problem(s) above"
+    itself = compare(cfg_short, cfg_short)
+    n = len(itself.rows)
+    assert itself.ok and itself.table().splitlines()[-1] == f"PASS: {n}/{n} within tolerance"

@@ -2,6 +2,7 @@
 ``[diagnostics]`` settings; the quantities are those of :mod:`pdeflow.diagnostics`."""
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from .clusters import HeadClusters, frame_measure, head_clusters, trajectory_gri
 from .gap import entropic_gap, optimality_gap
 from .rates import energy_identity_residual, fit_e_star_interval, kl_fit, pl_constant, trusted_excess
 
+UNIT_MASS_TOL = 1e-9         # a total mass this close to 1 is a probability measure's
 GRID_CLUSTER_MASS = 1e-2     # grid cells lighter than this times the heaviest belong to no cluster
 ENTROPY_MISSING = ("refused: beta < inf with particles, whose stored energy has no entropy term; the energy "
                    "identity, E*, PL and KL analyses would be those of another functional")
@@ -94,13 +96,62 @@ def gap_frame_indices(n_frames: int, gap_frames: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, n_frames - 1, gap_frames)).astype(np.int64))
 
 
+def accurate_span(traj: Trajectory) -> tuple[Trajectory, str]:
+    """The part of a trajectory its run computed accurately, and a one-line note ("" when that is all of it).
+
+    A run that lost accuracy at ``t_lost`` (:func:`pdeflow.solvers.accuracy.file_lost_at`: the file's verdict)
+    keeps its frames and /steps rows from before ``t_lost`` only: the step ending there broke the energy identity
+    or the stability bound, so what follows is no longer the flow's. The result is a shallow copy of ``traj``
+    with those frames and rows."""
+    from ..solvers.accuracy import file_lost_at  # the accuracy record: steppers layer, below this one
+
+    lost = file_lost_at(traj)
+    if not math.isfinite(lost):
+        return traj, ""
+    tol = time_tolerance(lost)
+    n_frames = int(np.count_nonzero(np.asarray(traj.time) < lost - tol))
+    rows = np.asarray(traj.steps.get("time", np.zeros(0)))
+    n_rows = int(np.count_nonzero(rows < lost - tol))
+    span = copy.copy(traj)
+    span.frames = {k: v[:n_frames] for k, v in traj.frames.items()}
+    span.steps = {k: v[:n_rows] for k, v in traj.steps.items()}
+    return span, (f"the run lost accuracy at t = {lost:.6g} (its accuracy verdict): only the {n_frames} of "
+                  f"{len(traj.time)} frames and {n_rows} /steps rows before it are analysed")
+
+
+def _padded(a: Analysis, traj: Trajectory) -> Analysis:
+    """An analysis of the accurate span (:func:`accurate_span`) over all of ``traj``'s frames: the file's time,
+    energy and dissipation, nan (False) for the frames after the span."""
+    F, n = len(traj.time), a.time.size
+    for name in FRAME_ARRAYS:
+        value = np.asarray(getattr(a, name))
+        if name in ("time", "energy", "dissipation"):
+            full = np.asarray(traj.frames[name], dtype=float)
+        else:
+            full = np.full((F,) + value.shape[1:], False if value.dtype == bool else np.nan, dtype=value.dtype)
+            full[:n] = value
+        setattr(a, name, full)
+    return a
+
+
 def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis | None = None,
             run_stationary_tol: float = 0.0) -> Analysis:
-    """The analysis of a trajectory with the ``[diagnostics]`` settings (the :mod:`pdeflow.diagnostics` docstring).
+    """The analysis of a trajectory with the ``[diagnostics]`` settings (the :mod:`pdeflow.diagnostics` docstring),
+    over the span its run computed accurately (:func:`accurate_span`; a note says when that is not all of it).
 
     ``previous``: an earlier analysis of the same file, whose minimizers seed the gap search (so a rerun
     only improves the minimum found). ``run_stationary_tol``: the run's ``run.stationary_tol``.
     """
+    span, note = accurate_span(traj)
+    if not note:
+        return _analyse(traj, settings, previous, run_stationary_tol)
+    a = _analyse(span, settings, previous, run_stationary_tol)
+    a.notes.insert(0, note)
+    return _padded(a, traj)
+
+
+def _analyse(traj: Trajectory, settings: DiagnosticsConfig, previous: Analysis | None,
+             run_stationary_tol: float) -> Analysis:
     problem = traj.problem()
     time = np.asarray(traj.time, dtype=float)
     F = time.size
@@ -184,7 +235,10 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
     if entropic:
         a.notes.append("beta < inf on a grid: G = E_h - min E_h over grid densities (relative entropy to the Gibbs "
                        "density of Phi, divided by beta)")
-    if math.isinf(problem.beta) or entropic:
+    refused = bound_refusal(traj, a.gap_frames)
+    if refused:
+        a.notes.append(refused)
+    elif math.isinf(problem.beta) or entropic:
         a.lower_bound = np.where(a.gap_certified, a.energy - a.gap_bound, np.nan)
     else:
         a.notes.append("beta < inf with particles: E - G is not a lower bound (the entropy is not in Phi); "
@@ -195,6 +249,27 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
     if np.any(a.outside_mass[computed] > 0):
         a.notes.append("part of rho lies outside Omega: the gap may be negative there (a certified E - G bound "
                        "stays a bound)")
+
+
+def bound_refusal(traj: Trajectory, frames: np.ndarray) -> str:
+    """Why ``E - gap_bound`` is no lower bound on E* for this file ("" when it is), in one line.
+
+    The bound ``E(mu) >= E(rho) + int Phi d(mu - rho) >= E(rho) - G`` (convexity of E) holds for every
+    probability measure mu on Omega when rho is one too. It says nothing about the limit of a flow whose total
+    mass is free (WFR with ``solver.total_mass = "free"``: E is minimized over all masses) or of a measure of
+    another total mass (checked at the gap ``frames``, to :data:`UNIT_MASS_TOL`)."""
+    from ..methods import METHODS  # the method table: which methods read solver.total_mass
+
+    s = traj.config.solver
+    if "total_mass" in METHODS[s.method].reads and s.total_mass == "free":
+        return ("solver.total_mass = 'free': the flow minimizes E over measures of any mass, so E - G (a bound over "
+                "probability measures) bounds nothing here; lower_bound left nan")
+    for f in frames:
+        total = float(np.sum(frame_measure(traj, int(f))[1]))
+        if abs(total - 1.0) > UNIT_MASS_TOL:
+            return (f"the total mass is {total:.10g} at t = {traj.time[f]:.6g}, not 1: E - G bounds E over "
+                    "probability measures only; lower_bound left nan")
+    return ""
 
 
 def _fit_moves_with_the_window(fitted: tuple[float, float, float], st_t: np.ndarray, st_e: np.ndarray,

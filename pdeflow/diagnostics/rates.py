@@ -45,12 +45,18 @@ BOOTSTRAP = 400           # replicates of the moving-block bootstrap of the KL s
 PROFILE_LEVEL = 3.841     # chi^2_1 0.95 quantile: the profile-likelihood interval of a fitted E*
 
 
+def kl_interval_clipped(low: float, high: float) -> bool:
+    """Whether a KL exponent interval ``[low, high]`` touches 0 or 1: cut to the range (0, 1] by :func:`kl_fit`."""
+    return bool(low <= 0.0 or high >= 1.0)
+
+
 @dataclass(frozen=True)
 class KLFit:
     """``log I = log C + q log(E - E*)`` with ``q = 2 (1 - theta)``: theta, its 95% interval, C, points used.
 
     ``reason`` is empty when the window shows a KL regime; otherwise it says in one line why not, and theta,
     the interval and C are nan (``fitted`` keeps the regression's theta, if there was one, for the record).
+    The interval lies in [0, 1], the closure of the exponent's range (0, 1]: :attr:`clipped` says it was cut there.
     """
     theta: float
     ci_low: float
@@ -59,6 +65,11 @@ class KLFit:
     n_points: int
     reason: str = ""
     fitted: float = math.nan
+
+    @property
+    def clipped(self) -> bool:
+        """Whether the bootstrap interval reached past the range (0, 1] and was cut to it."""
+        return kl_interval_clipped(self.ci_low, self.ci_high)
 
     def predicted_excess(self, time: np.ndarray, t0: float, excess0: float) -> np.ndarray:
         """``E - E*`` solving ``dE/dt = -C (E - E*)^q`` from ``excess0`` at ``t0``, at ``time`` >= t0.
@@ -175,8 +186,9 @@ def kl_fit(energy: np.ndarray, dissipation: np.ndarray, e_star: float, window: f
         return KLFit(nan, nan, nan, nan, n, fitted=theta,
                      reason=f"the fitted theta {theta:.3g} lies outside (0, 1]: I is not a KL power of E - E* here "
                             "(not yet asymptotic, the step lost accuracy, or E* is not this flow's limit)")
-    return KLFit(theta=theta, ci_low=1.0 - q_high / 2.0, ci_high=1.0 - q_low / 2.0, constant=float(math.exp(c)),
-                 n_points=n, fitted=theta)
+    # the exponent of a Lojasiewicz inequality lies in (0, 1]: the bootstrap's interval is cut to that range
+    ci_low, ci_high = max(1.0 - q_high / 2.0, 0.0), min(1.0 - q_low / 2.0, 1.0)
+    return KLFit(theta=theta, ci_low=ci_low, ci_high=ci_high, constant=float(math.exp(c)), n_points=n, fitted=theta)
 
 
 def kl_exponent(energy: np.ndarray, dissipation: np.ndarray, e_star: float,
