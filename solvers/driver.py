@@ -29,7 +29,7 @@ from pdeflow.parallel import SERIAL, SerialComm, check_shardable
 from pdeflow.problem import Problem
 from pdeflow.resume import checkpoint_of, state_of
 from pdeflow.sharded_writer import GatheringWriter
-from pdeflow.trajectory import STEP_COLUMNS, TrajectoryWriter, committed_steps, error_reason
+from pdeflow.trajectory import STEP_COLUMNS, TrajectoryError, TrajectoryWriter, committed_steps, error_reason
 
 from . import initial_fields, make_stepper
 from .accuracy import COLUMNS as ACCURACY_COLUMNS
@@ -175,8 +175,8 @@ class _Run(Observer):
         """Write the buffered rows and a checkpoint of the state: everything so far becomes permanent."""
         with _writing():
             self.rows.flush(self.writer)
-            # the stepper's controller state, then the accuracy record's (pdeflow.solvers.accuracy)
-            extra = np.concatenate([self.stepper.extra_state(self.state), self.monitor.checkpoint_vector()])
+            # the stepper's controller state and the accuracy record's (pdeflow.solvers.accuracy), by name
+            extra = {"stepper": self.stepper.extra_state(self.state), "accuracy": self.monitor.checkpoint_vector()}
             self.writer.write_checkpoint(checkpoint_of(self.state, extra, self.writer.n_frames, self.writer.n_steps))
 
     def write_frame(self, diag: dict[str, float]) -> None:
@@ -194,9 +194,11 @@ class _Run(Observer):
             rows = self.comm.bcast(committed_steps(self.path, ("time",) + ACCURACY_COLUMNS)
                                    if self.comm.is_root else None)
             self.writer, ck = GatheringWriter.reopen(self.comm, self.path)
-            extra = np.asarray(ck.extra, dtype=float)
-            self.state = st.restore(state_of(ck), extra[:st.extra_size])
-            self.monitor.restore(extra[st.extra_size:] if extra.size > st.extra_size else None, rows)
+            if "stepper" not in ck.extra:
+                raise TrajectoryError(f"--resume: {self.path}: its checkpoint holds no stepper state "
+                                      f"(/checkpoint/slot#/extra/stepper)")
+            self.state = st.restore(state_of(ck), np.asarray(ck.extra["stepper"], dtype=float))
+            self.monitor.restore(ck.extra.get("accuracy"), rows)
             self.wall_offset = self.writer.last_wall_time
             return
         # a stepper given without an initial measure (run(stepper=...)) starts from the config's
@@ -205,8 +207,9 @@ class _Run(Observer):
         diag = st.diagnostics(self.state)  # before the file exists: a bad config leaves no file behind
         self.writer = GatheringWriter.create(
             self.comm, self.path, self.cfg, self.problem.arrays(), self.state.fields,
-            ACCURACY_COLUMNS + st.step_columns, st.frame_attrs(), st.extra_size + self.monitor.checkpoint_size,
-            st.measure, beta=self.problem.beta, precision=self.problem.precision,
+            ACCURACY_COLUMNS + st.step_columns, st.frame_attrs(),
+            extra_shapes={"stepper": (st.extra_size,), "accuracy": (self.monitor.checkpoint_size,)},
+            measure=st.measure, beta=self.problem.beta, precision=self.problem.precision,
             compression=self.cfg.output.compression, overwrite=overwrite, steps_attrs=self.monitor.notes())
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             checks = self.monitor.assess(None, self.state, None, diag)
