@@ -77,7 +77,13 @@ class _Signals:
     """SIGINT/SIGTERM as :class:`Interrupted`: raised at once, except inside :meth:`held` blocks (raised
     when the outermost one ends) and after :meth:`stop` (only recorded). With several MPI ranks a signal
     is only recorded, and at the end of each outermost held block (once per step) the ranks agree whether
-    any of them got one, so that all of them stop after the same step."""
+    any of them got one, so that all of them stop after the same step.
+
+    The agreement decides on the values the ranks sent, never on ``pending`` read after it: a signal
+    arriving while the agreement is in flight (the handler runs when the allgather returns) stays pending
+    for the next agreement. Overwriting it with the agreed value lost it (mpiexec signals every rank at
+    about the same instant, so both could lose theirs and run on to t_end), and acting on it at once made
+    one rank stop alone while the other went on into the next step's collectives: both hung."""
 
     def __init__(self, comm: SerialComm = SERIAL, ignore_after_interrupt: bool = False) -> None:
         self.comm = comm
@@ -111,10 +117,15 @@ class _Signals:
             yield
         finally:
             self.depth -= 1
-        if self.depth == 0 and not self.stopping and self.comm.size > 1:
-            self.pending = max(self.comm.allgather(self.pending or 0)) or None
-        if self.depth == 0 and self.pending is not None and not self.stopping:
-            raise Interrupted(self.pending)
+        if self.depth > 0 or self.stopping:
+            return
+        if self.comm.size == 1:
+            if self.pending is not None:
+                raise Interrupted(self.pending)
+            return
+        agreed = max(self.comm.allgather(self.pending or 0))
+        if agreed:
+            raise Interrupted(agreed)
 
     def stop(self) -> None:
         """From now on signals are only recorded: the run is ending and writing its last checkpoint."""
