@@ -22,8 +22,8 @@ from pdeflow.config import Config
 from pdeflow.problem import Problem
 
 from . import register
-from .base import SolverError, State, Stepper, controller_factor, hermite
-from .explicit import DormandPrince
+from .base import SolverError, State, controller_factor, hermite
+from .controller import AdaptiveStepper, StageFailed
 from .jacobian import Product, dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
@@ -98,7 +98,7 @@ def _positive(eigen: tuple[np.ndarray, np.ndarray, int] | None) -> tuple[np.ndar
     return eigen[0][keep], eigen[1][:, keep]
 
 
-class _SolveFailed(Exception):
+class _SolveFailed(StageFailed):
     """A stage system missed its tolerance within solver.krylov_maxiter iterations."""
 
 
@@ -106,12 +106,11 @@ class _SolveFailed(Exception):
 class _Carry:
     """What an accepted step hands to the next besides the measure (and what a checkpoint keeps of it):
     ``slope = dI/dt`` at ``state``, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none yet)
-    and ``age``, the steps since they were computed or refined; ``err`` the accepted step's error estimate
-    (the PI controller's memory); ``top`` [n] the complement's top eigenvector (Krylov-free steps) and
-    ``minres_cost`` the products of the last MINRES step."""
+    and ``age``, the steps since they were computed or refined; ``top`` [n] the complement's top eigenvector
+    (Krylov-free steps) and ``minres_cost`` the products of the last MINRES step. The PI controller's memory is
+    the controller's (:meth:`~pdeflow.solvers.controller.AdaptiveStepper.previous_error`)."""
     state: State
     slope: float
-    err: float = math.nan
     lam: np.ndarray | None = None
     V: np.ndarray | None = None
     age: int = 0
@@ -119,16 +118,34 @@ class _Carry:
     minres_cost: float = DEFAULT_MINRES_COST
 
 
+@dataclass
+class _Plan:
+    """What a step decides before its attempts (:meth:`Rosenbrock._begin_step`): ``slope = dI/dt`` at its start,
+    the eigenpairs ``eigen`` (lam, V, age) and their positive part ``pairs``, the longest Krylov-free step
+    ``h_stable``, the complement's top vector ``top`` and the products a MINRES step was measured to cost; and of
+    the current attempt: ``krylov`` (MINRES stage solves) and its ``margin`` to the explicit bound."""
+    slope: float
+    eigen: tuple[np.ndarray, np.ndarray, int] | None
+    pairs: tuple[np.ndarray, np.ndarray] | None
+    h_stable: float
+    top: np.ndarray | None
+    minres_cost: float
+    krylov: bool = True
+    margin: float = math.nan
+
+
 @register
-class Rosenbrock(Stepper):
+class Rosenbrock(AdaptiveStepper):
     """``solver.method = "rosenbrock"``: ROS34PW2 with MINRES stage solves (see the module docstring)."""
     name = "rosenbrock"
     sharded = False
     order: ClassVar[int] = ORDER
     step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals", "explicit_margin")
     stability_column = "explicit_margin"
+    failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
 
     _carry: _Carry | None = None
+    _step_plan: _Plan
 
     def __init__(self, problem: Problem, dt: float, *, n_particles: int, rtol: float, atol: float, dt_min: float,
                  dt_max: float, max_growth: float, jacobian: str, krylov_tol: float, krylov_maxiter: int,
@@ -138,17 +155,15 @@ class Rosenbrock(Stepper):
         "difference" products; the stage solves' ``krylov_tol`` and ``krylov_maxiter``; ``deflate`` carried
         eigenpairs refined every ``deflate_every`` steps; ``stage_solve`` "minres" or "auto" (``solver.*`` of
         the same names)."""
-        super().__init__(problem)
-        self.dt, self.n_particles = float(dt), int(n_particles)
-        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
-        self.max_growth = float(max_growth)
+        super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
+        self.n_particles = int(n_particles)
         self.jacobian, self.krylov_tol, self.krylov_maxiter = jacobian, float(krylov_tol), int(krylov_maxiter)
         self.deflate, self.deflate_every, self.stage_solve = int(deflate), int(deflate_every), stage_solve
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Rosenbrock:
         s = cfg.solver
-        return cls(problem, s.dt, n_particles=cfg.init.n_particles, **DormandPrince.controller(cfg),
+        return cls(problem, s.dt, n_particles=cfg.init.n_particles, **cls.controller(cfg),
                    jacobian=s.jacobian, krylov_tol=s.krylov_tol, krylov_maxiter=s.krylov_maxiter, deflate=s.deflate,
                    deflate_every=s.deflate_every, stage_solve=s.stage_solve)
 
@@ -165,7 +180,7 @@ class Rosenbrock(Stepper):
         out[:2] = math.nan  # no carry: the next step computes dI/dt again and starts the controller afresh
         m = self.deflate
         if carry is not None:
-            out[0], out[1], out[4] = carry.slope, carry.err, carry.minres_cost
+            out[0], out[1], out[4] = carry.slope, self.previous_error(state), carry.minres_cost
             if m and carry.V is not None:
                 count = carry.lam.size
                 out[2], out[3] = carry.age, count
@@ -179,7 +194,8 @@ class Rosenbrock(Stepper):
         extra = np.zeros(0) if extra is None else np.asarray(extra, dtype=float)
         self._carry = None
         if extra.size >= HEADER and math.isfinite(extra[0]):
-            self._carry = _Carry(state, float(extra[0]), float(extra[1]), minres_cost=float(extra[4]))
+            self._carry = _Carry(state, float(extra[0]), minres_cost=float(extra[4]))
+            self.remember_error(state, float(extra[1]))
             m, count = self.deflate, int(extra[3])
             n = state.fields["omega"].size
             if m and count:
@@ -374,14 +390,14 @@ class Rosenbrock(Stepper):
         value, vector = top_ritz(op.matvec, x, COMPLEMENT_COLD if cold else COMPLEMENT_KRYLOV, project)
         return max(value, 0.0), vector
 
-    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+    def _begin_step(self, state: State) -> dict[str, float]:
+        """dI/dt, the deflation eigenpairs and, for ``stage_solve = "auto"``, the complement's top eigenvalue that
+        bounds a Krylov-free step."""
         s = self
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        if not np.all(mass > 0):
+        if not np.all(state.fields["mass"] > 0):
             raise SolverError("solver.method = 'rosenbrock' needs positive masses (its stage systems are "
                               "symmetrized with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
         counts = {"rejected": 0.0, "failed_solves": 0.0, "krylov_iters": 0.0, "jvps": 0.0, "gradient_evals": 0.0}
-        dt = min(state.dt, s.dt_max)
         carry = self._carry if self._carry is not None and self._carry.state is state else None
         slope = carry.slope if carry is not None else self._slope(state, counts)
         eigen = self._eigenpairs(state, carry, counts)
@@ -399,58 +415,47 @@ class Rosenbrock(Stepper):
                 pairs = _positive(eigen)
                 rho, top = self._complement_top(state, None if pairs is None else pairs[1], top, counts)
             h_stable = SAFETY * EXPLICIT_BOUND / rho if rho > 0 else math.inf
-        while True:
-            h = min(dt, dt_limit)
-            # Krylov-free when the step fits the explicit bound, or when capping it there costs less per unit time
-            krylov = top is None or not (h <= h_stable or h_stable / EXPLICIT_COST >= h / minres_cost)
-            margin = math.nan
-            if not krylov:
-                h = min(h, h_stable)
-                margin = SAFETY * h / h_stable if math.isfinite(h_stable) else 0.0
-            try:
-                y_new, err_vec = self._attempt(state, h, counts, pairs, krylov)
-            except _SolveFailed as exc:
-                counts["failed_solves"] += 1
-                dt = 0.25 * h
-                if dt < s.dt_min:
-                    raise SolverError(f"a stage solve failed ({exc}) and the step fell below solver.dt_min = "
-                                      f"{s.dt_min:g} at t = {state.t:.6g}; raise solver.krylov_maxiter or "
-                                      f"solver.krylov_tol") from None
-                continue
-            new = state.advanced({"omega": y_new, "mass": mass}, h)
-            scale = s.atol + s.rtol * np.maximum(np.abs(omega), np.abs(y_new))
-            err = math.sqrt(float(np.mean((err_vec / scale) ** 2)))
-            if not np.isfinite(err):
-                err = np.inf
-            previous = carry.err if carry is not None and counts["rejected"] == 0 else math.nan
-            factor = controller_factor(err, previous, ORDER, s.max_growth)
-            if err <= 1.0:
-                self.evaluate(new)  # the next step's first stage and the step's diagnostics
-                counts["gradient_evals"] += 1
-                # a step cut short by a frame time does not shrink the controller's proposal
-                proposal = dt * factor if h >= dt else max(dt, h * factor)
-                if not krylov and h < min(dt, dt_limit):
-                    # cut to the explicit bound: the error of the short step says how long an accurate step could
-                    # be (err ~ h^3), the choice against a MINRES step of that size needs it
-                    growth = CAPPED_GROWTH if err == 0.0 else min(CAPPED_GROWTH, 0.9 * err ** (-1.0 / ORDER))
-                    proposal = max(dt, h * growth)
-                new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
-                new_slope = self._slope(new, counts)
-                new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
-                                                   slope, new_slope)
-                if krylov:
-                    minres_cost = counts["jvps"] + counts["gradient_evals"]
-                self._carry = _Carry(new, new_slope, max(err, 1e-4), top=top, minres_cost=minres_cost)
-                if eigen is not None:
-                    self._carry.lam, self._carry.V, self._carry.age = eigen[0], eigen[1], eigen[2] + 1
-                counts["explicit_margin"] = margin
-                return new, counts
-            counts["rejected"] += 1
-            dt = h * factor
-            if dt < s.dt_min:
-                raise SolverError(f"rosenbrock step size fell below solver.dt_min = {s.dt_min:g} at "
-                                  f"t = {state.t:.6g} (error estimate {err:.3g}); loosen solver.rtol/atol "
-                                  f"or lower solver.dt_min")
+        self._step_plan = _Plan(slope, eigen, pairs, h_stable, top, minres_cost)
+        return counts
+
+    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+        """A ROS34PW2 step: Krylov-free (cut to the explicit bound) when that costs less per unit time, else with
+        MINRES stage solves (:class:`_SolveFailed`, a :class:`~pdeflow.solvers.controller.StageFailed`, when one
+        misses its tolerance)."""
+        plan = self._step_plan
+        # Krylov-free when the step fits the explicit bound, or when capping it there costs less per unit time
+        plan.krylov = plan.top is None or not (h <= plan.h_stable
+                                               or plan.h_stable / EXPLICIT_COST >= h / plan.minres_cost)
+        plan.margin = math.nan
+        if not plan.krylov:
+            h = min(h, plan.h_stable)
+            plan.margin = SAFETY * h / plan.h_stable if math.isfinite(plan.h_stable) else 0.0
+        omega = state.fields["omega"]
+        y_new, err_vec = self._attempt(state, h, counts, plan.pairs, plan.krylov)
+        new = state.advanced({"omega": y_new, "mass": state.fields["mass"]}, h)
+        return new, h, self.error_norm(err_vec, omega, y_new)
+
+    def _proposal(self, dt: float, h: float, h_taken: float, err: float, factor: float) -> float:
+        """A step cut to the explicit bound: the error of the short step says how long an accurate step could be
+        (err ~ h^3), the choice against a MINRES step of that size needs it (growth up to CAPPED_GROWTH)."""
+        if h_taken < h:
+            return max(dt, h_taken * controller_factor(err, math.nan, self.order, CAPPED_GROWTH))
+        return super()._proposal(dt, h, h_taken, err, factor)
+
+    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+        """The new state's evaluation (the next step's first stage), the Hermite quadrature and the carry."""
+        plan = self._step_plan
+        self.evaluate(new)  # the next step's first stage and the step's diagnostics
+        counts["gradient_evals"] += 1
+        new_slope = self._slope(new, counts)
+        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
+                                           plan.slope, new_slope)
+        minres_cost = counts["jvps"] + counts["gradient_evals"] if plan.krylov else plan.minres_cost
+        self._carry = _Carry(new, new_slope, top=plan.top, minres_cost=minres_cost)
+        if plan.eigen is not None:
+            self._carry.lam, self._carry.V, self._carry.age = plan.eigen[0], plan.eigen[1], plan.eigen[2] + 1
+        counts["explicit_margin"] = plan.margin
+        return counts
 
     def likely_cause(self, state: State) -> str:
         return (f"the rosenbrock stepper's tolerances (solver.rtol = {self.rtol:g}, "
