@@ -29,7 +29,7 @@ from pdeflow.problem import Problem
 
 from . import register
 from .base import State, hermite
-from .controller import AdaptiveStepper
+from .controller import CONTROLLER_KEYS, AdaptiveStepper
 from .jacobian import dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
 
 # the damping of the stability polynomial: |R_s| <= 1 - eps/3 or so inside the interval (a margin against rounding
@@ -144,6 +144,7 @@ class RKC(AdaptiveStepper):
     order: ClassVar[int] = ORDER
     step_columns = ("rejected", "stages", "gradient_evals", "jvps", "spectral_radius", "stability_margin")
     stability_column = "stability_margin"
+    reads = (*CONTROLLER_KEYS, "radius_every")
 
     _carry: _Carry | None = None
     _step_radius: _Radius  # the radius estimate of the step being taken (_begin_step), renewed by a rejection

@@ -30,6 +30,8 @@ from pdeflow.problem import Problem
 
 from .base import SolverError, State, Stepper, controller_factor
 
+# the [solver] keys of the controller, read by every adaptive method
+CONTROLLER_KEYS = ("rtol", "atol", "dt_min", "dt_max", "max_growth")
 # a failed stage solve retries the step at this fraction of its size
 FAILED_STAGE_SHRINK = 0.25
 # the PI controller's memory of an accepted step's error is at least this (an err of 0 would freeze the step size)
@@ -46,6 +48,7 @@ class AdaptiveStepper(Stepper):
     ``1 / order``), implement :meth:`_step_impl` and may override the hooks."""
     # the order k of the controller factor 0.9 err^(-1/k) (err ~ h^k)
     order: ClassVar[int]
+    reads = CONTROLLER_KEYS
     # the PI controller (the previous accepted step's error enters the factor), or the elementary one 0.9 err^(-1/k)
     pi_control: ClassVar[bool] = True
     # what to change when a stage fails, for the message of a failed step (a method raising StageFailed sets it)
@@ -144,4 +147,4 @@ class AdaptiveStepper(Stepper):
         """Called after a rejected attempt, before the next (a method renews what the rejection put in doubt)."""
 
 
-__all__ = ["AdaptiveStepper", "StageFailed", "FAILED_STAGE_SHRINK", "ERROR_MEMORY_FLOOR"]
+__all__ = ["AdaptiveStepper", "StageFailed", "CONTROLLER_KEYS", "FAILED_STAGE_SHRINK", "ERROR_MEMORY_FLOOR"]

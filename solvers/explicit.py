@@ -25,6 +25,7 @@ from .controller import AdaptiveStepper
 class ExplicitRK(Stepper):
     """A fixed-step explicit Runge-Kutta method given by its Butcher tableau (``A``, ``b``)."""
     sharded = True
+    explicit_flow = True
     A: ClassVar[tuple[tuple[float, ...], ...]] = ()
     b: ClassVar[tuple[float, ...]] = ()
     order: ClassVar[int] = 1

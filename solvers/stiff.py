@@ -23,7 +23,7 @@ from pdeflow.problem import Problem
 
 from . import register
 from .base import SolverError, State, controller_factor, hermite
-from .controller import AdaptiveStepper, StageFailed
+from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
 from .jacobian import Product, dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
@@ -143,6 +143,7 @@ class Rosenbrock(AdaptiveStepper):
     step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals", "explicit_margin")
     stability_column = "explicit_margin"
     failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
+    reads = (*CONTROLLER_KEYS, "jacobian", "krylov_tol", "krylov_maxiter", "deflate", "deflate_every", "stage_solve")
 
     _carry: _Carry | None = None
     _step_plan: _Plan

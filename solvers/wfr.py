@@ -20,6 +20,7 @@ from pdeflow.problem import Problem
 
 from . import register
 from .base import SolverError, State
+from .controller import CONTROLLER_KEYS
 from .explicit import DormandPrince
 
 
@@ -28,6 +29,8 @@ class WassersteinFisherRao(DormandPrince):
     """Dormand-Prince 5(4) on ``(omega, m)`` for the WFR particle flow (see the module docstring)."""
     name = "wfr"
     step_columns = ("rejected", "removed", "removed_mass")
+    explicit_flow = False  # its own vector field on (omega, m)
+    reads = (*CONTROLLER_KEYS, "alpha", "gamma", "total_mass", "mass_floor")
     sharded = True  # the rho-averages are sums over ranks, like the energy
 
     def __init__(self, problem: Problem, dt: float, *, alpha: float, gamma: float, mass_floor: float,
