@@ -57,6 +57,8 @@ def check_resumable(stored: Trajectory, cfg: Config, path: Path) -> None:
     diff = config_difference(stored.config, cfg)
     if diff is not None:
         raise TrajectoryError(f"--resume: {str(path)!r} was written by another config ({diff} differs)")
+    if stored.checkpoint is None and stored.checkpoint_error:
+        raise TrajectoryError(f"--resume: {stored.checkpoint_error}")
     if stored.checkpoint is None:
         raise TrajectoryError(f"--resume: {str(path)!r} holds no checkpoint to continue from; start again with --force")
 
@@ -80,16 +82,18 @@ def check_same_problem(stored: Trajectory, arrays: dict[str, Any], path: Path) -
                               f"now (a task, text or basis file changed?)")
 
 
-def checkpoint_of(state: State, extra: np.ndarray, n_frames: int, n_steps: int) -> Checkpoint:
-    """The checkpoint of ``state`` (fields copied, the generator as plain data), with the controller and accuracy
-    record state ``extra`` and the file's committed frame and step counts."""
+def checkpoint_of(state: State, extra: dict[str, np.ndarray], n_frames: int, n_steps: int) -> Checkpoint:
+    """The checkpoint of ``state`` (fields copied, the generator as plain data), with the named float arrays
+    ``extra`` (a run's: ``stepper``, the controller state, and ``accuracy``, the accuracy record's) and the file's
+    committed frame and step counts."""
     return Checkpoint(fields={k: np.array(v) for k, v in state.fields.items()}, t=state.t, dt=state.dt,
                       step=state.step, n_frames=n_frames, n_steps=n_steps, rng=rng_state(state.rng),
-                      extra=np.asarray(extra, dtype=float))
+                      extra={name: np.array(value, dtype=float) for name, value in extra.items()})
 
 
 def state_of(ck: Checkpoint) -> State:
-    """The state a checkpoint holds (its ``extra`` is the caller's to split: stepper controller, accuracy record)."""
+    """The state a checkpoint holds (its ``extra`` is the caller's to read by name: stepper controller, accuracy
+    record)."""
     return State(t=ck.t, step=ck.step, dt=ck.dt, fields=dict(ck.fields), rng=rng_from_state(ck.rng))
 
 

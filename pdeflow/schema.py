@@ -9,7 +9,7 @@ fails when they disagree).
 Shapes are written in symbols bound by the file itself: ``V``, ``d`` (``/model/embedding``), ``T``
 (``/model/positions``), ``p = 4 d dh`` (``dh`` the ``head_dim`` attribute), ``k`` (the columns of
 ``/model/basis``, else ``p``), ``B`` (``/data/tokens``), ``N`` (``/frames/omega``), ``n...`` (the ``k`` grid axes
-of the ``shape`` attribute of ``/frames``), ``E`` (the stepper's controller state), ``R`` (:data:`RNG_BYTES`), and
+of the ``shape`` attribute of ``/frames``), ``R`` (:data:`RNG_BYTES`), and
 the row axes ``F`` (frames) and ``S`` (steps), which count the committed rows: a dataset may hold more rows
 (written by a run that has not committed them yet), never fewer.
 """
@@ -159,7 +159,9 @@ ITEMS: tuple[Item, ...] = (
     _data("/checkpoint/slot#/n_frames", (), "int", REQUIRED, "rows of /frames committed with this state"),
     _data("/checkpoint/slot#/n_steps", (), "int", REQUIRED, "rows of /steps committed with this state"),
     _data("/checkpoint/slot#/rng", ("R",), "bytes", REQUIRED, "the generator state as JSON bytes, zero-padded"),
-    _data("/checkpoint/slot#/extra", ("E",), "float", REQUIRED, "the stepper's controller state"),
+    _group("/checkpoint/slot#/extra", OPTIONAL, "named state beyond the fields, one dataset per name: a run's "
+           "`stepper` (its controller state) and `accuracy` (its accuracy record's)"),
+    _data("/checkpoint/slot#/extra/*", ("...",), "float", OPTIONAL, "one named array, of any shape"),
     _data("/checkpoint/slot#/omega", ("N", "k"), "float", PARTICLES, "particle positions of the state"),
     _data("/checkpoint/slot#/mass", ("N",), "float", PARTICLES, "particle masses of the state"),
     _data("/checkpoint/slot#/density", (GRID_AXES,), "float", GRID, "densities of the state"),
@@ -168,6 +170,8 @@ ITEMS: tuple[Item, ...] = (
     _data("/analysis/*", ("...",), "any", OPTIONAL, "per-frame arrays and head clusters; rates as attributes"),
 )
 SLOTS = ("slot0", "slot1")
+# Groups that files of an earlier pdeflow hold as one dataset: readers accept it (``--resume`` refuses it).
+FLAT_BEFORE = ("/checkpoint/slot#/extra",)
 
 
 def item(path: str) -> Item:
@@ -229,18 +233,17 @@ class _Sizes:
 def _expand(f) -> Iterator[tuple[Item, str]]:
     """(entry, concrete path) for every entry, with ``#`` and ``*`` resolved against the file."""
     for it in ITEMS:
-        if "#" in it.path:
-            for slot in SLOTS:
-                yield it, it.path.replace("slot#", slot)
-        elif it.name == "*":
-            group = f.get(it.group) if it.group in f else None
+        for path in [it.path.replace("slot#", slot) for slot in SLOTS] if "#" in it.path else [it.path]:
+            if it.name != "*":
+                yield it, path
+                continue
+            where = path.rpartition("/")[0]
+            group = f.get(where) if where in f else None
             if group is not None and hasattr(group, "keys"):
                 named = set(names(it.group))
                 for key in group.keys():
                     if key not in named and isinstance(group[key], h5py.Dataset):
-                        yield it, f"{it.group}/{key}"
-        else:
-            yield it, it.path
+                        yield it, f"{where}/{key}"
 
 
 def _shape_text(shape: tuple[str, ...], sizes: _Sizes, rows: dict[str, int]) -> str:
@@ -296,7 +299,7 @@ def check(f, rows: Callable[[], tuple[int, int]], needs: tuple[str, ...] = (REQU
                 bad.add(path)
             continue
         if it.kind == "group":
-            if not isinstance(node, h5py.Group):
+            if not isinstance(node, h5py.Group) and not (it.path in FLAT_BEFORE and isinstance(node, h5py.Dataset)):
                 out.append(Departure(path, f"{path} must be a group"))
                 bad.add(path)
             continue

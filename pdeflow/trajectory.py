@@ -123,9 +123,14 @@ def _partial_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
 
+EXTRA = "extra"  # the group of a checkpoint slot holding the named arrays of Checkpoint.extra
+
+
 @dataclass
 class Checkpoint:
-    """A complete, resumable state: fields, time, step size, step count, generator and controller state."""
+    """A complete, resumable state: fields, time, step size, step count, generator state, and ``extra``: named
+    float arrays of any shapes beyond the state (a run keeps ``stepper``, its controller state, and ``accuracy``,
+    its accuracy record's), stored as ``/checkpoint/slot#/extra/<name>`` and read back as the same dict."""
     fields: dict[str, np.ndarray]
     t: float
     dt: float
@@ -133,7 +138,15 @@ class Checkpoint:
     n_frames: int
     n_steps: int
     rng: dict | None = None
-    extra: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def check_extra_names(names: Iterator[str] | list[str] | dict) -> None:
+    """ValueError unless every name of a checkpoint's ``extra`` can be a dataset of the slot's ``extra`` group
+    (a non-empty HDF5 link name without ``/``)."""
+    for name in names:
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"checkpoint extra: {name!r} is not a valid name (non-empty, no '/')")
 
 
 def _open_swmr_write(path: Path) -> h5py.File:
@@ -187,17 +200,21 @@ class TrajectoryWriter:
     @classmethod
     def create(cls, path: str | Path, cfg: Config, arrays: dict[str, Any], fields: dict[str, np.ndarray],
                step_columns: tuple[str, ...] = (), frame_attrs: dict[str, Any] | None = None,
-               extra_size: int = 0, measure: str = "particles", beta: float = np.inf,
+               extra_shapes: dict[str, tuple[int, ...]] | None = None, measure: str = "particles", beta: float = np.inf,
                precision: str = "float64", compression: str | None = "gzip",
                overwrite: bool = False, steps_attrs: dict[str, Any] | None = None) -> TrajectoryWriter:
         """Create a new file; an existing one is replaced only with ``overwrite`` (atomically, once the new
         file is complete and in SWMR mode). TrajectoryError (one line) if it cannot be created.
 
         ``arrays`` is :meth:`pdeflow.Problem.arrays`; ``fields`` are the measure's arrays with their shapes
-        (e.g. ``omega`` [N,k] and ``mass`` [N]); ``step_columns`` are the extra /steps columns and
-        ``steps_attrs`` attributes of /steps.
+        (e.g. ``omega`` [N,k] and ``mass`` [N]); ``step_columns`` are the extra /steps columns,
+        ``steps_attrs`` attributes of /steps, and ``extra_shapes`` the names and shapes of the checkpoints'
+        :attr:`Checkpoint.extra` arrays (fixed for the file's life: SWMR mode cannot add datasets).
         """
         path = Path(path)
+        extra_shapes = {name: tuple(int(n) for n in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
+                        for name, shape in (extra_shapes or {}).items()}
+        check_extra_names(extra_shapes)
         if path.exists() and not overwrite:
             raise TrajectoryError(f"{path}: exists (pass overwrite=True to replace it)")
         check_no_writer(path)
@@ -210,7 +227,7 @@ class TrajectoryWriter:
         lock = None
         try:
             lock = WriterLock(partial)
-            cls._populate(f, cfg, arrays, fields, step_columns, frame_attrs or {}, extra_size, measure,
+            cls._populate(f, cfg, arrays, fields, step_columns, frame_attrs or {}, extra_shapes, measure,
                           beta, precision, None if compression in (None, "none") else compression)
             f["steps"].attrs.update(steps_attrs or {})
             f.flush()
@@ -228,7 +245,8 @@ class TrajectoryWriter:
 
     @staticmethod
     def _populate(f: h5py.File, cfg: Config, arrays: dict[str, Any], fields: dict[str, np.ndarray],
-                  step_columns: tuple[str, ...], frame_attrs: dict[str, Any], extra_size: int, measure: str,
+                  step_columns: tuple[str, ...], frame_attrs: dict[str, Any],
+                  extra_shapes: dict[str, tuple[int, ...]], measure: str,
                   beta: float, precision: str, compression: str | None) -> None:
         f.attrs["schema"] = SCHEMA
         f.attrs["schema_version"] = SCHEMA_VERSION
@@ -263,12 +281,16 @@ class TrajectoryWriter:
             st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(1024,))
         ck = f.create_group("checkpoint")
         ck.create_dataset("active", data=np.int64(-1))
-        sizes = {"R": RNG_BYTES, "E": extra_size}
+        sizes = {"R": RNG_BYTES}
         for s in schema.SLOTS:
             g = ck.create_group(s)
             for it in schema.items_in("/checkpoint/slot#", needs=(schema.REQUIRED,)):
                 shape = tuple(sizes[symbol] for symbol in it.shape)
                 g.create_dataset(it.name, data=np.zeros(shape, dtype=schema.numpy_dtype(it)))
+            x = g.create_group(EXTRA)
+            for name, shape in extra_shapes.items():
+                x.create_dataset(name, data=np.zeros(shape, dtype=schema.numpy_dtype(schema.item(
+                    f"/checkpoint/slot#/{EXTRA}/*"))))
             for key, value in fields.items():
                 g.create_dataset(key, data=np.zeros(np.shape(value),
                                                     dtype=schema.numpy_dtype(schema.item(f"/checkpoint/slot#/{key}"))))
@@ -350,8 +372,11 @@ class TrajectoryWriter:
             raise ValueError("generator state too large for the checkpoint slot")
         rng = np.zeros(RNG_BYTES, dtype=np.uint8)
         rng[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        values = dict(ck.fields, t=ck.t, dt=ck.dt, step=ck.step, n_frames=ck.n_frames, n_steps=ck.n_steps,
-                      rng=rng, extra=ck.extra)
+        names = {key.rpartition("/")[2] for key in self.ds if key.startswith(f"checkpoint/slot0/{EXTRA}/")}
+        if set(ck.extra) != names:
+            raise ValueError(f"checkpoint extra {sorted(ck.extra)}: the file holds {sorted(names)}")
+        values = dict(ck.fields, t=ck.t, dt=ck.dt, step=ck.step, n_frames=ck.n_frames, n_steps=ck.n_steps, rng=rng)
+        values.update({f"{EXTRA}/{name}": value for name, value in ck.extra.items()})
         for key, value in values.items():
             self.ds[f"checkpoint/slot{slot_index}/{key}"][...] = value
         self.f.flush()
@@ -399,11 +424,16 @@ def read_checkpoint(f: h5py.File) -> Checkpoint | None:
     if active not in (0, 1):
         return None
     slot = grp[f"slot{active}"]
+    stored = slot.get(EXTRA)
+    if isinstance(stored, h5py.Dataset):
+        raise TrajectoryError(f"{f.filename}: its checkpoint holds one flat extra vector (a pdeflow before named "
+                              f"checkpoint arrays wrote it): it cannot be resumed; start again with --force")
     fields = {key: slot[key][()] for key in f["frames"].keys() if key not in FRAME_SCALARS and key in slot}
     raw = bytes(slot["rng"][()]).rstrip(b"\0")
+    extra = {name: ds[()] for name, ds in stored.items() if isinstance(ds, h5py.Dataset)} if stored else {}
     return Checkpoint(fields=fields, t=float(slot["t"][()]), dt=float(slot["dt"][()]), step=int(slot["step"][()]),
                       n_frames=int(slot["n_frames"][()]), n_steps=int(slot["n_steps"][()]),
-                      rng=json.loads(raw) if raw else None, extra=slot["extra"][()])
+                      rng=json.loads(raw) if raw else None, extra=extra)
 
 
 def committed_counts(f: h5py.File) -> tuple[int, int]:
@@ -412,10 +442,11 @@ def committed_counts(f: h5py.File) -> tuple[int, int]:
     n_frames, n_steps = int(f["frames"]["time"].shape[0]), int(f["steps"]["time"].shape[0])
     if _plain(f.attrs.get("status", "")) != RUNNING:
         return n_frames, n_steps
-    ck = read_checkpoint(f) if "checkpoint" in f else None
-    if ck is None:
+    active = int(f["checkpoint"]["active"][()]) if "checkpoint" in f else -1
+    if active not in (0, 1):
         return 0, 0
-    return min(n_frames, ck.n_frames), min(n_steps, ck.n_steps)
+    slot = f["checkpoint"][f"slot{active}"]
+    return min(n_frames, int(slot["n_frames"][()])), min(n_steps, int(slot["n_steps"][()]))
 
 
 def row_counts(f: h5py.File) -> tuple[int, int]:
@@ -626,7 +657,8 @@ class Trajectory:
     """A trajectory read into memory: ``time`` [F], ``frames`` (dict of [F, ...] arrays), ``steps``
     (dict of columns), ``arrays`` (the problem arrays, as :meth:`pdeflow.Problem.arrays`), ``attrs``
     (root attributes), ``config`` (the :class:`~pdeflow.config.Config`), ``frame_attrs``, ``steps_attrs``, ``analysis``,
-    ``checkpoint`` (the active :class:`Checkpoint` or None). Only committed rows are read
+    ``checkpoint`` (the active :class:`Checkpoint` or None; ``checkpoint_error`` says why when the file has one that
+    cannot be used). Only committed rows are read
     (:func:`committed_counts`), so the file of a killed run reads as it was at its last commit."""
 
     def __init__(self, path: str | Path) -> None:
@@ -643,7 +675,12 @@ class Trajectory:
                 self.arrays, self.model_attrs = read_problem(f)
                 self.analysis = ({k: f["analysis"][k][()] for k in f["analysis"].keys()}
                                  | {k: _plain(v) for k, v in f["analysis"].attrs.items()}) if "analysis" in f else {}
-                self.checkpoint = read_checkpoint(f) if "checkpoint" in f else None
+                self.checkpoint: Checkpoint | None = None
+                self.checkpoint_error: str | None = None   # why a checkpoint the file has cannot be used
+                try:
+                    self.checkpoint = read_checkpoint(f) if "checkpoint" in f else None
+                except TrajectoryError as exc:
+                    self.checkpoint_error = str(exc)
         except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:
             missing = re.search(r"object '([^']+)' doesn't exist", str(exc))
             what = f"no dataset or group {missing.group(1)!r}" if missing else error_reason(exc)[:80]

@@ -29,7 +29,7 @@ from pdeflow.parallel import SERIAL, SerialComm, check_shardable
 from pdeflow.problem import Problem
 from pdeflow.resume import checkpoint_of, state_of
 from pdeflow.sharded_writer import GatheringWriter
-from pdeflow.trajectory import STEP_COLUMNS, TrajectoryWriter, committed_steps, error_reason
+from pdeflow.trajectory import STEP_COLUMNS, TrajectoryError, TrajectoryWriter, committed_steps, error_reason
 
 from . import initial_fields, make_stepper
 from .accuracy import COLUMNS as ACCURACY_COLUMNS
@@ -77,7 +77,13 @@ class _Signals:
     """SIGINT/SIGTERM as :class:`Interrupted`: raised at once, except inside :meth:`held` blocks (raised
     when the outermost one ends) and after :meth:`stop` (only recorded). With several MPI ranks a signal
     is only recorded, and at the end of each outermost held block (once per step) the ranks agree whether
-    any of them got one, so that all of them stop after the same step."""
+    any of them got one, so that all of them stop after the same step.
+
+    The agreement decides on the values the ranks sent, never on ``pending`` read after it: a signal
+    arriving while the agreement is in flight (the handler runs when the allgather returns) stays pending
+    for the next agreement. Overwriting it with the agreed value lost it (mpiexec signals every rank at
+    about the same instant, so both could lose theirs and run on to t_end), and acting on it at once made
+    one rank stop alone while the other went on into the next step's collectives: both hung."""
 
     def __init__(self, comm: SerialComm = SERIAL, ignore_after_interrupt: bool = False) -> None:
         self.comm = comm
@@ -111,10 +117,15 @@ class _Signals:
             yield
         finally:
             self.depth -= 1
-        if self.depth == 0 and not self.stopping and self.comm.size > 1:
-            self.pending = max(self.comm.allgather(self.pending or 0)) or None
-        if self.depth == 0 and self.pending is not None and not self.stopping:
-            raise Interrupted(self.pending)
+        if self.depth > 0 or self.stopping:
+            return
+        if self.comm.size == 1:
+            if self.pending is not None:
+                raise Interrupted(self.pending)
+            return
+        agreed = max(self.comm.allgather(self.pending or 0))
+        if agreed:
+            raise Interrupted(agreed)
 
     def stop(self) -> None:
         """From now on signals are only recorded: the run is ending and writing its last checkpoint."""
@@ -175,8 +186,8 @@ class _Run(Observer):
         """Write the buffered rows and a checkpoint of the state: everything so far becomes permanent."""
         with _writing():
             self.rows.flush(self.writer)
-            # the stepper's controller state, then the accuracy record's (pdeflow.solvers.accuracy)
-            extra = np.concatenate([self.stepper.extra_state(self.state), self.monitor.checkpoint_vector()])
+            # the stepper's controller state and the accuracy record's (pdeflow.solvers.accuracy), by name
+            extra = {"stepper": self.stepper.extra_state(self.state), "accuracy": self.monitor.checkpoint_vector()}
             self.writer.write_checkpoint(checkpoint_of(self.state, extra, self.writer.n_frames, self.writer.n_steps))
 
     def write_frame(self, diag: dict[str, float]) -> None:
@@ -194,9 +205,11 @@ class _Run(Observer):
             rows = self.comm.bcast(committed_steps(self.path, ("time",) + ACCURACY_COLUMNS)
                                    if self.comm.is_root else None)
             self.writer, ck = GatheringWriter.reopen(self.comm, self.path)
-            extra = np.asarray(ck.extra, dtype=float)
-            self.state = st.restore(state_of(ck), extra[:st.extra_size])
-            self.monitor.restore(extra[st.extra_size:] if extra.size > st.extra_size else None, rows)
+            if "stepper" not in ck.extra:
+                raise TrajectoryError(f"--resume: {self.path}: its checkpoint holds no stepper state "
+                                      f"(/checkpoint/slot#/extra/stepper)")
+            self.state = st.restore(state_of(ck), np.asarray(ck.extra["stepper"], dtype=float))
+            self.monitor.restore(ck.extra.get("accuracy"), rows)
             self.wall_offset = self.writer.last_wall_time
             return
         # a stepper given without an initial measure (run(stepper=...)) starts from the config's
@@ -205,8 +218,9 @@ class _Run(Observer):
         diag = st.diagnostics(self.state)  # before the file exists: a bad config leaves no file behind
         self.writer = GatheringWriter.create(
             self.comm, self.path, self.cfg, self.problem.arrays(), self.state.fields,
-            ACCURACY_COLUMNS + st.step_columns, st.frame_attrs(), st.extra_size + self.monitor.checkpoint_size,
-            st.measure, beta=self.problem.beta, precision=self.problem.precision,
+            ACCURACY_COLUMNS + st.step_columns, st.frame_attrs(),
+            extra_shapes={"stepper": (st.extra_size,), "accuracy": (self.monitor.checkpoint_size,)},
+            measure=st.measure, beta=self.problem.beta, precision=self.problem.precision,
             compression=self.cfg.output.compression, overwrite=overwrite, steps_attrs=self.monitor.notes())
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             checks = self.monitor.assess(None, self.state, None, diag)

@@ -194,9 +194,9 @@ def test_a_checkpoint_holds_the_state_and_gives_it_back():
     problem = Problem.from_config(cfg)
     stepper = make_stepper(problem, cfg)
     state, _ = stepper.step(stepper.initial_state(), 1.0)
-    ck = checkpoint_of(state, np.array([1.5, 2.5]), n_frames=3, n_steps=4)
-    assert (ck.n_frames, ck.n_steps, list(ck.extra)) == (3, 4, [1.5, 2.5])
-    back = stepper.restore(state_of(ck), ck.extra[:stepper.extra_size])
+    ck = checkpoint_of(state, {"stepper": np.array([1.5, 2.5])}, n_frames=3, n_steps=4)
+    assert (ck.n_frames, ck.n_steps, list(ck.extra["stepper"])) == (3, 4, [1.5, 2.5])
+    back = stepper.restore(state_of(ck), ck.extra["stepper"][:stepper.extra_size])
     assert (back.t, back.step, back.dt) == (state.t, state.step, state.dt)
     same_steps(stepper, stepper, back)      # the generator continues: the same draws from either copy
     a, _ = stepper.step(back, 1.0)

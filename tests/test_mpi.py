@@ -23,7 +23,7 @@ import pytest
 from conftest import config_text
 from pdeflow import open_trajectory
 from pdeflow.cli import main
-from pdeflow.parallel import SERIAL, child_environment, find_mpiexec, shard
+from pdeflow.parallel import SERIAL, SerialComm, child_environment, find_mpiexec, shard
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
@@ -233,6 +233,52 @@ def test_sigterm_stops_every_rank_after_the_same_step(tmp_path):
     assert traj.attrs["status"] == "interrupted"
     assert traj.checkpoint.t > 0 and traj.checkpoint.fields["omega"].shape == (11, traj.frames["omega"].shape[2])
     assert traj.steps["time"][-1] == traj.checkpoint.t  # the rows and the checkpoint agree
+
+
+class _Agreement(SerialComm):
+    """Rank 0 of two, in-process: the other rank sends ``other`` to every agreement, and SIGTERM reaches this
+    process during agreement number ``signal_during`` (while its allgather is in flight, as when mpiexec
+    signals the ranks while they exchange)."""
+    size = 2
+
+    def __init__(self, signal_during: int = 0, other: int = 0) -> None:
+        self.signal_during, self.other, self.sent = signal_during, other, []
+
+    def allgather(self, value):
+        self.sent.append(value)
+        if len(self.sent) == self.signal_during:
+            signal.raise_signal(signal.SIGTERM)  # the handler runs before the allgather returns
+        return [value, self.other]
+
+
+def test_a_signal_arriving_during_the_agreement_is_kept_for_the_next_one():
+    """The SIGTERM race: a signal whose handler ran while the ranks exchanged their signals used to be replaced
+    by the agreed "none" (lost on this rank; on both when mpiexec's signal reached both then: the run went on to
+    t_end). It is kept and sent at the next agreement, so that every rank stops after the same step; no rank
+    ever stops on a signal the others were not told of."""
+    from pdeflow.solvers.driver import Interrupted, _Signals
+
+    comm = _Agreement(signal_during=1)
+    guard = _Signals(comm)
+    with guard:
+        with guard.held():
+            pass                                        # agreement 1: the signal arrives while it is in flight
+        assert guard.pending == signal.SIGTERM          # recorded, not acted on alone
+        with pytest.raises(Interrupted) as stopped:
+            with guard.held():
+                pass                                    # agreement 2: sent, and every rank stops here
+    assert stopped.value.signum == signal.SIGTERM and comm.sent == [0, signal.SIGTERM]
+
+
+def test_a_signal_of_another_rank_stops_this_one_at_the_same_agreement():
+    from pdeflow.solvers.driver import Interrupted, _Signals
+
+    comm = _Agreement(other=signal.SIGINT)
+    guard = _Signals(comm)
+    with guard, pytest.raises(Interrupted) as stopped:
+        with guard.held():
+            pass
+    assert stopped.value.signum == signal.SIGINT and comm.sent == [0]
 
 
 # ---- bad input: exit 2 on every rank, no hang -------------------------------------------------

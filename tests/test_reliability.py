@@ -132,9 +132,10 @@ def datasets(path: Path) -> dict[str, np.ndarray]:
     ck = traj.checkpoint
     out.update({f"checkpoint/{k}": v for k, v in ck.fields.items()})
     out.update({"checkpoint/t": ck.t, "checkpoint/dt": ck.dt, "checkpoint/step": ck.step,
-                "checkpoint/extra": ck.extra, "attrs/final_time": traj.attrs["final_time"],
+                "attrs/final_time": traj.attrs["final_time"],
                 "attrs/steps": traj.attrs["steps"]})
     return out
+    out.update({f"checkpoint/extra/{name}": v for name, v in ck.extra.items()})
 
 
 def assert_prefix(path: Path, ref: Path) -> tuple[int, int]:

@@ -119,7 +119,8 @@ def test_the_writer_writes_exactly_the_table(tmp_path, measure):
         write_frames(w, 0, 2)
     else:
         density = np.ones((2, 3, 4))
-        w = TrajectoryWriter.create(path, loads_config(""), problem_arrays(), {"density": density}, extra_size=1,
+        w = TrajectoryWriter.create(path, loads_config(""), problem_arrays(), {"density": density},
+                                    extra_shapes={"stepper": (1,), "accuracy": (2, 2)},
                                     frame_attrs={"lower": -np.ones(3), "upper": np.ones(3), "shape": [2, 3, 4]})
         w.append_steps({"time": np.zeros(1)})
         w.append_frame({"density": density}, frame_scalars(0))

@@ -68,12 +68,21 @@ def step_rows(i: int) -> dict[str, np.ndarray]:
 def checkpoint(i: int, writer: TrajectoryWriter) -> Checkpoint:
     rng = np.random.default_rng(i)
     return Checkpoint(fields=frame_fields(i), t=0.5 * i, dt=0.5 / 3, step=3 * i, n_frames=writer.n_frames,
-                      n_steps=writer.n_steps, rng=rng.bit_generator.state, extra=np.array([float(i), -1.0]))
+                      n_steps=writer.n_steps, rng=rng.bit_generator.state, extra=extra_state(i))
+
+
+def extra_state(i: int) -> dict[str, np.ndarray]:
+    """Named controller state of frame i's checkpoint: arrays of several shapes (a scalar, a vector, a matrix)."""
+    return {"controller": np.array([float(i), -1.0]), "pairs": np.arange(6.0).reshape(2, 3) * i,
+            "count": np.float64(i)}
+
+
+EXTRA_SHAPES = {name: np.shape(value) for name, value in extra_state(0).items()}
 
 
 def new_writer(path: Path, **kw) -> TrajectoryWriter:
     return TrajectoryWriter.create(path, loads_config(CONFIG), problem_arrays(), frame_fields(0),
-                                   step_columns=("rejected",), extra_size=2, **kw)
+                                   step_columns=("rejected",), **{"extra_shapes": EXTRA_SHAPES, **kw})
 
 
 def write_frames(writer: TrajectoryWriter, start: int, stop: int) -> None:
@@ -129,10 +138,58 @@ def test_round_trip(tmp_path):
     assert traj.config.to_toml() == loads_config(CONFIG).to_toml()
     ck = traj.checkpoint
     assert ck.rng == np.random.default_rng(3).bit_generator.state  # 128-bit integers survive JSON
-    np.testing.assert_array_equal(ck.extra, [3.0, -1.0])
+    assert set(ck.extra) == set(EXTRA_SHAPES)
+    for name, value in extra_state(3).items():
+        assert ck.extra[name].shape == np.shape(value)
+        np.testing.assert_array_equal(ck.extra[name], value)
     # a finished file is plain HDF5: h5py opens it without SWMR and len(time) is the frame count
     with h5py.File(path, "r") as f:
         assert f["frames/time"].shape == (4,) and f.attrs["status"].decode() == "finished"
+
+
+def test_checkpoint_extra_must_have_the_names_the_file_was_created_with(tmp_path):
+    w = new_writer(tmp_path / "t.h5")
+    write_frames(w, 0, 1)
+    ck = checkpoint(1, w)
+    for extra in ({"controller": np.zeros(2)}, dict(extra_state(1), other=np.zeros(1))):
+        ck.extra = extra
+        with pytest.raises(ValueError, match="checkpoint extra"):
+            w.write_checkpoint(ck)
+    w.close()
+    for bad in ("", "a/b"):
+        with pytest.raises(ValueError, match="not a valid name"):
+            new_writer(tmp_path / "u.h5", extra_shapes={bad: (1,)})
+    assert not (tmp_path / "u.h5").exists()
+
+
+def test_a_flat_extra_vector_of_an_earlier_pdeflow_reads_but_does_not_resume(tmp_path):
+    """Files whose slots hold one flat ``extra`` dataset (before named arrays) still open for reading; --resume
+    refuses them with one line instead of splitting the vector by guess."""
+    from pdeflow.resume import open_resumable
+
+    path = tmp_path / "t.h5"
+    w = new_writer(path)
+    write_frames(w, 0, 2)
+    w.close()
+    with h5py.File(path, "r+") as f:
+        for slot in ("slot0", "slot1"):
+            del f[f"checkpoint/{slot}/extra"]
+            f[f"checkpoint/{slot}/extra"] = np.array([1.0, -1.0])
+    check_file(path)
+    traj = open_trajectory(path)
+    assert traj.checkpoint is None and "one flat extra vector" in traj.checkpoint_error
+    assert_frames_only(traj, 2)
+    with pytest.raises(TrajectoryError, match="cannot be resumed") as info:
+        open_resumable(path, loads_config(CONFIG))
+    assert "\n" not in str(info.value)
+    with pytest.raises(TrajectoryError, match="cannot be resumed"):
+        TrajectoryWriter.reopen(path)
+
+
+def assert_frames_only(traj, n: int) -> None:
+    assert len(traj.time) == n
+    for i in range(n):
+        np.testing.assert_array_equal(traj.frames["omega"][i], frame_fields(i)["omega"])
 
 
 def test_finish_accepts_only_the_precreated_attributes(tmp_path):
