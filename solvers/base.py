@@ -79,7 +79,6 @@ class Stepper:
     explicit_flow: ClassVar[bool] = False
     reads: ClassVar[tuple[str, ...]] = ()
     step_columns: ClassVar[tuple[str, ...]] = ()
-    extra_size: ClassVar[int] = 0
     # True when a step needs of the other ranks' particles only what Problem sums over ranks (the aggregate
     # output, confinement, dissipation) and sum_over_ranks: the stepper runs split across MPI ranks
     sharded: ClassVar[bool] = False
@@ -127,13 +126,16 @@ class Stepper:
         """Attributes of ``/frames`` describing the measure (a grid's box and shape)."""
         return {}
 
-    def extra_state(self, state: State) -> np.ndarray:
-        """Controller state beyond ``State`` that a checkpoint must keep (length ``extra_size``)."""
-        return np.zeros(self.extra_size)
+    def extra_state(self, state: State) -> dict[str, np.ndarray]:
+        """The controller state beyond ``State`` that a checkpoint keeps at ``state``: named float arrays (a
+        subclass adds its own to its base's). Their names and shapes depend only on the stepper's parameters and
+        the measure's shape, so those at the start fix the file's datasets; a value not known at ``state`` is nan
+        (what :meth:`restore` then recomputes)."""
+        return {}
 
-    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
-        """Continue from ``state`` (a resumed file's, :func:`pdeflow.resume.state_of`) with the controller state
-        ``extra`` of :meth:`extra_state`; the default controller keeps nothing beyond the state."""
+    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
+        """Continue from ``state`` (a resumed file's, :func:`pdeflow.resume.state_of`) with the named arrays
+        ``extra`` of :meth:`extra_state`; the default stepper keeps nothing beyond the state."""
         return state
 
     # ---- evaluation ---------------------------------------------------------------------------

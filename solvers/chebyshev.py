@@ -45,8 +45,6 @@ RADIUS_COLD = 16
 # stages of one step at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 2000
 ORDER = 2  # of y_{n+1}; the error estimate is O(h^3)
-# checkpoint floats before the radius vector: rho, its age and interval in steps, the last accepted error, dI/dt
-HEADER = 5
 
 
 @dataclass(frozen=True)
@@ -149,40 +147,34 @@ class RKC(AdaptiveStepper):
     _carry: _Carry | None = None
     _step_radius: _Radius  # the radius estimate of the step being taken (_begin_step), renewed by a rejection
 
-    def __init__(self, problem: Problem, dt: float, *, n_particles: int, rtol: float, atol: float, dt_min: float,
-                 dt_max: float, max_growth: float, radius_every: int) -> None:
-        """``dt`` the first step; ``n_particles`` the size of the clouds it advances (its checkpoint carries the
-        radius estimate's vector of that length); the error controller as for ``adaptive``; ``radius_every``
-        steps between estimates of the spectral radius (``solver.*`` of the same names)."""
+    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
+                 max_growth: float, radius_every: int) -> None:
+        """``dt`` the first step; the error controller as for ``adaptive``; ``radius_every`` steps between
+        estimates of the spectral radius (``solver.*`` of the same names)."""
         super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
-        self.n_particles, self.radius_every = int(n_particles), int(radius_every)
+        self.radius_every = int(radius_every)
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> RKC:
-        return cls(problem, cfg.solver.dt, n_particles=cfg.init.n_particles, **cls.controller(cfg),
-                   radius_every=cfg.solver.radius_every)
+        return cls(problem, cfg.solver.dt, **cls.controller(cfg), radius_every=cfg.solver.radius_every)
 
-    @property
-    def extra_size(self) -> int:  # type: ignore[override]
-        """The checkpoint's controller state: ``[rho, age, interval, err, dI/dt, vector (n)]``, ``n = N k``."""
-        return HEADER + self.n_particles * self.problem.k
-
-    def extra_state(self, state: State) -> np.ndarray:
-        out = np.zeros(self.extra_size)
-        out[0] = math.nan  # no carry: the next step estimates rho afresh
+    def extra_state(self, state: State) -> dict[str, np.ndarray]:
+        """The controller's ``err`` and the carry of :class:`_Carry`: ``rho``, its Ritz ``vector`` [N k], its
+        ``age`` and ``interval`` in steps, ``slope = dI/dt`` (nan, and a zero vector, when the next step starts
+        afresh)."""
         carry = self._carry if self._carry is not None and self._carry.state is state else None
-        if carry is not None:
-            out[:HEADER] = carry.rho, carry.age, carry.interval, self.previous_error(state), carry.slope
-            out[HEADER:] = carry.vector
-        return out
+        if carry is None:
+            carry = _Carry(state, math.nan, np.zeros(state.fields["omega"].size), 0, 0, math.nan)
+        return {**super().extra_state(state), "rho": np.array(carry.rho), "vector": np.array(carry.vector),
+                "age": np.array(float(carry.age)), "interval": np.array(float(carry.interval)),
+                "slope": np.array(carry.slope)}
 
-    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
-        extra = np.zeros(0) if extra is None else np.asarray(extra, dtype=float)
+    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
+        super().restore(state, extra)
         self._carry = None
-        if extra.size == self.extra_size and math.isfinite(extra[0]):
-            self._carry = _Carry(state, float(extra[0]), extra[HEADER:].copy(), int(extra[1]), int(extra[2]),
-                                 float(extra[4]))
-            self.remember_error(state, float(extra[3]))
+        if extra and math.isfinite(float(extra.get("rho", math.nan))):
+            self._carry = _Carry(state, float(extra["rho"]), np.array(extra["vector"], dtype=float),
+                                 int(extra["age"]), int(extra["interval"]), float(extra["slope"]))
         return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray, counts: dict[str, float]) -> np.ndarray:

@@ -90,6 +90,15 @@ class AdaptiveStepper(Stepper):
         """Set the controller's memory for the step from ``state`` (a restored checkpoint's; nan: none)."""
         self._memory = (state, float(err)) if math.isfinite(err) else None
 
+    def extra_state(self, state: State) -> dict[str, np.ndarray]:
+        """``err``: the PI controller's memory for the step from ``state`` (nan: none); nothing without PI."""
+        return {"err": np.array(self.previous_error(state))} if self.pi_control else {}
+
+    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
+        if self.pi_control and extra and "err" in extra:
+            self.remember_error(state, float(extra["err"]))
+        return state
+
     # ---- the step ------------------------------------------------------------------------------------------------
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         """Attempts of :meth:`_step_impl` from ``state`` until one is accepted (module docstring)."""
@@ -127,6 +136,10 @@ class AdaptiveStepper(Stepper):
         controller's own): ``dt factor``; a step cut short (by a frame time, or by the method) does not shrink the
         controller's proposal: ``max(dt, h_taken factor)``."""
         return dt * factor if h_taken >= dt else max(dt, h_taken * factor)
+
+    def likely_cause(self, state: State) -> str:
+        return (f"the {self.name} stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) "
+                f"are too loose for this problem; tighten them")
 
     # ---- what a method supplies ------------------------------------------------------------------------------------
     def _begin_step(self, state: State) -> dict[str, float]:

@@ -59,9 +59,6 @@ def stability_function(z: complex) -> complex:
 FLOOR = {"exact": 1e-13, "difference": 1e-6}
 
 
-# checkpoint floats before the eigenpairs: dI/dt, the last accepted error, the pairs' age and count, the
-# last MINRES step's products
-HEADER = 5
 # LOBPCG iterations of a refinement of the carried eigenpairs (each costs m products, plus m for the start)
 REFINE_ITERATIONS = 2
 
@@ -148,63 +145,55 @@ class Rosenbrock(AdaptiveStepper):
     _carry: _Carry | None = None
     _step_plan: _Plan
 
-    def __init__(self, problem: Problem, dt: float, *, n_particles: int, rtol: float, atol: float, dt_min: float,
-                 dt_max: float, max_growth: float, jacobian: str, krylov_tol: float, krylov_maxiter: int,
-                 deflate: int, deflate_every: int, stage_solve: str) -> None:
-        """``dt`` the first step; ``n_particles`` the size of the clouds it advances (its checkpoint carries
-        eigenvectors of that length); the error controller as for ``adaptive``; ``jacobian`` "exact" or
+    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
+                 max_growth: float, jacobian: str, krylov_tol: float, krylov_maxiter: int, deflate: int,
+                 deflate_every: int, stage_solve: str) -> None:
+        """``dt`` the first step; the error controller as for ``adaptive``; ``jacobian`` "exact" or
         "difference" products; the stage solves' ``krylov_tol`` and ``krylov_maxiter``; ``deflate`` carried
         eigenpairs refined every ``deflate_every`` steps; ``stage_solve`` "minres" or "auto" (``solver.*`` of
         the same names)."""
         super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
-        self.n_particles = int(n_particles)
         self.jacobian, self.krylov_tol, self.krylov_maxiter = jacobian, float(krylov_tol), int(krylov_maxiter)
         self.deflate, self.deflate_every, self.stage_solve = int(deflate), int(deflate_every), stage_solve
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Rosenbrock:
         s = cfg.solver
-        return cls(problem, s.dt, n_particles=cfg.init.n_particles, **cls.controller(cfg),
+        return cls(problem, s.dt, **cls.controller(cfg),
                    jacobian=s.jacobian, krylov_tol=s.krylov_tol, krylov_maxiter=s.krylov_maxiter, deflate=s.deflate,
                    deflate_every=s.deflate_every, stage_solve=s.stage_solve)
 
-    @property
-    def extra_size(self) -> int:  # type: ignore[override]
-        """The checkpoint's controller state: ``[dI/dt, err, age, pairs, minres cost, lam (m), V (n m), top (n)]``
-        (``m = solver.deflate``; ``top`` only for ``solver.stage_solve = "auto"``)."""
-        m, n = self.deflate, self.n_particles * self.problem.k
-        return HEADER + m + m * n + (n if self.stage_solve == "auto" else 0)
-
-    def extra_state(self, state: State) -> np.ndarray:
-        out = np.zeros(self.extra_size)
+    def extra_state(self, state: State) -> dict[str, np.ndarray]:
+        """The controller's ``err`` and the carry of :class:`_Carry`: ``slope = dI/dt``, ``minres_cost``; with
+        ``solver.deflate = m > 0`` the eigenpairs ``lam`` [m] and ``V`` [N k, m] (nan past the pairs held) and their
+        ``age``; with ``solver.stage_solve = "auto"`` the complement's ``top`` vector [N k]. nan where not known
+        (the next step computes them afresh)."""
         carry = self._carry if self._carry is not None and self._carry.state is state else None
-        out[:2] = math.nan  # no carry: the next step computes dI/dt again and starts the controller afresh
-        m = self.deflate
-        if carry is not None:
-            out[0], out[1], out[4] = carry.slope, self.previous_error(state), carry.minres_cost
-            if m and carry.V is not None:
-                count = carry.lam.size
-                out[2], out[3] = carry.age, count
-                out[HEADER:HEADER + count] = carry.lam
-                out[HEADER + m:HEADER + m + carry.V.size] = carry.V.ravel()
-            if carry.top is not None:
-                out[-carry.top.size:] = carry.top
+        if carry is None:
+            carry = _Carry(state, math.nan, minres_cost=math.nan)
+        n, m = state.fields["omega"].size, self.deflate
+        out = {**super().extra_state(state), "slope": np.array(carry.slope), "minres_cost": np.array(carry.minres_cost)}
+        if m:
+            lam, V = np.full(m, math.nan), np.full((n, m), math.nan)
+            if carry.V is not None:
+                lam[:carry.lam.size], V[:, :carry.V.shape[1]] = carry.lam, carry.V
+            out.update(lam=lam, V=V, age=np.array(float(carry.age)))
+        if self.stage_solve == "auto":
+            out["top"] = np.full(n, math.nan) if carry.top is None else np.array(carry.top)
         return out
 
-    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
-        extra = np.zeros(0) if extra is None else np.asarray(extra, dtype=float)
+    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
+        super().restore(state, extra)
         self._carry = None
-        if extra.size >= HEADER and math.isfinite(extra[0]):
-            self._carry = _Carry(state, float(extra[0]), minres_cost=float(extra[4]))
-            self.remember_error(state, float(extra[1]))
-            m, count = self.deflate, int(extra[3])
-            n = state.fields["omega"].size
-            if m and count:
-                self._carry.lam = extra[HEADER:HEADER + count].copy()
-                self._carry.V = extra[HEADER + m:HEADER + m + n * count].reshape(n, count).copy()
-                self._carry.age = int(extra[2])
-            if self.stage_solve == "auto" and np.any(extra[-n:] != 0.0):
-                self._carry.top = extra[-n:].copy()
+        if extra and math.isfinite(float(extra.get("slope", math.nan))):
+            self._carry = _Carry(state, float(extra["slope"]), minres_cost=float(extra["minres_cost"]))
+            count = int(np.count_nonzero(np.isfinite(extra["lam"]))) if "lam" in extra else 0
+            if count:
+                self._carry.lam = np.array(extra["lam"][:count], dtype=float)
+                self._carry.V = np.array(extra["V"][:, :count], dtype=float)
+                self._carry.age = int(extra["age"])
+            if "top" in extra and np.all(np.isfinite(extra["top"])):
+                self._carry.top = np.array(extra["top"], dtype=float)
         return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
