@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .methods import METHODS, readers
+from .tasks import TASK_NAMES, TASKS
 
 
 class ConfigError(ValueError):
@@ -34,10 +35,8 @@ def spec(default: Any, doc: str, *, ge: float | None = None, gt: float | None = 
     return field(default=default, metadata=meta)
 
 
-TASK_NAMES = ("markov", "lookback", "majority", "associative", "text")
-# Keys of [task] that only some tasks read; a key given for a task that ignores it is an error.
-TASK_PARAMS = {"markov": ("concentration", "chain_seed"), "lookback": ("lag",), "majority": (),
-               "associative": ("n_pairs",), "text": ("path",)}
+# Keys of [task] that only some tasks read (pdeflow.tasks.TASKS); a key given for a task that ignores it is an error.
+TASK_PARAMS = {name: task.params for name, task in TASKS.items()}
 COORDINATES = ("full", "output_gain", "gain2", "gain3", "basis_file")
 
 
