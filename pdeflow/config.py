@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .methods import METHOD_KEYS, SOLVER_METHODS, measure_mismatch, unread_key
+from .methods import METHODS, readers
+from .tasks import TASK_NAMES, TASKS
 
 
 class ConfigError(ValueError):
@@ -35,10 +36,8 @@ def spec(default: Any, doc: str, *, ge: float | None = None, gt: float | None = 
     return field(default=default, metadata=meta)
 
 
-TASK_NAMES = ("markov", "lookback", "majority", "associative", "text")
-# Keys of [task] that only some tasks read; a key given for a task that ignores it is an error.
-TASK_PARAMS = {"markov": ("concentration", "chain_seed"), "lookback": ("lag",), "majority": (),
-               "associative": ("n_pairs",), "text": ("path",)}
+# Keys of [task] that only some tasks read (pdeflow.tasks.TASKS); a key given for a task that ignores it is an error.
+TASK_PARAMS = {name: task.params for name, task in TASKS.items()}
 COORDINATES = ("full", "output_gain", "gain2", "gain3", "basis_file")
 
 
@@ -93,52 +92,52 @@ RTOL_RANGE = (100.0 * sys.float_info.epsilon, 1.0)
 
 @dataclass(frozen=True)
 class SolverConfig:
-    method: str = spec("rk4", "time stepper", choices=SOLVER_METHODS)
+    method: str = spec("rk4", "time stepper (the methods, and the keys below each reads: pdeflow config)")
     dt: float = spec(0.01, "time step (initial step for adaptive methods)", gt=0)
-    rtol: float = spec(1e-6, "adaptive: relative tolerance", gt=0)
-    atol: float = spec(1e-9, "adaptive: absolute tolerance", gt=0)
-    dt_min: float = spec(1e-10, "adaptive: smallest allowed step", gt=0)
-    dt_max: float = spec(math.inf, "adaptive: largest allowed step", gt=0)
-    max_growth: float = spec(5.0, "adaptive: largest step growth factor per step", gt=1)
-    tau: float = spec(0.0, "jko, wfr_jko: proximal time step (0: solver.dt)", ge=0)
-    inner_tol: float = spec(1e-10, "jko: tolerance of the inner solve (particles: Euler-Lagrange residual in "
+    rtol: float = spec(1e-6, "relative tolerance", gt=0)
+    atol: float = spec(1e-9, "absolute tolerance", gt=0)
+    dt_min: float = spec(1e-10, "smallest allowed step", gt=0)
+    dt_max: float = spec(math.inf, "largest allowed step", gt=0)
+    max_growth: float = spec(5.0, "largest step growth factor per step", gt=1)
+    tau: float = spec(0.0, "proximal time step (0: solver.dt)", ge=0)
+    inner_tol: float = spec(1e-10, "tolerance of the inner solve (particles: Euler-Lagrange residual in "
                                    "velocity units; grid: L1 marginal violation and linearization change); "
                                    "wfr_jko: L1 change of the masses between linearizations, over the mass", gt=0)
-    inner_maxiter: int = spec(500, "jko: iteration limit of the inner solve (particles: L-BFGS-B and Newton; "
+    inner_maxiter: int = spec(500, "iteration limit of the inner solve (particles: L-BFGS-B and Newton; "
                                    "grid: Newton per linearization)", ge=1)
-    outer_maxiter: int = spec(50, "jko grid, wfr_jko: linearizations of the risk per step (fixed-point iteration)",
+    outer_maxiter: int = spec(50, "linearizations of the risk per step (fixed-point iteration)",
                               ge=1)
-    scheme: str = spec("muscl", "fv: flux scheme", choices=("upwind", "muscl"))
-    limiter: str = spec("minmod", "fv: slope limiter", choices=("minmod", "vanleer"))
-    cfl: float = spec(0.4, "fv: CFL number", gt=0, le=1)
-    epsilon: float = spec(0.0, "jko grid: entropic regularization eps (0: h^2, h the smallest cell width - the "
+    scheme: str = spec("muscl", "flux scheme", choices=("upwind", "muscl"))
+    limiter: str = spec("minmod", "slope limiter", choices=("minmod", "vanleer"))
+    cfl: float = spec(0.4, "CFL number", gt=0, le=1)
+    epsilon: float = spec(0.0, "entropic regularization eps (0: h^2, h the smallest cell width - the "
                                 "smallest eps whose blur resolves the grid; below it sub-cell motion is pinned); "
                                 "adds diffusion eps/(4 tau), printed by pdeflow info (raise solver.tau or grid.n "
                                 "to shrink it); wfr_jko: of the plan, kernel width sqrt(2 eps alpha / gamma) (0: "
                                 "h^2 gamma / (2 alpha), a kernel one cell wide)", ge=0)
-    alpha: float = spec(1.0, "wfr: transport speed alpha in d omega/dt = -alpha grad Phi", ge=0)
-    gamma: float = spec(0.0, "wfr, fv: Fisher-Rao rate gamma in d m/dt = -gamma m (Phi - <Phi>) (0: Wasserstein "
+    alpha: float = spec(1.0, "transport speed alpha in d omega/dt = -alpha grad Phi", ge=0)
+    gamma: float = spec(0.0, "Fisher-Rao rate gamma in d m/dt = -gamma m (Phi - <Phi>) (0: Wasserstein "
                              "flow)", ge=0)
-    total_mass: str = spec("fixed", "wfr: 'fixed' (d m/dt = -gamma m (Phi - <Phi>), probability measures) or 'free' "
+    total_mass: str = spec("fixed", "'fixed' (d m/dt = -gamma m (Phi - <Phi>), probability measures) or 'free' "
                                     "(d m/dt = -gamma m Phi, the unbalanced/conic flow)", choices=("fixed", "free"))
-    mass_floor: float = spec(1e-12, "wfr: a particle whose mass falls below this fraction of the total is removed "
+    mass_floor: float = spec(1e-12, "a particle whose mass falls below this fraction of the total is removed "
                                     "(mass set to 0, counted in /steps/removed)", ge=0, le=1e-3)
-    krylov_tol: float = spec(0.01, "rosenbrock: stage-solve accuracy, as a fraction of the local error tolerance", gt=0,
+    krylov_tol: float = spec(0.01, "stage-solve accuracy, as a fraction of the local error tolerance", gt=0,
                              le=1)
-    krylov_maxiter: int = spec(1000, "rosenbrock: MINRES iterations per stage solve (more: a failed solve, the "
+    krylov_maxiter: int = spec(1000, "MINRES iterations per stage solve (more: a failed solve, the "
                                      "step is retried at a quarter of its size)", ge=1)
-    deflate: int = spec(0, "rosenbrock: largest eigenpairs of the Jacobian removed from the stage solves by a "
+    deflate: int = spec(0, "largest eigenpairs of the Jacobian removed from the stage solves by a "
                            "preconditioner (0: none)", ge=0, le=1000)
-    deflate_every: int = spec(1, "rosenbrock: steps between refinements of the deflated eigenpairs (warm-started "
+    deflate_every: int = spec(1, "steps between refinements of the deflated eigenpairs (warm-started "
                                  "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
-    stage_solve: str = spec("minres", "rosenbrock: 'minres' (MINRES with the current Jacobian) or 'auto' (needs "
+    stage_solve: str = spec("minres", "'minres' (MINRES with the current Jacobian) or 'auto' (needs "
                                       "solver.deflate: steps within the explicit bound of the rest of the spectrum "
                                       "take W = the Jacobian on the eigenpairs, no products)",
                             choices=("minres", "auto"))
-    jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products in forward mode (exact) or by a forward "
+    jacobian: str = spec("exact", "Jacobian-vector products in forward mode (exact) or by a forward "
                                   "difference of grad Phi (one real evaluation; the W-method keeps its order)",
                          choices=("exact", "difference"))
-    radius_every: int = spec(25, "rkc: the most steps between estimates of the Jacobian's spectral radius (fewer "
+    radius_every: int = spec(25, "the most steps between estimates of the Jacobian's spectral radius (fewer "
                                  "while it grows; and after every rejected step)", ge=1)
 
 
@@ -387,15 +386,8 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
     r = cfg.run
     if r.frame_spacing == "linear" and r.frame_interval > r.t_end:
         raise ConfigError(f"run.frame_interval must be <= run.t_end = {r.t_end}, got {r.frame_interval}")
+    # the method's own rules (known, its measure, the keys it reads): pdeflow.solvers.check_config
     s = cfg.solver
-    mismatch = measure_mismatch(s.method, cfg.init.measure)
-    if mismatch is not None:
-        raise ConfigError(mismatch)
-    defaults = SolverConfig()
-    for key in METHOD_KEYS:  # a method-specific key set for a method that ignores it (pdeflow.methods)
-        unread = unread_key(s.method, key) if getattr(s, key) != getattr(defaults, key) else None
-        if unread is not None:
-            raise ConfigError(unread)
     if s.method == "wfr_jko" and (s.gamma == 0.0 or s.alpha == 0.0):
         raise ConfigError("solver.method = 'wfr_jko' needs solver.gamma > 0 and solver.alpha > 0 (for the Wasserstein "
                           "JKO use 'jko')")
@@ -526,12 +518,17 @@ def dumps_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def describe_schema() -> str:
-    """Every section and key with its default and meaning, for ``pdeflow config``."""
+    """Every section and key with its default and meaning, for ``pdeflow config``; with the methods declared
+    (:data:`pdeflow.methods.METHODS`, filled by importing :mod:`pdeflow.solvers`) the choices of ``solver.method``
+    and, for each method-specific ``[solver]`` key, the methods that read it."""
     out = []
     for name, cls in SECTIONS.items():
         out.append(f"[{name}]")
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            allowed = f" (one of {', '.join(map(repr, f.metadata['choices']))})" if f.metadata["choices"] else ""
-            out.append(f"  {f.name} = {_toml_value(default)}  # {f.metadata['doc']}{allowed}")
+            choices = tuple(METHODS) if (name, f.name) == ("solver", "method") and METHODS else f.metadata["choices"]
+            allowed = f" (one of {', '.join(map(repr, choices))})" if choices else ""
+            read = readers(f.name) if name == "solver" else ()
+            by = f" [read by {', '.join(read)}]" if read else ""
+            out.append(f"  {f.name} = {_toml_value(default)}  # {f.metadata['doc']}{allowed}{by}")
     return "\n".join(out)

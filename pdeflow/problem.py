@@ -21,6 +21,7 @@ from .config import Config, ConfigError
 from .mean_field import AttentionData
 from .model import Coordinates, make_coordinates, make_tables, n_params
 from .parallel import SERIAL, SerialComm
+from .tasks import TASKS, TaskError, make_task
 
 COMPLEX_STEP = 1e-30
 
@@ -42,15 +43,11 @@ def task_params(cfg: Config) -> dict[str, Any]:
     """The task-specific keyword arguments of :func:`pdeflow.tasks.make_task` / ``sample_task`` for ``cfg.task``
     (the Markov chain seed defaults to ``task.seed``; text paths are resolved relative to the config)."""
     t = cfg.task
-    if t.name == "markov":
-        return {"concentration": t.concentration, "chain_seed": t.seed if t.chain_seed < 0 else t.chain_seed}
-    if t.name == "lookback":
-        return {"lag": t.lag}
-    if t.name == "associative" and t.n_pairs > 0:
-        return {"n_pairs": t.n_pairs}
-    if t.name == "text":
-        return {"path": str(cfg.resolve_path(t.path))}
-    return {}
+    task = TASKS[t.name]
+    values = {key: getattr(t, key) for key in task.params}
+    if "path" in values:
+        values["path"] = str(cfg.resolve_path(values["path"]))
+    return task.keyword_arguments(values, t.seed)
 
 
 class Problem:
@@ -94,8 +91,6 @@ class Problem:
     @classmethod
     def from_config(cls, cfg: Config) -> Problem:
         """Task data, tables and coordinates from a validated config; ConfigError on inconsistent shapes."""
-        from .tasks import TaskError, make_task
-
         t, m = cfg.task, cfg.model
         try:
             task = make_task(t.name, vocab_size=t.vocab_size, seq_len=t.seq_len, exact=t.exact,

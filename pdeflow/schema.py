@@ -160,7 +160,8 @@ ITEMS: tuple[Item, ...] = (
     _data("/checkpoint/slot#/n_steps", (), "int", REQUIRED, "rows of /steps committed with this state"),
     _data("/checkpoint/slot#/rng", ("R",), "bytes", REQUIRED, "the generator state as JSON bytes, zero-padded"),
     _group("/checkpoint/slot#/extra", OPTIONAL, "named state beyond the fields, one dataset per name: a run's "
-           "`stepper` (its controller state) and `accuracy` (its accuracy record's)"),
+           "`stepper.<name>` (its stepper's controller state, e.g. rkc's `stepper.rho`) and `accuracy` (its accuracy "
+           "record's)"),
     _data("/checkpoint/slot#/extra/*", ("...",), "float", OPTIONAL, "one named array, of any shape"),
     _data("/checkpoint/slot#/omega", ("N", "k"), "float", PARTICLES, "particle positions of the state"),
     _data("/checkpoint/slot#/mass", ("N",), "float", PARTICLES, "particle masses of the state"),

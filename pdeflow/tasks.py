@@ -21,7 +21,9 @@ import numpy as np
 
 __all__ = [
     "MAX_ENUMERATION",
+    "TASKS",
     "TASK_NAMES",
+    "Task",
     "TaskData",
     "TaskError",
     "enumerate_task",
@@ -31,8 +33,6 @@ __all__ = [
 
 MAX_ENUMERATION: int = 2**20
 """Largest number of sequences an exact enumeration may produce (checked before allocating)."""
-
-TASK_NAMES: tuple[str, ...] = ("markov", "lookback", "majority", "associative", "text")
 
 
 class TaskError(ValueError):
@@ -527,26 +527,51 @@ def _enumerate_text(V: int, T: int, seed: int | None, params: dict):
 _SampleFn = Callable[..., TaskData]
 _EnumFn = Callable[..., TaskData]
 
-_TASKS: dict[str, tuple[_SampleFn, _EnumFn, frozenset[str]]] = {
-    "markov": (_sample_markov, _enumerate_markov, frozenset({"concentration", "chain_seed"})),
-    "lookback": (_sample_lookback, _enumerate_lookback, frozenset({"lag"})),
-    "majority": (_sample_majority, _enumerate_majority, frozenset()),
-    "associative": (_sample_associative, _enumerate_associative, frozenset({"n_pairs"})),
-    "text": (_sample_text, _enumerate_text, frozenset({"path"})),
-}
-assert tuple(_TASKS) == TASK_NAMES
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task declared once: its ``name`` (``task.name``), the sampler and the enumerator of its data, the
+    task-specific parameters it takes (the ``[task]`` keys of the same names: a config refuses them for other
+    tasks), and ``from_config``: the keyword arguments from the config's values of ``params`` and ``task.seed``,
+    where a config value means "the default" (default: the values as given)."""
+    name: str
+    sample: _SampleFn
+    enumerate: _EnumFn
+    params: tuple[str, ...] = ()
+    from_config: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
+
+    def keyword_arguments(self, values: dict[str, Any], seed: int) -> dict[str, Any]:
+        """The task-specific keyword arguments of :func:`make_task` from the config's ``values`` of
+        :attr:`params` and ``task.seed``."""
+        return self.from_config(values, seed) if self.from_config else dict(values)
+
+
+TASKS: dict[str, Task] = {t.name: t for t in (
+    # chain_seed = -1: the data seed task.seed (passed explicitly: sgd and chaos draw with other seeds, same chain)
+    Task("markov", _sample_markov, _enumerate_markov, ("concentration", "chain_seed"),
+         lambda v, seed: {"concentration": v["concentration"],
+                          "chain_seed": seed if v["chain_seed"] < 0 else v["chain_seed"]}),
+    Task("lookback", _sample_lookback, _enumerate_lookback, ("lag",)),
+    Task("majority", _sample_majority, _enumerate_majority),
+    # n_pairs = 0: (T - 1) // 2
+    Task("associative", _sample_associative, _enumerate_associative, ("n_pairs",),
+         lambda v, seed: {"n_pairs": v["n_pairs"]} if v["n_pairs"] > 0 else {}),
+    Task("text", _sample_text, _enumerate_text, ("path",)),
+)}
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 
 
 def _common(name: Any, vocab_size: Any, seq_len: Any, params: dict) -> tuple[str, int, int]:
-    if not isinstance(name, str) or name not in _TASKS:
+    if not isinstance(name, str) or name not in TASKS:
         raise TaskError(f"name must be one of {', '.join(TASK_NAMES)}; got {name!r}")
     # text may take V from the file (vocab_size = 0)
     V = _as_int("vocab_size", vocab_size, 0 if name == "text" else 2)
     if name == "text" and V == 1:
         raise TaskError("vocab_size must be 0 (from the file) or >= 2 for text, got 1")
     T = _as_int("seq_len", seq_len, 1)
-    allowed = _TASKS[name][2]
-    unknown = sorted(set(params) - allowed)
+    allowed = TASKS[name].params
+    unknown = sorted(set(params) - set(allowed))
     if unknown:
         ok = ", ".join(sorted(allowed)) or "none"
         raise TaskError(f"{unknown[0]} is not a parameter of task {name!r} (accepted: {ok})")
@@ -565,7 +590,7 @@ def sample_task(
     name, V, T = _common(name, vocab_size, seq_len, params)
     B = _as_int("n_samples", n_samples, 1)
     seed = _as_int("seed", seed, 0)
-    return _TASKS[name][0](V, T, B, _sampling_rng(seed), seed, params)
+    return TASKS[name].sample(V, T, B, _sampling_rng(seed), seed, params)
 
 
 def enumerate_task(
@@ -581,7 +606,7 @@ def enumerate_task(
     name, V, T = _common(name, vocab_size, seq_len, params)
     if seed is not None:
         seed = _as_int("seed", seed, 0)
-    return _TASKS[name][1](V, T, seed, params)
+    return TASKS[name].enumerate(V, T, seed, params)
 
 
 def make_task(

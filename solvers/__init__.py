@@ -3,52 +3,61 @@
 ``euler``, ``heun``, ``rk4``, ``adaptive`` (:mod:`pdeflow.solvers.explicit`), ``jko``
 (:mod:`pdeflow.solvers.jko`), ``fv`` (:mod:`pdeflow.solvers.finite_volume`), ``sgd`` (:mod:`pdeflow.solvers.sgd`),
 ``wfr`` (:mod:`pdeflow.solvers.wfr`), ``wfr_jko`` (:mod:`pdeflow.solvers.unbalanced_jko`), ``rosenbrock``
-(:mod:`pdeflow.solvers.stiff`). Each takes explicit parameters and has ``from_config``; :func:`make_stepper`
-builds the one a config names. The one time loop that advances them is :class:`pdeflow.solvers.loop.Loop`
-(the driver :func:`pdeflow.solvers.driver.run` writes a file from it).
+(:mod:`pdeflow.solvers.stiff`), ``rkc`` (:mod:`pdeflow.solvers.chebyshev`), and any stepper class a module of this
+package defines with a ``name``: importing the package imports every module of it, and each such class registers
+itself (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`) and declares its row of
+:data:`pdeflow.methods.METHODS`. :func:`check_config` checks a config's method against those rows;
+:func:`make_stepper` builds the stepper a config names. The one time loop that advances them is
+:class:`pdeflow.solvers.loop.Loop` (the driver :func:`pdeflow.solvers.driver.run` writes a file from it).
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import pkgutil
 
 import numpy as np
 
-from pdeflow.config import Config, ConfigError
+from pdeflow.config import Config, ConfigError, SolverConfig
 from pdeflow.measure import initial_density
-from pdeflow.methods import METHODS
+from pdeflow.methods import METHODS, measure_mismatch, method_keys, unread_key
 from pdeflow.problem import Problem
 
-from .base import SolverError, State, Stepper
-
-STEPPERS: dict[str, type[Stepper]] = {}
-# The module defining each method (the table pdeflow.methods.METHODS); imported on first use so a run loads only
-# what it needs.
-MODULES = {name: f"{__name__}.{m.module}" for name, m in METHODS.items()}
+from .base import STEPPERS, SolverError, State, Stepper
 
 
 def register(cls: type[Stepper]) -> type[Stepper]:
-    """Class decorator adding a stepper to :data:`STEPPERS` under ``cls.name``."""
-    STEPPERS[cls.name] = cls
+    """Class decorator kept for stepper modules written before registration by subclassing: defining the class
+    has registered it already (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`)."""
     return cls
 
 
 def stepper_class(method: str) -> type[Stepper]:
-    """The stepper class of ``solver.method``; ConfigError if it is unknown or not available."""
+    """The stepper class of ``solver.method``; ConfigError if it is unknown."""
     if method not in STEPPERS:
-        module = MODULES.get(method)
-        if module is None:
-            raise ConfigError(f"solver.method {method!r} is unknown; methods are {', '.join(MODULES)}")
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError:
-            raise ConfigError(f"solver.method {method!r} is not available in this pdeflow") from None
+        raise ConfigError(f"solver.method {method!r} is unknown; methods are {', '.join(STEPPERS)}")
     return STEPPERS[method]
 
 
+def check_config(cfg: Config) -> None:
+    """The rules of ``cfg.solver.method`` (ConfigError, one line): a known method, one that evolves ``init.measure``,
+    and no method-specific ``[solver]`` key set to other than its default for a method that does not read it."""
+    s = cfg.solver
+    stepper_class(s.method)
+    mismatch = measure_mismatch(s.method, cfg.init.measure)
+    if mismatch is not None:
+        raise ConfigError(mismatch)
+    defaults = SolverConfig()
+    for key in method_keys():
+        unread = unread_key(s.method, key) if getattr(s, key) != getattr(defaults, key) else None
+        if unread is not None:
+            raise ConfigError(unread)
+
+
 def make_stepper(problem: Problem, cfg: Config) -> Stepper:
-    """The stepper ``cfg.solver.method`` names, built for ``problem`` by its ``from_config``, starting from the
-    initial measure of ``init.*`` (:func:`initial_fields`)."""
+    """The stepper ``cfg.solver.method`` names (:func:`check_config`), built for ``problem`` by its ``from_config``,
+    starting from the initial measure of ``init.*`` (:func:`initial_fields`)."""
+    check_config(cfg)
     stepper = stepper_class(cfg.solver.method).from_config(problem, cfg)
     stepper.initial_fields = functools.partial(initial_fields, stepper, cfg)
     return stepper
@@ -63,4 +72,18 @@ def initial_fields(stepper: Stepper, cfg: Config) -> dict[str, np.ndarray]:
     return {"omega": omega, "mass": mass}
 
 
-__all__ = ["STEPPERS", "register", "make_stepper", "initial_fields", "stepper_class", "Stepper", "State", "SolverError"]
+def _import_steppers() -> None:
+    """Import every module of this package, so that every stepper class is defined (registered); a module whose
+    optional third-party dependency is missing leaves its method out."""
+    for module in pkgutil.iter_modules(__path__):
+        try:
+            importlib.import_module(f"{__name__}.{module.name}")
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.startswith(("pdeflow", __name__)):
+                raise
+
+
+_import_steppers()
+
+__all__ = ["STEPPERS", "METHODS", "register", "check_config", "make_stepper", "initial_fields", "stepper_class",
+           "Stepper", "State", "SolverError"]

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pdeflow.config import Config
+from pdeflow.methods import Method, declare
 from pdeflow.problem import Evaluation, Problem
 from pdeflow.state import State, rng_from_state, rng_state
 
@@ -46,6 +47,10 @@ def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> flo
     return 0.5 * h * (i0 + i1) + h * h * (slope0 - slope1) / 12.0
 
 
+# solver.method -> the stepper class that declares it (Stepper.__init_subclass__)
+STEPPERS: dict[str, type[Stepper]] = {}
+
+
 class SolverError(RuntimeError):
     """A step could not be completed (a failed inner solve, a step size below its floor, ...)."""
 
@@ -56,6 +61,10 @@ class Stepper:
     Subclasses set ``name``, take their parameters in ``__init__`` with a :meth:`from_config` reading them
     from a config, and implement :meth:`step`; grid steppers override :meth:`evaluate` and :meth:`frame_attrs`.
 
+    A class that sets ``name`` is the method ``solver.method = name``: defining it registers it
+    (:data:`STEPPERS`) and declares its row of :data:`pdeflow.methods.METHODS` from :attr:`measures`,
+    :attr:`explicit_flow` and :attr:`reads` (:meth:`__init_subclass__`).
+
     Accuracy checks (:mod:`pdeflow.solvers.accuracy`): any stepper whose :meth:`diagnostics` give the ``energy`` and
     ``dissipation`` of its flow gets the energy-identity check with no code of its own (set
     :attr:`energy_identity` False where the identity does not hold); a fixed-step explicit method declares
@@ -63,8 +72,13 @@ class Stepper:
     """
     name: ClassVar[str] = ""
     measure: ClassVar[str] = "particles"
+    # the method's declaration: the values of init.measure it evolves (empty: its own measure), whether it is an
+    # explicit Runge-Kutta step of the particles' Wasserstein flow (a reference flow of the chaos experiment), and
+    # the method-specific [solver] keys it reads (a non-default value of any other is refused)
+    measures: ClassVar[tuple[str, ...]] = ()
+    explicit_flow: ClassVar[bool] = False
+    reads: ClassVar[tuple[str, ...]] = ()
     step_columns: ClassVar[tuple[str, ...]] = ()
-    extra_size: ClassVar[int] = 0
     # True when a step needs of the other ranks' particles only what Problem sums over ranks (the aggregate
     # output, confinement, dissipation) and sum_over_ranks: the stepper runs split across MPI ranks
     sharded: ClassVar[bool] = False
@@ -77,6 +91,13 @@ class Stepper:
     # the quadrature of int I dt over a step when the step leaves none of its own: "trapezoid", or "right"
     # (h I_new, the quadrature implicit Euler and minimizing movements carry: their defect stays below 1)
     quadrature: ClassVar[str] = "trapezoid"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Register a class that sets ``name`` as ``solver.method = name`` (class docstring)."""
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):
+            STEPPERS[cls.name] = cls
+            declare(Method(cls.name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads)))
 
     def __init__(self, problem: Problem) -> None:
         """A stepper's own ``__init__`` takes its parameters explicitly, calls this and sets ``dt``, the first
@@ -105,13 +126,16 @@ class Stepper:
         """Attributes of ``/frames`` describing the measure (a grid's box and shape)."""
         return {}
 
-    def extra_state(self, state: State) -> np.ndarray:
-        """Controller state beyond ``State`` that a checkpoint must keep (length ``extra_size``)."""
-        return np.zeros(self.extra_size)
+    def extra_state(self, state: State) -> dict[str, np.ndarray]:
+        """The controller state beyond ``State`` that a checkpoint keeps at ``state``: named float arrays (a
+        subclass adds its own to its base's). Their names and shapes depend only on the stepper's parameters and
+        the measure's shape, so those at the start fix the file's datasets; a value not known at ``state`` is nan
+        (what :meth:`restore` then recomputes)."""
+        return {}
 
-    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
-        """Continue from ``state`` (a resumed file's, :func:`pdeflow.resume.state_of`) with the controller state
-        ``extra`` of :meth:`extra_state`; the default controller keeps nothing beyond the state."""
+    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
+        """Continue from ``state`` (a resumed file's, :func:`pdeflow.resume.state_of`) with the named arrays
+        ``extra`` of :meth:`extra_state`; the default stepper keeps nothing beyond the state."""
         return state
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -163,4 +187,4 @@ class Stepper:
                 f"reduce solver.dt or use solver.method = 'adaptive'")
 
 
-__all__ = ["SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state", "rng_from_state"]
+__all__ = ["STEPPERS", "SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state", "rng_from_state"]

@@ -28,8 +28,8 @@ from pdeflow.config import Config
 from pdeflow.problem import Problem
 
 from . import register
-from .base import SolverError, State, Stepper, controller_factor, hermite
-from .explicit import DormandPrince
+from .base import State, hermite
+from .controller import CONTROLLER_KEYS, AdaptiveStepper
 from .jacobian import dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
 
 # the damping of the stability polynomial: |R_s| <= 1 - eps/3 or so inside the interval (a margin against rounding
@@ -45,8 +45,6 @@ RADIUS_COLD = 16
 # stages of one step at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 2000
 ORDER = 2  # of y_{n+1}; the error estimate is O(h^3)
-# checkpoint floats before the radius vector: rho, its age and interval in steps, the last accepted error, dI/dt
-HEADER = 5
 
 
 @dataclass(frozen=True)
@@ -114,65 +112,69 @@ def error_estimate(y: np.ndarray, y_new: np.ndarray, fy: np.ndarray, f_new: np.n
 
 
 @dataclass
+class _Radius:
+    """The spectral radius estimate ``rho``, its Ritz vector [n], its ``age`` and the ``interval`` to the next
+    estimate in steps; ``slope = dI/dt`` at the step's start."""
+    rho: float
+    vector: np.ndarray
+    age: int
+    interval: int
+    slope: float
+
+
+@dataclass
 class _Carry:
-    """What an accepted step hands to the next (and a checkpoint keeps): the radius estimate ``rho``, its Ritz
-    vector [n], its ``age`` and the ``interval`` to the next estimate in steps, ``err``, the accepted step's error
-    estimate (the PI controller's memory), and ``slope = dI/dt`` at ``state``."""
+    """What an accepted step hands to the next (and a checkpoint keeps, with the controller's memory): the radius
+    estimate of :class:`_Radius` and ``slope = dI/dt`` at ``state``."""
     state: State
     rho: float
     vector: np.ndarray
     age: int
     interval: int
-    err: float
     slope: float
 
 
 @register
-class RKC(Stepper):
+class RKC(AdaptiveStepper):
     """``solver.method = "rkc"``: the Runge-Kutta-Chebyshev method (see the module docstring)."""
     name = "rkc"
     sharded = False
     order: ClassVar[int] = ORDER
     step_columns = ("rejected", "stages", "gradient_evals", "jvps", "spectral_radius", "stability_margin")
     stability_column = "stability_margin"
+    reads = (*CONTROLLER_KEYS, "radius_every")
 
     _carry: _Carry | None = None
+    _step_radius: _Radius  # the radius estimate of the step being taken (_begin_step), renewed by a rejection
 
-    def __init__(self, problem: Problem, dt: float, *, n_particles: int, rtol: float, atol: float, dt_min: float,
-                 dt_max: float, max_growth: float, radius_every: int) -> None:
-        """``dt`` the first step; ``n_particles`` the size of the clouds it advances (its checkpoint carries the
-        radius estimate's vector of that length); the error controller as for ``adaptive``; ``radius_every``
-        steps between estimates of the spectral radius (``solver.*`` of the same names)."""
-        super().__init__(problem)
-        self.dt, self.n_particles = float(dt), int(n_particles)
-        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
-        self.max_growth, self.radius_every = float(max_growth), int(radius_every)
+    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
+                 max_growth: float, radius_every: int) -> None:
+        """``dt`` the first step; the error controller as for ``adaptive``; ``radius_every`` steps between
+        estimates of the spectral radius (``solver.*`` of the same names)."""
+        super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
+        self.radius_every = int(radius_every)
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> RKC:
-        return cls(problem, cfg.solver.dt, n_particles=cfg.init.n_particles, **DormandPrince.controller(cfg),
-                   radius_every=cfg.solver.radius_every)
+        return cls(problem, cfg.solver.dt, **cls.controller(cfg), radius_every=cfg.solver.radius_every)
 
-    @property
-    def extra_size(self) -> int:  # type: ignore[override]
-        """The checkpoint's controller state: ``[rho, age, interval, err, dI/dt, vector (n)]``, ``n = N k``."""
-        return HEADER + self.n_particles * self.problem.k
-
-    def extra_state(self, state: State) -> np.ndarray:
-        out = np.zeros(self.extra_size)
-        out[0] = math.nan  # no carry: the next step estimates rho afresh
+    def extra_state(self, state: State) -> dict[str, np.ndarray]:
+        """The controller's ``err`` and the carry of :class:`_Carry`: ``rho``, its Ritz ``vector`` [N k], its
+        ``age`` and ``interval`` in steps, ``slope = dI/dt`` (nan, and a zero vector, when the next step starts
+        afresh)."""
         carry = self._carry if self._carry is not None and self._carry.state is state else None
-        if carry is not None:
-            out[:HEADER] = carry.rho, carry.age, carry.interval, carry.err, carry.slope
-            out[HEADER:] = carry.vector
-        return out
+        if carry is None:
+            carry = _Carry(state, math.nan, np.zeros(state.fields["omega"].size), 0, 0, math.nan)
+        return {**super().extra_state(state), "rho": np.array(carry.rho), "vector": np.array(carry.vector),
+                "age": np.array(float(carry.age)), "interval": np.array(float(carry.interval)),
+                "slope": np.array(carry.slope)}
 
-    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
-        extra = np.zeros(0) if extra is None else np.asarray(extra, dtype=float)
+    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
+        super().restore(state, extra)
         self._carry = None
-        if extra.size == self.extra_size and math.isfinite(extra[0]):
-            self._carry = _Carry(state, float(extra[0]), extra[HEADER:].copy(), int(extra[1]), int(extra[2]),
-                                 float(extra[3]), float(extra[4]))
+        if extra and math.isfinite(float(extra.get("rho", math.nan))):
+            self._carry = _Carry(state, float(extra["rho"]), np.array(extra["vector"], dtype=float),
+                                 int(extra["age"]), int(extra["interval"]), float(extra["slope"]))
         return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray, counts: dict[str, float]) -> np.ndarray:
@@ -207,9 +209,8 @@ class RKC(Stepper):
         interval = max(1, interval // 2) if grown else min(self.radius_every, 2 * interval)
         return new_rho, new_vector, interval
 
-    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        s = self
-        omega, mass = state.fields["omega"], state.fields["mass"]
+    def _begin_step(self, state: State) -> dict[str, float]:
+        """The radius estimate for the step (carried, renewed when its interval is up, or cold) and dI/dt."""
         counts = {"rejected": 0.0, "gradient_evals": 0.0, "jvps": 0.0}
         carry = self._carry if self._carry is not None and self._carry.state is state else None
         if carry is None:
@@ -220,44 +221,40 @@ class RKC(Stepper):
             age = 0
         else:
             rho, vector, age, interval = carry.rho, carry.vector, carry.age, carry.interval
-        previous = carry.err if carry is not None else math.nan
         slope = carry.slope if carry is not None else self._slope(state, counts)
+        self._step_radius = _Radius(rho, vector, age, interval, slope)
+        return counts
+
+    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+        """An RKC step with the fewest stable stages for ``h``, cut to ``beta(MAX_STAGES)`` when longer."""
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        rho = self._step_radius.rho
+        stages = stages_for(RADIUS_SAFETY * rho * h)
+        if stages > MAX_STAGES:
+            stages = MAX_STAGES
+            h = chebyshev(MAX_STAGES).beta / (RADIUS_SAFETY * rho)
         fy = -self.evaluate(state).grad_phi
-        dt = min(state.dt, s.dt_max)
-        while True:
-            h = min(dt, dt_limit)
-            stages = stages_for(RADIUS_SAFETY * rho * h)
-            if stages > MAX_STAGES:
-                stages = MAX_STAGES
-                h = chebyshev(MAX_STAGES).beta / (RADIUS_SAFETY * rho)
-            y_new = rkc_step(lambda y: self._velocity(y, mass, counts), omega, fy, h, stages)
-            new = state.advanced({"omega": y_new, "mass": mass}, h)
-            f_new = -self.evaluate(new).grad_phi  # the next step's first stage and the step's diagnostics
-            counts["gradient_evals"] += 1
-            scale = s.atol + s.rtol * np.maximum(np.abs(omega), np.abs(y_new))
-            err = math.sqrt(float(np.mean((error_estimate(omega, y_new, fy, f_new, h) / scale) ** 2)))
-            if not np.isfinite(err):
-                err = np.inf
-            factor = controller_factor(err, previous if counts["rejected"] == 0 else math.nan, ORDER, s.max_growth)
-            if err <= 1.0:
-                # a step cut short by a frame time does not shrink the controller's proposal
-                proposal = dt * factor if h >= dt else max(dt, h * factor)
-                new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
-                new_slope = self._slope(new, counts)
-                new.dissipation_integral = hermite(h, self.evaluate(state).dissipation,
-                                                   self.evaluate(new).dissipation, slope, new_slope)
-                self._carry = _Carry(new, rho, vector, age + 1, interval, max(err, 1e-4), new_slope)
-                counts.update(stages=float(stages), spectral_radius=rho,
-                              stability_margin=h * rho / chebyshev(stages).beta)
-                return new, counts
-            counts["rejected"] += 1
-            dt = h * factor
-            if dt < s.dt_min:
-                raise SolverError(f"rkc step size fell below solver.dt_min = {s.dt_min:g} at t = {state.t:.6g} "
-                                  f"(error estimate {err:.3g}); loosen solver.rtol/atol or lower solver.dt_min")
-            # a rejection may come from a radius that grew since it was estimated: estimate it again
-            rho, vector, interval = self._reestimate(state, rho, vector, interval, counts)
-            age = 0
+        y_new = rkc_step(lambda y: self._velocity(y, mass, counts), omega, fy, h, stages)
+        new = state.advanced({"omega": y_new, "mass": mass}, h)
+        f_new = -self.evaluate(new).grad_phi  # the next step's first stage and the step's diagnostics
+        counts["gradient_evals"] += 1
+        counts.update(stages=float(stages), spectral_radius=rho, stability_margin=h * rho / chebyshev(stages).beta)
+        return new, h, self.error_norm(error_estimate(omega, y_new, fy, f_new, h), omega, y_new)
+
+    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+        """The Hermite quadrature (one product for dI/dt at the new state) and the carried radius."""
+        r = self._step_radius
+        new_slope = self._slope(new, counts)
+        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
+                                           r.slope, new_slope)
+        self._carry = _Carry(new, r.rho, r.vector, r.age + 1, r.interval, new_slope)
+        return counts
+
+    def _reject_step(self, state: State, counts: dict[str, float]) -> None:
+        """A rejection may come from a radius that grew since it was estimated: estimate it again."""
+        r = self._step_radius
+        r.rho, r.vector, r.interval = self._reestimate(state, r.rho, r.vector, r.interval, counts)
+        r.age = 0
 
     def likely_cause(self, state: State) -> str:
         return (f"the rkc stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) are too "

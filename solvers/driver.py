@@ -37,6 +37,9 @@ from .accuracy import AccuracyMonitor, AccuracyRecord
 from .base import State, Stepper
 from .loop import Loop, MaxSteps, Observer, Stationary, Step, WallTime, frame_times
 
+# the checkpoint arrays of the stepper's controller state are /checkpoint/slot#/extra/stepper.<name>
+STEPPER_PREFIX = "stepper."
+
 
 class Interrupted(Exception):
     """SIGINT or SIGTERM arrived; ``signum`` says which."""
@@ -182,12 +185,17 @@ class _Run(Observer):
         return self.comm.bcast(self.wall_offset + time.perf_counter() - self.wall0)
 
     # ---- the file -----------------------------------------------------------------------------
+    def stepper_extra(self, state: State) -> dict[str, np.ndarray]:
+        """The stepper's named controller arrays at ``state`` (:meth:`Stepper.extra_state`) as checkpoint arrays
+        ``stepper.<name>``; the names and shapes at the start are the file's for its life."""
+        return {STEPPER_PREFIX + name: value for name, value in self.stepper.extra_state(state).items()}
+
     def commit(self) -> None:
         """Write the buffered rows and a checkpoint of the state: everything so far becomes permanent."""
         with _writing():
             self.rows.flush(self.writer)
             # the stepper's controller state and the accuracy record's (pdeflow.solvers.accuracy), by name
-            extra = {"stepper": self.stepper.extra_state(self.state), "accuracy": self.monitor.checkpoint_vector()}
+            extra = {**self.stepper_extra(self.state), "accuracy": self.monitor.checkpoint_vector()}
             self.writer.write_checkpoint(checkpoint_of(self.state, extra, self.writer.n_frames, self.writer.n_steps))
 
     def write_frame(self, diag: dict[str, float]) -> None:
@@ -205,10 +213,13 @@ class _Run(Observer):
             rows = self.comm.bcast(committed_steps(self.path, ("time",) + ACCURACY_COLUMNS)
                                    if self.comm.is_root else None)
             self.writer, ck = GatheringWriter.reopen(self.comm, self.path)
-            if "stepper" not in ck.extra:
-                raise TrajectoryError(f"--resume: {self.path}: its checkpoint holds no stepper state "
-                                      f"(/checkpoint/slot#/extra/stepper)")
-            self.state = st.restore(state_of(ck), np.asarray(ck.extra["stepper"], dtype=float))
+            state = state_of(ck)
+            expected = set(self.stepper_extra(state))
+            if not expected <= set(ck.extra):
+                raise TrajectoryError(f"--resume: {self.path}: its checkpoint lacks the stepper state "
+                                      f"{', '.join(sorted(expected - set(ck.extra)))} (/checkpoint/slot#/extra)")
+            self.state = st.restore(state, {name.removeprefix(STEPPER_PREFIX): np.asarray(value, dtype=float)
+                                            for name, value in ck.extra.items() if name.startswith(STEPPER_PREFIX)})
             self.monitor.restore(ck.extra.get("accuracy"), rows)
             self.wall_offset = self.writer.last_wall_time
             return
@@ -219,7 +230,8 @@ class _Run(Observer):
         self.writer = GatheringWriter.create(
             self.comm, self.path, self.cfg, self.problem.arrays(), self.state.fields,
             ACCURACY_COLUMNS + st.step_columns, st.frame_attrs(),
-            extra_shapes={"stepper": (st.extra_size,), "accuracy": (self.monitor.checkpoint_size,)},
+            extra_shapes={**{name: np.shape(value) for name, value in self.stepper_extra(self.state).items()},
+                          "accuracy": (self.monitor.checkpoint_size,)},
             measure=st.measure, beta=self.problem.beta, precision=self.problem.precision,
             compression=self.cfg.output.compression, overwrite=overwrite, steps_attrs=self.monitor.notes())
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):

@@ -3,13 +3,13 @@
 The particle system of docs/model.md, ``d omega_i/dt = -grad Phi(omega_i; rho_N)`` with the masses fixed, is an
 ODE ``y' = f(y)`` in ``y = omega`` [N, k]; every stage evaluates the velocity at all particles at once.
 ``euler``, ``heun``, ``rk4`` (orders 1, 2, 4) take the fixed step ``solver.dt``; ``adaptive`` is the Dormand-Prince
-5(4) pair with first-same-as-last reuse and error control. Each step leaves on the new state its quadrature of the
+5(4) pair with first-same-as-last reuse (:class:`EmbeddedRK`, any such pair as tableau data), its error control that of
+:mod:`pdeflow.solvers.controller`. Each step leaves on the new state its quadrature of the
 dissipation, ``Q = h sum_i b_i I(Y_i)`` (:mod:`pdeflow.solvers.accuracy`); fixed-step methods declare their
 real-axis stability bound (2, 2, 2.7853). Details: docs/solvers.md, "Particles: euler, heun, rk4, adaptive".
 """
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import numpy as np
@@ -18,12 +18,14 @@ from pdeflow.config import Config
 from pdeflow.problem import Problem
 
 from . import register
-from .base import SolverError, State, Stepper
+from .base import State, Stepper
+from .controller import AdaptiveStepper
 
 
 class ExplicitRK(Stepper):
     """A fixed-step explicit Runge-Kutta method given by its Butcher tableau (``A``, ``b``)."""
     sharded = True
+    explicit_flow = True
     A: ClassVar[tuple[tuple[float, ...], ...]] = ()
     b: ClassVar[tuple[float, ...]] = ()
     order: ClassVar[int] = 1
@@ -38,11 +40,24 @@ class ExplicitRK(Stepper):
         return cls(problem, dt=cfg.solver.dt)
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """The stage derivative ``dy/dt`` at ``y``: the velocity ``-grad Phi`` of the particles at ``omega``."""
         return -self.problem.grad_phi(omega, omega, mass)
 
+    def _solution(self, state: State) -> np.ndarray:
+        """The vector ``y`` the method integrates at a state: the positions ``omega`` [N, k]."""
+        return state.fields["omega"]
+
+    def _rate_at(self, state: State) -> np.ndarray:
+        """``dy/dt`` at a state, from its (cached) evaluation: the first stage (and an FSAL pair's last)."""
+        return -self.evaluate(state).grad_phi
+
+    def _fields(self, y: np.ndarray, state: State) -> dict[str, np.ndarray]:
+        """The measure's fields at ``y`` (the masses of ``state``)."""
+        return {"omega": y, "mass": state.fields["mass"]}
+
     def _stages(self, state: State, h: float, n_stages: int) -> list[np.ndarray]:
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        stages = [-self.evaluate(state).grad_phi]
+        omega, mass = self._solution(state), state.fields["mass"]
+        stages = [self._rate_at(state)]
         for i in range(1, n_stages):
             y = omega.copy()
             for j, a in enumerate(self.A[i][:i]):
@@ -107,13 +122,46 @@ class RK4(ExplicitRK):
     stability_bound = 2.785293563405282
 
 
+class EmbeddedRK(AdaptiveStepper, ExplicitRK):
+    """An embedded explicit Runge-Kutta pair with first-same-as-last reuse, given by its tableau: ``A`` (its last
+    row is ``b``, the stage at the new state), ``b`` (last weight 0) and ``e = b - b_hat`` (the embedded solution's
+    difference); error control by :class:`~pdeflow.solvers.controller.AdaptiveStepper` of order :attr:`order`.
+
+    The integrated vector ``y`` is the particles' positions with velocity ``-grad Phi``; a flow of more variables
+    (wfr: ``(omega, m)``) overrides :meth:`_solution`, :meth:`_rate_at`, :meth:`_velocity` and :meth:`_fields`."""
+    step_columns = ("rejected",)
+    e: ClassVar[tuple[float, ...]] = ()
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> EmbeddedRK:
+        return cls(problem, cfg.solver.dt, **cls.controller(cfg))
+
+    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+        y = self._solution(state)
+        n = len(self.A) - 1  # stages before the last, which is the rate at the new state
+        stages = self._stages(state, h, n)
+        y_new = self._combine(y, h, self.b[:n], stages)
+        new = state.advanced(self._fields(y_new, state), h)
+        stages.append(self._rate_at(new))
+        self._last_stages = stages
+        return new, h, self.error_norm(self._combine(np.zeros_like(y), h, self.e, stages), y, y_new)
+
+    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+        n = len(self.A) - 1
+        new.dissipation_integral = self._quadrature(state, h, self.b[:n], self._last_stages[:n])
+        self._last_stages = []
+        return counts
+
+
 @register
-class DormandPrince(ExplicitRK):
-    """Adaptive Dormand-Prince 5(4) with error control (see the module docstring)."""
+class DormandPrince(EmbeddedRK):
+    """Adaptive Dormand-Prince 5(4) with error control (see the module docstring). Its step size follows the
+    elementary controller ``0.9 err^(-1/5)`` (no PI memory), as it always has, so that its results stay those of the
+    reference runs."""
     name = "adaptive"
     order = 5
+    pi_control = False
     stages = 6  # new evaluations per accepted attempt (first-same-as-last)
-    step_columns = ("rejected",)
     A = ((),
          (1 / 5,),
          (3 / 40, 9 / 40),
@@ -124,55 +172,6 @@ class DormandPrince(ExplicitRK):
     b = (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0.0)
     # b - b_hat: the embedded fourth-order solution's difference, as in the published pair
     e = (71 / 57600, 0.0, -71 / 16695, 71 / 1920, -17253 / 339200, 22 / 525, -1 / 40)
-
-    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
-                 max_growth: float) -> None:
-        """``dt`` the first step; the error tolerances ``rtol``, ``atol``; the step within ``[dt_min, dt_max]``
-        and growing by at most ``max_growth`` per step (``solver.*`` of the same names)."""
-        super().__init__(problem, dt)
-        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
-        self.max_growth = float(max_growth)
-
-    @classmethod
-    def controller(cls, cfg: Config) -> dict[str, float]:
-        """The error controller's parameters in ``cfg.solver``."""
-        s = cfg.solver
-        return {"rtol": s.rtol, "atol": s.atol, "dt_min": s.dt_min, "dt_max": s.dt_max, "max_growth": s.max_growth}
-
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> DormandPrince:
-        return cls(problem, cfg.solver.dt, **cls.controller(cfg))
-
-    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        dt = min(state.dt, self.dt_max)
-        rejected = 0
-        while True:
-            h = min(dt, dt_limit)
-            stages = self._stages(state, h, 6)
-            y5 = self._combine(omega, h, self.b[:6], stages)
-            new = state.advanced({"omega": y5, "mass": mass}, h)
-            ev = self.evaluate(new)
-            stages.append(-ev.grad_phi)
-            err_vec = self._combine(np.zeros_like(omega), h, self.e, stages)
-            scale = self.atol + self.rtol * np.maximum(np.abs(omega), np.abs(y5))
-            # the rms over all particles of all ranks: every rank gets the same err and takes the same step
-            squares, count = self.problem.comm.sum_over_ranks(float(np.sum((err_vec / scale) ** 2)), err_vec.size)
-            err = math.sqrt(squares / count) if count else 0.0
-            if not np.isfinite(err):
-                err = np.inf
-            factor = self.max_growth if err == 0.0 else min(self.max_growth, max(0.2, 0.9 * err ** -0.2))
-            if err <= 1.0:
-                # a step cut short by a frame time does not shrink the controller's proposal
-                proposal = dt * factor if h >= dt else max(dt, h * factor)
-                new.dt = float(np.clip(proposal, self.dt_min, self.dt_max))
-                new.dissipation_integral = self._quadrature(state, h, self.b[:6], stages[:6])
-                return new, {"rejected": float(rejected)}
-            rejected += 1
-            dt = h * max(0.2, factor)
-            if dt < self.dt_min:
-                raise SolverError(f"adaptive step size fell below solver.dt_min = {self.dt_min:g} at t = {state.t:.6g} "
-                                  f"(error estimate {err:.3g}); loosen solver.rtol/atol or lower solver.dt_min")
 
     def likely_cause(self, state: State) -> str:
         return (f"the adaptive stepper's tolerances (solver.rtol = {self.rtol:g}, "

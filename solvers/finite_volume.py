@@ -207,6 +207,7 @@ class FiniteVolume(Stepper):
     """Upwind / MUSCL finite volumes with SSP Runge-Kutta time stepping (see the module docstring)."""
     name = "fv"
     measure: ClassVar[str] = "grid"
+    reads = ("cfl", "dt_min", "scheme", "limiter", "gamma")
     step_columns = ("mass", "min_density", "rejected")
 
     def __init__(self, problem: Problem, grid: Grid, dt: float, *, cfl: float = 0.4, dt_min: float = 0.0,

@@ -295,6 +295,9 @@ class JKO(Stepper):
     """``solver.method = "jko"``: :meth:`from_config` builds :class:`ParticleJKO` or :class:`GridJKO` after
     ``init.measure``."""
     name = "jko"
+    measures = ("particles", "grid")
+    # scheme, limiter: the flux of the grid evaluation (energy, dissipation) that grid JKO shares with fv
+    reads = ("tau", "epsilon", "inner_tol", "inner_maxiter", "outer_maxiter", "scheme", "limiter")
     quadrature = "right"  # the energy-identity check's quadrature of a minimizing movement (pdeflow.solvers.accuracy)
     tau: float
 
@@ -384,7 +387,7 @@ class GridJKO(JKO):
         grid = Grid.from_config(cfg.grid, problem.k)
         return cls(problem, grid, jko_tau(cfg), epsilon=s.epsilon, inner_tol=s.inner_tol,
                    inner_maxiter=s.inner_maxiter, outer_maxiter=s.outer_maxiter,
-                   evaluator=GridEvaluator.from_config(problem, cfg, grid))
+                   evaluator=GridEvaluator(problem, grid, s.scheme, s.limiter))  # the Wasserstein flow: gamma = 0
 
     def frame_attrs(self) -> dict[str, Any]:
         """The grid's attributes, and ``epsilon`` and ``implied_diffusion`` (eps / (4 tau)) of the steps."""

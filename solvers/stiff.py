@@ -22,8 +22,8 @@ from pdeflow.config import Config
 from pdeflow.problem import Problem
 
 from . import register
-from .base import SolverError, State, Stepper, controller_factor, hermite
-from .explicit import DormandPrince
+from .base import SolverError, State, controller_factor, hermite
+from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
 from .jacobian import Product, dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
@@ -62,9 +62,6 @@ FLOOR = {"exact": 1e-13, "difference": 1e-6}
 CEILING = 0.1
 
 
-# checkpoint floats before the eigenpairs: dI/dt, the last accepted error, the pairs' age and count, the
-# last MINRES step's products
-HEADER = 5
 # LOBPCG iterations of a refinement of the carried eigenpairs (each costs m products, plus m for the start)
 REFINE_ITERATIONS = 2
 
@@ -101,7 +98,7 @@ def _positive(eigen: tuple[np.ndarray, np.ndarray, int] | None) -> tuple[np.ndar
     return eigen[0][keep], eigen[1][:, keep]
 
 
-class _SolveFailed(Exception):
+class _SolveFailed(StageFailed):
     """A stage system missed its tolerance within solver.krylov_maxiter iterations."""
 
 
@@ -109,12 +106,11 @@ class _SolveFailed(Exception):
 class _Carry:
     """What an accepted step hands to the next besides the measure (and what a checkpoint keeps of it):
     ``slope = dI/dt`` at ``state``, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none yet)
-    and ``age``, the steps since they were computed or refined; ``err`` the accepted step's error estimate
-    (the PI controller's memory); ``top`` [n] the complement's top eigenvector (Krylov-free steps) and
-    ``minres_cost`` the products of the last MINRES step."""
+    and ``age``, the steps since they were computed or refined; ``top`` [n] the complement's top eigenvector
+    (Krylov-free steps) and ``minres_cost`` the products of the last MINRES step. The PI controller's memory is
+    the controller's (:meth:`~pdeflow.solvers.controller.AdaptiveStepper.previous_error`)."""
     state: State
     slope: float
-    err: float = math.nan
     lam: np.ndarray | None = None
     V: np.ndarray | None = None
     age: int = 0
@@ -122,75 +118,85 @@ class _Carry:
     minres_cost: float = DEFAULT_MINRES_COST
 
 
+@dataclass
+class _Plan:
+    """What a step decides before its attempts (:meth:`Rosenbrock._begin_step`): ``slope = dI/dt`` at its start,
+    the eigenpairs ``eigen`` (lam, V, age) and their positive part ``pairs``, the longest Krylov-free step
+    ``h_stable``, the complement's top vector ``top`` and the products a MINRES step was measured to cost; and of
+    the current attempt: ``krylov`` (MINRES stage solves) and its ``margin`` to the explicit bound."""
+    slope: float
+    eigen: tuple[np.ndarray, np.ndarray, int] | None
+    pairs: tuple[np.ndarray, np.ndarray] | None
+    h_stable: float
+    top: np.ndarray | None
+    minres_cost: float
+    krylov: bool = True
+    margin: float = math.nan
+
+
 @register
-class Rosenbrock(Stepper):
+class Rosenbrock(AdaptiveStepper):
     """``solver.method = "rosenbrock"``: ROS34PW2 with MINRES stage solves (see the module docstring)."""
     name = "rosenbrock"
     sharded = False
     order: ClassVar[int] = ORDER
     step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals", "explicit_margin")
     stability_column = "explicit_margin"
+    failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
+    reads = (*CONTROLLER_KEYS, "jacobian", "krylov_tol", "krylov_maxiter", "deflate", "deflate_every", "stage_solve")
 
     _carry: _Carry | None = None
+    _step_plan: _Plan
 
-    def __init__(self, problem: Problem, dt: float, *, n_particles: int, rtol: float, atol: float, dt_min: float,
-                 dt_max: float, max_growth: float, jacobian: str, krylov_tol: float, krylov_maxiter: int,
-                 deflate: int, deflate_every: int, stage_solve: str) -> None:
-        """``dt`` the first step; ``n_particles`` the size of the clouds it advances (its checkpoint carries
-        eigenvectors of that length); the error controller as for ``adaptive``; ``jacobian`` "exact" or
+    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
+                 max_growth: float, jacobian: str, krylov_tol: float, krylov_maxiter: int, deflate: int,
+                 deflate_every: int, stage_solve: str) -> None:
+        """``dt`` the first step; the error controller as for ``adaptive``; ``jacobian`` "exact" or
         "difference" products; the stage solves' ``krylov_tol`` and ``krylov_maxiter``; ``deflate`` carried
         eigenpairs refined every ``deflate_every`` steps; ``stage_solve`` "minres" or "auto" (``solver.*`` of
         the same names)."""
-        super().__init__(problem)
-        self.dt, self.n_particles = float(dt), int(n_particles)
-        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
-        self.max_growth = float(max_growth)
+        super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
         self.jacobian, self.krylov_tol, self.krylov_maxiter = jacobian, float(krylov_tol), int(krylov_maxiter)
         self.deflate, self.deflate_every, self.stage_solve = int(deflate), int(deflate_every), stage_solve
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Rosenbrock:
         s = cfg.solver
-        return cls(problem, s.dt, n_particles=cfg.init.n_particles, **DormandPrince.controller(cfg),
+        return cls(problem, s.dt, **cls.controller(cfg),
                    jacobian=s.jacobian, krylov_tol=s.krylov_tol, krylov_maxiter=s.krylov_maxiter, deflate=s.deflate,
                    deflate_every=s.deflate_every, stage_solve=s.stage_solve)
 
-    @property
-    def extra_size(self) -> int:  # type: ignore[override]
-        """The checkpoint's controller state: ``[dI/dt, err, age, pairs, minres cost, lam (m), V (n m), top (n)]``
-        (``m = solver.deflate``; ``top`` only for ``solver.stage_solve = "auto"``)."""
-        m, n = self.deflate, self.n_particles * self.problem.k
-        return HEADER + m + m * n + (n if self.stage_solve == "auto" else 0)
-
-    def extra_state(self, state: State) -> np.ndarray:
-        out = np.zeros(self.extra_size)
+    def extra_state(self, state: State) -> dict[str, np.ndarray]:
+        """The controller's ``err`` and the carry of :class:`_Carry`: ``slope = dI/dt``, ``minres_cost``; with
+        ``solver.deflate = m > 0`` the eigenpairs ``lam`` [m] and ``V`` [N k, m] (nan past the pairs held) and their
+        ``age``; with ``solver.stage_solve = "auto"`` the complement's ``top`` vector [N k]. nan where not known
+        (the next step computes them afresh)."""
         carry = self._carry if self._carry is not None and self._carry.state is state else None
-        out[:2] = math.nan  # no carry: the next step computes dI/dt again and starts the controller afresh
-        m = self.deflate
-        if carry is not None:
-            out[0], out[1], out[4] = carry.slope, carry.err, carry.minres_cost
-            if m and carry.V is not None:
-                count = carry.lam.size
-                out[2], out[3] = carry.age, count
-                out[HEADER:HEADER + count] = carry.lam
-                out[HEADER + m:HEADER + m + carry.V.size] = carry.V.ravel()
-            if carry.top is not None:
-                out[-carry.top.size:] = carry.top
+        if carry is None:
+            carry = _Carry(state, math.nan, minres_cost=math.nan)
+        n, m = state.fields["omega"].size, self.deflate
+        out = {**super().extra_state(state), "slope": np.array(carry.slope), "minres_cost": np.array(carry.minres_cost)}
+        if m:
+            lam, V = np.full(m, math.nan), np.full((n, m), math.nan)
+            if carry.V is not None:
+                lam[:carry.lam.size], V[:, :carry.V.shape[1]] = carry.lam, carry.V
+            out.update(lam=lam, V=V, age=np.array(float(carry.age)))
+        if self.stage_solve == "auto":
+            out["top"] = np.full(n, math.nan) if carry.top is None else np.array(carry.top)
         return out
 
-    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
-        extra = np.zeros(0) if extra is None else np.asarray(extra, dtype=float)
+    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
+        super().restore(state, extra)
         self._carry = None
-        if extra.size >= HEADER and math.isfinite(extra[0]):
-            self._carry = _Carry(state, float(extra[0]), float(extra[1]), minres_cost=float(extra[4]))
-            m, count = self.deflate, int(extra[3])
-            n = state.fields["omega"].size
-            if m and count:
-                self._carry.lam = extra[HEADER:HEADER + count].copy()
-                self._carry.V = extra[HEADER + m:HEADER + m + n * count].reshape(n, count).copy()
-                self._carry.age = int(extra[2])
-            if self.stage_solve == "auto" and np.any(extra[-n:] != 0.0):
-                self._carry.top = extra[-n:].copy()
+        if extra and math.isfinite(float(extra.get("slope", math.nan))):
+            self._carry = _Carry(state, float(extra["slope"]), minres_cost=float(extra["minres_cost"]))
+            count = int(np.count_nonzero(np.isfinite(extra["lam"]))) if "lam" in extra else 0
+            if count:
+                self._carry.lam = np.array(extra["lam"][:count], dtype=float)
+                self._carry.V = np.array(extra["V"][:, :count], dtype=float)
+                self._carry.age = int(extra["age"])
+            if "top" in extra and np.all(np.isfinite(extra["top"])):
+                self._carry.top = np.array(extra["top"], dtype=float)
         return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
@@ -377,14 +383,14 @@ class Rosenbrock(Stepper):
         value, vector = top_ritz(op.matvec, x, COMPLEMENT_COLD if cold else COMPLEMENT_KRYLOV, project)
         return max(value, 0.0), vector
 
-    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+    def _begin_step(self, state: State) -> dict[str, float]:
+        """dI/dt, the deflation eigenpairs and, for ``stage_solve = "auto"``, the complement's top eigenvalue that
+        bounds a Krylov-free step."""
         s = self
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        if not np.all(mass > 0):
+        if not np.all(state.fields["mass"] > 0):
             raise SolverError("solver.method = 'rosenbrock' needs positive masses (its stage systems are "
                               "symmetrized with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
         counts = {"rejected": 0.0, "failed_solves": 0.0, "krylov_iters": 0.0, "jvps": 0.0, "gradient_evals": 0.0}
-        dt = min(state.dt, s.dt_max)
         carry = self._carry if self._carry is not None and self._carry.state is state else None
         slope = carry.slope if carry is not None else self._slope(state, counts)
         eigen = self._eigenpairs(state, carry, counts)
@@ -402,58 +408,47 @@ class Rosenbrock(Stepper):
                 pairs = _positive(eigen)
                 rho, top = self._complement_top(state, None if pairs is None else pairs[1], top, counts)
             h_stable = SAFETY * EXPLICIT_BOUND / rho if rho > 0 else math.inf
-        while True:
-            h = min(dt, dt_limit)
-            # Krylov-free when the step fits the explicit bound, or when capping it there costs less per unit time
-            krylov = top is None or not (h <= h_stable or h_stable / EXPLICIT_COST >= h / minres_cost)
-            margin = math.nan
-            if not krylov:
-                h = min(h, h_stable)
-                margin = SAFETY * h / h_stable if math.isfinite(h_stable) else 0.0
-            try:
-                y_new, err_vec = self._attempt(state, h, counts, pairs, krylov)
-            except _SolveFailed as exc:
-                counts["failed_solves"] += 1
-                dt = 0.25 * h
-                if dt < s.dt_min:
-                    raise SolverError(f"a stage solve failed ({exc}) and the step fell below solver.dt_min = "
-                                      f"{s.dt_min:g} at t = {state.t:.6g}; raise solver.krylov_maxiter or "
-                                      f"solver.krylov_tol") from None
-                continue
-            new = state.advanced({"omega": y_new, "mass": mass}, h)
-            scale = s.atol + s.rtol * np.maximum(np.abs(omega), np.abs(y_new))
-            err = math.sqrt(float(np.mean((err_vec / scale) ** 2)))
-            if not np.isfinite(err):
-                err = np.inf
-            previous = carry.err if carry is not None and counts["rejected"] == 0 else math.nan
-            factor = controller_factor(err, previous, ORDER, s.max_growth)
-            if err <= 1.0:
-                self.evaluate(new)  # the next step's first stage and the step's diagnostics
-                counts["gradient_evals"] += 1
-                # a step cut short by a frame time does not shrink the controller's proposal
-                proposal = dt * factor if h >= dt else max(dt, h * factor)
-                if not krylov and h < min(dt, dt_limit):
-                    # cut to the explicit bound: the error of the short step says how long an accurate step could
-                    # be (err ~ h^3), the choice against a MINRES step of that size needs it
-                    growth = CAPPED_GROWTH if err == 0.0 else min(CAPPED_GROWTH, 0.9 * err ** (-1.0 / ORDER))
-                    proposal = max(dt, h * growth)
-                new.dt = float(np.clip(proposal, s.dt_min, s.dt_max))
-                new_slope = self._slope(new, counts)
-                new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
-                                                   slope, new_slope)
-                if krylov:
-                    minres_cost = counts["jvps"] + counts["gradient_evals"]
-                self._carry = _Carry(new, new_slope, max(err, 1e-4), top=top, minres_cost=minres_cost)
-                if eigen is not None:
-                    self._carry.lam, self._carry.V, self._carry.age = eigen[0], eigen[1], eigen[2] + 1
-                counts["explicit_margin"] = margin
-                return new, counts
-            counts["rejected"] += 1
-            dt = h * factor
-            if dt < s.dt_min:
-                raise SolverError(f"rosenbrock step size fell below solver.dt_min = {s.dt_min:g} at "
-                                  f"t = {state.t:.6g} (error estimate {err:.3g}); loosen solver.rtol/atol "
-                                  f"or lower solver.dt_min")
+        self._step_plan = _Plan(slope, eigen, pairs, h_stable, top, minres_cost)
+        return counts
+
+    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+        """A ROS34PW2 step: Krylov-free (cut to the explicit bound) when that costs less per unit time, else with
+        MINRES stage solves (:class:`_SolveFailed`, a :class:`~pdeflow.solvers.controller.StageFailed`, when one
+        misses its tolerance)."""
+        plan = self._step_plan
+        # Krylov-free when the step fits the explicit bound, or when capping it there costs less per unit time
+        plan.krylov = plan.top is None or not (h <= plan.h_stable
+                                               or plan.h_stable / EXPLICIT_COST >= h / plan.minres_cost)
+        plan.margin = math.nan
+        if not plan.krylov:
+            h = min(h, plan.h_stable)
+            plan.margin = SAFETY * h / plan.h_stable if math.isfinite(plan.h_stable) else 0.0
+        omega = state.fields["omega"]
+        y_new, err_vec = self._attempt(state, h, counts, plan.pairs, plan.krylov)
+        new = state.advanced({"omega": y_new, "mass": state.fields["mass"]}, h)
+        return new, h, self.error_norm(err_vec, omega, y_new)
+
+    def _proposal(self, dt: float, h: float, h_taken: float, err: float, factor: float) -> float:
+        """A step cut to the explicit bound: the error of the short step says how long an accurate step could be
+        (err ~ h^3), the choice against a MINRES step of that size needs it (growth up to CAPPED_GROWTH)."""
+        if h_taken < h:
+            return max(dt, h_taken * controller_factor(err, math.nan, self.order, CAPPED_GROWTH))
+        return super()._proposal(dt, h, h_taken, err, factor)
+
+    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+        """The new state's evaluation (the next step's first stage), the Hermite quadrature and the carry."""
+        plan = self._step_plan
+        self.evaluate(new)  # the next step's first stage and the step's diagnostics
+        counts["gradient_evals"] += 1
+        new_slope = self._slope(new, counts)
+        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
+                                           plan.slope, new_slope)
+        minres_cost = counts["jvps"] + counts["gradient_evals"] if plan.krylov else plan.minres_cost
+        self._carry = _Carry(new, new_slope, top=plan.top, minres_cost=minres_cost)
+        if plan.eigen is not None:
+            self._carry.lam, self._carry.V, self._carry.age = plan.eigen[0], plan.eigen[1], plan.eigen[2] + 1
+        counts["explicit_margin"] = plan.margin
+        return counts
 
     def likely_cause(self, state: State) -> str:
         return (f"the rosenbrock stepper's tolerances (solver.rtol = {self.rtol:g}, "

@@ -93,6 +93,7 @@ def jko_masses(a: np.ndarray, cost: np.ndarray, xi: np.ndarray, c: float, eps: f
 class UnbalancedJKO(FiniteVolume):
     """JKO steps for the Wasserstein-Fisher-Rao metric on a grid (see the module docstring)."""
     name = "wfr_jko"
+    reads = ("alpha", "gamma", "tau", "epsilon", "inner_tol", "outer_maxiter", "cfl", "dt_min", "scheme", "limiter")
     step_columns = ("mass", "min_density", "outer_iterations")
     # a minimizing movement carries the right-point rule h I(b) (as jko): pdeflow.solvers.accuracy
     quadrature = "right"

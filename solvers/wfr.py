@@ -4,31 +4,24 @@ The weighted particles ``rho = sum_i m_i delta_{omega_i}`` follow (docs/model.md
 ``d omega_i/dt = -alpha grad Phi(omega_i; rho)``, ``d m_i/dt = -gamma m_i (Phi(omega_i; rho) - <Phi>)`` (total mass
 kept; ``solver.total_mass = "free"`` drops ``<Phi>``), with dissipation
 ``I = alpha sum_i m_i |grad Phi_i|^2 + gamma sum_i m_i (Phi_i - <Phi>)^2``. Integrated by the step of
-:class:`pdeflow.solvers.explicit.DormandPrince` on the joint state ``y = (omega, m)`` [N, k + 1]; ``gamma = 0``,
-``alpha = 1`` is ``adaptive`` bit for bit. Masses below ``solver.mass_floor`` times the total are removed
-(``/steps/removed``, ``/steps/removed_mass``). Details: docs/solvers.md, "WFR particles: wfr".
+:class:`pdeflow.solvers.explicit.DormandPrince` on the joint state ``y = (omega, m)`` [N, k + 1] (its vector, rates and
+fields are this module's); ``gamma = 0``, ``alpha = 1`` integrates ``omega`` alone, ``adaptive`` bit for bit.
+Masses below ``solver.mass_floor`` times the total are removed (``/steps/removed``,
+``/steps/removed_mass``). Details: docs/solvers.md, "WFR particles: wfr".
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pdeflow.config import Config
-from pdeflow.problem import Evaluation, Problem
+from pdeflow.problem import Problem
 
 from . import register
 from .base import SolverError, State
+from .controller import CONTROLLER_KEYS
 from .explicit import DormandPrince
-
-
-@dataclass(frozen=True)
-class JointEvaluation:
-    """What the Dormand-Prince step reads of an evaluation at a joint state y = (omega, m) [N, k + 1]:
-    ``grad_phi = -dy/dt`` (the explicit steppers' stage is ``-grad_phi``), and the Problem ``evaluation``."""
-    grad_phi: np.ndarray
-    evaluation: Evaluation
 
 
 @register
@@ -36,6 +29,8 @@ class WassersteinFisherRao(DormandPrince):
     """Dormand-Prince 5(4) on ``(omega, m)`` for the WFR particle flow (see the module docstring)."""
     name = "wfr"
     step_columns = ("rejected", "removed", "removed_mass")
+    explicit_flow = False  # its own vector field on (omega, m)
+    reads = (*CONTROLLER_KEYS, "alpha", "gamma", "total_mass", "mass_floor")
     sharded = True  # the rho-averages are sums over ranks, like the energy
 
     def __init__(self, problem: Problem, dt: float, *, alpha: float, gamma: float, mass_floor: float,
@@ -46,6 +41,9 @@ class WassersteinFisherRao(DormandPrince):
         super().__init__(problem, dt, **controller)
         self.alpha, self.gamma, self.mass_floor = float(alpha), float(gamma), float(mass_floor)
         self.fixed_mass = total_mass == "fixed"
+        # Dormand-Prince on the joint state y = (omega, m), or on omega alone for the Wasserstein flow (gamma = 0,
+        # alpha = 1: adaptive bit for bit)
+        self.joint = not (self.gamma == 0.0 and self.alpha == 1.0)
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> WassersteinFisherRao:
@@ -71,49 +69,46 @@ class WassersteinFisherRao(DormandPrince):
         out[:, -1] = -self.gamma * mass * (phi - self.mean_phi(phi, mass))
         return out
 
+    # ---- the joint state y = (omega, m) [N, k + 1] of Dormand-Prince (gamma = 0, alpha = 1: y = omega) ------------
+    def _solution(self, state: State) -> np.ndarray:
+        if not self.joint:
+            return super()._solution(state)
+        return np.concatenate([state.fields["omega"], state.fields["mass"][:, None]], axis=1)
+
+    def _rate_at(self, state: State) -> np.ndarray:
+        if not self.joint:
+            return super()._rate_at(state)
+        y = self._solution(state)
+        if state.evaluation is None:  # a step's new state: evaluated at the columns of y, as the stages are
+            state.evaluation = self.problem.evaluate(y[:, :-1], y[:, -1])
+        return self._rates(y, state.evaluation.phi, state.evaluation.grad_phi)
+
     def _velocity(self, y: np.ndarray, mass: np.ndarray) -> np.ndarray:
-        """The stage derivative: ``dy/dt`` at a joint state y [N, k + 1] (inside :meth:`step`), else the
-        Wasserstein velocity ``-grad Phi`` at positions [N, k] (the gamma = 0 path of DormandPrince)."""
-        if y.shape[1] == self.problem.k:
+        """The stage derivative ``dy/dt`` at ``y`` (the masses are y's last column on the joint state)."""
+        if not self.joint:
             return super()._velocity(y, mass)
         omega, m = y[:, :-1], y[:, -1]
         phi, grad = self.problem.grad_phi_field(omega, self.problem.residual_features(omega, m))
         return self._rates(y, phi, grad)
 
-    def evaluate(self, state: State) -> Evaluation | JointEvaluation:
-        """The Problem evaluation at a state; at a joint state (``fields["omega"]`` [N, k + 1] inside
-        :meth:`step`) the :class:`JointEvaluation` whose ``grad_phi`` is ``-dy/dt``."""
-        if state.evaluation is None and state.fields["omega"].shape[1] == self.problem.k + 1:
-            y = state.fields["omega"]
-            ev = self.problem.evaluate(y[:, :-1], y[:, -1])
-            state.evaluation = JointEvaluation(grad_phi=-self._rates(y, ev.phi, ev.grad_phi), evaluation=ev)
-        return super().evaluate(state)
+    def _fields(self, y: np.ndarray, state: State) -> dict[str, np.ndarray]:
+        if not self.joint:
+            return super()._fields(y, state)
+        return {"omega": np.ascontiguousarray(y[:, :-1]), "mass": y[:, -1].copy()}
 
     # ---- stepping -----------------------------------------------------------------------------
     def _quadrature(self, state: State, h: float, weights: tuple[float, ...], stages: list[np.ndarray]) -> float | None:
         """The stage quadrature of ``int I dt`` on the Wasserstein path; on the joint state ``(omega, m)`` None, so
         the accuracy record takes the trapezoid on the WFR dissipation of the step's ends: the stages hold
         ``dy/dt``, and ``m |d omega/dt|^2`` is not the WFR dissipation (its mass term needs the stage masses)."""
-        if state.fields["omega"].shape[1] == self.problem.k + 1:
+        if self.joint:
             return None
         return super()._quadrature(state, h, weights, stages)
 
-    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        if self.gamma == 0.0 and self.alpha == 1.0:
-            new, extra = super().step(state, dt_limit)
-            return new, {**extra, "removed": 0.0, "removed_mass": 0.0}
-        # Dormand-Prince on the joint state y = (omega, m): its "omega" is y, its stages dy/dt (_velocity) and
-        # the negated gradient of its evaluations; with gamma = 0 the mass column has zero rate and stays put
-        ev = self.evaluate(state)
-        y0 = np.concatenate([state.fields["omega"], state.fields["mass"][:, None]], axis=1)
-        joint = State(t=state.t, step=state.step, dt=state.dt, fields={"omega": y0, "mass": state.fields["mass"]},
-                      rng=state.rng, evaluation=JointEvaluation(-self._rates(y0, ev.phi, ev.grad_phi), ev))
-        joint_new, extra = super().step(joint, dt_limit)
-        y5 = joint_new.fields["omega"]
-        new = replace(joint_new, fields={"omega": np.ascontiguousarray(y5[:, :-1]), "mass": y5[:, -1].copy()},
-                      evaluation=joint_new.evaluation.evaluation)
+    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+        columns = super()._accept_step(state, new, h, counts)
         removed, removed_mass = self._remove_underflow(new) if self.gamma else (0, 0.0)
-        return new, {**extra, "removed": float(removed), "removed_mass": removed_mass}
+        return {**columns, "removed": float(removed), "removed_mass": removed_mass}
 
     def _remove_underflow(self, state: State) -> tuple[int, float]:
         """Remove the particles whose mass fell below ``mass_floor`` times the total (module docstring);
@@ -141,7 +136,7 @@ class WassersteinFisherRao(DormandPrince):
     def diagnostics(self, state: State) -> dict[str, float]:
         """``energy``, ``risk`` and the WFR ``dissipation`` ``I`` (module docstring), so ``dE/dt = -I``."""
         ev = self.evaluate(state)
-        if self.gamma == 0.0 and self.alpha == 1.0:
+        if not self.joint:
             return {"energy": ev.energy, "risk": ev.risk, "dissipation": ev.dissipation}
         fr = self.fisher_rao_dissipation(ev.phi, state.fields["mass"]) if self.gamma else 0.0
         # removed particles have mass 0 and add nothing to either sum

@@ -23,7 +23,7 @@ EPS = float(np.finfo(float).eps)
 
 def one_step_defect(cfg, h: float) -> float:
     """The identity defect of one step of length h from the initial state, as the driver computes it."""
-    cfg = cfg.replace(solver={"dt": h, "tau": h})
+    cfg = cfg.replace(solver={"dt": h, **({"tau": h} if cfg.solver.method == "jko" else {})})
     stepper = make_stepper(Problem.from_config(cfg), cfg)
     state = stepper.initial_state()
     d0 = stepper.diagnostics(state)

@@ -1,52 +1,69 @@
-"""The table of solver methods (:mod:`pdeflow.methods`) is the one source of solver choices, particle/grid
-compatibility and the method-specific ``[solver]`` keys: every stepper registered in :mod:`pdeflow.solvers` agrees
-with its row (including the keys it reads when built), and the config accepts exactly the (method, measure) pairs and
-the keys the table lists."""
+"""A method is declared once, by its stepper class (name, measures, explicit reference flow, the method-specific
+``[solver]`` keys it reads), and :mod:`pdeflow.methods`' table, the config's method rules
+(:func:`pdeflow.solvers.check_config`) and ``pdeflow config`` derive from it: every registered class agrees with its
+row, the keys a stepper reads when built are its declared ones, and every method-specific key given a value for a
+method that does not read it is refused (exit 2, one line naming the methods that read it)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pdeflow.solvers
 import pytest
+from pdeflow.solvers import STEPPERS, check_config
+from pdeflow.solvers.base import Stepper
 from pdeflow.solvers.explicit import ExplicitRK
 
-from conftest import build_config
-from pdeflow.config import Config, ConfigError
-from pdeflow.methods import GRID, METHOD_KEYS, METHODS, PARTICLES, Method, readers
+from conftest import build_config, config_text
+from pdeflow.cli import main
+from pdeflow.config import Config, ConfigError, SolverConfig, describe_schema
+from pdeflow.methods import GRID, METHODS, PARTICLES, Method, method_keys, readers
 from pdeflow.problem import Problem
 
 
-def _accepted_measures(cls: type) -> set[str]:
+def _built_measures(cls: type) -> set[str]:
     """The measures a registered stepper class builds: its own, and those of the subclasses it dispatches to
     (``jko`` builds a particle or a grid stepper after ``init.measure``)."""
-    return {cls.measure} | {sub.measure for sub in cls.__subclasses__()}
+    return {cls.measure} | {sub.measure for sub in cls.__subclasses__() if not sub.__dict__.get("name")}
 
 
-def test_every_registered_stepper_agrees_with_the_table() -> None:
-    for method in METHODS.values():
-        importlib.import_module(f"pdeflow.solvers.{method.module}")
-    assert set(pdeflow.solvers.STEPPERS) == set(METHODS), "a stepper is registered without a row in pdeflow.methods"
+def test_every_registered_stepper_declares_its_row() -> None:
+    assert list(STEPPERS) == list(METHODS)
     for name, method in METHODS.items():
         cls = pdeflow.solvers.stepper_class(name)
-        assert cls.name == name
-        assert cls.__module__ == f"pdeflow.solvers.{method.module}", name
-        assert _accepted_measures(cls) == set(method.measures), name
+        assert method == Method(name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads))
+        assert _built_measures(cls) == set(method.measures), name
         # explicit: an explicit Runge-Kutta step of the Wasserstein velocity -grad Phi alone (wfr integrates
         # (omega, m) with its own vector field)
         wasserstein_rk = issubclass(cls, ExplicitRK) and cls._velocity is ExplicitRK._velocity
         assert wasserstein_rk == method.explicit, name
+    # every [solver] key but the method and its step is some method's
+    assert set(method_keys()) == {f.name for f in dataclasses.fields(SolverConfig)} - {"method", "dt"}
+
+
+def test_a_new_stepper_class_declares_itself() -> None:
+    """Defining a class with a name is all it takes to add a method (py-pde's registration by subclassing)."""
+    class Planted(Stepper):
+        name = "planted_method"
+        reads: ClassVar[tuple[str, ...]] = ("radius_every",)
+    try:
+        assert STEPPERS["planted_method"] is Planted
+        assert METHODS["planted_method"] == Method("planted_method", (PARTICLES,), False, ("radius_every",))
+        assert "planted_method" in readers("radius_every")
+        check_config(Config().replace(solver={"method": "planted_method", "radius_every": 3}))
+    finally:
+        del STEPPERS["planted_method"], METHODS["planted_method"]
 
 
 @pytest.mark.parametrize("measure", [PARTICLES, GRID])
 @pytest.mark.parametrize("name", list(METHODS))
-def test_the_config_accepts_exactly_the_measures_of_the_table(name: str, measure: str) -> None:
+def test_the_config_accepts_exactly_the_declared_measures(name: str, measure: str) -> None:
     solver = {"method": name, "gamma": 1.0} if name == "wfr_jko" else {"method": name}  # wfr_jko needs gamma > 0
-    base = Config().replace(model={"coordinates": "output_gain"})  # reduced coordinates: a grid is allowed
+    cfg = Config().replace(model={"coordinates": "output_gain"}, solver=solver, init={"measure": measure})
     try:
-        base.replace(solver=solver, init={"measure": measure})
+        check_config(cfg)
     except ConfigError as exc:
         assert measure not in METHODS[name].measures, f"{name} on {measure}: {exc}"
         assert str(exc) == f"solver.method = {name!r} " + (
@@ -56,10 +73,10 @@ def test_the_config_accepts_exactly_the_measures_of_the_table(name: str, measure
         assert measure in METHODS[name].measures, f"{name} accepted on {measure}"
 
 
-def test_an_unknown_method_is_refused_with_the_table_listed() -> None:
-    with pytest.raises(ConfigError, match="solver.method"):
-        Config().replace(solver={"method": "leapfrog"})
-    with pytest.raises(ConfigError, match="methods are euler, heun, rk4"):
+def test_an_unknown_method_is_refused_with_the_methods_listed(tmp_path, capsys) -> None:
+    with pytest.raises(ConfigError, match="solver.method 'leapfrog' is unknown; methods are .*rk4"):
+        check_config(Config().replace(solver={"method": "leapfrog"}))
+    with pytest.raises(ConfigError, match="methods are .*rk4"):
         pdeflow.solvers.stepper_class("leapfrog")
 
 
@@ -75,57 +92,97 @@ class _RecordingSection:
 
 
 def method_keys_read(build: Callable[[Config], Any], cfg: Config) -> set[str]:
-    """The keys of METHOD_KEYS that ``build(cfg)`` reads from ``cfg.solver``."""
+    """The method-specific keys that ``build(cfg)`` reads from ``cfg.solver``."""
     section = _RecordingSection(cfg.solver)
     build(dataclasses.replace(cfg, solver=section))
-    return section.read & set(METHOD_KEYS)
+    return section.read & set(method_keys())
 
 
-def _config_for(name: str) -> Config:
-    """A small config the stepper of ``name`` can be built from (a coarse grid for grid methods)."""
+def _config_for(name: str, measure: str) -> Config:
+    """A small config the stepper of ``name`` can be built from (a coarse grid for a grid)."""
     solver = {"method": name, "gamma": 1.0} if name == "wfr_jko" else {"method": name}
-    if METHODS[name].measures[0] == GRID:
+    if measure == GRID:
         return build_config(model={"coordinates": "output_gain"}, init={"measure": GRID}, grid={"n": 8},
                             solver=solver)
     return build_config(init={"n_particles": 4}, solver=solver)
 
 
-def _table_disagreement(name: str, row: Method, read: set[str]) -> str | None:
-    if read != set(row.reads):
-        return f"{name}: its stepper reads solver.{sorted(read)} of METHOD_KEYS, its row says {sorted(row.reads)}"
+def _declaration_disagreement(name: str, row: Method, read: set[str]) -> str | None:
+    if not read <= set(row.reads):
+        return f"{name}: its stepper reads solver.{sorted(read - set(row.reads))}, its class does not declare them"
     return None
 
 
-@pytest.mark.parametrize("name", list(METHODS))
-def test_the_keys_a_stepper_reads_are_its_row(name: str) -> None:
-    cfg = _config_for(name)
+@pytest.mark.parametrize("name,measure", [(name, measure) for name, m in METHODS.items() for measure in m.measures])
+def test_the_keys_a_stepper_reads_are_declared(name: str, measure: str) -> None:
+    cfg = _config_for(name, measure)
     problem = Problem.from_config(cfg)
-    read = method_keys_read(lambda c: pdeflow.solvers.make_stepper(problem, c), cfg)
-    assert _table_disagreement(name, METHODS[name], read) is None
+    read = method_keys_read(lambda c: STEPPERS[name].from_config(problem, c), cfg)
+    assert _declaration_disagreement(name, METHODS[name], read) is None
 
 
-def test_a_stepper_reading_a_key_its_row_omits_is_caught() -> None:
-    """The check fails when a stepper and its row disagree (a planted stepper reading solver.gamma)."""
+def test_every_declared_key_is_read_by_some_measure() -> None:
+    for name, method in METHODS.items():
+        read = set()
+        for measure in method.measures:
+            cfg = _config_for(name, measure)
+            problem = Problem.from_config(cfg)
+            read |= method_keys_read(lambda c, p=problem: STEPPERS[name].from_config(p, c), cfg)
+        assert read == set(method.reads), name
+
+
+def test_a_stepper_reading_an_undeclared_key_is_caught() -> None:
+    """The check fails when a stepper and its declaration disagree (a planted stepper reading solver.gamma)."""
     read = method_keys_read(lambda c: c.solver.gamma * c.solver.dt, Config())
     assert read == {"gamma"}
-    assert _table_disagreement("planted", Method("explicit", (PARTICLES,)), read) is not None
-    assert _table_disagreement("planted", Method("explicit", (PARTICLES,), reads=("gamma",)), read) is None
+    assert _declaration_disagreement("planted", Method("planted", (PARTICLES,)), read) is not None
+    assert _declaration_disagreement("planted", Method("planted", (PARTICLES,), reads=("gamma",)), read) is None
 
 
-@pytest.mark.parametrize("key", list(METHOD_KEYS))
+def other_value(key: str) -> Any:
+    """A valid value of ``solver.<key>`` other than its default."""
+    f = {f.name: f for f in dataclasses.fields(SolverConfig)}[key]
+    if f.metadata["choices"]:
+        return next(c for c in f.metadata["choices"] if c != f.default)
+    if isinstance(f.default, int):
+        return f.default + 1
+    return 1.0 if math.isinf(f.default) or f.default == 0.0 else 2.0 * f.default
+
+
+@pytest.mark.parametrize("key", sorted({f.name for f in dataclasses.fields(SolverConfig)} - {"method", "dt"}))
 @pytest.mark.parametrize("name", list(METHODS))
-def test_the_config_refuses_a_method_key_its_method_does_not_read(name: str, key: str) -> None:
-    value = {"gamma": 2.0, "alpha": 0.5, "total_mass": "free"}[key]
+def test_a_method_key_its_method_does_not_read_is_refused(name: str, key: str) -> None:
     measure = METHODS[name].measures[0]
-    solver = {"method": name, "gamma": 1.0, key: value} if name == "wfr_jko" else {"method": name, key: value}
-    base = Config().replace(model={"coordinates": "output_gain"})
-
-    def build() -> Config:
-        return base.replace(solver=solver, init={"measure": measure})
+    solver = {"method": name, "gamma": 1.0} if name == "wfr_jko" and key != "gamma" else {"method": name}
+    if (name, key) == ("rosenbrock", "stage_solve"):
+        solver["deflate"] = 2  # 'auto' needs deflation
+    cfg = Config().replace(model={"coordinates": "output_gain"}, solver={**solver, key: other_value(key)},
+                           init={"measure": measure})
     if key in METHODS[name].reads:
-        build()
+        check_config(cfg)
         return
     with pytest.raises(ConfigError) as info:
-        build()
-    assert str(info.value).startswith(f"solver.{key}") and f"not {name!r}" in str(info.value)
+        check_config(cfg)
+    assert str(info.value).startswith(f"solver.{key} is read by") and f"not {name!r}" in str(info.value)
     assert all(repr(reader) in str(info.value) for reader in readers(key))
+
+
+@pytest.mark.parametrize("key", method_keys())
+def test_pdeflow_run_refuses_an_unread_key_with_exit_2(key: str, tmp_path, capsys) -> None:
+    """``pdeflow run`` with rk4 (which reads none of them) and any method-specific key: exit 2, one line, no file."""
+    path = tmp_path / "c.toml"
+    path.write_text(config_text(solver={"method": "rk4", key: other_value(key)}))
+    out = tmp_path / "out.h5"
+    assert main(["run", str(path), "-o", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"solver.{key} is read by" in err[0], err
+    assert not out.exists()
+
+
+def test_pdeflow_config_lists_the_methods_and_their_readers() -> None:
+    text = describe_schema()
+    line = next(line for line in text.splitlines() if line.startswith("  method = "))
+    assert all(repr(name) in line for name in METHODS)
+    for key in method_keys():
+        line = next(line for line in text.splitlines() if line.startswith(f"  {key} = "))
+        assert line.endswith(f"[read by {', '.join(readers(key))}]"), line

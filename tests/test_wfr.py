@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pdeflow.solvers import make_stepper
+from pdeflow.solvers import check_config, make_stepper
 from pdeflow.solvers.base import State
 from pdeflow.solvers.driver import run
 from pdeflow.solvers.wfr import WassersteinFisherRao
@@ -232,8 +232,9 @@ def test_resume_after_an_interruption_is_bit_exact(tmp_path):
     (["solver.method='adaptive'", "solver.gamma=0.0", "solver.total_mass='free'"], "solver.total_mass"),
 ])
 def test_bad_wfr_keys_are_one_line_errors(overrides, message):
+    """Refused when the config is read, or by the method's rules (pdeflow.solvers.check_config)."""
     with pytest.raises(ConfigError, match=message):
-        loads_config(SMALL, SMALL_WFR + overrides)
+        check_config(loads_config(SMALL, SMALL_WFR + overrides))
 
 
 def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):

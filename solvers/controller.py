@@ -1,0 +1,163 @@
+"""The one adaptive step: error norm, acceptance, rejection and the next step size, around a method's stages.
+
+An adaptive method (``adaptive``, ``wfr``, ``rkc``, ``rosenbrock``, ...) subclasses :class:`AdaptiveStepper` and
+supplies only its attempt (in the manner of scipy's ``OdeSolver.step`` around ``_step_impl``):
+:meth:`AdaptiveStepper._step_impl` takes a step of size ``h`` from the state and returns the proposed state, the step
+it took (a method may cut it, to a stability bound say) and the error norm of its local error estimate ``e``,
+written with :meth:`AdaptiveStepper.error_norm`:
+
+    ``err = rms_i (e_i / (atol + rtol max(|y_i|, |y_new,i|)))``, over all entries of all MPI ranks.
+
+The controller accepts a step with ``err <= 1``; the next step is the PI controller's
+:func:`pdeflow.solvers.base.controller_factor` times this one (with the previous accepted step's ``err`` when
+:attr:`AdaptiveStepper.pi_control`), within ``[solver.dt_min, solver.dt_max]``. A rejected step is retried at
+``h factor``; below ``solver.dt_min`` the step fails (:class:`~pdeflow.solvers.base.SolverError`). A stage that cannot
+be computed (an inner solve that misses its tolerance) raises :class:`StageFailed`: the step is retried at
+:data:`FAILED_STAGE_SHRINK` of its size. A step cut short by a frame time does not shrink the controller's proposal.
+Hooks: :meth:`~AdaptiveStepper._begin_step` (what a step computes once, whatever its attempts),
+:meth:`~AdaptiveStepper._accept_step` (what an accepted step leaves: quadrature, carried data, its /steps
+columns), :meth:`~AdaptiveStepper._reject_step` (what a rejection renews) and :meth:`~AdaptiveStepper._proposal`.
+"""
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+
+from pdeflow.config import Config
+from pdeflow.problem import Problem
+
+from .base import SolverError, State, Stepper, controller_factor
+
+# the [solver] keys of the controller, read by every adaptive method
+CONTROLLER_KEYS = ("rtol", "atol", "dt_min", "dt_max", "max_growth")
+# a failed stage solve retries the step at this fraction of its size
+FAILED_STAGE_SHRINK = 0.25
+# the PI controller's memory of an accepted step's error is at least this (an err of 0 would freeze the step size)
+ERROR_MEMORY_FLOOR = 1e-4
+
+
+class StageFailed(Exception):
+    """A stage of an attempted step could not be computed (an inner solve missed its tolerance): the controller
+    retries the step at :data:`FAILED_STAGE_SHRINK` of its size (the message says what failed)."""
+
+
+class AdaptiveStepper(Stepper):
+    """A stepper with error control (module docstring). Subclasses set :attr:`order` (the controller's exponent is
+    ``1 / order``), implement :meth:`_step_impl` and may override the hooks."""
+    # the order k of the controller factor 0.9 err^(-1/k) (err ~ h^k)
+    order: ClassVar[int]
+    reads = CONTROLLER_KEYS
+    # the PI controller (the previous accepted step's error enters the factor), or the elementary one 0.9 err^(-1/k)
+    pi_control: ClassVar[bool] = True
+    # what to change when a stage fails, for the message of a failed step (a method raising StageFailed sets it)
+    failure_fix: ClassVar[str] = "loosen solver.rtol/atol"
+
+    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
+                 max_growth: float) -> None:
+        """``dt`` the first step; the error tolerances ``rtol``, ``atol``; the step within ``[dt_min, dt_max]``
+        and growing by at most ``max_growth`` per step (``solver.*`` of the same names)."""
+        Stepper.__init__(self, problem)
+        self.dt = float(dt)
+        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
+        self.max_growth = float(max_growth)
+        # (the state an accepted step produced, its error): the PI controller's memory for the step from it
+        self._memory: tuple[State, float] | None = None
+
+    @classmethod
+    def controller(cls, cfg: Config) -> dict[str, float]:
+        """The error controller's parameters in ``cfg.solver``."""
+        s = cfg.solver
+        return {"rtol": s.rtol, "atol": s.atol, "dt_min": s.dt_min, "dt_max": s.dt_max, "max_growth": s.max_growth}
+
+    # ---- the error norm and the controller's memory --------------------------------------------------------------
+    def error_norm(self, error: np.ndarray, y: np.ndarray, y_new: np.ndarray) -> float:
+        """``rms(error / (atol + rtol max(|y|, |y_new|)))`` over all entries of all ranks (every rank takes the
+        same step); ``inf`` when not finite."""
+        scale = self.atol + self.rtol * np.maximum(np.abs(y), np.abs(y_new))
+        squares, count = self.problem.comm.sum_over_ranks(float(np.sum((error / scale) ** 2)), error.size)
+        err = math.sqrt(squares / count) if count else 0.0
+        return err if np.isfinite(err) else np.inf
+
+    def previous_error(self, state: State) -> float:
+        """The error of the accepted step that produced ``state`` (nan: not known, or no PI control)."""
+        if not self.pi_control or self._memory is None or self._memory[0] is not state:
+            return math.nan
+        return self._memory[1]
+
+    def remember_error(self, state: State, err: float) -> None:
+        """Set the controller's memory for the step from ``state`` (a restored checkpoint's; nan: none)."""
+        self._memory = (state, float(err)) if math.isfinite(err) else None
+
+    def extra_state(self, state: State) -> dict[str, np.ndarray]:
+        """``err``: the PI controller's memory for the step from ``state`` (nan: none); nothing without PI."""
+        return {"err": np.array(self.previous_error(state))} if self.pi_control else {}
+
+    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
+        if self.pi_control and extra and "err" in extra:
+            self.remember_error(state, float(extra["err"]))
+        return state
+
+    # ---- the step ------------------------------------------------------------------------------------------------
+    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+        """Attempts of :meth:`_step_impl` from ``state`` until one is accepted (module docstring)."""
+        counts = self._begin_step(state)
+        counts.setdefault("rejected", 0.0)
+        previous = self.previous_error(state)
+        dt = min(state.dt, self.dt_max)
+        while True:
+            h = min(dt, dt_limit)
+            try:
+                new, h_taken, err = self._step_impl(state, h, counts)
+            except StageFailed as exc:
+                counts["failed_solves"] = counts.get("failed_solves", 0.0) + 1
+                dt = FAILED_STAGE_SHRINK * h
+                if dt < self.dt_min:
+                    raise SolverError(f"a stage solve failed ({exc}) and the step fell below solver.dt_min = "
+                                      f"{self.dt_min:g} at t = {state.t:.6g}; {self.failure_fix}") from None
+                continue
+            factor = controller_factor(err, previous if counts["rejected"] == 0 else math.nan, self.order,
+                                       self.max_growth)
+            if err <= 1.0:
+                new.dt = float(np.clip(self._proposal(dt, h, h_taken, err, factor), self.dt_min, self.dt_max))
+                self._memory = (new, max(err, ERROR_MEMORY_FLOOR))
+                return new, self._accept_step(state, new, h_taken, counts)
+            counts["rejected"] += 1
+            dt = h_taken * factor
+            if dt < self.dt_min:
+                raise SolverError(f"{self.name} step size fell below solver.dt_min = {self.dt_min:g} at "
+                                  f"t = {state.t:.6g} (error estimate {err:.3g}); loosen solver.rtol/atol or lower "
+                                  f"solver.dt_min")
+            self._reject_step(state, counts)
+
+    def _proposal(self, dt: float, h: float, h_taken: float, err: float, factor: float) -> float:
+        """The next step after an accepted step of ``h_taken`` (asked: ``h = min(dt, dt_limit)``, ``dt`` the
+        controller's own): ``dt factor``; a step cut short (by a frame time, or by the method) does not shrink the
+        controller's proposal: ``max(dt, h_taken factor)``."""
+        return dt * factor if h_taken >= dt else max(dt, h_taken * factor)
+
+    def likely_cause(self, state: State) -> str:
+        return (f"the {self.name} stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) "
+                f"are too loose for this problem; tighten them")
+
+    # ---- what a method supplies ------------------------------------------------------------------------------------
+    def _begin_step(self, state: State) -> dict[str, float]:
+        """Work a step does once before its attempts; returns the step's /steps counters (``rejected`` is added)."""
+        return {}
+
+    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+        """One attempt of size at most ``h`` from ``state``: ``(new state, the step taken, its error norm)``
+        (:meth:`error_norm`); may raise :class:`StageFailed`."""
+        raise NotImplementedError
+
+    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+        """Completes the accepted step ``state -> new`` (its quadrature, carried data); returns its /steps
+        columns."""
+        return counts
+
+    def _reject_step(self, state: State, counts: dict[str, float]) -> None:
+        """Called after a rejected attempt, before the next (a method renews what the rejection put in doubt)."""
+
+
+__all__ = ["AdaptiveStepper", "StageFailed", "CONTROLLER_KEYS", "FAILED_STAGE_SHRINK", "ERROR_MEMORY_FLOOR"]
