@@ -243,12 +243,14 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
 
 def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, max_iter: int = 2000, max_restarts: int = 5,
-            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, progress: Progress | None = None) -> StationaryPoint:
+            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, progress: Progress | None = None,
+            on_iterate: Callable[[np.ndarray], None] | None = None) -> StationaryPoint:
     """A local minimum of E from ``omega`` [N, k] (module docstring): trust-region Newton-Krylov
     (``scipy.optimize.minimize``, ``trust-krylov``, ``hessp`` the projected S) until ``I <= ratio *
     initial_dissipation``, then the spectrum; while a converged negative eigenvalue remains (at most
     ``max_restarts`` times) the search restarts from the point moved along its eigenvector by ``escape`` (0: by
-    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E."""
+    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. ``on_iterate(omega)`` is
+    called with every iterate [N, k] (to keep the latest, say)."""
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega))
     target = ratio * initial_dissipation
@@ -275,6 +277,8 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         e, grad = c.energy_and_gradient(x)
         c.gradients -= 1  # the minimiser evaluated it already: a record, not a cost
         hist.add(e, float(grad @ grad))
+        if on_iterate is not None:
+            on_iterate(c.omega(x))
         say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {float(grad @ grad):.3e}, {c.products} products, "
             f"{c.gradients} gradients, {c.wall:.1f} s")
 
