@@ -9,6 +9,7 @@ of S on a small Krylov space is a lower bound of its largest eigenvalue that the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,19 +58,31 @@ def mass_weighted(product: Product, mass: np.ndarray, counter: Callable[[], None
     return apply
 
 
-def top_ritz(apply: Product, start: np.ndarray, dims: int,
-             project: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[float, np.ndarray]:
-    """``(theta, x)``: the largest Ritz value of the symmetric operator ``C = Pi A Pi`` (``A`` = ``apply`` on flat
-    vectors [n], ``Pi`` = ``project``, default the identity) on the Krylov space ``span{x0, C x0, ..., C^(d-1) x0}``,
-    ``x0 = Pi start``, ``d = dims`` (d products, fewer if the space is invariant), and its unit Ritz vector [n].
-    ``theta`` never exceeds the largest eigenvalue of C and never falls below ``x0^T C x0 / |x0|^2``, so a start
-    from the previous estimate's vector only improves on it. (scipy's LOBPCG is not used: with one or two
-    iterations it may return its start vector, the iterate of smallest residual.)"""
+@dataclass(frozen=True)
+class RitzPairs:
+    """Rayleigh-Ritz pairs of a symmetric operator C on an orthonormal basis: ``values`` [m] ascending, unit
+    ``vectors`` [n, m] and ``residuals`` [m] = ``|C x_j - theta_j x_j|``. Each ``theta_j`` has an eigenvalue of C
+    within ``residuals[j]``, and (Cauchy interlacing) the j-th lowest Ritz value is no lower than the j-th lowest
+    eigenvalue, the j-th highest no higher than the j-th highest."""
+    values: np.ndarray
+    vectors: np.ndarray
+    residuals: np.ndarray
+
+
+def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
+                project: Callable[[np.ndarray], np.ndarray] | None = None) -> RitzPairs:
+    """Rayleigh-Ritz of the symmetric operator ``C = Pi A Pi`` (``A`` = ``apply`` on flat vectors [n], ``Pi`` =
+    ``project``, default the identity) on the Krylov space ``span{x0, C x0, ..., C^(d-1) x0}``, ``x0 = Pi start``,
+    ``d = dims``: Lanczos with full reorthogonalisation (twice, Kahan-Parlett), d products of ``apply`` (fewer if
+    the space is invariant; the caller's ``apply`` counts them). ``T = Q^T C Q`` from the stored images ``C Q``, so
+    the residuals ``|C Q y - theta Q y|`` are computed, not estimated, and hold with rounding whatever the loss
+    of orthogonality. Memory: two [n, d] arrays."""
     def op(x: np.ndarray) -> np.ndarray:
         return apply(x) if project is None else project(apply(x))
 
-    x = start if project is None else project(start)
+    x = np.asarray(start, dtype=float) if project is None else project(np.asarray(start, dtype=float))
     n = x.size
+    dims = max(1, min(int(dims), n))
     basis, images = np.zeros((n, dims)), np.zeros((n, dims))
     q = x / np.linalg.norm(x)
     size = 0
@@ -82,11 +95,30 @@ def top_ritz(apply: Product, start: np.ndarray, dims: int,
         norm = float(np.linalg.norm(w))
         if norm <= 1e-12 * float(np.linalg.norm(images[:, j])):
             break  # an invariant subspace: its Ritz values are exact
+        if project is not None:
+            # the rounding left in a small w is amplified by the normalisation: keep the basis in the range of Pi
+            w = project(w)
+            w -= basis[:, :size] @ (basis[:, :size].T @ w)
+            norm = float(np.linalg.norm(w))
         q = w / norm
     Q, CQ = basis[:, :size], images[:, :size]
     T = Q.T @ CQ
-    values, vectors = np.linalg.eigh(0.5 * (T + T.T))
-    return float(values[-1]), Q @ vectors[:, -1]
+    values, y = np.linalg.eigh(0.5 * (T + T.T))
+    vectors = Q @ y
+    residuals = np.linalg.norm(CQ @ y - vectors * values[None, :], axis=0)
+    return RitzPairs(values=values, vectors=vectors, residuals=residuals)
 
 
-__all__ = ["DIFFERENCE_STEP", "dissipation_slope", "velocity_jacobian", "mass_weighted", "top_ritz"]
+def top_ritz(apply: Product, start: np.ndarray, dims: int,
+             project: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[float, np.ndarray]:
+    """``(theta, x)``: the largest Ritz value of :func:`krylov_ritz` (the symmetric operator ``C = Pi A Pi`` on
+    the Krylov space of ``dims`` vectors from ``Pi start``) and its unit Ritz vector [n]. ``theta`` never exceeds
+    the largest eigenvalue of C and never falls below ``x0^T C x0 / |x0|^2``, so a start from the previous
+    estimate's vector only improves on it. (scipy's LOBPCG is not used: with one or two iterations it may return
+    its start vector, the iterate of smallest residual.)"""
+    pairs = krylov_ritz(apply, start, dims, project)
+    return float(pairs.values[-1]), pairs.vectors[:, -1]
+
+
+__all__ = ["DIFFERENCE_STEP", "RitzPairs", "dissipation_slope", "krylov_ritz", "velocity_jacobian", "mass_weighted",
+           "top_ritz"]

@@ -39,8 +39,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("io", ("pdeflow", "pdeflow.schema", "pdeflow.trajectory", "pdeflow.resume", "pdeflow.sharded_writer",
             "pdeflow.reference")),
     ("steppers", ("pdeflow.solvers", "pdeflow.solvers.*")),
-    ("analysis", ("pdeflow.diagnostics", "pdeflow.diagnostics.*", "pdeflow.stability", "pdeflow.chaos",
-                  "pdeflow.plotting")),
+    ("analysis", ("pdeflow.diagnostics", "pdeflow.diagnostics.*", "pdeflow.stability", "pdeflow.spectrum",
+                  "pdeflow.stationary", "pdeflow.chaos", "pdeflow.plotting")),
     ("interface", ("pdeflow.cli", "pdeflow.cli_*", "pdeflow.__main__", "pdeflow.benchmarks", "pdeflow.benchmarks.*")),
 ]
 

@@ -1,0 +1,166 @@
+"""The spectrum of the mass-weighted Hessian (:mod:`pdeflow.spectrum`, :func:`pdeflow.solvers.jacobian.krylov_ritz`):
+the Lanczos Ritz pairs against a dense ``eigh``, the symmetry directions against their count formula and as null
+vectors at a stationary measure, the dense Hessian from the exact JVP against finite differences of grad Phi, and
+the reported spectrum ends against the dense projected spectrum (docs/solvers.md, "Stationary points")."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pdeflow.solvers.jacobian import krylov_ritz, top_ritz
+
+from pdeflow import Problem, loads_config
+from pdeflow.spectrum import head_symmetries, hessian_operator, spectrum_ends, symmetry_basis
+from pdeflow.stability import complement_spectrum, find_stationary_points, one_head_energy
+from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates, 27 sequences exactly
+
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
+
+def tiny(*overrides: str) -> Problem:
+    return Problem.from_config(loads_config(TINY, list(overrides)))
+
+
+def random_state(problem: Problem, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, problem.k)), rng.dirichlet(np.full(n, 2.0))
+
+
+def dense(op) -> np.ndarray:
+    n = op.shape[0]
+    return np.stack([op.matvec(e) for e in np.eye(n)], axis=1)
+
+
+# ---- the Lanczos core ---------------------------------------------------------------------------
+def test_krylov_ritz_equals_eigh_of_the_projected_matrix():
+    """On a full Krylov space the Ritz pairs are the eigenpairs of Pi A Pi on the complement of the projected
+    directions, with residuals at rounding; on a short one the ends converge first and every residual is the
+    true |C x - theta x|; top_ritz is its last pair."""
+    rng = np.random.default_rng(0)
+    n, r = 40, 3
+    A = rng.standard_normal((n, n))
+    A = A + A.T
+    Q = np.linalg.qr(rng.standard_normal((n, r)))[0]
+
+    def project(x):
+        return x - Q @ (Q.T @ x)
+
+    calls = []
+
+    def apply(x):
+        calls.append(1)
+        return A @ x
+
+    pairs = krylov_ritz(apply, rng.standard_normal(n), n - r, project)
+    assert len(calls) == n - r
+    expected = complement_spectrum(A, Q)[0]
+    np.testing.assert_allclose(pairs.values, expected, atol=1e-11 * np.abs(expected).max())
+    assert pairs.residuals.max() <= 1e-10 * np.abs(expected).max()
+    np.testing.assert_allclose(pairs.vectors.T @ pairs.vectors, np.eye(n - r), atol=1e-12)
+    assert np.abs(Q.T @ pairs.vectors).max() <= 1e-12
+
+    short = krylov_ritz(A.__matmul__, rng.standard_normal(n), 15, project)
+    C = A - Q @ (Q.T @ A) - (A @ Q) @ Q.T + Q @ (Q.T @ A @ Q) @ Q.T
+    true = np.linalg.norm(C @ short.vectors - short.vectors * short.values, axis=0)
+    np.testing.assert_allclose(short.residuals, true, rtol=1e-8, atol=1e-12)
+    assert short.values[0] >= expected[0] - 1e-12 and short.values[-1] <= expected[-1] + 1e-12  # interlacing
+    theta, x = top_ritz(A.__matmul__, np.arange(n, dtype=float), 12, project)
+    again = krylov_ritz(A.__matmul__, np.arange(n, dtype=float), 12, project)
+    assert theta == again.values[-1] and np.array_equal(x, again.vectors[:, -1])
+
+
+# ---- the symmetry directions ---------------------------------------------------------------------
+@pytest.mark.parametrize("head_dim", [2, 3])
+def test_symmetry_count_equals_the_formula(head_dim):
+    """Per head dh (dh - 1) directions with weight decay (rotations of (WQ, WK) and of (WV, WO)), 2 dh^2 without
+    (invertible changes of basis), none at a zero head (the orbit is a point) and none in reduced coordinates."""
+    dh = head_dim
+    problem = tiny(f"model.head_dim={dh}")
+    omega, mass = random_state(problem, 3, seed=1)
+    omega[1] = 0.0  # a zero head: degenerate orbit
+    Q = symmetry_basis(problem, omega, mass)
+    assert Q.shape == (omega.size, 2 * dh * (dh - 1))
+    np.testing.assert_allclose(Q.T @ Q, np.eye(Q.shape[1]), atol=1e-12)
+    assert np.abs(Q.reshape(3, problem.k, -1)[1]).max() == 0.0
+    free = problem.with_weight_decay(0.0)
+    assert symmetry_basis(free, omega, mass).shape == (omega.size, 2 * 2 * dh * dh)
+    assert list(head_symmetries(free, omega).counts) == [2 * dh * dh, 0, 2 * dh * dh]
+    reduced = tiny('model.coordinates="gain2"')
+    omega_r, mass_r = random_state(reduced, 4, seed=2)
+    assert symmetry_basis(reduced, omega_r, mass_r).shape == (omega_r.size, 0)
+    assert spectrum_ends(reduced, omega_r, mass_r).n_symmetry == 0
+
+
+@pytest.mark.parametrize("weight_decay", [0.05, 0.0])
+def test_symmetry_directions_are_orthogonal_to_the_gradient(weight_decay):
+    """E is constant along each head's orbit: its mass-weighted gradient M^(1/2) grad Phi has no component
+    along the symmetry directions, at any measure."""
+    problem = tiny().with_weight_decay(weight_decay)
+    omega, mass = random_state(problem, 4, seed=3)
+    g = (np.sqrt(mass)[:, None] * problem.grad_phi(omega, omega, mass)).ravel()
+    Q = symmetry_basis(problem, omega, mass)
+    assert np.abs(Q.T @ g).max() <= 1e-12 * np.linalg.norm(g)
+
+
+def test_symmetry_directions_are_null_vectors_at_a_stationary_measure():
+    """Four heads at the nonzero stationary Dirac w* (grad e(w*) = 0, so grad Phi = 0 at every head) form a
+    stationary measure; there every symmetry direction is a null vector of S (to rounding), and the spectrum on
+    the complement has the Dirac's Htr (mean) and H0 (spread) eigenvalues."""
+    problem = tiny()
+    cands, _ = find_stationary_points(problem, n_starts=1, seed=0, start_scale=1.0, grad_tol=1e-10)
+    w = cands[-1].point
+    assert np.linalg.norm(w) > 1.0 and np.linalg.norm(one_head_energy(problem, w)[1]) <= 1e-10
+    omega, mass = np.tile(w, (4, 1)), np.full(4, 0.25)
+    S = dense(hessian_operator(problem, omega, mass, np.zeros((omega.size, 0))))
+    Q = symmetry_basis(problem, omega, mass)
+    assert Q.shape[1] == 4 * 2
+    assert np.abs(S @ Q).max() <= 1e-10 * np.abs(S).max()
+
+
+# ---- the Hessian and its spectrum ----------------------------------------------------------------
+@pytest.mark.parametrize("weight_decay", [0.05, 0.0])
+def test_dense_hessian_from_the_jvp_matches_finite_differences(weight_decay):
+    """S = M^(1/2) (M^-1 Hess E) M^(-1/2) from the exact JVP, column by column, against central differences of
+    the mass-weighted gradient v -> M^(1/2) grad Phi(M^(-1/2) v); and it is symmetric."""
+    problem = tiny().with_weight_decay(weight_decay)
+    omega, mass = random_state(problem, 3, seed=4)
+    op = hessian_operator(problem, omega, mass, np.zeros((omega.size, 0)))
+    S = dense(op)
+    assert op.products == omega.size
+    root = np.sqrt(mass)[:, None]
+
+    def gradient(v):
+        y = omega + v.reshape(omega.shape) / root
+        return (root * problem.grad_phi(y, y, mass)).ravel()
+
+    h = 1e-5
+    fd = np.stack([(gradient(h * e) - gradient(-h * e)) / (2 * h) for e in np.eye(omega.size)], axis=1)
+    assert np.abs(S - fd).max() <= 1e-6 * np.abs(S).max()
+    assert np.abs(S - S.T).max() <= 1e-12 * np.abs(S).max()
+
+
+@pytest.mark.parametrize("weight_decay,krylov_dim", [(0.05, 500), (0.0, 500), (0.05, 40)])
+def test_spectrum_ends_equal_dense_eigh_of_the_projected_hessian(weight_decay, krylov_dim):
+    """The converged Ritz values spectrum_ends reports at both ends are the lowest / highest eigenvalues of the
+    dense Pi S Pi on the complement of the symmetry directions, the lower bound on the index is the count of
+    negative ones there (all of them on a full Krylov space), and the Ritz vectors are eigenvectors."""
+    problem = tiny().with_weight_decay(weight_decay)
+    omega, mass = random_state(problem, 4, seed=5)
+    Q = symmetry_basis(problem, omega, mass)
+    S = dense(hessian_operator(problem, omega, mass, np.zeros((omega.size, 0))))
+    values = complement_spectrum(0.5 * (S + S.T), Q)[0]
+    ends = spectrum_ends(problem, omega, mass, krylov_dim=krylov_dim, n_ends=5, tol=1e-8)
+    n = omega.size - Q.shape[1]
+    assert ends.n_symmetry == Q.shape[1] and ends.products <= min(krylov_dim, n)
+    scale = np.abs(values).max()
+    assert ends.lowest.size >= 1 and ends.highest.size >= 1
+    np.testing.assert_allclose(ends.lowest, values[:ends.lowest.size], atol=1e-9 * scale)
+    np.testing.assert_allclose(ends.highest, values[n - ends.highest.size:], atol=1e-9 * scale)
+    assert np.all(ends.lowest_residual <= 1e-8 * scale) and np.all(ends.highest_residual <= 1e-8 * scale)
+    negative = int(np.sum(values < 0))
+    assert negative >= 1 and ends.morse_index_lower <= negative
+    if krylov_dim >= n:
+        assert ends.morse_index_lower == negative and ends.lowest.size == 5 and ends.highest.size == 5
+    x = ends.lowest_vectors
+    Sx = S @ x
+    Sx -= Q @ (Q.T @ Sx)
+    np.testing.assert_allclose(Sx, x * ends.lowest[None, :], atol=1e-7 * scale)
+    assert np.abs(Q.T @ x).max() <= 1e-12
