@@ -24,15 +24,19 @@ import scipy.sparse.linalg
 from .config import Config, ConfigError
 from .problem import Problem
 from .solvers.base import Stepper
-from .spectrum import hessian_operator, spectrum_ends, symmetry_basis
-from .stability import FIT_SKIP, LOG_CHANGE, MIN_STEPS, SAMPLES, STEPS_PER_FASTEST, _strings, fit_rate, simulate
+from .spectrum import SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
+from .stability import FIT_SKIP, LOG_CHANGE, MIN_STEPS, SAMPLES, _strings, fit_rate, simulate
 
 Progress = Callable[[str], None]
 
 
 SLOWEST = "slowest"
-RANDOM_LOG_CHANGE = 2.0 * LOG_CHANGE   # random directions run twice as long: the faster modes decay first
+RANDOM_LOG_CHANGE = 1.5 * LOG_CHANGE   # random directions run longer: the faster modes decay first
 RANDOM_FIT_SKIP = 0.5                  # ... and only the second half is fitted
+# RK4 step 1 / lambda_max: inside its stability bound (2.785 / lambda_max), the fast modes damped (R(-1) = 0.375 vs
+# e^-1 = 0.368), the slow ones measured with a relative rate error ~ (lambda_min dt)^4 / 120
+STEPS_PER_FASTEST_AT_MINIMUM = 1.0
+EXCESS_FLOOR = 1e-12                   # E - E* fitted only above this times max(1, |E*|): ~5,000 roundings of E
 POLISH_STEPS = 8                       # Newton steps that polish the stationary point before it is perturbed
 
 
@@ -41,7 +45,8 @@ class MinimumRun:
     """One perturbation of the minimum: its ``direction`` (``slowest`` or ``random j``), the samples ``times``,
     ``excess`` (``E - E*``), ``distance`` (``|P (M^(1/2) (omega - omega*))|``, P the projection off the symmetry
     directions) and ``pl_ratio`` ``I / (2 (E - E*))`` [F]; the fitted decay rates ``energy_rate`` and
-    ``distance_rate`` (positive: decay), ``pl_ratio_min`` over the fitted window and ``pl_ratio_end``; the fit
+    ``distance_rate`` (positive: decay), ``pl_ratio_min`` over the fitted window and ``pl_ratio_end`` (its last
+    trusted sample); the fit
     window's start ``fit_from`` and the stepper's ``dt``."""
     direction: str
     times: np.ndarray
@@ -110,12 +115,24 @@ def polish_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray, bas
     return omega, taken, products
 
 
+def off_symmetry_lowest(ends: SpectrumEnds, basis: np.ndarray,
+                        leak: float = 0.5) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The lowest converged Ritz values [a], residuals [a] and vectors [N k, a] of ``ends`` whose vectors lie off the
+    symmetry directions (``|Q^T x| < leak``, ``Q = basis`` [N k, r]), and how many were dropped. When a Krylov space
+    becomes invariant before its last step (small problems), the rounding-level vector that continues it is not
+    projected, and ``Pi S Pi`` is zero on its symmetry part: a spurious Ritz value 0 whose vector lies in span Q."""
+    x = np.asarray(ends.lowest_vectors, dtype=float)
+    on_symmetry = np.linalg.norm(basis.T @ x, axis=0) >= leak if basis.shape[1] else np.zeros(x.shape[1], bool)
+    keep = ~on_symmetry
+    return ends.lowest[keep], ends.lowest_residual[keep], x[:, keep], int(np.sum(on_symmetry))
+
+
 def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps: float, n_random: int, seed: int,
                   dt: float = 0.0, stepper: Stepper | None = None, progress: Progress | None = None,
                   **ends) -> MinimumRates:
     """Perturb the stationary measure ``(omega [N, k], mass [N])`` by ``eps`` (mass-weighted norm) along the slowest
     eigenvector of S and ``n_random`` random directions (seeded, off the symmetry directions), integrate the flow
-    (:func:`simulate`: RK4 with ``dt``, 0: ``STEPS_PER_FASTEST / lambda_max``, or ``stepper``) for
+    (:func:`simulate`: RK4 with ``dt``, 0: ``STEPS_PER_FASTEST_AT_MINIMUM / lambda_max``, or ``stepper``) for
     ``LOG_CHANGE / lambda_min`` (random: ``RANDOM_LOG_CHANGE / lambda_min``) and fit the decay rates of
     ``E - E*`` and of the distance (:func:`fit_rate`; random: over the second half), beside the PL ratio.
     The point is first polished (:func:`polish_stationary`); ``ends`` go to :func:`pdeflow.spectrum.spectrum_ends`.
@@ -129,22 +146,23 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     e_star, i_star = float(ev.energy), float(ev.dissipation)
     ends_found = spectrum_ends(problem, omega, mass, **ends)
     products += ends_found.products
-    if not len(ends_found.lowest) or not ends_found.lowest[0] - ends_found.lowest_residual[0] > 0:
-        low = f"{ends_found.lowest[0]:+.4g}" if len(ends_found.lowest) else "not converged"
+    lowest, residual, vectors, leaked = off_symmetry_lowest(ends_found, basis)
+    if not len(lowest) or not lowest[0] - residual[0] > 0:
+        low = f"{lowest[0]:+.4g}" if len(lowest) else "not converged"
         raise ConfigError(f"not a strict local minimum: the lowest eigenvalue of S off the symmetry directions is "
                           f"{low}; its rates are not those of a minimum")
-    lam, lam_max = float(ends_found.lowest[0]), float(ends_found.highest[-1])
+    lam, lam_max = float(lowest[0]), float(ends_found.highest[-1])
     say(f"polished in {taken} Newton step(s): E* = {e_star:.12g}, I = {i_star:.3e}; lambda_min = {lam:.6g} "
-        f"(residual {ends_found.lowest_residual[0]:.1e}), lambda_max = {lam_max:.6g}, {basis.shape[1]} symmetry "
-        f"directions")
+        f"(residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}, {basis.shape[1]} symmetry directions"
+        + (f" ({leaked} Ritz value(s) on them dropped)" if leaked else ""))
     root = np.sqrt(mass)[:, None]
     rng = np.random.default_rng(seed)
-    directions = [(SLOWEST, np.asarray(ends_found.lowest_vectors[:, 0], dtype=float))]
+    directions = [(SLOWEST, vectors[:, 0])]
     for j in range(n_random):
         d = rng.standard_normal(omega.size)
         directions.append((f"random {j + 1}", d - basis @ (basis.T @ d)))
     if dt <= 0:
-        dt = STEPS_PER_FASTEST / lam_max
+        dt = STEPS_PER_FASTEST_AT_MINIMUM / lam_max
     runs = []
     for name, d in directions:
         d = d / np.linalg.norm(d)
@@ -158,14 +176,16 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
         say(f"{name}: E - E* decays at {r.energy_rate:.6g} (2 lambda_min = {2 * lam:.6g}), distance at "
             f"{r.distance_rate:.6g} (lambda_min = {lam:.6g}), PL ratio >= {r.pl_ratio_min:.6g}")
     return MinimumRates(e_star=e_star, i_star=i_star, lambda_min=lam,
-                        lambda_min_residual=float(ends_found.lowest_residual[0]), lambda_max=lam_max,
-                        morse_index_lower=int(ends_found.morse_index_lower), n_symmetry=int(basis.shape[1]),
+                        lambda_min_residual=float(residual[0]), lambda_max=lam_max,
+                        morse_index_lower=int(np.sum(lowest + residual < 0)), n_symmetry=int(basis.shape[1]),
                         eps=float(eps), runs=runs, products=int(products), polish_steps=taken)
 
 
 def _minimum_run(problem: Problem, name: str, path: np.ndarray, mass: np.ndarray, omega: np.ndarray,
                  basis: np.ndarray, e_star: float, times: np.ndarray, skip: float, dt: float) -> MinimumRun:
-    """The excess energy, distance and PL ratio along one simulated path [F, N, k], and their fits."""
+    """The excess energy, distance and PL ratio along one simulated path [F, N, k], and their fits: the distance
+    over the last ``1 - skip`` of the run, E - E* and the PL ratio there too but only while ``E - E*`` is above
+    :data:`EXCESS_FLOOR` ``max(1, |E*|)`` (below it the energy's rounding would be fitted)."""
     root = np.sqrt(mass)[:, None]
     excess, distance, pl = (np.full(len(times), np.nan) for _ in range(3))
     for f, w in enumerate(path):
@@ -176,13 +196,15 @@ def _minimum_run(problem: Problem, name: str, path: np.ndarray, mass: np.ndarray
         excess[f] = ev.energy - e_star
         distance[f] = np.linalg.norm(v - basis @ (basis.T @ v))
         pl[f] = ev.dissipation / (2.0 * excess[f]) if excess[f] > 0 else np.nan
-    energy_rate, _ = fit_rate(times, excess, skip)
-    distance_rate, _ = fit_rate(times, distance, skip)
     window = times >= times[0] + skip * (times[-1] - times[0])
+    distance_rate = fit_rate(times[window], distance[window], 0.0)[0] if window.sum() >= 2 else math.nan
+    trusted = window & (excess > EXCESS_FLOOR * max(1.0, abs(e_star)))
+    energy_rate = fit_rate(times[trusted], excess[trusted], 0.0)[0] if trusted.sum() >= 2 else math.nan
     return MinimumRun(direction=name, times=times, excess=excess, distance=distance, pl_ratio=pl,
                       energy_rate=-energy_rate, distance_rate=-distance_rate,
-                      pl_ratio_min=float(np.min(pl[window])) if np.all(np.isfinite(pl[window])) else math.nan,
-                      pl_ratio_end=float(pl[-1]), fit_from=float(times[window][0]), dt=float(dt))
+                      pl_ratio_min=float(np.min(pl[trusted])) if trusted.any() else math.nan,
+                      pl_ratio_end=float(pl[trusted][-1]) if trusted.any() else math.nan,
+                      fit_from=float(times[window][0]), dt=float(dt))
 
 
 SCHEMA_MINIMUM = "pdeflow-minimum-rates"
