@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.cli_reference",     # compare, validate
     "pdeflow.cli_chaos",         # chaos
     "pdeflow.cli_stability",     # stability
+    "pdeflow.cli_stationary",    # stationary
     "pdeflow.cli_wfr",           # wfr
     "pdeflow.cli_bench",         # bench
 )
@@ -124,6 +125,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from .stationary import format_stationary, is_stationary_file, read_stationary
+
+    if is_stationary_file(args.file):  # a result of pdeflow stationary
+        print(format_stationary(args.file, read_stationary(args.file)))
+        return EXIT_OK
     traj = open_trajectory(args.file)
     print(format_info(traj))
     return EXIT_OK
@@ -193,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in the output file from its checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("info", help="summarize a trajectory file", epilog=EXIT_CODES,
+    p = sub.add_parser("info", help="summarize a trajectory file or a stationary-point result", epilog=EXIT_CODES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file")
     p.set_defaults(func=cmd_info)

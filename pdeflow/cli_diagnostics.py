@@ -51,6 +51,10 @@ def settings_from_args(traj: Trajectory, args: argparse.Namespace) -> Config:
         changes[key] = value
     if getattr(args, "e_star", None) is not None:
         changes["e_star"] = args.e_star
+    if getattr(args, "stationary", None) is not None:
+        if getattr(args, "e_star", None) is not None:
+            raise _usage_error("--e-star and --stationary exclude each other")
+        changes["e_star"] = stationary_energy(traj, args.stationary)[0]
     if getattr(args, "frames", None) is not None:
         changes["gap_frames"] = args.frames
     if args.no_gap:
@@ -58,11 +62,25 @@ def settings_from_args(traj: Trajectory, args: argparse.Namespace) -> Config:
     return traj.config.replace(diagnostics=changes) if changes else traj.config
 
 
+def stationary_energy(traj: Trajectory, path: str) -> tuple[float, str]:
+    """The energy of the point in a ``pdeflow stationary`` result and its label for E*; UsageError when the
+    result belongs to another problem."""
+    from .resume import array_difference
+    from .stationary import read_stationary
+    from .trajectory import stored_problem
+
+    result = read_stationary(path)
+    diff = array_difference(traj.arrays, stored_problem(path).arrays())
+    if diff is not None:
+        raise _usage_error(f"--stationary {path}: a stationary point of another problem (its {diff!r} differs)")
+    return float(result["energy"]), f"E* of the stationary point found from frame {result['frame']}"
+
+
 def _fmt(x: float, spec: str = ".6g") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
 
-def format_analysis(traj: Trajectory, a: Analysis) -> str:
+def format_analysis(traj: Trajectory, a: Analysis, e_star_label: str | None = None) -> str:
     """The analysis as a short report and a table over frames (the gap frames and an even subsample)."""
     k = traj.model_attrs.get("k")
     n = traj.frames["omega"].shape[1] if "omega" in traj.frames else int(np.prod(np.shape(traj.frames["density"])[1:]))
@@ -81,7 +99,8 @@ def format_analysis(traj: Trajectory, a: Analysis) -> str:
     if a.e_star_source == "none":
         lines.append("E*            unknown")
     else:
-        known = {"given": "given", "lower_bound": "certified lower bound; E* in", "fit": "fitted from the tail; 95% in"}
+        known = {"given": e_star_label or "given", "lower_bound": "certified lower bound; E* in",
+                 "fit": "fitted from the tail; 95% in"}
         span = "" if a.e_star_source == "given" else f" [{_fmt(a.e_star_low, '.14g')}, {_fmt(a.e_star_high, '.14g')}]"
         lines.append(f"E*            {_fmt(a.e_star, '.12g')} ({known.get(a.e_star_source, a.e_star_source)}{span})")
     if math.isfinite(a.kl_theta):
@@ -141,7 +160,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     analysis = analyse(traj, cfg.diagnostics, previous=read_analysis(traj), run_stationary_tol=cfg.run.stationary_tol)
     if not args.no_write:
         write_analysis(traj.path, analysis)
-    print(format_analysis(traj, analysis))
+    label = stationary_energy(traj, args.stationary)[1] if args.stationary else None
+    print(format_analysis(traj, analysis, label))
     if not args.no_write:
         print(f"\nstored as /analysis in {traj.path}")
     return EXIT_OK
@@ -199,6 +219,8 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p)
     p.add_argument("--e-star", type=float, metavar="X", help="known optimal energy E* (diagnostics.e_star)")
+    p.add_argument("--stationary", metavar="RESULT",
+                   help="E* = the energy of the point in a pdeflow stationary result (of this file's problem)")
     p.add_argument("--frames", type=int, metavar="N", help="frames where the gap is computed (diagnostics.gap_frames)")
     p.add_argument("--no-write", action="store_true", help="print only; leave the file untouched")
     p.set_defaults(func=cmd_diagnose)

@@ -95,6 +95,11 @@ def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
         norm = float(np.linalg.norm(w))
         if norm <= 1e-12 * float(np.linalg.norm(images[:, j])):
             break  # an invariant subspace: its Ritz values are exact
+        if project is not None:
+            # the rounding left in a small w is amplified by the normalisation: keep the basis in the range of Pi
+            w = project(w)
+            w -= basis[:, :size] @ (basis[:, :size].T @ w)
+            norm = float(np.linalg.norm(w))
         q = w / norm
     Q, CQ = basis[:, :size], images[:, :size]
     T = Q.T @ CQ

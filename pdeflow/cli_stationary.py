@@ -1,0 +1,86 @@
+"""``pdeflow stationary FILE [--frame F] --kind nearest|minimum -o RESULT``: a stationary point of the flow from a
+frame of a particle trajectory, classified by its spectrum (:mod:`pdeflow.stationary`).
+
+``nearest``: Newton-Krylov on the velocity field (the stationary point next to the frame, saddle or minimum);
+``minimum``: trust-region Newton with negative curvature (a local minimum, certified by a positive lowest
+eigenvalue). Both stop at ``I <= ratio I(0)`` (I(0): the dissipation of the run's first frame) and write a result
+file that ``pdeflow info`` prints and ``pdeflow diagnose --stationary`` takes E* from.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .exit_codes import EXIT_OK, HELP
+from .spectrum import KRYLOV_DIM
+from .stationary import DISSIPATION_RATIO, KINDS, format_stationary, minimum, nearest, read_stationary, write_stationary
+from .trajectory import open_trajectory
+
+STATIONARY_HELP = """Find a stationary point of the particle flow from a frame of a trajectory and classify it by
+the spectrum of the mass-weighted Hessian (symmetry directions removed): --kind nearest (Newton-Krylov on the
+velocity field: the saddle or minimum next to the frame) or --kind minimum (trust-region Newton that follows
+negative curvature: a local minimum, certified when the lowest eigenvalue is positive beyond its residual).
+Converged when the dissipation I <= ratio x I(0), I(0) the dissipation of the run's first frame. Writes the point,
+its energy, index, converged eigenvalues with residuals, unstable directions and the cost to RESULT (HDF5)."""
+
+
+def default_output(path: Path, kind: str) -> Path:
+    """``<stem>-<kind>.h5`` beside the trajectory."""
+    return path.with_name(f"{path.stem}-{kind}.h5")
+
+
+def cmd_stationary(args: argparse.Namespace) -> int:
+    from .cli import UsageError, check_output_file
+
+    traj = open_trajectory(args.file)
+    if "omega" not in traj.frames:
+        raise UsageError(f"{traj.path}: stationary needs a particle trajectory (this one holds a grid density)")
+    F = len(traj.time)
+    if F == 0:
+        raise UsageError(f"{traj.path}: no frames")
+    if not -F <= args.frame < F:
+        raise UsageError(f"--frame must be in {-F}..{F - 1}, got {args.frame}")
+    if not (math.isfinite(args.ratio) and 0 < args.ratio < 1):
+        raise UsageError(f"--ratio must be in (0, 1), got {args.ratio:g}")
+    if args.krylov_dim < 2:
+        raise UsageError(f"--krylov-dim must be >= 2, got {args.krylov_dim}")
+    out = Path(args.output) if args.output else default_output(traj.path, args.kind)
+    if out.exists() and out.resolve() == traj.path.resolve():
+        raise UsageError(f"output path {str(out)!r} is the trajectory itself")
+    check_output_file(out, force=args.force)
+    frame = args.frame % F
+    problem = traj.problem()
+    omega = np.asarray(traj.frames["omega"][frame], dtype=float)
+    mass = (np.asarray(traj.frames["mass"][frame], dtype=float) if "mass" in traj.frames
+            else np.full(omega.shape[0], 1.0 / omega.shape[0]))
+    initial = float(traj.frames["dissipation"][0]) if "dissipation" in traj.frames else \
+        problem.evaluate(traj.frames["omega"][0], mass).dissipation
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stationary: {msg}", flush=True))
+    search = nearest if args.kind == "nearest" else minimum
+    point = search(problem, omega, mass, initial, ratio=args.ratio, krylov_dim=args.krylov_dim, progress=say)
+    write_stationary(out, point, traj.config, problem, source=str(traj.path), frame=frame,
+                     time_of_frame=float(traj.time[frame]), ratio=args.ratio)
+    print(format_stationary(out, read_stationary(out)))
+    print(f"pdeflow: stationary: {point.verdict} -> {out}")
+    return EXIT_OK
+
+
+def add_command(subparsers) -> None:
+    """Register ``pdeflow stationary``."""
+    p = subparsers.add_parser("stationary", help="a stationary point (nearest, or a local minimum) from a frame",
+                              description=STATIONARY_HELP, epilog=HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", help="particle trajectory (.h5)")
+    p.add_argument("--kind", choices=KINDS, required=True, help="nearest: Newton-Krylov; minimum: a local minimum")
+    p.add_argument("--frame", type=int, default=-1, help="frame to start from (default: the last)")
+    p.add_argument("-o", "--output", help="result file (default: <file stem>-<kind>.h5 beside the file)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing result file")
+    p.add_argument("--ratio", type=float, default=DISSIPATION_RATIO,
+                   help=f"converged when I <= ratio x I(0) (default {DISSIPATION_RATIO:g})")
+    p.add_argument("--krylov-dim", type=int, default=KRYLOV_DIM,
+                   help=f"Lanczos steps of the spectrum (default {KRYLOV_DIM})")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_stationary)

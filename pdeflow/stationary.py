@@ -1,0 +1,450 @@
+"""Stationary points of the particle flow: the one next to a state (Newton-Krylov) and a local minimum
+(trust-region Newton with negative curvature), certified by the spectrum of the mass-weighted Hessian.
+
+The particles ``omega`` [N, k] with fixed masses ``mass`` [N] are written in the mass-weighted coordinates
+``v = M^(1/2) omega`` (flat [N k]). There the energy's gradient is ``g = M^(1/2) grad Phi`` (``grad Phi`` at the
+particles), its squared norm is the dissipation ``I = sum_i m_i |grad Phi(omega_i)|^2``, and its Hessian is
+``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` (:mod:`pdeflow.spectrum`), applied by the exact JVP. Each head's
+symmetry directions (orbit tangents) are projected out of every Newton system: E is flat along them, so they carry
+no information and make S singular.
+
+- :func:`nearest`: Newton's method on ``g(v) = 0``: each step solves ``Pi S Pi p = -g`` by MINRES (scipy;
+  S is symmetric and indefinite at a saddle) to a relative residual ``eta = min(ETA_MAX, sqrt(|g| / |g_0|))``
+  (superlinear), and is globalised by a backtracking line search on I (the step is a descent direction of I when
+  the solve is accurate: ``d/da I(v + a p) = 2 g^T S p ~ -2 I``). It converges to the stationary point, saddle or
+  minimum, whose basin of Newton's method holds the start.
+- :func:`minimum`: ``scipy.optimize.minimize(method="trust-krylov")`` on E with ``hessp = Pi S Pi`` (the
+  Lanczos-based GLTR subproblem solver follows directions of negative curvature to the trust region's boundary,
+  so the iteration leaves saddles); when it stops at a point whose spectrum still has a converged negative
+  eigenvalue, it is restarted from that point moved along the eigenvector (both signs tried, the lower energy
+  kept).
+
+Both stop when ``I <= ratio * I(0)`` (``I(0)``: the dissipation of the run's first frame) and report the two ends
+of the spectrum there (:func:`pdeflow.spectrum.spectrum_ends`): the number of converged negative eigenvalues is a
+lower bound on the Morse index; a minimum is certified when the lowest converged eigenvalue exceeds its residual
+(positive).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse.linalg
+
+from .config import Config
+from .problem import Problem
+from .spectrum import KRYLOV_DIM, SpectrumEnds, hessian_operator, spectrum_ends
+
+DISSIPATION_RATIO = 1e-12   # converged: I <= DISSIPATION_RATIO * I(0)
+JVP_GRADIENTS = 2.5          # one exact JVP in grad Phi evaluations (benchmarks/HVP_COST.md, quickstart row)
+ETA_MAX = 1e-2               # the loosest MINRES tolerance of a Newton step
+MINRES_MAXITER = 500         # products per Newton step at most
+MAX_NEWTON = 100             # Newton steps of nearest at most
+LINE_SEARCH = 30             # halvings of a Newton step at most
+ARMIJO = 1e-4                # sufficient decrease of I along a Newton step
+KINDS = ("nearest", "minimum")
+
+Progress = Callable[[str], None]
+
+
+class Counter:
+    """The energy and its mass-weighted gradient at ``v`` [N k], with the evaluations and products counted."""
+
+    def __init__(self, problem: Problem, mass: np.ndarray, shape: tuple[int, int]) -> None:
+        self.problem, self.mass, self.shape = problem, np.asarray(mass, dtype=float), shape
+        self.root = np.sqrt(self.mass)[:, None]
+        self.gradients = 0
+        self.products = 0
+        self.start = time.perf_counter()
+
+    def omega(self, v: np.ndarray) -> np.ndarray:
+        """``omega = M^(-1/2) v``: [N k] -> [N, k]."""
+        return np.asarray(v, dtype=float).reshape(self.shape) / self.root
+
+    def coordinates(self, omega: np.ndarray) -> np.ndarray:
+        """``v = M^(1/2) omega``: [N, k] -> [N k]."""
+        return (self.root * np.asarray(omega, dtype=float)).ravel()
+
+    def energy_and_gradient(self, v: np.ndarray) -> tuple[float, np.ndarray]:
+        """``E`` and ``g = M^(1/2) grad Phi`` [N k] (one grad Phi evaluation)."""
+        self.gradients += 1
+        ev = self.problem.evaluate(self.omega(v), self.mass)
+        return ev.energy, (self.root * ev.grad_phi).ravel()
+
+    def hessian(self, v: np.ndarray):
+        """``Pi S Pi`` at ``v`` (:func:`pdeflow.spectrum.hessian_operator`), its products added to the count."""
+        op = hessian_operator(self.problem, self.omega(v), self.mass)
+        counter = self
+
+        class Counted(scipy.sparse.linalg.LinearOperator):
+            def __init__(self) -> None:
+                super().__init__(dtype=np.float64, shape=op.shape)
+
+            def _matvec(self, x: np.ndarray) -> np.ndarray:
+                counter.products += 1
+                return op.matvec(x)
+
+            _rmatvec = _matvec
+
+        return Counted()
+
+    @property
+    def wall(self) -> float:
+        return time.perf_counter() - self.start
+
+    @property
+    def gradient_equivalents(self) -> float:
+        """Gradients plus products at :data:`JVP_GRADIENTS` each."""
+        return self.gradients + JVP_GRADIENTS * self.products
+
+
+@dataclass
+class StationaryPoint:
+    """What a search found: the point ``omega`` [N, k] (masses ``mass`` [N]), its energy and dissipation, the
+    dissipation ``initial_dissipation`` I(0) the target is relative to (``target = ratio * I(0)``), whether it
+    ``converged`` (I <= target) and, for a minimum, is ``certified``; the spectrum ends there; the cost
+    (gradients, JVP products, wall seconds, of the search and of the certification); the history per iteration
+    (``energy``, ``dissipation``, cumulative ``products`` and ``gradients``) and a ``message``."""
+    kind: str
+    omega: np.ndarray
+    mass: np.ndarray
+    energy: float
+    dissipation: float
+    start_energy: float
+    start_dissipation: float
+    initial_dissipation: float
+    target: float
+    converged: bool
+    spectrum: SpectrumEnds
+    gradients: int
+    products: int
+    wall: float
+    certify_products: int
+    certify_wall: float
+    iterations: int
+    message: str
+    history: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def morse_index_lower(self) -> int:
+        return self.spectrum.morse_index_lower
+
+    @property
+    def certified(self) -> bool:
+        """A local minimum: converged, and the lowest converged eigenvalue (symmetries removed) is positive by
+        more than its residual."""
+        s = self.spectrum
+        return bool(self.converged and s.lowest.size and s.lowest[0] - s.lowest_residual[0] > 0)
+
+    @property
+    def gradient_equivalents(self) -> float:
+        """The whole cost (search and certification) in grad Phi evaluations (:data:`JVP_GRADIENTS` per product)."""
+        return self.gradients + JVP_GRADIENTS * (self.products + self.certify_products)
+
+    @property
+    def verdict(self) -> str:
+        """``local minimum``, ``saddle of index >= n``, or why neither is established."""
+        if not self.converged:
+            return "not converged"
+        if self.certified:
+            return "local minimum"
+        if self.morse_index_lower > 0:
+            return f"saddle of index >= {self.morse_index_lower}"
+        return "stationary, index not established (lowest eigenvalue not resolved from 0)"
+
+
+class _History:
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self.rows: list[tuple[float, float, int, int, float]] = []
+
+    def add(self, energy: float, dissipation: float) -> None:
+        c = self.counter
+        self.rows.append((energy, dissipation, c.products, c.gradients, c.wall))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        a = np.array(self.rows, dtype=float).reshape(-1, 5)
+        return {"energy": a[:, 0], "dissipation": a[:, 1], "products": a[:, 2].astype(np.int64),
+                "gradients": a[:, 3].astype(np.int64), "wall": a[:, 4]}
+
+
+def newton_step(op: scipy.sparse.linalg.LinearOperator, g: np.ndarray, eta: float,
+                maxiter: int = MINRES_MAXITER, restarts: int = 5) -> np.ndarray:
+    """``p`` [n] with ``|op p + g| <= eta |g|``, by MINRES (scipy) on the symmetric ``op``, restarted on the true
+    residual: scipy's MINRES also stops when ``|r| <= rtol (|A| |p| + |g|)``, which for a nearly singular
+    ``op`` (large ``|p|``) is far looser than asked. At most ``maxiter`` products in all, plus one per restart."""
+    p = np.zeros_like(g)
+    r = -g
+    gnorm = float(np.linalg.norm(g))
+    left = maxiter
+    for _ in range(restarts):
+        rnorm = float(np.linalg.norm(r))
+        if rnorm <= eta * gnorm or left <= 0:
+            break
+        steps = []
+        dp, _ = scipy.sparse.linalg.minres(op, r, rtol=eta * gnorm / rnorm, maxiter=left,
+                                           callback=lambda x: steps.append(1))
+        left -= len(steps)
+        p = p + dp
+        r = -g - op.matvec(p)
+    return p
+
+
+def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
+            ratio: float = DISSIPATION_RATIO, max_newton: int = MAX_NEWTON, krylov_dim: int = KRYLOV_DIM,
+            progress: Progress | None = None) -> StationaryPoint:
+    """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
+    until ``I <= ratio * initial_dissipation``, then the spectrum there (``krylov_dim`` Lanczos steps)."""
+    say = progress or (lambda msg: None)
+    c = Counter(problem, mass, np.shape(omega))
+    target = ratio * initial_dissipation
+    v = c.coordinates(omega)
+    E, g = c.energy_and_gradient(v)
+    I0 = I = float(g @ g)
+    g0 = math.sqrt(I)
+    hist = _History(c)
+    hist.add(E, I)
+    message = f"{max_newton} Newton steps without reaching I <= {target:.3g}"
+    it = 0
+    for it in range(1, max_newton + 1):
+        if I <= target:
+            message = f"I = {I:.3g} <= {target:.3g} after {it - 1} Newton steps"
+            it -= 1
+            break
+        eta = min(ETA_MAX, math.sqrt(I) / g0)
+        p = newton_step(c.hessian(v), g, eta)
+        alpha, accepted = 1.0, False
+        for _ in range(LINE_SEARCH):
+            E_new, g_new = c.energy_and_gradient(v + alpha * p)
+            I_new = float(g_new @ g_new)
+            if np.isfinite(I_new) and I_new <= (1.0 - 2.0 * ARMIJO * alpha * (1.0 - eta)) * I:
+                accepted = True
+                break
+            alpha *= 0.5
+        if not accepted:
+            message = f"the line search on I failed at I = {I:.3g} (Newton step {it})"
+            break
+        v, E, g, I = v + alpha * p, E_new, g_new, I_new
+        hist.add(E, I)
+        say(f"Newton {it}: E = {E:.12g}, I = {I:.3e}, step {alpha:g} x |p| = {np.linalg.norm(p):.3g}, "
+            f"{c.products} products")
+    else:
+        if I <= target:
+            message = f"I = {I:.3g} <= {target:.3g} after {max_newton} Newton steps"
+    return _finish(problem, "nearest", c, v, E, I, I0, initial_dissipation, target, it, message, hist,
+                   krylov_dim, say)
+
+
+def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
+            ratio: float = DISSIPATION_RATIO, max_iter: int = 2000, max_restarts: int = 5,
+            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, progress: Progress | None = None,
+            on_iterate: Callable[[np.ndarray], None] | None = None) -> StationaryPoint:
+    """A local minimum of E from ``omega`` [N, k] (module docstring): trust-region Newton-Krylov
+    (``scipy.optimize.minimize``, ``trust-krylov``, ``hessp`` the projected S) until ``I <= ratio *
+    initial_dissipation``, then the spectrum; while a converged negative eigenvalue remains (at most
+    ``max_restarts`` times) the search restarts from the point moved along its eigenvector by ``escape`` (0: by
+    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. ``on_iterate(omega)`` is
+    called with every iterate [N, k] (to keep the latest, say)."""
+    say = progress or (lambda msg: None)
+    c = Counter(problem, mass, np.shape(omega))
+    target = ratio * initial_dissipation
+    gtol = math.sqrt(target)
+    v = c.coordinates(omega)
+    E, g = c.energy_and_gradient(v)
+    I0 = float(g @ g)
+    hist = _History(c)
+    hist.add(E, I0)
+    cache: dict[str, object] = {}
+
+    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+        e, grad = c.energy_and_gradient(x)
+        if not np.isfinite(e):
+            return math.inf, np.zeros_like(grad)
+        return e, grad
+
+    def hessp(x: np.ndarray, p: np.ndarray) -> np.ndarray:
+        if cache.get("x") is None or not np.array_equal(cache["x"], x):
+            cache["x"], cache["op"] = x.copy(), c.hessian(x)
+        return cache["op"].matvec(p)
+
+    def record(x: np.ndarray) -> None:
+        e, grad = c.energy_and_gradient(x)
+        c.gradients -= 1  # the minimiser evaluated it already: a record, not a cost
+        hist.add(e, float(grad @ grad))
+        if on_iterate is not None:
+            on_iterate(c.omega(x))
+        say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {float(grad @ grad):.3e}, {c.products} products, "
+            f"{c.gradients} gradients, {c.wall:.1f} s")
+
+    iterations, message = 0, ""
+    spectrum = None
+    certify_products, certify_wall = 0, 0.0
+    for attempt in range(max_restarts + 1):
+        res = scipy.optimize.minimize(fun, v, jac=True, hessp=hessp, method="trust-krylov", callback=record,
+                                      options={"gtol": gtol, "maxiter": max_iter})
+        v = res.x
+        iterations += int(res.nit)
+        E, g = fun(v)
+        I = float(g @ g)
+        say(f"trust-krylov: E = {E:.12g}, I = {I:.3e} after {iterations} iterations, {c.products} products "
+            f"({res.message})")
+        message = f"trust-krylov: {res.message}"
+        if I > target:
+            break
+        t0, before = time.perf_counter(), c.products
+        spectrum = spectrum_ends(problem, c.omega(v), mass, krylov_dim=krylov_dim)
+        certify_products += spectrum.products
+        certify_wall += time.perf_counter() - t0
+        del before
+        say(f"spectrum: lowest {spectrum.lowest[:3]}, index >= {spectrum.morse_index_lower}")
+        if spectrum.morse_index_lower == 0 or attempt == max_restarts:
+            break
+        lam = float(spectrum.lowest[0])
+        x = spectrum.lowest_vectors[:, 0]
+        size = escape or math.sqrt(2.0 * abs(lam) / max(spectrum.lambda_max, 1e-300)) * max(1.0, float(
+            np.linalg.norm(v))) / 10.0
+        trials = [(fun(v + s * size * x)[0], s) for s in (1.0, -1.0)]
+        best = min(trials)
+        say(f"escaping along the eigenvector of {lam:.4g}: step {size:.3g}, E {E:.12g} -> {best[0]:.12g}")
+        v = v + best[1] * size * x
+    return _finish(problem, "minimum", c, v, E, I, I0, initial_dissipation, target, iterations, message, hist,
+                   krylov_dim, say, spectrum=spectrum, certify=(certify_products, certify_wall))
+
+
+def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I: float, I_start: float,
+            initial_dissipation: float, target: float, iterations: int, message: str, hist: _History,
+            krylov_dim: int, say: Progress, spectrum: SpectrumEnds | None = None,
+            certify: tuple[int, float] = (0, 0.0)) -> StationaryPoint:
+    products, wall = c.products, c.wall
+    certify_products, certify_wall = certify
+    if spectrum is None:
+        t0 = time.perf_counter()
+        spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim)
+        certify_products += spectrum.products
+        certify_wall += time.perf_counter() - t0
+    c.gradients += 1  # the spectrum's start vector
+    first = hist.rows[0]
+    point = StationaryPoint(kind=kind, omega=c.omega(v), mass=c.mass.copy(), energy=E, dissipation=I,
+                            start_energy=first[0], start_dissipation=I_start, initial_dissipation=initial_dissipation,
+                            target=target, converged=bool(I <= target), spectrum=spectrum, gradients=c.gradients,
+                            products=products, wall=wall, certify_products=certify_products,
+                            certify_wall=certify_wall, iterations=iterations, message=message,
+                            history=hist.arrays())
+    say(f"{kind}: {point.verdict}; E = {E:.12g}, I = {I:.3e}")
+    return point
+
+
+# ---- the result file ------------------------------------------------------------------------------
+SCHEMA = "pdeflow-stationary"
+SCHEMA_VERSION = 1
+SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_energy", "start_dissipation",
+           "initial_dissipation", "ratio", "target", "converged", "certified", "verdict", "morse_index_lower",
+           "n_symmetry", "lambda_min", "lambda_max", "iterations", "gradients", "products", "certify_products",
+           "gradient_equivalents", "jvp_gradients", "wall", "certify_wall", "message")
+
+
+def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, problem: Problem, *, source: str,
+                     frame: int, time_of_frame: float, ratio: float) -> None:
+    """Write the result of a search all or nothing (:func:`pdeflow.trajectory.new_result_file`), root attribute
+    ``schema = "pdeflow-stationary"``, the problem in ``/model`` and ``/data`` as in a trajectory, and
+    ``/stationary``: ``omega`` [N, k] and ``mass`` [N] (the point), the converged spectrum ends ``lowest``,
+    ``lowest_residual``, ``highest``, ``highest_residual``, the ``unstable_directions`` [m, N, k] (unit Ritz
+    vectors of the converged negative eigenvalues, in the mass-weighted coordinates ``v = M^(1/2) omega``),
+    ``history/{energy, dissipation, products, gradients, wall}`` per iteration, and the attributes
+    :data:`SCALARS` (``source``, ``frame``, ``time``: the trajectory and frame the search started from; costs in
+    gradients, JVP products and wall seconds, the certification's separately)."""
+    from .trajectory import new_result_file
+
+    s = point.spectrum
+    values = {"kind": point.kind, "source": source, "frame": int(frame), "time": float(time_of_frame),
+              "energy": point.energy, "dissipation": point.dissipation, "start_energy": point.start_energy,
+              "start_dissipation": point.start_dissipation, "initial_dissipation": point.initial_dissipation,
+              "ratio": float(ratio), "target": point.target, "converged": point.converged,
+              "certified": point.certified, "verdict": point.verdict, "morse_index_lower": s.morse_index_lower,
+              "n_symmetry": s.n_symmetry, "lambda_min": s.lambda_min, "lambda_max": s.lambda_max,
+              "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
+              "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
+              "jvp_gradients": JVP_GRADIENTS, "wall": point.wall, "certify_wall": point.certify_wall,
+              "message": point.message}
+    unstable = (s.lowest + s.lowest_residual) < 0
+    with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, problem=problem) as f:
+        g = f.create_group("stationary")
+        for key in SCALARS:
+            g.attrs[key] = values[key]
+        g["omega"], g["mass"] = point.omega, point.mass
+        g["lowest"], g["lowest_residual"] = s.lowest, s.lowest_residual
+        g["highest"], g["highest_residual"] = s.highest, s.highest_residual
+        g["unstable_directions"] = s.lowest_vectors[:, unstable].T.reshape((-1,) + point.omega.shape)
+        h = g.create_group("history")
+        for key, column in point.history.items():
+            h[key] = column
+
+
+def is_stationary_file(path: str | Path) -> bool:
+    """Whether ``path`` is an HDF5 file written by :func:`write_stationary` (False for anything else)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            schema = f.attrs.get("schema")
+    except OSError:
+        return False
+    return (schema.decode() if isinstance(schema, bytes) else schema) == SCHEMA
+
+
+def read_stationary(path: str | Path) -> dict[str, Any]:
+    """The attributes and arrays of a result file (:func:`write_stationary`), ``history`` as a dict of columns;
+    TrajectoryError (one line) if it is not one."""
+    import h5py
+
+    from .trajectory import TrajectoryError, _plain
+
+    try:
+        with h5py.File(path, "r") as f:
+            if _plain(f.attrs.get("schema")) != SCHEMA:
+                raise TrajectoryError(f"{path}: not a pdeflow stationary-point result (schema "
+                                      f"{_plain(f.attrs.get('schema'))!r})")
+            g = f["stationary"]
+            out: dict[str, Any] = {k: _plain(v) for k, v in g.attrs.items()}
+            for key in ("omega", "mass", "lowest", "lowest_residual", "highest", "highest_residual",
+                        "unstable_directions"):
+                out[key] = g[key][()]
+            out["history"] = {k: g["history"][k][()] for k in g["history"].keys()}
+            out["created"] = _plain(f.attrs.get("created"))
+    except (OSError, KeyError) as exc:
+        raise TrajectoryError(f"{path}: unreadable stationary-point result ({str(exc)[:80]})") from None
+    return out
+
+
+def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
+    """A short human summary of a result file (``pdeflow info``)."""
+    def values(v: np.ndarray, res: np.ndarray) -> str:
+        return ", ".join(f"{x:+.6g} (+- {e:.1e})" for x, e in zip(v, res)) or "none converged"
+
+    N, k = np.shape(r["omega"])
+    lines = [f"file        {path}",
+             f"stationary  {r['kind']} from frame {r['frame']} (t = {r['time']:.6g}) of {r['source']}",
+             f"point       N = {N}, k = {k}: {r['verdict']}",
+             f"energy      {r['energy']:.12g} (start {r['start_energy']:.12g})",
+             f"dissipation {r['dissipation']:.4g} = {r['dissipation'] / r['initial_dissipation']:.3g} I(0) "
+             f"(target {r['ratio']:.3g} I(0), I(0) = {r['initial_dissipation']:.6g}; "
+             f"start {r['start_dissipation']:.4g})",
+             f"index       >= {r['morse_index_lower']} (converged negative eigenvalues; {r['n_symmetry']} symmetry "
+             f"directions removed)",
+             f"lowest      {values(r['lowest'][:6], r['lowest_residual'][:6])}",
+             f"highest     {values(r['highest'][-3:], r['highest_residual'][-3:])}",
+             f"cost        {r['gradients']} gradients + {r['products']} JVP products (search) + "
+             f"{r['certify_products']} (spectrum) = {r['gradient_equivalents']:.0f} gradient equivalents "
+             f"(JVP = {r['jvp_gradients']:g} gradients); wall {r['wall']:.1f} s, spectrum {r['certify_wall']:.1f} s",
+             f"status      {r['message']}"]
+    return "\n".join(lines)
+
+
+__all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "SCHEMA", "StationaryPoint", "format_stationary",
+           "is_stationary_file", "minimum", "nearest", "read_stationary", "write_stationary"]

@@ -1,0 +1,127 @@
+"""Stationary points of the particle flow (:mod:`pdeflow.stationary`, ``pdeflow stationary``): Newton-Krylov returns
+to a perturbed known saddle with its index, the trust-region search escapes it to a certified minimum (checked by a
+dense eigendecomposition), and the result file is read back by ``info`` and ``diagnose --stationary``."""
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from pdeflow import Problem, loads_config
+from pdeflow.cli import main
+from pdeflow.model import split_theta
+from pdeflow.spectrum import hessian_operator, symmetry_basis
+from pdeflow.stability import analyse_point, complement_spectrum, find_stationary_points
+from pdeflow.stationary import SCHEMA, minimum, nearest, read_stationary
+from pdeflow.trajectory import open_trajectory
+from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates, 27 sequences exactly
+
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
+MASS = np.array([0.3, 0.7])
+
+
+@pytest.fixture(scope="module")
+def saddle(one_numba_thread):
+    """Two heads (masses 0.3, 0.7) at the nonzero stationary Dirac w* of the tiny problem: a stationary measure
+    whose S splits into the Dirac's translation Hessian Htr (the mean) and frozen Hessian H0 (the spread), so its
+    index is the number of negative eigenvalues of both on the complement of the symmetry directions (pdeflow
+    stability's dense Hessians: an independent reference). w* is splitting-unstable: a saddle."""
+    problem = Problem.from_config(loads_config(TINY))
+    cands, _ = find_stationary_points(problem, n_starts=1, seed=0, start_scale=1.0, grad_tol=1e-12)
+    a = analyse_point(problem, cands[-1].point, tol=1e-8)
+    index = int(np.sum(a.h0_relevant < 0) + np.sum(a.htr_relevant < 0))
+    assert a.verdict == "splitting-unstable" and index >= 1
+    omega = np.tile(a.point, (2, 1))
+    initial = problem.evaluate(np.zeros_like(omega) + 0.5, MASS).dissipation
+    return problem, omega, index, initial
+
+
+def invariants(problem: Problem, omega: np.ndarray) -> np.ndarray:
+    """Per head WQ^T WK and WO WV: what the symmetry orbit of a head leaves unchanged."""
+    wq, wk, wv, wo = split_theta(omega, problem.d, problem.head_dim)
+    return np.concatenate([np.einsum("nad,nae->nde", wq, wk).reshape(len(omega), -1),
+                           np.einsum("nda,nae->nde", wo, wv).reshape(len(omega), -1)], axis=1)
+
+
+def dense_spectrum(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    op = hessian_operator(problem, omega, mass, np.zeros((omega.size, 0)))
+    S = np.stack([op.matvec(e) for e in np.eye(omega.size)], axis=1)
+    return complement_spectrum(0.5 * (S + S.T), symmetry_basis(problem, omega, mass))[0]
+
+
+def test_nearest_returns_to_a_perturbed_saddle_with_its_index(saddle):
+    """From the saddle moved by 1e-2 at random, Newton-Krylov comes back to it (up to the symmetry orbit: the
+    per-head invariants and the energy agree to rounding) and reports its index."""
+    problem, omega, index, initial = saddle
+    start = omega + 1e-2 * np.random.default_rng(1).standard_normal(omega.shape)
+    point = nearest(problem, start, MASS, initial, ratio=1e-26)
+    assert point.converged and point.dissipation <= 1e-26 * initial
+    E_saddle = problem.energy(omega, MASS)
+    assert abs(point.energy - E_saddle) <= 1e-14 * E_saddle
+    assert np.abs(invariants(problem, point.omega) - invariants(problem, omega)).max() <= 1e-9
+    assert np.abs(point.omega - start).max() > 1e-3  # it moved back
+    assert point.morse_index_lower == index
+    assert point.verdict == f"saddle of index >= {index}"
+    np.testing.assert_allclose(point.spectrum.lowest[:index], dense_spectrum(problem, omega, MASS)[:index],
+                               atol=1e-10)
+    assert point.products > 0 and point.history["dissipation"][-1] == point.dissipation
+
+
+def test_minimum_escapes_the_saddle_to_a_certified_minimum(saddle):
+    """Started exactly at the saddle (zero gradient), the search follows the unstable eigenvector down and stops
+    at a lower point with I <= 1e-12 I(0) whose lowest eigenvalue is positive beyond its residual; a dense
+    eigendecomposition there agrees: positive definite on the complement of the symmetry directions."""
+    problem, omega, index, initial = saddle
+    point = minimum(problem, omega, MASS, initial)
+    assert point.energy < problem.energy(omega, MASS) - 1e-3
+    assert point.converged and point.certified and point.verdict == "local minimum"
+    values = dense_spectrum(problem, point.omega, MASS)
+    assert values[0] > 0
+    assert point.spectrum.lowest[0] == pytest.approx(values[0], abs=1e-10)
+    assert point.spectrum.highest[-1] == pytest.approx(values[-1], rel=1e-10)
+    assert problem.evaluate(point.omega, MASS).dissipation <= 1e-12 * initial
+
+
+RUN = ["--set", "init.n_particles=2", "--set", "init.seed=3", "--set", "run.t_end=2.0", "--set", "run.n_frames=3",
+       "--set", "diagnostics.gap=false"]
+
+
+def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsys):
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY)
+    traj = tmp_path / "run.h5"
+    assert main(["run", str(config), "-o", str(traj), "--quiet", *RUN]) == 0
+    out = tmp_path / "point.h5"
+    assert main(["stationary", str(traj), "--kind", "nearest", "--frame", "1", "-o", str(out), "--quiet"]) == 0
+    r = read_stationary(out)
+    with h5py.File(out, "r") as f:
+        assert f.attrs["schema"] == SCHEMA and "model" in f and "data" in f
+    with h5py.File(traj, "r") as f:
+        start = f["frames/omega"][1]
+        initial = f["frames/dissipation"][0]
+    problem = open_trajectory(traj).problem()
+    again = nearest(problem, start, np.full(2, 0.5), initial)
+    assert r["frame"] == 1 and r["kind"] == "nearest" and r["energy"] == again.energy
+    np.testing.assert_array_equal(r["omega"], again.omega)
+    assert r["dissipation"] <= 1e-12 * r["initial_dissipation"] and r["converged"]
+    assert r["unstable_directions"].shape == (r["morse_index_lower"], 2, problem.k)
+    capsys.readouterr()
+
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "nearest from frame 1" in text and r["verdict"] in text and f"{r['energy']:.12g}" in text
+
+    assert main(["diagnose", str(traj), "--stationary", str(out), "--no-write"]) == 0
+    text = capsys.readouterr().out
+    assert f"E*            {r['energy']:.12g} (E* of the stationary point found from frame 1)" in text
+
+    # bad input: one line, exit 2, nothing overwritten
+    before = out.read_bytes()
+    assert main(["stationary", str(traj), "--kind", "minimum", "-o", str(out)]) == 2
+    assert main(["stationary", str(traj), "--kind", "minimum", "--frame", "99", "-o", str(tmp_path / "x.h5")]) == 2
+    assert main(["stationary", str(traj), "--kind", "saddle"]) == 2
+    assert main(["stationary", str(out), "--kind", "nearest", "-o", str(tmp_path / "y.h5")]) == 2
+    assert main(["diagnose", str(traj), "--stationary", str(traj), "--no-write"]) == 2
+    assert out.read_bytes() == before and not (tmp_path / "x.h5").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 5 and all(line.startswith("pdeflow: error: ") for line in err), err
