@@ -5,13 +5,16 @@ symmetry directions removed), the flow's measured rates of E - E* (2 lambda_min)
 the PL ratio (>= lambda_min) agree with the predictions within 5 %."""
 from __future__ import annotations
 
+import h5py
 import numpy as np
 import pytest
 import scipy.optimize
 
 from pdeflow import Problem, loads_config
+from pdeflow.cli import main
 from pdeflow.minimum_rates import SLOWEST, minimum_rates
 from pdeflow.stability import complement_spectrum, symmetry_tangents
+from pdeflow.stationary import minimum, write_stationary
 from test_spectral_record import dense_s, head_symmetries
 
 # two heads of the lookback problem at weight decay 0.1: a strict local minimum with lambda_min ~ 0.008, the next
@@ -78,3 +81,30 @@ def test_measured_rates_match_the_dense_spectrum(known_minimum):
         assert abs(r.pl_ratio_min / lam - 1) < TOLERANCE, r.direction
         assert np.nanmin(r.pl_ratio) >= (1 - TOLERANCE) * lam           # the PL bound along the whole run
     assert result.worst_error < TOLERANCE
+
+
+def test_stability_command_on_a_stationary_result(known_minimum, tmp_path, capsys):
+    """``pdeflow stability --stationary RESULT -o RATES``: the rates at a certified minimum written by
+    ``pdeflow stationary``'s writer, one table, one file; bad input is one line and exit code 2."""
+    problem, omega, mass, values = known_minimum
+    cfg = loads_config(PROBLEM)
+    point = minimum(problem, omega, mass, 1.0)
+    assert point.certified
+    result = tmp_path / "minimum.h5"
+    write_stationary(result, point, cfg, problem, source="test", frame=0, time_of_frame=0.0, ratio=1e-12)
+    out = tmp_path / "rates.h5"
+    assert main(["stability", "--stationary", str(result), "-o", str(out), "--random", "0", "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "E - E* rate" in table and "slowest" in table
+    with h5py.File(out, "r") as f:
+        g = f["rates"]
+        assert f.attrs["schema"] == "pdeflow-minimum-rates"
+        assert abs(g.attrs["lambda_min"] / values[0] - 1) < 1e-6
+        assert np.all(np.abs(g["relative_error"][()]) < TOLERANCE)
+        assert g["runs/r0/times"].shape == g["runs/r0/excess"].shape
+    for argv in (["stability", "cfg.toml", "--stationary", str(result), "-o", str(tmp_path / "x.h5")],
+                 ["stability", "--stationary", str(result)],
+                 ["stability", "--stationary", str(result), "-o", str(out)],          # exists, no --force
+                 ["stability", "--stationary", str(result), "-o", str(tmp_path / "y.h5"), "--eps", "0"]):
+        assert main(argv) == 2
+    assert not (tmp_path / "x.h5").exists() and not (tmp_path / "y.h5").exists()
