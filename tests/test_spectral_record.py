@@ -81,9 +81,9 @@ def head_symmetries(problem: Problem, omega: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def record_run(tmp_path_factory, one_numba_thread):
     """A short run of 2 heads in full coordinates (k = 56, 2 symmetry directions per head), analysed with the
-    spectrum at every 2nd frame."""
+    spectrum at every 2nd frame and the last, all of them computed (spectrum_near above 1)."""
     cfg = build_config(init={"n_particles": 2, "scale": 1.0}, run={"t_end": 3.0, "frame_interval": 1.0},
-                       diagnostics={"gap": False, "spectrum_every": 2})
+                       diagnostics={"gap": False, "spectrum_every": 2, "spectrum_near": 10.0})
     path = tmp_path_factory.mktemp("spectral") / "run.h5"
     result = run(cfg, Problem.from_config(cfg), path, quiet=True)
     assert result.status == "finished", result.message
@@ -130,6 +130,10 @@ def test_record_is_stored_and_diagnose_prints_the_phases(record_run, capsys):
     out = capsys.readouterr().out
     assert "spectrum of S every 2 frame(s)" in out and "gradient equivalents" in out
     assert out.count("phase ") >= 1 and "lambda_min" in out
+    # far from stationary points (I > spectrum_near I(0)) nothing is computed: descent, no products
+    assert main(["diagnose", str(path), "--no-gap", "--no-write", "--set", "spectrum_near=1e-12"]) == 0
+    out = capsys.readouterr().out
+    assert "0 JVPs" in out and "descent (3 analysed frames)" in out
     # off: no record, nothing printed
     assert main(["diagnose", str(path), "--no-gap", "--no-write", "--set", "spectrum_every=0"]) == 0
     assert "spectrum of S" not in capsys.readouterr().out

@@ -1,11 +1,12 @@
 """The spectral record of a run: the ends of the spectrum of ``S`` at analysed frames, and the phases they show.
 
-At every ``diagnostics.spectrum_every``-th frame (and the last) of a particle run,
-:func:`pdeflow.spectrum.spectrum_ends` gives the converged Ritz values at both ends of the spectrum of the
-mass-weighted Hessian ``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` [N k, N k] with the model's continuous symmetries
-projected out (Lanczos with reorthogonalisation on the exact JVP): ``lambda_min``, ``lambda_max`` with their
-residuals ``|S x - lambda x|`` and ``morse_index_lower``, the number of converged negative Ritz values (a lower bound
-on the Morse index of the stationary points the flow passes).
+At every ``diagnostics.spectrum_every``-th frame (and the last) of a particle run whose dissipation is at most
+``diagnostics.spectrum_near * I(0)`` (farther from any stationary point the phase is descent whatever the
+spectrum, so no product is spent there), :func:`pdeflow.spectrum.spectrum_ends` gives the converged Ritz values
+at both ends of the spectrum of the mass-weighted Hessian ``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` [N k, N k] with
+the model's continuous symmetries projected out (Lanczos with reorthogonalisation on the exact JVP):
+``lambda_min``, ``lambda_max`` with their residuals ``|S x - lambda x|`` and ``morse_index_lower``, the number of
+converged negative Ritz values (a lower bound on the Morse index of the stationary points the flow passes).
 
 Phases (:func:`phase_of`), from ``lambda_min``, its residual ``r`` and the dissipation ``I``:
 
@@ -145,8 +146,9 @@ def _stepper_stages(method: str) -> int | None:
 
 
 def spectral_record(traj: Trajectory, problem: Problem, every: int, near: float, **ends: Any) -> SpectralRecord:
-    """The record of a particle trajectory at :func:`spectrum_frame_indices` (module docstring); ``ends`` go to
-    :func:`pdeflow.spectrum.spectrum_ends` (``krylov_dim``, ``n_ends``, ``tol``)."""
+    """The record of a particle trajectory at :func:`spectrum_frame_indices` (module docstring): the spectrum ends
+    at those of its frames with ``I <= near I(0)``, nan (and no products) at the others, which are in descent;
+    ``ends`` go to :func:`pdeflow.spectrum.spectrum_ends` (``krylov_dim``, ``n_ends``, ``tol``)."""
     from ..spectrum import spectrum_ends
 
     frames = spectrum_frame_indices(len(traj.time), every)
@@ -162,6 +164,8 @@ def spectral_record(traj: Trajectory, problem: Problem, every: int, near: float,
                          run_grad_equivalents=run_gradient_equivalents(
                              traj.steps, stages=_stepper_stages(str(traj.attrs.get("method", "")))))
     for a, f in enumerate(frames):
+        if not dissipation[f] <= near * rec.i0:
+            continue  # descent whatever the spectrum (phase_of): no products where they would tell nothing
         omega = np.asarray(traj.frames["omega"][f], dtype=float)
         mass = np.asarray(traj.frames["mass"][f], dtype=float)
         s = spectrum_ends(problem, omega, mass, **ends)
@@ -211,8 +215,10 @@ def format_spectral_record(rec: SpectralRecord | None) -> list[str]:
     if rec is None or rec.spectrum_frame.size == 0:
         return []
     fraction = rec.cost_fraction
-    lines = [f"spectrum of S every {rec.spectrum_every} frame(s) ({rec.spectrum_frame.size} frames, {rec.n_symmetry} "
-             f"symmetry directions projected out): {int(np.sum(rec.spectrum_products))} JVPs ~ "
+    computed = int(np.sum(rec.spectrum_products > 0))
+    lines = [f"spectrum of S every {rec.spectrum_every} frame(s): {rec.spectrum_frame.size} analysed, {computed} "
+             f"near a stationary point (I <= {rec.spectrum_near:g} I(0)) computed ({rec.n_symmetry} symmetry "
+             f"directions projected out at the last): {int(np.sum(rec.spectrum_products))} JVPs ~ "
              f"{rec.spectrum_grad_equivalents:.0f} gradient equivalents (JVP ~ {rec.jvp_cost:g} grad Phi)"
              + (f", {100 * fraction:.1f} % of the run's {rec.run_grad_equivalents:.0f}" if math.isfinite(fraction)
                 else "")]
