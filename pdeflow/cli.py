@@ -185,9 +185,11 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def add_config_arguments(p: argparse.ArgumentParser, config_help: str, output_help: str) -> None:
-    """The arguments of every command that runs a config: CONFIG, -o/--output, --set (repeatable), --force."""
-    p.add_argument("config", help=config_help)
+def add_config_arguments(p: argparse.ArgumentParser, config_help: str, output_help: str,
+                         optional_config: bool = False) -> None:
+    """The arguments of every command that runs a config: CONFIG (may be left out with ``optional_config``: None),
+    -o/--output, --set (repeatable), --force."""
+    p.add_argument("config", help=config_help, **({"nargs": "?", "default": None} if optional_config else {}))
     p.add_argument("-o", "--output", help=output_help)
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config key (repeatable)")

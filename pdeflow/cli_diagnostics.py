@@ -17,6 +17,7 @@ import numpy as np
 from .config import Config, parse_override
 from .diagnostics import Analysis, analyse, check_editable, read_analysis, write_analysis
 from .diagnostics.rates import kl_interval_clipped
+from .diagnostics.spectral import format_spectral_record
 from .exit_codes import EXIT_OK, HELP
 from .trajectory import Trajectory, open_trajectory
 
@@ -150,7 +151,8 @@ def format_analysis(traj: Trajectory, a: Analysis, e_star_label: str | None = No
         lines.append(f"{a.time[f]:>10.4g} {a.energy[f]:>16.10g} {a.dissipation[f]:>12.4e} {_fmt(a.gap[f], '.4e'):>12} "
                      f"{_fmt(a.lower_bound[f], '.10g'):>16} {_fmt(a.pl_mu[f], '.4g'):>10} "
                      f"{_fmt(a.energy_identity_residual[f], '.2e'):>10}")
-    return "\n".join(lines)
+    spectral = format_spectral_record(a.spectrum)
+    return "\n".join(lines + ([""] + spectral if spectral else []))
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

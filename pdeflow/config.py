@@ -194,6 +194,11 @@ class DiagnosticsConfig:
                                       "(0: run.stationary_tol, else 1e-8 times the initial dissipation)", ge=0)
     cluster_tol: float = spec(0.1, "heads closer than this times the rms |omega| share a cluster", gt=0)
     attention_maps: int = spec(4, "attention maps stored for the heaviest head clusters", ge=0)
+    spectrum_every: int = spec(4, "ends of the spectrum of the mass-weighted Hessian S (lambda_min, lambda_max, "
+                                  "Morse index) at every n-th frame and the last; 0: off (particles only)", ge=0)
+    spectrum_near: float = spec(1e-3, "dissipation at most this times I(0): an analysed frame is near a stationary "
+                                      "point (a saddle or a minimum by lambda_min; its spectrum is computed), "
+                                      "above: descent (not computed)", gt=0)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ One function per figure, each ``(traj, analysis, path, ...) -> Path`` writing on
 - :func:`plot_density`: a grid run's density (k = 1 a curve, k = 2 a heat map, k = 3 the marginal of the
   first two axes);
 - :func:`plot_attention`: attention maps of the representative heads of the heaviest clusters;
-- :func:`animate_measure`: the measure over the frames, a GIF (Pillow) and an MP4 where ffmpeg exists.
+- :func:`animate_measure`: the measure over the frames, a GIF (Pillow) and an MP4 where ffmpeg exists;
+- :func:`plot_spectrum`: E, I and ``lambda_min`` of S over a log time axis, the phases near saddles shaded
+  (:mod:`pdeflow.diagnostics.spectral`).
 
 :func:`plot_all` writes every figure the file supports into a folder.
 """
@@ -27,6 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .diagnostics import Analysis, attention_pattern, frame_measure, pl_constant, trajectory_grid, trusted_excess
+from .diagnostics.spectral import DEGENERATE, DESCENT, MINIMUM, phase_spans
 from .trajectory import Trajectory
 
 DPI = 100
@@ -355,6 +358,42 @@ def animate_measure(traj: Trajectory, path: str | Path, coords: Sequence[int] | 
     return written
 
 
+def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
+    """E, I and ``lambda_min`` of S (error bars: its residual; the lower bound on the Morse index beside each
+    negative one) against time on a log axis, the spans of analysed frames near a saddle shaded and near a
+    minimum shaded green (:func:`pdeflow.diagnostics.spectral.phase_of`)."""
+    rec = analysis.spectrum
+    t, e, i = _steps(traj)
+    fig, axes = _figure(15, 4, 3)
+    axes[0].plot(t, e, lw=1.2)
+    axes[0].set_ylabel("energy E")
+    pos = i > 0
+    axes[1].semilogy(t[pos], i[pos], lw=1.2, color="C3")
+    axes[1].axhline(rec.spectrum_near * rec.i0, color="0.5", ls=":", lw=0.8, label="near a stationary point below")
+    axes[1].set_ylabel("dissipation I")
+    axes[1].legend(fontsize=7)
+    ts, lo = rec.spectrum_time, rec.lambda_min
+    ok = np.isfinite(lo)
+    axes[2].errorbar(ts[ok], lo[ok], yerr=rec.lambda_min_residual[ok], fmt="o-", ms=3, lw=1.0, capsize=2)
+    for x, y, n in zip(ts[ok], lo[ok], rec.morse_index_lower[ok]):
+        if n > 0:
+            axes[2].annotate(f"{n}", (x, y), textcoords="offset points", xytext=(0, -10), fontsize=6, ha="center")
+    axes[2].axhline(0.0, color="k", lw=0.6)
+    axes[2].set_yscale("symlog", linthresh=max(1e-8, float(np.nanmin(np.abs(lo[ok])))) if ok.any() else 1e-3)
+    axes[2].set_ylabel("lambda_min of S (index >= n marked)")
+    spans = phase_spans(ts, rec.phases)
+    for ax in axes:
+        time_axis(ax, np.concatenate([t, ts]))
+        ax.set_xlabel("t")
+        for first, last, phase, _ in spans:
+            if phase != DESCENT:
+                ax.axvspan(first, last if last > first else first * 1.05 + 1e-12,
+                           color={MINIMUM: "C2", DEGENERATE: "0.6"}.get(phase, "C1"), alpha=0.2, lw=0)
+    axes[2].set_title("shaded: near a saddle (orange), near a minimum (green)", fontsize=8)
+    fig.suptitle(_title(traj, "spectrum of S: E, I and lambda_min"))
+    return _save(fig, path)
+
+
 def plot_all(traj: Trajectory, analysis: Analysis, outdir: str | Path, *, coords: Sequence[int] | None = None,
              frame: int = -1, movie: bool = True, fps: int = 5) -> list[Path]:
     """Every figure the file supports, as ``energy.png``, ``gap.png``, ``pl.png``, ``kl.png``,
@@ -374,10 +413,12 @@ def plot_all(traj: Trajectory, analysis: Analysis, outdir: str | Path, *, coords
         written.append(plot_particles(traj, analysis, out / "particles.png", frame, coords))
     if analysis.clusters is not None and len(analysis.clusters.mass):
         written.append(plot_attention(traj, analysis, out / "attention.png"))
+    if analysis.spectrum is not None and analysis.spectrum.spectrum_frame.size:
+        written.append(plot_spectrum(traj, analysis, out / "spectrum.png"))
     if movie and len(traj.time) > 1:
         written.extend(animate_measure(traj, out / "measure.gif", coords, fps))
     return written
 
 
 __all__ = ["plot_all", "plot_energy", "plot_gap", "plot_pl", "plot_kl", "plot_particles", "plot_density",
-           "plot_attention", "animate_measure", "projection"]
+           "plot_attention", "animate_measure", "projection", "plot_spectrum"]

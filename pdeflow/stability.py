@@ -21,7 +21,7 @@ import scipy.optimize
 from .config import Config, ConfigError
 from .model import split_theta
 from .problem import Problem
-from .solvers.base import State
+from .solvers.base import State, Stepper
 from .solvers.explicit import RK4
 from .solvers.loop import advance
 
@@ -291,7 +291,7 @@ def attach_gap(problem: Problem, a: DiracAnalysis, cfg: Config) -> str | None:
     E over measures on Omega) with ``diagnostics.optimality_gap`` on the Omega of ``[diagnostics]``.
     Returns a one-line reason when the gap cannot be computed (then it stays NaN)."""
     try:
-        from .diagnostics import optimality_gap
+        from .diagnostics.gap import optimality_gap
     except ImportError:
         return "pdeflow.diagnostics.optimality_gap is not available in this pdeflow"
     dg = cfg.diagnostics
@@ -344,10 +344,10 @@ def mode_amplitudes(omega: np.ndarray, mass: np.ndarray, point: np.ndarray, u: n
     return along_u, np.sqrt(np.einsum("n,fn->f", mass, dev * dev))
 
 
-def fit_rate(times: np.ndarray, amplitude: np.ndarray) -> tuple[float, float]:
-    """Least-squares slope of ``log amplitude`` against time over the last ``1 - FIT_SKIP`` of the run, and the
+def fit_rate(times: np.ndarray, amplitude: np.ndarray, skip: float = FIT_SKIP) -> tuple[float, float]:
+    """Least-squares slope of ``log amplitude`` against time over the last ``1 - skip`` of the run, and the
     largest absolute residual of the fit: (rate, residual)."""
-    sel = times >= times[0] + FIT_SKIP * (times[-1] - times[0])
+    sel = times >= times[0] + skip * (times[-1] - times[0])
     if not np.all(amplitude[sel] > 0):  # the mode crossed zero: not an exponential
         return math.nan, math.inf
     t, y = times[sel], np.log(amplitude[sel])
@@ -356,17 +356,19 @@ def fit_rate(times: np.ndarray, amplitude: np.ndarray) -> tuple[float, float]:
     return float(coef[0]), float(np.max(np.abs(A @ coef - y)))
 
 
-def simulate(problem: Problem, omega0: np.ndarray, mass: np.ndarray, times: np.ndarray, dt: float) -> np.ndarray:
-    """The particles ``omega0`` [N, k] (masses [N]) moved by the explicit RK4 stepper with step ``dt`` through the
-    shared time loop (:func:`pdeflow.solvers.loop.advance`: the steps land on every time), recorded at ``times``
-    [F] (``times[0] = 0``): [F, N, k]. Frames after a non-finite step are NaN."""
+def simulate(problem: Problem, omega0: np.ndarray, mass: np.ndarray, times: np.ndarray, dt: float,
+             stepper: Stepper | None = None) -> np.ndarray:
+    """The particles ``omega0`` [N, k] (masses [N]) moved by the explicit RK4 stepper with step ``dt`` (or by
+    ``stepper``, starting with step ``dt``) through the shared time loop (:func:`pdeflow.solvers.loop.advance`: the
+    steps land on every time), recorded at ``times`` [F] (``times[0] = 0``): [F, N, k]. Frames after a non-finite
+    step are NaN."""
     out = np.full((len(times),) + np.shape(omega0), np.nan)
 
     def record(f: int, state: State) -> None:
         out[f] = state.fields["omega"]
 
     start = State(t=0.0, step=0, dt=float(dt), fields={"omega": np.array(omega0, dtype=float), "mass": mass})
-    advance(RK4(problem, dt=float(dt)), start, times, record)
+    advance(stepper if stepper is not None else RK4(problem, dt=float(dt)), start, times, record)
     return out
 
 
@@ -635,3 +637,4 @@ def _write_run(g, r: ModeRun) -> None:
     g["directions"] = r.directions
     g.attrs["eigenvalues"], g.attrs["predicted"], g.attrs["measured"] = r.eigenvalues, r.predicted, r.measured
     g.attrs["dt"], g.attrs["linearity"] = r.dt, r.linearity
+

@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "pdeflow.reference")),
     ("steppers", ("pdeflow.solvers", "pdeflow.solvers.*")),
     ("analysis", ("pdeflow.diagnostics", "pdeflow.diagnostics.*", "pdeflow.stability", "pdeflow.spectrum",
-                  "pdeflow.stationary", "pdeflow.chaos", "pdeflow.plotting")),
+                  "pdeflow.stationary", "pdeflow.chaos", "pdeflow.plotting", "pdeflow.minimum_rates")),
     ("interface", ("pdeflow.cli", "pdeflow.cli_*", "pdeflow.__main__", "pdeflow.benchmarks", "pdeflow.benchmarks.*")),
 ]
 

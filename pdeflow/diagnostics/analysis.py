@@ -15,6 +15,7 @@ from ..trajectory import Trajectory
 from .clusters import HeadClusters, frame_measure, head_clusters, trajectory_grid
 from .gap import entropic_gap, optimality_gap
 from .rates import energy_identity_residual, fit_e_star_interval, kl_fit, pl_constant, trusted_excess
+from .spectral import SpectralRecord, analysed_spectrum
 
 UNIT_MASS_TOL = 1e-9         # a total mass this close to 1 is a probability measure's
 GRID_CLUSTER_MASS = 1e-2     # grid cells lighter than this times the heaviest belong to no cluster
@@ -70,6 +71,7 @@ class Analysis:
     gap_domain: str = ""
     gap_radius: float = math.nan
     clusters: HeadClusters | None = None
+    spectrum: SpectralRecord | None = None      # the ends of the spectrum of S at analysed frames (spectral.py)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -191,6 +193,7 @@ def _analyse(traj: Trajectory, settings: DiagnosticsConfig, previous: Analysis |
         a.stationary_time = float(time[first])
 
     _rates(a, settings, st_t, st_e, st_i)
+    a.spectrum = analysed_spectrum(traj, problem, settings)
     _clusters(a, traj, problem, settings)
     return a
 

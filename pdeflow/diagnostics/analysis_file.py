@@ -11,6 +11,7 @@ from ..config import Config
 from ..trajectory import Trajectory, TrajectoryError, check_file, edit_trajectory, open_by_swmr_writer, open_trajectory
 from .analysis import CLUSTER_ARRAYS, FRAME_ARRAYS, SCALARS, Analysis, analyse
 from .clusters import HeadClusters
+from .spectral import read_spectral_record, write_spectral_record
 
 ANALYSIS_GROUP = "analysis"
 
@@ -48,6 +49,7 @@ def write_analysis(path: str | Path, analysis: Analysis) -> None:
                 g.create_dataset(f"cluster_{key}", data=np.asarray(getattr(c, key)))
             g.attrs["cluster_threshold"] = c.threshold
             g.attrs["cluster_frame"] = c.frame
+        write_spectral_record(g, analysis.spectrum)
 
 
 def read_analysis(traj: Trajectory) -> Analysis | None:
@@ -69,6 +71,7 @@ def read_analysis(traj: Trajectory) -> Analysis | None:
     if "cluster_labels" in d:
         kwargs["clusters"] = HeadClusters(**{key: np.asarray(d[f"cluster_{key}"]) for key in CLUSTER_ARRAYS},
                                           threshold=float(d["cluster_threshold"]), frame=int(d["cluster_frame"]))
+    kwargs["spectrum"] = read_spectral_record(d)
     return Analysis(**kwargs)
 
 

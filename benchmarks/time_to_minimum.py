@@ -1,0 +1,176 @@
+"""Time to a certified local minimum on data/configs/longtime.toml: the flow, then ``stationary --kind minimum``.
+
+``python -m pdeflow.benchmarks.time_to_minimum [--wall SECONDS] [--n N] [--t-end T] [--max-iter M] [--out DIR]``:
+
+1. **flow**: the shipped long run (rkc) from t = 0 with ``run.wall_time_limit = --wall`` (default 300 s; ``--t-end``
+   bounds it in time instead, for a toy run), written to ``DIR/flow.h5``;
+2. **solve**: :func:`pdeflow.stationary.minimum` (trust-region Newton-Krylov with negative curvature) from its last
+   frame, until ``I <= 1e-12 I(0)``, at most ``--max-iter`` iterations per attempt;
+3. **certification**: the spectrum ends there (:func:`pdeflow.spectrum.spectrum_ends`), part of step 2's result,
+   reported separately: certified when the lowest converged eigenvalue off the symmetry directions is positive by
+   more than its residual;
+4. **the flow at the same wall time**: the run continued (``--resume`` on a copy) for the wall time the solve and the
+   certification took, so the energy the flow alone reaches in the same total wall time stands beside E*.
+
+Costs in gradient evaluations (a JVP at :data:`pdeflow.stationary.JVP_GRADIENTS`, the flow's from its /steps rows:
+:func:`pdeflow.diagnostics.spectral.run_gradient_equivalents`) and wall seconds, with the CPU model and the load
+average before and after. Writes ``time_to_minimum.json`` and ``time_to_minimum.md`` into DIR (default
+benchmarks/results). ``--n`` sets the particles and the sequences (``init.n_particles``, ``task.n_samples``),
+``--set`` any other key (toy runs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .common import RESULTS, machine
+
+LONGTIME = Path(__file__).resolve().parent.parent / "data" / "configs" / "longtime.toml"
+
+
+def _load() -> list[float]:
+    return list(os.getloadavg())
+
+
+def flow(cfg, problem, path: Path, *, resume: bool = False) -> dict[str, Any]:
+    """Run (or continue) the flow into ``path``; its status, reach, energy and cost."""
+    from pdeflow.solvers.driver import run
+
+    from pdeflow.diagnostics.spectral import run_gradient_equivalents
+    from pdeflow.trajectory import open_trajectory
+
+    t0 = time.perf_counter()
+    result = run(cfg, problem, path, resume=resume, quiet=True)
+    wall = time.perf_counter() - t0
+    traj = open_trajectory(path)
+    return {"status": result.status, "wall": wall, "wall_in_file": float(traj.frames["wall_time"][-1]),
+            "t": float(traj.time[-1]), "energy": float(traj.frames["energy"][-1]),
+            "dissipation": float(traj.frames["dissipation"][-1]),
+            "initial_dissipation": float(traj.frames["dissipation"][0]), "frames": len(traj.time),
+            "grad_equivalents": run_gradient_equivalents(traj.steps), "steps": len(traj.steps.get("time", ())) - 1}
+
+
+def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None = None, max_iter: int = 2000,
+              out: Path = RESULTS, compare: bool = True, overrides: tuple[str, ...] = (),
+              log=print) -> dict[str, Any]:
+    """The four steps of the module docstring; the result as a JSON-able dict."""
+    from pdeflow.config import load_config
+    from pdeflow.problem import Problem
+    from pdeflow.stationary import JVP_GRADIENTS, minimum, write_stationary
+    from pdeflow.trajectory import open_trajectory
+
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [f"run.wall_time_limit={wall}"] + ([f"run.t_end={t_end}"] if t_end is not None else []) + \
+        list(overrides)
+    if n is not None:
+        overrides += [f"init.n_particles={n}", f"task.n_samples={n}"]
+    cfg = load_config(LONGTIME, overrides)
+    problem = Problem.from_config(cfg)
+    res: dict[str, Any] = {"config": str(LONGTIME.name), "overrides": overrides, "machine": machine(),
+                           "load_before": _load(), "jvp_gradients": JVP_GRADIENTS}
+    path = out / "flow.h5"
+    log(f"flow: longtime.toml with {' '.join(overrides)}")
+    path.unlink(missing_ok=True)  # this benchmark's own scratch file
+    res["flow"] = flow(cfg, problem, path)
+    f = res["flow"]
+    log(f"flow: {f['status']} at t = {f['t']:.6g}, E = {f['energy']:.10g}, I = {f['dissipation']:.3e}, "
+        f"{f['grad_equivalents']:.0f} gradient equivalents, {f['wall']:.1f} s")
+    traj = open_trajectory(path)
+    omega = np.asarray(traj.frames["omega"][-1], dtype=float)
+    mass = np.asarray(traj.frames["mass"][-1], dtype=float)
+    point = minimum(problem, omega, mass, f["initial_dissipation"], max_iter=max_iter,
+                    progress=lambda msg: log(f"minimum: {msg}"))
+    write_stationary(out / "minimum.h5", point, cfg, problem, source=str(path), frame=len(traj.time) - 1,
+                     time_of_frame=float(traj.time[-1]), ratio=point.target / f["initial_dissipation"])
+    s = point.spectrum
+    res["solve"] = {"wall": point.wall, "gradients": point.gradients, "products": point.products,
+                    "grad_equivalents": point.gradients + JVP_GRADIENTS * point.products,
+                    "iterations": point.iterations, "message": point.message}
+    res["certification"] = {"wall": point.certify_wall, "products": point.certify_products,
+                            "grad_equivalents": JVP_GRADIENTS * point.certify_products}
+    res["minimum"] = {"verdict": point.verdict, "certified": point.certified, "converged": point.converged,
+                      "energy": point.energy, "dissipation": point.dissipation,
+                      "dissipation_ratio": point.dissipation / f["initial_dissipation"],
+                      "lambda_min": s.lambda_min, "lambda_min_residual": float(s.lowest_residual[0])
+                      if s.lowest.size else float("nan"), "lambda_max": s.lambda_max,
+                      "morse_index_lower": s.morse_index_lower, "n_symmetry": s.n_symmetry}
+    total_wall = f["wall"] + point.wall + point.certify_wall
+    res["total"] = {"wall": total_wall, "grad_equivalents": f["grad_equivalents"] + point.gradient_equivalents}
+    log(f"minimum: {point.verdict}, E* = {point.energy:.10g}, I = {point.dissipation:.3e}; solve {point.wall:.1f} s, "
+        f"certification {point.certify_wall:.1f} s")
+    if compare:
+        longer = out / "flow_same_wall.h5"
+        shutil.copyfile(path, longer)  # the flow continued on a copy: flow.h5 stays the solve's start
+        same = cfg.replace(run={"wall_time_limit": f["wall_in_file"] + point.wall + point.certify_wall})
+        res["flow_same_wall"] = flow(same, problem, longer, resume=True)
+        g = res["flow_same_wall"]
+        log(f"flow to the same wall time: t = {g['t']:.6g}, E = {g['energy']:.10g}, I = {g['dissipation']:.3e}")
+    res["load_after"] = _load()
+    return res
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The result as a short markdown report."""
+    cpu = res["machine"].get("cpu") or {}
+    f, m = res["flow"], res["minimum"]
+    lines = ["# Time to a local minimum (data/configs/longtime.toml)", "",
+             f"Measured by `python -m pdeflow.benchmarks.time_to_minimum` ({' '.join(res['overrides'])}) on "
+             f"{cpu.get('model', '?')} (family {cpu.get('family', '?')} model {cpu.get('model_number', '?')}, "
+             f"{res['machine'].get('cpu_count')} cores, NUMBA threads {res['machine'].get('numba_threads')}), load "
+             f"average (1, 5, 15 min) {', '.join(f'{x:.1f}' for x in res['load_before'])} before and "
+             f"{', '.join(f'{x:.1f}' for x in res['load_after'])} after: wall times depend on the load, the counts "
+             f"do not. A JVP counts as {res['jvp_gradients']:g} gradient evaluations.", "",
+             "| step | wall s | gradient equivalents | what |", "|---|---|---|---|",
+             f"| flow (rkc) | {f['wall']:.1f} | {f['grad_equivalents']:.0f} | {f['status']} at t = {f['t']:.6g}, "
+             f"E = {f['energy']:.10g}, I = {f['dissipation']:.3e} |",
+             f"| solve (trust-region Newton-Krylov) | {res['solve']['wall']:.1f} | "
+             f"{res['solve']['grad_equivalents']:.0f} | {res['solve']['iterations']} iterations, "
+             f"{res['solve']['products']} JVPs, {res['solve']['gradients']} gradients; {res['solve']['message']} |",
+             f"| certification (spectrum ends) | {res['certification']['wall']:.1f} | "
+             f"{res['certification']['grad_equivalents']:.0f} | {res['certification']['products']} JVPs |",
+             f"| total | {res['total']['wall']:.1f} | {res['total']['grad_equivalents']:.0f} | |", "",
+             f"Result: **{m['verdict']}**, E* = {m['energy']:.10g}, I = {m['dissipation']:.3e} = "
+             f"{m['dissipation_ratio']:.3g} I(0); lambda_min = {m['lambda_min']:.6g} (residual "
+             f"{m['lambda_min_residual']:.1e}), lambda_max = {m['lambda_max']:.6g}, Morse index >= "
+             f"{m['morse_index_lower']}, {m['n_symmetry']} symmetry directions removed."]
+    if "flow_same_wall" in res:
+        g = res["flow_same_wall"]
+        lines += ["", f"The flow alone in the same total wall time ({g['wall_in_file']:.1f} s): t = {g['t']:.6g}, "
+                  f"E = {g['energy']:.10g}, I = {g['dissipation']:.3e} ({g['grad_equivalents']:.0f} gradient "
+                  f"equivalents); E - E* = {g['energy'] - m['energy']:.4g}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.time_to_minimum",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--wall", type=float, default=300.0, help="wall-time limit of the flow (s, default 300)")
+    p.add_argument("--t-end", type=float, help="stop the flow at this time instead (toy runs)")
+    p.add_argument("--n", type=int, help="particles and sequences (default: longtime.toml's 128)")
+    p.add_argument("--max-iter", type=int, default=2000, help="trust-region iterations per attempt at most")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="change a key of longtime.toml (repeatable; toy runs)")
+    p.add_argument("--no-compare", action="store_true", help="do not continue the flow for the solve's wall time")
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    res = benchmark(args.n, wall=args.wall, t_end=args.t_end, max_iter=args.max_iter, out=out,
+                    compare=not args.no_compare, overrides=tuple(args.set),
+                    log=lambda s: print(s, file=sys.stderr, flush=True))
+    (out / "time_to_minimum.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
+    text = markdown(res)
+    (out / "time_to_minimum.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
