@@ -121,7 +121,7 @@ class SolverConfig:
                              le=1)
     krylov_maxiter: int = spec(1000, "rosenbrock: MINRES iterations per stage solve (more: a failed solve, the "
                                      "step is retried at a quarter of its size)", ge=1)
-    deflate: int = spec(0, "rosenbrock: largest eigenpairs of the Jacobian removed from the stage solves by a "
+    deflate: int = spec(0, "rosenbrock, cvode: largest eigenpairs of the Jacobian removed from the linear solves by a "
                            "preconditioner (0: none)", ge=0, le=1000)
     deflate_every: int = spec(1, "rosenbrock: steps between refinements of the deflated eigenpairs (warm-started "
                                  "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
@@ -129,7 +129,7 @@ class SolverConfig:
                                       "solver.deflate: steps within the explicit bound of the rest of the spectrum "
                                       "take W = the Jacobian on the eigenpairs, no products)",
                             choices=("minres", "auto"))
-    jacobian: str = spec("exact", "rosenbrock: Jacobian-vector products in forward mode (exact) or by a forward "
+    jacobian: str = spec("exact", "rosenbrock, cvode: Jacobian-vector products in forward mode (exact) or by a forward "
                                   "difference of grad Phi (one real evaluation; the W-method keeps its order)",
                          choices=("exact", "difference"))
     radius_every: int = spec(25, "rkc: the most steps between estimates of the Jacobian's spectral radius (fewer "

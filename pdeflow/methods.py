@@ -42,6 +42,7 @@ METHODS: dict[str, Method] = {
     "wfr_jko": Method("unbalanced_jko", (GRID,), reads=("gamma", "alpha")),
     "rosenbrock": Method("stiff", (PARTICLES,)),
     "rkc": Method("chebyshev", (PARTICLES,)),
+    "cvode": Method("cvode", (PARTICLES,)),
 }
 SOLVER_METHODS: tuple[str, ...] = tuple(METHODS)
 EXPLICIT_FLOWS: tuple[str, ...] = tuple(name for name, m in METHODS.items() if m.explicit)

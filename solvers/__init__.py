@@ -3,7 +3,8 @@
 ``euler``, ``heun``, ``rk4``, ``adaptive`` (:mod:`pdeflow.solvers.explicit`), ``jko``
 (:mod:`pdeflow.solvers.jko`), ``fv`` (:mod:`pdeflow.solvers.finite_volume`), ``sgd`` (:mod:`pdeflow.solvers.sgd`),
 ``wfr`` (:mod:`pdeflow.solvers.wfr`), ``wfr_jko`` (:mod:`pdeflow.solvers.unbalanced_jko`), ``rosenbrock``
-(:mod:`pdeflow.solvers.stiff`). Each takes explicit parameters and has ``from_config``; :func:`make_stepper`
+(:mod:`pdeflow.solvers.stiff`), ``rkc`` (:mod:`pdeflow.solvers.chebyshev`), ``cvode`` (:mod:`pdeflow.solvers.cvode`,
+SUNDIALS, an optional extra). Each takes explicit parameters and has ``from_config``; :func:`make_stepper`
 builds the one a config names. The one time loop that advances them is :class:`pdeflow.solvers.loop.Loop`
 (the driver :func:`pdeflow.solvers.driver.run` writes a file from it).
 """
