@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -45,7 +46,7 @@ QUICKSTART = Path(__file__).resolve().parent.parent / "data" / "configs" / "quic
 MARKS = (40.0, 200.0)
 STATIONARY = 1e-9  # dissipation relative to its initial value
 # /steps columns that are a per-step value rather than a count (rkc): the runs keep their largest
-PER_STEP = ("spectral_radius", "stability_margin")
+PER_STEP = ("spectral_radius", "stability_margin", "order")
 
 
 def setup(n: int, *overrides: str):
@@ -152,7 +153,7 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
 
 def gradient_equivalents(row: dict[str, float], method: str, costs: dict[str, float], jacobian: str) -> float:
     """Gradient evaluations of a run, with each JVP counted at its measured cost."""
-    if method in ("rosenbrock", "rkc"):
+    if method in ("rosenbrock", "rkc", "cvode"):
         # a difference product is one grad Phi call (plus vector arithmetic): counted as 1
         ratio = costs["exact_over_grad"] if jacobian == "exact" else 1.0
         return row["gradient_evals"] + ratio * row["jvps"]
@@ -332,6 +333,196 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ---- the matched-accuracy race ----------------------------------------------------------------------------------
+# Each long-run stepper at a ladder of tolerances from the same initial state to RACE_END (lower marks on the way),
+# its energy error against the reference there, its cost in gradient equivalents (load-independent) and wall time.
+# One run per process (``--race METHOD:RTOL``, a JSON file each, so runs may go in parallel and a killed one loses
+# nothing else); ``--race-render`` gathers the files into the table and the work-precision plot.
+RACE_END = 200.0
+RACE_MARKS = (40.0, 200.0)
+
+
+def race_solver(method: str, rtol: float) -> dict[str, Any]:
+    """The [solver] of one race run: the stepper's own conventions (atol relative to rtol as in the table above),
+    cvode with 20 deflated eigenpairs, rosenbrock as in the table above."""
+    if method == "rkc":
+        return {"method": "rkc", "dt": 0.005, "rtol": rtol, "atol": rtol * 1e-2, "radius_every": 25}
+    if method == "cvode":
+        return {"method": "cvode", "dt": 0.005, "rtol": rtol, "atol": rtol * 1e-3, "deflate": 20}
+    if method == "rosenbrock":
+        return {"method": "rosenbrock", "dt": 0.05, "rtol": rtol, "atol": rtol * 1e-3, "jacobian": "difference",
+                "deflate": 32, "deflate_every": 50, "stage_solve": "auto"}
+    if method == "adaptive":
+        return {"method": "adaptive", "dt": 0.05, "rtol": rtol, "atol": rtol * 1e-3}
+    raise ValueError(f"no race settings for {method!r}")
+
+
+def race_run(method: str, rtol: float, n: int = 128, t_end: float = RACE_END, log=print) -> dict[str, Any]:
+    """One run of the race: ``method`` at ``rtol`` (:func:`race_solver`) to ``t_end`` with the counts at
+    :data:`RACE_MARKS`; the product costs measured before it, the machine and the load before and after."""
+    cfg, problem = setup(n)
+    solver = race_solver(method, rtol)
+    load_before = os.getloadavg()
+    costs = product_costs(problem, cfg)
+    log(f"{method} {solver} to t = {t_end:g} ...")
+    run = run_stepper(cfg.replace(solver=solver, run={"t_end": 1e6}), problem, t_end,
+                      marks=[m for m in RACE_MARKS if m < t_end])
+    log(f"  {run['final']}")
+    return {"method": method, "rtol": rtol, "solver": solver, "n": n, "t_end": t_end, "costs": costs,
+            "machine": machine(), "load_average": [load_before, os.getloadavg()], **run}
+
+
+def race_runs_from_table(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of a saved time-to-solution JSON (:func:`benchmark`) as race runs: its reference (Dormand-Prince
+    at rtol 1e-10), rkc, rosenbrock and adaptive to t = 200, marked with where they come from."""
+    out = []
+    for key, method in (("reference", "adaptive"), ("rkc", "rkc"), ("rosenbrock", "rosenbrock"),
+                        ("adaptive", "adaptive")):
+        r = res[key]
+        out.append({"method": method, "rtol": r["rtol"], "n": 128, "t_end": 200.0, "costs": res["costs"],
+                    "machine": res["machine"], "load_average": [res["load_average"], None],
+                    "solver": {k: v for k, v in r.items() if k not in ("status", "initial_energy",
+                                                                       "initial_dissipation", "final", "at")},
+                    "at": r["at"], "final": r["final"], "status": r["status"],
+                    "source": "benchmarks/TIME_TO_SOLUTION.json"})
+    return out
+
+
+def race_cost(run: dict[str, Any], row: dict[str, float]) -> float:
+    """Gradient equivalents of a race run up to one of its rows: :func:`gradient_equivalents` with exact JVPs at
+    the cost measured with the run and difference JVPs at 1."""
+    jacobian = run["solver"].get("jacobian", "exact")
+    return gradient_equivalents(row, run["method"], run["costs"], jacobian)
+
+
+def cost_breakdown(run: dict[str, Any], row: dict[str, float]) -> dict[str, float]:
+    """Where a run's gradient equivalents (:func:`race_cost`) went, by what each evaluation or product was for."""
+    ratio = run["costs"]["exact_over_grad"] if run["solver"].get("jacobian", "exact") == "exact" else 1.0
+    if run["method"] == "cvode":
+        slopes = row["steps"] + 1.0  # dI/dt at every new state and at the start
+        return {"Newton f": row["gradient_evals"] - row["steps"], "f at the new state": row["steps"],
+                "GMRES JVPs": ratio * row["linear_iters"], "dI/dt JVPs": ratio * slopes,
+                "eigenpair JVPs": ratio * (row["jvps"] - row["linear_iters"] - slopes)}
+    if run["method"] == "rkc":
+        return {"stages": row["gradient_evals"], "radius and dI/dt (difference)": row["jvps"]}
+    if run["method"] == "rosenbrock":
+        return {"stages": row["gradient_evals"], "products (difference)": row["jvps"]}
+    return {"stages": race_cost(run, row)}
+
+
+def race_table(runs: list[dict[str, Any]], reference: dict[str, Any],
+               check: dict[str, Any] | None = None) -> dict[str, Any]:
+    """At each time the reference recorded, each run's energy error against ``reference``, its gradient
+    equivalents, wall time and steps; ``check``, a second reference by another method, is compared with the first
+    at each mark (``references``)."""
+    rows = []
+    marks = sorted(row["t"] for row in reference["at"].values())
+    for run in runs:
+        if run is reference:
+            continue
+        for mark in marks:
+            e_ref, r = energy_at(reference, mark), run["at"].get(f"{mark:.6g}")
+            if r is None or e_ref is None:
+                continue
+            rows.append({"method": run["method"], "rtol": run["rtol"], "t": mark,
+                         "energy_error": abs(r["energy"] - e_ref), "grad_equivalents": race_cost(run, r),
+                         "wall": r["wall"], "steps": r["steps"], "load_average": run["load_average"],
+                         "source": run.get("source", "measured"), "breakdown": cost_breakdown(run, r)})
+    references = []
+    if check is not None:
+        for mark in marks:
+            a, b = energy_at(reference, mark), energy_at(check, mark)
+            if a is not None and b is not None:
+                references.append({"t": mark, "difference": abs(a - b)})
+    return {"rows": rows, "references": references}
+
+
+def race_markdown(res: dict[str, Any]) -> str:
+    ref, check = res["reference"], res.get("check")
+    cpu = res["machine"].get("cpu") or {}
+    lines = ["# Matched accuracy: energy error against cost (quickstart problem, N = 128, B = 128)", "",
+             f"Measured by `python -m pdeflow.benchmarks.time_to_solution --race METHOD:RTOL` (one run per "
+             f"process, `NUMBA_NUM_THREADS=1`) and gathered by `--race-render` on {cpu.get('model', '?')} (family "
+             f"{cpu.get('family', '?')}, model {cpu.get('model_number', '?')}, {res['machine'].get('cpu_count')} "
+             f"cores shared with other work: wall times are noisy, the load average of each run is listed; "
+             f"gradient equivalents are the cost that does not depend on load). Every run starts from the same "
+             f"initial state (data/configs/longtime.toml's problem). Reference: {ref['method']} at rtol "
+             f"{ref['rtol']:g}" + (f" ({ref['source']})" if ref.get("source") else "") + "."]
+    if check is not None:
+        agree = ", ".join(f"{r['difference']:.1e} at t = {r['t']:g}" for r in res["table"]["references"])
+        lines += ["", f"Second, independent reference: {check['method']} at rtol {check['rtol']:g}; the two "
+                      f"references' energies differ by {agree}, so errors well above that are resolved."]
+    lines += ["", "JVPs: exact (forward mode) at the cost measured with each run, in grad Phi units "
+                  "(cvode); difference JVPs count 1 (rkc's radius and dI/dt, rosenbrock).", "",
+              "| t | method | rtol | energy error | grad-equivalents | wall s | load (1 min) | steps | source |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in sorted(res["table"]["rows"], key=lambda r: (r["t"], r["method"], -r["rtol"])):
+        load = row["load_average"][0]
+        load_text = f"{load[0]:.1f}" if isinstance(load, (list, tuple)) else "-"
+        lines.append(f"| {row['t']:g} | {row['method']} | {row['rtol']:g} | {row['energy_error']:.2e} "
+                     f"| {row['grad_equivalents']:.0f} | {row['wall']:.0f} | {load_text} | {row['steps']:.0f} "
+                     f"| {row['source']} |")
+    last = max(row["t"] for row in res["table"]["rows"])
+    lines += ["", f"Where the cost to t = {last:g} goes (gradient equivalents):", "",
+              "| method | rtol | energy error | parts |", "|---|---|---|---|"]
+    for row in sorted(res["table"]["rows"], key=lambda r: (r["method"], -r["rtol"])):
+        if row["t"] == last:
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in row["breakdown"].items())
+            lines.append(f"| {row['method']} | {row['rtol']:g} | {row['energy_error']:.2e} | {parts} |")
+    return "\n".join(lines) + "\n"
+
+
+def race_plot(res: dict[str, Any], path: Path) -> None:
+    """The work-precision plot at the last mark: energy error against gradient equivalents, one line per method."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    t = max(row["t"] for row in res["table"]["rows"])
+    rows = [r for r in res["table"]["rows"] if r["t"] == t]
+    for method in sorted({r["method"] for r in rows}):
+        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["grad_equivalents"])
+        ax.loglog([r["grad_equivalents"] for r in mine], [max(r["energy_error"], 1e-16) for r in mine], "o-",
+                  label=method)
+    ax.set_xlabel(f"cost to t = {t:g} (gradient evaluations; exact JVP at its measured cost)")
+    ax.set_ylabel("|E(t) - E_ref(t)|")
+    ax.set_title(f"work-precision at t = {t:g} (quickstart problem, N = 128)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def race_render(folder: Path, table_json: Path | None, reference: str, check: str | None,
+                out: Path) -> dict[str, Any]:
+    """Gather the race runs in ``folder`` (and those of a saved time-to-solution JSON) into
+    ``matched_accuracy.json``/``.md``/``.png`` in ``out``; ``reference`` and ``check`` name runs as
+    ``METHOD:RTOL``."""
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    if table_json is not None:
+        runs += race_runs_from_table(json.loads(table_json.read_text()))
+
+    def named(name: str) -> dict[str, Any]:
+        method, rtol = name.split(":")
+        found = [r for r in runs if r["method"] == method and math.isclose(r["rtol"], float(rtol))]
+        if not found:
+            raise SystemExit(f"no race run {name} in {folder}")
+        return max(found, key=lambda r: r["final"]["t"])
+
+    ref = named(reference)
+    chk = named(check) if check else None
+    res = {"reference": {k: ref[k] for k in ("method", "rtol") if k in ref} | {"source": ref.get("source", "")},
+           "check": None if chk is None else {"method": chk["method"], "rtol": chk["rtol"]},
+           "machine": runs[0]["machine"], "table": race_table(runs, ref, chk), "runs": runs}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "matched_accuracy.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
+    (out / "matched_accuracy.md").write_text(race_markdown(res))
+    race_plot(res, out / "matched_accuracy.png")
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.time_to_solution",
                                 description=__doc__.splitlines()[0])
@@ -345,7 +536,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deflate-every", type=int, default=50, help="rosenbrock: solver.deflate_every (default 50)")
     p.add_argument("--stage-solve", default="auto", choices=("auto", "minres"),
                    help="rosenbrock: solver.stage_solve (default auto)")
+    p.add_argument("--race", metavar="METHOD:RTOL", help="one run of the matched-accuracy race (rkc, cvode, "
+                   "rosenbrock, adaptive) to --t-end, saved as race/METHOD-RTOL.json under --out")
+    p.add_argument("--t-end", type=float, default=RACE_END, help="--race: final time (default 200)")
+    p.add_argument("--race-render", metavar="FOLDER", help="gather the race runs in FOLDER into "
+                   "matched_accuracy.json/.md/.png under --out")
+    p.add_argument("--table", help="--race-render: also the runs of this saved time_to_solution.json")
+    p.add_argument("--reference", default="adaptive:1e-10", help="--race-render: the reference run (METHOD:RTOL)")
+    p.add_argument("--check", help="--race-render: a second reference by another method (METHOD:RTOL)")
     args = p.parse_args(argv)
+    if args.race:
+        method, rtol = args.race.split(":")
+        res = race_run(method, float(rtol), args.n, args.t_end, log=lambda s: print(s, file=sys.stderr, flush=True))
+        folder = Path(args.out) / "race"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{method}-{float(rtol):g}-t{args.t_end:g}.json").write_text(
+            json.dumps(res, indent=2, default=float) + "\n")
+        return 0
+    if args.race_render:
+        res = race_render(Path(args.race_render), Path(args.table) if args.table else None, args.reference,
+                          args.check, Path(args.out))
+        print(race_markdown(res))
+        return 0
     if args.hvp:
         res = hvp_costs(log=lambda s: print(s, file=sys.stderr, flush=True))
         out = Path(args.out)

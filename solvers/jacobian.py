@@ -4,7 +4,8 @@
 directional derivative of grad Phi along ``u`` [N, k]: exact (forward mode, ``Problem.system_jvp``, about 2.5 grad
 Phi) or a forward difference of grad Phi (one real evaluation, relative accuracy about sqrt(machine epsilon)).
 ``S = M^{1/2} (-J) M^{-1/2}`` (``M = diag(m_i)``) is symmetric, so the spectrum of J is real: the Rayleigh-Ritz value
-of S on a small Krylov space is a lower bound of its largest eigenvalue that the steppers guard with a margin.
+of S on a small Krylov space is a lower bound of its largest eigenvalue that the steppers guard with a margin; its
+top few eigenpairs (ARPACK) are what the implicit steppers' deflation preconditioners are made of.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
 from pdeflow.problem import Problem
 
@@ -56,6 +58,32 @@ def mass_weighted(product: Product, mass: np.ndarray, counter: Callable[[], None
             counter()
         return (root * product(v.reshape(shape) / root)).ravel()
     return apply
+
+
+def operator(apply: Product, n: int) -> LinearOperator:
+    """``apply`` (a symmetric product on flat vectors [n], e.g. :func:`mass_weighted`) as a scipy LinearOperator;
+    a block [n, b] is applied column by column."""
+    def apply_block(x: np.ndarray) -> np.ndarray:
+        return np.column_stack([apply(c) for c in x.T])
+
+    return LinearOperator((n, n), matvec=apply, matmat=apply_block, dtype=float)
+
+
+# relative accuracy of the eigenpairs a preconditioner is built from: a deflation needs the outliers' size and
+# direction roughly, not to many digits
+EIGENPAIR_TOL = 1e-2
+
+
+def top_eigenpairs(op: LinearOperator, m: int, tol: float = EIGENPAIR_TOL) -> tuple[np.ndarray, np.ndarray]:
+    """``(lam [m], V [n, m])``: the ``m`` largest (algebraic) eigenpairs of the symmetric ``op`` by ARPACK
+    (``eigsh``, relative tolerance ``tol``) from a fixed start vector, so a function of the operator alone; the
+    pairs that converged when ARPACK stops short."""
+    v0 = np.random.default_rng(0).standard_normal(op.shape[0])
+    try:
+        lam, V = eigsh(op, k=m, which="LA", tol=tol, v0=v0)
+    except ArpackNoConvergence as exc:
+        lam, V = exc.eigenvalues, exc.eigenvectors
+    return lam, V
 
 
 @dataclass(frozen=True)
@@ -109,16 +137,5 @@ def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
     return RitzPairs(values=values, vectors=vectors, residuals=residuals)
 
 
-def top_ritz(apply: Product, start: np.ndarray, dims: int,
-             project: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[float, np.ndarray]:
-    """``(theta, x)``: the largest Ritz value of :func:`krylov_ritz` (the symmetric operator ``C = Pi A Pi`` on
-    the Krylov space of ``dims`` vectors from ``Pi start``) and its unit Ritz vector [n]. ``theta`` never exceeds
-    the largest eigenvalue of C and never falls below ``x0^T C x0 / |x0|^2``, so a start from the previous
-    estimate's vector only improves on it. (scipy's LOBPCG is not used: with one or two iterations it may return
-    its start vector, the iterate of smallest residual.)"""
-    pairs = krylov_ritz(apply, start, dims, project)
-    return float(pairs.values[-1]), pairs.vectors[:, -1]
-
-
-__all__ = ["DIFFERENCE_STEP", "RitzPairs", "dissipation_slope", "krylov_ritz", "velocity_jacobian", "mass_weighted",
-           "top_ritz"]
+__all__ = ["DIFFERENCE_STEP", "EIGENPAIR_TOL", "RitzPairs", "dissipation_slope", "krylov_ritz", "velocity_jacobian",
+           "mass_weighted", "operator", "top_eigenpairs", "top_ritz"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, lobpcg, minres
+from scipy.sparse.linalg import LinearOperator, lobpcg, minres
 
 from pdeflow.config import Config
 from pdeflow.problem import Problem
@@ -24,7 +24,8 @@ from pdeflow.problem import Problem
 from . import register
 from .base import SolverError, State, controller_factor, hermite
 from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
-from .jacobian import Product, dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
+from .jacobian import Product, dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz,
+                       velocity_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -348,11 +349,7 @@ class Rosenbrock(AdaptiveStepper):
                 warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design
                 lam, V = lobpcg(op, carry.V, maxiter=REFINE_ITERATIONS, largest=True, tol=1e-3 * carry.lam.max())
             return np.asarray(lam, dtype=float), np.asarray(V, dtype=float), 0
-        v0 = np.random.default_rng(0).standard_normal(n)
-        try:
-            lam, V = eigsh(op, k=m, which="LA", tol=1e-2, v0=v0)
-        except ArpackNoConvergence as exc:
-            lam, V = exc.eigenvalues, exc.eigenvectors
+        lam, V = top_eigenpairs(op, m)
         return lam, V, 0
 
     def _operator(self, state: State, counts: dict[str, float]) -> LinearOperator:
@@ -360,12 +357,7 @@ class Rosenbrock(AdaptiveStepper):
         omega, mass = state.fields["omega"], state.fields["mass"]
         apply = mass_weighted(self._jvp(omega, mass, self.evaluate(state).grad_phi), mass,
                               lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
-
-        def apply_block(x: np.ndarray) -> np.ndarray:
-            return np.column_stack([apply(c) for c in x.T])
-
-        n = omega.size
-        return LinearOperator((n, n), matvec=apply, matmat=apply_block, dtype=float)
+        return operator(apply, omega.size)
 
     def _complement_top(self, state: State, V: np.ndarray | None, start: np.ndarray | None,
                         counts: dict[str, float]) -> tuple[float, np.ndarray]:

@@ -32,3 +32,36 @@ def test_benchmark_rows_and_render(tmp_path):
     saved.write_text(json.dumps(res, default=float))
     assert main(["--render", str(saved), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "time_to_solution.md").read_text() == text
+
+
+def test_race_runs_table_and_plot(tmp_path):
+    """The matched-accuracy race at a toy size (N = 4, to t = 10): runs saved one file each, gathered against a
+    tight Dormand-Prince reference and checked against a second reference (cvode); each row's error is its energy's
+    distance from the reference's and its cost the stepper's counts in gradient equivalents; the plot is
+    written."""
+    import pytest
+
+    pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
+    from pdeflow.benchmarks.time_to_solution import race_markdown
+
+    out = tmp_path / "out"
+    for name in ("adaptive:1e-10", "cvode:1e-10", "rkc:1e-4", "cvode:1e-5"):
+        assert main(["--race", name, "--n", "4", "--t-end", "10", "--out", str(out)]) == 0
+    assert main(["--race-render", str(out / "race"), "--reference", "adaptive:1e-10", "--check", "cvode:1e-10",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "matched_accuracy.json").read_text())
+    runs = {(r["method"], r["rtol"]): r for r in res["runs"]}
+    ref = runs[("adaptive", 1e-10)]
+    rows = res["table"]["rows"]
+    assert len(rows) == 3  # every run but the reference, at t = 10
+    for row in rows:
+        run = runs[(row["method"], row["rtol"])]
+        at, ref_at = run["at"][f"{row['t']:.6g}"], ref["at"][f"{row['t']:.6g}"]
+        assert row["energy_error"] == abs(at["energy"] - ref_at["energy"])
+        assert row["grad_equivalents"] == gradient_equivalents(at, row["method"], run["costs"],
+                                                               run["solver"].get("jacobian", "exact"))
+    loose = {r["method"]: r["energy_error"] for r in rows if r["rtol"] > 1e-9}
+    check = [r for r in res["table"]["references"] if r["t"] == 10.0][0]["difference"]
+    assert check < 1e-3 * min(loose.values())  # the two references agree far below the errors they resolve
+    assert (out / "matched_accuracy.png").stat().st_size > 1000
+    assert (out / "matched_accuracy.md").read_text() == race_markdown(res)

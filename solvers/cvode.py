@@ -1,0 +1,243 @@
+"""A particle stepper on SUNDIALS CVODE (variable-order BDF) through scikit-sundae: a reference at tight tolerances.
+
+The particle system ``y' = f(y)``, ``y = omega`` [N, k] (flattened to [N k] for CVODE), ``f(y)_i = -grad Phi(omega_i;
+rho_N)`` (masses fixed, docs/model.md). CVODE (Hindmarsh et al., ACM TOMS 2005) integrates it by BDF of orders 1 to 5
+with its own error test and order selection; each step's implicit equations are solved by Newton's method with the
+Newton matrix ``I - gamma J`` applied matrix-free by GMRES (SPGMR, :data:`KRYLOV_DIM` directions) on pdeflow's
+Jacobian-vector product ``J v = -Problem.system_jvp(y, m, v)`` (exact forward mode; ``solver.jacobian = "difference"``:
+a forward difference of grad Phi, :func:`pdeflow.solvers.jacobian.velocity_jacobian`).
+
+Preconditioner (``solver.deflate = m > 0``): ``J = -M^{-1/2} S M^{1/2}`` with ``S`` symmetric (``M = diag(m_i)``),
+and the stiffness sits in a few outlying eigenvalues of ``S``. With its ``m`` largest eigenpairs ``(lam, V)``
+(ARPACK, :func:`pdeflow.solvers.jacobian.top_eigenpairs`), ``P = M^{-1/2} (I + gamma V diag(lam) V^T) M^{1/2}``
+approximates ``I - gamma J`` and ``P^-1 = M^{-1/2} (I + V diag(1 / (1 + gamma lam) - 1) V^T) M^{1/2}`` costs no
+product. The pairs are computed when CVODE asks for a new preconditioner (its setup call with ``jok`` false: the
+first step, every 50 steps, after a convergence failure) and reused, with CVODE's current ``gamma``, in between.
+
+One pdeflow step is one CVODE internal step (its one-step mode, with the next frame time as a hard stop, so frames
+are landed on, never interpolated). Each step leaves the Hermite quadrature of the dissipation (``dI/dt`` at both
+ends, one product at the new state, :func:`pdeflow.solvers.jacobian.dissipation_slope`), so the energy-identity
+defect shows the method's error. CVODE's own counters (order, Newton and GMRES iterations, error-test and
+convergence failures), which scikit-sundae does not report, are read from the SUNDIALS library it ships (ctypes on
+the solver's memory, checked against the count scikit-sundae does report).
+
+Resume restarts CVODE from the checkpointed state at order 1 (its step and order history are not in the
+checkpoint): a resumed run agrees with the uninterrupted one to the tolerance, not bit for bit. Not sharded.
+Details: docs/solvers.md, "Reference runs: cvode". Needs the optional extra ``pip install -e ".[sundials]"``.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.metadata
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from pdeflow.config import Config, ConfigError
+from pdeflow.problem import Problem
+
+from . import register
+from .base import SolverError, State, Stepper, hermite
+from .jacobian import Product, dissipation_slope, mass_weighted, operator, top_eigenpairs, velocity_jacobian
+
+# GMRES directions per linear solve (CVODE's default 5 is too few once the spectrum spreads: a linear failure each
+# time it is exceeded)
+KRYLOV_DIM = 30
+# the scikit-sundae release whose solver layout the counters below are read with (setup.cfg's "sundials" extra)
+TESTED_RELEASE = "1.2.0"
+# byte offset of the CVODE memory pointer in scikit-sundae's compiled solver object: after the object header
+# (reference count, type) and the method table of its cdef class
+MEM_OFFSET = 24
+# CVODE's cumulative counters (long int) of the /steps columns, by the SUNDIALS getter reading each
+COUNTERS = {"steps": "CVodeGetNumSteps", "rhs": "CVodeGetNumRhsEvals", "nonlinear_iters": "CVodeGetNumNonlinSolvIters",
+            "nonlinear_failures": "CVodeGetNumNonlinSolvConvFails", "linear_iters": "CVodeGetNumLinIters",
+            "linear_failures": "CVodeGetNumLinConvFails", "rejected": "CVodeGetNumErrTestFails"}
+INSTALL = 'pip install -e ".[sundials]"'
+
+
+def sundials() -> Any:
+    """The ``sksundae.cvode`` module; ConfigError (exit 2) naming the extra to install when it is missing."""
+    try:
+        import sksundae.cvode
+    except ModuleNotFoundError:
+        raise ConfigError(f"solver.method = 'cvode' needs scikit-sundae (SUNDIALS CVODE), not installed: "
+                          f"{INSTALL}") from None
+    return sksundae.cvode
+
+
+class Counters:
+    """CVODE's own cumulative counters of one solver (:data:`COUNTERS`) and the order of its last step, read from
+    the SUNDIALS library scikit-sundae ships (it reports only right-hand-side and Jacobian evaluations).
+    ``available`` is False (every value nan) for a release other than :data:`TESTED_RELEASE` or when the memory
+    found does not count the right-hand-side evaluations scikit-sundae reports (``nfev``)."""
+
+    def __init__(self, solver: Any, nfev: int) -> None:
+        import sksundae
+
+        self.available = False
+        if importlib.metadata.version("scikit-sundae") != TESTED_RELEASE:
+            return
+        libs = os.path.join(os.path.dirname(os.path.dirname(sksundae.__file__)), "scikit_sundae.libs")
+        found = glob.glob(os.path.join(libs, "libsundials_cvode*.so*"))
+        if len(found) != 1:
+            return
+        self.lib = ctypes.CDLL(found[0])
+        inner = solver._CVODE__CVODE  # the compiled solver behind the Python class
+        self.mem = ctypes.c_void_p(ctypes.c_void_p.from_address(id(inner) + MEM_OFFSET).value)
+        self.available = bool(self.mem.value) and self._long("CVodeGetNumRhsEvals") == nfev
+
+    def _long(self, getter: str) -> int:
+        value = ctypes.c_long()
+        if getattr(self.lib, getter)(self.mem, ctypes.byref(value)) != 0:
+            raise SolverError(f"SUNDIALS {getter} failed")
+        return value.value
+
+    def read(self) -> dict[str, float]:
+        """The counters now and ``order``, the BDF order of the last step (nan when not ``available``)."""
+        if not self.available:
+            return {key: math.nan for key in (*COUNTERS, "order")}
+        out = {key: float(self._long(getter)) for key, getter in COUNTERS.items()}
+        order = ctypes.c_int()
+        self.lib.CVodeGetLastOrder(self.mem, ctypes.byref(order))
+        out["order"] = float(order.value)
+        return out
+
+
+def deflation_inverse(r: np.ndarray, root: np.ndarray, lam: np.ndarray, V: np.ndarray, gamma: float) -> np.ndarray:
+    """``P^-1 r`` [n] for ``P = M^{-1/2} (I + gamma V diag(lam) V^T) M^{1/2}`` (module docstring; ``root`` [n] the
+    flattened ``sqrt(m_i)``, ``V`` [n, p] orthonormal, ``lam > 0`` [p])."""
+    v = root * r
+    v += V @ ((1.0 / (1.0 + gamma * lam) - 1.0) * (V.T @ v))
+    return v / root
+
+
+@register
+class Cvode(Stepper):
+    """``solver.method = "cvode"``: SUNDIALS CVODE, BDF with preconditioned matrix-free GMRES (module docstring)."""
+    name = "cvode"
+    sharded = False
+    step_columns = ("order", "rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures",
+                    "gradient_evals", "jvps", "preconditioner_setups")
+
+    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
+                 jacobian: str, deflate: int) -> None:
+        """``dt`` the first step of a run from t = 0 (a restart lets CVODE choose its own); ``rtol``, ``atol``
+        CVODE's tolerances; ``dt_min``, ``dt_max`` its step bounds; ``jacobian`` "exact" or "difference" products;
+        ``deflate`` eigenpairs in the preconditioner (0: none) (``solver.*`` of the same names)."""
+        super().__init__(problem)
+        self.module = sundials()
+        self.dt, self.rtol, self.atol = float(dt), float(rtol), float(atol)
+        self.dt_min, self.dt_max = float(dt_min), float(dt_max)
+        self.jacobian, self.deflate = jacobian, int(deflate)
+        self._solver: Any = None
+        self._current: State | None = None
+
+    @classmethod
+    def from_config(cls, problem: Problem, cfg: Config) -> Cvode:
+        s = cfg.solver
+        return cls(problem, s.dt, rtol=s.rtol, atol=s.atol, dt_min=s.dt_min, dt_max=s.dt_max, jacobian=s.jacobian,
+                   deflate=s.deflate)
+
+    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
+        self._solver, self._current = None, None  # the next step restarts CVODE from the state
+        return state
+
+    # ---- the callbacks CVODE calls (y, fy, v flat [N k], read-only) ------------------------------------------
+    def _omega(self, y: np.ndarray) -> np.ndarray:
+        return np.array(y, dtype=float).reshape(self._shape)
+
+    def _rhs(self, t: float, y: np.ndarray, yp: np.ndarray) -> None:
+        self._counts["gradient_evals"] += 1
+        omega = self._omega(y)
+        yp[:] = -self.problem.grad_phi(omega, omega, self._mass).ravel()
+
+    def _product(self, y: np.ndarray, fy: np.ndarray) -> Product:
+        """``u -> -J u`` [N, k] at ``y`` (``fy = f(y)``), counted in ``jvps``."""
+        product = velocity_jacobian(self.problem, self._omega(y), self._mass, -self._omega(fy), self.jacobian)
+
+        def counted(u: np.ndarray) -> np.ndarray:
+            self._counts["jvps"] += 1
+            return product(u)
+        return counted
+
+    def _jtimes(self, t: float, y: np.ndarray, fy: np.ndarray, v: np.ndarray, Jv: np.ndarray) -> None:
+        Jv[:] = -self._product(y, fy)(self._omega(v)).ravel()
+
+    def _psetup(self, t: float, y: np.ndarray, fy: np.ndarray, jok: bool, jnew: list, gamma: float) -> None:
+        if jok and self._pairs is not None:
+            jnew[0] = 0
+            return
+        self._counts["preconditioner_setups"] += 1
+        op = operator(mass_weighted(self._product(y, fy), self._mass), y.size)
+        lam, V = top_eigenpairs(op, self.deflate)
+        keep = lam > 0  # P stays positive definite
+        self._pairs = (lam[keep], V[:, keep])
+        jnew[0] = 1
+
+    def _psolve(self, t: float, y: np.ndarray, fy: np.ndarray, r: np.ndarray, z: np.ndarray, gamma: float,
+                delta: float, lr: int) -> None:
+        lam, V = self._pairs
+        z[:] = deflation_inverse(np.asarray(r), self._root, lam, V, gamma)
+
+    # ---- stepping ------------------------------------------------------------------------------------------
+    def _start(self, state: State) -> None:
+        """A new CVODE solver at the state (order 1; its first step ``dt`` from t = 0, else CVODE's estimate)."""
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        if not np.all(mass > 0):
+            raise SolverError("solver.method = 'cvode' needs positive masses (its preconditioner is symmetrized "
+                              "with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
+        self._shape, self._mass = omega.shape, mass
+        self._root = np.repeat(np.sqrt(mass), omega.shape[1])
+        self._pairs = None
+        module = self.module
+        options: dict[str, Any] = {
+            "method": "BDF", "linsolver": "gmres", "krylov_dim": KRYLOV_DIM, "rtol": self.rtol, "atol": self.atol,
+            "first_step": self.dt if state.step == 0 else 0.0, "min_step": self.dt_min,
+            "max_step": min(self.dt_max, np.finfo(float).max),
+            "jactimes": module.CVODEJacTimes(None, self._jtimes)}
+        if self.deflate > 0 and self.deflate < omega.size - 1:
+            options["precond"] = module.CVODEPrecond(self._psetup, self._psolve)
+        self._solver = module.CVODE(self._rhs, **options)
+        result = self._solver.init_step(state.t, omega.ravel().copy())
+        self._counters = Counters(self._solver, result.nfev)
+
+    def _slope(self, state: State) -> float:
+        """``dI/dt`` at the state: one product (``solver.jacobian``'s kind)."""
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        grad = self.evaluate(state).grad_phi
+        self._counts["jvps"] += 1
+        return dissipation_slope(grad, mass, velocity_jacobian(self.problem, omega, mass, grad, self.jacobian))
+
+    def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+        self._counts = counts = {"gradient_evals": 0.0, "jvps": 0.0, "preconditioner_setups": 0.0}
+        if self._solver is None or self._current is not state:
+            self._start(state)
+            self._slope_value = self._slope(state)
+        target = state.t + dt_limit
+        before = self._counters.read()
+        result = self._solver.step(target, method="onestep", tstop=target)
+        if not result.success:
+            raise SolverError(f"CVODE stopped at t = {state.t:.6g}: {result.message} (flag {result.status}); "
+                              f"loosen solver.rtol/atol or lower solver.dt_min")
+        after = self._counters.read()
+        h = float(result.t) - state.t
+        new = state.advanced({"omega": np.array(result.y, dtype=float).reshape(self._shape),
+                              "mass": state.fields["mass"]}, h)
+        new.dt = h
+        self.evaluate(new)  # the step's diagnostics (CVODE's last f is at a Newton iterate, not at y_{n+1})
+        counts["gradient_evals"] += 1
+        new_slope = self._slope(new)
+        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
+                                           self._slope_value, new_slope)
+        self._current, self._slope_value = new, new_slope
+        counts["order"] = after["order"]
+        for key in ("rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures"):
+            counts[key] = after[key] - before[key]
+        return new, counts
+
+    def likely_cause(self, state: State) -> str:
+        return (f"the cvode stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) are "
+                f"too loose for this problem; tighten them")

@@ -1,0 +1,162 @@
+"""The SUNDIALS CVODE stepper (solvers/cvode.py, ``cvode``): accuracy against a tight Dormand-Prince run, the
+deflation preconditioner against the dense Newton matrix, CVODE's counters against pdeflow's own counts, stiffness,
+the energy identity, resume to the tolerance, and the one-line message when scikit-sundae is missing."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from pdeflow.solvers import make_stepper
+from pdeflow.solvers.base import State
+from pdeflow.solvers.jacobian import mass_weighted, velocity_jacobian
+
+from pdeflow.cli import main
+from pdeflow.trajectory import open_trajectory
+from test_stiff import build, integrate, write_config
+
+
+@pytest.fixture
+def sundials():
+    return pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
+
+
+@pytest.fixture(scope="module")
+def reference():
+    cfg, problem = build()
+    ref, _, _, _ = integrate(cfg, problem, 1.0, method="adaptive", dt=0.01, rtol=1e-12, atol=1e-14)
+    return cfg, problem, ref
+
+
+def test_error_follows_the_tolerance(sundials, reference):
+    """The global error at t = 1 against Dormand-Prince at rtol 1e-12 stays within 10 x rtol and falls with it,
+    with the deflation preconditioner and without."""
+    cfg, problem, ref = reference
+    scale = np.max(np.abs(ref.fields["omega"]))
+    for deflate in (0, 4):
+        errors, steps = [], []
+        for rtol in (1e-5, 1e-8):
+            final, states, _, totals = integrate(cfg, problem, 1.0, method="cvode", dt=0.01, rtol=rtol,
+                                                 atol=rtol * 1e-3, deflate=deflate)
+            errors.append(np.max(np.abs(final.fields["omega"] - ref.fields["omega"])) / scale)
+            steps.append(len(states) - 1)
+            assert errors[-1] < 10 * rtol, (deflate, rtol, errors)
+            assert (totals["preconditioner_setups"] > 0) == (deflate > 0)
+        assert errors[1] < errors[0] / 30 and steps[1] > steps[0]
+
+
+def test_deflation_inverse_with_every_pair_inverts_the_newton_matrix(sundials):
+    """With all eigenpairs of the dense mass-weighted Jacobian S, ``deflation_inverse`` is the inverse of CVODE's
+    Newton matrix ``I - gamma J`` (J assembled column by column from the exact product)."""
+    from pdeflow.solvers.cvode import deflation_inverse
+
+    cfg, problem = build("init.n_particles=3", "model.d=4", "task.seq_len=3", "task.vocab_size=3")
+    stepper = make_stepper(problem, cfg)
+    omega, mass = stepper.initial_state().fields.values()
+    mass = mass * np.array([0.5, 1.0, 1.5])  # unequal masses: the symmetrization matters
+    product = velocity_jacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass))
+    n = omega.size
+    minus_J = np.column_stack([product(e.reshape(omega.shape)).ravel() for e in np.eye(n)])
+    S = np.column_stack([mass_weighted(product, mass)(e) for e in np.eye(n)])
+    lam, V = np.linalg.eigh(0.5 * (S + S.T))
+    root = np.repeat(np.sqrt(mass), omega.shape[1])
+    x = np.random.default_rng(3).standard_normal(n)
+    for gamma in (0.01, 0.3):
+        newton = np.eye(n) + gamma * minus_J
+        np.testing.assert_allclose(deflation_inverse(newton @ x, root, lam, V, gamma), x, rtol=0, atol=1e-9)
+
+
+def test_counters_agree_with_pdeflow_counts(sundials, reference):
+    """CVODE's counters (read through ctypes) against what pdeflow counts itself: one internal step per pdeflow
+    step, a BDF order in 1..5, CVODE's right-hand-side calls = pdeflow's gradient evaluations besides the new
+    states' (one a step), at least one Newton iteration a step and at most one call each, GMRES iterations =
+    products besides dI/dt (one a step and one at the start; no eigenpairs without deflation)."""
+    from pdeflow.solvers.cvode import Counters
+
+    cfg, problem, _ = reference
+    stepper = make_stepper(problem, cfg.replace(solver={"method": "cvode", "rtol": 1e-6, "atol": 1e-9, "dt": 0.01}))
+    state = stepper.initial_state()
+    rows = []
+    while state.t < 1.0 - 1e-12:
+        steps_before = stepper._counters.read()["steps"] if stepper._solver is not None else 0.0
+        state, extra = stepper.step(state, 1.0 - state.t)
+        assert stepper._counters.available
+        assert stepper._counters.read()["steps"] - steps_before == 1
+        rows.append(extra)
+    assert all(1 <= r["order"] <= 5 for r in rows) and max(r["order"] for r in rows) >= 3
+    newton = sum(r["nonlinear_iters"] for r in rows)
+    rhs = sum(r["gradient_evals"] for r in rows) - len(rows)
+    assert stepper._counters.read()["rhs"] == rhs
+    assert len(rows) <= newton <= rhs
+    slopes = len(rows) + 1
+    assert sum(r["jvps"] for r in rows) - slopes == sum(r["linear_iters"] for r in rows)
+    assert isinstance(stepper._counters, Counters)
+
+
+def test_stiff_problem_far_above_the_explicit_bound(sundials):
+    """Weight decay lam = 3e3 (eigenvalues about -3e3), from t0 = 20 / lam to t0 + 1: cvode's steps go far above
+    Dormand-Prince's stability bound (lam h <= 3.3) and the answer agrees to the tolerance, with the deflation
+    preconditioner and without (a spectrum clustered at lam: GMRES needs about one iteration either way)."""
+    lam = 3e3
+    cfg, problem = build(f"model.weight_decay={lam}")
+    t0 = 20.0 / lam
+    start, _, _, _ = integrate(cfg, problem, t0, method="adaptive", dt=1e-5, rtol=1e-10, atol=1e-13)
+    tol = {"rtol": 1e-6, "atol": 1e-9, "dt": 1e-4}
+    explicit, _, _, _ = integrate(cfg, problem, t0 + 1.0, start, method="adaptive", **tol)
+    scale = np.max(np.abs(explicit.fields["omega"]))
+    for deflate in (0, 8):
+        final, states, _, totals = integrate(cfg, problem, t0 + 1.0, start, method="cvode", deflate=deflate, **tol)
+        assert explicit.step > 30 * final.step
+        assert max(b.t - a.t for a, b in zip(states, states[1:])) > 30 * 3.3 / lam
+        assert np.max(np.abs(final.fields["omega"] - explicit.fields["omega"])) < 1e-5 * scale + 1e-8
+        assert totals["linear_iters"] <= 2 * totals["nonlinear_iters"]
+
+
+def test_run_keeps_the_energy_identity_and_resumes_to_the_tolerance(sundials, tmp_path):
+    """A file run: every step's Hermite quadrature explains its energy change (identity defect far below
+    run.identity_tol), the /steps columns are written; stopped by run.max_steps = 7 and resumed, CVODE restarts at
+    order 1 from the checkpoint, so the resumed frames agree with the uninterrupted run's to the tolerance (not bit
+    for bit), and the frames before the stop are the same bits."""
+    cfg = write_config(tmp_path)
+    options = ["--set", "solver.method=\"cvode\"", "--set", "solver.rtol=1e-7", "--set", "solver.atol=1e-10",
+               "--set", "solver.deflate=4"]
+    full, part = tmp_path / "full.h5", tmp_path / "part.h5"
+    assert main(["run", str(cfg), "-o", str(full), "--quiet", *options]) == 0
+    assert main(["run", str(cfg), "-o", str(part), "--quiet", "--set", "run.max_steps=7", *options]) == 0
+    assert main(["run", str(cfg), "-o", str(part), "--quiet", "--resume", *options]) == 0
+    a, b = open_trajectory(full), open_trajectory(part)
+    steps = a.steps
+    assert np.nanmax(steps["identity_defect"][1:]) < 1e-2
+    for key in ("order", "nonlinear_iters", "gradient_evals", "jvps"):
+        assert np.all(steps[key][1:] >= 1), key
+    assert np.all(steps["linear_iters"][1:] >= 0) and np.sum(steps["linear_iters"][1:]) > 0
+    assert b.steps["order"][8] == 1  # the restart
+    np.testing.assert_array_equal(a.steps["energy"][:8], b.steps["energy"][:8])
+    ta, tb = a.time, b.time[b.frames["step"] != 7]
+    np.testing.assert_allclose(ta, tb, rtol=0, atol=1e-12)
+    wa = a.frames["omega"][-1]
+    wb = b.frames["omega"][-1]
+    scale = np.max(np.abs(wa))
+    assert np.max(np.abs(wa - wb)) < 1e-5 * scale
+    assert np.max(np.abs(wa - wb)) > 0.0  # a restart, not a bit-exact continuation
+
+
+def test_missing_scikit_sundae_exits_2_with_the_extra_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sksundae", None)  # import sksundae raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "sksundae.cvode", None)
+    cfg = write_config(tmp_path)
+    code = main(["run", str(cfg), "-o", str(tmp_path / "x.h5"), "--quiet", "--set", "solver.method=\"cvode\""])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert 'pip install -e ".[sundials]"' in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_non_positive_mass_is_refused(sundials, reference):
+    cfg, problem, _ = reference
+    stepper = make_stepper(problem, cfg.replace(solver={"method": "cvode"}))
+    state = stepper.initial_state()
+    mass = state.fields["mass"].copy()
+    mass[0] = 0.0
+    with pytest.raises(Exception, match="positive masses"):
+        stepper.step(State(t=0.0, step=0, dt=0.01, fields={"omega": state.fields["omega"], "mass": mass}), 0.1)
