@@ -119,6 +119,7 @@ class Cvode(Stepper):
     """``solver.method = "cvode"``: SUNDIALS CVODE, BDF with preconditioned matrix-free GMRES (module docstring)."""
     name = "cvode"
     sharded = False
+    reads = ("rtol", "atol", "dt_min", "dt_max", "jacobian", "deflate")
     step_columns = ("order", "rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures",
                     "gradient_evals", "jvps", "preconditioner_setups")
 

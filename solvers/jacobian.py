@@ -137,5 +137,16 @@ def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
     return RitzPairs(values=values, vectors=vectors, residuals=residuals)
 
 
+def top_ritz(apply: Product, start: np.ndarray, dims: int,
+             project: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[float, np.ndarray]:
+    """``(theta, x)``: the largest Ritz value of :func:`krylov_ritz` (the symmetric operator ``C = Pi A Pi`` on
+    the Krylov space of ``dims`` vectors from ``Pi start``) and its unit Ritz vector [n]. ``theta`` never exceeds
+    the largest eigenvalue of C and never falls below ``x0^T C x0 / |x0|^2``, so a start from the previous
+    estimate's vector only improves on it. (scipy's LOBPCG is not used: with one or two iterations it may return
+    its start vector, the iterate of smallest residual.)"""
+    pairs = krylov_ritz(apply, start, dims, project)
+    return float(pairs.values[-1]), pairs.vectors[:, -1]
+
+
 __all__ = ["DIFFERENCE_STEP", "EIGENPAIR_TOL", "RitzPairs", "dissipation_slope", "krylov_ritz", "velocity_jacobian",
            "mass_weighted", "operator", "top_eigenpairs", "top_ritz"]

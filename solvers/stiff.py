@@ -24,8 +24,7 @@ from pdeflow.problem import Problem
 from . import register
 from .base import SolverError, State, controller_factor, hermite
 from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
-from .jacobian import Product, dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz,
-                       velocity_jacobian
+from .jacobian import Product, dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
