@@ -195,9 +195,10 @@ def newton_step(op: scipy.sparse.linalg.LinearOperator, g: np.ndarray, eta: floa
 
 def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, max_newton: int = MAX_NEWTON, krylov_dim: int = KRYLOV_DIM,
-            progress: Progress | None = None) -> StationaryPoint:
+            max_wall: float = math.inf, progress: Progress | None = None) -> StationaryPoint:
     """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
-    until ``I <= ratio * initial_dissipation``, then the spectrum there (``krylov_dim`` Lanczos steps)."""
+    until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, or ``max_wall`` seconds: then the point
+    reached is reported, not converged), then the spectrum there (``krylov_dim`` Lanczos steps)."""
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega))
     target = ratio * initial_dissipation
@@ -214,6 +215,9 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
             break
         if it == max_newton:
             message = f"{max_newton} Newton steps without reaching I <= {target:.3g}"
+            break
+        if c.wall > max_wall:
+            message = f"stopped after {max_wall:g} s ({it} Newton steps) without reaching I <= {target:.3g}"
             break
         it += 1
         eta = min(ETA_MAX, math.sqrt(I) / g0)
@@ -239,14 +243,16 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
 
 def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, max_iter: int = 2000, max_restarts: int = 5,
-            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, progress: Progress | None = None,
-            on_iterate: Callable[[np.ndarray], None] | None = None) -> StationaryPoint:
+            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, max_wall: float = math.inf,
+            progress: Progress | None = None, on_iterate: Callable[[np.ndarray], None] | None = None
+            ) -> StationaryPoint:
     """A local minimum of E from ``omega`` [N, k] (module docstring): trust-region Newton-Krylov
     (``scipy.optimize.minimize``, ``trust-krylov``, ``hessp`` the projected S) until ``I <= ratio *
     initial_dissipation``, then the spectrum; while a converged negative eigenvalue remains (at most
     ``max_restarts`` times) the search restarts from the point moved along its eigenvector by ``escape`` (0: by
-    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. ``on_iterate(omega)`` is
-    called with every iterate [N, k] (to keep the latest, say)."""
+    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. After ``max_wall`` seconds the
+    search stops at its latest iterate (reported, not converged). ``on_iterate(omega)`` is called with every
+    iterate [N, k] (to keep the latest, say)."""
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega))
     target = ratio * initial_dissipation
@@ -274,6 +280,8 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         hist.add(e, float(grad @ grad))
         if on_iterate is not None:
             on_iterate(c.omega(x))
+        if c.wall > max_wall:
+            raise StopIteration  # scipy ends the minimisation at this iterate
         say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {float(grad @ grad):.3e}, {c.products} products, "
             f"{c.gradients} gradients, {c.wall:.1f} s")
 
@@ -290,6 +298,8 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         say(f"trust-krylov: E = {E:.12g}, I = {I:.3e} after {iterations} iterations, {c.products} products "
             f"({res.message})")
         message = f"trust-krylov: {res.message}"
+        if c.wall > max_wall:
+            message = f"stopped after {max_wall:g} s ({iterations} iterations) at I = {I:.3g} > {target:.3g}"
         if I > target:
             break
         t0 = time.perf_counter()

@@ -115,6 +115,14 @@ def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsy
     text = capsys.readouterr().out
     assert f"E*            {r['energy']:.12g} (E* of the stationary point found from frame 1)" in text
 
+    # a search stopped by --max-wall reports the point it reached, not converged
+    stopped = tmp_path / "stopped.h5"
+    assert main(["stationary", str(traj), "--kind", "minimum", "--frame", "0", "--max-wall", "1e-9", "-o",
+                 str(stopped), "--quiet"]) == 0
+    s = read_stationary(stopped)
+    assert not s["converged"] and s["verdict"] == "not converged" and "stopped after" in s["message"]
+    capsys.readouterr()
+
     # bad input: one line, exit 2, nothing overwritten
     before = out.read_bytes()
     assert main(["stationary", str(traj), "--kind", "minimum", "-o", str(out)]) == 2
