@@ -134,10 +134,9 @@ class StationaryPoint:
 
     @property
     def certified(self) -> bool:
-        """A local minimum: converged, and the lowest converged eigenvalue (symmetries removed) is positive by
-        more than its residual."""
-        s = self.spectrum
-        return bool(self.converged and s.lowest.size and s.lowest[0] - s.lowest_residual[0] > 0)
+        """A local minimum: converged, and the lowest Ritz value (symmetries removed) converged and positive by
+        more than its residual (:attr:`pdeflow.spectrum.SpectrumEnds.positive_definite`)."""
+        return bool(self.converged and self.spectrum.positive_definite)
 
     @property
     def gradient_equivalents(self) -> float:
@@ -153,7 +152,9 @@ class StationaryPoint:
             return "local minimum"
         if self.morse_index_lower > 0:
             return f"saddle of index >= {self.morse_index_lower}"
-        return "stationary, index not established (lowest eigenvalue not resolved from 0)"
+        if self.spectrum.lowest_ritz < 0:
+            return "saddle (a negative Ritz value, below the lowest eigenvalue's upper bound; not converged)"
+        return "stationary, index not established (lowest eigenvalue not converged or not resolved from 0)"
 
 
 class _History:
@@ -348,8 +349,9 @@ SCHEMA = "pdeflow-stationary"
 SCHEMA_VERSION = 1
 SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_energy", "start_dissipation",
            "initial_dissipation", "ratio", "target", "converged", "certified", "verdict", "morse_index_lower",
-           "n_symmetry", "lambda_min", "lambda_max", "iterations", "gradients", "products", "certify_products",
-           "gradient_equivalents", "jvp_gradients", "wall", "certify_wall", "message")
+           "n_symmetry", "lambda_min", "lambda_max", "lowest_ritz", "lowest_ritz_residual", "iterations",
+           "gradients", "products", "certify_products", "gradient_equivalents", "jvp_gradients", "wall",
+           "certify_wall", "message")
 
 
 def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, problem: Problem, *, source: str,
@@ -371,6 +373,7 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
               "ratio": float(ratio), "target": point.target, "converged": point.converged,
               "certified": point.certified, "verdict": point.verdict, "morse_index_lower": s.morse_index_lower,
               "n_symmetry": s.n_symmetry, "lambda_min": s.lambda_min, "lambda_max": s.lambda_max,
+              "lowest_ritz": s.lowest_ritz, "lowest_ritz_residual": s.lowest_ritz_residual,
               "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
               "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
               "jvp_gradients": JVP_GRADIENTS, "wall": point.wall, "certify_wall": point.certify_wall,

@@ -75,6 +75,7 @@ def test_minimum_escapes_the_saddle_to_a_certified_minimum(saddle):
     point = minimum(problem, omega, MASS, initial)
     assert point.energy < problem.energy(omega, MASS) - 1e-3
     assert point.converged and point.certified and point.verdict == "local minimum"
+    assert point.spectrum.positive_definite and point.spectrum.lowest_ritz == point.spectrum.lowest[0]
     values = dense_spectrum(problem, point.omega, MASS)
     assert values[0] > 0
     assert point.spectrum.lowest[0] == pytest.approx(values[0], abs=1e-10)
