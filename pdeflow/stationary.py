@@ -134,10 +134,9 @@ class StationaryPoint:
 
     @property
     def certified(self) -> bool:
-        """A local minimum: converged, and the lowest converged eigenvalue (symmetries removed) is positive by
-        more than its residual."""
-        s = self.spectrum
-        return bool(self.converged and s.lowest.size and s.lowest[0] - s.lowest_residual[0] > 0)
+        """A local minimum: converged, and the lowest Ritz value (symmetries removed) converged and positive by
+        more than its residual (:attr:`pdeflow.spectrum.SpectrumEnds.positive_definite`)."""
+        return bool(self.converged and self.spectrum.positive_definite)
 
     @property
     def gradient_equivalents(self) -> float:
@@ -153,7 +152,9 @@ class StationaryPoint:
             return "local minimum"
         if self.morse_index_lower > 0:
             return f"saddle of index >= {self.morse_index_lower}"
-        return "stationary, index not established (lowest eigenvalue not resolved from 0)"
+        if self.spectrum.lowest_ritz < 0:
+            return "saddle (a negative Ritz value, below the lowest eigenvalue's upper bound; not converged)"
+        return "stationary, index not established (lowest eigenvalue not converged or not resolved from 0)"
 
 
 class _History:
@@ -195,9 +196,10 @@ def newton_step(op: scipy.sparse.linalg.LinearOperator, g: np.ndarray, eta: floa
 
 def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, max_newton: int = MAX_NEWTON, krylov_dim: int = KRYLOV_DIM,
-            progress: Progress | None = None) -> StationaryPoint:
+            max_wall: float = math.inf, progress: Progress | None = None) -> StationaryPoint:
     """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
-    until ``I <= ratio * initial_dissipation``, then the spectrum there (``krylov_dim`` Lanczos steps)."""
+    until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, or ``max_wall`` seconds: then the point
+    reached is reported, not converged), then the spectrum there (``krylov_dim`` Lanczos steps)."""
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega))
     target = ratio * initial_dissipation
@@ -214,6 +216,9 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
             break
         if it == max_newton:
             message = f"{max_newton} Newton steps without reaching I <= {target:.3g}"
+            break
+        if c.wall > max_wall:
+            message = f"stopped after {max_wall:g} s ({it} Newton steps) without reaching I <= {target:.3g}"
             break
         it += 1
         eta = min(ETA_MAX, math.sqrt(I) / g0)
@@ -239,14 +244,16 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
 
 def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, max_iter: int = 2000, max_restarts: int = 5,
-            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, progress: Progress | None = None,
-            on_iterate: Callable[[np.ndarray], None] | None = None) -> StationaryPoint:
+            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, max_wall: float = math.inf,
+            progress: Progress | None = None, on_iterate: Callable[[np.ndarray], None] | None = None
+            ) -> StationaryPoint:
     """A local minimum of E from ``omega`` [N, k] (module docstring): trust-region Newton-Krylov
     (``scipy.optimize.minimize``, ``trust-krylov``, ``hessp`` the projected S) until ``I <= ratio *
     initial_dissipation``, then the spectrum; while a converged negative eigenvalue remains (at most
     ``max_restarts`` times) the search restarts from the point moved along its eigenvector by ``escape`` (0: by
-    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. ``on_iterate(omega)`` is
-    called with every iterate [N, k] (to keep the latest, say)."""
+    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. After ``max_wall`` seconds the
+    search stops at its latest iterate (reported, not converged). ``on_iterate(omega)`` is called with every
+    iterate [N, k] (to keep the latest, say)."""
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega))
     target = ratio * initial_dissipation
@@ -274,6 +281,8 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         hist.add(e, float(grad @ grad))
         if on_iterate is not None:
             on_iterate(c.omega(x))
+        if c.wall > max_wall:
+            raise StopIteration  # scipy ends the minimisation at this iterate
         say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {float(grad @ grad):.3e}, {c.products} products, "
             f"{c.gradients} gradients, {c.wall:.1f} s")
 
@@ -290,6 +299,8 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         say(f"trust-krylov: E = {E:.12g}, I = {I:.3e} after {iterations} iterations, {c.products} products "
             f"({res.message})")
         message = f"trust-krylov: {res.message}"
+        if c.wall > max_wall:
+            message = f"stopped after {max_wall:g} s ({iterations} iterations) at I = {I:.3g} > {target:.3g}"
         if I > target:
             break
         t0 = time.perf_counter()
@@ -338,8 +349,9 @@ SCHEMA = "pdeflow-stationary"
 SCHEMA_VERSION = 1
 SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_energy", "start_dissipation",
            "initial_dissipation", "ratio", "target", "converged", "certified", "verdict", "morse_index_lower",
-           "n_symmetry", "lambda_min", "lambda_max", "iterations", "gradients", "products", "certify_products",
-           "gradient_equivalents", "jvp_gradients", "wall", "certify_wall", "message")
+           "n_symmetry", "lambda_min", "lambda_max", "lowest_ritz", "lowest_ritz_residual", "iterations",
+           "gradients", "products", "certify_products", "gradient_equivalents", "jvp_gradients", "wall",
+           "certify_wall", "message")
 
 
 def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, problem: Problem, *, source: str,
@@ -361,6 +373,7 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
               "ratio": float(ratio), "target": point.target, "converged": point.converged,
               "certified": point.certified, "verdict": point.verdict, "morse_index_lower": s.morse_index_lower,
               "n_symmetry": s.n_symmetry, "lambda_min": s.lambda_min, "lambda_max": s.lambda_max,
+              "lowest_ritz": s.lowest_ritz, "lowest_ritz_residual": s.lowest_ritz_residual,
               "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
               "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
               "jvp_gradients": JVP_GRADIENTS, "wall": point.wall, "certify_wall": point.certify_wall,
