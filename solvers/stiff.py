@@ -197,7 +197,7 @@ class Rosenbrock(AdaptiveStepper):
         return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
-        return -self.problem.grad_phi(omega, omega, mass)
+        return self.problem.velocity(omega, mass)
 
     def _slope(self, state: State, counts: dict[str, float]) -> float:
         """``dI/dt`` at the state (:func:`pdeflow.solvers.jacobian.dissipation_slope`): one product."""
