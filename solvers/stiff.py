@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, lobpcg, minres
 
-from pdeflow.config import Config
+from pdeflow.config import Config, ConfigError
 from pdeflow.problem import Problem
 
 from . import register
@@ -155,6 +155,11 @@ class Rosenbrock(AdaptiveStepper):
         super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
         self.jacobian, self.krylov_tol, self.krylov_maxiter = jacobian, float(krylov_tol), int(krylov_maxiter)
         self.deflate, self.deflate_every, self.stage_solve = int(deflate), int(deflate_every), stage_solve
+
+    @classmethod
+    def check_keys(cls, cfg: Config) -> None:
+        if cfg.solver.stage_solve == "auto" and cfg.solver.deflate == 0:
+            raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Rosenbrock:
