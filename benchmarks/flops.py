@@ -48,11 +48,6 @@ def grad_phi_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str,
     return out
 
 
-def matmul_flops(n: int) -> float:
-    """``2 n^3`` for an ``n x n`` by ``n x n`` product."""
-    return 2.0 * n ** 3
-
-
 def system_jvp_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str, float]:
     """Flop counts of one forward-mode whole-system JVP (:meth:`pdeflow.problem.Problem.system_jvp`,
     pdeflow/kernels_jvp.py), by the rules above. Per head and sequence:

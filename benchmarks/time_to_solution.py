@@ -126,7 +126,7 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
 
         def accept(self, step) -> None:
             totals["steps"] += 1
-            for key, value in step.extra.items():
+            for key, value in step.stepper_columns.items():
                 if key == "explicit_margin":  # a per-step ratio, not a count: how many steps and the largest
                     finite = bool(np.isfinite(value))
                     totals["krylov_free_steps"] = totals.get("krylov_free_steps", 0.0) + finite

@@ -391,20 +391,13 @@ def _check_consistency(cfg: Config, given_task_keys: Iterable[str] = ()) -> None
     r = cfg.run
     if r.frame_spacing == "linear" and r.frame_interval > r.t_end:
         raise ConfigError(f"run.frame_interval must be <= run.t_end = {r.t_end}, got {r.frame_interval}")
-    # the method's own rules (known, its measure, the keys it reads): pdeflow.solvers.check_config
+    # the method's own rules (known, its measure, the keys it reads and how they combine): pdeflow.solvers.check_config
     s = cfg.solver
-    if s.method == "wfr_jko" and (s.gamma == 0.0 or s.alpha == 0.0):
-        raise ConfigError("solver.method = 'wfr_jko' needs solver.gamma > 0 and solver.alpha > 0 (for the Wasserstein "
-                          "JKO use 'jko')")
-    if s.method == "wfr" and s.alpha == 0.0 and s.gamma == 0.0:
-        raise ConfigError("solver.alpha and solver.gamma are both 0: the wfr flow would not move")
     if cfg.diagnostics.domain == "grid" and cfg.init.measure != "grid":
         raise ConfigError("diagnostics.domain = 'grid' is the box of a grid run: set init.measure = 'grid' "
                           "or use 'ball' or 'box'")
     if cfg.init.measure == "grid" and m.coordinates == "full":
         raise ConfigError("init.measure = 'grid' needs reduced coordinates (model.coordinates with k <= 3)")
-    if s.stage_solve == "auto" and s.method == "rosenbrock" and s.deflate == 0:
-        raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
     if s.dt_min > s.dt_max:
         raise ConfigError(f"solver.dt_min must be <= solver.dt_max = {s.dt_max}, got {s.dt_min}")
     if not RTOL_RANGE[0] <= s.rtol <= RTOL_RANGE[1]:

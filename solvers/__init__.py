@@ -42,9 +42,10 @@ def stepper_class(method: str) -> type[Stepper]:
 
 def check_config(cfg: Config) -> None:
     """The rules of ``cfg.solver.method`` (ConfigError, one line): a known method, one that evolves ``init.measure``,
-    and no method-specific ``[solver]`` key set to other than its default for a method that does not read it."""
+    no method-specific ``[solver]`` key set to other than its default for a method that does not read it, and the
+    keys it reads going together (its class's :meth:`~pdeflow.solvers.base.Stepper.check_keys`)."""
     s = cfg.solver
-    stepper_class(s.method)
+    cls = stepper_class(s.method)
     mismatch = measure_mismatch(s.method, cfg.init.measure)
     if mismatch is not None:
         raise ConfigError(mismatch)
@@ -53,6 +54,7 @@ def check_config(cfg: Config) -> None:
         unread = unread_key(s.method, key) if getattr(s, key) != getattr(defaults, key) else None
         if unread is not None:
             raise ConfigError(unread)
+    cls.check_keys(cfg)
 
 
 def make_stepper(problem: Problem, cfg: Config) -> Stepper:

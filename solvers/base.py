@@ -108,6 +108,11 @@ class Stepper:
         self.initial_fields: Callable[[], dict[str, np.ndarray]] | None = None
 
     @classmethod
+    def check_keys(cls, cfg: Config) -> None:
+        """ConfigError (one line) when the keys the method reads (:attr:`reads`) do not go together; checked by
+        :func:`pdeflow.solvers.check_config` (their ranges: by the config)."""
+
+    @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
         """The stepper with the parameters ``cfg`` sets (``solver.*`` and the sections the method reads)."""
         raise NotImplementedError(f"{cls.__name__} defines no from_config")

@@ -179,7 +179,7 @@ class RKC(AdaptiveStepper):
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray, counts: dict[str, float]) -> np.ndarray:
         counts["gradient_evals"] += 1
-        return -self.problem.grad_phi(omega, omega, mass)
+        return self.problem.velocity(omega, mass)
 
     def _slope(self, state: State, counts: dict[str, float]) -> float:
         """``dI/dt`` at the state (:func:`pdeflow.solvers.jacobian.dissipation_slope`), one difference product."""

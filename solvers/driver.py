@@ -246,7 +246,7 @@ class _Run(Observer):
         new, diag = step.new, step.diagnostics
         self.state = new
         self.rows.add({"time": new.t, "dt": new.t - step.old.t, "wall_time": self.wall(), **diag,
-                       **step.columns, **step.extra})
+                       **step.columns, **step.stepper_columns})
         if step.frame is not None:
             self.write_frame(diag)
             self.last_commit = self.wall()

@@ -41,7 +41,7 @@ class ExplicitRK(Stepper):
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         """The stage derivative ``dy/dt`` at ``y``: the velocity ``-grad Phi`` of the particles at ``omega``."""
-        return -self.problem.grad_phi(omega, omega, mass)
+        return self.problem.velocity(omega, mass)
 
     def _solution(self, state: State) -> np.ndarray:
         """The vector ``y`` the method integrates at a state: the positions ``omega`` [N, k]."""

@@ -75,11 +75,11 @@ class Stop:
 @dataclass
 class Step:
     """One step as the observers see it: the states before and after, the stepper's /steps columns
-    (``extra``), the diagnostics of ``new`` (with ``measure``; else None), ``columns`` that observers add
+    (``stepper_columns``), the diagnostics of ``new`` (with ``measure``; else None), ``columns`` that observers add
     (the accuracy checks) and ``frame``: the index of the target it reached, or None."""
     old: State
     new: State
-    extra: dict[str, float]
+    stepper_columns: dict[str, float]
     diagnostics: dict[str, float] | None = None
     columns: dict[str, float] = field(default_factory=dict)
     frame: int | None = None
@@ -169,7 +169,7 @@ class Loop:
         st, times = self.stepper, self.times
         target_index = self._first(state, include_start)
         if include_start and target_index < len(times) and times[target_index] == state.t:
-            self._accept(Step(old=state, new=state, extra={}, frame=target_index))
+            self._accept(Step(old=state, new=state, stepper_columns={}, frame=target_index))
             target_index += 1
         while target_index < len(times):
             for observer in self.observers:
@@ -181,13 +181,14 @@ class Loop:
                 # non-finite values are detected here, state by state; numpy's warnings would only add lines to
                 # the one-line report
                 with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-                    new, extra = st.step(state, target - state.t)
+                    new, stepper_columns = st.step(state, target - state.t)
                     finite = all(self.comm.allgather(st.is_finite(new)))
                     diag = st.diagnostics(new) if finite and self.measure else {}
                     if not finite or not all(np.isfinite(v) for v in diag.values()):
                         return state, Stop("non_finite", f"non-finite state at step {state.step + 1} "
                                                          f"(t = {state.t:.6g}): {st.likely_cause(state)}")
-                    step = Step(old=state, new=new, extra=extra, diagnostics=diag if self.measure else None)
+                    step = Step(old=state, new=new, stepper_columns=stepper_columns,
+                                diagnostics=diag if self.measure else None)
                     for observer in self.observers:
                         observer.assess(step)
             except SolverError as exc:

@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lobpcg, minres
 
-from pdeflow.config import Config
+from pdeflow.config import Config, ConfigError
 from pdeflow.problem import Problem
 
 from . import register
@@ -160,6 +160,11 @@ class Rosenbrock(AdaptiveStepper):
         self.deflate, self.deflate_every, self.stage_solve = int(deflate), int(deflate_every), stage_solve
 
     @classmethod
+    def check_keys(cls, cfg: Config) -> None:
+        if cfg.solver.stage_solve == "auto" and cfg.solver.deflate == 0:
+            raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
+
+    @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Rosenbrock:
         s = cfg.solver
         return cls(problem, s.dt, **cls.controller(cfg),
@@ -200,7 +205,7 @@ class Rosenbrock(AdaptiveStepper):
         return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
-        return -self.problem.grad_phi(omega, omega, mass)
+        return self.problem.velocity(omega, mass)
 
     def _slope(self, state: State, counts: dict[str, float]) -> float:
         """``dI/dt`` at the state (:func:`pdeflow.solvers.jacobian.dissipation_slope`): one product."""

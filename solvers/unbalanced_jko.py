@@ -113,6 +113,13 @@ class UnbalancedJKO(FiniteVolume):
         self.cost = hk_cost(np.asarray(self.grid.centres).reshape(self.grid.n_cells, -1), math.sqrt(alpha / gamma))
 
     @classmethod
+    def check_keys(cls, cfg: Config) -> None:
+        s = cfg.solver
+        if s.gamma == 0.0 or s.alpha == 0.0:
+            raise ConfigError("solver.method = 'wfr_jko' needs solver.gamma > 0 and solver.alpha > 0 (for the "
+                              "Wasserstein JKO use 'jko')")
+
+    @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> UnbalancedJKO:
         s = cfg.solver
         return cls(problem, Grid.from_config(cfg.grid, problem.k), s.tau if s.tau > 0 else s.dt, alpha=s.alpha,

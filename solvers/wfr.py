@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from pdeflow.config import Config
+from pdeflow.config import Config, ConfigError
 from pdeflow.problem import Problem
 
 from . import register
@@ -44,6 +44,11 @@ class WassersteinFisherRao(DormandPrince):
         # Dormand-Prince on the joint state y = (omega, m), or on omega alone for the Wasserstein flow (gamma = 0,
         # alpha = 1: adaptive bit for bit)
         self.joint = not (self.gamma == 0.0 and self.alpha == 1.0)
+
+    @classmethod
+    def check_keys(cls, cfg: Config) -> None:
+        if cfg.solver.alpha == 0.0 and cfg.solver.gamma == 0.0:
+            raise ConfigError("solver.alpha and solver.gamma are both 0: the wfr flow would not move")
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> WassersteinFisherRao:

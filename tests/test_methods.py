@@ -186,3 +186,15 @@ def test_pdeflow_config_lists_the_methods_and_their_readers() -> None:
     for key in method_keys():
         line = next(line for line in text.splitlines() if line.startswith(f"  {key} = "))
         assert line.endswith(f"[read by {', '.join(readers(key))}]"), line
+
+
+@pytest.mark.parametrize("solver,message", [
+    ({"method": "wfr_jko"}, "'wfr_jko' needs solver.gamma > 0"),
+    ({"method": "wfr", "alpha": 0.0}, "both 0"),
+    ({"method": "rosenbrock", "stage_solve": "auto"}, "needs solver.deflate > 0"),
+])
+def test_keys_that_do_not_go_together_are_refused_by_their_method(solver: dict, message: str) -> None:
+    measure = METHODS[solver["method"]].measures[0]
+    cfg = Config().replace(model={"coordinates": "output_gain"}, solver=solver, init={"measure": measure})
+    with pytest.raises(ConfigError, match=message):
+        check_config(cfg)

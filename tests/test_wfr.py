@@ -513,7 +513,7 @@ def test_wfr_jko_keeps_mass_and_positivity_decreases_energy_and_approaches_fv():
 
 def test_wfr_jko_needs_both_rates():
     with pytest.raises(ConfigError, match="wfr_jko' needs solver.gamma > 0"):
-        loads_config(GRID, ["solver.method='wfr_jko'", "solver.gamma=0.0"])
+        check_config(loads_config(GRID, ["solver.method='wfr_jko'", "solver.gamma=0.0"]))
 
 
 def test_wfr_jko_runs_through_pdeflow_run_with_a_first_order_identity_defect(tmp_path):
