@@ -239,21 +239,27 @@ def mca(body: str, cpu: str, iterations: int = 200) -> dict[str, Any]:
 
 
 def static_model(cpu: str, policy: str = "pdeflow", dtype: str = "float64",
-                 kernels: tuple[str, ...] = KERNELS) -> list[dict[str, Any]]:
+                 kernels: tuple[str, ...] = KERNELS, models: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The hot loops (:func:`hot_loops`) of the kernels compiled for ``cpu`` (in a fresh interpreter, as
-    :func:`inspect`), each with llvm-mca's cycles per iteration for that CPU (:func:`mca`) and the cycles
-    per fused multiply-add. Identical bodies (a helper linked into both kernels) are reported once."""
+    :func:`inspect`), each with llvm-mca's cycles per iteration (:func:`mca`) for that CPU or for each of
+    ``models`` (other llvm-mca CPU models of the same code: LLVM's ``sapphirerapids`` and ``icelake-server``
+    models issue 512-bit FMAs on one port, its ``skylake-avx512`` model on two, as Intel's server cores with
+    two FMA units do) and the cycles per fused multiply-add. Identical bodies (a helper linked into both
+    kernels) are reported once; ``body`` is kept for llvm-mca runs by hand."""
     res = inspect(cpu, policy, (dtype,), kernels, child_mode="--child-loops")
     rows, seen = [], set()
     for key, loops in res["kernels"].items():
         for loop in loops:
-            if (loop["function"], loop["body"]) in seen:
+            same = (loop["function"], re.sub(r"\.LBB\d+_\d+", ".L", loop["body"]))  # labels differ per library
+            if same in seen:
                 continue
-            seen.add((loop["function"], loop["body"]))
-            m = mca(loop["body"], cpu)
-            row = {k: v for k, v in loop.items() if k != "body"}
-            row.update(m, kernel=key, cpu=cpu, cycles_per_fma=m["cycles"] / loop["fma"] if loop["fma"] else None)
-            rows.append(row)
+            seen.add(same)
+            for model in models or (cpu,):
+                m = mca(loop["body"], model)
+                row = dict(loop)
+                row.update(m, kernel=key, cpu=cpu if model == cpu else f"{cpu} on the {model} model",
+                           cycles_per_fma=m["cycles"] / loop["fma"] if loop["fma"] else None)
+                rows.append(row)
     return rows
 
 
@@ -422,13 +428,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mca", action="store_true",
                    help="instead: the hot loops with llvm-mca's cycles per iteration for each --cpu "
                         "(policy pdeflow, float64 unless --dtype)")
+    p.add_argument("--mca-model", action="append",
+                   help="with --mca: llvm-mca CPU model(s) to run the code on (default: the --cpu itself)")
     args = p.parse_args(argv)
     if args.mca:
         rows = []
         for cpu in args.cpu or ["sapphirerapids", "znver4"]:
             for dtype in args.dtype or ["float64"]:
                 print(f"[codegen] {cpu}, llvm-mca, {dtype}", file=sys.stderr, flush=True)
-                rows += static_model(cpu, (args.policy or ["pdeflow"])[0], dtype, tuple(args.kernel or KERNELS))
+                rows += static_model(cpu, (args.policy or ["pdeflow"])[0], dtype, tuple(args.kernel or KERNELS),
+                                     tuple(args.mca_model or ()))
         print(model_table(rows))
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
