@@ -155,6 +155,126 @@ def analyse(asm: str) -> dict[str, Any]:
             "fma_packed_fraction": packed_fma / max(1, packed_fma + fma_in_loops["scalar"]), "loops": fp_loops}
 
 
+_FUNCTION = re.compile(r"^(_Z\w+):")
+_NAME_PART = re.compile(r"(\d+)")
+
+
+def short_name(symbol: str) -> str:
+    """``pdeflow.kernels._scores`` from numba's mangled ``_ZN7pdeflow7kernels7_scoresB3v10...`` (the
+    length-prefixed parts of the nested name, up to numba's ``B``/``E`` suffix)."""
+    rest = symbol[3:] if symbol.startswith("_ZN") else symbol
+    parts = []
+    while rest and rest[0].isdigit():
+        n = int(_NAME_PART.match(rest).group(1))
+        k = len(str(n))
+        parts.append(rest[k:k + n])
+        rest = rest[k + n:]
+    return ".".join(parts) or symbol
+
+
+def functions(asm: str) -> dict[str, str]:
+    """The machine code of a numba library split into its functions (the kernel and the jitted helpers
+    linked into it), by short name; a helper's first copy wins."""
+    out: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in asm.splitlines():
+        m = _FUNCTION.match(line)
+        if m:
+            name = short_name(m.group(1))
+            current = [] if name in out else out.setdefault(name, [])
+        if current is not None:
+            current.append(line)
+    return {k: "\n".join(v) + "\n" for k, v in out.items()}
+
+
+def hot_loops(asm: str) -> list[dict[str, Any]]:
+    """The vectorized bodies of a library's innermost loops that do fused multiply-adds or floors (the
+    exponential), per function: ``function``, ``width`` (widest register), ``fma``, ``loads``, ``stores``,
+    ``spills`` and ``stack_reads`` (operands read back from the stack: spilled registers or pointers) per
+    iteration, and ``body`` (the instructions, AT&T, for llvm-mca). Scalar remainder loops are left out."""
+    loops = []
+    for name, text in functions(asm).items():
+        a = analyse(text)
+        lines = text.splitlines()
+        for loop in a["loops"]:
+            if loop["width"] == "scalar" or not (loop["fma"] or loop["floor"]):
+                continue
+            first, last = loop["lines"]
+            body = [line for line in lines[first:last] if _instruction(line)]
+            ins = [_instruction(line) for line in body]
+            spills = sum(1 for m, o in ins if m.startswith("vmov") and "(%rsp" in _operands(o)[-1])
+            stack_reads = sum(1 for m, o in ins if "(%rsp" in o and not ("(%rsp" in _operands(o)[-1]
+                                                                            and m.startswith("vmov")))
+            loops.append({"function": name, "width": loop["width"], "fma": loop["fma"], "floor": loop["floor"],
+                          "fp_ops": loop["fp_ops"], "loads": loop["loads"], "stores": loop["stores"],
+                          "spills": spills, "stack_reads": stack_reads, "instructions": len(body),
+                          "body": "\n".join(body) + "\n"})
+    return loops
+
+
+MCA = ("llvm-mca-19", "llvm-mca")
+
+
+def mca(body: str, cpu: str, iterations: int = 200) -> dict[str, Any]:
+    """llvm-mca's steady-state model of one loop body on ``cpu``: ``cycles`` per iteration (total cycles /
+    iterations), ``block_rthroughput`` and the most loaded ``resource`` (name, cycles per iteration)."""
+    import shutil
+
+    exe = next((shutil.which(e) for e in MCA if shutil.which(e)), None)
+    if exe is None:
+        raise RuntimeError("llvm-mca not found (Debian/Ubuntu: apt-get install llvm-19)")
+    proc = subprocess.run([exe, f"-mcpu={cpu}", f"-iterations={iterations}", "-"], input=body,
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llvm-mca -mcpu={cpu}: {proc.stderr.strip().splitlines()[-1:]}")
+    out = proc.stdout
+    total = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1))
+    its = int(re.search(r"Iterations:\s+(\d+)", out).group(1))
+    rthr = float(re.search(r"Block RThroughput:\s+([\d.]+)", out).group(1))
+    names = re.findall(r"^\[([\d.]+)\]\s+- (\w+)", out.split("Resources:", 1)[1], re.M)
+    pressure = out.split("Resource pressure per iteration:", 1)[1].splitlines()[2].split()
+    loads = {n: (0.0 if v == "-" else float(v)) for (_, n), v in zip(names, pressure)}
+    top = max(loads, key=loads.get)
+    return {"cycles": total / its, "block_rthroughput": rthr, "resource": top, "resource_cycles": loads[top]}
+
+
+def static_model(cpu: str, policy: str = "pdeflow", dtype: str = "float64",
+                 kernels: tuple[str, ...] = KERNELS, models: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The hot loops (:func:`hot_loops`) of the kernels compiled for ``cpu`` (in a fresh interpreter, as
+    :func:`inspect`), each with llvm-mca's cycles per iteration (:func:`mca`) for that CPU or for each of
+    ``models`` (other llvm-mca CPU models of the same code: LLVM's ``sapphirerapids`` and ``icelake-server``
+    models issue 512-bit FMAs on one port, its ``skylake-avx512`` model on two, as Intel's server cores with
+    two FMA units do) and the cycles per fused multiply-add. Identical bodies (a helper linked into both
+    kernels) are reported once; ``body`` is kept for llvm-mca runs by hand."""
+    res = inspect(cpu, policy, (dtype,), kernels, child_mode="--child-loops")
+    rows, seen = [], set()
+    for key, loops in res["kernels"].items():
+        for loop in loops:
+            same = (loop["function"], re.sub(r"\.LBB\d+_\d+", ".L", loop["body"]))  # labels differ per library
+            if same in seen:
+                continue
+            seen.add(same)
+            for model in models or (cpu,):
+                m = mca(loop["body"], model)
+                row = dict(loop)
+                row.update(m, kernel=key, cpu=cpu if model == cpu else f"{cpu} on the {model} model",
+                           cycles_per_fma=m["cycles"] / loop["fma"] if loop["fma"] else None)
+                rows.append(row)
+    return rows
+
+
+def model_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one row per hot loop of :func:`static_model`."""
+    lines = ["| target | function | width | FMAs | loads | stack reads | spills | cycles / iteration (llvm-mca) | "
+             "cycles / FMA | busiest resource |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        per = "" if r["cycles_per_fma"] is None else f"{r['cycles_per_fma']:.2f}"
+        lines.append(f"| {r['cpu']} | {r['function'].split('.')[-1]} | {r['width']} | {r['fma']} | {r['loads']} | "
+                     f"{r['stack_reads']} | {r['spills']} | {r['cycles']:.2f} | {per} | {r['resource']} "
+                     f"({r['resource_cycles']:.2f}) |")
+    return "\n".join(lines) + "\n"
+
+
 def _signatures(kernel: str, dtype: str) -> list:
     """The signatures pdeflow compiles ``kernel`` for (as a grad Phi call types them)."""
     from numba import types
@@ -172,7 +292,7 @@ def _signatures(kernel: str, dtype: str) -> list:
     raise ValueError(f"no signature known for kernel {kernel!r}")
 
 
-def _child(kernels_: list[str], dtypes: list[str]) -> dict[str, Any]:
+def _child(kernels_: list[str], dtypes: list[str], loops: bool = False) -> dict[str, Any]:
     """In the interpreter whose environment names the target: compile, read the machine code, count."""
     from numba.core.registry import cpu_target
 
@@ -188,12 +308,14 @@ def _child(kernels_: list[str], dtypes: list[str]) -> dict[str, Any]:
             for k, sig in enumerate(sigs):
                 fn.compile(sig)
                 key = f"{name}[{dtype}]" + ("" if len(sigs) == 1 else f"[accumulate={bool(k)}]")
-                out["kernels"][key] = analyse(fn.inspect_asm(sig))
+                asm = fn.inspect_asm(sig)
+                out["kernels"][key] = hot_loops(asm) if loops else analyse(asm)
     return out
 
 
 def inspect(cpu: str, policy: str = "llvm", dtypes: tuple[str, ...] = ("float64", "float32"),
-            kernels: tuple[str, ...] = KERNELS, timeout: float = 900.0) -> dict[str, Any]:
+            kernels: tuple[str, ...] = KERNELS, timeout: float = 900.0,
+            child_mode: str = "--child") -> dict[str, Any]:
     """Compile the kernels for ``cpu`` (an LLVM CPU name, ``host``, or ``env``: whatever this process's
     environment gives) in a fresh interpreter and return the counts of :func:`analyse` per kernel, with the
     CPU name and feature string numba used."""
@@ -216,7 +338,7 @@ def inspect(cpu: str, policy: str = "llvm", dtypes: tuple[str, ...] = ("float64"
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryDirectory(prefix="pdeflow-codegen-") as cache:
         env["NUMBA_CACHE_DIR"] = cache  # compile afresh, and leave no foreign machine code in the real cache
-        cmd = [sys.executable, "-m", "pdeflow.benchmarks.codegen", "--child", ",".join(kernels), *dtypes]
+        cmd = [sys.executable, "-m", "pdeflow.benchmarks.codegen", child_mode, ",".join(kernels), *dtypes]
         proc = subprocess.run(cmd,
                               env=env, capture_output=True, text=True, timeout=timeout, cwd=root)
     if proc.returncode != 0:
@@ -291,8 +413,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:
-        print(json.dumps(_child(argv[1].split(","), argv[2:] or ["float64"])))
+    if argv[:1] in (["--child"], ["--child-loops"]):
+        print(json.dumps(_child(argv[1].split(","), argv[2:] or ["float64"], argv[0] == "--child-loops")))
         return 0  # the exit code literal: importing pdeflow here would fix numba's target before the child sets it
     p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.codegen", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="append",
@@ -303,7 +425,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernel", action="append", choices=(*KERNELS, "exp_array"),
                    help=f"default: {', '.join(KERNELS)}")
     p.add_argument("--json", help="also write the counts to this JSON file")
+    p.add_argument("--mca", action="store_true",
+                   help="instead: the hot loops with llvm-mca's cycles per iteration for each --cpu "
+                        "(policy pdeflow, float64 unless --dtype)")
+    p.add_argument("--mca-model", action="append",
+                   help="with --mca: llvm-mca CPU model(s) to run the code on (default: the --cpu itself)")
     args = p.parse_args(argv)
+    if args.mca:
+        rows = []
+        for cpu in args.cpu or ["sapphirerapids", "znver4"]:
+            for dtype in args.dtype or ["float64"]:
+                print(f"[codegen] {cpu}, llvm-mca, {dtype}", file=sys.stderr, flush=True)
+                rows += static_model(cpu, (args.policy or ["pdeflow"])[0], dtype, tuple(args.kernel or KERNELS),
+                                     tuple(args.mca_model or ()))
+        print(model_table(rows))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        return 0
     results = []
     for cpu in args.cpu or [*TARGETS, "host"]:
         for policy in args.policy or ["llvm", "pdeflow"]:

@@ -49,13 +49,17 @@ if "numpy" in sys.modules and not _user_blas_threads:
 # The user's choice wins: set NUMBA_CPU_NAME or NUMBA_CPU_FEATURES (e.g. the host's features followed by
 # ",+prefer-256-bit" for 256-bit vectors) and pdeflow leaves both alone. A value pdeflow set itself
 # (inherited by a subprocess, marked by PDEFLOW_CPU_FEATURES) is recomputed for the host it runs on.
+# The planner (pdeflow.tuner) may choose 256 bits instead: a width measured faster on this CPU and remembered,
+# or forced by PDEFLOW_VARIANT="width=256" (per process: the width is fixed when the kernels compile).
 PREFER_512_FLAG = "-prefer-256-bit"
+PREFER_256_FLAG = "+prefer-256-bit"
 _MARK = "PDEFLOW_CPU_FEATURES"
 
 
 def _choose_vector_width() -> str:
-    """Set NUMBA_CPU_FEATURES for 512-bit vectors on AVX-512 hosts (see above); returns who chose the
-    features: "user", "pdeflow" or "numba" (no AVX-512: numba's host defaults)."""
+    """Set NUMBA_CPU_FEATURES for 512-bit vectors on AVX-512 hosts, or 256-bit ones where the planner says
+    so (see above); returns who chose the features: "user", "pdeflow", "pdeflow (measured: 256 bit)" /
+    "pdeflow (PDEFLOW_VARIANT: ... bit)" or "numba" (no AVX-512: numba's host defaults)."""
     inherited = os.environ.get(_MARK)
     if inherited is not None and os.environ.get("NUMBA_CPU_FEATURES") == inherited:
         del os.environ["NUMBA_CPU_FEATURES"]  # pdeflow's choice in a parent process: decide again here
@@ -70,8 +74,15 @@ def _choose_vector_width() -> str:
         return "numba"
     if not features.get("avx512f"):
         return "numba"
-    os.environ["NUMBA_CPU_FEATURES"] = os.environ[_MARK] = features.flatten() + "," + PREFER_512_FLAG
-    return "pdeflow"
+    from . import tuner  # reads the plan file only: numba is not imported yet
+
+    try:
+        bits, who = tuner.vector_bits_choice()
+    except ValueError:  # a malformed PDEFLOW_VARIANT: reported in one line where the variant is read
+        bits, who = None, "default"
+    flag = PREFER_256_FLAG if bits == 256 else PREFER_512_FLAG
+    os.environ["NUMBA_CPU_FEATURES"] = os.environ[_MARK] = features.flatten() + "," + flag
+    return "pdeflow" if who == "default" else f"pdeflow ({who}: {bits} bit)"
 
 
 VECTOR_WIDTH_CHOICE = _choose_vector_width()

@@ -13,14 +13,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels, kernels_jvp
+from . import kernels, kernels_jvp, tuner
 from .jit import num_threads
 from .model import split_theta
 from .workers import for_each_item
 
+# The default variant (pdeflow.tuner): what runs unless a plan measured on this CPU, PDEFLOW_VARIANT or
+# tuner.forced says otherwise.
 CHUNK_BYTES = 8 * 2**20  # working memory of one chunk (heads x sequences), whatever N and B are
 TILE_BYTES = 512  # lanes of one kernel work unit (heads), in bytes
 HEAD_TILES = 1  # kernel tiles per chunk of heads
+GROUPS_PER_THREAD = 2  # items of the logits pass per thread: groups of blocks of sequences (see _aggregate)
 
 
 @dataclass(frozen=True)
@@ -119,19 +122,32 @@ def loss_weights(mask: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return weights[:, None] * mask / mask.sum(axis=1, keepdims=True)
 
 
-def _tile(dtype: np.dtype) -> int:
-    """Heads per work unit of the kernels (the SIMD loop length): TILE_BYTES of lanes, i.e. 64 float64,
-    128 float32 or 32 complex128 heads."""
-    return max(4, TILE_BYTES // np.dtype(dtype).itemsize)
+def variant(data: AttentionData, dtype: np.dtype, n_total: int) -> tuple[tuner.Variant, str]:
+    """The variant (tile, chunks) the evaluation of ``n_total`` heads in ``dtype`` runs with, and why
+    (:func:`pdeflow.tuner.plan`): a plan measured on this CPU for the shape class, a forced one, or the
+    default of this module's constants."""
+    B, T, d = data.shape
+    v, why = tuner.plan(tuner.shape_class(dtype, B, T, d, data.head_dim, n_total, data.factored))
+    if why.startswith("default"):
+        v = tuner.Variant(TILE_BYTES, HEAD_TILES * TILE_BYTES, CHUNK_BYTES)
+    return v, why
 
 
-def _blocks(data: AttentionData, itemsize: int, n_total: int) -> tuple[int, int]:
-    """(heads, sequences) per chunk: HEAD_TILES kernel tiles of heads, and as many sequences as keep the
-    eight [b, T, dh, heads] work arrays (q, k, v, c, dc, dq, dk, dv) within CHUNK_BYTES."""
+def _tile(dtype: np.dtype, v: tuner.Variant | None = None) -> int:
+    """Heads per work unit of the kernels (the SIMD loop length): the variant's tile of lanes, by default
+    TILE_BYTES = 512: 64 float64, 128 float32 or 32 complex128 heads."""
+    return (v or tuner.Variant(TILE_BYTES, HEAD_TILES * TILE_BYTES, CHUNK_BYTES)).tile(np.dtype(dtype).itemsize)
+
+
+def _blocks(data: AttentionData, itemsize: int, n_total: int, v: tuner.Variant | None = None) -> tuple[int, int]:
+    """(heads, sequences) per chunk: the variant's chunk of heads (whole tiles; by default HEAD_TILES tiles),
+    and as many sequences as keep the eight [b, T, dh, heads] work arrays (q, k, v, c, dc, dq, dk, dv) within
+    its chunk bytes (by default CHUNK_BYTES)."""
+    v = v or tuner.Variant(TILE_BYTES, HEAD_TILES * TILE_BYTES, CHUNK_BYTES)
     B, T, _ = data.shape
     per = 8 * T * data.head_dim * itemsize  # bytes per (sequence, head)
-    m = int(max(1, min(n_total, HEAD_TILES * (TILE_BYTES // itemsize), CHUNK_BYTES // per)))
-    bc = int(max(1, min(B, CHUNK_BYTES // (per * m))))
+    m = int(max(1, min(n_total, v.chunk_heads(itemsize), v.chunk_bytes // per)))
+    bc = int(max(1, min(B, v.chunk_bytes // (per * m))))
     return m, bc
 
 
@@ -152,10 +168,12 @@ def _qkv_weights(theta: np.ndarray, d: int, dh: int, out: np.ndarray) -> np.ndar
 def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
     """``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``: theta [N, p], mass [N] -> [B, T, d].
 
-    The threads' items (:mod:`pdeflow.workers`) are groups of consecutive blocks of sequences, one group per
-    thread, so that a thread lays out each chunk's weights once for all its blocks (154 us per chunk of 64
-    heads: 7 % of the pass when done per block). Each block sums the chunks of heads in their order, so O
-    depends neither on the thread count nor on the grouping.
+    The threads' items (:mod:`pdeflow.workers`) are groups of consecutive blocks of sequences, GROUPS_PER_THREAD
+    per thread, so that a thread lays out each chunk's weights once for all the blocks of a group (154 us per
+    chunk of 64 heads: 7 % of the pass when done per block), and a thread that finishes early takes a
+    remaining group instead of waiting (with one group per thread, any slowdown of one core - another job, a
+    shared cache or memory channel - left the other idle for the difference). Each block sums the chunks of
+    heads in their order, so O depends neither on the thread count nor on the grouping.
     """
     return _aggregate(theta, mass, data, None)[0]
 
@@ -176,13 +194,15 @@ def _aggregate(theta: np.ndarray, mass: np.ndarray, data: AttentionData, dtheta:
     x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
     N = theta.shape[0]
     tangent = dtheta is not None
-    n, bc = _blocks(data, np.dtype(dtype).itemsize, N)
+    plan = variant(data, dtype, N)[0]
+    n, bc = _blocks(data, np.dtype(dtype).itemsize, N, plan)
     mass = np.asarray(mass).astype(dtype, copy=False)
     out = np.zeros((B * T, d), dtype=dtype)
     dout = np.zeros((B * T, d), dtype=dtype) if tangent else None
-    tile = _tile(dtype)
+    tile = _tile(dtype, plan)
     n_blocks = -(-B // bc)
-    groups = min(n_blocks, num_threads())
+    threads = num_threads()
+    groups = min(n_blocks, threads * (GROUPS_PER_THREAD if threads > 1 else 1))
 
     def run(items: Iterator[int], kernel_threads: int) -> None:
         part_buf = np.empty(bc * T * d, dtype=dtype)
@@ -229,7 +249,7 @@ def _aggregate(theta: np.ndarray, mass: np.ndarray, data: AttentionData, dtheta:
                     np.matmul(c, wo_t, out=part)
                     out[rows] += part
 
-    for_each_item(groups, num_threads(), run)
+    for_each_item(groups, threads, run)
     return out.reshape(B, T, d), (dout.reshape(B, T, d) if tangent else None)
 
 
@@ -316,10 +336,11 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
         dtheta, gp = tangent[0], tangent[1].reshape(B * T, d).astype(dtype, copy=False)
     Q = theta.shape[0]
     s = dh * d
-    n, bc = _blocks(data, np.dtype(dtype).itemsize, Q)
+    plan = variant(data, dtype, Q)[0]
+    n, bc = _blocks(data, np.dtype(dtype).itemsize, Q, plan)
     phi = np.empty(Q, dtype=dtype)
     grad = np.empty(theta.shape, dtype=dtype) if with_grad else None
-    tile = _tile(dtype)
+    tile = _tile(dtype, plan)
     n_chunks = -(-Q // n)
     # the weight gradient of the tables, E^T S + P^T R with S and R summed by the kernel, when the
     # projections are factored and there are several chunks (then every kernel call runs on one thread,

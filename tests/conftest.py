@@ -7,10 +7,16 @@ small base config; overrides are ``section={key: value}`` tables merged into it,
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
 import pytest
+
+# The suite runs the default kernel variant: a plan remembered on this machine by `pdeflow bench` or
+# `pdeflow tune` (pdeflow.tuner) would change chunk sizes that tests count on; set before pdeflow is
+# imported (pdeflow.jit reads the remembered vector width), inherited by subprocesses.
+os.environ.setdefault("PDEFLOW_TUNE", "off")
 
 from pdeflow.config import Config, dumps_toml, loads_config
 from pdeflow.problem import Problem

@@ -2,6 +2,7 @@
 on the width, and the machine-code counter of ``benchmarks/codegen.py`` (``python -m pdeflow.benchmarks.codegen``)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,33 @@ def test_kernel_scratch_arrays_start_at_cache_lines(dtype):
 
     offsets = kernels._aligned_addresses(64, np.zeros(1, dtype=dtype))
     assert offsets.shape == (64,) and not offsets.any()
+
+
+def test_functions_and_hot_loops_split_a_library_by_function():
+    """The static model's input: the library's machine code split at its functions (numba links the jitted
+    helpers into the kernel's library), and each function's vectorized FMA loops with their bodies."""
+    sym = "_ZN7pdeflow7kernels7_scoresB3v10B56c8tJTIeFxx"
+    assert codegen.short_name(sym) == "pdeflow.kernels._scores"
+    asm = ASM.replace("_kernel:", sym + ":") + "_ZN7pdeflow7kernels4_fooB2v1E:\n" + ASM.split("\n", 1)[1]
+    funcs = codegen.functions(asm)
+    assert list(funcs) == ["pdeflow.kernels._scores", "pdeflow.kernels._foo"]
+    loops = codegen.hot_loops(asm)
+    assert [(lp["function"], lp["width"], lp["fma"], lp["loads"]) for lp in loops] == [
+        ("pdeflow.kernels._scores", "zmm", 2, 3), ("pdeflow.kernels._foo", "zmm", 2, 3)]
+    assert loops[0]["body"].count("\n") == 8 and "jb\t.LBB0_1" in loops[0]["body"]
+
+
+@pytest.mark.skipif(not any(shutil.which(e) for e in codegen.MCA), reason="llvm-mca not installed")
+def test_mca_cycles_of_a_load_bound_loop():
+    """llvm-mca's model of a loop of two zmm loads, an add and a store per iteration on both targets: a few
+    cycles, never less than its busiest resource, and the same work twice per iteration (independent
+    registers, same loop overhead) takes between 1.3 and 2.4 times as long."""
+    one = "\tvmovupd\t(%rdi,%rax,8), %zmm0\n\tvaddpd\t(%rsi,%rax,8), %zmm0, %zmm0\n" \
+          "\tvmovupd\t%zmm0, (%rdx,%rax,8)\n"
+    tail = "\taddq\t$8, %rax\n\tcmpq\t%rcx, %rax\n\tjne\t.LBB0_1\n"
+    for cpu in ("sapphirerapids", "znver4"):
+        single = codegen.mca(".LBB0_1:\n" + one + tail, cpu)
+        double = codegen.mca(".LBB0_1:\n" + one + one.replace("%zmm0", "%zmm1").replace("(%rdi", "64(%rdi")
+                             .replace("(%rsi", "64(%rsi").replace("(%rdx", "64(%rdx") + tail, cpu)
+        assert 0.5 < single["cycles"] < 4 and 1.3 < double["cycles"] / single["cycles"] < 2.4
+        assert single["resource_cycles"] <= single["cycles"] + 1e-9
