@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import REFERENCE_CONFIG, RESULTS, interleaved, machine, median
+from .common import REFERENCE_CONFIG, RESULTS, interleaved, loglog_exponent, machine, median
 
 # a study of the shipped quickstart problem: run from a checkout
 QUICKSTART = Path(__file__).resolve().parent.parent / "data" / "configs" / "quickstart.toml"
@@ -340,6 +340,8 @@ def markdown(res: dict[str, Any]) -> str:
 # nothing else); ``--race-render`` gathers the files into the table and the work-precision plot.
 RACE_END = 200.0
 RACE_MARKS = (40.0, 200.0)
+# the energy errors the race asks each stepper for
+RACE_TARGETS = (1e-4, 1e-6, 1e-8)
 
 
 def race_solver(method: str, rtol: float) -> dict[str, Any]:
@@ -388,16 +390,20 @@ def race_runs_from_table(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def race_jacobian(run: dict[str, Any]) -> str:
+    """The kind of a race run's Jacobian-vector products: rkc's are differences, the others' ``solver.jacobian``."""
+    return "difference" if run["method"] == "rkc" else run["solver"].get("jacobian", "exact")
+
+
 def race_cost(run: dict[str, Any], row: dict[str, float]) -> float:
     """Gradient equivalents of a race run up to one of its rows: :func:`gradient_equivalents` with exact JVPs at
     the cost measured with the run and difference JVPs at 1."""
-    jacobian = run["solver"].get("jacobian", "exact")
-    return gradient_equivalents(row, run["method"], run["costs"], jacobian)
+    return gradient_equivalents(row, run["method"], run["costs"], race_jacobian(run))
 
 
 def cost_breakdown(run: dict[str, Any], row: dict[str, float]) -> dict[str, float]:
     """Where a run's gradient equivalents (:func:`race_cost`) went, by what each evaluation or product was for."""
-    ratio = run["costs"]["exact_over_grad"] if run["solver"].get("jacobian", "exact") == "exact" else 1.0
+    ratio = run["costs"]["exact_over_grad"] if race_jacobian(run) == "exact" else 1.0
     if run["method"] == "cvode":
         slopes = row["steps"] + 1.0  # dI/dt at every new state and at the start
         return {"Newton f": row["gradient_evals"] - row["steps"], "f at the new state": row["steps"],
@@ -437,6 +443,36 @@ def race_table(runs: list[dict[str, Any]], reference: dict[str, Any],
     return {"rows": rows, "references": references}
 
 
+def race_summary(res: dict[str, Any], last: float) -> list[str]:
+    """The markdown lines summarizing the race at time ``last``: the cheapest run per target, the power laws and
+    where each run's cost went."""
+    lines: list[str] = []
+    lines += ["", f"The cheapest measured run of each method whose energy error at t = {last:g} is at most each "
+                  "target (gradient equivalents; '-': no run reached it):", "",
+              "| target | " + " | ".join(sorted({r["method"] for r in res["table"]["rows"]})) + " |",
+              "|---|" + "---|" * len({r["method"] for r in res["table"]["rows"]})]
+    for target, best in race_targets(res["table"]["rows"], last).items():
+        cells = [f"{best[m]['grad_equivalents']:.0f} (rtol {best[m]['rtol']:g})" if best[m] else "-"
+                 for m in sorted(best)]
+        lines.append(f"| {target:g} | " + " | ".join(cells) + " |")
+    fits = race_fits(res["table"]["rows"], last)
+    if fits:
+        lines += ["", f"Power laws cost = c err^-b through each method's runs at t = {last:g} and the cost they "
+                      "give at the targets (extrapolated where no run reached the target):", "",
+                  "| method | b | " + " | ".join(f"cost at {t:g}" for t in RACE_TARGETS) + " |",
+                  "|---|---|" + "---|" * len(RACE_TARGETS)]
+        for method, fit in fits.items():
+            lines.append(f"| {method} | {fit['b']:.2f} | "
+                         + " | ".join(f"{fit[f'{t:g}']:.0f}" for t in RACE_TARGETS) + " |")
+    lines += ["", f"Where the cost to t = {last:g} goes (gradient equivalents):", "",
+              "| method | rtol | energy error | parts |", "|---|---|---|---|"]
+    for row in sorted(res["table"]["rows"], key=lambda r: (r["method"], -r["rtol"])):
+        if row["t"] == last:
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in row["breakdown"].items())
+            lines.append(f"| {row['method']} | {row['rtol']:g} | {row['energy_error']:.2e} | {parts} |")
+    return lines
+
+
 def race_markdown(res: dict[str, Any]) -> str:
     ref, check = res["reference"], res.get("check")
     cpu = res["machine"].get("cpu") or {}
@@ -462,7 +498,25 @@ def race_markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {row['t']:g} | {row['method']} | {row['rtol']:g} | {row['energy_error']:.2e} "
                      f"| {row['grad_equivalents']:.0f} | {row['wall']:.0f} | {load_text} | {row['steps']:.0f} "
                      f"| {row['source']} |")
-    last = max(row["t"] for row in res["table"]["rows"])
+    for last in sorted({row["t"] for row in res["table"]["rows"]}):
+        lines += race_summary(res, last)
+    lines += ["", f"The cheapest measured run of each method whose energy error at t = {last:g} is at most each "
+                  "target (gradient equivalents; '-': no run reached it):", "",
+              "| target | " + " | ".join(sorted({r["method"] for r in res["table"]["rows"]})) + " |",
+              "|---|" + "---|" * len({r["method"] for r in res["table"]["rows"]})]
+    for target, best in race_targets(res["table"]["rows"], last).items():
+        cells = [f"{best[m]['grad_equivalents']:.0f} (rtol {best[m]['rtol']:g})" if best[m] else "-"
+                 for m in sorted(best)]
+        lines.append(f"| {target:g} | " + " | ".join(cells) + " |")
+    fits = race_fits(res["table"]["rows"], last)
+    if fits:
+        lines += ["", f"Power laws cost = c err^-b through each method's runs at t = {last:g} and the cost they "
+                      "give at the targets (extrapolated where no run reached the target):", "",
+                  "| method | b | " + " | ".join(f"cost at {t:g}" for t in RACE_TARGETS) + " |",
+                  "|---|---|" + "---|" * len(RACE_TARGETS)]
+        for method, fit in fits.items():
+            lines.append(f"| {method} | {fit['b']:.2f} | "
+                         + " | ".join(f"{fit[f'{t:g}']:.0f}" for t in RACE_TARGETS) + " |")
     lines += ["", f"Where the cost to t = {last:g} goes (gradient equivalents):", "",
               "| method | rtol | energy error | parts |", "|---|---|---|---|"]
     for row in sorted(res["table"]["rows"], key=lambda r: (r["method"], -r["rtol"])):
@@ -472,26 +526,59 @@ def race_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def race_targets(rows: list[dict[str, Any]], t: float) -> dict[float, dict[str, dict[str, Any] | None]]:
+    """For each of :data:`RACE_TARGETS`, each method's cheapest row at time ``t`` with an energy error at most the
+    target (None when none reached it)."""
+    methods = sorted({r["method"] for r in rows})
+    out: dict[float, dict[str, dict[str, Any] | None]] = {}
+    for target in RACE_TARGETS:
+        out[target] = {}
+        for method in methods:
+            hits = [r for r in rows if r["method"] == method and r["t"] == t and r["energy_error"] <= target]
+            out[target][method] = min(hits, key=lambda r: r["grad_equivalents"]) if hits else None
+    return out
+
+
+def race_fits(rows: list[dict[str, Any]], t: float) -> dict[str, dict[str, float]]:
+    """Per method with runs at two or more tolerances at time ``t``: the power law ``cost = c err^-b`` through them
+    (least squares in log-log; ``b``, ``c``) and the cost it gives at each of :data:`RACE_TARGETS` (an
+    extrapolation beyond the measured errors, labelled so where it is shown)."""
+    out = {}
+    for method in sorted({r["method"] for r in rows}):
+        mine = [r for r in rows if r["method"] == method and r["t"] == t and r["energy_error"] > 0]
+        if len({r["rtol"] for r in mine}) < 2:
+            continue
+        errors, costs = [r["energy_error"] for r in mine], [r["grad_equivalents"] for r in mine]
+        b = -loglog_exponent(errors, costs)
+        c = float(np.exp(np.mean(np.log(costs) + b * np.log(errors))))
+        out[method] = {"b": b, "c": c, **{f"{target:g}": c * target ** -b for target in RACE_TARGETS}}
+    return out
+
+
 def race_plot(res: dict[str, Any], path: Path) -> None:
-    """The work-precision plot at the last mark: energy error against gradient equivalents, one line per method."""
+    """The work-precision plot: energy error against gradient equivalents, one line per method, one panel per time
+    the reference recorded."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    t = max(row["t"] for row in res["table"]["rows"])
-    rows = [r for r in res["table"]["rows"] if r["t"] == t]
-    for method in sorted({r["method"] for r in rows}):
-        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["grad_equivalents"])
-        ax.loglog([r["grad_equivalents"] for r in mine], [max(r["energy_error"], 1e-16) for r in mine], "o-",
-                  label=method)
-    ax.set_xlabel(f"cost to t = {t:g} (gradient evaluations; exact JVP at its measured cost)")
-    ax.set_ylabel("|E(t) - E_ref(t)|")
-    ax.set_title(f"work-precision at t = {t:g} (quickstart problem, N = 128)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    marks = sorted({row["t"] for row in res["table"]["rows"]})
+    fig, axes = plt.subplots(1, len(marks), figsize=(5.2 * len(marks), 4.4), squeeze=False)
+    for ax, t in zip(axes[0], marks):
+        rows = [r for r in res["table"]["rows"] if r["t"] == t]
+        for method in sorted({r["method"] for r in rows}):
+            mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["grad_equivalents"])
+            ax.loglog([r["grad_equivalents"] for r in mine], [max(r["energy_error"], 1e-16) for r in mine], "o-",
+                      label=method)
+        for target in RACE_TARGETS:
+            ax.axhline(target, color="0.6", lw=0.8, ls=":")
+        ax.set_xlabel(f"cost to t = {t:g} (gradient evaluations; exact JVP at its measured cost)")
+        ax.set_ylabel(f"|E({t:g}) - E_ref({t:g})|")
+        ax.set_title(f"work-precision at t = {t:g} (quickstart problem, N = 128)", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

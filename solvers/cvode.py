@@ -12,7 +12,7 @@ and the stiffness sits in a few outlying eigenvalues of ``S``. With its ``m`` la
 (ARPACK, :func:`pdeflow.solvers.jacobian.top_eigenpairs`), ``P = M^{-1/2} (I + gamma V diag(lam) V^T) M^{1/2}``
 approximates ``I - gamma J`` and ``P^-1 = M^{-1/2} (I + V diag(1 / (1 + gamma lam) - 1) V^T) M^{1/2}`` costs no
 product. The pairs are computed when CVODE asks for a new preconditioner (its setup call with ``jok`` false: the
-first step, every 50 steps, after a convergence failure) and reused, with CVODE's current ``gamma``, in between.
+first step, after 50 steps without, after a convergence failure) and reused, with CVODE's current ``gamma``, in between.
 
 One pdeflow step is one CVODE internal step (its one-step mode, with the next frame time as a hard stop, so frames
 are landed on, never interpolated). Each step leaves the Hermite quadrature of the dissipation (``dI/dt`` at both
