@@ -433,7 +433,9 @@ def race_table(runs: list[dict[str, Any]], reference: dict[str, Any],
             rows.append({"method": run["method"], "rtol": run["rtol"], "t": mark,
                          "energy_error": abs(r["energy"] - e_ref), "grad_equivalents": race_cost(run, r),
                          "wall": r["wall"], "steps": r["steps"], "load_average": run["load_average"],
-                         "source": run.get("source", "measured"), "breakdown": cost_breakdown(run, r)})
+                         "source": run.get("source", "measured"), "breakdown": cost_breakdown(run, r),
+                         "cpu": "{family}/{model_number}".format(**{"family": "?", "model_number": "?",
+                                                                      **(run["machine"].get("cpu") or {})})})
     references = []
     if check is not None:
         for mark in marks:
@@ -478,9 +480,9 @@ def race_markdown(res: dict[str, Any]) -> str:
     cpu = res["machine"].get("cpu") or {}
     lines = ["# Matched accuracy: energy error against cost (quickstart problem, N = 128, B = 128)", "",
              f"Measured by `python -m pdeflow.benchmarks.time_to_solution --race METHOD:RTOL` (one run per "
-             f"process, `NUMBA_NUM_THREADS=1`) and gathered by `--race-render` on {cpu.get('model', '?')} (family "
-             f"{cpu.get('family', '?')}, model {cpu.get('model_number', '?')}, {res['machine'].get('cpu_count')} "
-             f"cores shared with other work: wall times are noisy, the load average of each run is listed; "
+             f"process, `NUMBA_NUM_THREADS=1`) and gathered by `--race-render` on {cpu.get('model', '?')} "
+             f"({res['machine'].get('cpu_count')} cores, the family/model of each run's CPU listed; shared with "
+             f"other work: wall times are noisy, the load average of each run is listed; "
              f"gradient equivalents are the cost that does not depend on load). Every run starts from the same "
              f"initial state (data/configs/longtime.toml's problem). Reference: {ref['method']} at rtol "
              f"{ref['rtol']:g}" + (f" ({ref['source']})" if ref.get("source") else "") + "."]
@@ -490,39 +492,18 @@ def race_markdown(res: dict[str, Any]) -> str:
                       f"references' energies differ by {agree}, so errors well above that are resolved."]
     lines += ["", "JVPs: exact (forward mode) at the cost measured with each run, in grad Phi units "
                   "(cvode); difference JVPs count 1 (rkc's radius and dI/dt, rosenbrock).", "",
-              "| t | method | rtol | energy error | grad-equivalents | wall s | load (1 min) | steps | source |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| t | method | rtol | energy error | grad-equivalents | wall s | load (1 min) | CPU family/model "
+              "| steps | source |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in sorted(res["table"]["rows"], key=lambda r: (r["t"], r["method"], -r["rtol"])):
         load = row["load_average"][0]
         load_text = f"{load[0]:.1f}" if isinstance(load, (list, tuple)) else "-"
         lines.append(f"| {row['t']:g} | {row['method']} | {row['rtol']:g} | {row['energy_error']:.2e} "
-                     f"| {row['grad_equivalents']:.0f} | {row['wall']:.0f} | {load_text} | {row['steps']:.0f} "
+                     f"| {row['grad_equivalents']:.0f} | {row['wall']:.0f} | {load_text} | {row['cpu']} "
+                     f"| {row['steps']:.0f} "
                      f"| {row['source']} |")
     for last in sorted({row["t"] for row in res["table"]["rows"]}):
         lines += race_summary(res, last)
-    lines += ["", f"The cheapest measured run of each method whose energy error at t = {last:g} is at most each "
-                  "target (gradient equivalents; '-': no run reached it):", "",
-              "| target | " + " | ".join(sorted({r["method"] for r in res["table"]["rows"]})) + " |",
-              "|---|" + "---|" * len({r["method"] for r in res["table"]["rows"]})]
-    for target, best in race_targets(res["table"]["rows"], last).items():
-        cells = [f"{best[m]['grad_equivalents']:.0f} (rtol {best[m]['rtol']:g})" if best[m] else "-"
-                 for m in sorted(best)]
-        lines.append(f"| {target:g} | " + " | ".join(cells) + " |")
-    fits = race_fits(res["table"]["rows"], last)
-    if fits:
-        lines += ["", f"Power laws cost = c err^-b through each method's runs at t = {last:g} and the cost they "
-                      "give at the targets (extrapolated where no run reached the target):", "",
-                  "| method | b | " + " | ".join(f"cost at {t:g}" for t in RACE_TARGETS) + " |",
-                  "|---|---|" + "---|" * len(RACE_TARGETS)]
-        for method, fit in fits.items():
-            lines.append(f"| {method} | {fit['b']:.2f} | "
-                         + " | ".join(f"{fit[f'{t:g}']:.0f}" for t in RACE_TARGETS) + " |")
-    lines += ["", f"Where the cost to t = {last:g} goes (gradient equivalents):", "",
-              "| method | rtol | energy error | parts |", "|---|---|---|---|"]
-    for row in sorted(res["table"]["rows"], key=lambda r: (r["method"], -r["rtol"])):
-        if row["t"] == last:
-            parts = ", ".join(f"{k} {v:.0f}" for k, v in row["breakdown"].items())
-            lines.append(f"| {row['method']} | {row['rtol']:g} | {row['energy_error']:.2e} | {parts} |")
     return "\n".join(lines) + "\n"
 
 
