@@ -726,7 +726,7 @@ def check_file(path: str | Path) -> None:
         short = _short_of(path) if path.is_file() else None
         if short:   # whatever failed, the cause is the missing end
             raise TrajectoryError(f"{path}: truncated file ({short[0]} bytes of the {short[1]} its HDF5 header "
-                                  f"announces): not a readable trajectory") from None
+                                  f"announces): not a readable HDF5 file") from None
         if isinstance(exc, TrajectoryError):
             raise
         raise TrajectoryError(f"{path}: {_open_failure(exc)}") from None
