@@ -15,7 +15,7 @@ from .config import Config, ConfigError, describe_schema, load_config
 from .exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGINT, HELP
 from .parallel import abort_ranks, failed_alike, launcher_rank, world
 from .resume import check_same_problem, config_difference, open_resumable
-from .trajectory import TrajectoryError, check_file, open_trajectory
+from .trajectory import TrajectoryError, check_file, open_trajectory, recovery_hint
 
 EXIT_CODES = HELP  # the epilog of every command's --help
 # Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.cli_stationary",    # stationary
     "pdeflow.cli_wfr",           # wfr
     "pdeflow.cli_bench",         # bench
+    "pdeflow.cli_recover",       # recover
 )
 
 
@@ -91,6 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.force:
             raise UsageError("--resume and --force exclude each other")
         stored = open_resumable(out, cfg)
+        if stored.checkpoint_note and comm.is_root:   # a damaged active slot: the previous checkpoint is used
+            print(f"pdeflow: warning: {stored.checkpoint_note}", file=sys.stderr)
     try:
         problem = Problem.from_config(cfg).with_comm(comm)
         stepper = make_stepper(problem, cfg)
@@ -173,8 +176,13 @@ def format_info(traj) -> str:
     if status == "running":
         lines.append("status      running, or its process died: the frames listed are those committed so far "
                      "(continue a dead run with pdeflow run --resume)")
+        hint = recovery_hint(traj.path)
+        if hint:
+            lines.append(f"recover     {hint}")
     else:
         lines.append(f"status      {status}: {traj.attrs.get('message')}")
+    if traj.checkpoint_note or traj.checkpoint_error:
+        lines.append(f"checkpoint  {traj.checkpoint_note or traj.checkpoint_error}")
     return "\n".join(lines)
 
 

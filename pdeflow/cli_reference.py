@@ -5,6 +5,7 @@ import argparse
 
 from .exit_codes import EXIT_CHECK_FAILED, EXIT_OK
 from .reference import compare, validate
+from .trajectory import recovery_hint
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -19,6 +20,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"{args.file}: {line}")
     if not problems:
         print(f"{args.file}: valid pdeflow trajectory (schema version 1)")
+    hint = recovery_hint(args.file)
+    if hint:
+        print(hint)
     return EXIT_OK if not problems else EXIT_CHECK_FAILED
 
 

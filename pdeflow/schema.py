@@ -9,7 +9,7 @@ fails when they disagree).
 Shapes are written in symbols bound by the file itself: ``V``, ``d`` (``/model/embedding``), ``T``
 (``/model/positions``), ``p = 4 d dh`` (``dh`` the ``head_dim`` attribute), ``k`` (the columns of
 ``/model/basis``, else ``p``), ``B`` (``/data/tokens``), ``N`` (``/frames/omega``), ``n...`` (the ``k`` grid axes
-of the ``shape`` attribute of ``/frames``), ``R`` (:data:`RNG_BYTES`), and
+of the ``shape`` attribute of ``/frames``), ``R`` (:data:`RNG_BYTES`), ``H`` (:data:`CHECKSUM_BYTES`), and
 the row axes ``F`` (frames) and ``S`` (steps), which count the committed rows: a dataset may hold more rows
 (written by a run that has not committed them yet), never fewer.
 """
@@ -26,6 +26,7 @@ import numpy as np
 SCHEMA = "pdeflow-trajectory"
 SCHEMA_VERSION = 1
 RNG_BYTES = 2048  # the generator state of a checkpoint slot, JSON, zero-padded
+CHECKSUM_BYTES = 32  # the SHA-256 of a checkpoint slot
 
 # Whether a file must hold an item (when the group holding it is present).
 REQUIRED = "required"    # every schema-1 file, from pdeflow or any other code
@@ -159,6 +160,9 @@ ITEMS: tuple[Item, ...] = (
     _data("/checkpoint/slot#/n_frames", (), "int", REQUIRED, "rows of /frames committed with this state"),
     _data("/checkpoint/slot#/n_steps", (), "int", REQUIRED, "rows of /steps committed with this state"),
     _data("/checkpoint/slot#/rng", ("R",), "bytes", REQUIRED, "the generator state as JSON bytes, zero-padded"),
+    _data("/checkpoint/slot#/checksum", ("H",), "bytes", OPTIONAL, "SHA-256 of the slot's other datasets (in name "
+          "order: name, type, shape, bytes); all zeros while never written. --resume uses a slot only when it "
+          "matches, else the other slot, and refuses when neither does"),
     _group("/checkpoint/slot#/extra", OPTIONAL, "named state beyond the fields, one dataset per name: a run's "
            "`stepper.<name>` (its stepper's controller state, e.g. rkc's `stepper.rho`) and `accuracy` (its accuracy "
            "record's)"),
@@ -224,6 +228,8 @@ class _Sizes:
             value = self.get("p")  # no /model/basis: full coordinates, k = p
         elif symbol == "R":
             value = RNG_BYTES
+        elif symbol == "H":
+            value = CHECKSUM_BYTES
         elif symbol == GRID_AXES and "frames" in self.f and "shape" in self.f["frames"].attrs:
             value = tuple(int(v) for v in np.atleast_1d(self.f["frames"].attrs["shape"]))
         if value is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
 import json
 import os
 import re
@@ -27,7 +28,7 @@ import numpy as np
 from . import schema
 from ._version import __version__
 from .config import Config, ConfigError, loads_config
-from .schema import RNG_BYTES, SCHEMA, SCHEMA_VERSION
+from .schema import CHECKSUM_BYTES, RNG_BYTES, SCHEMA, SCHEMA_VERSION
 
 # The columns every file of pdeflow's writer has, from the schema table (pdeflow.schema.ITEMS).
 STEP_COLUMNS = schema.names("/steps", needs=(schema.WRITTEN,))
@@ -41,6 +42,10 @@ END_ATTRS: dict[str, Any] = {"final_time": np.float64(np.nan), "steps": np.int64
 # Fixed-length text attributes a run sets when it ends, with their sizes in bytes.
 END_TEXT: dict[str, int] = {"accuracy": 512}
 COPY_ROWS = 4096  # rows per block when copying a dataset during recovery
+# The HDF5 file-format bounds of every file the writer creates or reopens: objects in the oldest format that
+# SWMR writing needs (1.10), so that HDF5 1.10's tools (Debian's h5dump) read them; a "latest" lower bound
+# made a newer HDF5 write its filter pipelines in a format those tools do not know.
+LIBVER = ("v110", "latest")
 
 
 class TrajectoryError(Exception):
@@ -124,6 +129,7 @@ def _partial_path(path: Path) -> Path:
 
 
 EXTRA = "extra"  # the group of a checkpoint slot holding the named arrays of Checkpoint.extra
+CHECKSUM = "checksum"  # the dataset of a checkpoint slot holding the SHA-256 of its other datasets
 
 
 @dataclass
@@ -152,7 +158,7 @@ def check_extra_names(names: Iterator[str] | list[str] | dict) -> None:
 def _open_swmr_write(path: Path) -> h5py.File:
     """Open an existing file for writing directly in SWMR mode (so that it is never open non-SWMR)."""
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_V110, h5py.h5f.LIBVER_LATEST)  # LIBVER
     fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDWR | h5py.h5f.ACC_SWMR_WRITE, fapl)
     return h5py.File(fid)
 
@@ -221,7 +227,7 @@ class TrajectoryWriter:
         partial = _partial_path(path)
         try:
             partial.unlink(missing_ok=True)
-            f = h5py.File(partial, "x", libver="latest")
+            f = h5py.File(partial, "x", libver=LIBVER)
         except OSError as exc:
             raise TrajectoryError(f"cannot create {partial}: {error_reason(exc)}") from None
         lock = None
@@ -287,6 +293,7 @@ class TrajectoryWriter:
             for it in schema.items_in("/checkpoint/slot#", needs=(schema.REQUIRED,)):
                 shape = tuple(sizes[symbol] for symbol in it.shape)
                 g.create_dataset(it.name, data=np.zeros(shape, dtype=schema.numpy_dtype(it)))
+            g.create_dataset(CHECKSUM, data=np.zeros(CHECKSUM_BYTES, dtype=np.uint8))  # zeros: never written
             x = g.create_group(EXTRA)
             for name, shape in extra_shapes.items():
                 x.create_dataset(name, data=np.zeros(shape, dtype=schema.numpy_dtype(schema.item(
@@ -315,9 +322,13 @@ class TrajectoryWriter:
                 lock.release()
                 raise TrajectoryError(f"{path}: cannot be opened for writing ({error_reason(exc)})") from None
         try:
-            ck = read_checkpoint(f)
-            if ck is None:
+            chosen = _trusted_slot(f)
+            if chosen is None:
                 raise TrajectoryError(f"{path}: no complete checkpoint to resume from")
+            ck = _checkpoint_from(f, chosen[1])
+            if int(f["checkpoint"]["active"][()]) != chosen[0]:
+                # the trusted slot becomes the active one, so that the next commit overwrites the damaged one
+                f["checkpoint"]["active"][()] = chosen[0]
             for key in list(f["frames"].keys()):
                 f["frames"][key].resize(ck.n_frames, axis=0)
             for key in list(f["steps"].keys()):
@@ -377,8 +388,18 @@ class TrajectoryWriter:
             raise ValueError(f"checkpoint extra {sorted(ck.extra)}: the file holds {sorted(names)}")
         values = dict(ck.fields, t=ck.t, dt=ck.dt, step=ck.step, n_frames=ck.n_frames, n_steps=ck.n_steps, rng=rng)
         values.update({f"{EXTRA}/{name}": value for name, value in ck.extra.items()})
+        prefix = f"checkpoint/slot{slot_index}/"
+        written = {}
         for key, value in values.items():
-            self.ds[f"checkpoint/slot{slot_index}/{key}"][...] = value
+            ds = self.ds[prefix + key]
+            written[key] = np.asarray(value, dtype=ds.dtype).reshape(ds.shape)
+            ds[...] = written[key]
+        if prefix + CHECKSUM in self.ds:
+            # over every dataset of the slot, as read back (a field the checkpoint lacks keeps its old value)
+            whole = {key[len(prefix):]: written.get(key[len(prefix):]) for key in self.ds
+                     if key.startswith(prefix) and key != prefix + CHECKSUM}
+            self.ds[prefix + CHECKSUM][...] = slot_digest({k: v if v is not None else self.ds[prefix + k][()]
+                                                           for k, v in whole.items()})
         self.f.flush()
         self.ds["checkpoint/active"][()] = slot_index
         self.f.flush()
@@ -417,36 +438,122 @@ class TrajectoryWriter:
         self.lock.release()
 
 
-def read_checkpoint(f: h5py.File) -> Checkpoint | None:
-    """The active checkpoint of an open file, or None before the first one."""
+def slot_digest(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """SHA-256 [32 bytes] of a checkpoint slot's datasets (``arrays``: path in the slot -> values): in name order,
+    each name, type, shape and bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        digest.update(a.tobytes())
+    return np.frombuffer(digest.digest(), dtype=np.uint8)
+
+
+def _slot_arrays(slot: h5py.Group) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    """(every dataset of a checkpoint slot but its checksum, by path in the slot; None) when the slot's
+    checksum matches them or the slot has none (a file from before checksums), else (None, why not)."""
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        slot.visititems(lambda name, obj: arrays.__setitem__(name, obj[()])
+                        if isinstance(obj, h5py.Dataset) and name != CHECKSUM else None)
+        stored = slot[CHECKSUM][()] if CHECKSUM in slot else None
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+        return None, f"unreadable: {error_reason(exc)[:80]}"
+    if stored is None:
+        return arrays, None
+    if not np.any(stored):
+        return None, "never written"
+    if not np.array_equal(slot_digest(arrays), stored):
+        return None, "checksum mismatch"
+    return arrays, None
+
+
+def _trusted_slot(f: h5py.File) -> tuple[int, dict[str, np.ndarray], str | None] | None:
+    """(index, datasets, note) of the checkpoint slot a reader may trust, or None before the first commit.
+
+    The active slot when its checksum holds; else the other one (the previous commit) when its checksum
+    holds, with ``note`` the one line saying so; TrajectoryError naming both when neither holds (resuming
+    would continue from wrong data)."""
     grp = f["checkpoint"]
-    active = int(grp["active"][()])
-    if active not in (0, 1):
-        return None
-    slot = grp[f"slot{active}"]
-    stored = slot.get(EXTRA)
-    if isinstance(stored, h5py.Dataset):
+
+    def active_index() -> int:
+        try:
+            if hasattr(grp["active"], "refresh") and f.swmr_mode:
+                grp["active"].refresh()
+            return int(grp["active"][()])
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError):
+            return -2
+
+    for _ in range(3):
+        active = active_index()
+        if active == -1:
+            return None
+        order = (active, 1 - active) if active in (0, 1) else (0, 1)
+        found: dict[int, tuple[dict, str | None]] = {}
+        for index in order:
+            name = f"slot{index}"
+            found[index] = _slot_arrays(grp[name]) if name in grp else (None, "missing")
+        if found[order[0]][0] is not None or active_index() == active:
+            break   # else a live writer committed meanwhile: read the slots again
+    good = [i for i in order if found[i][0] is not None]
+    if not good:
+        where = "; ".join(f"slot{i}: {found[i][1]}" for i in order)
+        raise TrajectoryError(f"{f.filename}: both checkpoint slots are damaged ({where}): nothing to resume from "
+                              f"safely; start again with --force")
+    if active in (0, 1) and good[0] == active:
+        return active, found[active][0], None
+    # the active slot failed (or the active index itself is damaged): the newest slot whose checksum holds
+    index = max(good, key=lambda i: int(found[i][0]["step"]))
+    arrays = found[index][0]
+    what = f"checkpoint slot{active} is damaged ({found[active][1]})" if active in (0, 1) else \
+        "the active checkpoint index is damaged"
+    return index, arrays, (f"{f.filename}: {what}; resuming from slot{index}, the checkpoint before it "
+                           f"(t = {float(arrays['t']):.6g}, step {int(arrays['step'])}): the steps since are "
+                           f"recomputed")
+
+
+def trusted_checkpoint(f: h5py.File) -> tuple[Checkpoint | None, str | None]:
+    """The checkpoint of an open file a resume may trust (:func:`_trusted_slot`: the active one, or the previous
+    one when the active slot is damaged) and the one-line note when it is not the active one; (None, None)
+    before the first commit. TrajectoryError (one line) when both slots are damaged, or when the checkpoint is
+    of an earlier pdeflow (one flat ``extra`` vector) that cannot be resumed."""
+    chosen = _trusted_slot(f)
+    if chosen is None:
+        return None, None
+    return _checkpoint_from(f, chosen[1]), chosen[2]
+
+
+def _checkpoint_from(f: h5py.File, arrays: dict[str, np.ndarray]) -> Checkpoint:
+    """The :class:`Checkpoint` of a slot's datasets (:func:`_slot_arrays`)."""
+    if isinstance(arrays.get(EXTRA), np.ndarray):
         raise TrajectoryError(f"{f.filename}: its checkpoint holds one flat extra vector (a pdeflow before named "
                               f"checkpoint arrays wrote it): it cannot be resumed; start again with --force")
-    fields = {key: slot[key][()] for key in f["frames"].keys() if key not in FRAME_SCALARS and key in slot}
-    raw = bytes(slot["rng"][()]).rstrip(b"\0")
-    extra = {name: ds[()] for name, ds in stored.items() if isinstance(ds, h5py.Dataset)} if stored else {}
-    return Checkpoint(fields=fields, t=float(slot["t"][()]), dt=float(slot["dt"][()]), step=int(slot["step"][()]),
-                      n_frames=int(slot["n_frames"][()]), n_steps=int(slot["n_steps"][()]),
+    fields = {key: arrays[key] for key in f["frames"].keys() if key not in FRAME_SCALARS and key in arrays}
+    raw = bytes(arrays["rng"]).rstrip(b"\0")
+    extra = {name[len(EXTRA) + 1:]: value for name, value in arrays.items() if name.startswith(EXTRA + "/")}
+    return Checkpoint(fields=fields, t=float(arrays["t"]), dt=float(arrays["dt"]), step=int(arrays["step"]),
+                      n_frames=int(arrays["n_frames"]), n_steps=int(arrays["n_steps"]),
                       rng=json.loads(raw) if raw else None, extra=extra)
+
+
+def read_checkpoint(f: h5py.File) -> Checkpoint | None:
+    """The checkpoint of an open file a resume may trust (:func:`trusted_checkpoint`), or None before the first
+    one."""
+    return trusted_checkpoint(f)[0]
 
 
 def committed_counts(f: h5py.File) -> tuple[int, int]:
     """The rows of /frames and /steps that belong to the trajectory: all of them once the run has ended;
-    while its status is "running" (in progress, or its process died), those of the active checkpoint."""
+    while its status is "running" (in progress, or its process died), those of the trusted checkpoint
+    (:func:`trusted_checkpoint`)."""
     n_frames, n_steps = int(f["frames"]["time"].shape[0]), int(f["steps"]["time"].shape[0])
     if _plain(f.attrs.get("status", "")) != RUNNING:
         return n_frames, n_steps
-    active = int(f["checkpoint"]["active"][()]) if "checkpoint" in f else -1
-    if active not in (0, 1):
+    chosen = _trusted_slot(f) if "checkpoint" in f else None
+    if chosen is None:
         return 0, 0
-    slot = f["checkpoint"][f"slot{active}"]
-    return min(n_frames, int(slot["n_frames"][()])), min(n_steps, int(slot["n_steps"][()]))
+    arrays = chosen[1]
+    return min(n_frames, int(arrays["n_frames"])), min(n_steps, int(arrays["n_steps"]))
 
 
 def row_counts(f: h5py.File) -> tuple[int, int]:
@@ -475,12 +582,14 @@ def committed_steps(path: str | Path, columns: tuple[str, ...]) -> dict[str, np.
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
-def open_by_swmr_writer(path: Path) -> bool:
-    """Whether the file's superblock says a SWMR writer has it open (it is running, or it died).
+def _superblock(path: Path) -> tuple[int, int, int, int] | None:
+    """(superblock version, file consistency flags, end-of-file address (absolute), the file's size) of an HDF5
+    file with a version 2 or 3 superblock, else None.
 
-    HDF5 file format, superblock versions 2 and 3: after the 8-byte signature come the version, the sizes
-    of offsets and lengths, then the file consistency flags (bit 0: open for writing, bit 2: for SWMR
-    writing). The signature is at byte 0 or, after a user block, at 512 * 2**i."""
+    HDF5 file format, superblock versions 2 and 3: after the 8-byte signature come the version, the sizes of
+    offsets and lengths, the file consistency flags (bit 0: open for writing, bit 2: for SWMR writing), then
+    the base address, the superblock extension address and the end-of-file address (offsets of the stored
+    size). The signature is at byte 0 or, after a user block, at 512 * 2**i."""
     try:
         with open(path, "rb") as fh:
             offset, size = 0, os.fstat(fh.fileno()).st_size
@@ -488,25 +597,97 @@ def open_by_swmr_writer(path: Path) -> bool:
                 fh.seek(offset)
                 head = fh.read(12)
                 if head[:8] == HDF5_SIGNATURE:
-                    return head[8] >= 3 and head[11] & 0b101 == 0b101
+                    if head[8] < 2 or head[9] not in (2, 4, 8):
+                        return None
+                    width = head[9]
+                    fields = fh.read(3 * width)
+                    if len(fields) < 3 * width:
+                        return head[8], head[11], size + 1, size
+                    base, _, end = (int.from_bytes(fields[i * width:(i + 1) * width], "little") for i in range(3))
+                    return head[8], head[11], base + end, size
                 offset = 512 if offset == 0 else 2 * offset
     except OSError:
         pass
-    return False
+    return None
+
+
+def open_by_swmr_writer(path: Path) -> bool:
+    """Whether the file's superblock says a SWMR writer has it open (it is running, or it died)."""
+    found = _superblock(path)
+    return found is not None and found[0] >= 3 and found[1] & 0b101 == 0b101
+
+
+def _short_of(path: Path) -> tuple[int, int] | None:
+    """(size, stored end) of a file whose writer died and that is shorter than its superblock's end-of-file
+    address, else None. A kill leaves a file at least that long (a flush extends it to that end before the next
+    write); a shorter one was cut, or its last writes failed (a full disk, a file size limit)."""
+    found = _superblock(path)
+    if found is None or found[3] >= found[2] or writer_alive(path):
+        return None
+    return found[3], found[2]
+
+
+def _open_swmr_read(path: Path, attempts: int | None) -> h5py.File:
+    """Open in SWMR read mode; ``attempts``: how often HDF5 reads a piece of metadata that fails its checksum
+    (SWMR readers retry for minutes by default; h5py does not expose H5Pset_metadata_read_attempts, so it is
+    called in h5py's own HDF5 library when found, else the default stays)."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)
+    if attempts is not None:
+        _set_read_attempts(fapl, attempts)
+    fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ, fapl)
+    return h5py.File(fid)
+
+
+def _set_read_attempts(fapl: Any, attempts: int) -> None:
+    import ctypes
+    import glob
+
+    libs = glob.glob(os.path.join(os.path.dirname(h5py.__file__) + ".libs", "libhdf5-*.so*"))
+    try:
+        lib = ctypes.CDLL(libs[0]) if libs else ctypes.CDLL(None)
+        setter = lib.H5Pset_metadata_read_attempts
+    except (OSError, AttributeError):
+        return
+    setter.argtypes, setter.restype = [ctypes.c_int64, ctypes.c_uint], ctypes.c_int
+    setter(fapl.id, attempts)
 
 
 def _open_read(path: Path) -> h5py.File:
-    """Open for reading; a file whose SWMR writer is running or died is read in SWMR mode (only such a file:
-    SWMR reading skips HDF5's check that the file is not truncated)."""
+    """Open for reading; a file whose SWMR writer is running or died is read in SWMR mode (only such a file).
+
+    SWMR reading skips HDF5's check that the file is not truncated and retries metadata reads that fail their
+    checksum for minutes: a file whose writer died and that is shorter than its superblock says
+    (:func:`_short_of`) is read with one attempt, and :func:`check_file` checks that its committed rows lie
+    within it."""
     try:
         return h5py.File(path, "r")
     except OSError as first:
         if not open_by_swmr_writer(path):
             raise
+        short = _short_of(path)
         try:
-            return h5py.File(path, "r", swmr=True)
+            return _open_swmr_read(path, 1 if short else None)
         except OSError:
+            if short:
+                raise OSError(f"truncated file: eof = {short[0]}, sblock->base_addr = 0, "
+                              f"stored_eof = {short[1]}") from None
             raise first from None
+
+
+def _rows_beyond(f: h5py.File, size: int) -> str | None:
+    """The first /frames or /steps dataset whose committed rows (:func:`committed_counts`) are stored beyond
+    ``size`` bytes, or None."""
+    rows = dict(zip(("frames", "steps"), committed_counts(f)))
+    for group, n in rows.items():
+        for key, ds in f[group].items():
+            if ds.chunks is None:
+                continue
+            for i in range(ds.id.get_num_chunks()):
+                info = ds.id.get_chunk_info(i)
+                if info.chunk_offset[0] < n and info.byte_offset + info.size > size:
+                    return f"/{group}/{key}"
+    return None
 
 
 def open_for_reading(path: str | Path) -> h5py.File:
@@ -534,9 +715,20 @@ def check_file(path: str | Path) -> None:
             problems = schema.check(f, lambda: row_counts(f), needs=(schema.REQUIRED, schema.WRITTEN))
             if problems:
                 raise schema_error(path, [p.message for p in problems])
-    except TrajectoryError:
-        raise
-    except (OSError, KeyError, ValueError, TypeError) as exc:
+            short = _short_of(path) if "checkpoint" in f else None
+            beyond = _rows_beyond(f, short[0]) if short else None
+            if beyond:
+                raise TrajectoryError(f"{path}: truncated file ({short[0]} bytes of the {short[1]} its HDF5 header "
+                                      f"announces): committed rows of {beyond} lie beyond its end")
+    except (TrajectoryError, OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+        if isinstance(exc, TrajectoryError) and "truncated file" in str(exc):
+            raise
+        short = _short_of(path) if path.is_file() else None
+        if short:   # whatever failed, the cause is the missing end
+            raise TrajectoryError(f"{path}: truncated file ({short[0]} bytes of the {short[1]} its HDF5 header "
+                                  f"announces): not a readable HDF5 file") from None
+        if isinstance(exc, TrajectoryError):
+            raise
         raise TrajectoryError(f"{path}: {_open_failure(exc)}") from None
 
 
@@ -564,13 +756,26 @@ def _copy_attrs(src: h5py.AttributeManager, dst: h5py.AttributeManager) -> None:
 def _rebuild(path: Path) -> None:
     """Rewrite a file whose writer died (HDF5 refuses to reopen it for writing) from its committed
     content: read through SWMR mode into ``<name>.partial``, renamed over ``path`` once complete."""
-    partial = _partial_path(path)
+    try:
+        copy_committed(path, path)
+    except TrajectoryError as exc:
+        raise TrajectoryError(f"{path}: its writer died and the file cannot be recovered "
+                              f"({str(exc).removeprefix(f'{path}: ')})") from None
+
+
+def copy_committed(path: Path, out: Path) -> tuple[int, int]:
+    """Write the committed content of the trajectory ``path`` (:func:`committed_counts`: every row of an ended
+    run, the active checkpoint's rows of a running or killed one) as a new, cleanly closed file ``out``: built
+    under ``<out>.partial`` and renamed onto ``out`` only when complete (``out`` may be ``path``: then a kill
+    during the copy leaves the original as it was). Returns the (frames, steps) copied; TrajectoryError (one
+    line) if the file cannot be read or the copy written."""
+    partial = _partial_path(out)
     dst = None
     try:
-        with h5py.File(path, "r", swmr=True) as src:
+        with _open_read(path) as src:
             n_frames, n_steps = committed_counts(src)
             partial.unlink(missing_ok=True)
-            dst = h5py.File(partial, "x", libver="latest")
+            dst = h5py.File(partial, "x", libver=LIBVER)
             _copy_attrs(src.attrs, dst.attrs)
             for name in src.keys():
                 if name not in ("frames", "steps"):
@@ -580,19 +785,78 @@ def _rebuild(path: Path) -> None:
                 g = dst.create_group(name)
                 _copy_attrs(src[name].attrs, g.attrs)
                 for key, ds in src[name].items():
-                    out = g.create_dataset(key, shape=(rows,) + ds.shape[1:], maxshape=ds.maxshape, dtype=ds.dtype,
-                                           chunks=ds.chunks, compression=ds.compression,
-                                           compression_opts=ds.compression_opts)
+                    out_ds = g.create_dataset(key, shape=(rows,) + ds.shape[1:], maxshape=ds.maxshape,
+                                              dtype=ds.dtype, chunks=ds.chunks, compression=ds.compression,
+                                              compression_opts=ds.compression_opts)
                     for start in range(0, rows, COPY_ROWS):
-                        out[start:start + COPY_ROWS] = ds[start:min(rows, start + COPY_ROWS)]
+                        out_ds[start:start + COPY_ROWS] = ds[start:min(rows, start + COPY_ROWS)]
             dst.close()
-        os.replace(partial, path)
-    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        os.replace(partial, out)
+    except BaseException as exc:
         if dst is not None:
             discard_close(dst)
         partial.unlink(missing_ok=True)
-        raise TrajectoryError(f"{path}: its writer died and "
-                              f"the file cannot be recovered ({error_reason(exc)})") from None
+        if isinstance(exc, (OSError, RuntimeError, KeyError, ValueError)):
+            raise TrajectoryError(f"{path}: {error_reason(exc)}") from None
+        raise
+    return n_frames, n_steps
+
+
+def writer_alive(path: str | Path) -> bool:
+    """Whether a live process holds ``path``'s :class:`WriterLock` (asked without taking it, so a read-only
+    file can be asked too; False when it cannot be asked)."""
+    try:
+        import fcntl
+        fd = os.open(path, os.O_RDONLY)
+    except (OSError, ImportError):
+        return False
+    try:
+        if not hasattr(fcntl, "F_OFD_GETLK"):
+            return False
+        query = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, WriterLock.OFFSET, 1, 0)
+        return struct.unpack("hhqqi4x", fcntl.fcntl(fd, fcntl.F_OFD_GETLK, query))[0] != fcntl.F_UNLCK
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def needs_recovery(path: str | Path) -> bool:
+    """Whether ``path`` is a file whose writer died: HDF5's SWMR-write flag is still set but no writer holds it.
+    HDF5 tools other than a SWMR reader (plain h5py, h5dump, HDFView) refuse it until :func:`recover`."""
+    return open_by_swmr_writer(Path(path)) and not writer_alive(path)
+
+
+def recovery_hint(path: str | Path) -> str | None:
+    """The one line ``info`` and ``validate`` print for a file whose writer died (None for any other file)."""
+    if not needs_recovery(path):
+        return None
+    return (f"{path}: its writer died, so plain h5py, h5dump and other HDF5 tools refuse it: "
+            f"pdeflow recover {path} rewrites it consistently (every committed frame, still resumable)")
+
+
+def recover(path: str | Path, out: str | Path | None = None) -> tuple[int, int]:
+    """Make a trajectory whose writer died readable by any HDF5 tool: its committed content
+    (:func:`copy_committed`) written to ``out``, or, without ``out``, to a complete copy that then replaces
+    ``path`` (a kill at any moment leaves ``path`` as it was, or recovered). The result opens with plain
+    ``h5py.File(path)`` and ``h5dump`` and ``pdeflow run --resume`` continues it bit for bit. A file that no writer
+    left open is only copied (to ``out``) or left as it is. Returns the (frames, steps) it holds; TrajectoryError
+    (one line) if it is not a readable trajectory or a live writer holds it."""
+    path = Path(path)
+    check_file(path)
+    if writer_alive(path):
+        raise TrajectoryError(f"{path}: a pdeflow process is writing it (wait for it to end, or stop it: it "
+                              f"checkpoints on SIGINT/SIGTERM); only a file whose writer died needs recovery")
+    if out is not None and Path(out).resolve() != path.resolve():
+        return copy_committed(path, Path(out))
+    if not open_by_swmr_writer(path):
+        with _open_read(path) as f:
+            return committed_counts(f)
+    lock = WriterLock(path)  # no writer may start on it while it is copied
+    try:
+        return copy_committed(path, path)
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager
@@ -641,9 +905,10 @@ def edit_trajectory(path: str | Path) -> Iterator[h5py.File]:
         partial.unlink(missing_ok=True)
         raise TrajectoryError(f"{path}: cannot be edited ({error_reason(exc)})") from None
     try:
-        yield f
-        f.close()
-        os.replace(partial, path)
+        with _terminate_as_exit():
+            yield f
+            f.close()
+            os.replace(partial, path)
     except BaseException:
         with contextlib.suppress(Exception):
             f.close()
@@ -653,12 +918,35 @@ def edit_trajectory(path: str | Path) -> Iterator[h5py.File]:
         lock.release()
 
 
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM with its default action (end the process at once) as ``SystemExit(143)`` inside the block, so
+    that an edit cleans up its ``.partial`` copy (SIGINT already raises KeyboardInterrupt). Elsewhere, or
+    when the program handles SIGTERM itself, nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class Trajectory:
     """A trajectory read into memory: ``time`` [F], ``frames`` (dict of [F, ...] arrays), ``steps``
     (dict of columns), ``arrays`` (the problem arrays, as :meth:`pdeflow.Problem.arrays`), ``attrs``
     (root attributes), ``config`` (the :class:`~pdeflow.config.Config`), ``frame_attrs``, ``steps_attrs``, ``analysis``,
-    ``checkpoint`` (the active :class:`Checkpoint` or None; ``checkpoint_error`` says why when the file has one that
-    cannot be used). Only committed rows are read
+    ``checkpoint`` (the trusted :class:`Checkpoint` or None; ``checkpoint_error`` says why when the file has one
+    that cannot be used, ``checkpoint_note`` why it is not the active slot). Only committed rows are read
     (:func:`committed_counts`), so the file of a killed run reads as it was at its last commit."""
 
     def __init__(self, path: str | Path) -> None:
@@ -677,8 +965,10 @@ class Trajectory:
                                  | {k: _plain(v) for k, v in f["analysis"].attrs.items()}) if "analysis" in f else {}
                 self.checkpoint: Checkpoint | None = None
                 self.checkpoint_error: str | None = None   # why a checkpoint the file has cannot be used
+                self.checkpoint_note: str | None = None    # why it is not the active one (a damaged slot)
                 try:
-                    self.checkpoint = read_checkpoint(f) if "checkpoint" in f else None
+                    if "checkpoint" in f:
+                        self.checkpoint, self.checkpoint_note = trusted_checkpoint(f)
                 except TrajectoryError as exc:
                     self.checkpoint_error = str(exc)
         except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:

@@ -10,10 +10,12 @@ numba thread, like the subprocesses (NUMBA_NUM_THREADS=1), so "bit for bit" comp
 from __future__ import annotations
 
 import ast
+import contextlib
 import errno
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +33,14 @@ from pdeflow.solvers import make_stepper
 from pdeflow.cli import main
 from pdeflow.config import dumps_toml, load_config
 from pdeflow.problem import Problem
-from pdeflow.trajectory import TrajectoryError, TrajectoryWriter, edit_trajectory, open_trajectory, read_checkpoint
+from pdeflow.trajectory import (
+    TrajectoryError,
+    TrajectoryWriter,
+    edit_trajectory,
+    open_for_reading,
+    open_trajectory,
+    read_checkpoint,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = """
@@ -123,6 +132,18 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300.0) -> None
         time.sleep(0.002)
 
 
+def wait_for_frames(path: Path, proc: subprocess.Popen, n: int, timeout: float = 300.0) -> None:
+    """Until the run writing ``path`` has committed ``n`` frames (the run must still be going)."""
+    t0 = time.monotonic()
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        with contextlib.suppress(TrajectoryError):
+            if path.exists() and len(open_trajectory(path).time) >= n:
+                return
+        assert time.monotonic() - t0 < timeout
+        time.sleep(0.005)
+
+
 def datasets(path: Path) -> dict[str, np.ndarray]:
     """Every dataset of a file, read through pdeflow (committed rows only)."""
     traj = open_trajectory(path)
@@ -134,8 +155,8 @@ def datasets(path: Path) -> dict[str, np.ndarray]:
     out.update({"checkpoint/t": ck.t, "checkpoint/dt": ck.dt, "checkpoint/step": ck.step,
                 "attrs/final_time": traj.attrs["final_time"],
                 "attrs/steps": traj.attrs["steps"]})
-    return out
     out.update({f"checkpoint/extra/{name}": v for name, v in ck.extra.items()})
+    return out
 
 
 def assert_prefix(path: Path, ref: Path) -> tuple[int, int]:
@@ -197,6 +218,142 @@ def test_sigkill_at_random_moments_then_resume_is_bit_exact(refs, tmp_path, one_
     assert kills >= 10 and min(resumed.values()) > 0, (kills, attempts, resumed)
 
 
+# ---- pdeflow recover: a killed file for every HDF5 tool --------------------------------------------
+
+def killed_run(ref: Reference, out: Path, rnd: random.Random) -> int:
+    """Run ``ref``'s config into ``out`` and SIGKILL it at a random moment after a frame beyond t = 0 is
+    committed; returns the committed frames. Retried when the run ends before the kill."""
+    for _ in range(20):
+        out.unlink(missing_ok=True)
+        proc = start(ref.config, out)
+        wait_for(out, proc)
+        time.sleep(rnd.uniform(0.2, 0.6) * ref.duration)
+        if proc.poll() is not None:
+            assert proc.returncode == 0, proc.communicate()
+            continue
+        proc.kill()
+        proc.communicate()
+        n = len(open_trajectory(out).time)   # the SWMR reader sees the committed frames
+        if n >= 2:
+            return n
+    raise AssertionError("no kill landed after the second frame in 20 tries")
+
+
+def h5dump_header(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["h5dump", "-H", str(path)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def killed(refs, tmp_path_factory, one_thread) -> tuple[Reference, Path, int]:
+    """A file of the adaptive run killed by SIGKILL (its HDF5 SWMR-write flag left set), and its committed frames."""
+    ref = refs["adaptive"]
+    out = tmp_path_factory.mktemp("killed") / "k.h5"
+    return ref, out, killed_run(ref, out, random.Random(29))
+
+
+def test_recover_makes_a_killed_file_plain_hdf5_with_every_committed_frame_and_resumable(killed, tmp_path, capsys,
+                                                                                         one_thread):
+    """Before: plain h5py refuses the killed file, and info and validate say to run pdeflow recover. recover -o
+    writes a copy and leaves the original alone; recover in place replaces it. After: plain h5py opens it, it
+    holds exactly the committed frames (equal to the uninterrupted run's), and --resume ends bit for bit equal to
+    the uninterrupted run."""
+    ref, killed_path, n = killed
+    out = tmp_path / "k.h5"
+    out.write_bytes(killed_path.read_bytes())
+    with pytest.raises(OSError):
+        h5py.File(out, "r")
+    for command in ("info", "validate"):
+        assert main([command, str(out)]) == 0
+        lines = [line for line in capsys.readouterr().out.splitlines() if "pdeflow recover" in line]
+        assert len(lines) == 1 and str(out) in lines[0], command
+    before = out.read_bytes()
+    copy = tmp_path / "copy.h5"
+    assert main(["recover", str(out), "-o", str(copy)]) == 0
+    assert out.read_bytes() == before
+    assert main(["recover", str(out), "-o", str(copy)]) == 2   # exists: never overwritten without --force
+    assert "exists" in one_line(capsys.readouterr().err)
+    assert main(["recover", str(out)]) == 0
+    assert f"recovered {n} committed frames" in capsys.readouterr().out
+    for path in (out, copy):
+        with h5py.File(path, "r") as f:       # plain h5py: no SWMR, no flag
+            assert f["frames/time"].shape[0] == n and f.attrs["status"].decode() == "running"
+        assert assert_prefix(path, ref.path)[0] == n
+    assert main(["recover", str(out)]) == 0    # nothing left to do
+    assert "no writer left it open" in capsys.readouterr().out
+    for command in ("info", "validate"):
+        main([command, str(out)])
+        assert "pdeflow recover" not in capsys.readouterr().out
+    assert main(["run", str(ref.config), "-o", str(out), "--resume", "--quiet"]) == 0
+    assert_same_run(out, ref.path)
+
+
+def test_h5dump_reads_recovered_and_finished_files(killed, refs, tmp_path):
+    """Debian's h5dump (HDF5 1.10) reads the header of a recovered file and of a finished run's file (both written
+    with the 1.10 object formats), and refuses the killed file, which is why recover exists."""
+    if shutil.which("h5dump") is None:
+        pytest.skip("h5dump is not installed (Debian/Ubuntu: apt-get install hdf5-tools)")
+    ref, killed_path, n = killed
+    assert h5dump_header(killed_path).returncode != 0
+    out = tmp_path / "r.h5"
+    assert main(["recover", str(killed_path), "-o", str(out)]) == 0
+    for path in (out, ref.path, refs["fv"].path):
+        dumped = h5dump_header(path)
+        assert dumped.returncode == 0 and "DATASET \"time\"" in dumped.stdout, dumped.stderr
+    assert f"DATASPACE  SIMPLE {{ ( {n} ) / ( H5S_UNLIMITED ) }}" in h5dump_header(out).stdout
+
+
+def test_resume_falls_back_from_a_damaged_active_slot_and_refuses_two(killed, tmp_path, capsys, one_thread):
+    """Bytes changed inside the active slot's datasets of a killed run: --resume says in one line that it uses the
+    previous checkpoint and still ends bit for bit equal to the uninterrupted run. With both slots damaged: exit 2,
+    one line naming both, the file untouched."""
+    ref, killed_path, _ = killed
+    out = tmp_path / "d.h5"
+    out.write_bytes(killed_path.read_bytes())
+    with open_for_reading(out) as f:
+        active = int(f["checkpoint/active"][()])
+        offsets = [f[f"checkpoint/slot{i}/omega"].id.get_offset() for i in (active, 1 - active)]
+    damage(out, offsets[0])
+    assert main(["run", str(ref.config), "-o", str(out), "--resume", "--quiet"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and f"checkpoint slot{active} is damaged (checksum mismatch)" in warning[0]
+    assert_same_run(out, ref.path)
+    out.write_bytes(killed_path.read_bytes())
+    for offset in offsets:
+        damage(out, offset)
+    before = out.read_bytes()
+    assert main(["run", str(ref.config), "-o", str(out), "--resume", "--quiet"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "both checkpoint slots are damaged" in line and "slot0" in line and "slot1" in line
+    assert out.read_bytes() == before
+
+
+def damage(path: Path, offset: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset + 5)
+        byte = fh.read(1)
+        fh.seek(offset + 5)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_recover_refuses_a_live_run_and_bad_files(refs, tmp_path, capsys, one_thread):
+    ref = refs["euler"]
+    out = tmp_path / "live.h5"
+    proc = start(ref.config, out, "--set", "run.t_end=1000")
+    try:
+        wait_for(out, proc)
+        time.sleep(0.3 * ref.duration)
+        assert main(["recover", str(out)]) == 2
+        assert "is writing it" in one_line(capsys.readouterr().err)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=300)
+    for bad in (tmp_path / "missing.h5", tmp_path / "text.h5"):
+        if bad.name == "text.h5":
+            bad.write_text("hello")
+        assert main(["recover", str(bad)]) == 2
+        assert str(bad) in one_line(capsys.readouterr().err)
+
+
 # ---- SIGINT and SIGTERM -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
@@ -204,8 +361,8 @@ def test_signals_stop_cleanly_and_resume_bit_exact(refs, tmp_path, one_thread, s
     ref = refs["sgd"]
     out = tmp_path / "s.h5"
     proc = start(ref.config, out)
-    wait_for(out, proc)
-    time.sleep(random.Random(int(sig)).uniform(0.1, 0.6) * ref.duration)
+    wait_for_frames(out, proc, 2)  # in the time loop (not by a fraction of the reference's duration: load varies)
+    time.sleep(random.Random(int(sig)).uniform(0.0, 0.1) * ref.duration)
     proc.send_signal(sig)
     if sig == signal.SIGINT:
         time.sleep(0.005)
@@ -249,6 +406,67 @@ def test_a_live_run_is_read_but_not_resumed_overwritten_or_edited(refs, tmp_path
         _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err
     assert main(["run", str(ref.config), "-o", str(out), "--quiet", "--resume"]) == 0  # now it may
+
+
+# ---- signals while /analysis is written; resume with another thread count ------------------------------
+
+# ``pdeflow ARGS`` whose N-th dataset creation in /analysis sends SIG to the process itself: the signal lands
+# in the middle of writing the analysis.
+SIGNAL_IN_ANALYSIS = """
+import os, sys, h5py
+from pdeflow.cli import main
+sig, n = int(sys.argv[1]), int(sys.argv[2])
+create = h5py.Group.create_dataset
+count = [0]
+def create_dataset(self, name, *args, **kwargs):
+    if self.name.startswith("/analysis"):
+        count[0] += 1
+        if count[0] == n:
+            os.kill(os.getpid(), sig)
+    return create(self, name, *args, **kwargs)
+h5py.Group.create_dataset = create_dataset
+sys.exit(main(sys.argv[3:], exiting=True))
+"""
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_analysis_is_written_leaves_the_old_or_the_new_one(refs, tmp_path, sig, code):
+    """SIGINT or SIGTERM halfway through writing /analysis (``pdeflow diagnose``, as after a run): the file is
+    byte for byte the one before - no /analysis, or the previous one - and no ``.partial`` copy is left; the
+    write that is not interrupted stores the whole new analysis."""
+    out = tmp_path / "a.h5"
+    out.write_bytes(refs["euler"].path.read_bytes())
+    argv = ["diagnose", str(out), "--no-gap"]
+    for previous in (None, "old"):
+        before = out.read_bytes()
+        proc = subprocess.run([sys.executable, "-c", SIGNAL_IN_ANALYSIS, str(int(sig)), "3", *argv], env=env(),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == code, proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["a.h5"]
+        assert (open_trajectory(out).analysis == {}) == (previous is None)
+        assert main(argv) == 0
+        new = open_trajectory(out).analysis
+        assert {"time", "energy", "cluster_labels"} <= set(new), sorted(new)
+
+
+def test_resume_with_another_thread_count_is_bit_exact(refs, tmp_path, one_thread):
+    """A run killed with one numba thread and resumed with two (then the other way round) ends bit for bit
+    equal to the uninterrupted one-thread run: the kernels split work by heads and sequences, not by threads."""
+    for name, first, second in (("adaptive", 1, 2), ("sgd", 2, 1)):
+        ref, out = refs[name], tmp_path / f"{name}.h5"
+        frames = len(open_trajectory(ref.path).time)
+        proc = start(ref.config, out, threads=first)
+        # the two-thread part kept short (two threads on a loaded 2-core machine crawl): killed late in the
+        # one-thread run, early in the two-thread one
+        wait_for_frames(out, proc, (2 * frames) // 3 if first == 1 else 2)
+        proc.kill()
+        proc.communicate()
+        assert assert_prefix(out, ref.path)[0] >= 2
+        resumed = start(ref.config, out, "--resume", threads=second)
+        _, err = resumed.communicate(timeout=600)
+        assert resumed.returncode == 0, err
+        assert_same_run(out, ref.path)
 
 
 # ---- non-finite states ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from pdeflow.trajectory import (
     check_file,
     committed_counts,
     edit_trajectory,
+    open_for_reading,
     open_trajectory,
 )
 
@@ -172,8 +173,8 @@ def test_a_flat_extra_vector_of_an_earlier_pdeflow_reads_but_does_not_resume(tmp
     write_frames(w, 0, 2)
     w.close()
     with h5py.File(path, "r+") as f:
-        for slot in ("slot0", "slot1"):
-            del f[f"checkpoint/{slot}/extra"]
+        for slot in ("slot0", "slot1"):   # as an earlier pdeflow wrote them: no checksum either
+            del f[f"checkpoint/{slot}/extra"], f[f"checkpoint/{slot}/checksum"]
             f[f"checkpoint/{slot}/extra"] = np.array([1.0, -1.0])
     check_file(path)
     traj = open_trajectory(path)
@@ -328,6 +329,110 @@ def test_bad_files_give_one_line(tmp_path, damage):
     with pytest.raises(TrajectoryError) as info:
         open_trajectory(path)
     assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+# ---- damaged checkpoints ----------------------------------------------------------------------------
+
+def flip_byte(path: Path, dataset: str, at: int = 3) -> None:
+    """Change one byte of a dataset's stored values in the file itself (at the offset HDF5 reports for it)."""
+    with open_for_reading(path) as f:
+        ds = f[dataset]
+        offset = ds.id.get_offset()
+        assert offset is not None and at < ds.id.get_storage_size(), dataset
+    with open(path, "r+b") as fh:
+        fh.seek(offset + at)
+        byte = fh.read(1)
+        fh.seek(offset + at)
+        fh.write(bytes([byte[0] ^ 0x5A]))
+
+
+def active_slot(path: Path) -> int:
+    with open_for_reading(path) as f:
+        return int(f["checkpoint/active"][()])
+
+
+@pytest.mark.parametrize("dataset", ["omega", "t", "rng", "extra/pairs", "n_frames"])
+def test_a_damaged_active_slot_falls_back_to_the_previous_checkpoint(tmp_path, dataset):
+    """One byte changed in a dataset of the active slot: its checksum fails, the reader and resume use the other
+    slot (the commit before) and say so in one line; the resumed file continues as if nothing happened."""
+    path = tmp_path / "t.h5"
+    w = new_writer(path)
+    write_frames(w, 0, 4)
+    w.close()
+    active = active_slot(path)
+    flip_byte(path, f"checkpoint/slot{active}/{dataset}", at=0 if dataset in ("t", "n_frames") else 3)
+    traj = open_trajectory(path)
+    assert traj.checkpoint.t == 1.0 and traj.checkpoint.n_frames == 3
+    note = traj.checkpoint_note
+    assert "\n" not in note and f"checkpoint slot{active} is damaged (checksum mismatch)" in note
+    assert f"slot{1 - active}" in note and "t = 1" in note
+    assert_frames(traj, 3)
+    w, ck = TrajectoryWriter.reopen(path)
+    assert (ck.t, ck.n_frames) == (1.0, 3) and int(w.f["checkpoint/active"][()]) == 1 - active
+    write_frames(w, 3, 6)
+    w.finish("finished", "")
+    assert_frames(open_trajectory(path), 6)
+    assert open_trajectory(path).checkpoint_note is None
+
+
+def test_damage_to_both_slots_is_refused_naming_it(tmp_path):
+    """Never a resume from wrong data: with both slots damaged a running file does not open (its committed rows
+    are unknown), a finished one opens without a checkpoint, and --resume refuses either, naming both slots."""
+    from pdeflow.resume import open_resumable
+
+    path = tmp_path / "t.h5"
+    w = new_writer(path)
+    write_frames(w, 0, 3)
+    w.close()
+    flip_byte(path, "checkpoint/slot0/omega")
+    flip_byte(path, "checkpoint/slot1/mass", at=0)
+    for attempt in (lambda: open_trajectory(path), lambda: TrajectoryWriter.reopen(path),
+                    lambda: open_resumable(path, loads_config(CONFIG))):
+        with pytest.raises(TrajectoryError, match="both checkpoint slots are damaged") as info:
+            attempt()
+        assert "\n" not in str(info.value) and "slot0: checksum mismatch" in str(info.value)
+        assert "slot1: checksum mismatch" in str(info.value)
+    with h5py.File(path, "r+") as f:
+        f.attrs.modify("status", np.array(b"finished", dtype=h5py.string_dtype("utf-8", 32)))
+    traj = open_trajectory(path)
+    assert traj.checkpoint is None and "both checkpoint slots are damaged" in traj.checkpoint_error
+    assert len(traj.time) == 3
+    with pytest.raises(TrajectoryError, match="--resume: .*both checkpoint slots are damaged"):
+        open_resumable(path, loads_config(CONFIG))
+
+
+def test_a_damaged_first_checkpoint_has_no_previous_one(tmp_path):
+    path = tmp_path / "t.h5"
+    w = new_writer(path)
+    write_frames(w, 0, 1)
+    w.close()
+    flip_byte(path, f"checkpoint/slot{active_slot(path)}/omega")
+    with pytest.raises(TrajectoryError, match="slot1: never written"):
+        TrajectoryWriter.reopen(path)
+
+
+def test_a_truncated_file_is_refused_in_one_line_wherever_it_is_cut(tmp_path):
+    """A killed file (HDF5 would read it in SWMR mode, which skips the size check and retries failed reads for
+    minutes) cut inside either checkpoint slot, inside the frames or by its last bytes: one line, no resume."""
+    path, killed = tmp_path / "t.h5", tmp_path / "killed.h5"
+    w = new_writer(path)
+    write_frames(w, 0, 4)
+    w.f.flush()
+    killed.write_bytes(path.read_bytes())    # as a kill leaves it: SWMR-write flag set
+    w.close()
+    with open_for_reading(killed) as f:
+        cuts = [f[f"checkpoint/slot{i}/{name}"].id.get_offset() + 4 for i in (0, 1) for name in ("omega", "t")]
+        cuts.append(f["frames/omega"].id.get_chunk_info(2).byte_offset + 4)
+    cuts.append(killed.stat().st_size - 1)
+    for cut in cuts:
+        cut_path = tmp_path / f"cut{cut}.h5"
+        cut_path.write_bytes(killed.read_bytes()[:cut])
+        t0 = time.monotonic()
+        for attempt in (lambda: open_trajectory(cut_path), lambda: TrajectoryWriter.reopen(cut_path)):
+            with pytest.raises(TrajectoryError, match="truncated file") as info:
+                attempt()
+            assert "\n" not in str(info.value)
+        assert time.monotonic() - t0 < 30, cut
 
 
 # ---- crash safety under SIGKILL -------------------------------------------------------------------
