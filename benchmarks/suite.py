@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ class Preset:
     memory_n: int = 65536
     memory_b: int = 64
     matmul_n: int = 2000
+    tune_repeats: int = 3           # interleaved rounds of the kernel variants (pdeflow.tuner)
     notes: list = field(default_factory=list)
 
 
@@ -143,6 +145,23 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     fl = _flops.grad_phi_flops(**sz)
     res["flops"] = fl
 
+    # ---- the kernel variants (pdeflow.tuner): measured here, remembered for this CPU ------------------
+    from pdeflow import tuner
+
+    from .tuning import in_use as variant_in_use
+    from .tuning import tune_problem
+
+    if tuner.tuning_off() or os.environ.get("PDEFLOW_VARIANT"):
+        why = "PDEFLOW_TUNE=off" if tuner.tuning_off() else "PDEFLOW_VARIANT set"
+        res["tuning"] = {"skipped": why, "float64": {"in_use": variant_in_use(problem, sz["N"])},
+                         "float32": {"in_use": variant_in_use(p32, sz["N"])}}
+    else:
+        log(f"[bench] kernel variants: {len(tuner.candidates())} candidates timed on grad Phi, float64 and float32")
+        res["tuning"] = {"float64": tune_problem(problem, omega, mass, p.tune_repeats),
+                         "float32": tune_problem(p32, omega, mass, p.tune_repeats)}
+    res["tuning"]["plans"] = tuner.summary()
+    done()
+
     # ---- grad Phi, the explicit step and float32, interleaved ---------------------------------------
     log(f"[bench] grad Phi at {sz}: float64, float32, explicit Euler step ({p.repeats} interleaved runs)")
     dt = 1e-3
@@ -214,15 +233,20 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     # ---- threads (subprocesses) -------------------------------------------------------------------
     log("[bench] 1 vs 2 threads (subprocesses)")
     # fresh processes, alternated (1, 2, 1, 2, ...) so that a noisy machine slows both alike
-    samples: dict[int, dict[str, list]] = {th: {"time": [], "cpu_time": []} for th in (1, 2)}
+    keys = ("time", "cpu_time", "logits_pass", "gradient_pass")
+    samples: dict[int, dict[str, list]] = {th: {k: [] for k in keys} for th in (1, 2)}
     for _ in range(p.thread_rounds):
         for th in (1, 2):
             r = spawn("grad_phi", threads=th, config=config, n=p.n, b=p.b, t=p.t, repeats=p.repeats)
-            for key in ("time", "cpu_time"):
-                samples[th][key] += r[key]["samples"]
+            for key in keys:
+                samples[th][key] += (r[key] if key in r else r["passes"][key])["samples"]
     res["threads"] = {str(th): {key: summary(v) for key, v in samples[th].items()} | {"rounds": p.thread_rounds}
                       for th in (1, 2)}
     res["thread_speedup_1_to_2"] = res["threads"]["1"]["time"]["median"] / res["threads"]["2"]["time"]["median"]
+    # per pass: which of the two scales worse (the logits pass splits blocks of sequences, the gradient pass
+    # chunks of heads)
+    res["thread_speedup_passes"] = {k: res["threads"]["1"][k]["median"] / res["threads"]["2"][k]["median"]
+                                    for k in ("logits_pass", "gradient_pass")}
 
     done()
 
@@ -256,8 +280,6 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     done()
 
     try:
-        import os
-
         res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
@@ -303,7 +325,7 @@ def markdown(res: dict[str, Any]) -> str:
              f"Problem: {Path(res['config']).name} with N={sz['N']}, B={sz['B']}, T={sz['T']}, d={sz['d']}, "
              f"dh={sz['dh']}, V={sz['V']}; model flops per grad Phi {res['flops']['model'] / 1e9:.2f} GFLOP "
              f"(executed by pdeflow: {res['flops']['executed'] / 1e9:.2f}).",
-             _codegen_line(cg), "",
+             _codegen_line(cg), _tuning_line(res.get("tuning", {})), "",
              "| measurement | value | target | met |",
              "| --- | --- | --- | --- |"]
     times = res["times"]
@@ -343,8 +365,11 @@ def markdown(res: dict[str, Any]) -> str:
     thr = res["threads"]
     cpu = (f"; CPU time {thr['1']['cpu_time']['median']:.3f} s -> {thr['2']['cpu_time']['median']:.3f} s"
            if "cpu_time" in thr["1"] else "")
+    passes = res.get("thread_speedup_passes")
+    per_pass = (f"; logits pass {passes['logits_pass']:.2f}x, gradient pass {passes['gradient_pass']:.2f}x"
+                if passes else "")
     lines.append(row("1 -> 2 threads", f"{res['thread_speedup_1_to_2']:.2f}x ({thr['1']['time']['median']:.3f} s -> "
-                     f"{thr['2']['time']['median']:.3f} s{cpu})", "thread_speedup_1_to_2"))
+                     f"{thr['2']['time']['median']:.3f} s{cpu}{per_pass})", "thread_speedup_1_to_2"))
     lines.append(row("explicit Euler step / grad Phi", f"{res['step_over_grad_phi']:.3f}", "step_over_grad_phi"))
     for axis in ("N", "B", "T"):
         s = res["scaling"][axis]
@@ -385,6 +410,26 @@ def _codegen_line(cg: dict[str, Any]) -> str:
     return (f"Kernels compiled by LLVM for `{cg['llvm_cpu']}` (prefer-256-bit: {cg['prefer_256_bit']}; features "
             f"chosen by {cg['features_chosen_by']}; AVX-512F {'yes' if cg['avx512f'] else 'no'}): vector width "
             f"{cg['vector_width']} ({cg.get('vector_bits') or '-'} bit){tile}.")
+
+
+def _tuning_line(tuning: dict[str, Any]) -> str:
+    """The kernel variants in use (pdeflow.tuner) and why, per dtype, with the candidates' medians."""
+    if not tuning:
+        return ""
+    parts = []
+    for dtype in ("float64", "float32"):
+        rec = tuning.get(dtype, {})
+        use = rec.get("in_use")
+        if not use:
+            continue
+        cands = "; ".join(f"{k}: {v:.3f} s" for k, v in rec.get("seconds", {}).items())
+        parts.append(f"{dtype} `{use['variant']}` ({use['why']}{': ' + rec['why'] if 'why' in rec else ''}"
+                     f"{'; candidates ' + cands if cands else ''})")
+    width = tuning.get("plans", {}).get("width")
+    skipped = f" Not measured in this run: {tuning['skipped']}." if "skipped" in tuning else ""
+    return ("Kernel variants (pdeflow.tuner, chosen per CPU and shape class): " + ", ".join(parts) + "."
+            + (f" Vector width remembered for this CPU: {width['bits']} bit ({width['why']})." if width else "")
+            + skipped)
 
 
 def write(res: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:

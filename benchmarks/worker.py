@@ -2,11 +2,12 @@
 peak memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is a process-wide high-water mark).
 
 ``python -m pdeflow.benchmarks.worker TASK --config PATH [--n N] [--b B] [--repeats R]`` prints one JSON line.
-Tasks: ``grad_phi`` (median time of ``Problem.grad_phi`` at the particles), ``torch`` (PyTorch autograd
-float64 and float32 interleaved with pdeflow, see :func:`torch_baselines`), ``memory-step`` (peak memory of
-one ``Problem.evaluate`` + explicit Euler update, done in place), ``memory-kernel`` (peak memory of
-``mean_field.grad_phi_data`` alone, given the residual features). The memory tasks draw their N particles
-in place (N x k floats allocated once) so that the high-water mark is that of the evaluation.
+Tasks: ``grad_phi`` (median time of ``Problem.grad_phi`` at the particles, and of its two passes,
+interleaved), ``torch`` (PyTorch autograd float64 and float32 interleaved with pdeflow, see
+:func:`torch_baselines`), ``memory-step`` (peak memory of one ``Problem.evaluate`` + explicit Euler
+update, done in place), ``memory-kernel`` (peak memory of ``mean_field.grad_phi_data`` alone, given the
+residual features). The memory tasks draw their N particles in place (N x k floats allocated once) so that
+the high-water mark is that of the evaluation.
 """
 from __future__ import annotations
 
@@ -61,9 +62,12 @@ def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int,
             problem.grad_phi(omega, omega, mass)
             cpu.append(time.process_time() - t0)
 
-        times = interleaved({"grad_phi": timed_grad}, repeats)["grad_phi"]
-        out["time"] = summary(times)
+        G = problem.residual_features(omega, mass)
+        t = interleaved({"grad_phi": timed_grad, "logits_pass": lambda: problem.residual_features(omega, mass),
+                         "gradient_pass": lambda: problem.grad_phi_field(omega, G)}, repeats)
+        out["time"] = summary(t["grad_phi"])
         out["cpu_time"] = summary(cpu[-repeats:])  # process CPU seconds (all threads) of the timed runs
+        out["passes"] = {k: summary(t[k]) for k in ("logits_pass", "gradient_pass")}
     elif task == "torch":
         out.update(torch_baselines(problem, omega, mass, numba.get_num_threads(), repeats))
     elif task == "memory-step":
@@ -119,12 +123,16 @@ def torch_baselines(problem, omega, mass, threads: int, repeats: int) -> dict[st
 
 
 def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_CONFIG, n: int | None = None,
-          b: int | None = None, repeats: int = 3, timeout: float = 1800.0, t: int | None = None) -> dict[str, Any]:
+          b: int | None = None, repeats: int = 3, timeout: float = 1800.0, t: int | None = None,
+          env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run a worker task in a fresh interpreter; ``threads``: pdeflow's thread count in it (numba's and
-    OpenMP's variables; BLAS on one thread, as pdeflow runs it - see :func:`pdeflow.jit.thread_environment`)."""
+    OpenMP's variables; BLAS on one thread, as pdeflow runs it - see :func:`pdeflow.jit.thread_environment`);
+    ``env``: more environment variables (e.g. ``PDEFLOW_VARIANT``)."""
     from pdeflow.jit import thread_environment
 
+    extra = env or {}
     env = dict(os.environ)
+    env.update(extra)
     if threads is not None:
         env.update(thread_environment(threads))
     root = str(Path(__file__).resolve().parent.parent)

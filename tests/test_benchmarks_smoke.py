@@ -2,6 +2,7 @@
 at a tiny size - PyTorch baselines only where torch is installed - and writes a JSON record and a markdown
 table. The numbers are not checked (benchmarks stay out of the test suite); the structure is."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_benchmark_runs_at_tiny_size(tmp_path):
+    # the kernel planner measures too (its plan file in a temporary directory, not the user's cache)
+    env = {k: v for k, v in os.environ.items() if k not in ("PDEFLOW_TUNE", "PDEFLOW_VARIANT")}
+    env["PDEFLOW_CACHE_DIR"] = str(tmp_path / "plans")
     proc = subprocess.run([sys.executable, "-m", "pdeflow.benchmarks", "--preset", "tiny", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| measurement | value | target | met |" in proc.stdout
     (js,) = tmp_path.glob("bench-tiny-*.json")
@@ -56,6 +60,18 @@ def test_benchmark_runs_at_tiny_size(tmp_path):
     for key in missed:
         assert f"**MISSED** {key} (" in table
     assert f"`{cg['llvm_cpu']}`" in table and res["machine"]["cpu"]["model"] in table
+    # what the planner chose and why, remembered under this machine's key
+    from pdeflow import tuner
+
+    labels = {v.label for v in tuner.candidates()}
+    for dtype in ("float64", "float32"):
+        rec = res["tuning"][dtype]
+        assert rec["variant"] in labels and set(rec["seconds"]) == labels and rec["why"]
+        assert rec["in_use"]["variant"] == rec["variant"] and rec["in_use"]["why"] == "measured"
+    plans = json.loads((tmp_path / "plans" / tuner.PLAN_FILE).read_text())
+    assert len(plans[res["tuning"]["plans"]["machine"]]["shapes"]) == 2
+    assert "Kernel variants (pdeflow.tuner" in table and res["tuning"]["float64"]["variant"] in table
+    assert set(res["thread_speedup_passes"]) == {"logits_pass", "gradient_pass"}
 
 
 def test_bench_command_rejects_a_bad_config_in_one_line(tmp_path):
