@@ -115,7 +115,7 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
                       "morse_index_lower": s.morse_index_lower, "n_symmetry": s.n_symmetry}
     total_wall = f["wall"] + point.wall + point.certify_wall
     res["total"] = {"wall": total_wall, "grad_equivalents": f["grad_equivalents"] + point.gradient_equivalents}
-    log(f"minimum: {point.verdict}, E* = {point.energy:.10g}, I = {point.dissipation:.3e}; solve {point.wall:.1f} s, "
+    log(f"minimum: {point.verdict}, E = {point.energy:.10g}, I = {point.dissipation:.3e}; solve {point.wall:.1f} s, "
         f"certification {point.certify_wall:.1f} s")
     if save is not None:
         res["load_after"] = _load()
@@ -152,7 +152,8 @@ def markdown(res: dict[str, Any]) -> str:
              f"| certification (spectrum ends) | {res['certification']['wall']:.1f} | "
              f"{res['certification']['grad_equivalents']:.0f} | {res['certification']['products']} JVPs |",
              f"| total | {res['total']['wall']:.1f} | {res['total']['grad_equivalents']:.0f} | |", "",
-             f"Result: **{m['verdict']}**, E* = {m['energy']:.10g}, I = {m['dissipation']:.3e} = "
+             f"Result: **{m['verdict']}**, {'E*' if m['certified'] else 'E'} = {m['energy']:.10g}, "
+             f"I = {m['dissipation']:.3e} = "
              f"{m['dissipation_ratio']:.3g} I(0); lambda_min = {m['lambda_min']:.6g} (residual "
              f"{m['lambda_min_residual']:.1e}), lambda_max = {m['lambda_max']:.6g}, Morse index >= "
              f"{m['morse_index_lower']}, {m['n_symmetry']} symmetry directions removed."]
