@@ -45,6 +45,8 @@ def cmd_stationary(args: argparse.Namespace) -> int:
         raise UsageError(f"--frame must be in {-F}..{F - 1}, got {args.frame}")
     if not (math.isfinite(args.ratio) and 0 < args.ratio < 1):
         raise UsageError(f"--ratio must be in (0, 1), got {args.ratio:g}")
+    if not math.isfinite(args.max_wall) or args.max_wall < 0:
+        raise UsageError(f"--max-wall must be >= 0 seconds, got {args.max_wall:g}")
     if args.krylov_dim < 2:
         raise UsageError(f"--krylov-dim must be >= 2, got {args.krylov_dim}")
     out = Path(args.output) if args.output else default_output(traj.path, args.kind)
@@ -60,7 +62,8 @@ def cmd_stationary(args: argparse.Namespace) -> int:
         problem.evaluate(traj.frames["omega"][0], mass).dissipation
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stationary: {msg}", flush=True))
     search = nearest if args.kind == "nearest" else minimum
-    point = search(problem, omega, mass, initial, ratio=args.ratio, krylov_dim=args.krylov_dim, progress=say)
+    point = search(problem, omega, mass, initial, ratio=args.ratio, krylov_dim=args.krylov_dim,
+                   max_wall=args.max_wall if args.max_wall > 0 else math.inf, progress=say)
     write_stationary(out, point, traj.config, problem, source=str(traj.path), frame=frame,
                      time_of_frame=float(traj.time[frame]), ratio=args.ratio)
     print(format_stationary(out, read_stationary(out)))
@@ -82,5 +85,7 @@ def add_command(subparsers) -> None:
                    help=f"converged when I <= ratio x I(0) (default {DISSIPATION_RATIO:g})")
     p.add_argument("--krylov-dim", type=int, default=KRYLOV_DIM,
                    help=f"Lanczos steps of the spectrum (default {KRYLOV_DIM})")
+    p.add_argument("--max-wall", type=float, default=0.0, metavar="SECONDS",
+                   help="stop the search after this many seconds and report the point reached (default: no limit)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_stationary)

@@ -159,7 +159,9 @@ class SpectrumEnds:
     ``|C x - theta x|`` (an eigenvalue lies within the residual of each); ``morse_index_lower``: the number of
     converged Ritz values below minus their residual, a lower bound on the number of negative eigenvalues (the
     Morse index at a stationary measure); ``n_symmetry`` symmetry directions removed; ``products`` JVPs spent;
-    ``lowest_vectors`` [N k, len(lowest)] their unit Ritz vectors in v-coordinates."""
+    ``lowest_vectors`` [N k, len(lowest)] their unit Ritz vectors in v-coordinates; ``lowest_ritz`` and
+    ``lowest_ritz_residual``: the lowest Ritz value, converged or not, an upper bound on the lowest eigenvalue
+    (Cauchy interlacing), and its residual."""
     lowest: np.ndarray
     lowest_residual: np.ndarray
     highest: np.ndarray
@@ -168,6 +170,15 @@ class SpectrumEnds:
     n_symmetry: int
     products: int
     lowest_vectors: np.ndarray
+    lowest_ritz: float = float("nan")
+    lowest_ritz_residual: float = float("nan")
+
+    @property
+    def positive_definite(self) -> bool:
+        """Whether the lowest Ritz value converged and exceeds its residual: an eigenvalue lies within the residual
+        of it, and none below it was seen (a Krylov space from a generic start misses none but by rounding)."""
+        return bool(self.lowest.size and self.lowest[0] == self.lowest_ritz
+                    and self.lowest_ritz - self.lowest_ritz_residual > 0)
 
     @property
     def lambda_min(self) -> float:
@@ -217,7 +228,8 @@ def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
     index = int(np.sum(converged & (values + residuals < 0)))
     return SpectrumEnds(lowest=values[low], lowest_residual=residuals[low], highest=values[high],
                         highest_residual=residuals[high], morse_index_lower=index, n_symmetry=sym.size,
-                        products=op.products, lowest_vectors=pairs.vectors[:, low])
+                        products=op.products, lowest_vectors=pairs.vectors[:, low], lowest_ritz=float(values[0]),
+                        lowest_ritz_residual=float(residuals[0]))
 
 
 __all__ = ["KRYLOV_DIM", "N_ENDS", "RITZ_TOL", "DenseSymmetry", "HessianOperator", "SpectrumEnds", "Symmetry",

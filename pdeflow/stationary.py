@@ -9,10 +9,10 @@ symmetry directions (orbit tangents) are projected out of every Newton system: E
 no information and make S singular.
 
 - :func:`nearest`: Newton's method on ``g(v) = 0``: each step solves ``Pi S Pi p = -g`` by MINRES (scipy;
-  S is symmetric and indefinite at a saddle) to a relative residual ``eta = min(ETA_MAX, sqrt(|g| / |g_0|))``
-  (superlinear), and is globalised by a backtracking line search on I (the step is a descent direction of I when
-  the solve is accurate: ``d/da I(v + a p) = 2 g^T S p ~ -2 I``). It converges to the stationary point, saddle or
-  minimum, whose basin of Newton's method holds the start.
+  S is symmetric and indefinite at a saddle) to a relative residual ``eta = min(ETA_MAX, |g| / |g_0|)``
+  (quadratic convergence once full steps are taken), and is globalised by a backtracking line search on I (the
+  step is a descent direction of I when the solve is accurate: ``d/da I(v + a p) = 2 g^T S p ~ -2 I``). It
+  converges to the stationary point, saddle or minimum, whose basin of Newton's method holds the start.
 - :func:`minimum`: ``scipy.optimize.minimize(method="trust-krylov")`` on E with ``hessp = Pi S Pi`` (the
   Lanczos-based GLTR subproblem solver follows directions of negative curvature to the trust region's boundary,
   so the iteration leaves saddles); when it stops at a point whose spectrum still has a converged negative
@@ -39,7 +39,7 @@ import scipy.sparse.linalg
 
 from .config import Config
 from .problem import Problem
-from .spectrum import KRYLOV_DIM, SpectrumEnds, hessian_operator, spectrum_ends
+from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends
 
 DISSIPATION_RATIO = 1e-12   # converged: I <= DISSIPATION_RATIO * I(0)
 JVP_GRADIENTS = 2.5          # one exact JVP in grad Phi evaluations (benchmarks/HVP_COST.md, quickstart row)
@@ -54,13 +54,16 @@ Progress = Callable[[str], None]
 
 
 class Counter:
-    """The energy and its mass-weighted gradient at ``v`` [N k], with the evaluations and products counted."""
+    """The energy and its mass-weighted gradient at ``v`` [N k] and the Hessian operators there, with the
+    evaluations and products counted (a repeated evaluation at the same ``v`` is served from memory, uncounted)."""
 
     def __init__(self, problem: Problem, mass: np.ndarray, shape: tuple[int, int]) -> None:
         self.problem, self.mass, self.shape = problem, np.asarray(mass, dtype=float), shape
         self.root = np.sqrt(self.mass)[:, None]
         self.gradients = 0
-        self.products = 0
+        self._retired_products = 0
+        self._op: HessianOperator | None = None
+        self._last: tuple[np.ndarray, float, np.ndarray] | None = None
         self.start = time.perf_counter()
 
     def omega(self, v: np.ndarray) -> np.ndarray:
@@ -73,35 +76,28 @@ class Counter:
 
     def energy_and_gradient(self, v: np.ndarray) -> tuple[float, np.ndarray]:
         """``E`` and ``g = M^(1/2) grad Phi`` [N k] (one grad Phi evaluation)."""
+        if self._last is not None and np.array_equal(self._last[0], v):
+            return self._last[1], self._last[2].copy()
         self.gradients += 1
         ev = self.problem.evaluate(self.omega(v), self.mass)
-        return ev.energy, (self.root * ev.grad_phi).ravel()
+        g = (self.root * ev.grad_phi).ravel()
+        self._last = (np.array(v, dtype=float), ev.energy, g.copy())
+        return ev.energy, g
 
-    def hessian(self, v: np.ndarray):
-        """``Pi S Pi`` at ``v`` (:func:`pdeflow.spectrum.hessian_operator`), its products added to the count."""
-        op = hessian_operator(self.problem, self.omega(v), self.mass)
-        counter = self
+    def hessian(self, v: np.ndarray) -> HessianOperator:
+        """``Pi S Pi`` at ``v`` (:func:`pdeflow.spectrum.hessian_operator`; its products are counted here)."""
+        self._retired_products = self.products
+        self._op = hessian_operator(self.problem, self.omega(v), self.mass)
+        return self._op
 
-        class Counted(scipy.sparse.linalg.LinearOperator):
-            def __init__(self) -> None:
-                super().__init__(dtype=np.float64, shape=op.shape)
-
-            def _matvec(self, x: np.ndarray) -> np.ndarray:
-                counter.products += 1
-                return op.matvec(x)
-
-            _rmatvec = _matvec
-
-        return Counted()
+    @property
+    def products(self) -> int:
+        """The JVP products of every operator :meth:`hessian` made."""
+        return self._retired_products + (self._op.products if self._op is not None else 0)
 
     @property
     def wall(self) -> float:
         return time.perf_counter() - self.start
-
-    @property
-    def gradient_equivalents(self) -> float:
-        """Gradients plus products at :data:`JVP_GRADIENTS` each."""
-        return self.gradients + JVP_GRADIENTS * self.products
 
 
 @dataclass
@@ -109,7 +105,8 @@ class StationaryPoint:
     """What a search found: the point ``omega`` [N, k] (masses ``mass`` [N]), its energy and dissipation, the
     dissipation ``initial_dissipation`` I(0) the target is relative to (``target = ratio * I(0)``), whether it
     ``converged`` (I <= target) and, for a minimum, is ``certified``; the spectrum ends there; the cost
-    (gradients, JVP products, wall seconds, of the search and of the certification); the history per iteration
+    (``gradients`` in all, JVP ``products`` of the search and ``certify_products`` of the spectrum, ``wall``
+    seconds in all of which ``certify_wall`` for the spectrum); the history per iteration
     (``energy``, ``dissipation``, cumulative ``products`` and ``gradients``) and a ``message``."""
     kind: str
     omega: np.ndarray
@@ -137,10 +134,9 @@ class StationaryPoint:
 
     @property
     def certified(self) -> bool:
-        """A local minimum: converged, and the lowest converged eigenvalue (symmetries removed) is positive by
-        more than its residual."""
-        s = self.spectrum
-        return bool(self.converged and s.lowest.size and s.lowest[0] - s.lowest_residual[0] > 0)
+        """A local minimum: converged, and the lowest Ritz value (symmetries removed) converged and positive by
+        more than its residual (:attr:`pdeflow.spectrum.SpectrumEnds.positive_definite`)."""
+        return bool(self.converged and self.spectrum.positive_definite)
 
     @property
     def gradient_equivalents(self) -> float:
@@ -156,7 +152,9 @@ class StationaryPoint:
             return "local minimum"
         if self.morse_index_lower > 0:
             return f"saddle of index >= {self.morse_index_lower}"
-        return "stationary, index not established (lowest eigenvalue not resolved from 0)"
+        if self.spectrum.lowest_ritz < 0:
+            return "saddle (a negative Ritz value, below the lowest eigenvalue's upper bound; not converged)"
+        return "stationary, index not established (lowest eigenvalue not converged or not resolved from 0)"
 
 
 class _History:
@@ -198,9 +196,10 @@ def newton_step(op: scipy.sparse.linalg.LinearOperator, g: np.ndarray, eta: floa
 
 def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, max_newton: int = MAX_NEWTON, krylov_dim: int = KRYLOV_DIM,
-            progress: Progress | None = None) -> StationaryPoint:
+            max_wall: float = math.inf, progress: Progress | None = None) -> StationaryPoint:
     """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
-    until ``I <= ratio * initial_dissipation``, then the spectrum there (``krylov_dim`` Lanczos steps)."""
+    until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, or ``max_wall`` seconds: then the point
+    reached is reported, not converged), then the spectrum there (``krylov_dim`` Lanczos steps)."""
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega))
     target = ratio * initial_dissipation
@@ -210,13 +209,18 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
     g0 = math.sqrt(I)
     hist = _History(c)
     hist.add(E, I)
-    message = f"{max_newton} Newton steps without reaching I <= {target:.3g}"
     it = 0
-    for it in range(1, max_newton + 1):
+    while True:
         if I <= target:
-            message = f"I = {I:.3g} <= {target:.3g} after {it - 1} Newton steps"
-            it -= 1
+            message = f"I = {I:.3g} <= {target:.3g} after {it} Newton steps"
             break
+        if it == max_newton:
+            message = f"{max_newton} Newton steps without reaching I <= {target:.3g}"
+            break
+        if c.wall > max_wall:
+            message = f"stopped after {max_wall:g} s ({it} Newton steps) without reaching I <= {target:.3g}"
+            break
+        it += 1
         eta = min(ETA_MAX, math.sqrt(I) / g0)
         p = newton_step(c.hessian(v), g, eta)
         alpha, accepted = 1.0, False
@@ -234,23 +238,22 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         hist.add(E, I)
         say(f"Newton {it}: E = {E:.12g}, I = {I:.3e}, step {alpha:g} x |p| = {np.linalg.norm(p):.3g}, "
             f"{c.products} products")
-    else:
-        if I <= target:
-            message = f"I = {I:.3g} <= {target:.3g} after {max_newton} Newton steps"
     return _finish(problem, "nearest", c, v, E, I, I0, initial_dissipation, target, it, message, hist,
                    krylov_dim, say)
 
 
 def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, max_iter: int = 2000, max_restarts: int = 5,
-            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, progress: Progress | None = None,
-            on_iterate: Callable[[np.ndarray], None] | None = None) -> StationaryPoint:
+            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, max_wall: float = math.inf,
+            progress: Progress | None = None, on_iterate: Callable[[np.ndarray], None] | None = None
+            ) -> StationaryPoint:
     """A local minimum of E from ``omega`` [N, k] (module docstring): trust-region Newton-Krylov
     (``scipy.optimize.minimize``, ``trust-krylov``, ``hessp`` the projected S) until ``I <= ratio *
     initial_dissipation``, then the spectrum; while a converged negative eigenvalue remains (at most
     ``max_restarts`` times) the search restarts from the point moved along its eigenvector by ``escape`` (0: by
-    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. ``on_iterate(omega)`` is
-    called with every iterate [N, k] (to keep the latest, say)."""
+    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. After ``max_wall`` seconds the
+    search stops at its latest iterate (reported, not converged). ``on_iterate(omega)`` is called with every
+    iterate [N, k] (to keep the latest, say)."""
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega))
     target = ratio * initial_dissipation
@@ -274,11 +277,12 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         return cache["op"].matvec(p)
 
     def record(x: np.ndarray) -> None:
-        e, grad = c.energy_and_gradient(x)
-        c.gradients -= 1  # the minimiser evaluated it already: a record, not a cost
+        e, grad = c.energy_and_gradient(x)  # evaluated by the minimiser already: from memory
         hist.add(e, float(grad @ grad))
         if on_iterate is not None:
             on_iterate(c.omega(x))
+        if c.wall > max_wall:
+            raise StopIteration  # scipy ends the minimisation at this iterate
         say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {float(grad @ grad):.3e}, {c.products} products, "
             f"{c.gradients} gradients, {c.wall:.1f} s")
 
@@ -295,13 +299,15 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         say(f"trust-krylov: E = {E:.12g}, I = {I:.3e} after {iterations} iterations, {c.products} products "
             f"({res.message})")
         message = f"trust-krylov: {res.message}"
+        if c.wall > max_wall:
+            message = f"stopped after {max_wall:g} s ({iterations} iterations) at I = {I:.3g} > {target:.3g}"
         if I > target:
             break
-        t0, before = time.perf_counter(), c.products
+        t0 = time.perf_counter()
         spectrum = spectrum_ends(problem, c.omega(v), mass, krylov_dim=krylov_dim)
+        c.gradients += 1  # the spectrum's start vector
         certify_products += spectrum.products
         certify_wall += time.perf_counter() - t0
-        del before
         say(f"spectrum: lowest {spectrum.lowest[:3]}, index >= {spectrum.morse_index_lower}")
         if spectrum.morse_index_lower == 0 or attempt == max_restarts:
             break
@@ -321,21 +327,19 @@ def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I:
             initial_dissipation: float, target: float, iterations: int, message: str, hist: _History,
             krylov_dim: int, say: Progress, spectrum: SpectrumEnds | None = None,
             certify: tuple[int, float] = (0, 0.0)) -> StationaryPoint:
-    products, wall = c.products, c.wall
     certify_products, certify_wall = certify
     if spectrum is None:
         t0 = time.perf_counter()
         spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim)
+        c.gradients += 1  # the spectrum's start vector
         certify_products += spectrum.products
         certify_wall += time.perf_counter() - t0
-    c.gradients += 1  # the spectrum's start vector
-    first = hist.rows[0]
     point = StationaryPoint(kind=kind, omega=c.omega(v), mass=c.mass.copy(), energy=E, dissipation=I,
-                            start_energy=first[0], start_dissipation=I_start, initial_dissipation=initial_dissipation,
-                            target=target, converged=bool(I <= target), spectrum=spectrum, gradients=c.gradients,
-                            products=products, wall=wall, certify_products=certify_products,
-                            certify_wall=certify_wall, iterations=iterations, message=message,
-                            history=hist.arrays())
+                            start_energy=hist.rows[0][0], start_dissipation=I_start,
+                            initial_dissipation=initial_dissipation, target=target, converged=bool(I <= target),
+                            spectrum=spectrum, gradients=c.gradients, products=c.products, wall=c.wall,
+                            certify_products=certify_products, certify_wall=certify_wall, iterations=iterations,
+                            message=message, history=hist.arrays())
     say(f"{kind}: {point.verdict}; E = {E:.12g}, I = {I:.3e}")
     return point
 
@@ -345,8 +349,9 @@ SCHEMA = "pdeflow-stationary"
 SCHEMA_VERSION = 1
 SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_energy", "start_dissipation",
            "initial_dissipation", "ratio", "target", "converged", "certified", "verdict", "morse_index_lower",
-           "n_symmetry", "lambda_min", "lambda_max", "iterations", "gradients", "products", "certify_products",
-           "gradient_equivalents", "jvp_gradients", "wall", "certify_wall", "message")
+           "n_symmetry", "lambda_min", "lambda_max", "lowest_ritz", "lowest_ritz_residual", "iterations",
+           "gradients", "products", "certify_products", "gradient_equivalents", "jvp_gradients", "wall",
+           "certify_wall", "message")
 
 
 def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, problem: Problem, *, source: str,
@@ -368,6 +373,7 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
               "ratio": float(ratio), "target": point.target, "converged": point.converged,
               "certified": point.certified, "verdict": point.verdict, "morse_index_lower": s.morse_index_lower,
               "n_symmetry": s.n_symmetry, "lambda_min": s.lambda_min, "lambda_max": s.lambda_max,
+              "lowest_ritz": s.lowest_ritz, "lowest_ritz_residual": s.lowest_ritz_residual,
               "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
               "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
               "jvp_gradients": JVP_GRADIENTS, "wall": point.wall, "certify_wall": point.certify_wall,

@@ -75,6 +75,7 @@ def test_minimum_escapes_the_saddle_to_a_certified_minimum(saddle):
     point = minimum(problem, omega, MASS, initial)
     assert point.energy < problem.energy(omega, MASS) - 1e-3
     assert point.converged and point.certified and point.verdict == "local minimum"
+    assert point.spectrum.positive_definite and point.spectrum.lowest_ritz == point.spectrum.lowest[0]
     values = dense_spectrum(problem, point.omega, MASS)
     assert values[0] > 0
     assert point.spectrum.lowest[0] == pytest.approx(values[0], abs=1e-10)
@@ -114,6 +115,14 @@ def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsy
     assert main(["diagnose", str(traj), "--stationary", str(out), "--no-write"]) == 0
     text = capsys.readouterr().out
     assert f"E*            {r['energy']:.12g} (E* of the stationary point found from frame 1)" in text
+
+    # a search stopped by --max-wall reports the point it reached, not converged
+    stopped = tmp_path / "stopped.h5"
+    assert main(["stationary", str(traj), "--kind", "minimum", "--frame", "0", "--max-wall", "1e-9", "-o",
+                 str(stopped), "--quiet"]) == 0
+    s = read_stationary(stopped)
+    assert not s["converged"] and s["verdict"] == "not converged" and "stopped after" in s["message"]
+    capsys.readouterr()
 
     # bad input: one line, exit 2, nothing overwritten
     before = out.read_bytes()
