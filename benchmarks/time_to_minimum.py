@@ -3,7 +3,8 @@
 ``python -m pdeflow.benchmarks.time_to_minimum [--wall SECONDS] [--n N] [--t-end T] [--max-iter M] [--out DIR]``:
 
 1. **flow**: the shipped long run (rkc) from t = 0 with ``run.wall_time_limit = --wall`` (default 300 s; ``--t-end``
-   bounds it in time instead, for a toy run), written to ``DIR/flow.h5``;
+   bounds it in time instead, for a toy run), written to ``DIR/flow.h5``; or ``--flow FILE``, such a run made
+   before (its own wall time and counts are this step's);
 2. **solve**: :func:`pdeflow.stationary.minimum` (trust-region Newton-Krylov with negative curvature) from its last
    frame, until ``I <= 1e-12 I(0)``, at most ``--max-iter`` iterations per attempt;
 3. **certification**: the spectrum ends there (:func:`pdeflow.spectrum.spectrum_ends`), part of step 2's result,
@@ -40,18 +41,21 @@ def _load() -> list[float]:
     return list(os.getloadavg())
 
 
-def flow(cfg, problem, path: Path, *, resume: bool = False) -> dict[str, Any]:
-    """Run (or continue) the flow into ``path``; its status, reach, energy and cost."""
+def flow(cfg, problem, path: Path, *, resume: bool = False, run_it: bool = True) -> dict[str, Any]:
+    """Run (or continue) the flow into ``path`` (``run_it`` False: only read a run already there); its status,
+    reach, energy and cost (``wall``: this call's, or the file's own wall time of a run read)."""
     from pdeflow.solvers.driver import run
 
     from pdeflow.diagnostics.spectral import run_gradient_equivalents
     from pdeflow.trajectory import open_trajectory
 
     t0 = time.perf_counter()
-    result = run(cfg, problem, path, resume=resume, quiet=True)
+    status = run(cfg, problem, path, resume=resume, quiet=True).status if run_it else None
     wall = time.perf_counter() - t0
     traj = open_trajectory(path)
-    return {"status": result.status, "wall": wall, "wall_in_file": float(traj.frames["wall_time"][-1]),
+    if not run_it:
+        status, wall = str(traj.attrs.get("status")), float(traj.frames["wall_time"][-1])
+    return {"status": status, "wall": wall, "wall_in_file": float(traj.frames["wall_time"][-1]),
             "t": float(traj.time[-1]), "energy": float(traj.frames["energy"][-1]),
             "dissipation": float(traj.frames["dissipation"][-1]),
             "initial_dissipation": float(traj.frames["dissipation"][0]), "frames": len(traj.time),
@@ -60,8 +64,10 @@ def flow(cfg, problem, path: Path, *, resume: bool = False) -> dict[str, Any]:
 
 def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None = None, max_iter: int = 2000,
               out: Path = RESULTS, compare: bool = True, overrides: tuple[str, ...] = (),
-              log=print) -> dict[str, Any]:
-    """The four steps of the module docstring; the result as a JSON-able dict."""
+              flow_file: Path | None = None, log=print, save=None) -> dict[str, Any]:
+    """The four steps of the module docstring; the result as a JSON-able dict. ``flow_file``: a run of the same
+    config from t = 0 already made (its own wall time and counts are step 1's). ``save(res)`` is called after the
+    solve and again at the end (a killed comparison keeps the rest)."""
     from pdeflow.config import load_config
     from pdeflow.problem import Problem
     from pdeflow.stationary import JVP_GRADIENTS, minimum, write_stationary
@@ -77,9 +83,14 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
     res: dict[str, Any] = {"config": str(LONGTIME.name), "overrides": overrides, "machine": machine(),
                            "load_before": _load(), "jvp_gradients": JVP_GRADIENTS}
     path = out / "flow.h5"
-    log(f"flow: longtime.toml with {' '.join(overrides)}")
-    path.unlink(missing_ok=True)  # this benchmark's own scratch file
-    res["flow"] = flow(cfg, problem, path)
+    log(f"flow: longtime.toml with {' '.join(overrides)}" + (f", read from {flow_file}" if flow_file else ""))
+    if flow_file is not None:
+        path = Path(flow_file)
+        res["flow_file"] = str(path)
+        res["flow"] = flow(cfg, problem, path, run_it=False)
+    else:
+        path.unlink(missing_ok=True)  # this benchmark's own scratch file
+        res["flow"] = flow(cfg, problem, path)
     f = res["flow"]
     log(f"flow: {f['status']} at t = {f['t']:.6g}, E = {f['energy']:.10g}, I = {f['dissipation']:.3e}, "
         f"{f['grad_equivalents']:.0f} gradient equivalents, {f['wall']:.1f} s")
@@ -91,7 +102,8 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
     write_stationary(out / "minimum.h5", point, cfg, problem, source=str(path), frame=len(traj.time) - 1,
                      time_of_frame=float(traj.time[-1]), ratio=point.target / f["initial_dissipation"])
     s = point.spectrum
-    res["solve"] = {"wall": point.wall, "gradients": point.gradients, "products": point.products,
+    # point.wall is the whole search, the certification's certify_wall included
+    res["solve"] = {"wall": point.wall - point.certify_wall, "gradients": point.gradients, "products": point.products,
                     "grad_equivalents": point.gradients + JVP_GRADIENTS * point.products,
                     "iterations": point.iterations, "message": point.message}
     res["certification"] = {"wall": point.certify_wall, "products": point.certify_products,
@@ -102,14 +114,17 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
                       "lambda_min": s.lambda_min, "lambda_min_residual": float(s.lowest_residual[0])
                       if s.lowest.size else float("nan"), "lambda_max": s.lambda_max,
                       "morse_index_lower": s.morse_index_lower, "n_symmetry": s.n_symmetry}
-    total_wall = f["wall"] + point.wall + point.certify_wall
+    total_wall = f["wall"] + point.wall
     res["total"] = {"wall": total_wall, "grad_equivalents": f["grad_equivalents"] + point.gradient_equivalents}
-    log(f"minimum: {point.verdict}, E* = {point.energy:.10g}, I = {point.dissipation:.3e}; solve {point.wall:.1f} s, "
-        f"certification {point.certify_wall:.1f} s")
+    log(f"minimum: {point.verdict}, E = {point.energy:.10g}, I = {point.dissipation:.3e}; solve "
+        f"{res['solve']['wall']:.1f} s, certification {point.certify_wall:.1f} s")
+    if save is not None:
+        res["load_after"] = _load()
+        save(res)
     if compare:
         longer = out / "flow_same_wall.h5"
         shutil.copyfile(path, longer)  # the flow continued on a copy: flow.h5 stays the solve's start
-        same = cfg.replace(run={"wall_time_limit": f["wall_in_file"] + point.wall + point.certify_wall})
+        same = cfg.replace(run={"wall_time_limit": f["wall_in_file"] + point.wall})
         res["flow_same_wall"] = flow(same, problem, longer, resume=True)
         g = res["flow_same_wall"]
         log(f"flow to the same wall time: t = {g['t']:.6g}, E = {g['energy']:.10g}, I = {g['dissipation']:.3e}")
@@ -129,7 +144,8 @@ def markdown(res: dict[str, Any]) -> str:
              f"{', '.join(f'{x:.1f}' for x in res['load_after'])} after: wall times depend on the load, the counts "
              f"do not. A JVP counts as {res['jvp_gradients']:g} gradient evaluations.", "",
              "| step | wall s | gradient equivalents | what |", "|---|---|---|---|",
-             f"| flow (rkc) | {f['wall']:.1f} | {f['grad_equivalents']:.0f} | {f['status']} at t = {f['t']:.6g}, "
+             f"| flow (rkc{', ' + res['flow_file'] if 'flow_file' in res else ''}) | {f['wall']:.1f} | "
+             f"{f['grad_equivalents']:.0f} | {f['status']} at t = {f['t']:.6g}, "
              f"E = {f['energy']:.10g}, I = {f['dissipation']:.3e} |",
              f"| solve (trust-region Newton-Krylov) | {res['solve']['wall']:.1f} | "
              f"{res['solve']['grad_equivalents']:.0f} | {res['solve']['iterations']} iterations, "
@@ -137,7 +153,8 @@ def markdown(res: dict[str, Any]) -> str:
              f"| certification (spectrum ends) | {res['certification']['wall']:.1f} | "
              f"{res['certification']['grad_equivalents']:.0f} | {res['certification']['products']} JVPs |",
              f"| total | {res['total']['wall']:.1f} | {res['total']['grad_equivalents']:.0f} | |", "",
-             f"Result: **{m['verdict']}**, E* = {m['energy']:.10g}, I = {m['dissipation']:.3e} = "
+             f"Result: **{m['verdict']}**, {'E*' if m['certified'] else 'E'} = {m['energy']:.10g}, "
+             f"I = {m['dissipation']:.3e} = "
              f"{m['dissipation_ratio']:.3g} I(0); lambda_min = {m['lambda_min']:.6g} (residual "
              f"{m['lambda_min_residual']:.1e}), lambda_max = {m['lambda_max']:.6g}, Morse index >= "
              f"{m['morse_index_lower']}, {m['n_symmetry']} symmetry directions removed."]
@@ -159,16 +176,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="change a key of longtime.toml (repeatable; toy runs)")
     p.add_argument("--no-compare", action="store_true", help="do not continue the flow for the solve's wall time")
+    p.add_argument("--flow", metavar="FILE", help="a run of longtime.toml (with the same --set keys) from t = 0 "
+                   "already made: step 1 read from it (its wall time and counts), not run")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     out = Path(args.out)
+
+    def save(res: dict[str, Any]) -> str:
+        (out / "time_to_minimum.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
+        text = markdown(res)
+        (out / "time_to_minimum.md").write_text(text)
+        return text
+
     res = benchmark(args.n, wall=args.wall, t_end=args.t_end, max_iter=args.max_iter, out=out,
                     compare=not args.no_compare, overrides=tuple(args.set),
-                    log=lambda s: print(s, file=sys.stderr, flush=True))
-    (out / "time_to_minimum.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
-    text = markdown(res)
-    (out / "time_to_minimum.md").write_text(text)
-    print(text)
+                    flow_file=Path(args.flow) if args.flow else None,
+                    log=lambda s: print(s, file=sys.stderr, flush=True), save=save)
+    print(save(res))
     return 0
 
 

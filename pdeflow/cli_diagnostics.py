@@ -27,7 +27,10 @@ the energy identity residual E(t) - E(0) + int I, the time stationarity is reach
 G = int Phi d rho - min_Omega Phi at chosen frames (certified for k <= 3, where E - G_bound is a lower bound;
 an estimate otherwise), the PL ratio I / (2 (E - E*)) and the KL exponent theta of
 I ~ C (E - E*)^(2 (1 - theta)) with a block-bootstrap 95% interval where E - E* is trustworthy (else the
-reason there is no KL regime), and clusters of heads with the attention maps of their representatives. Settings:
+reason there is no KL regime), clusters of heads with the attention maps of their representatives, and for particle
+runs the spectral record: lambda_min, lambda_max and a Morse index bound of the mass-weighted Hessian at every
+diagnostics.spectrum_every-th frame near a stationary point, printed as phases (descent, near a saddle of index
+>= n, near a minimum). Settings:
 the file's [diagnostics] section, changed by the options; minimizers of Phi stored by an earlier analysis seed the
 new gap search."""
 PLOT_HELP = """Write the figures of a trajectory into a folder, headless: energy and dissipation, the gap, the PL

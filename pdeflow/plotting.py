@@ -358,6 +358,14 @@ def animate_measure(traj: Trajectory, path: str | Path, coords: Sequence[int] | 
     return written
 
 
+def _span_edges(times: np.ndarray, end: float) -> np.ndarray:
+    """Edges [A + 1] of the time bands of the analysed frames ``times`` [A]: the geometric (arithmetic at t = 0)
+    midpoints between neighbours, the first frame's time and ``end`` outside."""
+    times = np.asarray(times, dtype=float)
+    mids = [math.sqrt(a * b) if a > 0 else 0.5 * (a + b) for a, b in zip(times[:-1], times[1:])]
+    return np.array([times[0], *mids, max(end, times[-1])])
+
+
 def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     """E, I and ``lambda_min`` of S (error bars: its residual; the lower bound on the Morse index beside each
     negative one) against time on a log axis, the spans of analysed frames near a saddle shaded and near a
@@ -382,13 +390,17 @@ def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Pat
     axes[2].set_yscale("symlog", linthresh=max(1e-8, float(np.nanmin(np.abs(lo[ok])))) if ok.any() else 1e-3)
     axes[2].set_ylabel("lambda_min of S (index >= n marked)")
     spans = phase_spans(ts, rec.phases)
+    edges = _span_edges(ts, float(t[-1]))
     for ax in axes:
         time_axis(ax, np.concatenate([t, ts]))
+        ax.set_xlim(float(min(t[0], ts[0])), float(max(t[-1], ts[-1])))
         ax.set_xlabel("t")
-        for first, last, phase, _ in spans:
+        start = 0
+        for _, _, phase, n in spans:
             if phase != DESCENT:
-                ax.axvspan(first, last if last > first else first * 1.05 + 1e-12,
-                           color={MINIMUM: "C2", DEGENERATE: "0.6"}.get(phase, "C1"), alpha=0.2, lw=0)
+                ax.axvspan(edges[start], edges[start + n], lw=0, alpha=0.2,
+                           color={MINIMUM: "C2", DEGENERATE: "0.6"}.get(phase, "C1"))
+            start += n
     axes[2].set_title("shaded: near a saddle (orange), near a minimum (green)", fontsize=8)
     fig.suptitle(_title(traj, "spectrum of S: E, I and lambda_min"))
     return _save(fig, path)
@@ -397,7 +409,8 @@ def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Pat
 def plot_all(traj: Trajectory, analysis: Analysis, outdir: str | Path, *, coords: Sequence[int] | None = None,
              frame: int = -1, movie: bool = True, fps: int = 5) -> list[Path]:
     """Every figure the file supports, as ``energy.png``, ``gap.png``, ``pl.png``, ``kl.png``,
-    ``particles.png`` or ``density.png``, ``attention.png`` and ``measure.gif`` (+ ``.mp4``) in ``outdir``.
+    ``particles.png`` or ``density.png``, ``attention.png``, ``spectrum.png`` (a spectral record with at least one
+    spectrum computed) and ``measure.gif`` (+ ``.mp4``) in ``outdir``.
 
     Figures whose data are missing (no gap computed, no E*) are left out. Returns the files written."""
     out = Path(outdir)
@@ -413,7 +426,7 @@ def plot_all(traj: Trajectory, analysis: Analysis, outdir: str | Path, *, coords
         written.append(plot_particles(traj, analysis, out / "particles.png", frame, coords))
     if analysis.clusters is not None and len(analysis.clusters.mass):
         written.append(plot_attention(traj, analysis, out / "attention.png"))
-    if analysis.spectrum is not None and analysis.spectrum.spectrum_frame.size:
+    if analysis.spectrum is not None and np.any(analysis.spectrum.spectrum_products > 0):  # a spectrum computed
         written.append(plot_spectrum(traj, analysis, out / "spectrum.png"))
     if movie and len(traj.time) > 1:
         written.extend(animate_measure(traj, out / "measure.gif", coords, fps))
