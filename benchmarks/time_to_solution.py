@@ -539,12 +539,11 @@ def race_fits(rows: list[dict[str, Any]], t: float) -> dict[str, dict[str, float
 def race_plot(res: dict[str, Any], path: Path) -> None:
     """The work-precision plot: energy error against gradient equivalents, one line per method, one panel per time
     the reference recorded."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # its own Agg canvas: a caller's backend and pyplot are left alone
 
     marks = sorted({row["t"] for row in res["table"]["rows"]})
-    fig, axes = plt.subplots(1, len(marks), figsize=(5.2 * len(marks), 4.4), squeeze=False)
+    fig = Figure(figsize=(5.2 * len(marks), 4.4))
+    axes = fig.subplots(1, len(marks), squeeze=False)
     for ax, t in zip(axes[0], marks):
         rows = [r for r in res["table"]["rows"] if r["t"] == t]
         for method in sorted({r["method"] for r in rows}):
@@ -560,7 +559,6 @@ def race_plot(res: dict[str, Any], path: Path) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def race_render(folder: Path, table_json: Path | None, reference: str, check: str | None,
