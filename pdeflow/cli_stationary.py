@@ -2,8 +2,8 @@
 frame of a particle trajectory, classified by its spectrum (:mod:`pdeflow.stationary`).
 
 ``nearest``: Newton-Krylov on the velocity field (the stationary point next to the frame, saddle or minimum);
-``minimum``: trust-region Newton with negative curvature (a local minimum, certified by a positive lowest
-eigenvalue). Both stop at ``I <= ratio I(0)`` (I(0): the dissipation of the run's first frame) and write a result
+``minimum``: a descent search (L-BFGS, or trust-region Newton with ``--method trust-region``) restarted along the
+negative curvature of every saddle it stops at (a local minimum, certified by a positive lowest eigenvalue). Both stop at ``I <= ratio I(0)`` (I(0): the dissipation of the run's first frame) and write a result
 file that ``pdeflow info`` prints and ``pdeflow diagnose --stationary`` takes E* from.
 """
 from __future__ import annotations
@@ -16,13 +16,14 @@ import numpy as np
 
 from .exit_codes import EXIT_OK, HELP
 from .spectrum import KRYLOV_DIM
-from .stationary import DISSIPATION_RATIO, KINDS, format_stationary, minimum, nearest, read_stationary, write_stationary
+from .stationary import DISSIPATION_RATIO, KINDS, METHODS, format_stationary, minimum, nearest, read_stationary, write_stationary
 from .trajectory import open_trajectory
 
 STATIONARY_HELP = """Find a stationary point of the particle flow from a frame of a trajectory and classify it by
 the spectrum of the mass-weighted Hessian (symmetry directions removed): --kind nearest (Newton-Krylov on the
-velocity field: the saddle or minimum next to the frame) or --kind minimum (trust-region Newton that follows
-negative curvature: a local minimum, certified when the lowest eigenvalue is positive beyond its residual).
+velocity field: the saddle or minimum next to the frame) or --kind minimum (L-BFGS, or trust-region Newton with --method
+trust-region, restarted along the negative curvature of each saddle it stops at: a local minimum, certified when
+the lowest eigenvalue is positive beyond its residual).
 Converged when the dissipation I <= ratio x I(0), I(0) the dissipation of the run's first frame. Writes the point,
 its energy, index, converged eigenvalues with residuals, unstable directions and the cost to RESULT (HDF5)."""
 
@@ -61,9 +62,12 @@ def cmd_stationary(args: argparse.Namespace) -> int:
     initial = float(traj.frames["dissipation"][0]) if "dissipation" in traj.frames else \
         problem.evaluate(traj.frames["omega"][0], mass).dissipation
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stationary: {msg}", flush=True))
+    if args.method is not None and args.kind != "minimum":
+        raise UsageError("--method chooses the search of --kind minimum; nearest is Newton-Krylov")
+    options = {"method": args.method or METHODS[0]} if args.kind == "minimum" else {}
     search = nearest if args.kind == "nearest" else minimum
     point = search(problem, omega, mass, initial, ratio=args.ratio, krylov_dim=args.krylov_dim,
-                   max_wall=args.max_wall if args.max_wall > 0 else math.inf, progress=say)
+                   max_wall=args.max_wall if args.max_wall > 0 else math.inf, progress=say, **options)
     write_stationary(out, point, traj.config, problem, source=str(traj.path), frame=frame,
                      time_of_frame=float(traj.time[frame]), ratio=args.ratio)
     print(format_stationary(out, read_stationary(out)))
@@ -78,6 +82,8 @@ def add_command(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="particle trajectory (.h5)")
     p.add_argument("--kind", choices=KINDS, required=True, help="nearest: Newton-Krylov; minimum: a local minimum")
+    p.add_argument("--method", choices=METHODS, default=None,
+                   help=f"the descent search of --kind minimum (default {METHODS[0]})")
     p.add_argument("--frame", type=int, default=-1, help="frame to start from (default: the last)")
     p.add_argument("-o", "--output", help="result file (default: <file stem>-<kind>.h5 beside the file)")
     p.add_argument("--force", action="store_true", help="overwrite an existing result file")

@@ -1,5 +1,5 @@
 """Stationary points of the particle flow (:mod:`pdeflow.stationary`, ``pdeflow stationary``): Newton-Krylov returns
-to a perturbed known saddle with its index, the trust-region search escapes it to a certified minimum (checked by a
+to a perturbed known saddle with its index, each minimum search escapes it to a certified minimum (checked by a
 dense eigendecomposition), and the result file is read back by ``info`` and ``diagnose --stationary``."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pdeflow.cli import main
 from pdeflow.model import split_theta
 from pdeflow.spectrum import hessian_operator, symmetry_basis
 from pdeflow.stability import analyse_point, complement_spectrum, find_stationary_points
-from pdeflow.stationary import SCHEMA, minimum, nearest, read_stationary
+from pdeflow.stationary import METHODS, SCHEMA, minimum, nearest, read_stationary
 from pdeflow.trajectory import open_trajectory
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates, 27 sequences exactly
 
@@ -67,12 +67,13 @@ def test_nearest_returns_to_a_perturbed_saddle_with_its_index(saddle):
     assert point.products > 0 and point.history["dissipation"][-1] == point.dissipation
 
 
-def test_minimum_escapes_the_saddle_to_a_certified_minimum(saddle):
-    """Started exactly at the saddle (zero gradient), the search follows the unstable eigenvector down and stops
+@pytest.mark.parametrize("method", METHODS)
+def test_minimum_escapes_the_saddle_to_a_certified_minimum(saddle, method):
+    """Started exactly at the saddle (zero gradient), each search follows the unstable eigenvector down and stops
     at a lower point with I <= 1e-12 I(0) whose lowest eigenvalue is positive beyond its residual; a dense
     eigendecomposition there agrees: positive definite on the complement of the symmetry directions."""
     problem, omega, index, initial = saddle
-    point = minimum(problem, omega, MASS, initial)
+    point = minimum(problem, omega, MASS, initial, method=method)
     assert point.energy < problem.energy(omega, MASS) - 1e-3
     assert point.converged and point.certified and point.verdict == "local minimum"
     assert point.spectrum.positive_definite and point.spectrum.lowest_ritz == point.spectrum.lowest[0]
