@@ -2,8 +2,9 @@
 frame of a particle trajectory, classified by its spectrum (:mod:`pdeflow.stationary`).
 
 ``nearest``: Newton-Krylov on the velocity field (the stationary point next to the frame, saddle or minimum);
-``minimum``: a descent search (L-BFGS, or trust-region Newton with ``--method trust-region``) restarted along the
-negative curvature of every saddle it stops at (a local minimum, certified by a positive lowest eigenvalue). Both stop at ``I <= ratio I(0)`` (I(0): the dissipation of the run's first frame) and write a result
+``minimum``: a descent search (L-BFGS, or trust-region Newton with ``--method trust-region``) restarted along
+the negative curvature of every saddle it stops at (a local minimum, certified by a positive lowest
+eigenvalue). Both stop at ``I <= ratio I(0)`` (I(0): the dissipation of the run's first frame) and write a result
 file that ``pdeflow info`` prints and ``pdeflow diagnose --stationary`` takes E* from.
 """
 from __future__ import annotations
@@ -16,7 +17,16 @@ import numpy as np
 
 from .exit_codes import EXIT_OK, HELP
 from .spectrum import KRYLOV_DIM
-from .stationary import DISSIPATION_RATIO, KINDS, METHODS, format_stationary, minimum, nearest, read_stationary, write_stationary
+from .stationary import (
+    DISSIPATION_RATIO,
+    KINDS,
+    METHODS,
+    format_stationary,
+    minimum,
+    nearest,
+    read_stationary,
+    write_stationary,
+)
 from .trajectory import open_trajectory
 
 STATIONARY_HELP = """Find a stationary point of the particle flow from a frame of a trajectory and classify it by
