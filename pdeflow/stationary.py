@@ -1,5 +1,6 @@
 """Stationary points of the particle flow: the one next to a state (Newton-Krylov) and a local minimum
-(a descent search that leaves saddles along their negative curvature), certified by the spectrum of the mass-weighted Hessian.
+(a descent search that leaves saddles along their negative curvature), certified by the spectrum of the
+mass-weighted Hessian.
 
 The particles ``omega`` [N, k] with fixed masses ``mass`` [N] are written in the mass-weighted coordinates
 ``v = M^(1/2) omega`` (flat [N k]). There the energy's gradient is ``g = M^(1/2) grad Phi`` (``grad Phi`` at the
@@ -472,5 +473,5 @@ def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "LBFGS_MEMORY", "METHODS", "SCHEMA", "StationaryPoint", "format_stationary",
-           "is_stationary_file", "minimum", "nearest", "read_stationary", "write_stationary"]
+__all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "LBFGS_MEMORY", "METHODS", "SCHEMA", "StationaryPoint",
+           "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary", "write_stationary"]
