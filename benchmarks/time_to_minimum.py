@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -62,7 +63,8 @@ def flow(cfg, problem, path: Path, *, resume: bool = False, run_it: bool = True)
             "grad_equivalents": run_gradient_equivalents(traj.steps), "steps": len(traj.steps.get("time", ())) - 1}
 
 
-def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None = None, max_iter: int = 2000,
+def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None = None, max_iter: int = 0,
+              method: str = "lbfgs", solve_wall: float = math.inf,
               out: Path = RESULTS, compare: bool = True, overrides: tuple[str, ...] = (),
               flow_file: Path | None = None, log=print, save=None) -> dict[str, Any]:
     """The four steps of the module docstring; the result as a JSON-able dict. ``flow_file``: a run of the same
@@ -97,13 +99,14 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
     traj = open_trajectory(path)
     omega = np.asarray(traj.frames["omega"][-1], dtype=float)
     mass = np.asarray(traj.frames["mass"][-1], dtype=float)
-    point = minimum(problem, omega, mass, f["initial_dissipation"], max_iter=max_iter,
-                    progress=lambda msg: log(f"minimum: {msg}"))
+    point = minimum(problem, omega, mass, f["initial_dissipation"], max_iter=max_iter, method=method,
+                    max_wall=solve_wall, progress=lambda msg: log(f"minimum: {msg}"))
     write_stationary(out / "minimum.h5", point, cfg, problem, source=str(path), frame=len(traj.time) - 1,
                      time_of_frame=float(traj.time[-1]), ratio=point.target / f["initial_dissipation"])
     s = point.spectrum
     # point.wall is the whole search, the certification's certify_wall included
-    res["solve"] = {"wall": point.wall - point.certify_wall, "gradients": point.gradients, "products": point.products,
+    res["solve"] = {"method": method, "wall": point.wall - point.certify_wall, "gradients": point.gradients,
+                    "products": point.products,
                     "grad_equivalents": point.gradients + JVP_GRADIENTS * point.products,
                     "iterations": point.iterations, "message": point.message}
     res["certification"] = {"wall": point.certify_wall, "products": point.certify_products,
@@ -132,6 +135,9 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
     return res
 
 
+SEARCHES = {"lbfgs": "L-BFGS", "trust-region": "trust-region Newton-Krylov"}
+
+
 def markdown(res: dict[str, Any]) -> str:
     """The result as a short markdown report."""
     cpu = res["machine"].get("cpu") or {}
@@ -147,7 +153,7 @@ def markdown(res: dict[str, Any]) -> str:
              f"| flow (rkc{', ' + res['flow_file'] if 'flow_file' in res else ''}) | {f['wall']:.1f} | "
              f"{f['grad_equivalents']:.0f} | {f['status']} at t = {f['t']:.6g}, "
              f"E = {f['energy']:.10g}, I = {f['dissipation']:.3e} |",
-             f"| solve (trust-region Newton-Krylov) | {res['solve']['wall']:.1f} | "
+             f"| solve ({SEARCHES[res['solve'].get('method', 'trust-region')]}) | {res['solve']['wall']:.1f} | "
              f"{res['solve']['grad_equivalents']:.0f} | {res['solve']['iterations']} iterations, "
              f"{res['solve']['products']} JVPs, {res['solve']['gradients']} gradients; {res['solve']['message']} |",
              f"| certification (spectrum ends) | {res['certification']['wall']:.1f} | "
@@ -172,7 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wall", type=float, default=300.0, help="wall-time limit of the flow (s, default 300)")
     p.add_argument("--t-end", type=float, help="stop the flow at this time instead (toy runs)")
     p.add_argument("--n", type=int, help="particles and sequences (default: longtime.toml's 128)")
-    p.add_argument("--max-iter", type=int, default=2000, help="trust-region iterations per attempt at most")
+    p.add_argument("--max-iter", type=int, default=0,
+                   help="iterations of each search at most (default: pdeflow.stationary.MAX_ITER of the method)")
+    p.add_argument("--method", choices=("lbfgs", "trust-region"), default="lbfgs",
+                   help="the descent search of the minimum (default lbfgs)")
+    p.add_argument("--solve-wall", type=float, default=0.0, metavar="SECONDS",
+                   help="stop the search after this many seconds: the point reached is reported, not "
+                   "converged (default: no limit)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="change a key of longtime.toml (repeatable; toy runs)")
     p.add_argument("--no-compare", action="store_true", help="do not continue the flow for the solve's wall time")
@@ -188,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "time_to_minimum.md").write_text(text)
         return text
 
-    res = benchmark(args.n, wall=args.wall, t_end=args.t_end, max_iter=args.max_iter, out=out,
+    res = benchmark(args.n, wall=args.wall, t_end=args.t_end, max_iter=args.max_iter, method=args.method,
+                    solve_wall=args.solve_wall if args.solve_wall > 0 else math.inf, out=out,
                     compare=not args.no_compare, overrides=tuple(args.set),
                     flow_file=Path(args.flow) if args.flow else None,
                     log=lambda s: print(s, file=sys.stderr, flush=True), save=save)
