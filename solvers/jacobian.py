@@ -104,7 +104,7 @@ def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
     ``d = dims``: Lanczos with full reorthogonalisation (twice, Kahan-Parlett), d products of ``apply`` (fewer if
     the space is invariant; the caller's ``apply`` counts them). ``T = Q^T C Q`` from the stored images ``C Q``, so
     the residuals ``|C Q y - theta Q y|`` are computed, not estimated, and hold with rounding whatever the loss
-    of orthogonality. Memory: two [n, d] arrays."""
+    of orthogonality. Memory: two [n, d] arrays. ValueError when ``Pi start`` is zero or not finite (no space)."""
     def op(x: np.ndarray) -> np.ndarray:
         return apply(x) if project is None else project(apply(x))
 
@@ -112,7 +112,10 @@ def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
     n = x.size
     dims = max(1, min(int(dims), n))
     basis, images = np.zeros((n, dims)), np.zeros((n, dims))
-    q = x / np.linalg.norm(x)
+    start_norm = float(np.linalg.norm(x))
+    if not (np.isfinite(start_norm) and start_norm > 0):
+        raise ValueError("krylov_ritz: the start vector has no (finite) component in the range of the projection")
+    q = x / start_norm
     size = 0
     for j in range(dims):
         basis[:, j] = q

@@ -179,3 +179,18 @@ def test_positive_definite_needs_the_lowest_ritz_value_converged_and_positive():
     assert not ends([0.3], [1e-9], 0.2, 1e-2).positive_definite       # the lowest Ritz value did not converge
     assert not ends([0.2], [0.3], 0.2, 0.3).positive_definite         # converged, but not resolved from 0
     assert not ends([], [], -0.1, 1e-2).positive_definite
+
+
+def test_krylov_ritz_refuses_a_start_with_nothing_left_after_the_projection():
+    """A start vector inside the projected-out space leaves no Krylov space: a ValueError, not NaN Ritz values."""
+    n = 6
+    A = np.diag(np.arange(1.0, n + 1))
+    e0 = np.eye(n)[:, 0]
+
+    def project(v: np.ndarray) -> np.ndarray:
+        return v - e0 * (e0 @ v)
+
+    with pytest.raises(ValueError, match="no \\(finite\\) component"):
+        krylov_ritz(A.__matmul__, e0, 3, project)
+    with pytest.raises(ValueError):
+        krylov_ritz(A.__matmul__, np.full(n, np.nan), 3)
