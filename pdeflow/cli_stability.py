@@ -155,11 +155,7 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
     if not r.get("certified"):
         raise UsageError(f"{args.stationary}: not a certified local minimum ({r.get('verdict')}); the rates are "
                          "predicted at a minimum (pdeflow stationary --kind minimum)")
-    import h5py
-
-    with h5py.File(args.stationary, "r") as f:
-        text = f.attrs["config"]
-    cfg = loads_config(text.decode() if isinstance(text, bytes) else str(text))
+    cfg = loads_config(r["config"])
     problem = stored_problem(args.stationary)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
     result = minimum_rates(problem, np.asarray(r["omega"]), np.asarray(r["mass"]), eps=args.eps,

@@ -11,23 +11,27 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .config import Config, loads_config
 from .exit_codes import EXIT_OK, HELP
+from .problem import Problem
 from .spectrum import KRYLOV_DIM
 from .stationary import (
     DISSIPATION_RATIO,
     KINDS,
     METHODS,
     format_stationary,
+    is_stationary_file,
     minimum,
     nearest,
     read_stationary,
     write_stationary,
 )
-from .trajectory import open_trajectory
+from .trajectory import open_trajectory, stored_problem
 
 STATIONARY_HELP = """Find a stationary point of the particle flow from a frame of a trajectory and classify it by
 the spectrum of the mass-weighted Hessian (symmetry directions removed): --kind nearest (Newton-Krylov on the
@@ -43,43 +47,76 @@ def default_output(path: Path, kind: str) -> Path:
     return path.with_name(f"{path.stem}-{kind}.h5")
 
 
-def cmd_stationary(args: argparse.Namespace) -> int:
-    from .cli import UsageError, check_output_file
+@dataclass
+class Start:
+    """Where a search starts: the problem and its config, the particles ``omega`` [N, k] and ``mass`` [N], the
+    dissipation ``initial`` I(0) the target is relative to, and the file, frame and time they come from."""
+    problem: Problem
+    config: Config
+    omega: np.ndarray
+    mass: np.ndarray
+    initial: float
+    source: Path
+    frame: int
+    time: float
 
-    traj = open_trajectory(args.file)
+
+def start_of(path: Path, frame: int) -> Start:
+    """The start from a particle trajectory's frame, or from the point of a ``pdeflow stationary`` result (to
+    continue a search that stopped, or to polish a point with ``--kind nearest``: its I(0) carries over)."""
+    from .cli import UsageError
+
+    if is_stationary_file(path):
+        if frame != -1:
+            raise UsageError(f"{path} is a stationary-point result: it holds one point, give no --frame")
+        r = read_stationary(path)
+        return Start(problem=stored_problem(path), config=loads_config(r["config"]),
+                     omega=np.asarray(r["omega"], dtype=float), mass=np.asarray(r["mass"], dtype=float),
+                     initial=float(r["initial_dissipation"]), source=path, frame=int(r["frame"]),
+                     time=float(r["time"]))
+    traj = open_trajectory(path)
     if "omega" not in traj.frames:
         raise UsageError(f"{traj.path}: stationary needs a particle trajectory (this one holds a grid density)")
     F = len(traj.time)
     if F == 0:
         raise UsageError(f"{traj.path}: no frames")
-    if not -F <= args.frame < F:
-        raise UsageError(f"--frame must be in {-F}..{F - 1}, got {args.frame}")
-    if not (math.isfinite(args.ratio) and 0 < args.ratio < 1):
-        raise UsageError(f"--ratio must be in (0, 1), got {args.ratio:g}")
-    if not math.isfinite(args.max_wall) or args.max_wall < 0:
-        raise UsageError(f"--max-wall must be >= 0 seconds, got {args.max_wall:g}")
-    if args.krylov_dim < 2:
-        raise UsageError(f"--krylov-dim must be >= 2, got {args.krylov_dim}")
-    out = Path(args.output) if args.output else default_output(traj.path, args.kind)
-    if out.exists() and out.resolve() == traj.path.resolve():
-        raise UsageError(f"output path {str(out)!r} is the trajectory itself")
-    check_output_file(out, force=args.force)
-    frame = args.frame % F
+    if not -F <= frame < F:
+        raise UsageError(f"--frame must be in {-F}..{F - 1}, got {frame}")
+    frame %= F
     problem = traj.problem()
     omega = np.asarray(traj.frames["omega"][frame], dtype=float)
     mass = (np.asarray(traj.frames["mass"][frame], dtype=float) if "mass" in traj.frames
             else np.full(omega.shape[0], 1.0 / omega.shape[0]))
     initial = float(traj.frames["dissipation"][0]) if "dissipation" in traj.frames else \
         problem.evaluate(traj.frames["omega"][0], mass).dissipation
-    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stationary: {msg}", flush=True))
+    return Start(problem=problem, config=traj.config, omega=omega, mass=mass, initial=initial, source=traj.path,
+                 frame=frame, time=float(traj.time[frame]))
+
+
+def cmd_stationary(args: argparse.Namespace) -> int:
+    from .cli import UsageError, check_output_file
+
+    if not (math.isfinite(args.ratio) and 0 < args.ratio < 1):
+        raise UsageError(f"--ratio must be in (0, 1), got {args.ratio:g}")
+    if not math.isfinite(args.max_wall) or args.max_wall < 0:
+        raise UsageError(f"--max-wall must be >= 0 seconds, got {args.max_wall:g}")
+    if args.krylov_dim < 2:
+        raise UsageError(f"--krylov-dim must be >= 2, got {args.krylov_dim}")
     if args.method is not None and args.kind != "minimum":
         raise UsageError("--method chooses the search of --kind minimum; nearest is Newton-Krylov")
+    start = start_of(Path(args.file), args.frame)
+    out = Path(args.output) if args.output else default_output(start.source, args.kind)
+    if out.exists() and out.resolve() == start.source.resolve():
+        raise UsageError(f"output path {str(out)!r} is the file the search starts from")
+    check_output_file(out, force=args.force)
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stationary: {msg}", flush=True))
     options = {"method": args.method or METHODS[0]} if args.kind == "minimum" else {}
     search = nearest if args.kind == "nearest" else minimum
-    point = search(problem, omega, mass, initial, ratio=args.ratio, krylov_dim=args.krylov_dim,
-                   max_wall=args.max_wall if args.max_wall > 0 else math.inf, progress=say, **options)
-    write_stationary(out, point, traj.config, problem, source=str(traj.path), frame=frame,
-                     time_of_frame=float(traj.time[frame]), ratio=args.ratio)
+    point = search(start.problem, start.omega, start.mass, start.initial, ratio=args.ratio,
+                   krylov_dim=args.krylov_dim, max_wall=args.max_wall if args.max_wall > 0 else math.inf,
+                   progress=say, **options)
+    write_stationary(out, point, start.config, start.problem, source=str(start.source), frame=start.frame,
+                     time_of_frame=start.time, ratio=args.ratio)
     print(format_stationary(out, read_stationary(out)))
     print(f"pdeflow: stationary: {point.verdict} -> {out}")
     return EXIT_OK
@@ -90,7 +127,7 @@ def add_command(subparsers) -> None:
     p = subparsers.add_parser("stationary", help="a stationary point (nearest, or a local minimum) from a frame",
                               description=STATIONARY_HELP, epilog=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", help="particle trajectory (.h5)")
+    p.add_argument("file", help="particle trajectory (.h5), or a result of pdeflow stationary (start from its point)")
     p.add_argument("--kind", choices=KINDS, required=True, help="nearest: Newton-Krylov; minimum: a local minimum")
     p.add_argument("--method", choices=METHODS, default=None,
                    help=f"the descent search of --kind minimum (default {METHODS[0]})")

@@ -420,7 +420,8 @@ def is_stationary_file(path: str | Path) -> bool:
 
 
 def read_stationary(path: str | Path) -> dict[str, Any]:
-    """The attributes and arrays of a result file (:func:`write_stationary`), ``history`` as a dict of columns;
+    """The attributes and arrays of a result file (:func:`write_stationary`), ``history`` as a dict of columns,
+    ``config`` the run's configuration (TOML text);
     TrajectoryError (one line) if it is not one."""
     import h5py
 
@@ -438,6 +439,7 @@ def read_stationary(path: str | Path) -> dict[str, Any]:
                 out[key] = g[key][()]
             out["history"] = {k: g["history"][k][()] for k in g["history"].keys()}
             out["created"] = _plain(f.attrs.get("created"))
+            out["config"] = str(_plain(f.attrs["config"]))
     except (OSError, KeyError) as exc:
         raise TrajectoryError(f"{path}: unreadable stationary-point result ({str(exc)[:80]})") from None
     return out

@@ -140,6 +140,12 @@ def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsy
                  str(stopped), "--quiet"]) == 0
     s = read_stationary(stopped)
     assert not s["converged"] and s["verdict"] == "not converged" and "stopped after" in s["message"]
+    # ... and a search continues from a result's point, with its I(0), source frame and time
+    polished = tmp_path / "polished.h5"
+    assert main(["stationary", str(stopped), "--kind", "nearest", "-o", str(polished), "--quiet"]) == 0
+    p = read_stationary(polished)
+    assert p["converged"] and p["initial_dissipation"] == s["initial_dissipation"] and p["frame"] == 0
+    assert p["start_energy"] == s["energy"] and p["source"] == str(stopped)
     capsys.readouterr()
 
     # bad input: one line, exit 2, nothing overwritten
@@ -147,7 +153,7 @@ def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsy
     assert main(["stationary", str(traj), "--kind", "minimum", "-o", str(out)]) == 2
     assert main(["stationary", str(traj), "--kind", "minimum", "--frame", "99", "-o", str(tmp_path / "x.h5")]) == 2
     assert main(["stationary", str(traj), "--kind", "saddle"]) == 2
-    assert main(["stationary", str(out), "--kind", "nearest", "-o", str(tmp_path / "y.h5")]) == 2
+    assert main(["stationary", str(out), "--kind", "nearest", "--frame", "1", "-o", str(tmp_path / "y.h5")]) == 2
     assert main(["diagnose", str(traj), "--stationary", str(traj), "--no-write"]) == 2
     assert out.read_bytes() == before and not (tmp_path / "x.h5").exists()
     err = capsys.readouterr().err.strip().splitlines()
