@@ -3,6 +3,8 @@ to a perturbed known saddle with its index, each minimum search escapes it to a 
 dense eigendecomposition), and the result file is read back by ``info`` and ``diagnose --stationary``."""
 from __future__ import annotations
 
+import dataclasses
+
 import h5py
 import numpy as np
 import pytest
@@ -158,3 +160,26 @@ def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsy
     assert out.read_bytes() == before and not (tmp_path / "x.h5").exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 5 and all(line.startswith("pdeflow: error: ") for line in err), err
+
+
+def test_classify_runs_a_longer_lanczos_when_the_lowest_end_has_not_converged(saddle, monkeypatch):
+    """Near a minimum the lowest eigenvalues converge last: when the first Lanczos run converges none of them, a run
+    of KRYLOV_GROWTH times the steps follows, and its products are counted with the first's."""
+    import pdeflow.stationary as st
+
+    problem, omega, _, _ = saddle
+    calls = []
+    real = st.spectrum_ends
+
+    def spy(problem, omega, mass, *, krylov_dim):
+        calls.append(krylov_dim)
+        ends = real(problem, omega, mass, krylov_dim=krylov_dim)
+        if len(calls) == 1:  # as if nothing at the lowest end had converged
+            ends = dataclasses.replace(ends, lowest=ends.lowest[:0], lowest_residual=ends.lowest_residual[:0])
+        return ends
+
+    monkeypatch.setattr(st, "spectrum_ends", spy)
+    c = st.Counter(problem, MASS, omega.shape)
+    spectrum, products, _ = st.classify(problem, c, c.coordinates(omega), 10, lambda msg: None)
+    assert calls == [10, 10 * st.KRYLOV_GROWTH] and spectrum.lowest.size > 0
+    assert products > 0 and c.gradients == 2  # two start vectors
