@@ -534,6 +534,8 @@ def race_markdown(res: dict[str, Any]) -> str:
                      f"| {row['source']} |")
     for last in sorted({row["t"] for row in res["table"]["rows"]}):
         lines += race_summary(res, last)
+    if res.get("notes"):
+        lines += ["", res["notes"].strip()]
     return "\n".join(lines) + "\n"
 
 
@@ -592,10 +594,11 @@ def race_plot(res: dict[str, Any], path: Path) -> None:
 
 
 def race_render(folder: Path, table_json: Path | None, references: list[str], checks: list[str],
-                out: Path) -> dict[str, Any]:
+                out: Path, notes: str = "") -> dict[str, Any]:
     """Gather the race runs in ``folder`` (and those of a saved time-to-solution JSON) into
     ``matched_accuracy.json``/``.md``/``.png`` in ``out``; ``references`` and ``checks`` name runs as
-    ``METHOD:RTOL``, in the order they are preferred at each time (:func:`race_table`)."""
+    ``METHOD:RTOL``, in the order they are preferred at each time (:func:`race_table`); ``notes`` (markdown: what
+    the measurements say, with the figures they rest on) close the table and are kept in the JSON."""
     runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     if table_json is not None:
         runs += race_runs_from_table(json.loads(table_json.read_text()))
@@ -614,7 +617,7 @@ def race_render(folder: Path, table_json: Path | None, references: list[str], ch
                 "t_end": run["final"]["t"]}
 
     res = {"references": [described(r) for r in refs], "checks": [described(r) for r in chks],
-           "machine": runs[0]["machine"], "table": race_table(runs, refs, chks), "runs": runs}
+           "machine": runs[0]["machine"], "table": race_table(runs, refs, chks), "runs": runs, "notes": notes}
     out.mkdir(parents=True, exist_ok=True)
     (out / "matched_accuracy.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
     (out / "matched_accuracy.md").write_text(race_markdown(res))
@@ -641,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--race-render", metavar="FOLDER", help="gather the race runs in FOLDER into "
                    "matched_accuracy.json/.md/.png under --out")
     p.add_argument("--table", help="--race-render: also the runs of this saved time_to_solution.json")
+    p.add_argument("--notes", help="--race-render: a markdown file closing the table (what the figures say)")
     p.add_argument("--race-wall", type=float, default=math.inf,
                    help="--race: stop the run after this many seconds, keeping where it got (default: none)")
     p.add_argument("--reference", action="append", help="--race-render: a reference run (METHOD:RTOL; repeat "
@@ -659,7 +663,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.race_render:
         res = race_render(Path(args.race_render), Path(args.table) if args.table else None,
-                          args.reference or ["adaptive:1e-10"], args.check, Path(args.out))
+                          args.reference or ["adaptive:1e-10"], args.check, Path(args.out),
+                          Path(args.notes).read_text() if args.notes else "")
         print(race_markdown(res))
         return 0
     if args.hvp:

@@ -79,8 +79,10 @@ def test_race_references_by_time(tmp_path):
     out = tmp_path / "out"
     for name, t_end in (("adaptive:1e-10", "5"), ("cvode:1e-10", "10"), ("cvode:1e-9", "10"), ("rkc:1e-4", "10")):
         assert main(["--race", name, "--n", "4", "--t-end", t_end, "--out", str(out)]) == 0
+    notes = tmp_path / "notes.md"
+    notes.write_text("## What the race says\n\nA closing note.\n")
     assert main(["--race-render", str(out / "race"), "--reference", "adaptive:1e-10", "--reference", "cvode:1e-10",
-                 "--check", "cvode:1e-9", "--out", str(out)]) == 0
+                 "--check", "cvode:1e-9", "--notes", str(notes), "--out", str(out)]) == 0
     res = json.loads((out / "matched_accuracy.json").read_text())
     runs = {(r["method"], r["rtol"]): r for r in res["runs"]}
     rows = {(r["method"], r["rtol"], r["t"]): r for r in res["table"]["rows"]}
@@ -91,4 +93,5 @@ def test_race_references_by_time(tmp_path):
     [compared] = res["table"]["references"]
     assert compared["t"] == 10.0 and compared["reference"] == "cvode rtol 1e-10"
     assert compared["difference"] == rows[("cvode", 1e-9, 10.0)]["energy_error"]
-    assert (out / "matched_accuracy.md").read_text() == time_to_solution.race_markdown(res)
+    text = (out / "matched_accuracy.md").read_text()
+    assert text == time_to_solution.race_markdown(res) and text.endswith("## What the race says\n\nA closing note.\n")
