@@ -95,11 +95,13 @@ def hvp_costs(log=print) -> dict[str, Any]:
     return out
 
 
-def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, probe=None) -> dict[str, Any]:
+def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, probe=None,
+                progress=None) -> dict[str, Any]:
     """Step ``cfg``'s stepper to t_end (or stationarity, or the wall limit) without files, through the one time
     loop (:mod:`pdeflow.solvers.loop`); counts at each mark and at the state a stop leaves.
 
-    ``probe(t, state, stepper)`` is called at t = 0 and at every multiple of 10 crossed (lambda_max sampling)."""
+    ``probe(t, state, stepper)`` is called at t = 0 and at every multiple of 10 crossed (lambda_max sampling);
+    ``progress(t, wall, totals)`` before every step (a long run's log)."""
     from pdeflow.solvers import make_stepper
     from pdeflow.solvers.loop import Frames, Loop, Observer, Stationary, WallTime
 
@@ -120,6 +122,8 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
         next_probe = 0.0
 
         def check(self, state) -> None:
+            if progress is not None:
+                progress(state.t, time.perf_counter() - t0, totals)
             if probe is not None and state.t >= self.next_probe:
                 probe(state.t, state, stepper)
                 self.next_probe += 10.0
@@ -359,17 +363,32 @@ def race_solver(method: str, rtol: float) -> dict[str, Any]:
     raise ValueError(f"no race settings for {method!r}")
 
 
-def race_run(method: str, rtol: float, n: int = 128, t_end: float = RACE_END, log=print) -> dict[str, Any]:
-    """One run of the race: ``method`` at ``rtol`` (:func:`race_solver`) to ``t_end`` with the counts at
-    :data:`RACE_MARKS`; the product costs measured before it, the machine and the load before and after."""
+# seconds between two progress lines of a race run
+RACE_LOG_EVERY = 60.0
+
+
+def race_run(method: str, rtol: float, n: int = 128, t_end: float = RACE_END, wall: float = np.inf,
+             log=print) -> dict[str, Any]:
+    """One run of the race: ``method`` at ``rtol`` (:func:`race_solver`) to ``t_end`` (or ``wall`` seconds: the
+    run then ends where it got, its counts there telling the cost rate) with the counts at :data:`RACE_MARKS`;
+    the product costs measured before it, the machine and the load before and after; a progress line to ``log``
+    every :data:`RACE_LOG_EVERY` seconds."""
     cfg, problem = setup(n)
     solver = race_solver(method, rtol)
     load_before = os.getloadavg()
     costs = product_costs(problem, cfg)
     log(f"{method} {solver} to t = {t_end:g} ...")
+    last = [0.0]
+
+    def progress(t: float, seconds: float, totals: dict[str, float]) -> None:
+        if seconds - last[0] >= RACE_LOG_EVERY:
+            last[0] = seconds
+            log(f"  t = {t:.6g} after {seconds:.0f} s (load {os.getloadavg()[0]:.1f}): "
+                + ", ".join(f"{k} {v:.0f}" for k, v in totals.items() if k in ("steps", "gradient_evals", "jvps")))
+
     run = run_stepper(cfg.replace(solver=solver, run={"t_end": 1e6}), problem, t_end,
-                      marks=[m for m in RACE_MARKS if m < t_end])
-    log(f"  {run['final']}")
+                      marks=[m for m in RACE_MARKS if m < t_end], wall=wall, progress=progress)
+    log(f"  {run['final']} {run['status']}")
     return {"method": method, "rtol": rtol, "solver": solver, "n": n, "t_end": t_end, "costs": costs,
             "machine": machine(), "load_average": [load_before, os.getloadavg()], **run}
 
@@ -416,19 +435,25 @@ def cost_breakdown(run: dict[str, Any], row: dict[str, float]) -> dict[str, floa
     return {"stages": race_cost(run, row)}
 
 
-def race_table(runs: list[dict[str, Any]], reference: dict[str, Any],
-               check: dict[str, Any] | None = None) -> dict[str, Any]:
-    """At each time the reference recorded, each run's energy error against ``reference``, its gradient
-    equivalents, wall time and steps; ``check``, a second reference by another method, is compared with the first
-    at each mark (``references``)."""
+def race_table(runs: list[dict[str, Any]], references: list[dict[str, Any]],
+               checks: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """At each time a reference recorded, each run's energy error against the first of ``references`` that
+    recorded it (a tight run of a method that is not raced there), its gradient equivalents, wall time and steps;
+    the first of ``checks`` (second references, by another method or tolerance) recording the time is compared with
+    that reference (``references``: time, the two runs, their energies' difference)."""
     rows = []
-    marks = sorted(row["t"] for row in reference["at"].values())
-    for run in runs:
-        if run is reference:
-            continue
-        for mark in marks:
-            e_ref, r = energy_at(reference, mark), run["at"].get(f"{mark:.6g}")
-            if r is None or e_ref is None:
+    marks = sorted({row["t"] for ref in references for row in ref["at"].values()})
+
+    def first(candidates, mark):
+        return next((c for c in candidates if energy_at(c, mark) is not None), None)
+
+    compared = []
+    for mark in marks:
+        reference = first(references, mark)
+        e_ref = energy_at(reference, mark)
+        for run in runs:
+            r = run["at"].get(f"{mark:.6g}")
+            if run is reference or r is None:
                 continue
             rows.append({"method": run["method"], "rtol": run["rtol"], "t": mark,
                          "energy_error": abs(r["energy"] - e_ref), "grad_equivalents": race_cost(run, r),
@@ -436,13 +461,16 @@ def race_table(runs: list[dict[str, Any]], reference: dict[str, Any],
                          "source": run.get("source", "measured"), "breakdown": cost_breakdown(run, r),
                          "cpu": "{family}/{model_number}".format(**{"family": "?", "model_number": "?",
                                                                       **(run["machine"].get("cpu") or {})})})
-    references = []
-    if check is not None:
-        for mark in marks:
-            a, b = energy_at(reference, mark), energy_at(check, mark)
-            if a is not None and b is not None:
-                references.append({"t": mark, "difference": abs(a - b)})
-    return {"rows": rows, "references": references}
+        check = first([c for c in checks if c is not reference], mark)
+        if check is not None:
+            compared.append({"t": mark, "reference": run_name(reference), "check": run_name(check),
+                             "difference": abs(energy_at(check, mark) - e_ref)})
+    return {"rows": rows, "references": compared}
+
+
+def run_name(run: dict[str, Any]) -> str:
+    """``METHOD rtol RTOL`` of a race run."""
+    return f"{run['method']} rtol {run['rtol']:g}"
 
 
 def race_summary(res: dict[str, Any], last: float) -> list[str]:
@@ -476,20 +504,22 @@ def race_summary(res: dict[str, Any], last: float) -> list[str]:
 
 
 def race_markdown(res: dict[str, Any]) -> str:
-    ref, check = res["reference"], res.get("check")
     cpu = res["machine"].get("cpu") or {}
+    refs = "; ".join(f"{r['method']} at rtol {r['rtol']:g} (to t = {r['t_end']:g}"
+                     + (f", {r['source']}" if r.get("source") else "") + ")" for r in res["references"])
     lines = ["# Matched accuracy: energy error against cost (quickstart problem, N = 128, B = 128)", "",
-             f"Measured by `python -m pdeflow.benchmarks.time_to_solution --race METHOD:RTOL` (one run per "
-             f"process, `NUMBA_NUM_THREADS=1`) and gathered by `--race-render` on {cpu.get('model', '?')} "
+             f"Measured by `python -m pdeflow.benchmarks.time_to_solution --race METHOD:RTOL --t-end T` (one run "
+             f"per process, `NUMBA_NUM_THREADS=1`) and gathered by `--race-render` on {cpu.get('model', '?')} "
              f"({res['machine'].get('cpu_count')} cores, the family/model of each run's CPU listed; shared with "
              f"other work: wall times are noisy, the load average of each run is listed; "
              f"gradient equivalents are the cost that does not depend on load). Every run starts from the same "
-             f"initial state (data/configs/longtime.toml's problem). Reference: {ref['method']} at rtol "
-             f"{ref['rtol']:g}" + (f" ({ref['source']})" if ref.get("source") else "") + "."]
-    if check is not None:
-        agree = ", ".join(f"{r['difference']:.1e} at t = {r['t']:g}" for r in res["table"]["references"])
-        lines += ["", f"Second, independent reference: {check['method']} at rtol {check['rtol']:g}; the two "
-                      f"references' energies differ by {agree}, so errors well above that are resolved."]
+             f"initial state (data/configs/longtime.toml's problem). References, at each time the first that "
+             f"reached it: {refs}."]
+    if res["table"]["references"]:
+        agree = "; ".join(f"at t = {r['t']:g}, {r['check']} against {r['reference']}: {r['difference']:.1e}"
+                          for r in res["table"]["references"])
+        lines += ["", f"Second, independent references, their energies' distance from the reference of their "
+                      f"time: {agree}; errors well above these are resolved, errors near them are not."]
     lines += ["", "JVPs: exact (forward mode) at the cost measured with each run, in grad Phi units "
                   "(cvode); difference JVPs count 1 (rkc's radius and dI/dt, rosenbrock).", "",
               "| t | method | rtol | energy error | grad-equivalents | wall s | load (1 min) | CPU family/model "
@@ -504,6 +534,8 @@ def race_markdown(res: dict[str, Any]) -> str:
                      f"| {row['source']} |")
     for last in sorted({row["t"] for row in res["table"]["rows"]}):
         lines += race_summary(res, last)
+    if res.get("notes"):
+        lines += ["", res["notes"].strip()]
     return "\n".join(lines) + "\n"
 
 
@@ -552,7 +584,9 @@ def race_plot(res: dict[str, Any], path: Path) -> None:
                       label=method)
         for target in RACE_TARGETS:
             ax.axhline(target, color="0.6", lw=0.8, ls=":")
-        ax.set_xlabel(f"cost to t = {t:g} (gradient evaluations; exact JVP at its measured cost)")
+        for agree in (r for r in res["table"]["references"] if r["t"] == t):
+            ax.axhline(agree["difference"], color="k", lw=0.8, ls="--", label="references' distance")
+        ax.set_xlabel(f"cost to t = {t:g} (gradient equivalents)")
         ax.set_ylabel(f"|E({t:g}) - E_ref({t:g})|")
         ax.set_title(f"work-precision at t = {t:g} (quickstart problem, N = 128)", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
@@ -561,11 +595,12 @@ def race_plot(res: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def race_render(folder: Path, table_json: Path | None, reference: str, check: str | None,
-                out: Path) -> dict[str, Any]:
+def race_render(folder: Path, table_json: Path | None, references: list[str], checks: list[str],
+                out: Path, notes: str = "") -> dict[str, Any]:
     """Gather the race runs in ``folder`` (and those of a saved time-to-solution JSON) into
-    ``matched_accuracy.json``/``.md``/``.png`` in ``out``; ``reference`` and ``check`` name runs as
-    ``METHOD:RTOL``."""
+    ``matched_accuracy.json``/``.md``/``.png`` in ``out``; ``references`` and ``checks`` name runs as
+    ``METHOD:RTOL``, in the order they are preferred at each time (:func:`race_table`); ``notes`` (markdown: what
+    the measurements say, with the figures they rest on) close the table and are kept in the JSON."""
     runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     if table_json is not None:
         runs += race_runs_from_table(json.loads(table_json.read_text()))
@@ -577,11 +612,14 @@ def race_render(folder: Path, table_json: Path | None, reference: str, check: st
             raise SystemExit(f"no race run {name} in {folder}")
         return max(found, key=lambda r: r["final"]["t"])
 
-    ref = named(reference)
-    chk = named(check) if check else None
-    res = {"reference": {k: ref[k] for k in ("method", "rtol") if k in ref} | {"source": ref.get("source", "")},
-           "check": None if chk is None else {"method": chk["method"], "rtol": chk["rtol"]},
-           "machine": runs[0]["machine"], "table": race_table(runs, ref, chk), "runs": runs}
+    refs, chks = [named(n) for n in references], [named(n) for n in checks]
+
+    def described(run: dict[str, Any]) -> dict[str, Any]:
+        return {"method": run["method"], "rtol": run["rtol"], "source": run.get("source", ""),
+                "t_end": run["final"]["t"]}
+
+    res = {"references": [described(r) for r in refs], "checks": [described(r) for r in chks],
+           "machine": runs[0]["machine"], "table": race_table(runs, refs, chks), "runs": runs, "notes": notes}
     out.mkdir(parents=True, exist_ok=True)
     (out / "matched_accuracy.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
     (out / "matched_accuracy.md").write_text(race_markdown(res))
@@ -608,20 +646,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--race-render", metavar="FOLDER", help="gather the race runs in FOLDER into "
                    "matched_accuracy.json/.md/.png under --out")
     p.add_argument("--table", help="--race-render: also the runs of this saved time_to_solution.json")
-    p.add_argument("--reference", default="adaptive:1e-10", help="--race-render: the reference run (METHOD:RTOL)")
-    p.add_argument("--check", help="--race-render: a second reference by another method (METHOD:RTOL)")
+    p.add_argument("--notes", help="--race-render: a markdown file closing the table (what the figures say)")
+    p.add_argument("--race-wall", type=float, default=math.inf,
+                   help="--race: stop the run after this many seconds, keeping where it got (default: none)")
+    p.add_argument("--reference", action="append", help="--race-render: a reference run (METHOD:RTOL; repeat "
+                   "for later times: at each time the first that recorded it; default adaptive:1e-10)")
+    p.add_argument("--check", action="append", default=[],
+                   help="--race-render: a second reference (METHOD:RTOL; repeatable like --reference)")
     args = p.parse_args(argv)
     if args.race:
         method, rtol = args.race.split(":")
-        res = race_run(method, float(rtol), args.n, args.t_end, log=lambda s: print(s, file=sys.stderr, flush=True))
+        res = race_run(method, float(rtol), args.n, args.t_end, args.race_wall,
+                       log=lambda s: print(s, file=sys.stderr, flush=True))
         folder = Path(args.out) / "race"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{method}-{float(rtol):g}-t{args.t_end:g}.json").write_text(
             json.dumps(res, indent=2, default=float) + "\n")
         return 0
     if args.race_render:
-        res = race_render(Path(args.race_render), Path(args.table) if args.table else None, args.reference,
-                          args.check, Path(args.out))
+        res = race_render(Path(args.race_render), Path(args.table) if args.table else None,
+                          args.reference or ["adaptive:1e-10"], args.check, Path(args.out),
+                          Path(args.notes).read_text() if args.notes else "")
         print(race_markdown(res))
         return 0
     if args.hvp:

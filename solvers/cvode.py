@@ -19,7 +19,8 @@ are landed on, never interpolated). Each step leaves the Hermite quadrature of t
 ends, one product at the new state, :func:`pdeflow.solvers.jacobian.dissipation_slope`), so the energy-identity
 defect shows the method's error. CVODE's own counters (order, Newton and GMRES iterations, error-test and
 convergence failures), which scikit-sundae does not report, are read from the SUNDIALS library it ships (ctypes on
-the solver's memory, checked against the count scikit-sundae does report).
+the solver's memory at a byte offset whose layout is checked first, :func:`layout_mismatch`: a SolverError when it
+does not hold).
 
 Resume restarts CVODE from the checkpointed state at order 1 (its step and order history are not in the
 checkpoint): a resumed run agrees with the uninterrupted one to the tolerance, not bit for bit. Not sharded.
@@ -30,7 +31,6 @@ from __future__ import annotations
 import ctypes
 import glob
 import importlib.metadata
-import math
 import os
 from typing import Any
 
@@ -46,11 +46,17 @@ from .jacobian import Product, dissipation_slope, mass_weighted, operator, top_e
 # GMRES directions per linear solve (CVODE's default 5 is too few once the spectrum spreads: a linear failure each
 # time it is exceeded)
 KRYLOV_DIM = 30
-# the scikit-sundae release whose solver layout the counters below are read with (setup.cfg's "sundials" extra)
+# the scikit-sundae release whose solver layout the counters below are read with (setup.cfg pins it)
 TESTED_RELEASE = "1.2.0"
-# byte offset of the CVODE memory pointer in scikit-sundae's compiled solver object: after the object header
-# (reference count, type) and the method table of its cdef class
+# scikit-sundae reports only right-hand-side and Jacobian evaluations: CVODE's other counters are read from the
+# SUNDIALS library it ships, on the CVODE memory pointer its compiled solver object (``cdef class CVODE`` in
+# sksundae/_cy_cvode.pyx) holds as its first field, after the object header (reference count, type) and the
+# method table: ``void* mem`` at byte MEM_OFFSET, ``SUNContext ctx`` right after it, the object SOLVER_SIZE bytes
+# in all (mem, ctx, 5 pointers, an index, 5 objects). The layout is checked before the pointer is used: the size,
+# then the SUNContext that CVODE's memory keeps as its first member (SUNDIALS 7's CVodeMemRec) against ``ctx``, then
+# CVODE's count of right-hand-side evaluations against scikit-sundae's; a mismatch is a SolverError, never a guess.
 MEM_OFFSET = 24
+SOLVER_SIZE = 128
 # CVODE's cumulative counters (long int) of the /steps columns, by the SUNDIALS getter reading each
 COUNTERS = {"steps": "CVodeGetNumSteps", "rhs": "CVodeGetNumRhsEvals", "nonlinear_iters": "CVodeGetNumNonlinSolvIters",
             "nonlinear_failures": "CVodeGetNumNonlinSolvConvFails", "linear_iters": "CVodeGetNumLinIters",
@@ -70,24 +76,22 @@ def sundials() -> Any:
 
 class Counters:
     """CVODE's own cumulative counters of one solver (:data:`COUNTERS`) and the order of its last step, read from
-    the SUNDIALS library scikit-sundae ships (it reports only right-hand-side and Jacobian evaluations).
-    ``available`` is False (every value nan) for a release other than :data:`TESTED_RELEASE` or when the memory
-    found does not count the right-hand-side evaluations scikit-sundae reports (``nfev``)."""
+    the SUNDIALS library scikit-sundae ships (it reports only right-hand-side and Jacobian evaluations) at the
+    layout checked as :data:`MEM_OFFSET` says; SolverError naming the release when the check fails."""
 
     def __init__(self, solver: Any, nfev: int) -> None:
         import sksundae
 
-        self.available = False
-        if importlib.metadata.version("scikit-sundae") != TESTED_RELEASE:
-            return
+        release = importlib.metadata.version("scikit-sundae")
         libs = os.path.join(os.path.dirname(os.path.dirname(sksundae.__file__)), "scikit_sundae.libs")
         found = glob.glob(os.path.join(libs, "libsundials_cvode*.so*"))
-        if len(found) != 1:
-            return
-        self.lib = ctypes.CDLL(found[0])
         inner = solver._CVODE__CVODE  # the compiled solver behind the Python class
+        problem = layout_mismatch(inner, found, nfev)
+        if problem:
+            raise SolverError(f"cannot read CVODE's counters from scikit-sundae {release} (layout checked for "
+                              f"{TESTED_RELEASE}): {problem}; install scikit-sundae=={TESTED_RELEASE}")
+        self.lib = ctypes.CDLL(found[0])
         self.mem = ctypes.c_void_p(ctypes.c_void_p.from_address(id(inner) + MEM_OFFSET).value)
-        self.available = bool(self.mem.value) and self._long("CVodeGetNumRhsEvals") == nfev
 
     def _long(self, getter: str) -> int:
         value = ctypes.c_long()
@@ -96,14 +100,34 @@ class Counters:
         return value.value
 
     def read(self) -> dict[str, float]:
-        """The counters now and ``order``, the BDF order of the last step (nan when not ``available``)."""
-        if not self.available:
-            return {key: math.nan for key in (*COUNTERS, "order")}
+        """The counters now and ``order``, the BDF order of the last step."""
         out = {key: float(self._long(getter)) for key, getter in COUNTERS.items()}
         order = ctypes.c_int()
         self.lib.CVodeGetLastOrder(self.mem, ctypes.byref(order))
         out["order"] = float(order.value)
         return out
+
+
+def layout_mismatch(inner: Any, libraries: list[str], nfev: int) -> str:
+    """Why CVODE's memory cannot be read from scikit-sundae's compiled solver ``inner`` (:data:`MEM_OFFSET`), or ""
+    when the layout checks out: the object's size, one SUNDIALS CVODE library in ``libraries``, a non-null memory
+    pointer whose first member is the solver's SUNContext, and CVODE's right-hand-side count equal to ``nfev``
+    (scikit-sundae's)."""
+    if type(inner).__basicsize__ != SOLVER_SIZE:
+        return f"its solver object has {type(inner).__basicsize__} bytes, not {SOLVER_SIZE}"
+    if len(libraries) != 1:
+        return f"{len(libraries)} SUNDIALS CVODE libraries found, not one"
+    mem = ctypes.c_void_p.from_address(id(inner) + MEM_OFFSET).value
+    context = ctypes.c_void_p.from_address(id(inner) + MEM_OFFSET + 8).value
+    if not mem or not context:
+        return "a null CVODE memory or SUNContext pointer"
+    if ctypes.c_void_p.from_address(mem).value != context:
+        return "the CVODE memory pointer does not lead to the solver's SUNContext"
+    count = ctypes.c_long()
+    status = ctypes.CDLL(libraries[0]).CVodeGetNumRhsEvals(ctypes.c_void_p(mem), ctypes.byref(count))
+    if status != 0 or count.value != nfev:
+        return f"CVODE counts {count.value} right-hand-side evaluations (status {status}), scikit-sundae {nfev}"
+    return ""
 
 
 def deflation_inverse(r: np.ndarray, root: np.ndarray, lam: np.ndarray, V: np.ndarray, gamma: float) -> np.ndarray:

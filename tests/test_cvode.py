@@ -80,7 +80,6 @@ def test_counters_agree_with_pdeflow_counts(sundials, reference):
     while state.t < 1.0 - 1e-12:
         steps_before = stepper._counters.read()["steps"] if stepper._solver is not None else 0.0
         state, extra = stepper.step(state, 1.0 - state.t)
-        assert stepper._counters.available
         assert stepper._counters.read()["steps"] - steps_before == 1
         rows.append(extra)
     assert all(1 <= r["order"] <= 5 for r in rows) and max(r["order"] for r in rows) >= 3
@@ -91,6 +90,32 @@ def test_counters_agree_with_pdeflow_counts(sundials, reference):
     slopes = len(rows) + 1
     assert sum(r["jvps"] for r in rows) - slopes == sum(r["linear_iters"] for r in rows)
     assert isinstance(stepper._counters, Counters)
+
+
+def test_counters_layout_mismatch_fails_loudly(sundials, reference, monkeypatch):
+    """CVODE's counters are read at a byte offset in scikit-sundae's solver object: a layout that does not check
+    out (another object size, an offset not leading to CVODE's memory, a right-hand-side count that disagrees)
+    is a SolverError naming the problem, never counters read from the wrong memory."""
+    from pdeflow.solvers import cvode
+    from pdeflow.solvers.base import SolverError
+
+    cfg, problem, _ = reference
+    stepper = make_stepper(problem, cfg.replace(solver={"method": "cvode", "rtol": 1e-6, "atol": 1e-9, "dt": 0.01}))
+    state, _ = stepper.step(stepper.initial_state(), 0.1)
+    inner, nfev = stepper._solver._CVODE__CVODE, int(stepper._counters.read()["rhs"])
+    libraries = [stepper._counters.lib._name]
+    assert cvode.layout_mismatch(inner, libraries, nfev) == ""
+    assert "right-hand-side" in cvode.layout_mismatch(inner, libraries, nfev + 1)
+    assert "libraries" in cvode.layout_mismatch(inner, [], nfev)
+    offset = cvode.MEM_OFFSET
+    monkeypatch.setattr(cvode, "MEM_OFFSET", cvode.MEM_OFFSET + 8)  # the SUNContext taken for CVODE's memory
+    assert "SUNContext" in cvode.layout_mismatch(inner, libraries, nfev)
+    monkeypatch.setattr(cvode, "MEM_OFFSET", offset)
+    monkeypatch.setattr(cvode, "SOLVER_SIZE", cvode.SOLVER_SIZE + 8)
+    assert "bytes" in cvode.layout_mismatch(inner, libraries, nfev)
+    fresh = make_stepper(problem, cfg.replace(solver={"method": "cvode", "rtol": 1e-6, "atol": 1e-9, "dt": 0.01}))
+    with pytest.raises(SolverError, match="cannot read CVODE's counters from scikit-sundae"):
+        fresh.step(fresh.initial_state(), 0.1)
 
 
 def test_stiff_problem_far_above_the_explicit_bound(sundials):

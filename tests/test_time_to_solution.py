@@ -65,3 +65,33 @@ def test_race_runs_table_and_plot(tmp_path):
     assert check < 1e-3 * min(loose.values())  # the two references agree far below the errors they resolve
     assert (out / "matched_accuracy.png").stat().st_size > 1000
     assert (out / "matched_accuracy.md").read_text() == race_markdown(res)
+
+
+def test_race_references_by_time(tmp_path):
+    """Race references named in order: at each time the first that recorded it. A tight Dormand-Prince run that
+    stopped at t = 5 cannot be the reference at t = 10: a tight cvode run is; no run is measured against itself and
+    the check (a second reference) is compared with the reference of its time."""
+    import pytest
+
+    pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
+    from pdeflow.benchmarks import time_to_solution
+
+    out = tmp_path / "out"
+    for name, t_end in (("adaptive:1e-10", "5"), ("cvode:1e-10", "10"), ("cvode:1e-9", "10"), ("rkc:1e-4", "10")):
+        assert main(["--race", name, "--n", "4", "--t-end", t_end, "--out", str(out)]) == 0
+    notes = tmp_path / "notes.md"
+    notes.write_text("## What the race says\n\nA closing note.\n")
+    assert main(["--race-render", str(out / "race"), "--reference", "adaptive:1e-10", "--reference", "cvode:1e-10",
+                 "--check", "cvode:1e-9", "--notes", str(notes), "--out", str(out)]) == 0
+    res = json.loads((out / "matched_accuracy.json").read_text())
+    runs = {(r["method"], r["rtol"]): r for r in res["runs"]}
+    rows = {(r["method"], r["rtol"], r["t"]): r for r in res["table"]["rows"]}
+    assert set(rows) == {("cvode", 1e-9, 10.0), ("rkc", 1e-4, 10.0)}
+    cvode_ref = runs[("cvode", 1e-10)]["at"]["10"]["energy"]
+    for key, row in rows.items():
+        assert row["energy_error"] == abs(runs[key[:2]]["at"]["10"]["energy"] - cvode_ref)
+    [compared] = res["table"]["references"]
+    assert compared["t"] == 10.0 and compared["reference"] == "cvode rtol 1e-10"
+    assert compared["difference"] == rows[("cvode", 1e-9, 10.0)]["energy_error"]
+    text = (out / "matched_accuracy.md").read_text()
+    assert text == time_to_solution.race_markdown(res) and text.endswith("## What the race says\n\nA closing note.\n")
