@@ -99,18 +99,6 @@ def _met(key: str, value: float | None) -> bool | None:
     return lo <= value <= hi
 
 
-def system_jvp(problem) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-    """``(omega, mass, u) -> d/ds grad Phi(omega + s u; rho_{omega + s u})``, the whole-system Jacobian-vector
-    product (forward mode): ``Problem.system_jvp`` where it exists, else
-    :func:`pdeflow.solvers.jko.velocity_jvp`."""
-    method = getattr(problem, "system_jvp", None)
-    if method is not None:
-        return method
-    from pdeflow.solvers.jko import velocity_jvp
-
-    return lambda omega, mass, u: velocity_jvp(problem, omega, mass, u)
-
-
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(np.asarray(a, float) - b).max() / max(np.abs(b).max(), 1e-300))
 
@@ -171,7 +159,7 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
         ev = problem.evaluate(omega, mass)
         return omega - dt * ev.grad_phi
 
-    jvp = system_jvp(problem)
+    jvp = problem.system_jvp
     direction = np.random.default_rng(1).standard_normal(omega.shape)
     fns = {"grad_phi": lambda: problem.grad_phi(omega, omega, mass),
            "step": step,
@@ -198,8 +186,7 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     res["rates"]["system_jvp"] = {"seconds": sec, "over_grad_phi": ratio(t["system_jvp"], t["grad_phi"]),
                                   "gflops_model": fl_jvp["model"] / sec / 1e9,
                                   "gflops_executed": fl_jvp["executed"] / sec / 1e9,
-                                  "function": "Problem.system_jvp" if getattr(problem, "system_jvp", None)
-                                  else "pdeflow.solvers.jko.velocity_jvp"}
+                                  "function": "Problem.system_jvp"}
     from .codegen import in_use
 
     res["codegen"] = in_use(problem._data, sz["N"])

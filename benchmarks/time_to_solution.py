@@ -192,7 +192,7 @@ def benchmark(n: int, wall: float, rosenbrock_rtol: float = 3e-5, deflate: int =
     lambda_max every 10 time units; ``rkc`` with data/configs/longtime.toml's [solver] to stationarity or ``wall``
     seconds; ``rosenbrock`` (``rosenbrock_rtol``, atol = rtol / 1000, difference Jacobian, the deflation given) to
     t = 200; Dormand-Prince (:data:`ADAPTIVE_TOLERANCE`) to t = 200; particle JKO (tau = 2) to t = 40."""
-    from pdeflow.solvers.jko import euler_stability_limit
+    from pdeflow.solvers.jacobian import euler_stability_limit
 
     from pdeflow.config import load_config
 

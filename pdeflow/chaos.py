@@ -31,9 +31,19 @@ from .solvers.loop import advance, frame_times
 from .solvers.sgd import SGD
 
 SEED_KEYS = {"initial": 1, "sgd": 2, "probe": 3, "static": 4, "sliced": 5}
+
+
+
 SCHEMA = "pdeflow-chaos"
+
+
+
 SCHEMA_VERSION = 1
+
+
+
 SLICED_PROJECTIONS = 64
+
 
 
 # ---- rates ------------------------------------------------------------------------------------------
@@ -54,6 +64,7 @@ class PowerLawFit:
 
     def covers(self, value: float) -> bool:
         return self.ci[0] <= value <= self.ci[1]
+
 
 
 def fit_power_law(x: np.ndarray, y: np.ndarray, confidence: float = 0.95,
@@ -105,6 +116,7 @@ def fit_power_law(x: np.ndarray, y: np.ndarray, confidence: float = 0.95,
                        confidence=confidence, n=int(x.size), r2=r2)
 
 
+
 # ---- distances between measures -------------------------------------------------------------------
 def coupling_distance(a: np.ndarray, b: np.ndarray) -> float:
     """``(1/N sum_i |a_i - b_i|^2)^(1/2)`` for two particle arrays [N, k] paired by index."""
@@ -112,10 +124,12 @@ def coupling_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.einsum("ik,ik->i", diff, diff))))
 
 
+
 def logit_gap(z: np.ndarray, z_ref: np.ndarray, lw: np.ndarray) -> float:
     """``(sum_{b,l} lw[b,l] |z[b,l] - z_ref[b,l]|^2)^(1/2)``: z, z_ref [B, T, V], loss weights lw [B, T]."""
     diff = z - z_ref
     return float(np.sqrt(np.sum(lw * np.einsum("blv,blv->bl", diff, diff))))
+
 
 
 def sliced_w2(a: np.ndarray, b: np.ndarray, seed: int, mass_a: np.ndarray | None = None,
@@ -129,6 +143,7 @@ def sliced_w2(a: np.ndarray, b: np.ndarray, seed: int, mass_a: np.ndarray | None
     return float(ot.sliced_wasserstein_distance(a, b, mass_a, mass_b, projections=directions))
 
 
+
 # ---- the experiment -------------------------------------------------------------------------------
 def child_seed(cfg: Config, role: str, *key: int) -> int:
     """A 63-bit seed of the stream ``role`` (``SEED_KEYS``) and integer key, a child of ``init.seed``."""
@@ -136,8 +151,10 @@ def child_seed(cfg: Config, role: str, *key: int) -> int:
     return int(seq.generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
+
 class ChaosError(RuntimeError):
     """A run of the experiment failed numerically (a non-finite state)."""
+
 
 
 def check_config(cfg: Config) -> None:
@@ -157,6 +174,7 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"chaos.converge_time must be >= run.t_end = {cfg.run.t_end:g}, got {c.converge_time:g}")
 
 
+
 def quick_config(cfg: Config) -> Config:
     """The smaller experiment of ``--quick`` (a smoke test, not a measurement): the three smallest N, two
     seeds, the two largest eta, a quarter of the reference particles, 8 static draws."""
@@ -165,6 +183,7 @@ def quick_config(cfg: Config) -> Config:
     eta_list = sorted(set(c.eta_list), reverse=True)[:2]
     return cfg.replace(chaos={"n_list": n_list, "eta_list": eta_list, "seeds": min(c.seeds, 2),
                               "n_ref": max(1, c.n_ref // 4), "static_draws": min(c.static_draws, 8)})
+
 
 
 @dataclass
@@ -179,6 +198,7 @@ class ChaosResult:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
+
 def _advance(stepper: Stepper, state: State, times: np.ndarray,
              on_frame: Callable[[int, State], None] | None = None) -> State:
     """``state`` through ``times`` by the shared time loop (:func:`pdeflow.solvers.loop.advance`: steps land on
@@ -189,12 +209,14 @@ def _advance(stepper: Stepper, state: State, times: np.ndarray,
     return end
 
 
+
 def _trajectory(stepper: Stepper, omega: np.ndarray, mass: np.ndarray, times: np.ndarray, dt: float,
                 rng: np.random.Generator | None = None, on_frame: Callable[[int, State], None] | None = None) -> State:
     """Integrate from (omega, mass) at t = 0 through ``times``; ``on_frame(f, state)`` at each; the final state."""
     start = State(t=0.0, step=0, dt=dt, fields={"omega": np.array(omega, dtype=float),
                                                 "mass": np.array(mass, dtype=float)}, rng=rng)
     return _advance(stepper, start, times, on_frame)
+
 
 
 def characteristics(stepper, omega_ref: np.ndarray, mass_ref: np.ndarray, tracers: np.ndarray, times: np.ndarray,
@@ -222,6 +244,7 @@ def characteristics(stepper, omega_ref: np.ndarray, mass_ref: np.ndarray, tracer
     return ref_frames, tracer_frames, end
 
 
+
 def probe_problem(problem: Problem, cfg: Config) -> Problem:
     """The layer on ``chaos.probe_size`` fresh task sequences (seed: the ``probe`` stream)."""
     from .tasks import TaskError, sample_task
@@ -235,6 +258,7 @@ def probe_problem(problem: Problem, cfg: Config) -> Problem:
     return problem.with_data(data.tokens, data.targets, data.mask, data.weights)
 
 
+
 def static_gaps(problem: Problem, omega: np.ndarray, mass: np.ndarray, n_list: np.ndarray, draws: int,
                 rng: np.random.Generator) -> np.ndarray:
     """``E(hat rho_N) - E(rho)`` [len(n_list), draws]: hat rho_N holds N i.i.d. draws from rho (with
@@ -246,6 +270,7 @@ def static_gaps(problem: Problem, omega: np.ndarray, mass: np.ndarray, n_list: n
             index = rng.choice(len(omega), size=int(n), replace=True, p=mass)
             gaps[a, d] = problem.energy(omega[index], np.full(int(n), 1.0 / n)) - e_ref
     return gaps
+
 
 
 def run_chaos(cfg: Config, problem: Problem, times: np.ndarray | None = None,
@@ -362,10 +387,12 @@ def run_chaos(cfg: Config, problem: Problem, times: np.ndarray | None = None,
     return result
 
 
+
 def _reference_only(state, n_ref: int):
     """The state with the tracers dropped (the reference measure alone)."""
     return type(state)(t=state.t, step=state.step, dt=state.dt,
                        fields={"omega": state.fields["omega"][:n_ref], "mass": state.fields["mass"][:n_ref]})
+
 
 
 def _try_fit(result: ChaosResult, name: str, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> None:
@@ -374,6 +401,7 @@ def _try_fit(result: ChaosResult, name: str, x: np.ndarray, y: np.ndarray, group
     except ValueError as exc:
         result.fits[name] = None
         result.notes[name] = str(exc)
+
 
 
 def fit_rates(result: ChaosResult) -> None:
@@ -403,9 +431,14 @@ def fit_rates(result: ChaosResult) -> None:
     d["slope_coupling_t"] = slopes
 
 
+
 # ---- output -------------------------------------------------------------------------------------
 WORK_SCHEMA = "pdeflow-chaos-work"
+
+
+
 BLOCK_DATA = ("coupling", "logit_gap", "energy_gap", "sliced_w2", "sgd_excess", "sgd_coupling", "sgd_energy_gap")
+
 
 
 def work_path(path: str | Path) -> Path:
@@ -414,16 +447,18 @@ def work_path(path: str | Path) -> Path:
     return path.with_name(path.name + ".work")
 
 
+
 def write_work(path: str | Path, cfg: Config, data: dict[str, np.ndarray], done: np.ndarray) -> None:
     """The finished (N, seed) blocks of an unfinished experiment, all or nothing: ``done`` [nN, S] (bool) and
     the per-block measurements ``data`` (BLOCK_DATA, named as in ``/chaos``; NaN where not done),
     with the config as TOML in the root attributes."""
-    from .trajectory import new_result_file
+    from .result_files import new_result_file
 
     with new_result_file(path, WORK_SCHEMA, SCHEMA_VERSION, cfg) as f:
         f["done"] = done
         for name, value in data.items():
             f[name] = value
+
 
 
 def read_work(path: str | Path, cfg: Config, data: dict[str, np.ndarray]) -> np.ndarray:
@@ -445,6 +480,7 @@ def read_work(path: str | Path, cfg: Config, data: dict[str, np.ndarray]) -> np.
     return done
 
 
+
 def write_result(path: str | Path, result: ChaosResult, cfg: Config, problem: Problem, quick: bool = False) -> None:
     """The HDF5 file of an experiment: root attributes ``schema = "pdeflow-chaos"``, ``schema_version``,
     ``pdeflow_version``, ``created``, ``config`` (TOML), ``quick``; group ``/chaos`` with the raw
@@ -452,9 +488,9 @@ def write_result(path: str | Path, result: ChaosResult, cfg: Config, problem: Pr
     [lo, hi], ``slope_<name>_stderr``, ``slope_<name>_n``, ``prefactor_<name>`` (nan and ``note_<name>`` when
     the rate could not be fitted), plus ``n_list``, ``eta_list``, ``n_ref``, ``seeds``, ``fit_time``,
     ``confidence``, ``converged_energy``, ``converged_dissipation``, ``converged_phi_spread``, ``wall_time``.
-    ``/model`` and ``/data`` hold ``problem`` as in a trajectory (:func:`pdeflow.trajectory.stored_problem`
-    rebuilds it from the file alone). Written all or nothing (:func:`pdeflow.trajectory.new_result_file`)."""
-    from .trajectory import new_result_file
+    ``/model`` and ``/data`` hold ``problem`` as in a trajectory (:func:`pdeflow.problem_file.stored_problem`
+    rebuilds it from the file alone). Written all or nothing (:func:`pdeflow.result_files.new_result_file`)."""
+    from .result_files import new_result_file
 
     with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, problem=problem, quick=bool(quick)) as f:
         g = f.create_group("chaos")
@@ -479,6 +515,7 @@ def write_result(path: str | Path, result: ChaosResult, cfg: Config, problem: Pr
             g.attrs["confidence"] = fit.confidence
 
 
+
 def read_result(path: str | Path) -> dict[str, Any]:
     """The ``/chaos`` group of a file as a flat dict of arrays and attributes."""
     import h5py
@@ -490,6 +527,7 @@ def read_result(path: str | Path) -> dict[str, Any]:
         out: dict[str, Any] = {k: g[k][()] for k in g.keys()}
         out.update({k: (v.decode() if isinstance(v, bytes) else v) for k, v in g.attrs.items()})
     return out
+
 
 
 def summary(result: ChaosResult) -> str:
@@ -508,79 +546,3 @@ def summary(result: ChaosResult) -> str:
             lines.append(f"{label:44s} slope {fit.slope:+.3f}  {100 * fit.confidence:.0f}% CI "
                          f"[{fit.ci[0]:+.3f}, {fit.ci[1]:+.3f}]  ({fit.n} points, r2 {fit.r2:.3f})")
     return "\n".join(lines)
-
-
-def plot_result(path: str | Path, result: ChaosResult) -> None:
-    """Four panels (PNG): the coupling distance, logit gap and sliced W2 against N at t_end (every seed, the
-    geometric mean over seeds - the level the log-log fits see - and the fits); D_N(t) per N; the SGD excess
-    against eta per N; the static gap against N (every draw, the mean and RMS over draws, their fits)."""
-    # matplotlib's Agg canvas, no pyplot: the caller's backend and pyplot's figure list stay as they were
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
-
-    d, n, eta = result.data, result.n_list, result.eta_list
-    fig = Figure(figsize=(11, 8.5))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots(2, 2)
-
-    def geomean(y: np.ndarray, axis: int) -> np.ndarray:
-        return np.exp(np.mean(np.log(y), axis=axis))
-
-    def fitted(axis, x, name, color):
-        fit = result.fits.get(name)
-        if fit is not None:
-            xs = np.geomspace(x.min(), x.max(), 50)
-            axis.plot(xs, fit.prefactor * xs**fit.slope, "--", color=color, lw=1,
-                      label=f"fit: slope {fit.slope:+.2f} [{fit.ci[0]:+.2f}, {fit.ci[1]:+.2f}]")
-
-    def ticks(axis, values):
-        axis.set_xscale("log")
-        axis.set_yscale("log")
-        axis.xaxis.set_major_locator(FixedLocator(values))
-        axis.xaxis.set_minor_locator(NullLocator())
-        axis.xaxis.set_major_formatter(ScalarFormatter())
-
-    a = ax[0, 0]
-    for (name, label), color in zip((("coupling", "coupling distance"), ("logit_gap", "logit gap"),
-                                     ("sliced_w2", "sliced W2 (beside)")), ("C0", "C3", "C2")):
-        y = d[name][:, :, -1]
-        a.plot(np.repeat(n, y.shape[1]), y.ravel(), "o", color=color, alpha=0.25, ms=3)
-        a.plot(n, geomean(y, 1), "o-", color=color, label=f"{label} (geometric mean over seeds)")
-        fitted(a, n.astype(float), name, color)
-    ticks(a, n)
-    a.set_xlabel("N (heads)")
-    a.set_title(f"N heads against the mean-field limit at t = {result.times[-1]:g}")
-    a.legend(fontsize=7)
-    a = ax[0, 1]
-    for k, nn in enumerate(n):
-        a.semilogy(result.times[1:], geomean(d["coupling"][k, :, 1:], 0), "o-", ms=3, label=f"N = {nn}")
-    a.set_xlabel("t")
-    a.set_ylabel("coupling distance (geometric mean over seeds)")
-    a.set_title("coupling distance over time")
-    a.legend(fontsize=7)
-    a = ax[1, 0]
-    for k, nn in enumerate(n):
-        a.plot(eta, geomean(d["sgd_excess"][k, :, :, -1], 0), "o-", ms=3, label=f"N = {nn}")
-    fitted(a, eta, "sgd_eta", "k")
-    ticks(a, eta)
-    a.set_xlabel("eta (SGD step, mean-field time)")
-    a.set_ylabel("SGD excess over the flow (geometric mean over seeds)")
-    a.set_title(f"SGD against the finite-head flow at t = {result.times[-1]:g}")
-    a.legend(fontsize=7)
-    a = ax[1, 1]
-    g = d["static_gap"]
-    a.plot(np.repeat(n, g.shape[1]), np.abs(g.ravel()), ".", color="C1", alpha=0.3, label="|gap| per draw")
-    a.plot(n, np.sqrt(np.mean(g**2, axis=1)), "o-", color="C0", label="rms over draws")
-    fitted(a, n.astype(float), "static", "C0")
-    mean = g.mean(axis=1)
-    a.errorbar(n, np.where(mean > 0, mean, np.nan), yerr=g.std(axis=1, ddof=1) / math.sqrt(g.shape[1]), fmt="s",
-               color="C3", ms=4, capsize=3, label="mean over draws (+- s.e.)")
-    fitted(a, n.astype(float), "static_mean", "C3")
-    ticks(a, n)
-    a.set_xlabel("N (heads)")
-    a.set_ylabel("E(hat rho_N) - E(rho_ref)")
-    a.set_title(f"static approximation at t = {result.attrs.get('converge_time', float('nan')):g}")
-    a.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)

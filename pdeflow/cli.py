@@ -10,12 +10,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from . import __version__
 from .config import Config, ConfigError, describe_schema, load_config
 from .exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGINT, HELP
+from .file_access import TrajectoryError
 from .parallel import abort_ranks, failed_alike, launcher_rank, world
+from .recovery import recovery_hint
 from .resume import check_same_problem, config_difference, open_resumable
-from .trajectory import TrajectoryError, check_file, open_trajectory, recovery_hint
+from .trajectory import Trajectory, check_file, open_trajectory
 
 EXIT_CODES = HELP  # the epilog of every command's --help
 # Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
@@ -146,6 +150,40 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def grid_summary(traj: Trajectory) -> str:
+    """One line for ``pdeflow info``: the grid, and the total mass and minimum density of the first and
+    last frames (a trajectory with ``/frames/density`` and the grid's ``/frames`` attributes)."""
+    from .measure import Grid
+
+    grid = Grid.from_frame_attrs(traj.frame_attrs)
+    rho = traj.frames["density"]
+    box = " x ".join(f"[{lo:g}, {hi:g}]" for lo, hi in zip(grid.lower, grid.upper))
+    m0, m1 = grid.total_mass(rho[0]), grid.total_mass(rho[-1])
+    return (f"grid        n = {' x '.join(map(str, grid.shape))} on {box}; mass {m1:.15g} "
+            f"(relative change {abs(m1 - m0) / m0:.2g} since t = 0), min density {float(np.min(rho[-1])):.3g} "
+            f"(over all frames {float(np.min(rho)):.3g})")
+
+
+def entropic_summary(traj: Trajectory) -> str:
+    """One line for ``pdeflow info`` on a grid JKO trajectory: eps and its implied diffusion ``eps / (4 tau)``
+    against the physical ``1/beta`` (with beta = inf: how far it spreads mass by the last frame, in cells)."""
+    from pdeflow.measure import Grid
+    from pdeflow.solvers.jko import grid_epsilon, jko_tau
+
+    cfg, grid = traj.config, Grid.from_frame_attrs(traj.frame_attrs)
+    eps = float(traj.frame_attrs.get("epsilon", grid_epsilon(cfg, grid.width)))
+    diffusion = eps / (4.0 * jko_tau(cfg))
+    beta = float(traj.model_attrs.get("beta", np.inf))
+    line = (f"entropic    eps = {eps:.4g}{' (default h^2)' if cfg.solver.epsilon == 0 else ''}, "
+            f"tau = {jko_tau(cfg):g}: "
+            f"implied diffusion eps/(4 tau) = {diffusion:.3g}")
+    if np.isfinite(beta):
+        return line + f", {diffusion * beta:.3g} x the physical 1/beta = {1 / beta:.3g}"
+    t = float(traj.time[-1]) if len(traj.time) else 0.0
+    spread = np.sqrt(2 * diffusion * t) / float(np.min(grid.width))
+    return line + f" (beta = inf: the flow has none; it spreads mass by {spread:.2g} cells by t = {t:g})"
+
+
 def format_info(traj) -> str:
     """A short human summary of a trajectory file."""
     cfg, a = traj.config, traj.arrays
@@ -161,10 +199,8 @@ def format_info(traj) -> str:
     if "omega" in traj.frames and len(traj.time):
         lines.append(f"particles   N = {traj.frames['omega'].shape[1]}")
     if "density" in traj.frames and len(traj.time):
-        from .measure import grid_summary  # grid runs only
         lines.append(grid_summary(traj))
         if traj.attrs.get("method") == "jko":
-            from pdeflow.solvers.jko import entropic_summary
             lines.append(entropic_summary(traj))
     if len(traj.steps.get("time", [])):
         lines.append(f"steps       {len(traj.steps['time']) - 1}")

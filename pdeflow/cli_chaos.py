@@ -20,6 +20,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from pdeflow.solvers import make_stepper
 
     from . import chaos
+    from .chaos_plots import plot_result
     from .problem import Problem
 
     cfg = load_config(args.config, args.set)
@@ -48,7 +49,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     chaos.write_result(out, result, cfg, problem, quick=args.quick)
     work.unlink(missing_ok=True)
     png = out.with_suffix(".png")
-    chaos.plot_result(png, result)
+    plot_result(png, result)
     print(chaos.summary(result))
     print(f"pdeflow: chaos: finished in {result.attrs['wall_time']:.0f} s -> {out}, {png}")
     return EXIT_OK

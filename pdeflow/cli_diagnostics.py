@@ -69,9 +69,9 @@ def settings_from_args(traj: Trajectory, args: argparse.Namespace) -> Config:
 def stationary_energy(traj: Trajectory, path: str) -> tuple[float, str]:
     """The energy of the point in a ``pdeflow stationary`` result and its label for E*; UsageError when the
     result belongs to another problem."""
+    from .problem_file import stored_problem
     from .resume import array_difference
     from .stationary import read_stationary
-    from .trajectory import stored_problem
 
     result = read_stationary(path)
     diff = array_difference(traj.arrays, stored_problem(path).arrays())

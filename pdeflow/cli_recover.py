@@ -5,7 +5,7 @@ A run writes its file in HDF5's SWMR mode; when its process dies (kill -9, out o
 ``h5dump``, HDFView) refuses the file. ``recover`` writes the committed content (every frame and step row the last
 checkpoint counts, and the checkpoint itself) to a complete, cleanly closed copy: ``OUT``, or, without ``-o``, a
 copy that then replaces ``FILE``. The result still continues with ``pdeflow run --resume``, bit for bit
-(:func:`pdeflow.trajectory.recover`; docs/schema.md, "Crash safety").
+(:func:`pdeflow.recovery.recover`; docs/schema.md, "Crash safety").
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import argparse
 from pathlib import Path
 
 from .exit_codes import EXIT_OK, HELP
-from .trajectory import check_file, open_by_swmr_writer, recover
+from .file_access import open_by_swmr_writer
+from .recovery import recover
+from .trajectory import check_file
 
 
 def cmd_recover(args: argparse.Namespace) -> int:

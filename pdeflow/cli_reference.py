@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 
 from .exit_codes import EXIT_CHECK_FAILED, EXIT_OK
+from .recovery import recovery_hint
 from .reference import compare, validate
-from .trajectory import recovery_hint
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

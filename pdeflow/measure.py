@@ -279,16 +279,4 @@ def l1_distance(grid: Grid, a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sum(np.abs(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))) * grid.cell_volume)
 
 
-def grid_summary(traj: Any) -> str:
-    """One line for ``pdeflow info``: the grid, and the total mass and minimum density of the first and
-    last frames (a trajectory with ``/frames/density`` and the grid's ``/frames`` attributes)."""
-    grid = Grid.from_frame_attrs(traj.frame_attrs)
-    rho = traj.frames["density"]
-    box = " x ".join(f"[{lo:g}, {hi:g}]" for lo, hi in zip(grid.lower, grid.upper))
-    m0, m1 = grid.total_mass(rho[0]), grid.total_mass(rho[-1])
-    return (f"grid        n = {' x '.join(map(str, grid.shape))} on {box}; mass {m1:.15g} "
-            f"(relative change {abs(m1 - m0) / m0:.2g} since t = 0), min density {float(np.min(rho[-1])):.3g} "
-            f"(over all frames {float(np.min(rho)):.3g})")
-
-
-__all__ = ["Grid", "initial_density", "entropy", "free_energy", "l1_distance", "grid_summary", "MIN_MASS_IN_BOX"]
+__all__ = ["Grid", "initial_density", "entropy", "free_energy", "l1_distance", "MIN_MASS_IN_BOX"]

@@ -218,7 +218,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
     ``direction`` (str), ``energy_rate``, ``distance_rate``, ``pl_ratio_min``, ``pl_ratio_end``,
     ``predicted_energy_rate`` (2 lambda_min), ``predicted_distance_rate`` (lambda_min), ``relative_error`` [R, 3]
     (energy, distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``, ``distance``, ``pl_ratio`` [F]."""
-    from .trajectory import new_result_file
+    from .result_files import new_result_file
 
     with new_result_file(path, SCHEMA_MINIMUM, 1, cfg, problem=problem) as f:
         g = f.create_group("rates")

@@ -19,13 +19,15 @@ import numpy as np
 from scipy.spatial.distance import cdist
 
 from . import schema
+from .checkpoint import row_counts
 from .clock import same_time
 from .config import ConfigError, loads_config
+from .file_access import TrajectoryError, open_for_reading
 from .measure import Grid, free_energy
 from .methods import METHODS
 from .problem import Problem
 from .schema import SCHEMA, SCHEMA_VERSION
-from .trajectory import TrajectoryError, open_for_reading, row_counts, schema_error
+from .trajectory import schema_error
 
 EXACT_W2_MAX = 2000
 # pdeflow.clock's rule at a looser tolerance: a compared file may come from another code (pdeflow's own runs land

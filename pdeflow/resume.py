@@ -2,9 +2,9 @@
 
 A file is continued only by the config that wrote it, up to :data:`RESUMABLE_KEYS` (keys that extend or limit the
 run), only from a committed checkpoint, and only when the problem arrays the config builds now (embedding, tokens,
-...) equal the stored ones. Each violation is a :class:`pdeflow.trajectory.TrajectoryError` naming it (one line).
+...) equal the stored ones. Each violation is a :class:`pdeflow.file_access.TrajectoryError` naming it (one line).
 
-A checkpoint of the file (:class:`pdeflow.trajectory.Checkpoint`) converts to the steppers' state
+A checkpoint of the file (:class:`pdeflow.checkpoint.Checkpoint`) converts to the steppers' state
 (:class:`pdeflow.state.State`) and back here (:func:`checkpoint_of`, :func:`state_of`): the steppers never see
 the file's type.
 """
@@ -15,9 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint import Checkpoint
 from .config import Config
+from .file_access import TrajectoryError
 from .state import State, rng_from_state, rng_state
-from .trajectory import Checkpoint, Trajectory, TrajectoryError, open_trajectory
+from .trajectory import Trajectory, open_trajectory
 
 # Keys that may differ between a file and the config resuming it (they extend or limit the run).
 RESUMABLE_KEYS = {("run", "t_end"), ("run", "max_steps"), ("run", "wall_time_limit"), ("run", "checkpoint_interval"),

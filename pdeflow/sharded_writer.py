@@ -1,6 +1,6 @@
 """The trajectory writer of a run whose heads are sharded across MPI ranks.
 
-:class:`GatheringWriter` is the :class:`~pdeflow.trajectory.TrajectoryWriter` of a run: rank 0 owns the
+:class:`GatheringWriter` is the :class:`~pdeflow.trajectory_writer.TrajectoryWriter` of a run: rank 0 owns the
 file and writes the fields gathered from all ranks; the other ranks never open it. A failed write on
 rank 0 is re-raised on every rank at the same call (:func:`pdeflow.parallel.on_root`), so all ranks leave
 the run together.
@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint import Checkpoint
 from .config import Config
 from .parallel import SerialComm, on_root
-from .trajectory import Checkpoint, TrajectoryWriter
+from .trajectory_writer import TrajectoryWriter
 
 
 class GatheringWriter:
-    """A :class:`~pdeflow.trajectory.TrajectoryWriter` for a run whose fields are sharded across ranks.
+    """A :class:`~pdeflow.trajectory_writer.TrajectoryWriter` for a run whose fields are sharded across ranks.
 
     Every rank calls every method at the same point of the run. Fields (``omega`` [N_r, k], ``mass``
     [N_r]) are this rank's block; the writer gathers them to rank 0, which alone opens and writes the

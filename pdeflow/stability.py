@@ -573,9 +573,10 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
     ``directions`` [2,k]; ``sweep``: ``weight_decay``, ``h0_min``, ``htr_min`` [W], ``verdict`` [W],
     ``predicted_rate``, ``measured_rate`` [W,2], attributes ``lam_c_predicted``, ``lam_c_measured``, ``slope``.
     The ``problem`` goes to ``/model`` and ``/data`` as in a trajectory, so the file alone rebuilds it
-    (:func:`pdeflow.trajectory.stored_problem`). Written all or nothing (:func:`pdeflow.trajectory.new_result_file`).
+    (:func:`pdeflow.problem_file.stored_problem`). Written all or nothing
+    (:func:`pdeflow.result_files.new_result_file`).
     """
-    from .trajectory import new_result_file
+    from .result_files import new_result_file
 
     pts = result.points
     S, n = len(pts), cfg.stability.n_modes

@@ -388,7 +388,7 @@ SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_en
 
 def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, problem: Problem, *, source: str,
                      frame: int, time_of_frame: float, ratio: float) -> None:
-    """Write the result of a search all or nothing (:func:`pdeflow.trajectory.new_result_file`), root attribute
+    """Write the result of a search all or nothing (:func:`pdeflow.result_files.new_result_file`), root attribute
     ``schema = "pdeflow-stationary"``, the problem in ``/model`` and ``/data`` as in a trajectory, and
     ``/stationary``: ``omega`` [N, k] and ``mass`` [N] (the point), the converged spectrum ends ``lowest``,
     ``lowest_residual``, ``highest``, ``highest_residual``, the ``unstable_directions`` [m, N, k] (unit Ritz
@@ -396,7 +396,7 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
     ``history/{energy, dissipation, products, gradients, wall}`` per iteration, and the attributes
     :data:`SCALARS` (``source``, ``frame``, ``time``: the trajectory and frame the search started from; costs in
     gradients, JVP products and wall seconds, the certification's separately)."""
-    from .trajectory import new_result_file
+    from .result_files import new_result_file
 
     s = point.spectrum
     values = {"kind": point.kind, "source": source, "frame": int(frame), "time": float(time_of_frame),
@@ -442,7 +442,8 @@ def read_stationary(path: str | Path) -> dict[str, Any]:
     TrajectoryError (one line) if it is not one."""
     import h5py
 
-    from .trajectory import TrajectoryError, _plain
+    from .file_access import TrajectoryError
+    from .file_access import plain as _plain
 
     try:
         with h5py.File(path, "r") as f:

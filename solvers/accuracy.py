@@ -4,93 +4,37 @@ Along the gradient flow (docs/model.md) ``dE/dt = -I``. After each accepted step
 records in ``/steps``: ``dissipation_integral`` ``Q_n`` (the step's quadrature of ``int I dt``: the RK method's own
 ``h sum_i b_i I(Y_i)``, else the trapezoid), ``identity_defect``
 ``delta_n = |E_{n+1} - E_n + Q_n| / max(|E_{n+1} - E_n|, floor)`` (``O(h^p)``; above ``run.identity_tol`` accuracy
-is lost) and, for fixed-step explicit particle steppers, ``lambda_max_dt`` (:func:`lambda_max` by warm-started
-LOBPCG on :func:`particle_jacobian`, against :attr:`Stepper.stability_bound`). ``run.accuracy`` = ``"stop"``,
+is lost) and, for fixed-step explicit particle steppers, ``lambda_max_dt`` (:func:`pdeflow.solvers.jacobian.lambda_max`,
+warm-started from the previous check's vector, against :attr:`Stepper.stability_bound`). ``run.accuracy`` = ``"stop"``,
 ``"warn"`` or ``"off"``. Details, check schedule and costs: docs/solvers.md, "How every run checks its own accuracy".
 """
 from __future__ import annotations
 
 import math
 import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.sparse.linalg import LinearOperator, lobpcg
 
 from pdeflow import schema
-from pdeflow.problem import Problem
 
-from .jacobian import mass_weighted
+from .jacobian import TopPair, lambda_max
 from .loop import Observer, Step, Stop
 
 if TYPE_CHECKING:
+    from pdeflow.trajectory import Trajectory
+
     from .base import State, Stepper
 
 # floor of the defect's denominator, in units of the kernels' machine epsilon times |E|
 FLOOR_ULPS = 1000.0
-# LOBPCG iterations per lambda_max check, warm-started (measured on the quickstart: within 0.1 % of
-# eigsh's lambda_max ten RK4 steps after the previous check) and cold (the first check: within 1e-5)
-LOBPCG_ITERATIONS = 2
-COLD_ITERATIONS = 10
 # a whole-system Jacobian-vector product costs about this many gradient evaluations (forward mode, measured on
 # the quickstart: benchmarks/HVP_COST.md)
 JVP_COST = 2.5
 # a check also follows a step whose dissipation grew by more than this factor
 DISSIPATION_JUMP = 1.25
 POLICIES = ("stop", "warn", "off")
-
-
-def velocity_jvp(problem: Problem, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
-    """``d/ds grad Phi(omega_i + s u_i; rho_{omega + s u})`` at s = 0: the particles and the measure move
-    together. ``omega``, ``direction`` [N, k] -> [N, k]; :meth:`Problem.system_jvp` (forward mode, exact to
-    rounding)."""
-    return problem.system_jvp(omega, mass, direction)
-
-
-def particle_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> LinearOperator:
-    """The symmetric ``M^{1/2} J M^{-1/2}`` [N k, N k] of the particle system at a cloud, as products.
-
-    ``J = d grad Phi(omega_i; rho) / d omega_j`` (measure moving with the particles) is ``M^{-1} Hess E`` with
-    ``M = diag(m_i)``: similar to a symmetric matrix, with the same eigenvalues. Each product is one
-    :func:`velocity_jvp` (forward mode, about :data:`JVP_COST` gradient evaluations)."""
-    omega = np.asarray(omega, dtype=float)
-    mass = np.asarray(mass, dtype=float)
-    apply = mass_weighted(lambda u: velocity_jvp(problem, omega, mass, u), mass)
-    return LinearOperator((omega.size, omega.size), matvec=lambda v: apply(np.asarray(v, dtype=float)), dtype=float)
-
-
-@dataclass
-class Eigenpair:
-    """``lambda_max`` estimate, its (unit) eigenvector [n] and the Hessian-vector products spent."""
-    value: float
-    vector: np.ndarray
-    products: int
-
-
-def lambda_max(problem: Problem, omega: np.ndarray, mass: np.ndarray, start: np.ndarray | None = None,
-               iterations: int = LOBPCG_ITERATIONS) -> Eigenpair:
-    """The largest eigenvalue of :func:`particle_jacobian` by ``iterations`` LOBPCG iterations from ``start``
-    [N k] (None: a fixed random vector). A Rayleigh-Ritz value: at most the true lambda_max."""
-    op = particle_jacobian(problem, omega, mass)
-    n = op.shape[0]
-    count = [0]
-
-    def matmat(x: np.ndarray) -> np.ndarray:
-        count[0] += x.shape[1] if x.ndim == 2 else 1
-        return np.column_stack([op.matvec(c) for c in np.atleast_2d(x.T)]) if x.ndim == 2 else op.matvec(x)
-
-    counted = LinearOperator((n, n), matvec=lambda v: matmat(np.asarray(v).reshape(n, 1)).ravel(), matmat=matmat,
-                             dtype=float)
-    cold = start is None or start.size != n
-    x = (np.random.default_rng(0).standard_normal(n) if cold else start).reshape(n, 1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design, not a failure
-        values, vectors = lobpcg(counted, x, maxiter=COLD_ITERATIONS if cold else iterations, largest=True,
-                                 tol=1e-12)
-    vector = np.asarray(vectors[:, 0], dtype=float)
-    return Eigenpair(float(values[0]), vector / np.linalg.norm(vector), count[0])
 
 
 def remedy(stepper: Stepper) -> str:
@@ -123,7 +67,7 @@ COLUMNS = schema.names("/steps", needs=(schema.OPTIONAL,))
 class Assessment:
     """What a step's checks found, applied by :meth:`AccuracyMonitor.accept` once the step is recorded."""
     columns: dict[str, float]
-    eigen: Eigenpair | None = None
+    eigen: TopPair | None = None
     losses: list[tuple[str, str]] = field(default_factory=list)  # (kind, one-line description)
 
 
@@ -233,7 +177,7 @@ class AccuracyMonitor:
         if self._due(new.step, d0, diag1["dissipation"]) and np.all(new.fields["mass"] > 0):
             try:
                 eigen = lambda_max(self.problem, new.fields["omega"], new.fields["mass"], self.vector)
-            except (np.linalg.LinAlgError, ValueError):  # LOBPCG's Rayleigh-Ritz broke down: no figure this time
+            except np.linalg.LinAlgError:  # the Rayleigh-Ritz eigenproblem broke down (non-finite products): no figure
                 eigen = None
             else:
                 columns["lambda_max_dt"] = eigen.value * self.dt
@@ -319,7 +263,7 @@ def summary_line(max_defect: float, max_ratio: float, tol: float, bound: float, 
     return f"{held}: {figures}"
 
 
-def file_lost_at(traj: Any) -> float:
+def file_lost_at(traj: Trajectory) -> float:
     """The time a trajectory's run lost accuracy (nan: it held, or no check was recorded): the root attribute
     ``accuracy_lost_at`` its run wrote when it ended, else (running, or killed) the first committed /steps row
     whose checks exceed the thresholds the run started with (:func:`file_verdict`)."""
@@ -331,7 +275,7 @@ def file_lost_at(traj: Any) -> float:
     return float(traj.steps["time"][np.argmax(lost)]) if lost.any() else math.nan
 
 
-def _lost_rows(traj: Any) -> np.ndarray:
+def _lost_rows(traj: Trajectory) -> np.ndarray:
     """Which committed /steps rows of a trajectory lost accuracy, by the thresholds its run started with."""
     notes = getattr(traj, "steps_attrs", {})
     tol = float(notes.get("identity_tol", traj.config.run.identity_tol))
@@ -339,7 +283,7 @@ def _lost_rows(traj: Any) -> np.ndarray:
     return (traj.steps["identity_defect"] > tol) | (traj.steps["lambda_max_dt"] > bound)
 
 
-def file_verdict(traj: Any) -> str:
+def file_verdict(traj: Trajectory) -> str:
     """The accuracy line of a trajectory (:class:`pdeflow.trajectory.Trajectory`): the verdict its run wrote
     when it ended (root attribute ``accuracy``), else (running, or killed) one from its committed /steps rows
     with the thresholds it started with; "not recorded" for files written before the checks."""

@@ -24,7 +24,7 @@ from pdeflow.problem import Problem
 from . import register
 from .base import SolverError, State, controller_factor, hermite
 from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
-from .jacobian import Product, dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
+from .jacobian import dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -212,7 +212,7 @@ class Rosenbrock(AdaptiveStepper):
         omega, mass = state.fields["omega"], state.fields["mass"]
         grad = self.evaluate(state).grad_phi
         counts["jvps"] += 1
-        return dissipation_slope(grad, mass, self._jvp(omega, mass, grad))
+        return dissipation_slope(grad, mass, velocity_jacobian(self.problem, omega, mass, grad, self.jacobian))
 
     def _solve(self, jvp, root: np.ndarray, shift: float, rhs: np.ndarray, target: float,
                counts: dict[str, float], tighten: list[float],
@@ -276,11 +276,6 @@ class Rosenbrock(AdaptiveStepper):
             tighten[0] *= 2.0 * residual / target
             previous = residual
 
-    def _jvp(self, omega: np.ndarray, mass: np.ndarray, grad0: np.ndarray) -> Product:
-        """``u -> -J u`` [N, k] at ``omega`` (grad Phi there: ``grad0``), exact or a forward difference as
-        ``solver.jacobian`` says (:func:`pdeflow.solvers.jacobian.velocity_jacobian`)."""
-        return velocity_jacobian(self.problem, omega, mass, grad0, self.jacobian)
-
     def _attempt(self, state: State, h: float, counts: dict[str, float],
                  pairs: tuple[np.ndarray, np.ndarray] | None = None,
                  krylov: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -297,7 +292,7 @@ class Rosenbrock(AdaptiveStepper):
         rms = float(np.sqrt(np.mean((weights / root) ** 2)))
         target = s.krylov_tol * math.sqrt(omega.size) / (h * GAMMA * rms)
         U: list[np.ndarray] = []
-        jvp = self._jvp(omega, mass, self.evaluate(state).grad_phi)
+        jvp = velocity_jacobian(self.problem, omega, mass, self.evaluate(state).grad_phi, self.jacobian)
         precond = None
         if pairs is not None:
             lam, V = pairs
@@ -359,8 +354,8 @@ class Rosenbrock(AdaptiveStepper):
     def _operator(self, state: State, counts: dict[str, float]) -> LinearOperator:
         """``S = M^{1/2} (-J) M^{-1/2}`` at the state as counted products (blocks column by column)."""
         omega, mass = state.fields["omega"], state.fields["mass"]
-        apply = mass_weighted(self._jvp(omega, mass, self.evaluate(state).grad_phi), mass,
-                              lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
+        product = velocity_jacobian(self.problem, omega, mass, self.evaluate(state).grad_phi, self.jacobian)
+        apply = mass_weighted(product, mass, lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
         return operator(apply, omega.size)
 
     def _complement_top(self, state: State, V: np.ndarray | None, start: np.ndarray | None,

@@ -17,11 +17,14 @@ from pdeflow.solvers.driver import run
 
 from conftest import build_config
 from pdeflow import diagnostics as D
+from pdeflow.checkpoint import Checkpoint
 from pdeflow.cli import main
 from pdeflow.config import Config, DiagnosticsConfig
+from pdeflow.file_access import TrajectoryError
 from pdeflow.measure import Grid, free_energy
 from pdeflow.problem import Problem
-from pdeflow.trajectory import Checkpoint, TrajectoryError, TrajectoryWriter, open_trajectory
+from pdeflow.trajectory import open_trajectory
+from pdeflow.trajectory_writer import TrajectoryWriter
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -22,6 +22,9 @@ import pdeflow.solvers.jko as jko
 import pytest
 from pdeflow.solvers import make_stepper
 from pdeflow.solvers.driver import run
+from pdeflow.solvers.entropic_ot import entropic_plan, entropic_prox
+from pdeflow.solvers.jacobian import euler_stability_limit
+from pdeflow.solvers.particle_proximal import coupling_gap, proximal_step
 
 from conftest import build_config, symmetric_particle_jacobian
 from pdeflow.config import ConfigError, load_config
@@ -87,12 +90,12 @@ def test_euler_stability_limit_matches_dense_jacobian():
     symmetric = symmetric_particle_jacobian(problem, omega, mass, 1e-5)    # M^{1/2} J M^{-1/2}, symmetric
     assert np.allclose(symmetric, symmetric.T, atol=1e-6)
     expected = 2.0 / np.max(np.linalg.eigvalsh(0.5 * (symmetric + symmetric.T)))
-    assert jko.euler_stability_limit(problem, omega, mass, tol=1e-10) == pytest.approx(expected, rel=1e-6)
+    assert euler_stability_limit(problem, omega, mass, tol=1e-10) == pytest.approx(expected, rel=1e-6)
 
 
 def test_jko_falls_at_ten_times_the_euler_limit_where_euler_does_not():
     cfg, problem, omega, mass = stiff_problem()
-    limit = jko.euler_stability_limit(problem, omega, mass)
+    limit = euler_stability_limit(problem, omega, mass)
     n_steps = 5
 
     def energies(method: str, dt: float) -> tuple[np.ndarray, list]:
@@ -129,13 +132,13 @@ def test_proximal_step_solves_the_implicit_euler_equations_with_tracers():
     _, problem, omega, _ = stiff_problem()
     mass = np.array([0.3, 0.2, 0.0, 0.25, 0.25, 0.0])
     tau = 0.3
-    result = jko.proximal_step(problem, omega, mass, tau, 1e-11, 500)
+    result = proximal_step(problem, omega, mass, tau, 1e-11, 500)
     assert result.converged and result.residual <= 1e-11
     y = result.omega
     heavy = mass > 0
     implicit = omega - tau * problem.grad_phi(y, y[heavy], mass[heavy])
     assert np.max(np.abs(y - implicit)) <= 1e-9
-    alone = jko.proximal_step(problem, omega[heavy], mass[heavy], tau, 1e-11, 500)
+    alone = proximal_step(problem, omega[heavy], mass[heavy], tau, 1e-11, 500)
     assert np.max(np.abs(alone.omega - y[heavy])) <= 1e-9
     assert result.evaluation.energy == pytest.approx(problem.energy(y, mass), rel=1e-12)
 
@@ -145,13 +148,13 @@ def test_coupling_gap():
     rng = np.random.default_rng(0)
     old = rng.normal(size=(8, 3))
     mass = np.full(8, 1 / 8)
-    assert jko.coupling_gap(old, old + 1e-3 * rng.normal(size=old.shape), mass) <= 1e-12   # rounding of ot.emd2
-    assert jko.coupling_gap(old, old, mass) == 0.0
+    assert coupling_gap(old, old + 1e-3 * rng.normal(size=old.shape), mass) <= 1e-12   # rounding of ot.emd2
+    assert coupling_gap(old, old, mass) == 0.0
     # two particles swap places: the identity pays 4, the optimal coupling (relabel) 0
     old, new, half = np.array([[0.0], [2.0]]), np.array([[2.0], [0.0]]), np.array([0.5, 0.5])
-    assert jko.coupling_gap(old, new, half) == pytest.approx(1.0)
+    assert coupling_gap(old, new, half) == pytest.approx(1.0)
     # they cross halfway: identity 1 * 1.5^2 = 2.25 against W2^2 = 0.5^2 = 0.25
-    assert jko.coupling_gap(old, np.array([[1.5], [0.5]]), half) == pytest.approx(2.0 / 2.25)
+    assert coupling_gap(old, np.array([[1.5], [0.5]]), half) == pytest.approx(2.0 / 2.25)
 
 
 def test_non_optimal_coupling_is_marked_and_warned_once(monkeypatch):
@@ -184,9 +187,9 @@ def test_entropic_prox_matches_pot_semi_relaxed_sinkhorn(k):
     V = 0.5 * np.sum(x ** 2, axis=1) + 0.3 * np.sin(3 * x[:, 0])
     eps, tau, beta = 0.2, 0.3, 2.0
     cost = ot.dist(x, x)
-    sol = jko.entropic_prox(cost, p, V, eps, tau, beta, grid.cell_volume, 1e-13, 100)
+    sol = entropic_prox(cost, p, V, eps, tau, beta, grid.cell_volume, 1e-13, 100)
     assert sol.converged and sol.violation <= 1e-13
-    plan = jko.entropic_plan(cost, p, sol.potential, eps)
+    plan = entropic_plan(cost, p, sol.potential, eps)
     b = grid.cell_volume * np.exp(-beta * V)
     reference = ot.unbalanced.sinkhorn_unbalanced(p, b, cost, eps, (np.inf, 2 * tau / beta), reg_type="entropy",
                                                   numItermax=200_000, stopThr=1e-15)
@@ -334,7 +337,7 @@ def test_jko_config_takes_ten_times_the_euler_limit():
     assert cfg.solver.method == "jko" and cfg.init.measure == "particles"
     problem = Problem.from_config(cfg)
     omega, mass = problem.initial_measure(cfg)
-    limit = jko.euler_stability_limit(problem, omega, mass, tol=1e-3)
+    limit = euler_stability_limit(problem, omega, mass, tol=1e-3)
     assert jko.jko_tau(cfg) >= 10 * limit
 
 

@@ -22,7 +22,8 @@ from pdeflow import diagnostics as D
 from pdeflow.cli import main
 from pdeflow.config import DiagnosticsConfig
 from pdeflow.problem import Problem
-from pdeflow.trajectory import TrajectoryWriter, open_trajectory
+from pdeflow.trajectory import open_trajectory
+from pdeflow.trajectory_writer import TrajectoryWriter
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 

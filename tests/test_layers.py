@@ -37,11 +37,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "pdeflow.kernels", "pdeflow.model", "pdeflow.tasks", "pdeflow.mean_field", "pdeflow.workers",
               "pdeflow.problem", "pdeflow.measure", "pdeflow.parallel", "pdeflow.kernels_jvp",
               "pdeflow.tuner")),
-    ("io", ("pdeflow", "pdeflow.schema", "pdeflow.trajectory", "pdeflow.resume", "pdeflow.sharded_writer",
-            "pdeflow.reference")),
+    ("io", ("pdeflow", "pdeflow.schema", "pdeflow.file_access", "pdeflow.checkpoint", "pdeflow.problem_file",
+            "pdeflow.trajectory", "pdeflow.trajectory_writer", "pdeflow.recovery", "pdeflow.result_files",
+            "pdeflow.resume", "pdeflow.sharded_writer", "pdeflow.reference")),
     ("steppers", ("pdeflow.solvers", "pdeflow.solvers.*")),
     ("analysis", ("pdeflow.diagnostics", "pdeflow.diagnostics.*", "pdeflow.stability", "pdeflow.spectrum",
-                  "pdeflow.stationary", "pdeflow.chaos", "pdeflow.plotting", "pdeflow.minimum_rates")),
+                  "pdeflow.stationary", "pdeflow.chaos", "pdeflow.chaos_plots", "pdeflow.stability_plots",
+                  "pdeflow.wfr_comparison", "pdeflow.plotting", "pdeflow.minimum_rates")),
     ("interface", ("pdeflow.cli", "pdeflow.cli_*", "pdeflow.__main__", "pdeflow.benchmarks", "pdeflow.benchmarks.*")),
 ]
 

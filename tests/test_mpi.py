@@ -116,7 +116,8 @@ def test_shard_blocks_cover_the_particles_in_rank_order(n, size):
 
 def test_serial_run_never_imports_mpi4py():
     """Outside an MPI launcher the communicator is SERIAL and mpi4py stays unimported."""
-    code = ("import sys; from pdeflow.parallel import world, SERIAL; import pdeflow.cli, pdeflow.solvers.driver; "
+    code = ("import sys; from pdeflow.parallel import world, SERIAL; "
+            "import pdeflow.cli, pdeflow.solvers.driver; "
             "assert world() is SERIAL; assert not any(m.startswith('mpi4py') for m in sys.modules), 'imported'")
     subprocess.run([sys.executable, "-c", code], env=environment(), check=True, timeout=TIMEOUT)
     assert SERIAL.sum_over_ranks(1.5, 2.0) == (1.5, 2.0) and SERIAL.local_rows(np.arange(3)).tolist() == [0, 1, 2]
@@ -329,7 +330,8 @@ def test_bad_input_seen_by_one_rank_only_aborts_every_rank(tmp_path):
     """Bad input found on rank 1 alone (say, a file its node does not see) while rank 0 went on: rank 1 waits
     for the others to fail alike, then reports and aborts all ranks with exit code 2 instead of hanging."""
     config = write_config(tmp_path / "b.toml")
-    code = ("import sys; import pdeflow.parallel as par; from pdeflow.cli import main; from pdeflow import Problem\n"
+    code = ("import sys; import pdeflow.parallel as par; from pdeflow.cli import main\n"
+            "from pdeflow import Problem\n"
             "from pdeflow.config import ConfigError\n"
             "par.FAILURE_AGREEMENT_SECONDS = 2.0\n"
             "build = Problem.from_config\n"

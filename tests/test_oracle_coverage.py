@@ -1,6 +1,6 @@
 """The independent oracle (tests/reference_model.py) where tests/test_core.py does not reach it: many heads
 (several kernel tiles and chunks, the factored-table weight gradient of pdeflow.mean_field), second
-derivatives (Problem.hvp and the whole-system JVP pdeflow.solvers.jko.velocity_jvp = Problem.system_jvp, forward
+derivatives (Problem.hvp and the whole-system JVP Problem.system_jvp, forward
 mode, and its complex-step reference), and the grid measure's free
 energy with its entropy term. Every expectation is recomputed by the oracle; nothing is a stored number."""
 from __future__ import annotations
@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
-from pdeflow.solvers.jko import velocity_jvp
 
 from conftest import build_config, random_arrays, random_measure, rel_err
 from pdeflow import kernels, mean_field
@@ -75,7 +74,7 @@ def test_oracle_hvp_is_its_gradient_differentiated():
 
 @pytest.mark.parametrize("k", [None, 3], ids=["full", "random-basis"])
 def test_hvp_and_whole_system_jvp_match_the_oracle(k):
-    """Problem.hvp (rho frozen) at a point off the support and at a particle, and velocity_jvp (particles
+    """Problem.hvp (rho frozen) at a point off the support and at a particle, and Problem.system_jvp (particles
     and measure moved together), against the oracle's complex step through its own reverse pass."""
     rng = np.random.default_rng(17 if k is None else 18)
     arrays = random_arrays(rng, V=3, T=4, d=4, dh=2, B=6, k=k)
@@ -87,9 +86,9 @@ def test_hvp_and_whole_system_jvp_match_the_oracle(k):
         v = rng.standard_normal(problem.k)
         assert rel_err(problem.hvp(point, v, omega, mass), ref.hvp(point, v, omega, mass)) <= 1e-11
     u = rng.standard_normal(omega.shape)
-    jvp, oracle = velocity_jvp(problem, omega, mass, u), ref.velocity_jvp(omega, mass, u)
+    jvp, oracle = problem.system_jvp(omega, mass, u), ref.velocity_jvp(omega, mass, u)
     assert rel_err(jvp, oracle) <= 1e-11
-    # velocity_jvp is Problem.system_jvp (forward mode); its complex-step reference agrees with the oracle too
+    # the forward mode's complex-step reference agrees with the oracle too
     assert rel_err(problem.system_jvp_complex_step(omega, mass, u), oracle) <= 1e-11
     # the whole-system JVP is not the frozen HVP: the measure's motion adds to it
     frozen = np.array([ref.hvp(w, du, omega, mass) for w, du in zip(omega, u)])

@@ -30,17 +30,14 @@ import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
 
+from pdeflow.checkpoint import read_checkpoint
 from pdeflow.cli import main
 from pdeflow.config import dumps_toml, load_config
+from pdeflow.file_access import TrajectoryError, open_for_reading
 from pdeflow.problem import Problem
-from pdeflow.trajectory import (
-    TrajectoryError,
-    TrajectoryWriter,
-    edit_trajectory,
-    open_for_reading,
-    open_trajectory,
-    read_checkpoint,
-)
+from pdeflow.result_files import edit_trajectory
+from pdeflow.trajectory import open_trajectory
+from pdeflow.trajectory_writer import TrajectoryWriter
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = """

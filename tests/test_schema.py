@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 
 from pdeflow import schema
+from pdeflow.checkpoint import row_counts
 from pdeflow.config import loads_config
+from pdeflow.file_access import TrajectoryError
 from pdeflow.reference import validate
 from pdeflow.resume import RESUMABLE_KEYS
-from pdeflow.trajectory import TrajectoryError, TrajectoryWriter, open_trajectory, row_counts
+from pdeflow.trajectory import open_trajectory
+from pdeflow.trajectory_writer import TrajectoryWriter
 from test_trajectory import frame_scalars, new_writer, problem_arrays, write_frames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +161,8 @@ def test_docs_schema_tables_are_the_table():
     ``python -m pdeflow.schema docs/schema.md``."""
     block = schema.documented_block((ROOT / "docs" / "schema.md").read_text(encoding="utf-8"))
     assert block is not None, "docs/schema.md has no generated schema block"
-    assert block == schema.markdown(), "docs/schema.md disagrees with pdeflow.schema.ITEMS: python -m pdeflow.schema"
+    assert block == schema.markdown(), \
+        "docs/schema.md disagrees with pdeflow.schema.ITEMS: python -m pdeflow.schema"
     # one row per entry (the top-level groups are the headings)
     rows = [line for line in block.splitlines() if line.startswith("| `")]
     assert len(rows) == len(schema.ITEMS) - (len(schema.GROUPS) - 1)

@@ -18,19 +18,12 @@ import h5py
 import numpy as np
 import pytest
 
+from pdeflow.checkpoint import Checkpoint, committed_counts
 from pdeflow.config import loads_config
-from pdeflow.trajectory import (
-    END_ATTRS,
-    MESSAGE_BYTES,
-    Checkpoint,
-    TrajectoryError,
-    TrajectoryWriter,
-    check_file,
-    committed_counts,
-    edit_trajectory,
-    open_for_reading,
-    open_trajectory,
-)
+from pdeflow.file_access import TrajectoryError, open_for_reading
+from pdeflow.result_files import edit_trajectory
+from pdeflow.trajectory import check_file, open_trajectory
+from pdeflow.trajectory_writer import END_ATTRS, MESSAGE_BYTES, TrajectoryWriter
 
 REPO = Path(__file__).resolve().parents[1]
 N, K, V, T, D, DH, B = 5, 3, 3, 4, 4, 2, 6
@@ -441,7 +434,7 @@ SCRIPT = """
 import os, signal, sys
 sys.path[:0] = [{repo!r}, {tests!r}]
 import test_trajectory as tt
-from pdeflow.trajectory import TrajectoryWriter
+from pdeflow.trajectory_writer import TrajectoryWriter
 mode, path, arg = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
 def kill():
@@ -559,7 +552,7 @@ def test_result_files_are_written_all_or_nothing(tmp_path):
     """new_result_file (pdeflow chaos, pdeflow stability): the root attributes on success; on an error
     inside the block, the file it was going to replace is untouched and no partial file is left."""
     from pdeflow import __version__
-    from pdeflow.trajectory import new_result_file
+    from pdeflow.result_files import new_result_file
 
     cfg = loads_config("[model]\nd = 4\nhead_dim = 2\n")
     path = tmp_path / "result.h5"

@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 
 from ..config import Config
-from ..trajectory import Trajectory, TrajectoryError, check_file, edit_trajectory, open_by_swmr_writer, open_trajectory
+from ..file_access import TrajectoryError, open_by_swmr_writer
+from ..result_files import edit_trajectory
+from ..trajectory import Trajectory, check_file, open_trajectory
 from .analysis import CLUSTER_ARRAYS, FRAME_ARRAYS, SCALARS, Analysis, analyse
 from .clusters import HeadClusters
 from .spectral import read_spectral_record, write_spectral_record
@@ -27,7 +29,7 @@ def check_editable(path: str | Path) -> None:
 def write_analysis(path: str | Path, analysis: Analysis) -> None:
     """Store ``analysis`` as the group /analysis of a finished trajectory, replacing only that group.
 
-    The edit goes through :func:`pdeflow.trajectory.edit_trajectory` (on a copy renamed over the file when
+    The edit goes through :func:`pdeflow.result_files.edit_trajectory` (on a copy renamed over the file when
     complete), so a kill leaves the previous file - frames, steps and any earlier /analysis - intact.
     TrajectoryError if a run is still writing the file (or died writing it: resume it first).
     """

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..file_access import TrajectoryError
 from ..measure import Grid
 from ..model import split_theta
 from ..problem import Problem
-from ..trajectory import Trajectory, TrajectoryError
+from ..trajectory import Trajectory
 
 MAX_CLUSTER_POINTS = 2048    # heads entering the linkage (the rest join the nearest cluster)
 

@@ -1,0 +1,201 @@
+"""The commit protocol of a trajectory file: its two checksummed checkpoint slots and which rows they commit.
+
+Rows of /frames and /steps become part of the trajectory only when a checkpoint slot that counts them is flipped
+active (docs/schema.md, "Crash safety"); a reader trusts the active slot when its checksum holds, else the previous
+one (:func:`trusted_checkpoint`), and reads only the rows it commits (:func:`committed_counts`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from . import schema
+from .file_access import TrajectoryError, error_reason, open_for_reading, plain
+
+FRAME_SCALARS = schema.names("/frames", shape=("F",))
+
+
+
+RUNNING = "running"
+
+
+
+EXTRA = "extra"  # the group of a checkpoint slot holding the named arrays of Checkpoint.extra
+
+
+
+CHECKSUM = "checksum"  # the dataset of a checkpoint slot holding the SHA-256 of its other datasets
+
+
+
+@dataclass
+class Checkpoint:
+    """A complete, resumable state: fields, time, step size, step count, generator state, and ``extra``: named
+    float arrays of any shapes beyond the state (a run keeps ``stepper``, its controller state, and ``accuracy``,
+    its accuracy record's), stored as ``/checkpoint/slot#/extra/<name>`` and read back as the same dict."""
+    fields: dict[str, np.ndarray]
+    t: float
+    dt: float
+    step: int
+    n_frames: int
+    n_steps: int
+    rng: dict | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+
+def check_extra_names(names: Iterator[str] | list[str] | dict) -> None:
+    """ValueError unless every name of a checkpoint's ``extra`` can be a dataset of the slot's ``extra`` group
+    (a non-empty HDF5 link name without ``/``)."""
+    for name in names:
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"checkpoint extra: {name!r} is not a valid name (non-empty, no '/')")
+
+
+
+def slot_digest(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """SHA-256 [32 bytes] of a checkpoint slot's datasets (``arrays``: path in the slot -> values): in name order,
+    each name, type, shape and bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        digest.update(a.tobytes())
+    return np.frombuffer(digest.digest(), dtype=np.uint8)
+
+
+
+def _slot_arrays(slot: h5py.Group) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    """(every dataset of a checkpoint slot but its checksum, by path in the slot; None) when the slot's
+    checksum matches them or the slot has none (a file from before checksums), else (None, why not)."""
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        slot.visititems(lambda name, obj: arrays.__setitem__(name, obj[()])
+                        if isinstance(obj, h5py.Dataset) and name != CHECKSUM else None)
+        stored = slot[CHECKSUM][()] if CHECKSUM in slot else None
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+        return None, f"unreadable: {error_reason(exc)[:80]}"
+    if stored is None:
+        return arrays, None
+    if not np.any(stored):
+        return None, "never written"
+    if not np.array_equal(slot_digest(arrays), stored):
+        return None, "checksum mismatch"
+    return arrays, None
+
+
+
+def trusted_slot(f: h5py.File) -> tuple[int, dict[str, np.ndarray], str | None] | None:
+    """(index, datasets, note) of the checkpoint slot a reader may trust, or None before the first commit.
+
+    The active slot when its checksum holds; else the other one (the previous commit) when its checksum
+    holds, with ``note`` the one line saying so; TrajectoryError naming both when neither holds (resuming
+    would continue from wrong data)."""
+    grp = f["checkpoint"]
+
+    def active_index() -> int:
+        try:
+            if hasattr(grp["active"], "refresh") and f.swmr_mode:
+                grp["active"].refresh()
+            return int(grp["active"][()])
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError):
+            return -2
+
+    for _ in range(3):
+        active = active_index()
+        if active == -1:
+            return None
+        order = (active, 1 - active) if active in (0, 1) else (0, 1)
+        found: dict[int, tuple[dict, str | None]] = {}
+        for index in order:
+            name = f"slot{index}"
+            found[index] = _slot_arrays(grp[name]) if name in grp else (None, "missing")
+        if found[order[0]][0] is not None or active_index() == active:
+            break   # else a live writer committed meanwhile: read the slots again
+    good = [i for i in order if found[i][0] is not None]
+    if not good:
+        where = "; ".join(f"slot{i}: {found[i][1]}" for i in order)
+        raise TrajectoryError(f"{f.filename}: both checkpoint slots are damaged ({where}): nothing to resume from "
+                              f"safely; start again with --force")
+    if active in (0, 1) and good[0] == active:
+        return active, found[active][0], None
+    # the active slot failed (or the active index itself is damaged): the newest slot whose checksum holds
+    index = max(good, key=lambda i: int(found[i][0]["step"]))
+    arrays = found[index][0]
+    what = f"checkpoint slot{active} is damaged ({found[active][1]})" if active in (0, 1) else \
+        "the active checkpoint index is damaged"
+    return index, arrays, (f"{f.filename}: {what}; resuming from slot{index}, the checkpoint before it "
+                           f"(t = {float(arrays['t']):.6g}, step {int(arrays['step'])}): the steps since are "
+                           f"recomputed")
+
+
+
+def trusted_checkpoint(f: h5py.File) -> tuple[Checkpoint | None, str | None]:
+    """The checkpoint of an open file a resume may trust (:func:`trusted_slot`: the active one, or the previous
+    one when the active slot is damaged) and the one-line note when it is not the active one; (None, None)
+    before the first commit. TrajectoryError (one line) when both slots are damaged, or when the checkpoint is
+    of an earlier pdeflow (one flat ``extra`` vector) that cannot be resumed."""
+    chosen = trusted_slot(f)
+    if chosen is None:
+        return None, None
+    return checkpoint_from(f, chosen[1]), chosen[2]
+
+
+
+def checkpoint_from(f: h5py.File, arrays: dict[str, np.ndarray]) -> Checkpoint:
+    """The :class:`Checkpoint` of a slot's datasets (:func:`_slot_arrays`)."""
+    if isinstance(arrays.get(EXTRA), np.ndarray):
+        raise TrajectoryError(f"{f.filename}: its checkpoint holds one flat extra vector (a pdeflow before named "
+                              f"checkpoint arrays wrote it): it cannot be resumed; start again with --force")
+    fields = {key: arrays[key] for key in f["frames"].keys() if key not in FRAME_SCALARS and key in arrays}
+    raw = bytes(arrays["rng"]).rstrip(b"\0")
+    extra = {name[len(EXTRA) + 1:]: value for name, value in arrays.items() if name.startswith(EXTRA + "/")}
+    return Checkpoint(fields=fields, t=float(arrays["t"]), dt=float(arrays["dt"]), step=int(arrays["step"]),
+                      n_frames=int(arrays["n_frames"]), n_steps=int(arrays["n_steps"]),
+                      rng=json.loads(raw) if raw else None, extra=extra)
+
+
+
+def read_checkpoint(f: h5py.File) -> Checkpoint | None:
+    """The checkpoint of an open file a resume may trust (:func:`trusted_checkpoint`), or None before the first
+    one."""
+    return trusted_checkpoint(f)[0]
+
+
+
+def committed_counts(f: h5py.File) -> tuple[int, int]:
+    """The rows of /frames and /steps that belong to the trajectory: all of them once the run has ended;
+    while its status is "running" (in progress, or its process died), those of the trusted checkpoint
+    (:func:`trusted_checkpoint`)."""
+    n_frames, n_steps = int(f["frames"]["time"].shape[0]), int(f["steps"]["time"].shape[0])
+    if plain(f.attrs.get("status", "")) != RUNNING:
+        return n_frames, n_steps
+    chosen = trusted_slot(f) if "checkpoint" in f else None
+    if chosen is None:
+        return 0, 0
+    arrays = chosen[1]
+    return min(n_frames, int(arrays["n_frames"])), min(n_steps, int(arrays["n_steps"]))
+
+
+
+def row_counts(f: h5py.File) -> tuple[int, int]:
+    """The rows of /frames and /steps that belong to the trajectory: :func:`committed_counts` for a file of
+    pdeflow's writer, every row for a file from another code (no /checkpoint; S = 0 without /steps)."""
+    if "checkpoint" in f and "steps" in f and "time" in f["steps"]:
+        return committed_counts(f)
+    return int(f["frames"]["time"].shape[0]), (int(f["steps"]["time"].shape[0]) if "steps" in f and "time" in f["steps"]
+                                                else 0)
+
+
+
+def committed_steps(path: str | Path, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The committed rows of those /steps ``columns`` a file has (:func:`committed_counts`)."""
+    with open_for_reading(Path(path)) as f:
+        n = committed_counts(f)[1]
+        return {c: f["steps"][c][:n] for c in columns if c in f["steps"]}
