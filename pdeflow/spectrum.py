@@ -201,7 +201,11 @@ def start_vector(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.nd
     x /= np.linalg.norm(x)
     g = (np.sqrt(np.asarray(mass, dtype=float))[:, None] * problem.grad_phi(omega, omega, mass)).ravel()
     norm = float(np.linalg.norm(g))
-    return x + g / norm if norm > 0 and np.isfinite(norm) else x
+    if not (norm > 0 and np.isfinite(norm)):
+        return x
+    start = x + g / norm
+    # two unit vectors cancel only when opposite (half the time when N k = 1): then the random part alone
+    return start if np.linalg.norm(start) > 1e-8 else x
 
 
 def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, krylov_dim: int = KRYLOV_DIM,
