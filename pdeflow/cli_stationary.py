@@ -19,6 +19,7 @@ import numpy as np
 from .config import Config, loads_config
 from .exit_codes import EXIT_OK, HELP
 from .problem import Problem
+from .problem_file import stored_problem
 from .spectrum import KRYLOV_DIM
 from .stationary import (
     DISSIPATION_RATIO,
@@ -31,7 +32,7 @@ from .stationary import (
     read_stationary,
     write_stationary,
 )
-from .trajectory import open_trajectory, stored_problem
+from .trajectory import open_trajectory
 
 STATIONARY_HELP = """Find a stationary point of the particle flow from a frame of a trajectory and classify it by
 the spectrum of the mass-weighted Hessian (symmetry directions removed): --kind nearest (Newton-Krylov on the

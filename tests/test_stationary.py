@@ -183,3 +183,23 @@ def test_classify_runs_a_longer_lanczos_when_the_lowest_end_has_not_converged(sa
     spectrum, products, _ = st.classify(problem, c, c.coordinates(omega), 10, lambda msg: None)
     assert calls == [10, 10 * st.KRYLOV_GROWTH] and spectrum.lowest.size > 0
     assert products > 0 and c.gradients == 2  # two start vectors
+
+
+def test_the_shipped_minimum_of_the_long_run_is_stationary_at_its_energy():
+    """data/stationary/longtime-minimum.h5, the certified local minimum of data/configs/longtime.toml (docs,
+    "Stationary points"): one gradient evaluation of the problem stored in the file, independent of the search that
+    found it, gives I <= 1e-12 I(0) at the stored point and the stored energy; the stored spectrum is positive
+    beyond its residual, with the condition number the docs state."""
+    from pathlib import Path
+
+    from pdeflow.problem_file import stored_problem
+
+    path = Path(__file__).resolve().parent.parent / "data" / "stationary" / "longtime-minimum.h5"
+    r = read_stationary(path)
+    problem = stored_problem(path)
+    ev = problem.evaluate(r["omega"], r["mass"])
+    assert ev.dissipation <= 1e-12 * r["initial_dissipation"]
+    assert ev.energy == pytest.approx(r["energy"], rel=1e-13)
+    assert r["certified"] and r["verdict"] == "local minimum" and r["morse_index_lower"] == 0
+    assert r["lowest"][0] > r["lowest_residual"][0] and r["lowest"][0] == pytest.approx(7.39e-5, rel=1e-3)
+    assert r["lambda_max"] / r["lowest"][0] == pytest.approx(1.23e6, rel=1e-2)
