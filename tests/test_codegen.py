@@ -109,6 +109,7 @@ sys.stdout.write(in_use()["vector_width"] + "\n")
 """
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_the_vector_width():
     """grad Phi compiled with the host's widest vectors (zmm on AVX-512 hosts) and with 256-bit vectors (AVX-512
     switched off; 128-bit SSE on AVX2 hosts, where AVX alone still gives 256-bit float vectors, so every AVX
