@@ -89,6 +89,9 @@ class _Projections:
             self.rows_buf = np.empty(bc * T * width, dtype=dtype)
             self.table_buf = np.zeros(T * width, dtype=dtype)
             self.row_numbers = np.arange(bc * T, dtype=np.int64).reshape(bc, T)
+            # read-only like the tokens of factored data: numba compiles one specialization of each kernel per
+            # argument type, and a writable and a read-only tok are two types (two compilations, ~25 s each)
+            self.row_numbers.setflags(write=False)
 
     def chunk(self, wcat: np.ndarray) -> None:
         self.wcat = wcat

@@ -18,8 +18,20 @@ import pytest
 # imported (pdeflow.jit reads the remembered vector width), inherited by subprocesses.
 os.environ.setdefault("PDEFLOW_TUNE", "off")
 
-from pdeflow.config import Config, dumps_toml, loads_config
-from pdeflow.problem import Problem
+# Under pytest-xdist (the README's test command runs two workers, `-n 2 --dist loadfile`), each worker is one
+# process on one core: one numba thread each (two workers of two threads would fight for two cores), and its
+# own numba cache folder. numba's on-disk cache is not safe for two processes compiling *different*
+# signatures of one kernel at once (each reads the index, adds its key under the next free data file name and
+# writes the index before the data: interleaved, an index entry can point at the other signature's machine
+# code); within one worker, compilations follow each other. Both are inherited by the processes a test starts.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _XDIST_WORKER:
+    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+    os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))), "__pycache__", f"numba-{_XDIST_WORKER}"))
+
+from pdeflow.config import Config, dumps_toml, loads_config  # noqa: E402 - after the environment is set
+from pdeflow.problem import Problem  # noqa: E402
 
 # Small everything (the suite must stay fast): V = 3, T = 3, d = 7, dh = 2, so p = 56.
 BASE: dict[str, dict[str, Any]] = {
@@ -44,6 +56,21 @@ def build_config(**overrides: dict[str, Any]) -> Config:
 
 def build_problem(**overrides: dict[str, Any]) -> Problem:
     return Problem.from_config(build_config(**overrides))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands out whole files (--dist loadfile) and by default the files with the most tests first;
+    # pdeflow's longest tests sit in files with few tests, which then ran last, one worker idle meanwhile.
+    # Collection order instead, with the files holding `slow` tests first (pytest_collection_modifyitems).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with a test marked ``slow`` run first (stable order otherwise): started early, the longest runs
+    overlap the many short tests of the other worker instead of ending the suite alone."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_benchmark_runs_at_tiny_size(tmp_path):
     # the kernel planner measures too (its plan file in a temporary directory, not the user's cache)
     env = {k: v for k, v in os.environ.items() if k not in ("PDEFLOW_TUNE", "PDEFLOW_VARIANT")}

@@ -464,6 +464,7 @@ def test_projections_of_the_tables_equal_projections_of_the_inputs():
     assert rel_err(phi, phi_d) <= 1e-13 and rel_err(grad, grad_d) <= 1e-13
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_thread_count(tmp_path):
     toml = config_text(model={"positions": "sinusoidal", "unembedding": "gaussian"})
     results = {}

@@ -97,6 +97,7 @@ def test_only_pdeflow_is_importable_from_the_install(installed) -> None:
     assert found["config_exists"]
 
 
+@pytest.mark.slow
 def test_run_and_bench_work_outside_the_checkout(installed) -> None:
     _, _, bindir, work = installed
     shutil.copy(REPO / "data" / "configs" / "quickstart.toml", work / "quickstart.toml")

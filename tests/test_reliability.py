@@ -184,6 +184,7 @@ def one_line(err: str) -> str:
 
 # ---- kill -9 ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_is_bit_exact(refs, tmp_path, one_thread):
     """At least 10 kills (seeded random delays within each variant's run), each followed by checks of the
     file (it opens; every committed frame equals the reference frame) and an in-process --resume whose

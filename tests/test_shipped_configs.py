@@ -41,6 +41,7 @@ def test_the_list_of_shipped_configs_is_complete():
     assert len(SHIPPED) + len(EXPERIMENTS) == len(list((ROOT / "data" / "configs").glob("*.toml"))) + 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_a_shipped_config_keeps_its_accuracy(config, tmp_path):
     out = tmp_path / "run.h5"
@@ -61,6 +62,7 @@ def test_a_shipped_config_keeps_its_accuracy(config, tmp_path):
         assert traj.attrs["max_stability_ratio"] < 1.0
 
 
+@pytest.mark.slow
 def test_the_quickstart_at_the_old_step_stops_where_rk4_loses_stability(tmp_path):
     """RK4 with dt = 0.25 to t = 40: lambda_max dt crosses 2.785 at t ~ 20 (lambda_max = 11.1); with
     run.accuracy = "stop" the run ends there, exit 3, the loss in the file, on the terminal and in info."""
