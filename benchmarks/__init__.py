@@ -7,7 +7,7 @@ measured in the same run, with PyTorch autograd (float64, float32) and with plai
 explicit step, peak memory and float32 speed (:mod:`pdeflow.benchmarks.suite`). Results: a JSON record and a
 markdown table in ``benchmarks/results/`` (git-ignored); the table is also printed.
 """
-import pdeflow.jit  # noqa: F401 - first, as in every pdeflow process: BLAS on one thread (see pdeflow/jit.py)
+import pdeflow.core.jit  # noqa: F401 - first, as in every pdeflow process: BLAS on one thread (see pdeflow/core/jit.py)
 
 __all__ = ["PRESETS", "markdown", "run", "write", "main"]
 

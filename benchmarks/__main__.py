@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from pdeflow.exit_codes import EXIT_OK
+from pdeflow.core.exit_codes import EXIT_OK
 
 from .common import REFERENCE_CONFIG, RESULTS
 from .suite import PRESETS, markdown, run, write

@@ -2,10 +2,10 @@
 
 ``python -m pdeflow.benchmarks.codegen --cpu skylake-avx512 [--cpu znver4 ...] [--policy llvm|pdeflow|256] [--json]``
 
-Compiles (does not run) ``_attention_units`` and ``_attention_vjp_units`` of :mod:`pdeflow.kernels` for each target
+Compiles (does not run) ``_attention_units`` and ``_attention_vjp_units`` of :mod:`pdeflow.core.kernels` for each target
 in a fresh interpreter (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES`` from ``--policy``) and reports, per kernel and
 dtype, the packed floating-point instructions by register width, FMAs, the innermost loops by widest register,
-whether :func:`pdeflow.kernels.vexp` runs packed, calls in innermost loops and vector spills.
+whether :func:`pdeflow.core.kernels.vexp` runs packed, calls in innermost loops and vector spills.
 Details: docs/benchmarks.md, "What LLVM makes of the kernels".
 """
 from __future__ import annotations
@@ -160,7 +160,7 @@ _NAME_PART = re.compile(r"(\d+)")
 
 
 def short_name(symbol: str) -> str:
-    """``pdeflow.kernels._scores`` from numba's mangled ``_ZN7pdeflow7kernels7_scoresB3v10...`` (the
+    """``pdeflow.core.kernels._scores`` from numba's mangled ``_ZN7pdeflow7kernels7_scoresB3v10...`` (the
     length-prefixed parts of the nested name, up to numba's ``B``/``E`` suffix)."""
     rest = symbol[3:] if symbol.startswith("_ZN") else symbol
     parts = []
@@ -296,7 +296,7 @@ def _child(kernels_: list[str], dtypes: list[str], loops: bool = False) -> dict[
     """In the interpreter whose environment names the target: compile, read the machine code, count."""
     from numba.core.registry import cpu_target
 
-    from pdeflow import kernels
+    from pdeflow.core import kernels
 
     codegen = cpu_target.target_context.codegen()
     out: dict[str, Any] = {"cpu_name": codegen._get_host_cpu_name(), "features": codegen._tm_features,
@@ -321,11 +321,11 @@ def inspect(cpu: str, policy: str = "llvm", dtypes: tuple[str, ...] = ("float64"
     CPU name and feature string numba used."""
     env = dict(os.environ)
     if cpu == "env":
-        pass  # this process's own settings (pdeflow.jit decides again in the child, as it did here)
+        pass  # this process's own settings (pdeflow.core.jit decides again in the child, as it did here)
     elif cpu == "host":
         env.pop("NUMBA_CPU_NAME", None)
         env.pop("NUMBA_CPU_FEATURES", None)
-        if policy != "pdeflow":  # the host's own features plus the policy's flag; pdeflow.jit decides otherwise
+        if policy != "pdeflow":  # the host's own features plus the policy's flag; pdeflow.core.jit decides otherwise
             import llvmlite.binding as ll
 
             flag = POLICIES[policy]
@@ -350,17 +350,17 @@ def inspect(cpu: str, policy: str = "llvm", dtypes: tuple[str, ...] = ("float64"
 
 def in_use(data=None, n_total: int = 1024) -> dict[str, Any]:
     """How this process's kernels were compiled, for ``pdeflow bench``: the LLVM CPU name and feature string
-    numba compiled for, who chose the features (:data:`pdeflow.jit.VECTOR_WIDTH_CHOICE`), the state of
+    numba compiled for, who chose the features (:data:`pdeflow.core.jit.VECTOR_WIDTH_CHOICE`), the state of
     ``prefer-256-bit``, and per compiled signature of the two core kernels the counts of :func:`analyse`
     (``vector_width``: the widest register of their fused multiply-add loops; float64 and float32, compiled
     in a child process with this environment). With ``data``
-    (:class:`pdeflow.mean_field.AttentionData`) also the tiles pdeflow chooses for it, per dtype: heads per
+    (:class:`pdeflow.core.mean_field.AttentionData`) also the tiles pdeflow chooses for it, per dtype: heads per
     kernel work unit, heads and sequences per chunk, and the bytes of a work unit's scratch arrays."""
     import numpy as np
     from numba.core.registry import cpu_target
 
-    import pdeflow.jit as jit
-    from pdeflow import kernels, mean_field
+    import pdeflow.core.jit as jit
+    from pdeflow.core import kernels, mean_field
 
     cg = cpu_target.target_context.codegen()
     features = cg._tm_features

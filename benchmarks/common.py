@@ -21,8 +21,8 @@ THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREAD
 def build(config: str | Path = REFERENCE_CONFIG, n: int | None = None, b: int | None = None,
           t: int | None = None, precision: str | None = None):
     """(problem, omega, mass) of the config with N, B, T and precision overridden where given."""
-    from pdeflow.config import load_config
-    from pdeflow.problem import Problem
+    from pdeflow.core.config import load_config
+    from pdeflow.core.problem import Problem
 
     overrides = []
     if n is not None:

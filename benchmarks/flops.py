@@ -12,7 +12,7 @@ from __future__ import annotations
 
 def grad_phi_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str, float]:
     """Flop counts of grad Phi at N particles: the parts and the ``model`` and ``executed`` totals."""
-    from pdeflow.mean_field import factored_projections
+    from pdeflow.core.mean_field import factored_projections
 
     P = T * (T + 1) / 2
     pr = 2.0 * T * d * dh
@@ -49,8 +49,8 @@ def grad_phi_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str,
 
 
 def system_jvp_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[str, float]:
-    """Flop counts of one forward-mode whole-system JVP (:meth:`pdeflow.problem.Problem.system_jvp`,
-    pdeflow/kernels_jvp.py), by the rules above. Per head and sequence:
+    """Flop counts of one forward-mode whole-system JVP (:meth:`pdeflow.core.problem.Problem.system_jvp`,
+    pdeflow/core/kernels_jvp.py), by the rules above. Per head and sequence:
 
     - tangent logits pass: q, k, v and their tangents ``6 pr``; ``O`` and ``O' = c' WO^T + c WO'^T`` ``3 pr``;
       core ``(12 dh + 10) P`` (s and s' ``6 dh P``, softmax ``5 P``, a' ``5 P``, c and c' ``6 dh P``);
@@ -61,7 +61,7 @@ def system_jvp_flops(N: int, B: int, T: int, d: int, dh: int, V: int) -> dict[st
 
     ``model`` is that sum; ``executed`` adds the tangent forward core recomputed in the gradient pass and
     counts the projections as pdeflow does them (the tables, for W and for the direction, when factored)."""
-    from pdeflow.mean_field import factored_projections
+    from pdeflow.core.mean_field import factored_projections
 
     P = T * (T + 1) / 2
     pr = 2.0 * T * d * dh

@@ -4,7 +4,7 @@ Property: whatever the config file (random bytes, random TOML, a small valid con
 set to random values of random types, unknown sections and keys) and whatever the ``--set`` strings, ``pdeflow
 run`` ends with exit code 0, or 2 with exactly one line on stderr; never a traceback, never 1 or 3. Two levels:
 
-- ``parse``: up to the problem - :func:`pdeflow.config.load_config`, the overrides, the output checks - with
+- ``parse``: up to the problem - :func:`pdeflow.core.config.load_config`, the overrides, the output checks - with
   ``Problem.from_config`` replaced by a stand-in that ends the command with exit 0 (the config was accepted);
 - ``build``: configs whose sizes stay small, also through ``Problem.from_config`` and ``make_stepper``, with the
   time loop replaced by a stand-in (a config the parser accepts must build, or be refused in one line).
@@ -34,7 +34,7 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdeflow.config import SECTIONS
+from pdeflow.core.config import SECTIONS
 
 from .common import RESULTS
 
@@ -162,8 +162,8 @@ def _stub_run(cfg, problem, path, **kwargs):
 def pdeflow_run(config: bytes | str, sets: list[str], build: bool) -> tuple[int, str]:
     """``pdeflow run CONFIG --set ...`` in-process with the time loop (and, unless ``build``, the problem)
     replaced by stand-ins; returns (exit code, stderr)."""
-    from pdeflow.cli import main
-    from pdeflow.problem import Problem
+    from pdeflow.core.problem import Problem
+    from pdeflow.interface.cli import main
 
     with tempfile.TemporaryDirectory(prefix="pdeflow-fuzz-") as tmp:
         path = Path(tmp) / "c.toml"

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from pdeflow.exit_codes import EXIT_OK
-from pdeflow.parallel import child_environment, find_mpiexec
+from pdeflow.core.exit_codes import EXIT_OK
+from pdeflow.core.parallel import child_environment, find_mpiexec
 
 from .common import REFERENCE_CONFIG, RESULTS, build, summary
 
@@ -59,7 +59,7 @@ def worker(config: str, n: int | None, b: int | None, repeats: int, sweep: bool)
     with ``sweep``, Allreduce over message sizes. Returns the results on rank 0, None elsewhere."""
     import numba
 
-    from pdeflow.parallel import world
+    from pdeflow.core.parallel import world
 
     comm = world()
     problem, omega, mass = build(config, n=n, b=b)

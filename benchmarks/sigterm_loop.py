@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdeflow.parallel import child_environment, find_mpiexec
+from pdeflow.core.parallel import child_environment, find_mpiexec
 
 from .common import RESULTS
 
@@ -124,9 +124,9 @@ def worker(folder: Path, runs: int) -> None:
     ended goes to ``rank<r>-<i>.json``."""
     from pdeflow.solvers.driver import run
 
-    from pdeflow.config import loads_config
-    from pdeflow.parallel import world
-    from pdeflow.problem import Problem
+    from pdeflow.core.config import loads_config
+    from pdeflow.core.parallel import world
+    from pdeflow.core.problem import Problem
 
     comm = world()
     cfg = loads_config(CONFIG)

@@ -51,7 +51,7 @@ class Preset:
     memory_n: int = 65536
     memory_b: int = 64
     matmul_n: int = 2000
-    tune_repeats: int = 3           # interleaved rounds of the kernel variants (pdeflow.tuner)
+    tune_repeats: int = 3           # interleaved rounds of the kernel variants (pdeflow.core.tuner)
     notes: list = field(default_factory=list)
 
 
@@ -133,8 +133,8 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     fl = _flops.grad_phi_flops(**sz)
     res["flops"] = fl
 
-    # ---- the kernel variants (pdeflow.tuner): measured here, remembered for this CPU ------------------
-    from pdeflow import tuner
+    # ---- the kernel variants (pdeflow.core.tuner): measured here, remembered for this CPU ------------------
+    from pdeflow.core import tuner
 
     from .tuning import in_use as variant_in_use
     from .tuning import tune_problem
@@ -400,7 +400,7 @@ def _codegen_line(cg: dict[str, Any]) -> str:
 
 
 def _tuning_line(tuning: dict[str, Any]) -> str:
-    """The kernel variants in use (pdeflow.tuner) and why, per dtype, with the candidates' medians."""
+    """The kernel variants in use (pdeflow.core.tuner) and why, per dtype, with the candidates' medians."""
     if not tuning:
         return ""
     parts = []
@@ -414,7 +414,7 @@ def _tuning_line(tuning: dict[str, Any]) -> str:
                      f"{'; candidates ' + cands if cands else ''})")
     width = tuning.get("plans", {}).get("width")
     skipped = f" Not measured in this run: {tuning['skipped']}." if "skipped" in tuning else ""
-    return ("Kernel variants (pdeflow.tuner, chosen per CPU and shape class): " + ", ".join(parts) + "."
+    return ("Kernel variants (pdeflow.core.tuner, chosen per CPU and shape class): " + ", ".join(parts) + "."
             + (f" Vector width remembered for this CPU: {width['bits']} bit ({width['why']})." if width else "")
             + skipped)
 

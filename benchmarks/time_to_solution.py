@@ -50,8 +50,8 @@ PER_STEP = ("spectral_radius", "stability_margin", "order")
 
 
 def setup(n: int, *overrides: str):
-    from pdeflow.config import load_config
-    from pdeflow.problem import Problem
+    from pdeflow.core.config import load_config
+    from pdeflow.core.problem import Problem
 
     cfg = load_config(QUICKSTART, [f"init.n_particles={n}", f"task.n_samples={n}", *overrides])
     return cfg, Problem.from_config(cfg)
@@ -80,8 +80,8 @@ def hvp_costs(log=print) -> dict[str, Any]:
     """The exact whole-system JVP (forward mode, and the complex step it replaced) against one grad Phi at the
     quickstart size (N = 128) and at the benchmark reference size (benchmarks/bench-reference.toml, N = 1024);
     the load average before and after each size."""
-    from pdeflow.config import load_config
-    from pdeflow.problem import Problem
+    from pdeflow.core.config import load_config
+    from pdeflow.core.problem import Problem
 
     out: dict[str, Any] = {"load_average": os.getloadavg(), "machine": machine()}
     for name, path in (("quickstart", QUICKSTART),
@@ -194,7 +194,7 @@ def benchmark(n: int, wall: float, rosenbrock_rtol: float = 3e-5, deflate: int =
     t = 200; Dormand-Prince (:data:`ADAPTIVE_TOLERANCE`) to t = 200; particle JKO (tau = 2) to t = 40."""
     from pdeflow.solvers.jacobian import euler_stability_limit
 
-    from pdeflow.config import load_config
+    from pdeflow.core.config import load_config
 
     cfg, problem = setup(n)
     res: dict[str, Any] = {"problem": f"quickstart task/model, N = {n} particles, B = {n} sequences",
@@ -680,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"(family {cpu.get('family', '?')} model {cpu.get('model_number', '?')}, "
                  f"{res['machine'].get('cpu_count')} cores, shared); medians of 5 interleaved repeats, so the "
                  "ratios of one row are taken under the same load. Exact JVP: `Problem.system_jvp` (forward mode, "
-                 "pdeflow/kernels_jvp.py); complex step: `Problem.system_jvp_complex_step`; difference JVP: one "
+                 "pdeflow/core/kernels_jvp.py); complex step: `Problem.system_jvp_complex_step`; difference JVP: one "
                  "grad Phi at moved particles (not exact).", "",
                  "| problem | load (1 min) before/after | grad Phi ms | exact JVP ms | ratio | complex step ms "
                  "| ratio | difference JVP ms | ratio |",

@@ -1,17 +1,17 @@
-"""Measuring the kernel variants of :mod:`pdeflow.tuner` on a problem, for ``pdeflow tune`` and ``pdeflow bench``.
+"""Measuring the kernel variants of :mod:`pdeflow.core.tuner` on a problem, for ``pdeflow tune`` and ``pdeflow bench``.
 
 In-process variants (tile, chunks of heads and sequences) are timed on ``Problem.grad_phi`` at the particles,
 interleaved, and the choice is remembered for the problem's shape class. The vector width is fixed when the
 kernels compile, so each width is timed in fresh processes (``PDEFLOW_VARIANT=width=...``, alternated rounds;
 the first run of a width compiles its kernels into numba's cache) and the choice is remembered for this CPU,
-read by :mod:`pdeflow.jit` in the next process.
+read by :mod:`pdeflow.core.jit` in the next process.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from pdeflow import mean_field, tuner
+from pdeflow.core import mean_field, tuner
 
 from .common import REFERENCE_CONFIG, median
 from .worker import spawn
@@ -36,7 +36,7 @@ def in_use(problem, n_heads: int) -> dict[str, Any]:
 
 def tune_problem(problem, omega, mass, repeats: int = 3) -> dict[str, Any]:
     """Time the in-process candidates on grad Phi at the particles and remember the fastest (see
-    :func:`pdeflow.tuner.tune`); returns the record with the variant now in use."""
+    :func:`pdeflow.core.tuner.tune`); returns the record with the variant now in use."""
     rec = tuner.tune(lambda: problem.grad_phi(omega, omega, mass), shape_of(problem, omega.shape[0]), repeats)
     rec["in_use"] = in_use(problem, omega.shape[0])
     return rec

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pdeflow.exit_codes import EXIT_OK
+from pdeflow.core.exit_codes import EXIT_OK
 
 from .common import REFERENCE_CONFIG, build, interleaved, ratio, summary
 
@@ -78,7 +78,7 @@ def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int,
         omega += grad
         out["peak_rss_mib"] = _maxrss_mib()
     elif task == "memory-kernel":
-        from pdeflow import mean_field
+        from pdeflow.core import mean_field
 
         G = problem.residual_features(omega, mass)
         out["rss_before_mib"] = _maxrss_mib()
@@ -126,9 +126,9 @@ def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_
           b: int | None = None, repeats: int = 3, timeout: float = 1800.0, t: int | None = None,
           env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run a worker task in a fresh interpreter; ``threads``: pdeflow's thread count in it (numba's and
-    OpenMP's variables; BLAS on one thread, as pdeflow runs it - see :func:`pdeflow.jit.thread_environment`);
+    OpenMP's variables; BLAS on one thread, as pdeflow runs it - see :func:`pdeflow.core.jit.thread_environment`);
     ``env``: more environment variables (e.g. ``PDEFLOW_VARIANT``)."""
-    from pdeflow.jit import thread_environment
+    from pdeflow.core.jit import thread_environment
 
     extra = env or {}
     env = dict(os.environ)

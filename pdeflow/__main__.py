@@ -1,4 +1,4 @@
 """``python -m pdeflow`` is the ``pdeflow`` command."""
-from .cli import entry
+from .interface.cli import entry
 
 entry()

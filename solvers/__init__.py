@@ -7,7 +7,7 @@
 SUNDIALS, an optional extra), and any stepper class a module of this
 package defines with a ``name``: importing the package imports every module of it, and each such class registers
 itself (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`) and declares its row of
-:data:`pdeflow.methods.METHODS`. :func:`check_config` checks a config's method against those rows;
+:data:`pdeflow.core.methods.METHODS`. :func:`check_config` checks a config's method against those rows;
 :func:`make_stepper` builds the stepper a config names. The one time loop that advances them is
 :class:`pdeflow.solvers.loop.Loop` (the driver :func:`pdeflow.solvers.driver.run` writes a file from it).
 """
@@ -19,10 +19,10 @@ import pkgutil
 
 import numpy as np
 
-from pdeflow.config import Config, ConfigError, SolverConfig
-from pdeflow.measure import initial_density
-from pdeflow.methods import METHODS, measure_mismatch, method_keys, unread_key
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config, ConfigError, SolverConfig
+from pdeflow.core.measure import initial_density
+from pdeflow.core.methods import METHODS, measure_mismatch, method_keys, unread_key
+from pdeflow.core.problem import Problem
 
 from .base import STEPPERS, SolverError, State, Stepper
 

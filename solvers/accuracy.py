@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pdeflow import schema
+from pdeflow.io import schema
 
 from .jacobian import TopPair, lambda_max
 from .loop import Observer, Step, Stop
 
 if TYPE_CHECKING:
-    from pdeflow.trajectory import Trajectory
+    from pdeflow.io.trajectory import Trajectory
 
     from .base import State, Stepper
 
@@ -284,7 +284,7 @@ def _lost_rows(traj: Trajectory) -> np.ndarray:
 
 
 def file_verdict(traj: Trajectory) -> str:
-    """The accuracy line of a trajectory (:class:`pdeflow.trajectory.Trajectory`): the verdict its run wrote
+    """The accuracy line of a trajectory (:class:`pdeflow.io.trajectory.Trajectory`): the verdict its run wrote
     when it ended (root attribute ``accuracy``), else (running, or killed) one from its committed /steps rows
     with the thresholds it started with; "not recorded" for files written before the checks."""
     steps, notes = traj.steps, getattr(traj, "steps_attrs", {})

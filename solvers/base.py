@@ -3,10 +3,10 @@
 A stepper advances a measure ``rho_t`` of the flow ``d/dt rho = div(rho grad Phi) (+ (1/beta) Laplace rho)``
 (docs/model.md). Its :class:`State` carries the measure's arrays (``fields``: ``omega`` [N,k] and ``mass`` [N]
 for particles, ``density`` for a grid), the time, the step size to try next, the step count and, for
-random steppers, the generator (:class:`pdeflow.state.State`). A stepper takes its parameters explicitly
+random steppers, the generator (:class:`pdeflow.core.state.State`). A stepper takes its parameters explicitly
 (``RK4(problem, dt=0.01)``); :meth:`Stepper.from_config` reads them from a config's ``[solver]`` (and related)
 keys. The loop (:mod:`pdeflow.solvers.loop`) advances it; the driver (:mod:`pdeflow.solvers.driver`) owns frames
-and files; a file's checkpoint converts to a :class:`State` and back in :mod:`pdeflow.resume`.
+and files; a file's checkpoint converts to a :class:`State` and back in :mod:`pdeflow.io.resume`.
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pdeflow.config import Config
-from pdeflow.methods import Method, declare
-from pdeflow.problem import Evaluation, Problem
-from pdeflow.state import State, rng_from_state, rng_state
+from pdeflow.core.config import Config
+from pdeflow.core.methods import Method, declare
+from pdeflow.core.problem import Evaluation, Problem
+from pdeflow.core.state import State, rng_from_state, rng_state
 
 # the PI step-size controller's exponents times the order k of the error estimate (Hairer & Wanner II, IV.2: 0.7 / k
 # and 0.4 / k), and the factor's safety and lower clip
@@ -62,7 +62,7 @@ class Stepper:
     from a config, and implement :meth:`step`; grid steppers override :meth:`evaluate` and :meth:`frame_attrs`.
 
     A class that sets ``name`` is the method ``solver.method = name``: defining it registers it
-    (:data:`STEPPERS`) and declares its row of :data:`pdeflow.methods.METHODS` from :attr:`measures`,
+    (:data:`STEPPERS`) and declares its row of :data:`pdeflow.core.methods.METHODS` from :attr:`measures`,
     :attr:`explicit_flow` and :attr:`reads` (:meth:`__init_subclass__`).
 
     Accuracy checks (:mod:`pdeflow.solvers.accuracy`): any stepper whose :meth:`diagnostics` give the ``energy`` and
@@ -139,7 +139,7 @@ class Stepper:
         return {}
 
     def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
-        """Continue from ``state`` (a resumed file's, :func:`pdeflow.resume.state_of`) with the named arrays
+        """Continue from ``state`` (a resumed file's, :func:`pdeflow.io.resume.state_of`) with the named arrays
         ``extra`` of :meth:`extra_state`; the default stepper keeps nothing beyond the state."""
         return state
 

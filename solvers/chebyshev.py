@@ -24,8 +24,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from pdeflow.config import Config
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config
+from pdeflow.core.problem import Problem
 
 from . import register
 from .base import State, hermite

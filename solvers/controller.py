@@ -25,8 +25,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from pdeflow.config import Config
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config
+from pdeflow.core.problem import Problem
 
 from .base import SolverError, State, Stepper, controller_factor
 

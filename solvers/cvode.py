@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from pdeflow.config import Config, ConfigError
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config, ConfigError
+from pdeflow.core.problem import Problem
 
 from . import register
 from .base import SolverError, State, Stepper, hermite

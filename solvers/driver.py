@@ -23,15 +23,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pdeflow.checkpoint import committed_steps
-from pdeflow.config import Config
-from pdeflow.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
-from pdeflow.file_access import TrajectoryError, error_reason
-from pdeflow.parallel import SERIAL, SerialComm, check_shardable
-from pdeflow.problem import Problem
-from pdeflow.resume import checkpoint_of, state_of
-from pdeflow.sharded_writer import GatheringWriter
-from pdeflow.trajectory_writer import STEP_COLUMNS, TrajectoryWriter
+from pdeflow.core.config import Config
+from pdeflow.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+from pdeflow.core.parallel import SERIAL, SerialComm, check_shardable
+from pdeflow.core.problem import Problem
+from pdeflow.io.checkpoint import committed_steps
+from pdeflow.io.file_access import TrajectoryError, error_reason
+from pdeflow.io.resume import checkpoint_of, state_of
+from pdeflow.io.sharded_writer import GatheringWriter
+from pdeflow.io.trajectory_writer import STEP_COLUMNS, TrajectoryWriter
 
 from . import initial_fields, make_stepper
 from .accuracy import COLUMNS as ACCURACY_COLUMNS
@@ -171,7 +171,7 @@ class _Run(Observer):
     def __init__(self, cfg: Config, problem: Problem, path: Path, stepper: Stepper, quiet: bool,
                  exiting: bool = False) -> None:
         self.cfg, self.problem, self.path, self.stepper, self.quiet = cfg, problem, path, stepper, quiet
-        self.comm = problem.comm  # the MPI ranks the particles are split across (pdeflow.parallel)
+        self.comm = problem.comm  # the MPI ranks the particles are split across (pdeflow.core.parallel)
         self.times = frame_times(cfg)
         self.monitor = AccuracyMonitor(stepper, self.comm, cfg.run, cfg.init.n_particles)
         self.rows = _Rows(STEP_COLUMNS + ACCURACY_COLUMNS + stepper.step_columns)
@@ -299,7 +299,7 @@ def run(cfg: Config, problem: Problem, path: str | Path, *, resume: bool = False
     ``exiting``: the process ends after this call (the CLI): after an interruption SIGINT and SIGTERM stay
     ignored instead of getting their previous handlers back, so that an impatient second Ctrl-C cannot
     break the exit with a traceback.
-    Raises :class:`pdeflow.file_access.TrajectoryError` if the file cannot be created or resumed.
+    Raises :class:`pdeflow.io.file_access.TrajectoryError` if the file cannot be created or resumed.
     """
     r = _Run(cfg, problem, Path(path), stepper or make_stepper(problem, cfg), quiet, exiting)
     check_shardable(r.comm, cfg, r.stepper.sharded, cfg.init.n_particles)

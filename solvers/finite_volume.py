@@ -1,6 +1,6 @@
 """Finite volumes on a reduced-coordinate grid (``solver.method = "fv"``, ``init.measure = "grid"``).
 
-The density ``rho`` [n_1(, n_2, n_3)] of a :class:`pdeflow.measure.Grid` follows
+The density ``rho`` [n_1(, n_2, n_3)] of a :class:`pdeflow.core.measure.Grid` follows
 ``d/dt rho = div(rho grad xi)``, ``xi = Phi(omega; rho) + (1/beta) log rho`` (docs/model.md), upwinded on the face
 velocity ``u = -grad xi`` taken from differences of ``xi`` at the cell centres (Carrillo-Chertock-Huang), so the
 semi-discrete scheme is an exact gradient flow of the discrete energy ``E_h``; ``upwind`` or ``muscl`` fluxes, no flux
@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pdeflow.config import Config
-from pdeflow.measure import Grid, entropy
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config
+from pdeflow.core.measure import Grid, entropy
+from pdeflow.core.problem import Problem
 
 from . import register
 from .base import SolverError, State, Stepper

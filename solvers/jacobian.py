@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
-from pdeflow.problem import Problem
+from pdeflow.core.problem import Problem
 
 # forward-difference step relative to 1 + |y|: about sqrt(machine epsilon), balancing truncation and rounding
 DIFFERENCE_STEP = 1.5e-8

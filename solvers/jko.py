@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import ot
 
-from pdeflow.config import Config, ConfigError
-from pdeflow.measure import Grid, entropy
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config, ConfigError
+from pdeflow.core.measure import Grid, entropy
+from pdeflow.core.problem import Problem
 
 from . import register
 from .anderson import Anderson

@@ -2,11 +2,11 @@
 
 :class:`Loop` steps a :class:`~pdeflow.solvers.base.Stepper` from a state through increasing target times
 (the frames of a run, the sample times of an experiment). Its rules, the same for every caller
-(:func:`pdeflow.solvers.driver.run`, :mod:`pdeflow.chaos`, :mod:`pdeflow.stability`):
+(:func:`pdeflow.solvers.driver.run`, :mod:`pdeflow.analysis.chaos`, :mod:`pdeflow.analysis.stability`):
 
 - **Landing.** Each step is asked for at most the time left to the next target (``stepper.step(state,
-  target - t)``: steps are shortened to land on it); a step that ends within :func:`pdeflow.clock.same_time` of
-  the target ends exactly on it (:func:`pdeflow.clock.landed`). A target is reached when ``t >= target``; targets
+  target - t)``: steps are shortened to land on it); a step that ends within :func:`pdeflow.core.clock.same_time` of
+  the target ends exactly on it (:func:`pdeflow.core.clock.landed`). A target is reached when ``t >= target``; targets
   at or before the start are passed over, except a target at the start itself with ``include_start``.
 - **Stops.** Every stop ends the loop with a :class:`Stop` (status and one-line message): ``finished`` (the
   last target reached), ``non_finite`` (a step left a non-finite state, or non-finite diagnostics: the state
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pdeflow.clock import landed, same_time
-from pdeflow.config import Config, ConfigError
-from pdeflow.parallel import SERIAL, SerialComm
+from pdeflow.core.clock import landed, same_time
+from pdeflow.core.config import Config, ConfigError
+from pdeflow.core.parallel import SERIAL, SerialComm
 
 from .base import SolverError, State, Stepper
 
@@ -42,7 +42,7 @@ MAX_FRAMES = 10**6  # a longer frame schedule is a typo (and would not fit in me
 
 def frame_times(cfg: Config) -> np.ndarray:
     """The frame schedule: t = 0, then ``k * frame_interval`` up to t_end, or log-spaced; t_end last (a
-    multiple of frame_interval that is the same time as t_end, :func:`pdeflow.clock.same_time`, is t_end).
+    multiple of frame_interval that is the same time as t_end, :func:`pdeflow.core.clock.same_time`, is t_end).
 
     ConfigError if it has more than :data:`MAX_FRAMES` frames."""
     r = cfg.run

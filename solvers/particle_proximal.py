@@ -15,7 +15,7 @@ from scipy.optimize import minimize
 from scipy.sparse.linalg import LinearOperator, minres
 from scipy.spatial.distance import cdist
 
-from pdeflow.problem import COMPLEX_STEP, Evaluation, Problem
+from pdeflow.core.problem import COMPLEX_STEP, Evaluation, Problem
 
 
 # ---- the particle proximal step -------------------------------------------------------------------

@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pdeflow.config import Config, ConfigError
-from pdeflow.problem import Problem, task_params
-from pdeflow.state import rng_from_state, rng_state
-from pdeflow.tasks import TaskData, TaskError, sample_task
+from pdeflow.core.config import Config, ConfigError
+from pdeflow.core.problem import Problem, task_params
+from pdeflow.core.state import rng_from_state, rng_state
+from pdeflow.core.tasks import TaskData, TaskError, sample_task
 
 from . import register
 from .base import State, Stepper

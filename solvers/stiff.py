@@ -18,8 +18,8 @@ from typing import ClassVar
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, lobpcg, minres
 
-from pdeflow.config import Config, ConfigError
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config, ConfigError
+from pdeflow.core.problem import Problem
 
 from . import register
 from .base import SolverError, State, controller_factor, hermite

@@ -19,9 +19,9 @@ import numpy as np
 import ot
 from scipy.optimize import brentq
 
-from pdeflow.config import Config, ConfigError
-from pdeflow.measure import Grid
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config, ConfigError
+from pdeflow.core.measure import Grid
+from pdeflow.core.problem import Problem
 
 from . import register
 from .base import SolverError, State

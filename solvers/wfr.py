@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from pdeflow.config import Config, ConfigError
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config, ConfigError
+from pdeflow.core.problem import Problem
 
 from . import register
 from .base import SolverError, State

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 # The suite runs the default kernel variant: a plan remembered on this machine by `pdeflow bench` or
-# `pdeflow tune` (pdeflow.tuner) would change chunk sizes that tests count on; set before pdeflow is
-# imported (pdeflow.jit reads the remembered vector width), inherited by subprocesses.
+# `pdeflow tune` (pdeflow.core.tuner) would change chunk sizes that tests count on; set before pdeflow is
+# imported (pdeflow.core.jit reads the remembered vector width), inherited by subprocesses.
 os.environ.setdefault("PDEFLOW_TUNE", "off")
 
 # Under pytest-xdist (the README's test command runs two workers, `-n 2 --dist loadfile`), each worker is one
@@ -30,8 +30,8 @@ if _XDIST_WORKER:
     os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
         __file__))), "__pycache__", f"numba-{_XDIST_WORKER}"))
 
-from pdeflow.config import Config, dumps_toml, loads_config  # noqa: E402 - after the environment is set
-from pdeflow.problem import Problem  # noqa: E402
+from pdeflow.core.config import Config, dumps_toml, loads_config  # noqa: E402 - after the environment is set
+from pdeflow.core.problem import Problem  # noqa: E402
 
 # Small everything (the suite must stay fast): V = 3, T = 3, d = 7, dh = 2, so p = 56.
 BASE: dict[str, dict[str, Any]] = {

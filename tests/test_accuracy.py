@@ -15,9 +15,9 @@ from pdeflow.solvers.jacobian import lambda_max
 
 from conftest import build_config, symmetric_particle_jacobian
 from pdeflow import Problem, load_config
-from pdeflow.cli import main
-from pdeflow.config import dumps_toml
-from pdeflow.trajectory import open_trajectory
+from pdeflow.core.config import dumps_toml
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
 
 EPS = float(np.finfo(float).eps)
 

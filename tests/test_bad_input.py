@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdeflow.cli import build_parser, main
-from pdeflow.config import SECTIONS, dumps_toml
+from pdeflow.core.config import SECTIONS, dumps_toml
+from pdeflow.interface.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 GOOD = {

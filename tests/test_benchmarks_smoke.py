@@ -63,7 +63,7 @@ def test_benchmark_runs_at_tiny_size(tmp_path):
         assert f"**MISSED** {key} (" in table
     assert f"`{cg['llvm_cpu']}`" in table and res["machine"]["cpu"]["model"] in table
     # what the planner chose and why, remembered under this machine's key
-    from pdeflow import tuner
+    from pdeflow.core import tuner
 
     labels = {v.label for v in tuner.candidates()}
     for dtype in ("float64", "float32"):
@@ -72,7 +72,7 @@ def test_benchmark_runs_at_tiny_size(tmp_path):
         assert rec["in_use"]["variant"] == rec["variant"] and rec["in_use"]["why"] == "measured"
     plans = json.loads((tmp_path / "plans" / tuner.PLAN_FILE).read_text())
     assert len(plans[res["tuning"]["plans"]["machine"]]["shapes"]) == 2
-    assert "Kernel variants (pdeflow.tuner" in table and res["tuning"]["float64"]["variant"] in table
+    assert "Kernel variants (pdeflow.core.tuner" in table and res["tuning"]["float64"]["variant"] in table
     assert set(res["thread_speedup_passes"]) == {"logits_pass", "gradient_pass"}
 
 

@@ -1,4 +1,4 @@
-"""Propagation of chaos (pdeflow/chaos.py, ``pdeflow chaos``): the synchronous coupling, the rate fitter,
+"""Propagation of chaos (pdeflow/analysis/chaos.py, ``pdeflow chaos``): the synchronous coupling, the rate fitter,
 the static approximation's sampling law, and the command end to end on a tiny config."""
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pdeflow.solvers import make_stepper
 from pdeflow.solvers.loop import frame_times
 
 from conftest import build_config
-from pdeflow import Problem, chaos
-from pdeflow.cli import main
-from pdeflow.config import ConfigError
+from pdeflow import Problem
+from pdeflow.analysis import chaos
+from pdeflow.core.config import ConfigError
+from pdeflow.interface.cli import main
 
 
 @pytest.fixture(autouse=True)

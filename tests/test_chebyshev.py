@@ -10,8 +10,8 @@ from pdeflow.solvers.base import State
 from pdeflow.solvers.chebyshev import MAX_STAGES, RADIUS_SAFETY, chebyshev, rkc_step, stages_for
 from pdeflow.solvers.jacobian import mass_weighted, velocity_jacobian
 
-from pdeflow.cli import main
-from pdeflow.trajectory import open_trajectory
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
 from test_stiff import build, energy_identity_residual_simpson, integrate, resumed_run_matches, write_config
 
 # fixed steps: a tolerance no step fails, dt_max = dt

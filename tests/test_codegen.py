@@ -1,4 +1,4 @@
-"""The kernels' vector width (issue 18): pdeflow.jit's choice, the user's override, results that do not depend
+"""The kernels' vector width (issue 18): pdeflow.core.jit's choice, the user's override, results that do not depend
 on the width, and the machine-code counter of ``benchmarks/codegen.py`` (``python -m pdeflow.benchmarks.codegen``)."""
 import json
 import os
@@ -64,7 +64,7 @@ def test_intel_tuning_prefers_256_bit_and_pdeflow_policy_restores_512():
 
 
 def _jit_choice(env: dict[str, str]) -> dict[str, str | None]:
-    code = ("import json, os, pdeflow.jit as j; print(json.dumps({'choice': j.VECTOR_WIDTH_CHOICE, "
+    code = ("import json, os, pdeflow.core.jit as j; print(json.dumps({'choice': j.VECTOR_WIDTH_CHOICE, "
             "'features': os.environ.get('NUMBA_CPU_FEATURES')}))")
     full = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES",
                                                                "PDEFLOW_CPU_FEATURES")}
@@ -106,7 +106,7 @@ for precision in ("float64", "float32"):
     sys.stdout.write(g.tobytes().hex() + "\n")
 # the kernels were compiled in this process (an empty cache folder): read their machine code here, the
 # narrowest FMA-loop width over every compiled signature of the two core kernels, as codegen.in_use does
-from pdeflow import kernels
+from pdeflow.core import kernels
 from pdeflow.benchmarks.codegen import WIDTHS, analyse
 order = {w: i for i, w in enumerate(WIDTHS + ("none",))}
 core = (kernels._attention_units, kernels._attention_vjp_units)
@@ -150,7 +150,7 @@ def test_results_do_not_depend_on_the_vector_width(tmp_path):
 def test_kernel_scratch_arrays_start_at_cache_lines(dtype):
     """The kernels' scratch comes from ``kernels.empty_aligned``: every array at a 64-byte boundary (numba's
     np.empty guarantees 32, so zmm loads of a row could straddle two cache lines)."""
-    from pdeflow import kernels
+    from pdeflow.core import kernels
 
     offsets = kernels._aligned_addresses(64, np.zeros(1, dtype=dtype))
     assert offsets.shape == (64,) and not offsets.any()
@@ -160,13 +160,13 @@ def test_functions_and_hot_loops_split_a_library_by_function():
     """The static model's input: the library's machine code split at its functions (numba links the jitted
     helpers into the kernel's library), and each function's vectorized FMA loops with their bodies."""
     sym = "_ZN7pdeflow7kernels7_scoresB3v10B56c8tJTIeFxx"
-    assert codegen.short_name(sym) == "pdeflow.kernels._scores"
+    assert codegen.short_name(sym) == "pdeflow.core.kernels._scores"
     asm = ASM.replace("_kernel:", sym + ":") + "_ZN7pdeflow7kernels4_fooB2v1E:\n" + ASM.split("\n", 1)[1]
     funcs = codegen.functions(asm)
-    assert list(funcs) == ["pdeflow.kernels._scores", "pdeflow.kernels._foo"]
+    assert list(funcs) == ["pdeflow.core.kernels._scores", "pdeflow.core.kernels._foo"]
     loops = codegen.hot_loops(asm)
     assert [(lp["function"], lp["width"], lp["fma"], lp["loads"]) for lp in loops] == [
-        ("pdeflow.kernels._scores", "zmm", 2, 3), ("pdeflow.kernels._foo", "zmm", 2, 3)]
+        ("pdeflow.core.kernels._scores", "zmm", 2, 3), ("pdeflow.core.kernels._foo", "zmm", 2, 3)]
     assert loops[0]["body"].count("\n") == 8 and "jb\t.LBB0_1" in loops[0]["body"]
 
 

@@ -1,4 +1,4 @@
-"""Tests of pdeflow.config: every bad configuration raises a one-line ConfigError naming the key;
+"""Tests of pdeflow.core.config: every bad configuration raises a one-line ConfigError naming the key;
 overrides, TOML round trips, and a fuzz test where nothing but ConfigError may escape."""
 from __future__ import annotations
 
@@ -11,8 +11,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdeflow.config import SECTIONS, Config, ConfigError, describe_schema, load_config, loads_config, parse_override
-from pdeflow.problem import Problem
+from pdeflow.core.config import (
+    SECTIONS,
+    Config,
+    ConfigError,
+    describe_schema,
+    load_config,
+    loads_config,
+    parse_override,
+)
+from pdeflow.core.problem import Problem
 
 SMALL = '[task]\nvocab_size = 3\nseq_len = 3\nn_samples = 8\n[model]\nd = 7\nhead_dim = 2\n'
 

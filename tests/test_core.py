@@ -1,5 +1,6 @@
 """Acceptance tests of the core: tables, coordinates, logits, risk, energy, Phi, grad Phi, Hessian-vector
-products (pdeflow.model, pdeflow.kernels, pdeflow.mean_field, pdeflow.problem) against docs/model.md.
+products (pdeflow.core.model, pdeflow.core.kernels, pdeflow.core.mean_field, pdeflow.core.problem) against
+docs/model.md.
 
 The oracle is tests/reference_model.py (pure numpy from docs/model.md, explicit T x T causal softmax, loops over
 heads and sequences, hand-written reverse pass for grad Phi, itself checked against complex-step
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import build_problem, config_text, random_arrays, random_measure, rel_err, with_random_data
-from pdeflow.problem import Problem
+from pdeflow.core.problem import Problem
 from reference_model import ReferenceModel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -176,7 +177,7 @@ def test_head_chunks_do_not_change_results(monkeypatch, precision, heads_per_chu
     """Many heads (19: several kernel tiles, the last partial) in chunks bounded by mean_field.CHUNK_BYTES
     (set for about 1 or 11 heads per chunk: 8 [B, T, dh] work arrays per head) give the logits, Phi and
     grad Phi of one chunk, and of the oracle."""
-    from pdeflow import mean_field
+    from pdeflow.core import mean_field
 
     rng = np.random.default_rng(13)
     arrays = random_arrays(rng, B=6)
@@ -218,7 +219,7 @@ def test_evaluate_agrees_with_separate_calls():
 
 
 # --------------------------------------------------------------------------------------------------
-# fixed tables and coordinates (the documented layouts of pdeflow.model)
+# fixed tables and coordinates (the documented layouts of pdeflow.core.model)
 
 @pytest.mark.parametrize("embedding,positions,unembedding", [
     ("onehot", "none", "tied"), ("onehot", "onehot", "identity"), ("gaussian", "sinusoidal", "zero"),
@@ -422,9 +423,9 @@ THREAD_SCRIPT = textwrap.dedent("""
     import os, sys
     import numpy as np
     sys.path.insert(0, {repo!r})
-    from pdeflow.config import loads_config
-    from pdeflow.problem import Problem
-    from pdeflow import mean_field
+    from pdeflow.core.config import loads_config
+    from pdeflow.core.problem import Problem
+    from pdeflow.core import mean_field
     import numba
     # small chunks: several chunks of heads and blocks of sequences, so that both passes hand out
     # items to several threads
@@ -448,7 +449,7 @@ def test_projections_of_the_tables_equal_projections_of_the_inputs():
     logits and grad Phi of the direct product x W, to rounding; both paths are exercised here."""
     import dataclasses
 
-    from pdeflow import mean_field
+    from pdeflow.core import mean_field
 
     problem = build_problem(model={"positions": "sinusoidal", "unembedding": "gaussian"})
     data = problem._data64

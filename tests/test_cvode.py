@@ -11,8 +11,8 @@ from pdeflow.solvers import make_stepper
 from pdeflow.solvers.base import State
 from pdeflow.solvers.jacobian import mass_weighted, velocity_jacobian
 
-from pdeflow.cli import main
-from pdeflow.trajectory import open_trajectory
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
 from test_stiff import build, integrate, write_config
 
 

@@ -1,4 +1,4 @@
-"""Acceptance tests of pdeflow.diagnostics and the ``pdeflow diagnose`` command.
+"""Acceptance tests of pdeflow.analysis.diagnostics and the ``pdeflow diagnose`` command.
 
 Every expectation is recomputed independently: closed forms (synthetic energy curves, the quadratic Phi of
 the output-gain family, the translation Hessian of a Dirac), brute-force evaluation of Phi on fine grids,
@@ -16,15 +16,15 @@ import pytest
 from pdeflow.solvers.driver import run
 
 from conftest import build_config
-from pdeflow import diagnostics as D
-from pdeflow.checkpoint import Checkpoint
-from pdeflow.cli import main
-from pdeflow.config import Config, DiagnosticsConfig
-from pdeflow.file_access import TrajectoryError
-from pdeflow.measure import Grid, free_energy
-from pdeflow.problem import Problem
-from pdeflow.trajectory import open_trajectory
-from pdeflow.trajectory_writer import TrajectoryWriter
+from pdeflow.analysis import diagnostics as D
+from pdeflow.core.config import Config, DiagnosticsConfig
+from pdeflow.core.measure import Grid, free_energy
+from pdeflow.core.problem import Problem
+from pdeflow.interface.cli import main
+from pdeflow.io.checkpoint import Checkpoint
+from pdeflow.io.file_access import TrajectoryError
+from pdeflow.io.trajectory import open_trajectory
+from pdeflow.io.trajectory_writer import TrajectoryWriter
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -99,7 +99,7 @@ def test_a_tail_fit_that_moves_with_the_window_is_no_e_star():
     """The fitted E* interval assumes an asymptotic tail. On a pure exponential tail the fits on the window and
     its halves agree and hold the true limit; on a two-time-scale curve seen mid-transition the window's interval
     misses the true limit (1), the halves disagree with it, and the fit is refused with a note."""
-    from pdeflow.diagnostics.analysis import _fit_moves_with_the_window
+    from pdeflow.analysis.diagnostics.analysis import _fit_moves_with_the_window
 
     t = np.linspace(0.0, 100.0, 401)
     energy, dissipation = 1.0 + np.exp(-0.05 * t), 0.05 * np.exp(-0.05 * t)
@@ -119,8 +119,8 @@ def test_a_tail_fit_that_moves_with_the_window_is_no_e_star():
 def test_a_tail_fit_bounded_from_above_only_gives_no_point_estimate():
     """A noisy power-law tail far from its limit (E = 1 + t^-1/2, I with 5 % noise, t <= 100): the profile bounds
     E* from above only, and its point estimate misses the limit 1 by 0.07. The analysis keeps no E* and says so."""
-    from pdeflow.config import DiagnosticsConfig
-    from pdeflow.diagnostics.analysis import Analysis, _rates
+    from pdeflow.analysis.diagnostics.analysis import Analysis, _rates
+    from pdeflow.core.config import DiagnosticsConfig
 
     t = np.geomspace(1.0, 100.0, 60)
     energy = 1.0 + t ** -0.5
@@ -341,7 +341,7 @@ def test_attention_pattern_reproduces_the_problem_logits():
     arrays = problem.arrays()
     x = arrays["embedding"][probe] + arrays["positions"]
     b = int(np.argmax(arrays["weights"]))
-    from pdeflow.model import split_theta
+    from pdeflow.core.model import split_theta
     _, _, wv, wo = split_theta(problem.theta(omega), problem.d, problem.head_dim)
     for h in range(3):
         z = (att[h] @ (x @ wv[h].T)) @ wo[h].T @ arrays["unembedding"].T

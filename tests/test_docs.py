@@ -24,8 +24,8 @@ def test_sphinx_build_has_no_warnings(tmp_path: Path) -> None:
     api = (tmp_path / "html" / "api.html").read_text(encoding="utf-8")
     # autodoc really documented the public API (an import failure would leave the entries empty)
     for name in ("pdeflow.Problem.grad_phi", "pdeflow.open_trajectory", "pdeflow.load_config",
-                 "pdeflow.solvers.make_stepper", "pdeflow.reference.compare", "pdeflow.reference.validate",
-                 "pdeflow.diagnostics.optimality_gap"):
+                 "pdeflow.solvers.make_stepper", "pdeflow.io.reference.compare", "pdeflow.io.reference.validate",
+                 "pdeflow.analysis.diagnostics.optimality_gap"):
         assert f'id="{name}"' in api, f"{name} is missing from the API reference"
     model = (tmp_path / "html" / "model.html").read_text(encoding="utf-8")
     assert "First variation" in model

@@ -1,4 +1,4 @@
-"""Every method of the method table (:data:`pdeflow.methods.METHODS`) end to end through the commands a user runs:
+"""Every method of the method table (:data:`pdeflow.core.methods.METHODS`) end to end through the commands a user runs:
 ``pdeflow run`` on a tiny problem with the accuracy record on, the record's verdict and the energy identity summed
 from the file's /steps, then ``diagnose``, ``compare`` (the file against itself, and against a copy with one
 perturbed energy) and ``info`` on its file. A method added to the table is run here with no edit (its defaults on the
@@ -17,9 +17,9 @@ from pdeflow.solvers.accuracy import remedy
 from pdeflow.solvers.driver import run
 
 from pdeflow import Problem, loads_config
-from pdeflow.cli import main
-from pdeflow.methods import GRID, METHODS, PARTICLES
-from pdeflow.trajectory import open_trajectory
+from pdeflow.core.methods import GRID, METHODS, PARTICLES
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
 
 # a tiny problem per measure: the majority task enumerated exactly, reduced coordinates (k = 2 particles, k = 1
 # grid), so each command runs in a fraction of a second

@@ -1,4 +1,5 @@
-"""Acceptance tests of the grid measure (pdeflow.measure) and the finite-volume solver (pdeflow.solvers.finite_volume).
+"""Acceptance tests of the grid measure (pdeflow.core.measure) and the finite-volume solver
+(pdeflow.solvers.finite_volume).
 
 Independent references: numerical quadrature of the initial laws; the Ornstein-Uhlenbeck Fokker-Planck
 equation (data term off: a Gaussian stays Gaussian, known mean and variance); the kernels' own grad Phi at
@@ -23,11 +24,11 @@ from scipy.special import ndtri
 from scipy.stats import norm
 
 from conftest import build_config
-from pdeflow.cli import format_info, main
-from pdeflow.config import ConfigError, GridConfig, InitConfig, load_config
-from pdeflow.measure import Grid, entropy, free_energy, initial_density, l1_distance
-from pdeflow.problem import Problem
-from pdeflow.trajectory import open_trajectory
+from pdeflow.core.config import ConfigError, GridConfig, InitConfig, load_config
+from pdeflow.core.measure import Grid, entropy, free_energy, initial_density, l1_distance
+from pdeflow.core.problem import Problem
+from pdeflow.interface.cli import format_info, main
+from pdeflow.io.trajectory import open_trajectory
 
 COORDS = {1: "output_gain", 2: "gain2", 3: "gain3"}
 REPO = Path(__file__).resolve().parents[1]

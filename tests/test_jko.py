@@ -27,10 +27,10 @@ from pdeflow.solvers.jacobian import euler_stability_limit
 from pdeflow.solvers.particle_proximal import coupling_gap, proximal_step
 
 from conftest import build_config, symmetric_particle_jacobian
-from pdeflow.config import ConfigError, load_config
-from pdeflow.measure import Grid, l1_distance
-from pdeflow.problem import Problem
-from pdeflow.trajectory import open_trajectory
+from pdeflow.core.config import ConfigError, load_config
+from pdeflow.core.measure import Grid, l1_distance
+from pdeflow.core.problem import Problem
+from pdeflow.io.trajectory import open_trajectory
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
 pytestmark = pytest.mark.usefixtures("one_numba_thread", "one_blas_thread")
@@ -402,7 +402,7 @@ def test_default_grid_epsilon_is_the_squared_cell_width_and_adds_exactly_its_dif
 
 
 def test_info_prints_the_implied_diffusion_of_a_grid_jko_run(tmp_path):
-    from pdeflow.cli import format_info
+    from pdeflow.interface.cli import format_info
 
     cfg = ou_grid_config(0.1, 0.0, beta=4.0, n=40, steps=2)   # h = 0.2: eps = 0.04, D = 0.1 = 0.4 / beta
     path = tmp_path / "grid.h5"

@@ -1,4 +1,4 @@
-"""The forward-mode whole-system Jacobian-vector product (Problem.system_jvp, pdeflow/kernels_jvp.py) against
+"""The forward-mode whole-system Jacobian-vector product (Problem.system_jvp, pdeflow/core/kernels_jvp.py) against
 independent references: the complex step through the reverse pass (Problem.system_jvp_complex_step), central
 differences of grad Phi in real arithmetic, the symmetry of the Hessian in the mass-weighted inner product, the
 oracle (tests/test_oracle_coverage.py), on every path of the evaluation - kernel tiles and chunks of heads, blocks
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import config_text, random_arrays, random_measure, rel_err
-from pdeflow import kernels, kernels_jvp, mean_field
-from pdeflow.problem import Problem
+from pdeflow.core import kernels, kernels_jvp, mean_field
+from pdeflow.core.problem import Problem
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
@@ -100,7 +100,7 @@ def test_float32_jvp_agrees_with_float64():
 def test_tangent_kernels_carry_the_primal_context_and_match_the_complex_step():
     """Kernel level, 70 heads (a full and a partial tile of 64) and T = 11 (a partial block of ROWS query rows):
     the forward tangent kernel's context is bitwise the logits kernel's; its tangent and the backward tangent
-    kernel's outputs equal the complex step of pdeflow.kernels (complex128) along the same directions."""
+    kernel's outputs equal the complex step of pdeflow.core.kernels (complex128) along the same directions."""
     rng = np.random.default_rng(76)
     B, T, dh, n, R = 3, 11, 3, 70, 33
     rows, drows = rng.standard_normal((2, R, 3, dh, n))
@@ -135,9 +135,9 @@ def test_tangent_kernels_carry_the_primal_context_and_match_the_complex_step():
 
 THREAD_SCRIPT = textwrap.dedent("""
     import numpy as np
-    from pdeflow.config import loads_config
-    from pdeflow.problem import Problem
-    from pdeflow import mean_field
+    from pdeflow.core.config import loads_config
+    from pdeflow.core.problem import Problem
+    from pdeflow.core import mean_field
     import numba
     problem = Problem.from_config(loads_config({toml!r}))
     rng = np.random.default_rng(62)

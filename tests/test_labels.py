@@ -1,4 +1,4 @@
-"""Labels no stronger than the evidence (pdeflow.diagnostics, ``pdeflow diagnose``).
+"""Labels no stronger than the evidence (pdeflow.analysis.diagnostics, ``pdeflow diagnose``).
 
 - the optimality gap is *certified* only where min Phi is proven (k <= 3: a grid plus derivative bounds);
   the bounds are checked against the exact gradient and Hessian-vector products at random points, and the
@@ -18,12 +18,12 @@ import pytest
 from pdeflow.solvers.driver import run
 
 from conftest import build_config, random_arrays
-from pdeflow import diagnostics as D
-from pdeflow.cli import main
-from pdeflow.config import DiagnosticsConfig
-from pdeflow.problem import Problem
-from pdeflow.trajectory import open_trajectory
-from pdeflow.trajectory_writer import TrajectoryWriter
+from pdeflow.analysis import diagnostics as D
+from pdeflow.core.config import DiagnosticsConfig
+from pdeflow.core.problem import Problem
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
+from pdeflow.io.trajectory_writer import TrajectoryWriter
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
@@ -59,8 +59,8 @@ def test_derivative_bounds_hold_at_random_points(seed, k):
 def test_data_terms_equal_a_direct_computation():
     """The maxima and sums behind certify._data_bounds, recomputed one input pair and one (b, l) at a time from
     theta(omega) (scores by exact central differences: s is quadratic in omega), equal _DataTerms to 1e-10."""
-    from pdeflow.diagnostics.certify import _DataTerms
-    from pdeflow.model import split_theta
+    from pdeflow.analysis.diagnostics.certify import _DataTerms
+    from pdeflow.core.model import split_theta
 
     problem = random_problem(9, 2)
     rng = np.random.default_rng(9)
@@ -104,7 +104,7 @@ def test_data_bounds_hold_against_exact_derivatives(seed, k):
     |e^T H e| (exact complex-step Hessian-vector products) at 200 points of balls of radius 0.5 about random
     centres, on random problems (random tables, positions, masks, nonzero theta0, random bases), stay below
     them; the largest ratio found is reported by the assertion message."""
-    from pdeflow.diagnostics.certify import _BoundTerms, _data_bounds
+    from pdeflow.analysis.diagnostics.certify import _BoundTerms, _data_bounds
 
     problem = random_problem(seed, k)
     rng = np.random.default_rng(20 + seed)
@@ -209,7 +209,7 @@ def test_kl_interval_stays_in_the_exponents_range_and_says_when_it_was_cut(tmp_p
     bootstrap interval of a fit reaches past 1 on some (before the cut, e.g. theta 0.99 in [0.899, 1.082]); every
     interval lies in [0, 1], the cut ones are flagged,
     and ``pdeflow diagnose`` labels such an interval as cut to (0, 1]."""
-    from pdeflow.cli_diagnostics import format_analysis
+    from pdeflow.interface.cli_diagnostics import format_analysis
 
     rng = np.random.default_rng(1)
     theta, e_star, n = 0.99, 0.5, 60
@@ -326,7 +326,7 @@ def test_diagnose_labels_a_quickstart_like_run(tmp_path, capsys):
     """The quickstart's model (d = 16, dh = 4: k = 256) with 8 heads and t <= 4: `diagnose --set gap=true`
     labels the gap an estimate, stores no lower bound, and never takes E* from E - G."""
     qs = Path(__file__).resolve().parents[1] / "data" / "configs" / "quickstart.toml"
-    from pdeflow.config import load_config
+    from pdeflow.core.config import load_config
 
     cfg = load_config(qs, ["init.n_particles=8", "run.t_end=4.0", "run.frame_interval=1.0", "task.n_samples=16",
                            "solver.dt=0.1"])

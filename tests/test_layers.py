@@ -1,25 +1,27 @@
 """The layers of pdeflow, enforced: no module imports a module of a higher layer, and no modules import each
 other in a cycle (function-local imports included, as they are imports all the same).
 
-From the bottom up (the table :data:`LAYERS`; a module matches the first pattern that names it):
+A module's layer is the folder it is in (:data:`FOLDERS`), from the bottom up:
 
-1. ``core``: configuration, the jit helper, kernels, the model and tasks, the mean field, the problem, the grid
-   measure and the communicator;
-2. ``io``: the file formats (trajectory, result files, the sharded writer, reference files and validation) and the
-   package's front door ``pdeflow/__init__``, which re-exports the file reader;
+1. ``core`` (``pdeflow/core/``): configuration, the jit helper, kernels, the model and tasks, the mean field, the
+   problem, the grid measure and the communicator;
+2. ``io`` (``pdeflow/io/``): the file formats (trajectory, checkpoints, result files, the sharded writer, reference
+   files and validation);
 3. ``steppers``: ``solvers/``, installed as ``pdeflow.solvers``;
-4. ``analysis``: diagnostics, stability, chaos, plotting;
-5. ``interface``: the command line and the benchmarks (``benchmarks/``, installed as ``pdeflow.benchmarks``).
+4. ``analysis`` (``pdeflow/analysis/``): diagnostics, stability, chaos, figures;
+5. ``interface`` (``pdeflow/interface/``): the command line, and the benchmarks (``benchmarks/``, installed as
+   ``pdeflow.benchmarks``).
 
-A module may import its own layer and those below it. A new module matches no pattern until it is given a layer
-here, and fails the check until then. Imports are read with :mod:`ast` (strings given to ``importlib`` are not
-imports and are not seen). Importing ``a.b.c`` counts as importing the deepest module of the scanned packages that
-it names, not its parent packages, whose ``__init__`` Python runs along the way.
+The package's own files at its root (:data:`ROOT_FILES`) are the front door ``pdeflow/__init__`` (io: it re-exports
+the file reader), ``pdeflow/__main__`` (interface) and ``pdeflow/_version`` (core). A module may import its own layer
+and those below it. A module in no layer folder fails the check until it is moved into one. Imports are read with
+:mod:`ast` (strings given to ``importlib`` are not imports and are not seen). Importing ``a.b.c`` counts as
+importing the deepest module of the scanned packages that it names, not its parent packages, whose ``__init__``
+Python runs along the way.
 """
 from __future__ import annotations
 
 import ast
-import fnmatch
 import subprocess
 import sys
 import textwrap
@@ -31,21 +33,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # solvers/ and benchmarks/ as subpackages of pdeflow).
 PACKAGES = {"pdeflow": "pdeflow", "solvers": "pdeflow.solvers", "benchmarks": "pdeflow.benchmarks"}
 
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("pdeflow._version", "pdeflow.exit_codes", "pdeflow.methods", "pdeflow.config", "pdeflow.clock",
-              "pdeflow.state", "pdeflow.jit",
-              "pdeflow.kernels", "pdeflow.model", "pdeflow.tasks", "pdeflow.mean_field", "pdeflow.workers",
-              "pdeflow.problem", "pdeflow.measure", "pdeflow.parallel", "pdeflow.kernels_jvp",
-              "pdeflow.tuner")),
-    ("io", ("pdeflow", "pdeflow.schema", "pdeflow.file_access", "pdeflow.checkpoint", "pdeflow.problem_file",
-            "pdeflow.trajectory", "pdeflow.trajectory_writer", "pdeflow.recovery", "pdeflow.result_files",
-            "pdeflow.resume", "pdeflow.sharded_writer", "pdeflow.reference")),
-    ("steppers", ("pdeflow.solvers", "pdeflow.solvers.*")),
-    ("analysis", ("pdeflow.diagnostics", "pdeflow.diagnostics.*", "pdeflow.stability", "pdeflow.spectrum",
-                  "pdeflow.stationary", "pdeflow.chaos", "pdeflow.chaos_plots", "pdeflow.stability_plots",
-                  "pdeflow.wfr_comparison", "pdeflow.plotting", "pdeflow.minimum_rates")),
-    ("interface", ("pdeflow.cli", "pdeflow.cli_*", "pdeflow.__main__", "pdeflow.benchmarks", "pdeflow.benchmarks.*")),
-]
+# the layers, bottom up
+LAYERS = ("core", "io", "steppers", "analysis", "interface")
+# package -> its layer: every module in it (at any depth) is in that layer
+FOLDERS = {"pdeflow.core": "core", "pdeflow.io": "io", "pdeflow.solvers": "steppers",
+           "pdeflow.analysis": "analysis", "pdeflow.interface": "interface", "pdeflow.benchmarks": "interface"}
+# the package's own files at its root
+ROOT_FILES = {"pdeflow": "io", "pdeflow._version": "core", "pdeflow.__main__": "interface"}
 
 
 def module_files(packages: dict[str, str], root: Path) -> dict[str, Path]:
@@ -93,10 +87,14 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[
     return found
 
 
-def layer_of(module: str, layers: list[tuple[str, tuple[str, ...]]]) -> int | None:
-    for index, (_, patterns) in enumerate(layers):
-        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
-            return index
+def layer_of(module: str, folders: dict[str, str] = FOLDERS, root_files: dict[str, str] = ROOT_FILES) -> str | None:
+    """The layer of ``module``: that of the deepest layer folder holding it, or of its root file; None if neither."""
+    if module in root_files:
+        return root_files[module]
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in folders:
+            return folders[".".join(parts[:n])]
     return None
 
 
@@ -135,41 +133,41 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def layer_violations(packages: dict[str, str], root: Path,
-                     layers: list[tuple[str, tuple[str, ...]]]) -> list[str]:
-    """One line per module without a layer, per upward import and per import cycle."""
+def layer_violations(packages: dict[str, str], root: Path, layers: tuple[str, ...] = LAYERS,
+                     folders: dict[str, str] = FOLDERS, root_files: dict[str, str] = ROOT_FILES) -> list[str]:
+    """One line per module outside every layer folder, per upward import and per import cycle."""
     modules = module_files(packages, root)
     problems, graph = [], {}
     for module, path in modules.items():
-        own = layer_of(module, layers)
+        own = layer_of(module, folders, root_files)
         if own is None:
-            problems.append(f"{module} ({path.relative_to(root)}) has no layer: add it to LAYERS in "
-                            f"tests/test_layers.py")
+            problems.append(f"{module} ({path.relative_to(root)}) is in no layer: move it into the folder of its "
+                            f"layer (tests/test_layers.py, FOLDERS)")
         edges = imports_of(module, path, modules)
         graph[module] = {target for target, _ in edges}
         for target, line in sorted(set(edges)):
-            other = layer_of(target, layers)
-            if own is not None and other is not None and other > own:
-                problems.append(f"{path.relative_to(root)}:{line}: {module} ({layers[own][0]}) imports {target} "
-                                f"({layers[other][0]}), a higher layer")
+            other = layer_of(target, folders, root_files)
+            if own is not None and other is not None and layers.index(other) > layers.index(own):
+                problems.append(f"{path.relative_to(root)}:{line}: {module} ({own}) imports {target} "
+                                f"({other}), a higher layer")
     for component in _cycles(graph):
         problems.append("import cycle among " + ", ".join(component))
     return problems
 
 
 def test_pdeflow_has_no_upward_import_and_no_cycle() -> None:
-    problems = layer_violations(PACKAGES, ROOT, LAYERS)
+    problems = layer_violations(PACKAGES, ROOT)
     assert not problems, "\n".join(problems)
 
 
-def test_every_layer_pattern_names_a_module() -> None:
-    """A pattern matching nothing is a renamed or deleted module that the table still lists (the spellings kept
-    for a later move, ``pdeflow.solvers`` and ``pdeflow.benchmarks``, excepted)."""
+def test_every_layer_folder_exists() -> None:
+    """Each layer package of the table is a folder of the checkout, and pdeflow/ holds nothing but the layer
+    folders and its root files."""
     modules = module_files(PACKAGES, ROOT)
-    spare = {"pdeflow.solvers", "pdeflow.solvers.*", "pdeflow.benchmarks", "pdeflow.benchmarks.*"}
-    unused = [p for _, patterns in LAYERS for p in patterns
-              if p not in spare and not any(fnmatch.fnmatchcase(m, p) for m in modules)]
-    assert not unused, unused
+    assert set(FOLDERS) <= set(modules), set(FOLDERS) - set(modules)
+    stray = sorted(p.name for p in (ROOT / "pdeflow").iterdir()
+                   if p.suffix == ".py" and f"pdeflow.{p.stem}" not in ROOT_FILES and p.stem != "__init__")
+    assert not stray, stray
 
 
 def _package(root: Path, files: dict[str, str]) -> None:
@@ -179,34 +177,42 @@ def _package(root: Path, files: dict[str, str]) -> None:
         path.write_text(textwrap.dedent(text), encoding="utf-8")
 
 
-PLANTED_LAYERS = [("low", ("pkg.low", "pkg.low_*")), ("high", ("pkg", "pkg.high", "pkg.sub", "pkg.sub.*"))]
+PLANTED_LAYERS = ("low", "high")
+PLANTED_FOLDERS = {"pkg.low": "low", "pkg.high": "high"}
+PLANTED_ROOT = {"pkg": "high"}
 
 
 def test_the_check_catches_a_planted_cycle_and_an_upward_import(tmp_path: Path) -> None:
     """A cycle hidden in a function-local relative import, an upward import through ``from pkg import module``,
-    and a module with no layer: each is reported; the same package without them passes."""
+    and a module outside every layer folder: each is reported; the same package without them passes."""
     _package(tmp_path, {
         "pkg/__init__.py": "",
-        "pkg/low.py": "from . import low_helper\nx = 1\n",
-        "pkg/low_helper.py": "def f():\n    from .low import g  # the cycle: low -> low_helper -> low\n",
-        "pkg/high.py": "from pkg.sub import leaf\nimport numpy\n",
-        "pkg/sub/__init__.py": "",
-        "pkg/sub/leaf.py": "from ..low import x\n",
+        "pkg/low/__init__.py": "",
+        "pkg/low/base.py": "from . import helper\nx = 1\n",
+        "pkg/low/helper.py": "def f():\n    from .base import g  # the cycle: base -> helper -> base\n",
+        "pkg/high/__init__.py": "",
+        "pkg/high/top.py": "from pkg.high.sub import leaf\nimport numpy\n",
+        "pkg/high/sub/__init__.py": "",
+        "pkg/high/sub/leaf.py": "from ...low.base import x\n",
     })
-    assert layer_violations({"pkg": "pkg"}, tmp_path, PLANTED_LAYERS) == ["import cycle among pkg.low, pkg.low_helper"]
+    check = {"layers": PLANTED_LAYERS, "folders": PLANTED_FOLDERS, "root_files": PLANTED_ROOT}
+    assert layer_violations({"pkg": "pkg"}, tmp_path, **check) == [
+        "import cycle among pkg.low.base, pkg.low.helper"]
 
-    _package(tmp_path, {"pkg/low_helper.py": "from pkg import high\n", "pkg/extra.py": "import pkg.low\n"})
-    problems = layer_violations({"pkg": "pkg"}, tmp_path, PLANTED_LAYERS)
+    _package(tmp_path, {"pkg/low/helper.py": "from pkg.high import top\n", "pkg/extra.py": "import pkg.low.base\n"})
+    problems = layer_violations({"pkg": "pkg"}, tmp_path, **check)
     assert problems == [
-        "pkg.extra (pkg/extra.py) has no layer: add it to LAYERS in tests/test_layers.py",
-        "pkg/low_helper.py:1: pkg.low_helper (low) imports pkg.high (high), a higher layer",
-        "import cycle among pkg.high, pkg.low, pkg.low_helper, pkg.sub.leaf",  # high -> sub.leaf -> low -> ...
+        "pkg.extra (pkg/extra.py) is in no layer: move it into the folder of its layer (tests/test_layers.py, "
+        "FOLDERS)",
+        "pkg/low/helper.py:1: pkg.low.helper (low) imports pkg.high.top (high), a higher layer",
+        # high.top -> high.sub.leaf -> low.base -> low.helper -> high.top
+        "import cycle among pkg.high.sub.leaf, pkg.high.top, pkg.low.base, pkg.low.helper",
     ], problems
 
-    _package(tmp_path, {"pkg/low_helper.py": "x = 1\n", "pkg/extra.py": "from .sub.leaf import x\n"})
-    planted = PLANTED_LAYERS + [("top", ("pkg.extra",))]
-    assert layer_violations({"pkg": "pkg"}, tmp_path, planted) == []
+    _package(tmp_path, {"pkg/low/helper.py": "x = 1\n", "pkg/extra.py": "from .high.sub.leaf import x\n"})
+    assert layer_violations({"pkg": "pkg"}, tmp_path, **check | {"root_files": PLANTED_ROOT | {"pkg.extra": "high"}}) \
+        == []
     # the planted package imports as written: the check reads what Python runs
-    run = subprocess.run([sys.executable, "-c", "import pkg.extra, pkg.high"], cwd=tmp_path, capture_output=True,
+    run = subprocess.run([sys.executable, "-c", "import pkg.extra, pkg.high.top"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 0, run.stderr

@@ -1,6 +1,6 @@
-"""The one time loop (pdeflow/solvers/loop.py) and its landing rule (pdeflow/clock.py); steppers built from explicit
-parameters; the chaos experiment and the stability simulation advancing through the same loop; a checkpoint's
-state and back (pdeflow/resume.py)."""
+"""The one time loop (pdeflow/solvers/loop.py) and its landing rule (pdeflow/core/clock.py); steppers built from
+explicit parameters; the chaos experiment and the stability simulation advancing through the same loop; a checkpoint's
+state and back (pdeflow/io/resume.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,10 +17,11 @@ from pdeflow.solvers.unbalanced_jko import UnbalancedJKO
 from pdeflow.solvers.wfr import WassersteinFisherRao
 
 from conftest import build_config
-from pdeflow import Problem, chaos, stability
-from pdeflow.clock import TIME_RTOL, landed, same_time
-from pdeflow.measure import Grid
-from pdeflow.resume import checkpoint_of, state_of
+from pdeflow import Problem
+from pdeflow.analysis import chaos, stability
+from pdeflow.core.clock import TIME_RTOL, landed, same_time
+from pdeflow.core.measure import Grid
+from pdeflow.io.resume import checkpoint_of, state_of
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread", "one_blas_thread")
 

@@ -1,5 +1,5 @@
 """A method is declared once, by its stepper class (name, measures, explicit reference flow, the method-specific
-``[solver]`` keys it reads), and :mod:`pdeflow.methods`' table, the config's method rules
+``[solver]`` keys it reads), and :mod:`pdeflow.core.methods`' table, the config's method rules
 (:func:`pdeflow.solvers.check_config`) and ``pdeflow config`` derive from it: every registered class agrees with its
 row, the keys a stepper reads when built are its declared ones, and every method-specific key given a value for a
 method that does not read it is refused (exit 2, one line naming the methods that read it)."""
@@ -17,10 +17,10 @@ from pdeflow.solvers.base import Stepper
 from pdeflow.solvers.explicit import ExplicitRK
 
 from conftest import build_config, config_text
-from pdeflow.cli import main
-from pdeflow.config import Config, ConfigError, SolverConfig, describe_schema
-from pdeflow.methods import GRID, METHODS, PARTICLES, Method, method_keys, readers
-from pdeflow.problem import Problem
+from pdeflow.core.config import Config, ConfigError, SolverConfig, describe_schema
+from pdeflow.core.methods import GRID, METHODS, PARTICLES, Method, method_keys, readers
+from pdeflow.core.problem import Problem
+from pdeflow.interface.cli import main
 
 
 def _built_measures(cls: type) -> set[str]:

@@ -1,6 +1,6 @@
-"""The rates at a local minimum (:mod:`pdeflow.minimum_rates`, ``pdeflow stability --stationary``): on a problem
-whose minimum and spectrum are known independently (two heads of a tiny lookback problem, the minimum by L-BFGS and
-dense Newton, lambda_min from a dense eigendecomposition of S built from central differences of grad Phi with the
+"""The rates at a local minimum (:mod:`pdeflow.analysis.minimum_rates`, ``pdeflow stability --stationary``): on a
+problem whose minimum and spectrum are known independently (two heads of a tiny lookback problem, the minimum by L-BFGS
+and dense Newton, lambda_min from a dense eigendecomposition of S built from central differences of grad Phi with the
 symmetry directions removed), the flow's measured rates of E - E* (2 lambda_min), of the distance (lambda_min) and
 the PL ratio (>= lambda_min) agree with the predictions within 5 %."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import scipy.optimize
 
 from pdeflow import Problem, loads_config
-from pdeflow.cli import main
-from pdeflow.minimum_rates import SLOWEST, minimum_rates
-from pdeflow.stability import complement_spectrum, symmetry_tangents
-from pdeflow.stationary import minimum, write_stationary
+from pdeflow.analysis.minimum_rates import SLOWEST, minimum_rates
+from pdeflow.analysis.stability import complement_spectrum, symmetry_tangents
+from pdeflow.analysis.stationary import minimum, write_stationary
+from pdeflow.interface.cli import main
 from test_spectral_record import dense_s, head_symmetries
 
 # two heads of the lookback problem at weight decay 0.1: a strict local minimum with lambda_min ~ 0.008, the next

@@ -1,9 +1,9 @@
-"""Heads sharded across MPI ranks (pdeflow.parallel): ``mpiexec -n 2 python -m pdeflow run`` equals the serial
+"""Heads sharded across MPI ranks (pdeflow.core.parallel): ``mpiexec -n 2 python -m pdeflow run`` equals the serial
 run within 1e-12, resumes a serial file and is resumed serially, stops together on a signal, and refuses
 bad input with exit code 2 on every rank without hanging.
 
 The 2-rank runs are subprocesses of the real command line (the MPICH launcher of the ``mpi``/``test`` extra);
-the serial references run in-process through :func:`pdeflow.cli.main`. Skipped only when mpi4py is not
+the serial references run in-process through :func:`pdeflow.interface.cli.main`. Skipped only when mpi4py is not
 installed.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 
 from conftest import config_text
 from pdeflow import open_trajectory
-from pdeflow.cli import main
-from pdeflow.parallel import SERIAL, SerialComm, child_environment, find_mpiexec, shard
+from pdeflow.core.parallel import SERIAL, SerialComm, child_environment, find_mpiexec, shard
+from pdeflow.interface.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
@@ -116,8 +116,8 @@ def test_shard_blocks_cover_the_particles_in_rank_order(n, size):
 
 def test_serial_run_never_imports_mpi4py():
     """Outside an MPI launcher the communicator is SERIAL and mpi4py stays unimported."""
-    code = ("import sys; from pdeflow.parallel import world, SERIAL; "
-            "import pdeflow.cli, pdeflow.solvers.driver; "
+    code = ("import sys; from pdeflow.core.parallel import world, SERIAL; "
+            "import pdeflow.interface.cli, pdeflow.solvers.driver; "
             "assert world() is SERIAL; assert not any(m.startswith('mpi4py') for m in sys.modules), 'imported'")
     subprocess.run([sys.executable, "-c", code], env=environment(), check=True, timeout=TIMEOUT)
     assert SERIAL.sum_over_ranks(1.5, 2.0) == (1.5, 2.0) and SERIAL.local_rows(np.arange(3)).tolist() == [0, 1, 2]
@@ -128,7 +128,7 @@ PROBLEM_CHECK = """
 import json, sys
 import numpy as np
 from pdeflow import Problem, load_config
-from pdeflow.parallel import world
+from pdeflow.core.parallel import world
 comm = world()
 serial = Problem.from_config(load_config(sys.argv[1]))
 sharded = serial.with_comm(comm)
@@ -313,7 +313,7 @@ def test_a_failure_on_one_rank_aborts_every_rank(tmp_path):
     """An unexpected exception on rank 1 alone (rank 0 then waits in a collective): the run ends at once,
     with the traceback of the failing rank and a non-zero exit code, instead of hanging."""
     config = write_config(tmp_path / "f.toml")
-    code = ("import sys; from pdeflow.cli import main; from pdeflow.parallel import world\n"
+    code = ("import sys; from pdeflow.interface.cli import main; from pdeflow.core.parallel import world\n"
             "import pdeflow.solvers.explicit as e\n"
             "step = e.DormandPrince.step\n"
             "def failing(self, state, dt_limit):\n"
@@ -330,9 +330,9 @@ def test_bad_input_seen_by_one_rank_only_aborts_every_rank(tmp_path):
     """Bad input found on rank 1 alone (say, a file its node does not see) while rank 0 went on: rank 1 waits
     for the others to fail alike, then reports and aborts all ranks with exit code 2 instead of hanging."""
     config = write_config(tmp_path / "b.toml")
-    code = ("import sys; import pdeflow.parallel as par; from pdeflow.cli import main\n"
+    code = ("import sys; import pdeflow.core.parallel as par; from pdeflow.interface.cli import main\n"
             "from pdeflow import Problem\n"
-            "from pdeflow.config import ConfigError\n"
+            "from pdeflow.core.config import ConfigError\n"
             "par.FAILURE_AGREEMENT_SECONDS = 2.0\n"
             "build = Problem.from_config\n"
             "def failing(cfg):\n"
@@ -349,7 +349,7 @@ def test_ranks_share_the_cores_of_their_node():
     """Without a thread count from the user, each of P ranks on a node gets cores / P threads, and BLAS
     stays on one thread (pdeflow's own threads use the cores)."""
     code = ("import os, numba, threadpoolctl\n"
-            "from pdeflow.parallel import world\n"
+            "from pdeflow.core.parallel import world\n"
             "comm = world()\n"
             "blas = max(p['num_threads'] for p in threadpoolctl.threadpool_info() if p['user_api'] == 'blas')\n"
             "rows = comm.comm.gather((comm.rank, numba.get_num_threads(), blas), root=0)\n"

@@ -1,5 +1,5 @@
 """The independent oracle (tests/reference_model.py) where tests/test_core.py does not reach it: many heads
-(several kernel tiles and chunks, the factored-table weight gradient of pdeflow.mean_field), second
+(several kernel tiles and chunks, the factored-table weight gradient of pdeflow.core.mean_field), second
 derivatives (Problem.hvp and the whole-system JVP Problem.system_jvp, forward
 mode, and its complex-step reference), and the grid measure's free
 energy with its entropy term. Every expectation is recomputed by the oracle; nothing is a stored number."""
@@ -12,9 +12,9 @@ import pytest
 from pdeflow.solvers import make_stepper
 
 from conftest import build_config, random_arrays, random_measure, rel_err
-from pdeflow import kernels, mean_field
-from pdeflow.measure import Grid, free_energy
-from pdeflow.problem import Problem
+from pdeflow.core import kernels, mean_field
+from pdeflow.core.measure import Grid, free_energy
+from pdeflow.core.problem import Problem
 from reference_model import ReferenceModel
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
@@ -55,7 +55,7 @@ def test_many_heads_take_the_factored_table_gradient_and_match_the_oracle(monkey
     worst = max(rel_err(g, ref.grad_phi_from_residuals(q, r)) for g, q in zip(grad, omega))
     print(f"150 heads, 3 chunks, factored tables: worst relative grad Phi error {worst:.2e}")
     assert worst <= 1e-11
-    # the whole-system JVP in forward mode (pdeflow.kernels_jvp) on the same three chunks, summed tables included
+    # the whole-system JVP in forward mode (pdeflow.core.kernels_jvp) on the same three chunks, summed tables included
     u = rng.standard_normal(omega.shape)
     assert rel_err(problem.system_jvp(omega, mass, u), ref.velocity_jvp(omega, mass, u)) <= 1e-11
 

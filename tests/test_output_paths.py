@@ -1,5 +1,6 @@
-"""One output-path check for every command that writes a file (:func:`pdeflow.cli.check_output_file`) or a folder
-(:func:`pdeflow.cli.check_output_folder`): each refusal is exit code 2 with one line, and nothing is written."""
+"""One output-path check for every command that writes a file (:func:`pdeflow.interface.cli.check_output_file`) or a
+folder (:func:`pdeflow.interface.cli.check_output_folder`): each refusal is exit code 2 with one line, and nothing is
+written."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pdeflow.cli import UsageError, check_output_file, check_output_folder, main
+from pdeflow.interface.cli import UsageError, check_output_file, check_output_folder, main
 
 REPO = Path(__file__).resolve().parents[1]
 # command -> shipped config; every one checks its -o path before any work

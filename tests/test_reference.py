@@ -11,8 +11,8 @@ import pytest
 from pdeflow.solvers.driver import run
 
 from pdeflow import Problem, load_config
-from pdeflow.cli import main
-from pdeflow.reference import compare, read_run, validate
+from pdeflow.interface.cli import main
+from pdeflow.io.reference import compare, read_run, validate
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference"
 TOLERANCES = tomllib.loads((REFERENCE / "tolerances.toml").read_text())
@@ -222,7 +222,7 @@ def test_allow_partial_compares_a_prefix_and_reports_its_fraction(tmp_path, caps
 
 
 def test_candidate_frames_between_the_references_are_ignored_but_every_reference_frame_is_needed():
-    from pdeflow.reference import match_frames
+    from pdeflow.io.reference import match_frames
 
     ref = np.array(GOLDEN_TIMES)
     finer = np.linspace(0.0, 2.0, 9)

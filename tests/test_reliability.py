@@ -30,14 +30,14 @@ import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
 
-from pdeflow.checkpoint import read_checkpoint
-from pdeflow.cli import main
-from pdeflow.config import dumps_toml, load_config
-from pdeflow.file_access import TrajectoryError, open_for_reading
-from pdeflow.problem import Problem
-from pdeflow.result_files import edit_trajectory
-from pdeflow.trajectory import open_trajectory
-from pdeflow.trajectory_writer import TrajectoryWriter
+from pdeflow.core.config import dumps_toml, load_config
+from pdeflow.core.problem import Problem
+from pdeflow.interface.cli import main
+from pdeflow.io.checkpoint import read_checkpoint
+from pdeflow.io.file_access import TrajectoryError, open_for_reading
+from pdeflow.io.result_files import edit_trajectory
+from pdeflow.io.trajectory import open_trajectory
+from pdeflow.io.trajectory_writer import TrajectoryWriter
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = """
@@ -412,7 +412,7 @@ def test_a_live_run_is_read_but_not_resumed_overwritten_or_edited(refs, tmp_path
 # in the middle of writing the analysis.
 SIGNAL_IN_ANALYSIS = """
 import os, sys, h5py
-from pdeflow.cli import main
+from pdeflow.interface.cli import main
 sig, n = int(sys.argv[1]), int(sys.argv[2])
 create = h5py.Group.create_dataset
 count = [0]
@@ -597,7 +597,7 @@ def test_one_and_two_threads_agree(refs, tmp_path):
 
 UNSAFE_MODULES = {"pickle", "cPickle", "marshal", "shelve", "dill", "cloudpickle", "joblib"}
 # Uses that read nothing from a config or a file: exceptions passed between the MPI ranks of one job.
-ALLOWED = {"pdeflow/parallel.py": ["import pickle"]}
+ALLOWED = {"pdeflow/core/parallel.py": ["import pickle"]}
 
 
 def unsafe_uses(source: str) -> list[str]:

@@ -9,11 +9,11 @@ import pytest
 import scipy.linalg
 
 from pdeflow import Problem, loads_config
-from pdeflow.cli import main
-from pdeflow.file_access import TrajectoryError
-from pdeflow.problem_file import stored_problem
-from pdeflow.stability import frozen_hessian
-from pdeflow.trajectory import open_trajectory
+from pdeflow.analysis.stability import frozen_hessian
+from pdeflow.interface.cli import main
+from pdeflow.io.file_access import TrajectoryError
+from pdeflow.io.problem_file import stored_problem
+from pdeflow.io.trajectory import open_trajectory
 from test_chaos import tiny_config, write_config
 from test_stability import TINY
 

@@ -1,4 +1,4 @@
-"""The one table of the trajectory file (pdeflow.schema.ITEMS) drives the writer, the reader's checks, ``validate``
+"""The one table of the trajectory file (pdeflow.io.schema.ITEMS) drives the writer, the reader's checks, ``validate``
 and the tables of docs/schema.md: a file missing a required entry fails the reader and ``validate`` with the same
 one-line message naming it, the writer writes exactly the table, and the document cannot drift from it."""
 from __future__ import annotations
@@ -11,14 +11,14 @@ import h5py
 import numpy as np
 import pytest
 
-from pdeflow import schema
-from pdeflow.checkpoint import row_counts
-from pdeflow.config import loads_config
-from pdeflow.file_access import TrajectoryError
-from pdeflow.reference import validate
-from pdeflow.resume import RESUMABLE_KEYS
-from pdeflow.trajectory import open_trajectory
-from pdeflow.trajectory_writer import TrajectoryWriter
+from pdeflow.core.config import loads_config
+from pdeflow.io import schema
+from pdeflow.io.checkpoint import row_counts
+from pdeflow.io.file_access import TrajectoryError
+from pdeflow.io.reference import validate
+from pdeflow.io.resume import RESUMABLE_KEYS
+from pdeflow.io.trajectory import open_trajectory
+from pdeflow.io.trajectory_writer import TrajectoryWriter
 from test_trajectory import frame_scalars, new_writer, problem_arrays, write_frames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,12 +157,12 @@ def test_a_row_added_to_the_table_is_written_and_checked(tmp_path, monkeypatch):
 
 
 def test_docs_schema_tables_are_the_table():
-    """docs/schema.md holds :func:`pdeflow.schema.markdown` verbatim; after a change to the table, regenerate it with
-    ``python -m pdeflow.schema docs/schema.md``."""
+    """docs/schema.md holds :func:`pdeflow.io.schema.markdown` verbatim; after a change to the table, regenerate it with
+    ``python -m pdeflow.io.schema docs/schema.md``."""
     block = schema.documented_block((ROOT / "docs" / "schema.md").read_text(encoding="utf-8"))
     assert block is not None, "docs/schema.md has no generated schema block"
     assert block == schema.markdown(), \
-        "docs/schema.md disagrees with pdeflow.schema.ITEMS: python -m pdeflow.schema"
+        "docs/schema.md disagrees with pdeflow.io.schema.ITEMS: python -m pdeflow.io.schema"
     # one row per entry (the top-level groups are the headings)
     rows = [line for line in block.splitlines() if line.startswith("| `")]
     assert len(rows) == len(schema.ITEMS) - (len(schema.GROUPS) - 1)
@@ -178,7 +178,7 @@ def test_every_entry_is_well_formed():
 
 
 def test_docs_list_the_keys_a_resumed_run_may_change():
-    """docs/schema.md's resume section names exactly pdeflow.resume.RESUMABLE_KEYS."""
+    """docs/schema.md's resume section names exactly pdeflow.io.resume.RESUMABLE_KEYS."""
     text = (ROOT / "docs" / "schema.md").read_text(encoding="utf-8")
     section = text.split("## Resuming", 1)[1].split("\n## ", 1)[0]
     listed = {tuple(m.split(".")) for m in re.findall(r"`(\w+\.\w+)`", section)} - {("pdeflow", "resume")}

@@ -12,7 +12,7 @@ from pdeflow.solvers.driver import run
 
 from conftest import build_config
 from pdeflow import ConfigError, Problem, open_trajectory
-from pdeflow.cli import main
+from pdeflow.interface.cli import main
 
 
 @pytest.fixture(autouse=True)

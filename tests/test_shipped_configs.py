@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pdeflow.trajectory import open_trajectory
+from pdeflow.io.trajectory import open_trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = {"chaos", "stability"}

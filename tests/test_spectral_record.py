@@ -1,5 +1,5 @@
-"""The spectral record of a run (:mod:`pdeflow.diagnostics.spectral`, ``diagnose`` and ``plot``): the ends of the
-spectrum of S at analysed frames against a dense eigendecomposition of S built from central differences of grad Phi
+"""The spectral record of a run (:mod:`pdeflow.analysis.diagnostics.spectral`, ``diagnose`` and ``plot``): the ends of
+the spectrum of S at analysed frames against a dense eigendecomposition of S built from central differences of grad Phi
 (not from the JVP the record uses), with the symmetry directions of every head removed; the phase rule on
 constructed values; the stored record read back; the command's report and figure."""
 from __future__ import annotations
@@ -12,9 +12,8 @@ import pytest
 from pdeflow.solvers.driver import run
 
 from conftest import build_config
-from pdeflow import diagnostics as D
-from pdeflow.cli import main
-from pdeflow.diagnostics.spectral import (
+from pdeflow.analysis import diagnostics as D
+from pdeflow.analysis.diagnostics.spectral import (
     DEGENERATE,
     DESCENT,
     MINIMUM,
@@ -23,10 +22,11 @@ from pdeflow.diagnostics.spectral import (
     run_gradient_equivalents,
     spectrum_frame_indices,
 )
-from pdeflow.plotting import plot_spectrum
-from pdeflow.problem import Problem
-from pdeflow.stability import complement_spectrum, symmetry_tangents
-from pdeflow.trajectory import open_trajectory
+from pdeflow.analysis.plotting import plot_spectrum
+from pdeflow.analysis.stability import complement_spectrum, symmetry_tangents
+from pdeflow.core.problem import Problem
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
@@ -67,7 +67,8 @@ def dense_s(problem: Problem, omega: np.ndarray, mass: np.ndarray, h: float = 1e
 
 
 def head_symmetries(problem: Problem, omega: np.ndarray) -> np.ndarray:
-    """Orthonormal [N k, r]: every head's own symmetry tangents (:func:`pdeflow.stability.symmetry_tangents`)."""
+    """Orthonormal [N k, r]: every head's own symmetry tangents
+    (:func:`pdeflow.analysis.stability.symmetry_tangents`)."""
     N, k = omega.shape
     blocks = []
     for i in range(N):

@@ -1,7 +1,8 @@
-"""The spectrum of the mass-weighted Hessian (:mod:`pdeflow.spectrum`, :func:`pdeflow.solvers.jacobian.krylov_ritz`):
-the Lanczos Ritz pairs against a dense ``eigh``, the symmetry directions against their count formula and as null
-vectors at a stationary measure, the dense Hessian from the exact JVP against finite differences of grad Phi, and
-the reported spectrum ends against the dense projected spectrum (docs/solvers.md, "Stationary points")."""
+"""The spectrum of the mass-weighted Hessian (:mod:`pdeflow.analysis.spectrum`,
+:func:`pdeflow.solvers.jacobian.krylov_ritz`): the Lanczos Ritz pairs against a dense ``eigh``, the symmetry directions
+against their count formula and as null vectors at a stationary measure, the dense Hessian from the exact JVP against
+finite differences of grad Phi, and the reported spectrum ends against the dense projected spectrum (docs/solvers.md,
+"Stationary points")."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +10,8 @@ import pytest
 from pdeflow.solvers.jacobian import krylov_ritz, top_ritz
 
 from pdeflow import Problem, loads_config
-from pdeflow.spectrum import SpectrumEnds, head_symmetries, hessian_operator, spectrum_ends, symmetry_basis
-from pdeflow.stability import complement_spectrum, find_stationary_points, one_head_energy
+from pdeflow.analysis.spectrum import SpectrumEnds, head_symmetries, hessian_operator, spectrum_ends, symmetry_basis
+from pdeflow.analysis.stability import complement_spectrum, find_stationary_points, one_head_energy
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates, 27 sequences exactly
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")

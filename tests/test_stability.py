@@ -1,5 +1,5 @@
-"""Dirac stationary measures (:mod:`pdeflow.stability`, ``pdeflow stability``): the verdict logic on constructed
-spectra, the dense Hessians against central differences, the zero head against its closed form, the symmetry
+"""Dirac stationary measures (:mod:`pdeflow.analysis.stability`, ``pdeflow stability``): the verdict logic on
+constructed spectra, the dense Hessians against central differences, the zero head against its closed form, the symmetry
 directions, and the predicted rates against the particle flow itself
 (docs/model.md, "Dirac stationary measures and their stability")."""
 from __future__ import annotations
@@ -10,9 +10,7 @@ import pytest
 import scipy.linalg
 
 from pdeflow import Problem, loads_config
-from pdeflow.cli import main
-from pdeflow.model import join_theta, split_theta
-from pdeflow.stability import (
+from pdeflow.analysis.stability import (
     MEAN,
     NOT_ESTABLISHED,
     SPREAD,
@@ -30,6 +28,8 @@ from pdeflow.stability import (
     verdict,
     zero_head_sweep,
 )
+from pdeflow.core.model import join_theta, split_theta
+from pdeflow.interface.cli import main
 
 # Tiny problem: V = T = 3, d = 4, dh = 2, full coordinates k = 32; exact enumeration (27 sequences).
 TINY = """
@@ -282,7 +282,7 @@ def test_global_minimizer_is_yes_only_with_a_certificate(one_numba_thread):
     minimizer of E in full coordinates (k = 32): the search finds gap 0, but without a certificate the label
     is "not established". A stationary Dirac of the 1-D output gain family (Phi(.; delta_w*) is a convex
     quadratic, so w* is its global minimizer) is certified (k = 1): "yes". A found positive gap proves "no"."""
-    from pdeflow.diagnostics.certify import _BoundTerms
+    from pdeflow.analysis.diagnostics.certify import _BoundTerms
 
     cfg, problem = build("model.weight_decay=0.05")
     zero = np.zeros(problem.k)

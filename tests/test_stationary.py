@@ -1,5 +1,5 @@
-"""Stationary points of the particle flow (:mod:`pdeflow.stationary`, ``pdeflow stationary``): Newton-Krylov returns
-to a perturbed known saddle with its index, each minimum search escapes it to a certified minimum (checked by a
+"""Stationary points of the particle flow (:mod:`pdeflow.analysis.stationary`, ``pdeflow stationary``): Newton-Krylov
+returns to a perturbed known saddle with its index, each minimum search escapes it to a certified minimum (checked by a
 dense eigendecomposition), and the result file is read back by ``info`` and ``diagnose --stationary``."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import scipy.sparse.linalg
 
 from pdeflow import Problem, loads_config
-from pdeflow.cli import main
-from pdeflow.model import split_theta
-from pdeflow.spectrum import hessian_operator, symmetry_basis
-from pdeflow.stability import analyse_point, complement_spectrum, find_stationary_points
-from pdeflow.stationary import METHODS, SCHEMA, minimum, nearest, newton_step, read_stationary
-from pdeflow.trajectory import open_trajectory
+from pdeflow.analysis.spectrum import hessian_operator, symmetry_basis
+from pdeflow.analysis.stability import analyse_point, complement_spectrum, find_stationary_points
+from pdeflow.analysis.stationary import METHODS, SCHEMA, minimum, nearest, newton_step, read_stationary
+from pdeflow.core.model import split_theta
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates, 27 sequences exactly
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
@@ -165,7 +165,7 @@ def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsy
 def test_classify_runs_a_longer_lanczos_when_the_lowest_end_has_not_converged(saddle, monkeypatch):
     """Near a minimum the lowest eigenvalues converge last: when the first Lanczos run converges none of them, a run
     of KRYLOV_GROWTH times the steps follows, and its products are counted with the first's."""
-    import pdeflow.stationary as st
+    import pdeflow.analysis.stationary as st
 
     problem, omega, _, _ = saddle
     calls = []
@@ -192,7 +192,7 @@ def test_the_shipped_minimum_of_the_long_run_is_stationary_at_its_energy():
     beyond its residual, with the condition number the docs state."""
     from pathlib import Path
 
-    from pdeflow.problem_file import stored_problem
+    from pdeflow.io.problem_file import stored_problem
 
     path = Path(__file__).resolve().parent.parent / "data" / "stationary" / "longtime-minimum.h5"
     r = read_stationary(path)

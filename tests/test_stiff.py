@@ -17,8 +17,8 @@ from pdeflow.solvers.stiff import (
 )
 
 from pdeflow import Problem, loads_config
-from pdeflow.cli import main
-from pdeflow.trajectory import open_trajectory
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
 from test_explicit import SMALL as EXPLICIT_SMALL
 
 # the small problem of the explicit steppers' tests, stepped by rosenbrock

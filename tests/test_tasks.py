@@ -1,4 +1,4 @@
-"""Tests of pdeflow.tasks: data layout, target rules, exact enumeration, seeding, validation."""
+"""Tests of pdeflow.core.tasks: data layout, target rules, exact enumeration, seeding, validation."""
 
 from __future__ import annotations
 
@@ -10,16 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdeflow import tasks
-from pdeflow.tasks import (
-    MAX_ENUMERATION,
-    TASK_NAMES,
-    TaskData,
-    TaskError,
-    enumerate_task,
-    make_task,
-    sample_task,
-)
+from pdeflow.core import tasks
+from pdeflow.core.tasks import MAX_ENUMERATION, TASK_NAMES, TaskData, TaskError, enumerate_task, make_task, sample_task
 
 # Non-ASCII on purpose (2-, 3- and 4-byte UTF-8) plus a CRLF, which must survive unchanged.
 TEXT = "héllo wörld, ħéllo ☃ wörld 𝄞!\r\nthe end; héllo again.\n"

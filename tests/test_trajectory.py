@@ -1,4 +1,4 @@
-"""The trajectory file (pdeflow.trajectory): writer/reader round trip, the commit protocol, crash safety of
+"""The trajectory file (pdeflow.io.trajectory): writer/reader round trip, the commit protocol, crash safety of
 the writer under SIGKILL at every stage of a commit and at random moments, recovery, atomic edits.
 
 The crash tests run a writer-only script (no solver, so almost all of its time is spent writing and a
@@ -18,12 +18,12 @@ import h5py
 import numpy as np
 import pytest
 
-from pdeflow.checkpoint import Checkpoint, committed_counts
-from pdeflow.config import loads_config
-from pdeflow.file_access import TrajectoryError, open_for_reading
-from pdeflow.result_files import edit_trajectory
-from pdeflow.trajectory import check_file, open_trajectory
-from pdeflow.trajectory_writer import END_ATTRS, MESSAGE_BYTES, TrajectoryWriter
+from pdeflow.core.config import loads_config
+from pdeflow.io.checkpoint import Checkpoint, committed_counts
+from pdeflow.io.file_access import TrajectoryError, open_for_reading
+from pdeflow.io.result_files import edit_trajectory
+from pdeflow.io.trajectory import check_file, open_trajectory
+from pdeflow.io.trajectory_writer import END_ATTRS, MESSAGE_BYTES, TrajectoryWriter
 
 REPO = Path(__file__).resolve().parents[1]
 N, K, V, T, D, DH, B = 5, 3, 3, 4, 4, 2, 6
@@ -159,7 +159,7 @@ def test_checkpoint_extra_must_have_the_names_the_file_was_created_with(tmp_path
 def test_a_flat_extra_vector_of_an_earlier_pdeflow_reads_but_does_not_resume(tmp_path):
     """Files whose slots hold one flat ``extra`` dataset (before named arrays) still open for reading; --resume
     refuses them with one line instead of splitting the vector by guess."""
-    from pdeflow.resume import open_resumable
+    from pdeflow.io.resume import open_resumable
 
     path = tmp_path / "t.h5"
     w = new_writer(path)
@@ -371,7 +371,7 @@ def test_a_damaged_active_slot_falls_back_to_the_previous_checkpoint(tmp_path, d
 def test_damage_to_both_slots_is_refused_naming_it(tmp_path):
     """Never a resume from wrong data: with both slots damaged a running file does not open (its committed rows
     are unknown), a finished one opens without a checkpoint, and --resume refuses either, naming both slots."""
-    from pdeflow.resume import open_resumable
+    from pdeflow.io.resume import open_resumable
 
     path = tmp_path / "t.h5"
     w = new_writer(path)
@@ -434,7 +434,7 @@ SCRIPT = """
 import os, signal, sys
 sys.path[:0] = [{repo!r}, {tests!r}]
 import test_trajectory as tt
-from pdeflow.trajectory_writer import TrajectoryWriter
+from pdeflow.io.trajectory_writer import TrajectoryWriter
 mode, path, arg = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
 def kill():
@@ -552,7 +552,7 @@ def test_result_files_are_written_all_or_nothing(tmp_path):
     """new_result_file (pdeflow chaos, pdeflow stability): the root attributes on success; on an error
     inside the block, the file it was going to replace is untouched and no partial file is left."""
     from pdeflow import __version__
-    from pdeflow.result_files import new_result_file
+    from pdeflow.io.result_files import new_result_file
 
     cfg = loads_config("[model]\nd = 4\nhead_dim = 2\n")
     path = tmp_path / "result.h5"

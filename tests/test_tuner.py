@@ -1,4 +1,4 @@
-"""The kernel planner (pdeflow.tuner): every variant forced in turn gives the untuned kernels' results - bit for
+"""The kernel planner (pdeflow.core.tuner): every variant forced in turn gives the untuned kernels' results - bit for
 bit where only the tile changes (the same operations per head), to rounding where the chunks change - and the
 choice path: forced, PDEFLOW_VARIANT, remembered plan, default, PDEFLOW_TUNE=off, the width read before numba
 compiles."""
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import random_arrays, random_measure
-from pdeflow import mean_field, tuner
-from pdeflow.problem import Problem
+from pdeflow.core import mean_field, tuner
+from pdeflow.core.problem import Problem
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -140,7 +140,7 @@ def test_choose_keeps_the_default_within_the_margin():
 
 
 def _jit_choice(env: dict[str, str]) -> dict[str, str]:
-    code = ("import json, os, pdeflow.jit as j; print(json.dumps({'choice': j.VECTOR_WIDTH_CHOICE, "
+    code = ("import json, os, pdeflow.core.jit as j; print(json.dumps({'choice': j.VECTOR_WIDTH_CHOICE, "
             "'features': os.environ.get('NUMBA_CPU_FEATURES')}))")
     full = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES",
                                                                "PDEFLOW_CPU_FEATURES", "PDEFLOW_TUNE",
@@ -153,14 +153,14 @@ def _jit_choice(env: dict[str, str]) -> dict[str, str]:
 
 @pytest.mark.skipif(not ll.get_host_cpu_features().get("avx512f"), reason="the width is a choice on AVX-512 hosts")
 def test_vector_width_is_chosen_per_process_before_compiling(tmp_path):
-    """The width comes from PDEFLOW_VARIANT or the remembered plan of this CPU, read by pdeflow.jit before numba
+    """The width comes from PDEFLOW_VARIANT or the remembered plan of this CPU, read by pdeflow.core.jit before numba
     compiles; PDEFLOW_TUNE=off ignores the plan."""
     base = {"PDEFLOW_CACHE_DIR": str(tmp_path)}
     assert _jit_choice(base)["features"].endswith(",-prefer-256-bit")
     forced = _jit_choice(base | {"PDEFLOW_VARIANT": "width=256"})
     assert forced["choice"] == "pdeflow (PDEFLOW_VARIANT: 256 bit)" and forced["features"].endswith(",+prefer-256-bit")
     env = dict(os.environ, PDEFLOW_CACHE_DIR=str(tmp_path))
-    subprocess.run([sys.executable, "-c", "from pdeflow import tuner; tuner.remember_width(256, 'test', {})"],
+    subprocess.run([sys.executable, "-c", "from pdeflow.core import tuner; tuner.remember_width(256, 'test', {})"],
                    env={k: v for k, v in env.items() if k != "PDEFLOW_TUNE"} | {"PYTHONPATH": str(REPO)},
                    check=True, timeout=120)
     measured = _jit_choice(base)

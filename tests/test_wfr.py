@@ -16,9 +16,9 @@ from pdeflow.solvers.driver import run
 from pdeflow.solvers.wfr import WassersteinFisherRao
 
 from pdeflow import Problem, loads_config
-from pdeflow.cli import main
-from pdeflow.config import ConfigError
-from pdeflow.trajectory import open_trajectory
+from pdeflow.core.config import ConfigError
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
 from test_explicit import SMALL
 
 # the small problem of the explicit steppers' tests, with the WFR stepper
@@ -267,7 +267,7 @@ def test_wfr1d_basis_is_the_gain2_slice_at_output_gain_minus_one():
     """data/configs/wfr1d.npz is the attention-sharpness axis of wfr.toml's gain2 family at omega_2 = -1:
     theta(omega) = theta0_gain2 + omega basis_1 - basis_2, rebuilt here from the family (to 1e-13)."""
     from pdeflow import load_config
-    from pdeflow.model import make_coordinates
+    from pdeflow.core.model import make_coordinates
 
     configs = Path(__file__).resolve().parents[1] / "data" / "configs"
     gain2 = make_coordinates(load_config(configs / "wfr.toml").model)
@@ -281,7 +281,7 @@ def test_wfr1d_basis_is_the_gain2_slice_at_output_gain_minus_one():
 def test_wfr_summary_calls_only_the_bound_certified():
     """The summary line: G found is a lower bound; "certified G <= x" states gap_bound, and "from t" follows the
     bound's own crossing of 1e-6, not the gap found's; an uncertified flow says so."""
-    from pdeflow.wfr_comparison import FlowGaps, first_below, summary_line
+    from pdeflow.analysis.wfr_comparison import FlowGaps, first_below, summary_line
 
     t = np.array([0.0, 1.0, 2.0, 3.0])
     g = FlowGaps(time=t, gap=np.array([1.0, 1e-3, 1e-9, 1e-10]), gap_bound=np.array([2.0, 0.1, 1e-5, 5e-7]),
@@ -351,7 +351,7 @@ def test_grid_reaction_converges_to_the_particle_flow():
     """fv with the reaction against WFR particles started at the cells of a fine grid (quadrature particles:
     the Lagrangian form of the same PDE), at n = 16, 32, 64: second-order convergence (measured ~1.9)."""
     cfg, problem = build("grid.n=512", text=GRID)
-    from pdeflow.measure import Grid, initial_density
+    from pdeflow.core.measure import Grid, initial_density
     fine = Grid.from_config(cfg.grid, problem.k)
     omega, mass = fine.particles(initial_density(fine, cfg.init))
     particles = cfg.replace(init={"measure": "particles"}, solver={"method": "wfr", "rtol": 1e-10, "atol": 1e-13})

@@ -1,0 +1,4 @@
+"""pdeflow's analysis layer (docs/layers.md).
+
+What the runs mean: diagnostics, experiments and figures.
+"""

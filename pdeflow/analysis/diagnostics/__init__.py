@@ -1,0 +1,36 @@
+"""What a trajectory says about the theory: energy identity, optimality gap, PL / KL rates, head structure.
+
+The quantities of docs/model.md ("Dissipation and the energy identity" to "Convergence rates: PL and KL"), one module
+per concern, the public names imported here (``pdeflow.analysis.diagnostics.X``):
+:mod:`~pdeflow.analysis.diagnostics.rates`,
+:mod:`~pdeflow.analysis.diagnostics.domain`, :mod:`~pdeflow.analysis.diagnostics.certify`,
+:mod:`~pdeflow.analysis.diagnostics.gap`,
+:mod:`~pdeflow.analysis.diagnostics.clusters`, :mod:`~pdeflow.analysis.diagnostics.analysis`,
+:mod:`~pdeflow.analysis.diagnostics.analysis_file`. What each number means and when it is a bound or only an estimate:
+docs/design.md, "Diagnostics".
+"""
+from __future__ import annotations
+
+from .analysis import ENTROPY_MISSING, Analysis, analyse, gap_frame_indices
+from .analysis_file import analyse_run, check_editable, read_analysis, write_analysis
+from .certify import certified_min_phi, grad_phi_bound, hess_phi_bound
+from .clusters import HeadClusters, attention_pattern, frame_measure, head_clusters, probe_sequence, trajectory_grid
+from .domain import Domain
+from .gap import GapResult, entropic_gap, minimize_phi, optimality_gap
+from .rates import (
+                    KLFit,
+                    energy_identity_residual,
+                    fit_e_star,
+                    fit_e_star_interval,
+                    kl_exponent,
+                    kl_fit,
+                    pl_constant,
+                    trusted_excess,
+)
+
+__all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "certified_min_phi", "grad_phi_bound",
+           "hess_phi_bound", "trusted_excess", "fit_e_star_interval", "ENTROPY_MISSING", "Domain",
+           "energy_identity_residual", "pl_constant",
+           "kl_exponent", "kl_fit", "KLFit", "fit_e_star", "attention_pattern", "probe_sequence", "HeadClusters",
+           "head_clusters", "frame_measure", "trajectory_grid", "Analysis", "analyse", "analyse_run", "write_analysis",
+           "read_analysis", "check_editable", "gap_frame_indices"]

@@ -1,0 +1,363 @@
+"""The analysis of a trajectory (what ``/analysis`` holds): rates, gaps and head clusters, from the
+``[diagnostics]`` settings; the quantities are those of :mod:`pdeflow.analysis.diagnostics`."""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...core.clock import time_tolerance
+from ...core.config import ConfigError, DiagnosticsConfig
+from ...core.problem import Problem
+from ...io.trajectory import Trajectory
+from .clusters import HeadClusters, frame_measure, head_clusters, trajectory_grid
+from .gap import entropic_gap, optimality_gap
+from .rates import energy_identity_residual, fit_e_star_interval, kl_fit, pl_constant, trusted_excess
+from .spectral import SpectralRecord, analysed_spectrum
+
+UNIT_MASS_TOL = 1e-9         # a total mass this close to 1 is a probability measure's
+GRID_CLUSTER_MASS = 1e-2     # grid cells lighter than this times the heaviest belong to no cluster
+ENTROPY_MISSING = ("refused: beta < inf with particles, whose stored energy has no entropy term; the energy "
+                   "identity, E*, PL and KL analyses would be those of another functional")
+
+
+@dataclass
+class Analysis:
+    """Everything ``/analysis`` holds. Arrays over frames [F] (nan where not computed): ``time``, ``energy``,
+    ``dissipation``, ``gap`` (from the least Phi found: never above the true gap), ``gap_certified`` (bool: min
+    Phi certified, :class:`GapResult`), ``gap_bound`` (the certified upper bound on the gap), ``lower_bound``
+    (``E - gap_bound``, a proven lower bound on E over measures on Omega; nan where the gap is not certified
+    or an entropy term is missing), ``min_phi``, ``mean_phi``, ``outside_mass``, ``minimizer`` [F, k],
+    ``pl_mu`` (only where E - E* is trustworthy: :func:`trusted_excess`), ``energy_identity_residual``,
+    ``kl_predicted`` (E - E* predicted by the KL fit over its window). Scalars: ``e_star``, where it came from
+    and the interval ``[e_star_low, e_star_high]`` known (given, certified) or estimated (fit) to hold it; the
+    KL fit, or ``kl_status`` saying why the window shows no KL regime; ``pl_mu_min`` (the least trusted PL
+    ratio at the frames of the KL window: the PL constant the tail supports), the stationary time, and the
+    settings the gap search used."""
+    time: np.ndarray
+    energy: np.ndarray
+    dissipation: np.ndarray
+    gap: np.ndarray
+    lower_bound: np.ndarray
+    min_phi: np.ndarray
+    mean_phi: np.ndarray
+    outside_mass: np.ndarray
+    minimizer: np.ndarray
+    gap_exhaustive: np.ndarray
+    pl_mu: np.ndarray
+    energy_identity_residual: np.ndarray
+    kl_predicted: np.ndarray
+    gap_bound: np.ndarray
+    gap_certified: np.ndarray
+    e_star: float = math.nan
+    e_star_source: str = "none"
+    e_star_low: float = math.nan
+    e_star_high: float = math.nan
+    kl_status: str = ""
+    kl_fitted: float = math.nan
+    kl_theta: float = math.nan
+    kl_theta_ci: tuple[float, float] = (math.nan, math.nan)
+    kl_constant: float = math.nan
+    kl_points: int = 0
+    kl_window_start: float = math.nan
+    kl_decay_error: float = math.nan
+    pl_mu_min: float = math.nan
+    stationary_time: float = math.nan
+    stationary_tol: float = math.nan
+    gap_computed: bool = False
+    gap_is_estimate: bool = False
+    gap_domain: str = ""
+    gap_radius: float = math.nan
+    clusters: HeadClusters | None = None
+    spectrum: SpectralRecord | None = None      # the ends of the spectrum of S at analysed frames (spectral.py)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gap_frames(self) -> np.ndarray:
+        """Indices of the frames where the gap was computed."""
+        return np.flatnonzero(np.isfinite(self.gap))
+
+
+FRAME_ARRAYS = ("time", "energy", "dissipation", "gap", "lower_bound", "min_phi", "mean_phi", "outside_mass",
+                "minimizer", "gap_exhaustive", "pl_mu", "energy_identity_residual", "kl_predicted", "gap_bound",
+                "gap_certified")
+SCALARS = ("e_star", "e_star_source", "e_star_low", "e_star_high", "kl_status", "kl_fitted", "kl_theta", "kl_constant",
+           "kl_points", "kl_window_start", "kl_decay_error", "pl_mu_min",
+           "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate", "gap_domain", "gap_radius")
+CLUSTER_ARRAYS = ("labels", "mass", "size", "centre", "representative", "attention", "probe")
+
+
+def gap_frame_indices(n_frames: int, gap_frames: int) -> np.ndarray:
+    """``gap_frames`` frame indices spread evenly over [0, n_frames), the last frame included."""
+    if n_frames == 0 or gap_frames <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if gap_frames == 1:
+        return np.array([n_frames - 1])
+    return np.unique(np.round(np.linspace(0, n_frames - 1, gap_frames)).astype(np.int64))
+
+
+def accurate_span(traj: Trajectory) -> tuple[Trajectory, str]:
+    """The part of a trajectory its run computed accurately, and a one-line note ("" when that is all of it).
+
+    A run that lost accuracy at ``t_lost`` (:func:`pdeflow.solvers.accuracy.file_lost_at`: the file's verdict)
+    keeps its frames and /steps rows from before ``t_lost`` only: the step ending there broke the energy identity
+    or the stability bound, so what follows is no longer the flow's. The result is a shallow copy of ``traj``
+    with those frames and rows."""
+    from ...solvers.accuracy import file_lost_at  # the accuracy record: steppers layer, below this one
+
+    lost = file_lost_at(traj)
+    if not math.isfinite(lost):
+        return traj, ""
+    tol = time_tolerance(lost)
+    n_frames = int(np.count_nonzero(np.asarray(traj.time) < lost - tol))
+    rows = np.asarray(traj.steps.get("time", np.zeros(0)))
+    n_rows = int(np.count_nonzero(rows < lost - tol))
+    span = copy.copy(traj)
+    span.frames = {k: v[:n_frames] for k, v in traj.frames.items()}
+    span.steps = {k: v[:n_rows] for k, v in traj.steps.items()}
+    return span, (f"the run lost accuracy at t = {lost:.6g} (its accuracy verdict): only the {n_frames} of "
+                  f"{len(traj.time)} frames and {n_rows} /steps rows before it are analysed")
+
+
+def _padded(a: Analysis, traj: Trajectory) -> Analysis:
+    """An analysis of the accurate span (:func:`accurate_span`) over all of ``traj``'s frames: the file's time,
+    energy and dissipation, nan (False) for the frames after the span."""
+    F, n = len(traj.time), a.time.size
+    for name in FRAME_ARRAYS:
+        value = np.asarray(getattr(a, name))
+        if name in ("time", "energy", "dissipation"):
+            full = np.asarray(traj.frames[name], dtype=float)
+        else:
+            full = np.full((F,) + value.shape[1:], False if value.dtype == bool else np.nan, dtype=value.dtype)
+            full[:n] = value
+        setattr(a, name, full)
+    return a
+
+
+def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis | None = None,
+            run_stationary_tol: float = 0.0) -> Analysis:
+    """The analysis of a trajectory with the ``[diagnostics]`` settings (the :mod:`pdeflow.analysis.diagnostics`
+    docstring), over the span its run computed accurately (:func:`accurate_span`; a note says when that is not all of
+    it).
+
+    ``previous``: an earlier analysis of the same file, whose minimizers seed the gap search (so a rerun
+    only improves the minimum found). ``run_stationary_tol``: the run's ``run.stationary_tol``.
+    """
+    span, note = accurate_span(traj)
+    if not note:
+        return _analyse(traj, settings, previous, run_stationary_tol)
+    a = _analyse(span, settings, previous, run_stationary_tol)
+    a.notes.insert(0, note)
+    return _padded(a, traj)
+
+
+def _analyse(traj: Trajectory, settings: DiagnosticsConfig, previous: Analysis | None,
+             run_stationary_tol: float) -> Analysis:
+    problem = traj.problem()
+    time = np.asarray(traj.time, dtype=float)
+    F = time.size
+    energy = np.asarray(traj.frames["energy"], dtype=float)
+    dissipation = np.asarray(traj.frames["dissipation"], dtype=float)
+    nan = np.full(F, np.nan)
+    a = Analysis(time=time, energy=energy, dissipation=dissipation, gap=nan.copy(), lower_bound=nan.copy(),
+                 min_phi=nan.copy(), mean_phi=nan.copy(), outside_mass=nan.copy(),
+                 minimizer=np.full((F, problem.k), np.nan), gap_exhaustive=np.zeros(F, dtype=bool),
+                 pl_mu=nan.copy(), energy_identity_residual=nan.copy(), kl_predicted=nan.copy(),
+                 gap_bound=nan.copy(), gap_certified=np.zeros(F, dtype=bool))
+    if F == 0:
+        a.notes.append("no frames")
+        return a
+    if settings.gap:
+        _gaps(a, traj, problem, settings, previous)
+    if "omega" in traj.frames and not math.isinf(problem.beta):
+        # the stored energy and dissipation of noisy particles lack the entropy term (no density to take it
+        # from): the identity and the rates would be those of another functional
+        a.kl_status = ENTROPY_MISSING
+        a.notes.append(ENTROPY_MISSING)
+        _clusters(a, traj, problem, settings)
+        return a
+    steps = traj.steps
+    dense = len(steps.get("time", ())) >= 2
+    st_t, st_e, st_i = ((np.asarray(steps[c], dtype=float) for c in ("time", "energy", "dissipation")) if dense
+                        else (time, energy, dissipation))
+    integral = np.asarray(steps["dissipation_integral"], dtype=float) if dense and "dissipation_integral" in steps \
+        else None
+    a.energy_identity_residual = np.interp(time, st_t, energy_identity_residual(st_t, st_e, st_i, integral))
+
+    tol = settings.stationary_tol or run_stationary_tol or 1e-8 * float(dissipation[0])
+    a.stationary_tol = tol
+    below = dissipation <= tol
+    if below[-1]:
+        first = F - int(np.argmin(below[::-1])) if not below.all() else 0
+        a.stationary_time = float(time[first])
+
+    _rates(a, settings, st_t, st_e, st_i)
+    a.spectrum = analysed_spectrum(traj, problem, settings)
+    _clusters(a, traj, problem, settings)
+    return a
+
+
+def _clusters(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig) -> None:
+    last = a.time.size - 1
+    omega, mass = frame_measure(traj, last)
+    grid = trajectory_grid(traj)
+    cells = {} if grid is None else {"min_mass": GRID_CLUSTER_MASS * float(mass.max()),
+                                     "min_distance": 1.01 * float(np.linalg.norm(grid.width))}
+    a.clusters = head_clusters(problem, omega, mass, tol=settings.cluster_tol, attention_maps=settings.attention_maps,
+                               seed=settings.seed, frame=last, **cells)
+
+
+def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig,
+          previous: Analysis | None) -> None:
+    grid = trajectory_grid(traj)
+    bounds = None if grid is None else (np.array(grid.lower), np.array(grid.upper))
+    if settings.domain == "grid" and grid is None:
+        raise ConfigError("diagnostics.domain = 'grid' needs a grid run; this file holds particles")
+    known = [] if previous is None else [previous.minimizer[np.all(np.isfinite(previous.minimizer), axis=1)]]
+    known = [m for m in known if m.shape[-1] == problem.k]
+    entropic = grid is not None and not math.isinf(problem.beta)
+    for f in gap_frame_indices(a.time.size, settings.gap_frames):
+        if entropic:
+            res = entropic_gap(problem, grid, traj.frames["density"][f])
+        else:
+            omega, mass = frame_measure(traj, int(f))
+            res = optimality_gap(problem, omega, mass, domain=settings.domain, radius=settings.radius,
+                                 n_starts=settings.n_starts, grid_points=settings.grid_points,
+                                 seed=settings.seed + int(f), extra_starts=np.concatenate(known) if known else None,
+                                 bounds=bounds)
+        a.gap[f], a.min_phi[f], a.mean_phi[f] = res.gap, res.min_phi, res.mean_phi
+        a.minimizer[f], a.outside_mass[f], a.gap_exhaustive[f] = res.minimizer, res.outside_mass, res.exhaustive
+        a.gap_certified[f], a.gap_bound[f] = res.certified, res.gap_bound
+        known.append(res.minimizer[None])
+    computed = np.isfinite(a.gap)
+    a.gap_computed = bool(computed.any())
+    a.gap_is_estimate = bool(a.gap_computed and not a.gap_certified[computed].all())
+    a.gap_domain = "grid, entropic" if entropic else settings.domain
+    a.gap_radius = settings.radius if settings.domain in ("ball", "box") and not entropic else math.nan
+    if entropic:
+        a.notes.append("beta < inf on a grid: G = E_h - min E_h over grid densities (relative entropy to the Gibbs "
+                       "density of Phi, divided by beta)")
+    refused = bound_refusal(traj, a.gap_frames)
+    if refused:
+        a.notes.append(refused)
+    elif math.isinf(problem.beta) or entropic:
+        a.lower_bound = np.where(a.gap_certified, a.energy - a.gap_bound, np.nan)
+    else:
+        a.notes.append("beta < inf with particles: E - G is not a lower bound (the entropy is not in Phi); "
+                       "lower_bound left nan")
+    if a.gap_is_estimate:
+        a.notes.append(f"the gap is an estimate: min Phi comes from a non-exhaustive search in k = {problem.k} "
+                       "coordinates, so E - G bounds nothing and is not used as E*")
+    if np.any(a.outside_mass[computed] > 0):
+        a.notes.append("part of rho lies outside Omega: the gap may be negative there (a certified E - G bound "
+                       "stays a bound)")
+
+
+def bound_refusal(traj: Trajectory, frames: np.ndarray) -> str:
+    """Why ``E - gap_bound`` is no lower bound on E* for this file ("" when it is), in one line.
+
+    The bound ``E(mu) >= E(rho) + int Phi d(mu - rho) >= E(rho) - G`` (convexity of E) holds for every
+    probability measure mu on Omega when rho is one too. It says nothing about the limit of a flow whose total
+    mass is free (WFR with ``solver.total_mass = "free"``: E is minimized over all masses) or of a measure of
+    another total mass (checked at the gap ``frames``, to :data:`UNIT_MASS_TOL`)."""
+    from ...core.methods import METHODS  # the method table: which methods read solver.total_mass
+
+    s = traj.config.solver
+    if "total_mass" in METHODS[s.method].reads and s.total_mass == "free":
+        return ("solver.total_mass = 'free': the flow minimizes E over measures of any mass, so E - G (a bound over "
+                "probability measures) bounds nothing here; lower_bound left nan")
+    for f in frames:
+        total = float(np.sum(frame_measure(traj, int(f))[1]))
+        if abs(total - 1.0) > UNIT_MASS_TOL:
+            return (f"the total mass is {total:.10g} at t = {traj.time[f]:.6g}, not 1: E - G bounds E over "
+                    "probability measures only; lower_bound left nan")
+    return ""
+
+
+def _fit_moves_with_the_window(fitted: tuple[float, float, float], st_t: np.ndarray, st_e: np.ndarray,
+                               st_i: np.ndarray, start: float, t_end: float) -> str:
+    """Why the tail fit of E* is not used ("" when it is): its interval assumes the window is in the asymptotic
+    regime (``log I`` affine in ``log(E - E*)``); a tail still on its way there gives an interval that the
+    fit on one half of the window does not overlap. Such a fit moves with the window, so it is no E*."""
+    if not math.isfinite(fitted[0]):
+        return ""
+    middle = 0.5 * (start + t_end)
+    for name, half in (("first", (st_t >= start - time_tolerance(start)) & (st_t <= middle)),
+                       ("second", st_t >= middle)):
+        part = fit_e_star_interval(st_e[half], st_i[half])
+        if math.isfinite(part[0]) and not (part[1] <= fitted[2] and fitted[1] <= part[2]):
+            return (f"E* fitted from the tail moves with the window ({part[0]:.10g} in [{part[1]:.10g}, "
+                    f"{part[2]:.10g}] on its {name} half, {fitted[0]:.10g} in [{fitted[1]:.10g}, {fitted[2]:.10g}] on "
+                    "all of it): the tail is not yet asymptotic, so the fit is no E*")
+    return ""
+
+
+def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.ndarray, st_i: np.ndarray) -> None:
+    """E*, the PL ratio at the frames and the KL fit over the window (on the /steps rows when present).
+
+    E* comes with an interval that holds it: ``diagnostics.e_star`` if given (a point); else the narrower of
+    the certified one, ``[best E - gap_bound, lowest E]`` (point: the bound), and the profile interval of the
+    limit fitted from the window's tail (:func:`fit_e_star_interval`) if the fit on the window's first half
+    agrees with it (:func:`_fit_moves_with_the_window`). An uncertified gap never gives E*.
+    PL and KL use only samples where E - E* is trustworthy (:func:`trusted_excess`)."""
+    t_end = float(a.time[-1])
+    start = t_end - settings.kl_window * (t_end - float(a.time[0]))
+    in_window = st_t >= start - time_tolerance(start)
+    e_min = float(np.nanmin(st_e))
+    candidates = []
+    if math.isfinite(settings.e_star):
+        candidates.append(("given", float(settings.e_star), float(settings.e_star), float(settings.e_star)))
+    else:
+        bounds = np.isfinite(a.lower_bound)
+        if bounds.any():
+            best = float(np.max(a.lower_bound[bounds]))
+            if best <= e_min:
+                candidates.append(("lower_bound", best, best, e_min))
+            else:
+                a.notes.append(f"certified lower bound {best:.10g} exceeds the lowest energy {e_min:.10g}: the "
+                               "energies are not those of this problem's flow (solver error?); the bound is not used "
+                               "as E*")
+        fitted = fit_e_star_interval(st_e[in_window], st_i[in_window])
+        moved = _fit_moves_with_the_window(fitted, st_t, st_e, st_i, start, t_end)
+        if moved:
+            a.notes.append(moved)
+        elif math.isfinite(fitted[0]) and not math.isfinite(fitted[1]):
+            # a power-law tail far from its limit: the profile bounds E* from above only, so a point estimate
+            # inside [-inf, hi] would be a guess
+            a.notes.append(f"the tail fit bounds E* from above only: E* <= {fitted[2]:.10g} (95%), no point "
+                           "estimate (the energy is still far from its limit)")
+        elif math.isfinite(fitted[0]):
+            candidates.append(("fit",) + fitted)
+    if not candidates:
+        a.e_star_source = "none"
+        a.kl_status = ("no KL regime in this window: E* unknown (no certified gap, and the tail does not determine "
+                       "its limit)")
+        a.notes.append("E* unknown (no certified gap, and the tail does not determine its limit): no PL/KL; "
+                       "pass --e-star or run longer")
+        return
+    source, e_star, lo, hi = min(candidates, key=lambda c: c[3] - c[2])
+    a.e_star, a.e_star_source, a.e_star_low, a.e_star_high = e_star, source, lo, hi
+    trusted = trusted_excess(a.energy, (lo, hi))
+    a.pl_mu = np.where(trusted, pl_constant(a.energy, a.dissipation, e_star), np.nan)
+    fit = kl_fit(st_e[in_window], st_i[in_window], e_star, e_star_range=(lo, hi), seed=settings.seed)
+    a.kl_theta, a.kl_theta_ci = fit.theta, (fit.ci_low, fit.ci_high)
+    a.kl_constant, a.kl_points = fit.constant, fit.n_points
+    a.kl_fitted, a.kl_window_start = fit.fitted, start
+    if fit.reason:
+        a.kl_status = f"no KL regime in this window: {fit.reason}"
+        a.notes.append(a.kl_status)
+    else:
+        a.kl_status = "KL regime"
+    frames = np.flatnonzero(a.time >= start - time_tolerance(start))
+    window_mu = a.pl_mu[frames][np.isfinite(a.pl_mu[frames])]
+    a.pl_mu_min = float(window_mu.min()) if window_mu.size else math.nan
+    if math.isfinite(fit.theta) and frames.size and a.energy[frames[0]] > e_star:
+        t0 = a.time[frames[0]]
+        predicted = fit.predicted_excess(a.time[frames], t0, a.energy[frames[0]] - e_star)
+        a.kl_predicted[frames] = predicted
+        observed = a.energy[frames] - e_star
+        ok = (observed > 0) & (predicted > 0) & trusted[frames]
+        if ok.any():
+            a.kl_decay_error = float(np.max(np.abs(np.log(predicted[ok] / observed[ok]))))

@@ -1,0 +1,88 @@
+"""``/analysis`` in the trajectory file: write, read, and the analysis a finished run stores."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...core.config import Config
+from ...io.file_access import TrajectoryError, open_by_swmr_writer
+from ...io.result_files import edit_trajectory
+from ...io.trajectory import Trajectory, check_file, open_trajectory
+from .analysis import CLUSTER_ARRAYS, FRAME_ARRAYS, SCALARS, Analysis, analyse
+from .clusters import HeadClusters
+from .spectral import read_spectral_record, write_spectral_record
+
+ANALYSIS_GROUP = "analysis"
+
+
+def check_editable(path: str | Path) -> None:
+    """TrajectoryError unless ``path`` is a trajectory no run is writing (one that can take /analysis)."""
+    check_file(path)
+    if open_by_swmr_writer(Path(path)):
+        raise TrajectoryError(f"{path}: a run is writing this file (or died while writing it; resume it first), "
+                              "so the analysis cannot be stored; use --no-write to print it only")
+
+
+def write_analysis(path: str | Path, analysis: Analysis) -> None:
+    """Store ``analysis`` as the group /analysis of a finished trajectory, replacing only that group.
+
+    The edit goes through :func:`pdeflow.io.result_files.edit_trajectory` (on a copy renamed over the file when
+    complete), so a kill leaves the previous file - frames, steps and any earlier /analysis - intact.
+    TrajectoryError if a run is still writing the file (or died writing it: resume it first).
+    """
+    path = Path(path)
+    check_editable(path)
+    with edit_trajectory(path) as f:
+        if ANALYSIS_GROUP in f:
+            del f[ANALYSIS_GROUP]
+        g = f.create_group(ANALYSIS_GROUP)
+        for key in FRAME_ARRAYS:
+            g.create_dataset(key, data=np.asarray(getattr(analysis, key)))
+        for key in SCALARS:
+            g.attrs[key] = getattr(analysis, key)
+        g.attrs["kl_theta_ci"] = np.asarray(analysis.kl_theta_ci, dtype=float)
+        g.attrs["notes"] = "\n".join(analysis.notes)
+        c = analysis.clusters
+        if c is not None:
+            for key in CLUSTER_ARRAYS:
+                g.create_dataset(f"cluster_{key}", data=np.asarray(getattr(c, key)))
+            g.attrs["cluster_threshold"] = c.threshold
+            g.attrs["cluster_frame"] = c.frame
+        write_spectral_record(g, analysis.spectrum)
+
+
+def read_analysis(traj: Trajectory) -> Analysis | None:
+    """The analysis stored in a trajectory (``traj.analysis``), or None if it has none."""
+    d = traj.analysis
+    if not d or "time" not in d:
+        return None
+    kwargs: dict[str, Any] = {key: np.asarray(d[key]) for key in FRAME_ARRAYS if key in d}
+    F = kwargs["time"].size      # files written before certificates: nothing certified
+    kwargs.setdefault("gap_bound", np.full(F, np.nan))
+    kwargs.setdefault("gap_certified", np.zeros(F, dtype=bool))
+    kwargs.update({key: d[key] for key in SCALARS if key in d})
+    kwargs["kl_status"] = str(kwargs.get("kl_status", ""))
+    for key in ("gap_computed", "gap_is_estimate"):
+        kwargs[key] = bool(kwargs.get(key, False))
+    ci = np.asarray(d.get("kl_theta_ci", (math.nan, math.nan)), dtype=float)
+    kwargs["kl_theta_ci"] = (float(ci[0]), float(ci[1]))
+    kwargs["notes"] = [n for n in str(d.get("notes", "")).split("\n") if n]
+    if "cluster_labels" in d:
+        kwargs["clusters"] = HeadClusters(**{key: np.asarray(d[f"cluster_{key}"]) for key in CLUSTER_ARRAYS},
+                                          threshold=float(d["cluster_threshold"]), frame=int(d["cluster_frame"]))
+    kwargs["spectrum"] = read_spectral_record(d)
+    return Analysis(**kwargs)
+
+
+def analyse_run(path: str | Path, cfg: Config) -> None:
+    """Write the analysis of a finished run into its trajectory (the driver's ``on_finish``).
+
+    Does nothing when ``diagnostics.enabled`` is false; the gap search follows ``diagnostics.gap``.
+    """
+    if not cfg.diagnostics.enabled:
+        return
+    traj = open_trajectory(path)
+    write_analysis(path, analyse(traj, cfg.diagnostics, run_stationary_tol=cfg.run.stationary_tol))

@@ -1,0 +1,243 @@
+"""The spectral record of a run: the ends of the spectrum of ``S`` at analysed frames, and the phases they show.
+
+At every ``diagnostics.spectrum_every``-th frame (and the last) of a particle run whose dissipation is at most
+``diagnostics.spectrum_near * I(0)`` (farther from any stationary point the phase is descent whatever the
+spectrum, so no product is spent there), :func:`pdeflow.analysis.spectrum.spectrum_ends` gives the converged Ritz values
+at both ends of the spectrum of the mass-weighted Hessian ``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` [N k, N k] with
+the model's continuous symmetries projected out (Lanczos with reorthogonalisation on the exact JVP):
+``lambda_min``, ``lambda_max`` with their residuals ``|S x - lambda x|`` and ``morse_index_lower``, the number of
+converged negative Ritz values (a lower bound on the Morse index of the stationary points the flow passes).
+
+Phases (:func:`phase_of`), from ``lambda_min``, its residual ``r`` and the dissipation ``I``:
+
+- ``descent``: ``I > diagnostics.spectrum_near * I(0)`` (the flow is still far from any stationary point), or no
+  Ritz value converged;
+- ``near a saddle of index >= n``: ``I <= spectrum_near * I(0)`` and ``n = morse_index_lower >= 1`` converged negative
+  eigenvalues (each ``lambda + r < 0``);
+- ``near a minimum``: ``I <= spectrum_near * I(0)`` and ``lambda_min - r > 0`` (every eigenvalue off the symmetry
+  directions is positive, as far as the lowest converged Ritz value shows);
+- ``near a degenerate point``: ``I <= spectrum_near * I(0)`` with ``|lambda_min| <= r`` (the sign is not resolved).
+
+Cost: ``products`` exact JVPs per analysed frame, each about :data:`pdeflow.solvers.accuracy.JVP_COST` gradient
+evaluations (docs/solvers.md); :func:`run_gradient_equivalents` counts the run's own from its ``/steps`` rows, so
+the record states its cost as a fraction of the run's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...core.problem import Problem
+from ...io.trajectory import Trajectory
+from ...solvers.accuracy import JVP_COST
+
+DESCENT = "descent"
+MINIMUM = "near a minimum"
+DEGENERATE = "near a degenerate point"
+SADDLE = "near a saddle of index >= {n}"
+
+# /analysis datasets of the record, one row per analysed frame [A]
+SPECTRAL_ARRAYS = ("spectrum_frame", "spectrum_time", "lambda_min", "lambda_min_residual", "lambda_max",
+                   "lambda_max_residual", "morse_index_lower", "spectrum_products")
+SPECTRAL_SCALARS = ("spectrum_every", "spectrum_near", "n_symmetry", "jvp_cost", "spectrum_grad_equivalents",
+                    "run_grad_equivalents")
+
+
+@dataclass
+class SpectralRecord:
+    """The ends of the spectrum of ``S`` at the analysed frames (module docstring). Arrays over analysed frames
+    [A]: ``spectrum_frame`` (frame index), ``spectrum_time``, ``lambda_min``, ``lambda_max`` (nan: none converged) and
+    their ``*_residual``, ``morse_index_lower``, ``spectrum_products`` (JVPs spent); ``dissipation`` [A] and ``i0``
+    (the dissipation at frame 0) for the phases. Scalars: the settings, ``n_symmetry`` (symmetry directions
+    projected out), ``jvp_cost`` (gradient evaluations per JVP), the record's and the run's gradient equivalents."""
+    spectrum_frame: np.ndarray
+    spectrum_time: np.ndarray
+    lambda_min: np.ndarray
+    lambda_min_residual: np.ndarray
+    lambda_max: np.ndarray
+    lambda_max_residual: np.ndarray
+    morse_index_lower: np.ndarray
+    spectrum_products: np.ndarray
+    dissipation: np.ndarray
+    i0: float
+    spectrum_every: int = 0
+    spectrum_near: float = math.nan
+    n_symmetry: int = 0
+    jvp_cost: float = JVP_COST
+    run_grad_equivalents: float = math.nan
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def spectrum_grad_equivalents(self) -> float:
+        """Gradient evaluations the record cost: its JVPs times :data:`jvp_cost`."""
+        return float(self.jvp_cost * np.sum(self.spectrum_products))
+
+    @property
+    def cost_fraction(self) -> float:
+        """The record's gradient equivalents over the run's (nan when the run's are not known)."""
+        run = self.run_grad_equivalents
+        return self.spectrum_grad_equivalents / run if math.isfinite(run) and run > 0 else math.nan
+
+    @property
+    def phases(self) -> list[str]:
+        """The phase of each analysed frame (:func:`phase_of`)."""
+        return [phase_of(lo, r, int(n), i, self.i0, self.spectrum_near) for lo, r, n, i in
+                zip(self.lambda_min, self.lambda_min_residual, self.morse_index_lower, self.dissipation)]
+
+
+def phase_of(lambda_min: float, residual: float, morse_index_lower: int, dissipation: float, i0: float,
+             near: float) -> str:
+    """The phase of one analysed frame (module docstring): ``descent``, ``near a saddle of index >= n``,
+    ``near a minimum`` or ``near a degenerate point``."""
+    if not (math.isfinite(lambda_min) and dissipation <= near * i0):
+        return DESCENT
+    if morse_index_lower >= 1:
+        return SADDLE.format(n=morse_index_lower)
+    if lambda_min - residual > 0:
+        return MINIMUM
+    return DEGENERATE
+
+
+def phase_spans(times: np.ndarray, phases: list[str]) -> list[tuple[float, float, str, int]]:
+    """Consecutive analysed frames of one phase as ``(first time, last time, phase, frames)``."""
+    spans: list[tuple[float, float, str, int]] = []
+    for t, p in zip(np.asarray(times, dtype=float), phases):
+        if spans and spans[-1][2] == p:
+            first, _, _, n = spans[-1]
+            spans[-1] = (first, float(t), p, n + 1)
+        else:
+            spans.append((float(t), float(t), p, 1))
+    return spans
+
+
+def spectrum_frame_indices(n_frames: int, every: int) -> np.ndarray:
+    """Frames ``0, every, 2 every, ...`` and the last one (none when ``every`` is 0)."""
+    if n_frames == 0 or every <= 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.append(np.arange(0, n_frames, every), n_frames - 1)).astype(np.int64)
+
+
+def run_gradient_equivalents(steps: dict[str, Any], jvp_cost: float = JVP_COST, stages: int | None = None) -> float:
+    """Gradient evaluations of a run from its ``/steps`` rows: ``sum gradient_evals + jvp_cost sum jvps`` when the
+    stepper counts them, else ``stages`` per attempted step (the rows after the first, plus ``rejected``); nan when
+    neither is known."""
+    if "gradient_evals" in steps:
+        evals = np.nansum(np.asarray(steps["gradient_evals"], dtype=float))
+        jvps = np.nansum(np.asarray(steps["jvps"], dtype=float)) if "jvps" in steps else 0.0
+        return float(evals + jvp_cost * jvps)
+    if stages is None or "time" not in steps:
+        return math.nan
+    rejected = np.nansum(np.asarray(steps["rejected"], dtype=float)) if "rejected" in steps else 0.0
+    return float(stages * (max(len(steps["time"]) - 1, 0) + rejected))
+
+
+def _stepper_stages(method: str) -> int | None:
+    """Gradient evaluations per step of an explicit Runge-Kutta ``method`` (None for the others)."""
+    from ...core.config import ConfigError
+    from ...solvers import stepper_class
+
+    try:
+        return getattr(stepper_class(method), "stages", None)
+    except ConfigError:
+        return None
+
+
+def spectral_record(traj: Trajectory, problem: Problem, every: int, near: float, **ends: Any) -> SpectralRecord:
+    """The record of a particle trajectory at :func:`spectrum_frame_indices` (module docstring): the spectrum ends
+    at those of its frames with ``I <= near I(0)``, nan (and no products) at the others, which are in descent;
+    ``ends`` go to :func:`pdeflow.analysis.spectrum.spectrum_ends` (``krylov_dim``, ``n_ends``, ``tol``)."""
+    from ..spectrum import spectrum_ends
+
+    frames = spectrum_frame_indices(len(traj.time), every)
+    A = frames.size
+    time = np.asarray(traj.time, dtype=float)
+    dissipation = np.asarray(traj.frames["dissipation"], dtype=float)
+    rec = SpectralRecord(spectrum_frame=frames, spectrum_time=time[frames], lambda_min=np.full(A, np.nan),
+                         lambda_min_residual=np.full(A, np.nan), lambda_max=np.full(A, np.nan),
+                         lambda_max_residual=np.full(A, np.nan), morse_index_lower=np.zeros(A, dtype=np.int64),
+                         spectrum_products=np.zeros(A, dtype=np.int64), dissipation=dissipation[frames],
+                         i0=float(dissipation[0]) if dissipation.size else math.nan, spectrum_every=every,
+                         spectrum_near=near,
+                         run_grad_equivalents=run_gradient_equivalents(
+                             traj.steps, stages=_stepper_stages(str(traj.attrs.get("method", "")))))
+    for a, f in enumerate(frames):
+        if not dissipation[f] <= near * rec.i0:
+            continue  # descent whatever the spectrum (phase_of): no products where they would tell nothing
+        omega = np.asarray(traj.frames["omega"][f], dtype=float)
+        mass = np.asarray(traj.frames["mass"][f], dtype=float)
+        s = spectrum_ends(problem, omega, mass, **ends)
+        if len(s.lowest):
+            rec.lambda_min[a], rec.lambda_min_residual[a] = s.lowest[0], s.lowest_residual[0]
+        if len(s.highest):
+            rec.lambda_max[a], rec.lambda_max_residual[a] = s.highest[-1], s.highest_residual[-1]
+        rec.morse_index_lower[a], rec.spectrum_products[a] = s.morse_index_lower, s.products
+        rec.n_symmetry = s.n_symmetry
+    return rec
+
+
+def write_spectral_record(group, rec: SpectralRecord | None) -> None:
+    """The record's datasets and attributes into the /analysis group (nothing when there is none); the phases
+    as ``spectrum_phase`` [A] (str)."""
+    if rec is None:
+        return
+    import h5py
+
+    for key in SPECTRAL_ARRAYS:
+        group.create_dataset(key, data=np.asarray(getattr(rec, key)))
+    group.create_dataset("spectrum_phase", data=np.array(rec.phases, dtype=h5py.string_dtype("utf-8")))
+    group.attrs["spectrum_i0"] = rec.i0
+    for key in SPECTRAL_SCALARS:
+        group.attrs[key] = getattr(rec, key)
+    group.attrs["spectrum_cost_fraction"] = rec.cost_fraction
+
+
+def read_spectral_record(d: dict[str, Any]) -> SpectralRecord | None:
+    """The record in a stored /analysis (its datasets and attributes as a dict), or None."""
+    if "lambda_min" not in d:
+        return None
+    kwargs: dict[str, Any] = {key: np.asarray(d[key]) for key in SPECTRAL_ARRAYS}
+    kwargs.update({key: d[key] for key in SPECTRAL_SCALARS if key in d and key != "spectrum_grad_equivalents"})
+    time = np.asarray(d["time"], dtype=float)
+    frames = kwargs["spectrum_frame"].astype(np.int64)
+    dissipation = np.asarray(d["dissipation"], dtype=float)
+    kwargs["dissipation"] = dissipation[frames] if dissipation.size == time.size else np.full(frames.size, np.nan)
+    kwargs["i0"] = float(d.get("spectrum_i0", dissipation[0] if dissipation.size else math.nan))
+    kwargs["spectrum_every"] = int(kwargs.get("spectrum_every", 0))
+    kwargs["n_symmetry"] = int(kwargs.get("n_symmetry", 0))
+    return SpectralRecord(**kwargs)
+
+
+def format_spectral_record(rec: SpectralRecord | None) -> list[str]:
+    """The record as report lines: the cost, the phases as spans, and a table over analysed frames."""
+    if rec is None or rec.spectrum_frame.size == 0:
+        return []
+    fraction = rec.cost_fraction
+    computed = int(np.sum(rec.spectrum_products > 0))
+    lines = [f"spectrum of S every {rec.spectrum_every} frame(s): {rec.spectrum_frame.size} analysed, {computed} "
+             f"near a stationary point (I <= {rec.spectrum_near:g} I(0)) computed ({rec.n_symmetry} symmetry "
+             f"directions projected out at the last): {int(np.sum(rec.spectrum_products))} JVPs ~ "
+             f"{rec.spectrum_grad_equivalents:.0f} gradient equivalents (JVP ~ {rec.jvp_cost:g} grad Phi)"
+             + (f", {100 * fraction:.1f} % of the run's {rec.run_grad_equivalents:.0f}" if math.isfinite(fraction)
+                else "")]
+    for first, last, phase, n in phase_spans(rec.spectrum_time, rec.phases):
+        when = f"t = {first:.4g}" if n == 1 else f"t = {first:.4g} .. {last:.4g}"
+        lines.append(f"phase         {when}: {phase} ({n} analysed frame{'s' if n > 1 else ''})")
+    lines.append("")
+    lines.append(f"{'t':>10} {'I / I(0)':>10} {'lambda_min':>12} {'residual':>9} {'index >=':>8} {'lambda_max':>11} "
+                 f"{'residual':>9}  phase")
+    for a, phase in enumerate(rec.phases):
+        lines.append(f"{rec.spectrum_time[a]:>10.4g} {rec.dissipation[a] / rec.i0:>10.3e} "
+                     f"{rec.lambda_min[a]:>+12.4e} {rec.lambda_min_residual[a]:>9.1e} {rec.morse_index_lower[a]:>8d} "
+                     f"{rec.lambda_max[a]:>11.4g} {rec.lambda_max_residual[a]:>9.1e}  {phase}")
+    return lines
+
+
+def analysed_spectrum(traj: Trajectory, problem: Problem, settings) -> SpectralRecord | None:
+    """The record ``diagnose`` stores (``settings``: the ``[diagnostics]`` section): particle runs without noise
+    only, none when ``spectrum_every`` is 0 (a grid's cells are no particle system whose Hessian this is)."""
+    if settings.spectrum_every <= 0 or "omega" not in traj.frames or not math.isinf(problem.beta):
+        return None
+    return spectral_record(traj, problem, settings.spectrum_every, settings.spectrum_near)

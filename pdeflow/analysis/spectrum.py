@@ -1,0 +1,241 @@
+"""The spectrum of the flow's linearisation at a particle measure, its continuous symmetries projected out.
+
+For ``rho = sum_i m_i delta_{omega_i}`` (``omega`` [N, k], ``mass`` [N]) the flow's velocity is ``-grad Phi`` and its
+Jacobian is ``-M^-1 Hess E`` (``M = diag(m_i)`` on each head's k coordinates, :meth:`pdeflow.Problem.system_jvp`).
+In the mass-weighted coordinates ``v = M^(1/2) u`` the linearisation is the symmetric operator
+
+    ``S = M^(1/2) (M^-1 Hess E) M^(-1/2) = M^(-1/2) Hess E M^(-1/2)``  on flat [N k] vectors,
+
+whose eigenvalues are the rates of the linearised flow (``dv/dt = -S v``): a negative one is an unstable
+direction, and at a stationary measure their count is the Morse index of E.
+
+E is invariant under a change of basis of each head's (WQ, WK) and (WV, WO) pairs that leaves the head's output
+unchanged (orthogonal changes when the weight decay is positive, as it also leaves ``|omega_i|`` unchanged; any
+invertible one when it is zero): per head the tangents of that orbit
+(:func:`pdeflow.analysis.stability.symmetry_tangents`, ``dh (dh - 1)`` or ``2 dh^2`` of them, fewer at degenerate heads,
+none in reduced coordinates) are directions along which E does not change, exact null vectors of S at a stationary
+measure. :func:`symmetry_basis` collects them head by head (:class:`Symmetry`); :func:`hessian_operator` is
+``Pi S Pi``, ``Pi = I - Q Q^T``, and :func:`spectrum_ends` the two ends of its spectrum by one reorthogonalised
+Lanczos run (:func:`pdeflow.solvers.jacobian.krylov_ritz`), reporting only converged Ritz values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse.linalg
+
+from ..core.problem import Problem
+from ..solvers.jacobian import krylov_ritz, mass_weighted
+from .stability import symmetry_tangents
+
+KRYLOV_DIM = 300        # Lanczos steps of spectrum_ends: the products of one spectral record
+N_ENDS = 10             # Ritz values reported at each end (the converged ones among them)
+RITZ_TOL = 1e-6         # converged: residual <= RITZ_TOL * max(|lambda_max|, |lambda_min|)
+START_SEED = 20260      # the fixed random part of the Lanczos start vector
+
+
+@dataclass(frozen=True)
+class Symmetry:
+    """The symmetry tangents of a particle measure, head by head: ``blocks`` [N, k, r_max] (head i's orthonormal
+    tangents in its first ``counts[i]`` columns, zeros after) and ``counts`` [N]. In the mass-weighted coordinates
+    the tangent of head i is ``e_i (x) t``: the blocks are orthonormal in both u and v coordinates."""
+    blocks: np.ndarray
+    counts: np.ndarray
+
+    @property
+    def size(self) -> int:
+        """r, the number of symmetry directions."""
+        return int(np.sum(self.counts))
+
+    def project(self, v: np.ndarray) -> np.ndarray:
+        """``Pi v = v - Q Q^T v`` for a flat [N k] vector (head by head: no [N k, r] matrix)."""
+        if self.size == 0:
+            return v
+        V = v.reshape(self.blocks.shape[0], -1)
+        coeffs = np.einsum("nkr,nk->nr", self.blocks, V)
+        return (V - np.einsum("nkr,nr->nk", self.blocks, coeffs)).ravel()
+
+    def dense(self) -> np.ndarray:
+        """Q [N k, r]: the tangents as columns, head 0's first."""
+        N, k, _ = self.blocks.shape
+        cols = []
+        for i in range(N):
+            for j in range(int(self.counts[i])):
+                col = np.zeros((N, k))
+                col[i] = self.blocks[i, :, j]
+                cols.append(col.ravel())
+        return np.stack(cols, axis=1) if cols else np.zeros((N * k, 0))
+
+
+def head_symmetries(problem: Problem, omega: np.ndarray) -> Symmetry:
+    """The orbit tangents of every head (:func:`pdeflow.analysis.stability.symmetry_tangents` at ``omega_i``), as
+    blocks."""
+    omega = np.asarray(omega, dtype=float)
+    tangents = [symmetry_tangents(problem, w) for w in omega]
+    counts = np.array([t.shape[1] for t in tangents], dtype=np.int64)
+    blocks = np.zeros((omega.shape[0], problem.k, int(counts.max()) if counts.size else 0))
+    for i, t in enumerate(tangents):
+        blocks[i, :, :t.shape[1]] = t
+    return Symmetry(blocks=blocks, counts=counts)
+
+
+def symmetry_basis(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """Q [N k, r]: an orthonormal basis, in the mass-weighted coordinates ``v = M^(1/2) u``, of the tangent space
+    at the measure of its continuous-symmetry orbit (module docstring): head i's tangents in head i's block.
+    ``r = sum_i r_i`` (``dh (dh - 1)`` per head with weight decay, ``2 dh^2`` without, minus degeneracies; 0 in
+    reduced coordinates). ``mass`` [N] does not enter: a direction within one head's block is the same direction
+    in both coordinates."""
+    del mass
+    return head_symmetries(problem, omega).dense()
+
+
+@dataclass(frozen=True)
+class DenseSymmetry:
+    """Directions given as an orthonormal basis ``Q`` [n, r] (what :func:`symmetry_basis` returns), with the
+    interface of :class:`Symmetry`."""
+    basis: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.basis.shape[1])
+
+    def project(self, v: np.ndarray) -> np.ndarray:
+        return v - self.basis @ (self.basis.T @ v) if self.size else v
+
+    def dense(self) -> np.ndarray:
+        return self.basis
+
+
+def _as_symmetry(problem: Problem, omega: np.ndarray,
+                 symmetry: Symmetry | DenseSymmetry | np.ndarray | None) -> Symmetry | DenseSymmetry:
+    if symmetry is None:
+        return head_symmetries(problem, omega)
+    if isinstance(symmetry, Symmetry | DenseSymmetry):
+        return symmetry
+    return DenseSymmetry(np.asarray(symmetry, dtype=float).reshape(np.size(omega), -1))
+
+
+class HessianOperator(scipy.sparse.linalg.LinearOperator):
+    """``Pi S Pi`` on flat [N k] vectors (:func:`hessian_operator`); ``products`` counts the JVPs spent and
+    ``symmetry`` holds the projected directions."""
+
+    def __init__(self, problem: Problem, omega: np.ndarray, mass: np.ndarray,
+                 symmetry: Symmetry | DenseSymmetry) -> None:
+        omega = np.asarray(omega, dtype=float)
+        mass = np.asarray(mass, dtype=float)
+        n = omega.size
+        super().__init__(dtype=np.float64, shape=(n, n))
+        self.symmetry = symmetry
+        self.products = 0
+
+        def count() -> None:
+            self.products += 1
+
+        self._apply = mass_weighted(lambda u: problem.system_jvp(omega, mass, u), mass, count)
+
+    def _matvec(self, v: np.ndarray) -> np.ndarray:
+        v = np.asarray(v, dtype=float).ravel()
+        return self.symmetry.project(self._apply(self.symmetry.project(v)))
+
+    def _rmatvec(self, v: np.ndarray) -> np.ndarray:
+        return self._matvec(v)  # symmetric
+
+
+def hessian_operator(problem: Problem, omega: np.ndarray, mass: np.ndarray,
+                     symmetry: Symmetry | DenseSymmetry | np.ndarray | None = None) -> HessianOperator:
+    """``Pi S Pi`` (module docstring) as a scipy LinearOperator on flat [N k] vectors: ``S v`` is one exact
+    :meth:`pdeflow.Problem.system_jvp` (``M^-1 Hess E u`` at ``u = M^(-1/2) v``, scaled by ``M^(1/2)``), counted in
+    ``.products``. ``symmetry``: the directions to project out, a :class:`Symmetry`, a basis [N k, r] (as
+    :func:`symmetry_basis` returns; [N k, 0] projects nothing) or None (the measure's own symmetries)."""
+    omega = np.asarray(omega, dtype=float)
+    return HessianOperator(problem, omega, mass, _as_symmetry(problem, omega, symmetry))
+
+
+@dataclass
+class SpectrumEnds:
+    """The converged ends of the spectrum of ``Pi S Pi`` (:func:`spectrum_ends`).
+
+    ``lowest`` / ``highest``: converged Ritz values at the low / high end, ascending, with their residuals
+    ``|C x - theta x|`` (an eigenvalue lies within the residual of each); ``morse_index_lower``: the number of
+    converged Ritz values below minus their residual, a lower bound on the number of negative eigenvalues (the
+    Morse index at a stationary measure); ``n_symmetry`` symmetry directions removed; ``products`` JVPs spent;
+    ``lowest_vectors`` [N k, len(lowest)] their unit Ritz vectors in v-coordinates; ``lowest_ritz`` and
+    ``lowest_ritz_residual``: the lowest Ritz value, converged or not, an upper bound on the lowest eigenvalue
+    (Cauchy interlacing), and its residual."""
+    lowest: np.ndarray
+    lowest_residual: np.ndarray
+    highest: np.ndarray
+    highest_residual: np.ndarray
+    morse_index_lower: int
+    n_symmetry: int
+    products: int
+    lowest_vectors: np.ndarray
+    lowest_ritz: float = float("nan")
+    lowest_ritz_residual: float = float("nan")
+
+    @property
+    def positive_definite(self) -> bool:
+        """Whether the lowest Ritz value converged and exceeds its residual: an eigenvalue lies within the residual
+        of it, and none below it was seen (a Krylov space from a generic start misses none but by rounding)."""
+        return bool(self.lowest.size and self.lowest[0] == self.lowest_ritz
+                    and self.lowest_ritz - self.lowest_ritz_residual > 0)
+
+    @property
+    def lambda_min(self) -> float:
+        """The lowest converged eigenvalue (NaN when none converged)."""
+        return float(self.lowest[0]) if self.lowest.size else float("nan")
+
+    @property
+    def lambda_max(self) -> float:
+        """The highest converged eigenvalue (NaN when none converged)."""
+        return float(self.highest[-1]) if self.highest.size else float("nan")
+
+
+def start_vector(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """The Lanczos start [N k], a function of the state: the unit mass-weighted gradient ``M^(1/2) grad Phi``
+    (the flow's own direction; the flow's velocity is ``-M^(-1/2) v``) plus a fixed-seed unit random vector, so
+    that no eigenvector is missed at a stationary measure."""
+    omega = np.asarray(omega, dtype=float)
+    rng = np.random.default_rng(START_SEED)
+    x = rng.standard_normal(omega.size)
+    x /= np.linalg.norm(x)
+    g = (np.sqrt(np.asarray(mass, dtype=float))[:, None] * problem.grad_phi(omega, omega, mass)).ravel()
+    norm = float(np.linalg.norm(g))
+    if not (norm > 0 and np.isfinite(norm)):
+        return x
+    start = x + g / norm
+    # two unit vectors cancel only when opposite (half the time when N k = 1): then the random part alone
+    return start if np.linalg.norm(start) > 1e-8 else x
+
+
+def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, krylov_dim: int = KRYLOV_DIM,
+                  n_ends: int = N_ENDS, tol: float = RITZ_TOL,
+                  symmetry: Symmetry | DenseSymmetry | np.ndarray | None = None) -> SpectrumEnds:
+    """Both ends of the spectrum of ``Pi S Pi`` at the measure (``omega`` [N, k], ``mass`` [N]) from one Lanczos
+    run of ``krylov_dim`` steps with full reorthogonalisation (:func:`pdeflow.solvers.jacobian.krylov_ritz`) from
+    :func:`start_vector`: ``krylov_dim`` products (capped at ``N k - r``) and one gradient. A Ritz value counts
+    as converged when its residual is at most ``tol * max(|theta_max|, |theta_min|)``; only converged values
+    among the ``n_ends`` lowest and the ``n_ends`` highest are reported (:class:`SpectrumEnds`)."""
+    omega = np.asarray(omega, dtype=float)
+    op = hessian_operator(problem, omega, mass, symmetry)
+    sym = op.symmetry
+    dims = min(int(krylov_dim), omega.size - sym.size)
+    pairs = krylov_ritz(op.matvec, start_vector(problem, omega, mass), dims, sym.project)
+    values, residuals = pairs.values, pairs.residuals
+    scale = max(abs(float(values[-1])), abs(float(values[0])), np.finfo(float).tiny)
+    converged = residuals <= tol * scale
+    m = values.size
+    low = np.arange(min(n_ends, m))
+    low = low[converged[low]]
+    high = np.arange(max(m - n_ends, 0), m)
+    high = high[converged[high]]
+    index = int(np.sum(converged & (values + residuals < 0)))
+    return SpectrumEnds(lowest=values[low], lowest_residual=residuals[low], highest=values[high],
+                        highest_residual=residuals[high], morse_index_lower=index, n_symmetry=sym.size,
+                        products=op.products, lowest_vectors=pairs.vectors[:, low], lowest_ritz=float(values[0]),
+                        lowest_ritz_residual=float(residuals[0]))
+
+
+__all__ = ["KRYLOV_DIM", "N_ENDS", "RITZ_TOL", "DenseSymmetry", "HessianOperator", "SpectrumEnds", "Symmetry",
+           "head_symmetries", "hessian_operator", "spectrum_ends", "start_vector", "symmetry_basis"]

@@ -1,0 +1,491 @@
+"""Stationary points of the particle flow: the one next to a state (Newton-Krylov) and a local minimum
+(a descent search that leaves saddles along their negative curvature), certified by the spectrum of the
+mass-weighted Hessian.
+
+The particles ``omega`` [N, k] with fixed masses ``mass`` [N] are written in the mass-weighted coordinates
+``v = M^(1/2) omega`` (flat [N k]). There the energy's gradient is ``g = M^(1/2) grad Phi`` (``grad Phi`` at the
+particles), its squared norm is the dissipation ``I = sum_i m_i |grad Phi(omega_i)|^2``, and its Hessian is
+``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` (:mod:`pdeflow.analysis.spectrum`), applied by the exact JVP. Each head's
+symmetry directions (orbit tangents) are projected out of every Newton system: E is flat along them, so they carry
+no information and make S singular.
+
+- :func:`nearest`: Newton's method on ``g(v) = 0``: each step solves ``Pi S Pi p = -Pi g`` for the
+  minimal-residual iterate (:func:`newton_step`; S is symmetric and indefinite at a saddle) to a relative residual
+  ``eta = min(ETA_MAX, |g| / |g_0|)`` (quadratic convergence once full steps are taken), and is globalised by a
+  backtracking line search on I (the step is a descent direction of I when the solve is accurate:
+  ``d/da I(v + a p) = 2 g^T S p ~ -2 I``). It converges to the stationary point, saddle or minimum, whose basin of
+  Newton's method holds the start.
+- :func:`minimum`: a descent search on E, by default L-BFGS (``scipy.optimize.minimize(method="L-BFGS-B")``,
+  :data:`LBFGS_MEMORY` pairs; measured on longtime.toml it lowers E several times faster per gradient
+  equivalent than the flow or the trust-region search, docs/solvers.md), or ``method="trust-region"``:
+  ``trust-krylov`` with ``hessp = Pi S Pi`` (the Lanczos-based GLTR subproblem solver follows directions of
+  negative curvature to the trust region's boundary). When the search stops at a point whose spectrum still has
+  a converged negative eigenvalue, it is restarted from that point moved along the eigenvector (both signs tried,
+  the lower energy kept): the negative curvature the spectrum finds is what leaves a saddle, whichever search.
+
+Both stop when ``I <= ratio * I(0)`` (``I(0)``: the dissipation of the run's first frame) and report the two ends
+of the spectrum there (:func:`pdeflow.analysis.spectrum.spectrum_ends`): the number of converged negative eigenvalues is
+a lower bound on the Morse index; a minimum is certified when the lowest converged eigenvalue exceeds its residual
+(positive).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse.linalg
+
+from ..core.config import Config
+from ..core.problem import Problem
+from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends
+
+DISSIPATION_RATIO = 1e-12   # converged: I <= DISSIPATION_RATIO * I(0)
+JVP_GRADIENTS = 2.5          # one exact JVP in grad Phi evaluations (benchmarks/HVP_COST.md, quickstart row)
+ETA_MAX = 1e-2               # the loosest relative residual of a Newton step's solve
+MINRES_MAXITER = 500         # products per Newton step at most (the minimal-residual solve)
+MAX_NEWTON = 100             # Newton steps of nearest at most
+LINE_SEARCH = 30             # halvings of a Newton step at most
+ARMIJO = 1e-4                # sufficient decrease of I along a Newton step
+KINDS = ("nearest", "minimum")
+METHODS = ("lbfgs", "trust-region")   # the descent searches of minimum
+LBFGS_MEMORY = 30            # L-BFGS correction pairs (scipy's default is 10)
+KRYLOV_GROWTH = 3            # classify: the Lanczos steps of the second run, in units of the first
+MAX_ITER = {"lbfgs": 100_000, "trust-region": 2000}   # iterations of one search at most (by default)
+
+Progress = Callable[[str], None]
+
+
+class Counter:
+    """The energy and its mass-weighted gradient at ``v`` [N k] and the Hessian operators there, with the
+    evaluations and products counted (a repeated evaluation at the same ``v`` is served from memory, uncounted)."""
+
+    def __init__(self, problem: Problem, mass: np.ndarray, shape: tuple[int, int]) -> None:
+        self.problem, self.mass, self.shape = problem, np.asarray(mass, dtype=float), shape
+        self.root = np.sqrt(self.mass)[:, None]
+        self.gradients = 0
+        self._retired_products = 0
+        self._op: HessianOperator | None = None
+        self._last: tuple[np.ndarray, float, np.ndarray] | None = None
+        self.start = time.perf_counter()
+
+    def omega(self, v: np.ndarray) -> np.ndarray:
+        """``omega = M^(-1/2) v``: [N k] -> [N, k]."""
+        return np.asarray(v, dtype=float).reshape(self.shape) / self.root
+
+    def coordinates(self, omega: np.ndarray) -> np.ndarray:
+        """``v = M^(1/2) omega``: [N, k] -> [N k]."""
+        return (self.root * np.asarray(omega, dtype=float)).ravel()
+
+    def energy_and_gradient(self, v: np.ndarray) -> tuple[float, np.ndarray]:
+        """``E`` and ``g = M^(1/2) grad Phi`` [N k] (one grad Phi evaluation)."""
+        if self._last is not None and np.array_equal(self._last[0], v):
+            return self._last[1], self._last[2].copy()
+        self.gradients += 1
+        ev = self.problem.evaluate(self.omega(v), self.mass)
+        g = (self.root * ev.grad_phi).ravel()
+        self._last = (np.array(v, dtype=float), ev.energy, g.copy())
+        return ev.energy, g
+
+    def hessian(self, v: np.ndarray) -> HessianOperator:
+        """``Pi S Pi`` at ``v`` (:func:`pdeflow.analysis.spectrum.hessian_operator`; its products are counted here)."""
+        self._retired_products = self.products
+        self._op = hessian_operator(self.problem, self.omega(v), self.mass)
+        return self._op
+
+    @property
+    def products(self) -> int:
+        """The JVP products of every operator :meth:`hessian` made."""
+        return self._retired_products + (self._op.products if self._op is not None else 0)
+
+    @property
+    def wall(self) -> float:
+        return time.perf_counter() - self.start
+
+
+@dataclass
+class StationaryPoint:
+    """What a search found: the point ``omega`` [N, k] (masses ``mass`` [N]), its energy and dissipation, the
+    dissipation ``initial_dissipation`` I(0) the target is relative to (``target = ratio * I(0)``), whether it
+    ``converged`` (I <= target) and, for a minimum, is ``certified``; the spectrum ends there; the cost
+    (``gradients`` in all, JVP ``products`` of the search and ``certify_products`` of the spectrum, ``wall``
+    seconds in all of which ``certify_wall`` for the spectrum); the history per iteration
+    (``energy``, ``dissipation``, cumulative ``products`` and ``gradients``) and a ``message``."""
+    kind: str
+    omega: np.ndarray
+    mass: np.ndarray
+    energy: float
+    dissipation: float
+    start_energy: float
+    start_dissipation: float
+    initial_dissipation: float
+    target: float
+    converged: bool
+    spectrum: SpectrumEnds
+    gradients: int
+    products: int
+    wall: float
+    certify_products: int
+    certify_wall: float
+    iterations: int
+    message: str
+    history: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def morse_index_lower(self) -> int:
+        return self.spectrum.morse_index_lower
+
+    @property
+    def certified(self) -> bool:
+        """A local minimum: converged, and the lowest Ritz value (symmetries removed) converged and positive by
+        more than its residual (:attr:`pdeflow.analysis.spectrum.SpectrumEnds.positive_definite`)."""
+        return bool(self.converged and self.spectrum.positive_definite)
+
+    @property
+    def gradient_equivalents(self) -> float:
+        """The whole cost (search and certification) in grad Phi evaluations (:data:`JVP_GRADIENTS` per product)."""
+        return self.gradients + JVP_GRADIENTS * (self.products + self.certify_products)
+
+    @property
+    def verdict(self) -> str:
+        """``local minimum``, ``saddle of index >= n``, or why neither is established."""
+        if not self.converged:
+            return "not converged"
+        if self.certified:
+            return "local minimum"
+        if self.morse_index_lower > 0:
+            return f"saddle of index >= {self.morse_index_lower}"
+        if self.spectrum.lowest_ritz < 0:
+            return "saddle (a negative Ritz value, below the lowest eigenvalue's upper bound; not converged)"
+        return "stationary, index not established (lowest eigenvalue not converged or not resolved from 0)"
+
+
+class _History:
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self.rows: list[tuple[float, float, int, int, float]] = []
+
+    def add(self, energy: float, dissipation: float) -> None:
+        c = self.counter
+        self.rows.append((energy, dissipation, c.products, c.gradients, c.wall))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        a = np.array(self.rows, dtype=float).reshape(-1, 5)
+        return {"energy": a[:, 0], "dissipation": a[:, 1], "products": a[:, 2].astype(np.int64),
+                "gradients": a[:, 3].astype(np.int64), "wall": a[:, 4]}
+
+
+def newton_step(op: scipy.sparse.linalg.LinearOperator, g: np.ndarray, eta: float,
+                maxiter: int = MINRES_MAXITER) -> np.ndarray:
+    """``p`` [n] with ``|op p + g| <= eta |g|`` (or the smallest residual within ``maxiter`` products), the
+    minimal-residual iterate of the Krylov space of ``op`` and ``g``: MINRES's iterate, computed by scipy's GMRES
+    without restarts. For a symmetric ``op`` the two agree in exact arithmetic, but scipy's MINRES also stops when
+    ``|r| <= rtol (|A| |p| + |g|)`` or on its least-squares test, which near a nearly singular ``op`` (large
+    ``|p|``) end the solve far above the residual asked for (measured: 7 products, relative residual 0.41 where
+    0.01 was asked); GMRES tests the residual itself and reorthogonalises fully. Memory: ``maxiter`` vectors."""
+    p, _ = scipy.sparse.linalg.gmres(op, -g, rtol=eta, atol=0.0, restart=maxiter, maxiter=1)
+    return p
+
+
+def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
+            ratio: float = DISSIPATION_RATIO, max_newton: int = MAX_NEWTON, krylov_dim: int = KRYLOV_DIM,
+            max_wall: float = math.inf, progress: Progress | None = None) -> StationaryPoint:
+    """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
+    until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, or ``max_wall`` seconds: then the point
+    reached is reported, not converged), then the spectrum there (``krylov_dim`` Lanczos steps)."""
+    say = progress or (lambda msg: None)
+    c = Counter(problem, mass, np.shape(omega))
+    target = ratio * initial_dissipation
+    v = c.coordinates(omega)
+    E, g = c.energy_and_gradient(v)
+    I0 = I = float(g @ g)
+    g0 = math.sqrt(I)
+    hist = _History(c)
+    hist.add(E, I)
+    it = 0
+    while True:
+        if I <= target:
+            message = f"I = {I:.3g} <= {target:.3g} after {it} Newton steps"
+            break
+        if it == max_newton:
+            message = f"{max_newton} Newton steps without reaching I <= {target:.3g}"
+            break
+        if c.wall > max_wall:
+            message = f"stopped after {max_wall:g} s ({it} Newton steps) without reaching I <= {target:.3g}"
+            break
+        it += 1
+        eta = min(ETA_MAX, math.sqrt(I) / g0)
+        op = c.hessian(v)
+        # g is orthogonal to the symmetry directions (E is constant along them) up to rounding; left in, that
+        # rounding is an inconsistent part of a singular system that a minimal-residual solve amplifies
+        p = newton_step(op, op.symmetry.project(g), eta)
+        alpha, accepted = 1.0, False
+        for _ in range(LINE_SEARCH):
+            E_new, g_new = c.energy_and_gradient(v + alpha * p)
+            I_new = float(g_new @ g_new)
+            if np.isfinite(I_new) and I_new <= (1.0 - 2.0 * ARMIJO * alpha * (1.0 - eta)) * I:
+                accepted = True
+                break
+            alpha *= 0.5
+        if not accepted:
+            message = f"the line search on I failed at I = {I:.3g} (Newton step {it})"
+            break
+        v, E, g, I = v + alpha * p, E_new, g_new, I_new
+        hist.add(E, I)
+        say(f"Newton {it}: E = {E:.12g}, I = {I:.3e}, step {alpha:g} x |p| = {np.linalg.norm(p):.3g}, "
+            f"{c.products} products")
+    return _finish(problem, "nearest", c, v, E, I, I0, initial_dissipation, target, it, message, hist,
+                   krylov_dim, say)
+
+
+def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
+            ratio: float = DISSIPATION_RATIO, method: str = "lbfgs", max_iter: int = 0, max_restarts: int = 5,
+            krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, max_wall: float = math.inf,
+            progress: Progress | None = None, on_iterate: Callable[[np.ndarray], None] | None = None
+            ) -> StationaryPoint:
+    """A local minimum of E from ``omega`` [N, k] (module docstring): a descent search (``method``: ``"lbfgs"``,
+    scipy's L-BFGS-B with :data:`LBFGS_MEMORY` pairs, or ``"trust-region"``, trust-region Newton-Krylov with
+    ``hessp`` the projected S) until ``I <= ratio * initial_dissipation``, then the spectrum; while a converged
+    negative eigenvalue remains (at most ``max_restarts`` times) the search restarts from the point moved along
+    its eigenvector by ``escape`` (0: by ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers
+    E. ``max_iter`` bounds the iterations of each search (0: :data:`MAX_ITER` of the method). After ``max_wall``
+    seconds the search stops at its latest iterate (reported, not converged). ``on_iterate(omega)`` is called with
+    every iterate [N, k] (to keep the latest, say)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    say = progress or (lambda msg: None)
+    c = Counter(problem, mass, np.shape(omega))
+    target = ratio * initial_dissipation
+    v = c.coordinates(omega)
+    E, g = c.energy_and_gradient(v)
+    I0 = float(g @ g)
+    hist = _History(c)
+    hist.add(E, I0)
+    cache: dict[str, object] = {}
+
+    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+        e, grad = c.energy_and_gradient(x)
+        if not np.isfinite(e):
+            return math.inf, np.zeros_like(grad)
+        return e, grad
+
+    def hessp(x: np.ndarray, p: np.ndarray) -> np.ndarray:
+        if cache.get("x") is None or not np.array_equal(cache["x"], x):
+            cache["x"], cache["op"] = x.copy(), c.hessian(x)
+        return cache["op"].matvec(p)
+
+    def record(x: np.ndarray) -> None:
+        e, grad = c.energy_and_gradient(x)  # evaluated by the minimiser already: from memory
+        dissipation = float(grad @ grad)
+        hist.add(e, dissipation)
+        if on_iterate is not None:
+            on_iterate(c.omega(x))
+        if dissipation <= target or c.wall > max_wall:
+            raise StopIteration  # scipy ends the minimisation at this iterate
+        if len(hist.rows) % (100 if method == "lbfgs" else 1) == 0:
+            say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {dissipation:.3e}, {c.products} products, "
+                f"{c.gradients} gradients, {c.wall:.1f} s")
+
+    if method == "lbfgs":
+        # gtol, ftol 0: only the dissipation target (the callback), max_iter or the wall stop the search
+        kwargs = {"method": "L-BFGS-B", "options": {"maxcor": LBFGS_MEMORY, "gtol": 0.0, "ftol": 0.0,
+                                                    "maxiter": max_iter or MAX_ITER[method],
+                                                    "maxfun": 2 * (max_iter or MAX_ITER[method])}}
+    else:
+        kwargs = {"method": "trust-krylov", "hessp": hessp,
+                  "options": {"gtol": math.sqrt(target), "maxiter": max_iter or MAX_ITER[method]}}
+    iterations, message = 0, ""
+    spectrum = None
+    certify_products, certify_wall = 0, 0.0
+    for attempt in range(max_restarts + 1):
+        start = len(hist.rows)
+        if I0 > target or attempt > 0:
+            res = scipy.optimize.minimize(fun, v, jac=True, callback=record, **kwargs)
+            v = res.x
+            message = f"{method}: {res.message}"
+        iterations += len(hist.rows) - start
+        E, g = fun(v)
+        I = float(g @ g)
+        say(f"{method}: E = {E:.12g}, I = {I:.3e} after {iterations} iterations, {c.gradients} gradients, "
+            f"{c.products} products")
+        if c.wall > max_wall:
+            message = f"stopped after {max_wall:g} s ({iterations} iterations) at I = {I:.3g} > {target:.3g}"
+        if I > target:
+            break
+        message = f"{method}: I = {I:.3g} <= {target:.3g}"
+        spectrum, products, wall = classify(problem, c, v, krylov_dim, say)
+        certify_products += products
+        certify_wall += wall
+        if spectrum.morse_index_lower == 0 or attempt == max_restarts:
+            break
+        lam = float(spectrum.lowest[0])
+        x = spectrum.lowest_vectors[:, 0]
+        size = escape or math.sqrt(2.0 * abs(lam) / max(spectrum.lambda_max, 1e-300)) * max(1.0, float(
+            np.linalg.norm(v))) / 10.0
+        trials = [(fun(v + s * size * x)[0], s) for s in (1.0, -1.0)]
+        best = min(trials)
+        say(f"escaping along the eigenvector of {lam:.4g}: step {size:.3g}, E {E:.12g} -> {best[0]:.12g}")
+        v = v + best[1] * size * x
+        spectrum = None
+    return _finish(problem, "minimum", c, v, E, I, I0, initial_dissipation, target, iterations, message, hist,
+                   krylov_dim, say, spectrum=spectrum, certify=(certify_products, certify_wall))
+
+
+def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int,
+             say: Progress) -> tuple[SpectrumEnds, int, float]:
+    """The spectrum ends at ``v`` (:func:`pdeflow.analysis.spectrum.spectrum_ends`, ``krylov_dim`` Lanczos steps), run
+    again with :data:`KRYLOV_GROWTH` times the steps (once) when no Ritz value at the lowest end has converged: near a
+    minimum the lowest eigenvalues sit at 1e-6 of lambda_max and converge last (measured on longtime.toml: none of
+    them in 300 steps, 7.4e-5 with residual 1e-14 in 900). Returns the spectrum, the products and the wall seconds
+    of both runs."""
+    t0 = time.perf_counter()
+    spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim)
+    products = spectrum.products
+    c.gradients += 1  # the spectrum's start vector
+    if spectrum.lowest.size == 0 and KRYLOV_GROWTH * krylov_dim <= v.size:
+        say(f"spectrum: no converged Ritz value at the lowest end in {krylov_dim} steps; "
+            f"{KRYLOV_GROWTH * krylov_dim} steps")
+        spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=KRYLOV_GROWTH * krylov_dim)
+        products += spectrum.products
+        c.gradients += 1
+    say(f"spectrum: lowest {spectrum.lowest[:3]}, index >= {spectrum.morse_index_lower}")
+    return spectrum, products, time.perf_counter() - t0
+
+
+def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I: float, I_start: float,
+            initial_dissipation: float, target: float, iterations: int, message: str, hist: _History,
+            krylov_dim: int, say: Progress, spectrum: SpectrumEnds | None = None,
+            certify: tuple[int, float] = (0, 0.0)) -> StationaryPoint:
+    certify_products, certify_wall = certify
+    if spectrum is None:
+        spectrum, products, wall = classify(problem, c, v, krylov_dim, say)
+        certify_products += products
+        certify_wall += wall
+    point = StationaryPoint(kind=kind, omega=c.omega(v), mass=c.mass.copy(), energy=E, dissipation=I,
+                            start_energy=hist.rows[0][0], start_dissipation=I_start,
+                            initial_dissipation=initial_dissipation, target=target, converged=bool(I <= target),
+                            spectrum=spectrum, gradients=c.gradients, products=c.products, wall=c.wall,
+                            certify_products=certify_products, certify_wall=certify_wall, iterations=iterations,
+                            message=message, history=hist.arrays())
+    say(f"{kind}: {point.verdict}; E = {E:.12g}, I = {I:.3e}")
+    return point
+
+
+# ---- the result file ------------------------------------------------------------------------------
+SCHEMA = "pdeflow-stationary"
+SCHEMA_VERSION = 1
+SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_energy", "start_dissipation",
+           "initial_dissipation", "ratio", "target", "converged", "certified", "verdict", "morse_index_lower",
+           "n_symmetry", "lambda_min", "lambda_max", "lowest_ritz", "lowest_ritz_residual", "iterations",
+           "gradients", "products", "certify_products", "gradient_equivalents", "jvp_gradients", "wall",
+           "certify_wall", "message")
+
+
+def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, problem: Problem, *, source: str,
+                     frame: int, time_of_frame: float, ratio: float) -> None:
+    """Write the result of a search all or nothing (:func:`pdeflow.io.result_files.new_result_file`), root attribute
+    ``schema = "pdeflow-stationary"``, the problem in ``/model`` and ``/data`` as in a trajectory, and
+    ``/stationary``: ``omega`` [N, k] and ``mass`` [N] (the point), the converged spectrum ends ``lowest``,
+    ``lowest_residual``, ``highest``, ``highest_residual``, the ``unstable_directions`` [m, N, k] (unit Ritz
+    vectors of the converged negative eigenvalues, in the mass-weighted coordinates ``v = M^(1/2) omega``),
+    ``history/{energy, dissipation, products, gradients, wall}`` per iteration, and the attributes
+    :data:`SCALARS` (``source``, ``frame``, ``time``: the trajectory and frame the search started from; costs in
+    gradients, JVP products and wall seconds, the certification's separately)."""
+    from ..io.result_files import new_result_file
+
+    s = point.spectrum
+    values = {"kind": point.kind, "source": source, "frame": int(frame), "time": float(time_of_frame),
+              "energy": point.energy, "dissipation": point.dissipation, "start_energy": point.start_energy,
+              "start_dissipation": point.start_dissipation, "initial_dissipation": point.initial_dissipation,
+              "ratio": float(ratio), "target": point.target, "converged": point.converged,
+              "certified": point.certified, "verdict": point.verdict, "morse_index_lower": s.morse_index_lower,
+              "n_symmetry": s.n_symmetry, "lambda_min": s.lambda_min, "lambda_max": s.lambda_max,
+              "lowest_ritz": s.lowest_ritz, "lowest_ritz_residual": s.lowest_ritz_residual,
+              "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
+              "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
+              "jvp_gradients": JVP_GRADIENTS, "wall": point.wall, "certify_wall": point.certify_wall,
+              "message": point.message}
+    unstable = (s.lowest + s.lowest_residual) < 0
+    with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, problem=problem) as f:
+        g = f.create_group("stationary")
+        for key in SCALARS:
+            g.attrs[key] = values[key]
+        g["omega"], g["mass"] = point.omega, point.mass
+        g["lowest"], g["lowest_residual"] = s.lowest, s.lowest_residual
+        g["highest"], g["highest_residual"] = s.highest, s.highest_residual
+        g["unstable_directions"] = s.lowest_vectors[:, unstable].T.reshape((-1,) + point.omega.shape)
+        h = g.create_group("history")
+        for key, column in point.history.items():
+            h[key] = column
+
+
+def is_stationary_file(path: str | Path) -> bool:
+    """Whether ``path`` is an HDF5 file written by :func:`write_stationary` (False for anything else)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            schema = f.attrs.get("schema")
+    except OSError:
+        return False
+    return (schema.decode() if isinstance(schema, bytes) else schema) == SCHEMA
+
+
+def read_stationary(path: str | Path) -> dict[str, Any]:
+    """The attributes and arrays of a result file (:func:`write_stationary`), ``history`` as a dict of columns,
+    ``config`` the run's configuration (TOML text);
+    TrajectoryError (one line) if it is not one."""
+    import h5py
+
+    from ..io.file_access import TrajectoryError
+    from ..io.file_access import plain as _plain
+
+    try:
+        with h5py.File(path, "r") as f:
+            if _plain(f.attrs.get("schema")) != SCHEMA:
+                raise TrajectoryError(f"{path}: not a pdeflow stationary-point result (schema "
+                                      f"{_plain(f.attrs.get('schema'))!r})")
+            g = f["stationary"]
+            out: dict[str, Any] = {k: _plain(v) for k, v in g.attrs.items()}
+            for key in ("omega", "mass", "lowest", "lowest_residual", "highest", "highest_residual",
+                        "unstable_directions"):
+                out[key] = g[key][()]
+            out["history"] = {k: g["history"][k][()] for k in g["history"].keys()}
+            out["created"] = _plain(f.attrs.get("created"))
+            out["config"] = str(_plain(f.attrs["config"]))
+    except (OSError, KeyError) as exc:
+        raise TrajectoryError(f"{path}: unreadable stationary-point result ({str(exc)[:80]})") from None
+    return out
+
+
+def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
+    """A short human summary of a result file (``pdeflow info``)."""
+    def values(v: np.ndarray, res: np.ndarray) -> str:
+        return ", ".join(f"{x:+.6g} (+- {e:.1e})" for x, e in zip(v, res)) or "none converged"
+
+    N, k = np.shape(r["omega"])
+    lines = [f"file        {path}",
+             f"stationary  {r['kind']} from frame {r['frame']} (t = {r['time']:.6g}) of {r['source']}",
+             f"point       N = {N}, k = {k}: {r['verdict']}",
+             f"energy      {r['energy']:.12g} (start {r['start_energy']:.12g})",
+             f"dissipation {r['dissipation']:.4g} = {r['dissipation'] / r['initial_dissipation']:.3g} I(0) "
+             f"(target {r['ratio']:.3g} I(0), I(0) = {r['initial_dissipation']:.6g}; "
+             f"start {r['start_dissipation']:.4g})",
+             f"index       >= {r['morse_index_lower']} (converged negative eigenvalues; {r['n_symmetry']} symmetry "
+             f"directions removed)",
+             f"lowest      {values(r['lowest'][:6], r['lowest_residual'][:6])}",
+             f"highest     {values(r['highest'][-3:], r['highest_residual'][-3:])}",
+             f"cost        {r['gradients']} gradients + {r['products']} JVP products (search) + "
+             f"{r['certify_products']} (spectrum) = {r['gradient_equivalents']:.0f} gradient equivalents "
+             f"(JVP = {r['jvp_gradients']:g} gradients); wall {r['wall']:.1f} s, spectrum {r['certify_wall']:.1f} s",
+             f"status      {r['message']}"]
+    return "\n".join(lines)
+
+
+__all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "LBFGS_MEMORY", "METHODS", "SCHEMA", "StationaryPoint",
+           "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary", "write_stationary"]

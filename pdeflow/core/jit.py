@@ -1,0 +1,116 @@
+"""The one place where numba compilation flags live.
+
+Every numba kernel in pdeflow is compiled through :func:`jit`, so that caching (``cache=True``: a
+second process loads machine code from ``__pycache__`` instead of recompiling), error model and
+parallelism are chosen once. ``fastmath`` stays off: pdeflow is a reference solver and its results
+must not depend on reassociation choices of the compiler.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# pdeflow runs many short parallel kernels back to back, often on machines shared with other jobs.
+# OpenMP's default active waiting makes idle worker threads spin between kernels and steal the cores the
+# busy ones need: measured 30 s against 17 s wall for a short quickstart run at load 5, and 216 s against
+# 9 s for `pdeflow chaos --quick` at load 10. Passive waiting costs a futex wake-up per kernel, negligible
+# next to a kernel. Read by the OpenMP runtime when it starts; a user's own setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# BLAS on one thread unless the user says otherwise: pdeflow's own threads (pdeflow.core.workers) each run
+# whole chunks - products and kernels - so the cores are already busy, and OpenBLAS's threads spin between
+# products and fight them for the cores. Measured on the 2-core machine: grad Phi at N = 256 on
+# bench-reference.toml 0.52 s with one BLAS thread against 6.05 s with OpenBLAS's default two.
+# The variables are read when BLAS loads; if numpy (and so BLAS) was imported first, threadpoolctl sets
+# the same limit at run time.
+BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_user_blas_threads = any(os.environ.get(_var) for _var in BLAS_VARIABLES)
+for _var in BLAS_VARIABLES:
+    os.environ.setdefault(_var, "1")
+if "numpy" in sys.modules and not _user_blas_threads:
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")
+
+# Vector width of the kernels: 512 bits on every AVX-512 host, chosen here and not by LLVM's tuning tables.
+# numba compiles for the host CPU's name and ISA features; the name brings LLVM's tuning with it, and for
+# Intel's AVX-512 server cores (skylake-avx512, cascadelake, icelake-server, sapphirerapids, ...) that
+# tuning sets `prefer-256-bit`: every loop of pdeflow.core.kernels then runs on 256-bit ymm registers (0 zmm
+# instructions in the two core kernels), while on AMD Zen 4 the same source gets 512-bit zmm loops
+# (`python -m pdeflow.benchmarks.codegen` shows both; benchmarks/RESULTS.md). The kernels' inner loops are
+# elementwise loops over a tile of heads with about two loads per fused multiply-add, load-bound; a core
+# with two 64-byte load ports (Intel AVX-512 server cores) moves half the data per cycle with ymm. The
+# preference exists because of the clock reduction of 512-bit code on the first AVX-512 generations; it
+# is a compiler default, not a property of these loops, so pdeflow states the width itself:
+# NUMBA_CPU_FEATURES = the host's features + ",-prefer-256-bit" whenever the host has AVX-512F. Results
+# do not depend on the width: no fastmath, every sum in a fixed order, fused multiply-adds written out
+# (pdeflow.core.kernels), so a lane computes the same operations in a 512-bit, a 256-bit or a scalar loop.
+# The user's choice wins: set NUMBA_CPU_NAME or NUMBA_CPU_FEATURES (e.g. the host's features followed by
+# ",+prefer-256-bit" for 256-bit vectors) and pdeflow leaves both alone. A value pdeflow set itself
+# (inherited by a subprocess, marked by PDEFLOW_CPU_FEATURES) is recomputed for the host it runs on.
+# The planner (pdeflow.core.tuner) may choose 256 bits instead: a width measured faster on this CPU and remembered,
+# or forced by PDEFLOW_VARIANT="width=256" (per process: the width is fixed when the kernels compile).
+PREFER_512_FLAG = "-prefer-256-bit"
+PREFER_256_FLAG = "+prefer-256-bit"
+_MARK = "PDEFLOW_CPU_FEATURES"
+
+
+def _choose_vector_width() -> str:
+    """Set NUMBA_CPU_FEATURES for 512-bit vectors on AVX-512 hosts, or 256-bit ones where the planner says
+    so (see above); returns who chose the features: "user", "pdeflow", "pdeflow (measured: 256 bit)" /
+    "pdeflow (PDEFLOW_VARIANT: ... bit)" or "numba" (no AVX-512: numba's host defaults)."""
+    inherited = os.environ.get(_MARK)
+    if inherited is not None and os.environ.get("NUMBA_CPU_FEATURES") == inherited:
+        del os.environ["NUMBA_CPU_FEATURES"]  # pdeflow's choice in a parent process: decide again here
+    os.environ.pop(_MARK, None)
+    if "NUMBA_CPU_NAME" in os.environ or "NUMBA_CPU_FEATURES" in os.environ:
+        return "user"
+    import llvmlite.binding as ll
+
+    try:
+        features = ll.get_host_cpu_features()
+    except RuntimeError:  # LLVM cannot read this host's features: numba falls back to its defaults too
+        return "numba"
+    if not features.get("avx512f"):
+        return "numba"
+    from . import tuner  # reads the plan file only: numba is not imported yet
+
+    try:
+        bits, who = tuner.vector_bits_choice()
+    except ValueError:  # a malformed PDEFLOW_VARIANT: reported in one line where the variant is read
+        bits, who = None, "default"
+    flag = PREFER_256_FLAG if bits == 256 else PREFER_512_FLAG
+    os.environ["NUMBA_CPU_FEATURES"] = os.environ[_MARK] = features.flatten() + "," + flag
+    return "pdeflow" if who == "default" else f"pdeflow ({who}: {bits} bit)"
+
+
+VECTOR_WIDTH_CHOICE = _choose_vector_width()
+
+import numba  # noqa: E402 - after the environment is set
+from numba import prange  # noqa: E402, F401  (re-exported so kernels import loops from one place)
+
+
+def jit(parallel: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator compiling a kernel with pdeflow's flags: ``nopython``, ``cache=True``, no fastmath.
+
+    ``parallel=True`` enables ``numba.prange`` loops; thread count follows ``NUMBA_NUM_THREADS``.
+    """
+    return numba.njit(cache=True, parallel=parallel, fastmath=False, error_model="numpy", nogil=True)
+
+
+def num_threads() -> int:
+    """Number of threads pdeflow's evaluations use in this thread (numba's count, ``NUMBA_NUM_THREADS``
+    or ``numba.set_num_threads``)."""
+    return numba.get_num_threads()
+
+
+THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")  # the user's choice of pdeflow's thread count
+
+
+def thread_environment(threads: int) -> dict[str, str]:
+    """Environment variables that give a new pdeflow process ``threads`` threads: numba's (and OpenMP's)
+    count, BLAS on one thread."""
+    env = {var: str(int(threads)) for var in THREAD_VARIABLES}
+    env.update({var: "1" for var in BLAS_VARIABLES})
+    return env

@@ -1,0 +1,456 @@
+"""Logits, risk, Phi and grad Phi of a weighted particle measure, on plain arrays (docs/model.md).
+
+For ``rho = sum_i m_i delta_{theta_i}``: the aggregate output ``O`` [B, T, d], logits ``z = O U^T`` [B, T, V], the
+risk, the residual features ``G`` [B, T, d] and ``Phi_data(theta) = sum_{b,l} <G[b, l], o_l(x_b; theta)>``. Heads
+are processed in chunks so every projection is one BLAS product; results do not depend on the thread count; every
+function is generic in the dtype (float64, float32, complex128), except the forward-mode tangents ``*_jvp``
+(float64, float32). Details: docs/design.md, "Evaluating the mean field".
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels, kernels_jvp, tuner
+from .jit import num_threads
+from .model import split_theta
+from .workers import for_each_item
+
+# The default variant (pdeflow.core.tuner): what runs unless a plan measured on this CPU, PDEFLOW_VARIANT or
+# tuner.forced says otherwise.
+CHUNK_BYTES = 8 * 2**20  # working memory of one chunk (heads x sequences), whatever N and B are
+TILE_BYTES = 512  # lanes of one kernel work unit (heads), in bytes
+HEAD_TILES = 1  # kernel tiles per chunk of heads
+GROUPS_PER_THREAD = 2  # items of the logits pass per thread: groups of blocks of sequences (see _aggregate)
+
+
+@dataclass(frozen=True)
+class AttentionData:
+    """The arrays one evaluation needs: a data set and the fixed tables of the layer.
+
+    inputs ``x`` [B, T, d] (= E[tok] + P); unembedding ``U`` [V, d]; targets [B, T] (int);
+    loss_weights ``lw`` [B, T]; ``head_dim`` dh; ``score_scale``; optionally the tokens [B, T] (int),
+    embedding ``E`` [V, d] and positions ``P`` [T, d] that make x, so that projections can be taken of the
+    tables (``x W = (E W)[tok] + P W``, see :func:`_projections`).
+    """
+    inputs: np.ndarray
+    unembedding: np.ndarray
+    targets: np.ndarray
+    loss_weights: np.ndarray
+    head_dim: int
+    score_scale: float
+    tokens: np.ndarray | None = None
+    embedding: np.ndarray | None = None
+    positions: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(B, T, d)."""
+        return self.inputs.shape
+
+    @property
+    def factored(self) -> bool:
+        """Whether the projections are taken of the tables (:func:`factored_projections`)."""
+        B, T, _ = self.shape
+        return self.tokens is not None and factored_projections(B, T, self.embedding.shape[0])
+
+    def astype(self, dtype: np.dtype) -> AttentionData:
+        """The same data with float tables in ``dtype`` (targets and tokens stay integers)."""
+        def cast(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a.astype(dtype)
+
+        return AttentionData(self.inputs.astype(dtype), self.unembedding.astype(dtype), self.targets,
+                             self.loss_weights.astype(dtype), self.head_dim, self.score_scale, self.tokens,
+                             cast(self.embedding), cast(self.positions))
+
+
+class _Projections:
+    """One thread's buffers for the Q/K/V projections of a chunk of heads, in the kernels' (rows, table, tok)
+    form (:func:`pdeflow.core.kernels.causal_attention`).
+
+    ``chunk(wcat)``: a new chunk of heads (weights laid out by :func:`_qkv_weights`); ``block(b0, nb)``: the
+    (rows, table, tok) of sequences b0 <= b < b0 + nb. Factored data: ``rows = E W``, ``table = P W`` once
+    per chunk, ``tok`` the tokens; otherwise ``rows = x[block] W`` per block, ``table = 0``, ``tok`` the row
+    numbers.
+    """
+
+    def __init__(self, data: AttentionData, x: np.ndarray, n: int, bc: int, dtype: np.dtype) -> None:
+        B, T, d = data.shape
+        self.data, self.x, self.T, self.dh = data, x, T, data.head_dim
+        width = 3 * data.head_dim * n
+        if data.factored:
+            self.E = data.embedding.astype(dtype, copy=False)
+            self.P = data.positions.astype(dtype, copy=False)
+            self.rows_buf = np.empty(self.E.shape[0] * width, dtype=dtype)
+            self.table_buf = np.empty(T * width, dtype=dtype)
+        else:
+            self.rows_buf = np.empty(bc * T * width, dtype=dtype)
+            self.table_buf = np.zeros(T * width, dtype=dtype)
+            self.row_numbers = np.arange(bc * T, dtype=np.int64).reshape(bc, T)
+            # read-only like the tokens of factored data: numba compiles one specialization of each kernel per
+            # argument type, and a writable and a read-only tok are two types (two compilations, ~25 s each)
+            self.row_numbers.setflags(write=False)
+
+    def chunk(self, wcat: np.ndarray) -> None:
+        self.wcat = wcat
+        self.m = wcat.shape[1] // (3 * self.dh)
+        shape = (-1, 3, self.dh, self.m)
+        self.table = self.table_buf[:self.T * wcat.shape[1]].reshape(shape)
+        if self.data.factored:
+            rows = self.rows_buf[:self.E.shape[0] * wcat.shape[1]].reshape(self.E.shape[0], wcat.shape[1])
+            np.matmul(self.E, wcat, out=rows)
+            np.matmul(self.P, wcat, out=self.table.reshape(self.T, wcat.shape[1]))
+            self.rows = rows.reshape(shape)
+
+    def block(self, b0: int, nb: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.data.factored:
+            return self.rows, self.table, self.data.tokens[b0:b0 + nb]
+        width = self.wcat.shape[1]
+        rows = self.rows_buf[:nb * self.T * width].reshape(nb * self.T, width)
+        np.matmul(self.x[b0 * self.T:(b0 + nb) * self.T], self.wcat, out=rows)
+        return rows.reshape(-1, 3, self.dh, self.m), self.table, self.row_numbers[:nb]
+
+
+def factored_projections(B: int, T: int, V: int) -> bool:
+    """Whether pdeflow projects the tables E [V, d] and P [T, d] instead of the inputs x [B T, d]: (V + T)
+    rows instead of B T, worth it when V + T <= B T / 4 (the gather in the kernels' loads then costs less
+    than the product it spares)."""
+    return 4 * (V + T) <= B * T
+
+
+def loss_weights(mask: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``lw[b, l] = w_b mask[b, l] / |L_b|`` with ``|L_b| = sum_l mask[b, l]``: [B, T]."""
+    return weights[:, None] * mask / mask.sum(axis=1, keepdims=True)
+
+
+def variant(data: AttentionData, dtype: np.dtype, n_total: int) -> tuple[tuner.Variant, str]:
+    """The variant (tile, chunks) the evaluation of ``n_total`` heads in ``dtype`` runs with, and why
+    (:func:`pdeflow.core.tuner.plan`): a plan measured on this CPU for the shape class, a forced one, or the
+    default of this module's constants."""
+    B, T, d = data.shape
+    v, why = tuner.plan(tuner.shape_class(dtype, B, T, d, data.head_dim, n_total, data.factored))
+    if why.startswith("default"):
+        v = tuner.Variant(TILE_BYTES, HEAD_TILES * TILE_BYTES, CHUNK_BYTES)
+    return v, why
+
+
+def _tile(dtype: np.dtype, v: tuner.Variant | None = None) -> int:
+    """Heads per work unit of the kernels (the SIMD loop length): the variant's tile of lanes, by default
+    TILE_BYTES = 512: 64 float64, 128 float32 or 32 complex128 heads."""
+    return (v or tuner.Variant(TILE_BYTES, HEAD_TILES * TILE_BYTES, CHUNK_BYTES)).tile(np.dtype(dtype).itemsize)
+
+
+def _blocks(data: AttentionData, itemsize: int, n_total: int, v: tuner.Variant | None = None) -> tuple[int, int]:
+    """(heads, sequences) per chunk: the variant's chunk of heads (whole tiles; by default HEAD_TILES tiles),
+    and as many sequences as keep the eight [b, T, dh, heads] work arrays (q, k, v, c, dc, dq, dk, dv) within
+    its chunk bytes (by default CHUNK_BYTES)."""
+    v = v or tuner.Variant(TILE_BYTES, HEAD_TILES * TILE_BYTES, CHUNK_BYTES)
+    B, T, _ = data.shape
+    per = 8 * T * data.head_dim * itemsize  # bytes per (sequence, head)
+    m = int(max(1, min(n_total, v.chunk_heads(itemsize), v.chunk_bytes // per)))
+    bc = int(max(1, min(B, v.chunk_bytes // (per * m))))
+    return m, bc
+
+
+def _dtype(theta: np.ndarray, data: AttentionData) -> np.dtype:
+    return np.result_type(theta.dtype, data.inputs.dtype)
+
+
+def _qkv_weights(theta: np.ndarray, d: int, dh: int, out: np.ndarray) -> np.ndarray:
+    """``Wcat [d, 3, dh, m]`` with ``Wcat[c, w, h, i] = W_w[i][h, c]`` (w = q, k, v) in the buffer ``out``,
+    so that ``X @ Wcat`` is the [B T, 3, dh, m] layout of :mod:`pdeflow.core.kernels`."""
+    m = theta.shape[0]
+    wcat = out[:d * 3 * dh * m].reshape(d, 3, dh, m)
+    for w, wx in enumerate(split_theta(theta, d, dh)[:3]):
+        wcat[:, w] = wx.transpose(2, 1, 0)
+    return wcat.reshape(d, 3 * dh * m)
+
+
+def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
+    """``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``: theta [N, p], mass [N] -> [B, T, d].
+
+    The threads' items (:mod:`pdeflow.core.workers`) are groups of consecutive blocks of sequences, GROUPS_PER_THREAD
+    per thread, so that a thread lays out each chunk's weights once for all the blocks of a group (154 us per
+    chunk of 64 heads: 7 % of the pass when done per block), and a thread that finishes early takes a
+    remaining group instead of waiting (with one group per thread, any slowdown of one core - another job, a
+    shared cache or memory channel - left the other idle for the difference). Each block sums the chunks of
+    heads in their order, so O depends neither on the thread count nor on the grouping.
+    """
+    return _aggregate(theta, mass, data, None)[0]
+
+
+def aggregate_output_jvp(theta: np.ndarray, dtheta: np.ndarray, mass: np.ndarray,
+                         data: AttentionData) -> tuple[np.ndarray, np.ndarray]:
+    """``O`` and its tangent ``O' = sum_i m_i (WO'_i c_l + WO_i c'_l)`` along head directions dtheta [N, p]
+    (forward mode, :func:`pdeflow.core.kernels_jvp.causal_attention_jvp`): [B, T, d] each. O is bitwise the
+    value :func:`aggregate_output` returns."""
+    return _aggregate(theta, mass, data, dtheta)
+
+
+def _aggregate(theta: np.ndarray, mass: np.ndarray, data: AttentionData, dtheta: np.ndarray | None):
+    """O and (``dtheta`` given) O' of :func:`aggregate_output_jvp`; (O, None) without a direction."""
+    B, T, d = data.shape
+    dh = data.head_dim
+    dtype = _dtype(theta, data)
+    x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
+    N = theta.shape[0]
+    tangent = dtheta is not None
+    plan = variant(data, dtype, N)[0]
+    n, bc = _blocks(data, np.dtype(dtype).itemsize, N, plan)
+    mass = np.asarray(mass).astype(dtype, copy=False)
+    out = np.zeros((B * T, d), dtype=dtype)
+    dout = np.zeros((B * T, d), dtype=dtype) if tangent else None
+    tile = _tile(dtype, plan)
+    n_blocks = -(-B // bc)
+    threads = num_threads()
+    groups = min(n_blocks, threads * (GROUPS_PER_THREAD if threads > 1 else 1))
+
+    def run(items: Iterator[int], kernel_threads: int) -> None:
+        part_buf = np.empty(bc * T * d, dtype=dtype)
+        proj = _Projections(data, x, n, bc, dtype)
+        c_buf = np.empty(bc * T * dh * n, dtype=dtype)
+        wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+        wo_buf = np.empty(dh * n * d, dtype=dtype)
+        if tangent:
+            dproj = _Projections(data, x, n, bc, dtype)
+            dc_buf = np.empty(bc * T * dh * n, dtype=dtype)
+            dwcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+            dwo_buf = np.empty(dh * n * d, dtype=dtype)
+        for group in items:
+            blocks = range(group * n_blocks // groups, (group + 1) * n_blocks // groups)
+            for start in range(0, N, n):
+                stop = min(N, start + n)
+                m = stop - start
+                th = theta[start:stop].astype(dtype, copy=False)
+                proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
+                wo_t = _scaled_output_weights(th, mass[start:stop], d, dh, wo_buf)
+                if tangent:
+                    dth = dtheta[start:stop].astype(dtype, copy=False)
+                    dproj.chunk(_qkv_weights(dth, d, dh, dwcat_buf))
+                    dwo_t = _scaled_output_weights(dth, mass[start:stop], d, dh, dwo_buf)
+                for blk in blocks:
+                    b0 = blk * bc
+                    nb = min(B, b0 + bc) - b0
+                    rows = slice(b0 * T, (b0 + nb) * T)
+                    c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    part = part_buf[:nb * T * d].reshape(nb * T, d)
+                    if tangent:
+                        dc = dc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                        kernels_jvp.causal_attention_jvp(*proj.block(b0, nb)[:2], *dproj.block(b0, nb),
+                                                         data.score_scale, c.reshape(nb, T, dh, m),
+                                                         dc.reshape(nb, T, dh, m), tile, kernel_threads)
+                        # O' = c' WO^T + c WO'^T, in that order
+                        np.matmul(dc, wo_t, out=part)
+                        dout[rows] += part
+                        np.matmul(c, dwo_t, out=part)
+                        dout[rows] += part
+                    else:
+                        kernels.causal_attention(*proj.block(b0, nb), data.score_scale, c.reshape(nb, T, dh, m),
+                                                 tile, kernel_threads)
+                    np.matmul(c, wo_t, out=part)
+                    out[rows] += part
+
+    for_each_item(groups, threads, run)
+    return out.reshape(B, T, d), (dout.reshape(B, T, d) if tangent else None)
+
+
+def _scaled_output_weights(theta: np.ndarray, mass: np.ndarray, d: int, dh: int, out: np.ndarray) -> np.ndarray:
+    """Rows (h, i) of WO_i^T scaled by the head's mass [dh m, d], so the mass-weighted sum over heads is one
+    product."""
+    m = theta.shape[0]
+    wo_t = out[:dh * m * d].reshape(dh, m, d)
+    np.multiply(split_theta(theta, d, dh)[3].transpose(2, 0, 1), mass[None, :, None], out=wo_t)
+    return wo_t.reshape(dh * m, d)
+
+
+def logits(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
+    """``z = O U^T``: [B, T, V]."""
+    return aggregate_output(theta, mass, data) @ data.unembedding.T.astype(_dtype(theta, data), copy=False)
+
+
+def _softmax(z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``e = exp(z - shift)`` and ``total = sum e`` over the last axis, with the shift ``max Re z`` (real, so
+    that the function stays analytic for complex-step differentiation): (e, total, shift)."""
+    shift = z.real.max(axis=-1, keepdims=True)
+    e = np.exp(z - shift)
+    return e, e.sum(axis=-1, keepdims=True), shift
+
+
+def cross_entropy(z: np.ndarray, data: AttentionData) -> tuple[complex | float, np.ndarray]:
+    """Risk ``R = sum_{b,l} lw (logsumexp z[b,l] - z[b,l,y])`` and residual features ``G`` [B, T, d].
+
+    ``G[b, l] = lw[b, l] (softmax z[b, l] - onehot y[b, l]) @ U``. The softmax shift uses the real part,
+    so the function stays analytic for complex-step differentiation.
+    """
+    e, total, shift = _softmax(z)
+    lse = (np.log(total) + shift)[..., 0]
+    zy = np.take_along_axis(z, data.targets[..., None], axis=-1)[..., 0]
+    lw = data.loss_weights.astype(z.dtype, copy=False)
+    risk = np.sum(lw * (lse - zy))
+    r = e / total
+    np.put_along_axis(r, data.targets[..., None], np.take_along_axis(r, data.targets[..., None], axis=-1) - 1.0,
+                      axis=-1)
+    G = (lw[..., None] * r) @ data.unembedding.astype(z.dtype, copy=False)
+    return risk, G
+
+
+def residual_features_jvp(z: np.ndarray, dz: np.ndarray, data: AttentionData) -> np.ndarray:
+    """The tangent ``G'[b, l] = lw[b, l] (p * (z' - <p, z'>)) @ U`` of the residual features of
+    :func:`cross_entropy` as the logits move along dz, ``p = softmax z[b, l]``: z, dz [B, T, V] -> [B, T, d]."""
+    e, total, _ = _softmax(z)
+    p = e / total
+    dp = p * (dz - np.sum(p * dz, axis=-1, keepdims=True))
+    lw = data.loss_weights.astype(dz.dtype, copy=False)
+    return (lw[..., None] * dp) @ data.unembedding.astype(dz.dtype, copy=False)
+
+
+def phi_data(theta: np.ndarray, G: np.ndarray, data: AttentionData) -> np.ndarray:
+    """``Phi_data(theta_q) = sum_{b,l} <G[b,l], o_l(x_b; theta_q)>`` for query heads theta [Q, p] -> [Q]."""
+    return _evaluate(theta, G, data, with_grad=False)[0]
+
+
+def grad_phi_data(theta: np.ndarray, G: np.ndarray, data: AttentionData) -> tuple[np.ndarray, np.ndarray]:
+    """``Phi_data`` [Q] and its gradient in theta [Q, p] at query heads theta [Q, p]."""
+    return _evaluate(theta, G, data, with_grad=True)
+
+
+def grad_phi_data_jvp(theta: np.ndarray, dtheta: np.ndarray, G: np.ndarray, dG: np.ndarray,
+                      data: AttentionData) -> np.ndarray:
+    """The tangent of the gradient of :func:`grad_phi_data` as the query heads move along dtheta [Q, p] and
+    the residual features along dG [B, T, d]: ``Hess_theta Phi_data(theta; G) dtheta + grad_theta
+    Phi_data(theta; dG)`` [Q, p] (forward mode through the gradient pass,
+    :func:`pdeflow.core.kernels_jvp.causal_attention_vjp_jvp`)."""
+    return _evaluate(theta, G, data, with_grad=True, tangent=(dtheta, dG))[1]
+
+
+def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: bool,
+              tangent: tuple[np.ndarray, np.ndarray] | None = None):
+    """Phi_data [Q] and (``with_grad``) its gradient [Q, p]; chunks of heads are the threads' items. With a
+    ``tangent`` (dtheta, dG) the second value is the gradient's tangent (:func:`grad_phi_data_jvp`) instead
+    of the gradient, and the first is not computed."""
+    B, T, d = data.shape
+    dh = data.head_dim
+    dtype = np.result_type(_dtype(theta, data), G.dtype)
+    x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
+    g = G.reshape(B * T, d).astype(dtype, copy=False)
+    if tangent is not None:
+        dtheta, gp = tangent[0], tangent[1].reshape(B * T, d).astype(dtype, copy=False)
+    Q = theta.shape[0]
+    s = dh * d
+    plan = variant(data, dtype, Q)[0]
+    n, bc = _blocks(data, np.dtype(dtype).itemsize, Q, plan)
+    phi = np.empty(Q, dtype=dtype)
+    grad = np.empty(theta.shape, dtype=dtype) if with_grad else None
+    tile = _tile(dtype, plan)
+    n_chunks = -(-Q // n)
+    # the weight gradient of the tables, E^T S + P^T R with S and R summed by the kernel, when the
+    # projections are factored and there are several chunks (then every kernel call runs on one thread,
+    # which summing needs, whatever the thread count); else X^T dQKV block by block
+    tables_grad = with_grad and data.factored and n_chunks > 1
+
+    def run(chunks: Iterator[int], kernel_threads: int) -> None:
+        proj = _Projections(data, x, n, bc, dtype)
+        c_buf = np.empty(bc * T * dh * n, dtype=dtype)
+        wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+        wo_buf = np.empty(d * dh * n, dtype=dtype)
+        gc_buf = np.empty(d * dh * n, dtype=dtype)
+        part_buf = np.empty(d * 3 * dh * n, dtype=dtype)  # a block's products before they are accumulated
+        if with_grad:
+            dqkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype) if not tables_grad else None
+            dc_buf = np.empty(bc * T * dh * n, dtype=dtype)
+            dw_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+        if tables_grad:
+            s_buf = np.empty(data.embedding.shape[0] * 3 * dh * n, dtype=dtype)
+            r_buf = np.empty(T * 3 * dh * n, dtype=dtype)
+        if tangent is not None:  # the direction's projections and output weights, c', the cotangent's tangent
+            dproj = _Projections(data, x, n, bc, dtype)
+            dwcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
+            dwo_buf = np.empty(d * dh * n, dtype=dtype)
+            cp_buf = np.empty(bc * T * dh * n, dtype=dtype)
+            ddc_buf = np.empty(bc * T * dh * n, dtype=dtype)
+            ddc_part_buf = np.empty(bc * T * dh * n, dtype=dtype)
+
+        def add_product(target: np.ndarray, left: np.ndarray, right: np.ndarray, first: bool) -> None:
+            """target = left @ right (first) or target += left @ right."""
+            if first:
+                np.matmul(left, right, out=target)
+            else:
+                part = part_buf[:target.size].reshape(target.shape)
+                np.matmul(left, right, out=part)
+                target += part
+
+        for chunk in chunks:
+            start = chunk * n
+            stop = min(Q, start + n)
+            m = stop - start
+            th = theta[start:stop].astype(dtype, copy=False)
+            proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
+            wo = wo_buf[:d * dh * m].reshape(d, dh, m)  # wo[c, h, i] = WO_i[c, h]
+            wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
+            g_c = gc_buf[:d * dh * m].reshape(d, dh * m)  # the gradient of Phi_data in WO: g_c[c, (h, i)]
+            if with_grad:
+                dw = dw_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)  # dw[c, (w, h, i)] = dW_w[i][h, c]
+            if tables_grad:
+                S = s_buf[:data.embedding.shape[0] * 3 * dh * m].reshape(-1, 3 * dh * m)
+                R = r_buf[:T * 3 * dh * m].reshape(T, 3 * dh * m)
+                S[...] = 0.0
+                R[...] = 0.0
+            if tangent is not None:
+                dth = dtheta[start:stop].astype(dtype, copy=False)
+                dproj.chunk(_qkv_weights(dth, d, dh, dwcat_buf))
+                dwo = dwo_buf[:d * dh * m].reshape(d, dh, m)
+                dwo[...] = split_theta(dth, d, dh)[3].transpose(1, 2, 0)
+            for b0 in range(0, B, bc):
+                nb = min(B, b0 + bc) - b0
+                rows = slice(b0 * T, (b0 + nb) * T)
+                c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                projections = proj.block(b0, nb)
+                shape4 = (nb, T, dh, m)
+                if with_grad:
+                    dc = dc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    np.matmul(g[rows], wo.reshape(d, dh * m), out=dc)
+                    if tables_grad:
+                        grows, gtable = S.reshape(-1, 3, dh, m), R.reshape(T, 3, dh, m)
+                    else:
+                        dqkv = dqkv_buf[:nb * T * 3 * dh * m].reshape(nb * T, 3 * dh * m)
+                        grows, gtable = dqkv.reshape(nb * T, 3, dh, m), None
+                if tangent is not None:
+                    # the cotangent's tangent G' WO + G WO', the tangent context c' and (dq', dk', dv')
+                    cp = cp_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    ddc = ddc_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    np.matmul(gp[rows], wo.reshape(d, dh * m), out=ddc)
+                    ddc_part = ddc_part_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
+                    np.matmul(g[rows], dwo.reshape(d, dh * m), out=ddc_part)
+                    ddc += ddc_part
+                    kernels_jvp.causal_attention_vjp_jvp(*projections[:2], *dproj.block(b0, nb), dc.reshape(shape4),
+                                                         ddc.reshape(shape4), data.score_scale, c.reshape(shape4),
+                                                         cp.reshape(shape4), grows, gtable, tile, kernel_threads)
+                elif with_grad:
+                    kernels.causal_attention_vjp(*projections, dc.reshape(shape4), data.score_scale,
+                                                 c.reshape(shape4), grows, gtable, tile, kernel_threads)
+                else:
+                    kernels.causal_attention(*projections, data.score_scale, c.reshape(shape4), tile, kernel_threads)
+                # sums over the sequences: the first block writes, the next ones accumulate; with a tangent the
+                # WO gradient's tangent G'^T c + G^T c'
+                add_product(g_c, (g if tangent is None else gp)[rows].T, c, b0 == 0)
+                if tangent is not None:
+                    add_product(g_c, g[rows].T, cp, False)
+                if with_grad and not tables_grad:
+                    add_product(dw, x[rows].T, dqkv, b0 == 0)
+            if tables_grad:
+                np.matmul(proj.E.T, S, out=dw)
+                dw += proj.P.T @ R
+            g_c3 = g_c.reshape(d, dh, m)
+            if tangent is None:
+                phi[start:stop] = np.einsum("chi,chi->i", g_c3, wo)
+            if with_grad:
+                dw4 = dw.reshape(d, 3, dh, m)
+                out_rows = grad[start:stop]
+                for w in range(3):
+                    out_rows[:, w * s:(w + 1) * s].reshape(m, dh, d)[...] = dw4[:, w].transpose(2, 1, 0)
+                out_rows[:, 3 * s:].reshape(m, d, dh)[...] = g_c3.transpose(2, 0, 1)
+
+    for_each_item(n_chunks, num_threads(), run)
+    return phi, grad

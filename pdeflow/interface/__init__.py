@@ -1,0 +1,4 @@
+"""pdeflow's interface layer (docs/layers.md).
+
+The command line, on top of everything.
+"""

@@ -1,0 +1,305 @@
+"""The ``pdeflow`` command line: ``run``, ``info`` and the analysis commands.
+
+Exit codes: :mod:`pdeflow.core.exit_codes`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..core.config import Config, ConfigError, describe_schema, load_config
+from ..core.exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGINT, HELP
+from ..core.parallel import abort_ranks, failed_alike, launcher_rank, world
+from ..io.file_access import TrajectoryError
+from ..io.recovery import recovery_hint
+from ..io.resume import check_same_problem, config_difference, open_resumable
+from ..io.trajectory import Trajectory, check_file, open_trajectory
+
+EXIT_CODES = HELP  # the epilog of every command's --help
+# Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
+COMMAND_MODULES: tuple[str, ...] = (
+    "pdeflow.interface.cli_diagnostics",   # diagnose, plot
+    "pdeflow.interface.cli_reference",     # compare, validate
+    "pdeflow.interface.cli_chaos",         # chaos
+    "pdeflow.interface.cli_stability",     # stability
+    "pdeflow.interface.cli_stationary",    # stationary
+    "pdeflow.interface.cli_wfr",           # wfr
+    "pdeflow.interface.cli_bench",         # bench
+    "pdeflow.interface.cli_recover",       # recover
+)
+
+
+class UsageError(Exception):
+    """Bad input found by a command; reported as one line with exit code 2."""
+
+
+def output_path(cfg: Config, config_path: str, explicit: str | None) -> Path:
+    """``-o`` if given, else ``output.path``, else ``<config stem>.h5`` in the current directory."""
+    if explicit:
+        return Path(explicit)
+    if cfg.output.path:
+        return Path(cfg.output.path)
+    return Path(Path(config_path).stem + ".h5")
+
+
+def check_output_file(out: Path, config_path: str | None = None, force: bool = False,
+                      resume: bool | None = None) -> Path:
+    """``out`` if a command may write the file there, else UsageError: its directory is missing, it is a
+    directory or the config file ``config_path``, or it exists and neither ``force`` (overwrite it) nor ``resume``
+    (continue it; None: the command cannot continue a file) is set. The one check of every output file."""
+    if not out.parent.exists():
+        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
+    if out.is_dir():
+        raise UsageError(f"output path {str(out)!r} is a directory")
+    if config_path is not None and out.exists() and out.resolve() == Path(config_path).resolve():
+        raise UsageError(f"output path {str(out)!r} is the config file")
+    if out.exists() and not (force or resume):
+        hint = "" if resume is None else " or --resume to continue it"
+        raise UsageError(f"{str(out)!r} exists; pass --force to overwrite it{hint}")
+    return out
+
+
+def check_output_folder(out: Path) -> Path:
+    """``out`` if a command may write files into that folder (made if missing), else UsageError: it exists and is
+    not a folder, or its parent is missing."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"output {str(out)!r} exists and is not a directory")
+    if not out.parent.exists():
+        raise UsageError(f"output directory {str(out.parent)!r} does not exist")
+    return out
+
+
+def new_output_path(cfg: Config, config_path: str, explicit: str | None, force: bool) -> Path:
+    """:func:`output_path` for a command that writes a new file, checked by :func:`check_output_file`."""
+    return check_output_file(output_path(cfg, config_path, explicit), config_path, force=force)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pdeflow.solvers import check_config, make_stepper
+    from pdeflow.solvers.driver import run
+
+    from ..core.problem import Problem
+
+    comm = world()  # under mpiexec -n P: the particles are split across the P ranks; rank 0 writes and prints
+    cfg = load_config(args.config, args.set)
+    check_config(cfg)  # the method's rules, before any file is touched
+    out = check_output_file(output_path(cfg, args.config, args.output), args.config, force=args.force,
+                            resume=args.resume)
+    stored = None
+    if args.resume:
+        if args.force:
+            raise UsageError("--resume and --force exclude each other")
+        stored = open_resumable(out, cfg)
+        if stored.checkpoint_note and comm.is_root:   # a damaged active slot: the previous checkpoint is used
+            print(f"pdeflow: warning: {stored.checkpoint_note}", file=sys.stderr)
+    try:
+        problem = Problem.from_config(cfg).with_comm(comm)
+        stepper = make_stepper(problem, cfg)
+    except MemoryError as exc:
+        raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
+                         f"reduce init.n_particles, task.n_samples or model.d") from None
+    if stored is not None:
+        check_same_problem(stored, problem.arrays(), out)
+    on_finish = None
+    if cfg.diagnostics.enabled and comm.is_root:
+        try:
+            from ..analysis.diagnostics import analyse_run as on_finish  # noqa: N813
+        except ModuleNotFoundError as exc:
+            if exc.name != "pdeflow.analysis.diagnostics":
+                raise
+    try:
+        result = run(cfg, problem, out, resume=args.resume, overwrite=args.force, quiet=args.quiet or not comm.is_root,
+                     stepper=stepper, on_finish=on_finish, exiting=args.exiting)
+    except MemoryError as exc:
+        if comm.size > 1:
+            raise  # perhaps on this rank only: main() aborts every rank
+        raise UsageError(f"the problem does not fit in memory ({_first_line(exc)}); "
+                         f"reduce init.n_particles, task.n_samples or model.d") from None
+    if comm.is_root and result.exit_code == EXIT_OK:
+        print(f"pdeflow: {result.status}: {result.message} -> {out}")
+    elif comm.is_root:
+        print(f"pdeflow: {result.status}: {result.message}", file=sys.stderr)
+    return result.exit_code
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [exc.__class__.__name__])[0][:120]
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    import pdeflow.solvers  # noqa: F401 - its stepper classes declare the methods the schema lists
+
+    print(describe_schema())
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ..analysis.stationary import format_stationary, is_stationary_file, read_stationary
+
+    if is_stationary_file(args.file):  # a result of pdeflow stationary
+        print(format_stationary(args.file, read_stationary(args.file)))
+        return EXIT_OK
+    traj = open_trajectory(args.file)
+    print(format_info(traj))
+    return EXIT_OK
+
+
+def grid_summary(traj: Trajectory) -> str:
+    """One line for ``pdeflow info``: the grid, and the total mass and minimum density of the first and
+    last frames (a trajectory with ``/frames/density`` and the grid's ``/frames`` attributes)."""
+    from ..core.measure import Grid
+
+    grid = Grid.from_frame_attrs(traj.frame_attrs)
+    rho = traj.frames["density"]
+    box = " x ".join(f"[{lo:g}, {hi:g}]" for lo, hi in zip(grid.lower, grid.upper))
+    m0, m1 = grid.total_mass(rho[0]), grid.total_mass(rho[-1])
+    return (f"grid        n = {' x '.join(map(str, grid.shape))} on {box}; mass {m1:.15g} "
+            f"(relative change {abs(m1 - m0) / m0:.2g} since t = 0), min density {float(np.min(rho[-1])):.3g} "
+            f"(over all frames {float(np.min(rho)):.3g})")
+
+
+def entropic_summary(traj: Trajectory) -> str:
+    """One line for ``pdeflow info`` on a grid JKO trajectory: eps and its implied diffusion ``eps / (4 tau)``
+    against the physical ``1/beta`` (with beta = inf: how far it spreads mass by the last frame, in cells)."""
+    from pdeflow.core.measure import Grid
+    from pdeflow.solvers.jko import grid_epsilon, jko_tau
+
+    cfg, grid = traj.config, Grid.from_frame_attrs(traj.frame_attrs)
+    eps = float(traj.frame_attrs.get("epsilon", grid_epsilon(cfg, grid.width)))
+    diffusion = eps / (4.0 * jko_tau(cfg))
+    beta = float(traj.model_attrs.get("beta", np.inf))
+    line = (f"entropic    eps = {eps:.4g}{' (default h^2)' if cfg.solver.epsilon == 0 else ''}, "
+            f"tau = {jko_tau(cfg):g}: "
+            f"implied diffusion eps/(4 tau) = {diffusion:.3g}")
+    if np.isfinite(beta):
+        return line + f", {diffusion * beta:.3g} x the physical 1/beta = {1 / beta:.3g}"
+    t = float(traj.time[-1]) if len(traj.time) else 0.0
+    spread = np.sqrt(2 * diffusion * t) / float(np.min(grid.width))
+    return line + f" (beta = inf: the flow has none; it spreads mass by {spread:.2g} cells by t = {t:g})"
+
+
+def format_info(traj) -> str:
+    """A short human summary of a trajectory file."""
+    cfg, a = traj.config, traj.arrays
+    V, d = a["embedding"].shape
+    B, T = a["tokens"].shape
+    lines = [f"file        {traj.path}",
+             f"problem     task {cfg.task.name}, V={V} T={T} B={B} d={d} dh={a['head_dim']} "
+             f"k={traj.model_attrs.get('k')} ({cfg.model.coordinates} coordinates), "
+             f"weight decay {a['weight_decay']:g}, beta {traj.model_attrs.get('beta')}",
+             f"solver      {traj.attrs.get('method')} on {traj.measure}, solver.dt = {cfg.solver.dt:g}",
+             f"frames      {len(traj.time)}"
+             + (f", t = {traj.time[0]:g} .. {traj.time[-1]:g}" if len(traj.time) else "")]
+    if "omega" in traj.frames and len(traj.time):
+        lines.append(f"particles   N = {traj.frames['omega'].shape[1]}")
+    if "density" in traj.frames and len(traj.time):
+        lines.append(grid_summary(traj))
+        if traj.attrs.get("method") == "jko":
+            lines.append(entropic_summary(traj))
+    if len(traj.steps.get("time", [])):
+        lines.append(f"steps       {len(traj.steps['time']) - 1}")
+        lines.append(f"final       energy {traj.steps['energy'][-1]:.10g}"
+                     f", dissipation {traj.steps['dissipation'][-1]:.4g}")
+    from pdeflow.solvers.accuracy import file_verdict
+    lines.append(f"accuracy    {file_verdict(traj)}")
+    status = traj.attrs.get("status")
+    if status == "running":
+        lines.append("status      running, or its process died: the frames listed are those committed so far "
+                     "(continue a dead run with pdeflow run --resume)")
+        hint = recovery_hint(traj.path)
+        if hint:
+            lines.append(f"recover     {hint}")
+    else:
+        lines.append(f"status      {status}: {traj.attrs.get('message')}")
+    if traj.checkpoint_note or traj.checkpoint_error:
+        lines.append(f"checkpoint  {traj.checkpoint_note or traj.checkpoint_error}")
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors reported like every other bad input: one line, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def add_config_arguments(p: argparse.ArgumentParser, config_help: str, output_help: str,
+                         optional_config: bool = False) -> None:
+    """The arguments of every command that runs a config: CONFIG (may be left out with ``optional_config``: None),
+    -o/--output, --set (repeatable), --force."""
+    p.add_argument("config", help=config_help, **({"nargs": "?", "default": None} if optional_config else {}))
+    p.add_argument("-o", "--output", help=output_help)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="pdeflow", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
+        description="Mean-field Wasserstein gradient flow of multi-head causal self-attention.")
+    parser.add_argument("--version", action="version", version=f"pdeflow {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    p = sub.add_parser("run", help="integrate a config into an HDF5 trajectory", epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(p, "TOML config file", "trajectory file (default: output.path, else <config>.h5)")
+    p.add_argument("--resume", action="store_true", help="continue the run in the output file from its checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("info", help="summarize a trajectory file or a stationary-point result", epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("config", help="print every config key with its default and meaning")
+    p.set_defaults(func=cmd_config)
+    for module in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        mod.add_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
+    """The ``pdeflow`` command; returns the exit code. ``exiting``: the process ends right after (see
+    :func:`pdeflow.solvers.driver.run`)."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.exiting = exiting
+        return int(args.func(args) or EXIT_OK)
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_BAD_INPUT)
+    except (ConfigError, TrajectoryError, UsageError) as exc:
+        if failed_alike(_one_line(str(exc))) and launcher_rank() == 0:  # under MPI: rank 0 reports
+            print(f"pdeflow: error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("pdeflow: interrupted", file=sys.stderr)
+        return EXIT_SIGINT
+    except Exception as exc:
+        abort_ranks(exc)  # under MPI the other ranks may wait for this one forever: end them all
+        raise
+
+
+def _one_line(text: str) -> str:
+    """A message as one line (a message from a library may carry newlines)."""
+    return " ".join(text.split("\n")).strip()
+
+
+def entry() -> None:
+    """The console script ``pdeflow`` (and ``python -m pdeflow``)."""
+    sys.exit(main(exiting=True))
+
+
+__all__ = ["main", "build_parser", "output_path", "config_difference", "check_file", "EXIT_CODES"]

@@ -1,0 +1,135 @@
+"""``pdeflow stability CONFIG -o OUT.h5``: Dirac stationary measures, their stability, checked by simulation;
+``pdeflow stability --stationary RESULT -o RATES.h5``: the rates at a certified local minimum (any measure).
+
+Finds the stationary Diracs of the config's problem, computes ``H0``, ``Htr``, verdicts and optimality gaps,
+integrates perturbed particle systems (:func:`pdeflow.analysis.stability.simulate`: RK4 through the shared time loop)
+and compares the measured exponential rates with the predicted ones, then sweeps the zero head over
+``stability.weight_decays`` (:mod:`pdeflow.analysis.stability`). Writes ``/stability`` into OUT.h5 and three PNG
+figures beside it: ``<OUT>-spectra.png``, ``<OUT>-rates.png`` and (with a sweep) ``<OUT>-sweep.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.stability import MEAN, SPREAD, StabilityResult, run_stability, write_stability
+from ..analysis.stability_plots import plot_stability
+from ..core.config import load_config
+from ..core.exit_codes import EXIT_OK, HELP
+from ..core.problem import Problem
+
+
+def cmd_stability(args: argparse.Namespace) -> int:
+    from .cli import UsageError, new_output_path
+
+    if args.stationary is not None:
+        return cmd_minimum_rates(args)
+    if args.config is None:
+        raise UsageError("stability needs a CONFIG (Dirac measures) or --stationary RESULT (a certified minimum)")
+    cfg = load_config(args.config, args.set)
+    out = new_output_path(cfg, args.config, args.output, args.force)
+    problem = Problem.from_config(cfg)
+    if problem.k > 256:
+        raise UsageError(f"stability needs k <= 256 coordinates for its dense Hessians, got k = {problem.k} "
+                         f"(reduce model.d or model.head_dim, or use reduced coordinates)")
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
+    result = run_stability(cfg, problem, progress=say)
+    write_stability(out, result, cfg, problem.k, problem)
+    figures = [] if args.no_plots else plot_stability(result, cfg, out)
+    print(summary(result), file=sys.stdout)
+    print(f"pdeflow: stability: {len(result.points)} point(s) -> {out}"
+          + (f" (figures: {', '.join(p.name for p in figures)})" if figures else ""))
+    return EXIT_OK
+
+
+
+def summary(result: StabilityResult) -> str:
+    """A table of the points (verdict, gap, worst rate error) and the sweep's critical weight decay."""
+    lines = ["point  origin      e               verdict               lmin(H0)     lmin(Htr)    gap        "
+             "global min.       max rel. rate error"]
+    for i, (a, runs) in enumerate(zip(result.points, result.runs)):
+        errs = [abs(r.measured[ax] - r.predicted[ax]) / abs(r.predicted[ax]) for r in runs for ax in (MEAN, SPREAD)
+                if np.isfinite(r.measured[ax])]
+        lines.append(f"{i:<6d} {a.origin:<11s} {a.energy:<15.10g} {a.verdict:<21s} {a.h0_relevant[0]:+.4e}  "
+                     f"{a.htr_relevant[0]:+.4e}  {a.gap:<10.3g} {a.global_minimizer:<17s} "
+                     f"{max(errs) if errs else float('nan'):.2e}")
+    if result.sweep is not None and len(result.sweep.weight_decay):
+        sw = result.sweep
+        lines.append(f"zero head: lam_c predicted {sw.lam_c_predicted:.6f}, measured {sw.lam_c_measured:.6f} "
+                     f"(slope {sw.slope:.4f}; verdicts {', '.join(sw.verdicts)})")
+    return "\n".join(lines)
+
+
+
+def cmd_minimum_rates(args: argparse.Namespace) -> int:
+    """``--stationary RESULT``: the rates at a certified local minimum
+    (:func:`pdeflow.analysis.minimum_rates.minimum_rates`)."""
+    from ..analysis.minimum_rates import minimum_rates, write_minimum_rates
+    from ..analysis.stationary import read_stationary
+    from ..core.config import loads_config
+    from ..io.problem_file import stored_problem
+    from .cli import UsageError, check_output_file
+
+    if args.config is not None:
+        raise UsageError("--stationary takes the problem from RESULT: give no CONFIG")
+    if args.output is None:
+        raise UsageError("--stationary needs -o RATES.h5")
+    for name, value in (("--eps", args.eps), ("--dt", args.dt)):
+        if not (value >= 0 and np.isfinite(value)) or (name == "--eps" and value == 0):
+            raise UsageError(f"{name} must be {'positive' if name == '--eps' else '>= 0'}, got {value}")
+    if args.random < 0:
+        raise UsageError(f"--random must be >= 0, got {args.random}")
+    out = check_output_file(Path(args.output), args.stationary, force=args.force)
+    r = read_stationary(args.stationary)
+    if not r.get("certified"):
+        raise UsageError(f"{args.stationary}: not a certified local minimum ({r.get('verdict')}); the rates are "
+                         "predicted at a minimum (pdeflow stationary --kind minimum)")
+    cfg = loads_config(r["config"])
+    problem = stored_problem(args.stationary)
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
+    result = minimum_rates(problem, np.asarray(r["omega"]), np.asarray(r["mass"]), eps=args.eps,
+                           n_random=args.random, seed=args.seed, dt=args.dt, progress=say)
+    write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
+    print(rates_table(result))
+    print(f"pdeflow: stability: rates at the minimum of {args.stationary} -> {out}")
+    return EXIT_OK
+
+
+
+def rates_table(result) -> str:
+    """The measured rates against the predictions, one row per perturbation (:class:`MinimumRates`)."""
+    lam = result.lambda_min
+    lines = [f"minimum: E* = {result.e_star:.12g}, I = {result.i_star:.3e}, lambda_min = {lam:.6g} (residual "
+             f"{result.lambda_min_residual:.1e}), lambda_max = {result.lambda_max:.6g}, {result.n_symmetry} symmetry "
+             f"directions; eps = {result.eps:g}; {result.products} JVPs (polish {result.polish_steps} Newton step(s) "
+             "and spectrum)",
+             f"{'direction':<10} {'E - E* rate':>12} {'2 lambda_min':>12} {'distance rate':>14} {'lambda_min':>11} "
+             f"{'min PL ratio':>13} {'max rel. error':>15}"]
+    for r in result.runs:
+        lines.append(f"{r.direction:<10} {r.energy_rate:>12.6g} {2 * lam:>12.6g} {r.distance_rate:>14.6g} "
+                     f"{lam:>11.6g} {r.pl_ratio_min:>13.6g} {np.max(np.abs(r.errors(lam))):>15.2e}")
+    return "\n".join(lines)
+
+
+
+def add_command(subparsers) -> None:
+    """Register ``pdeflow stability``."""
+    from .cli import add_config_arguments
+
+    p = subparsers.add_parser("stability", help="stationary Dirac measures: stability analysis checked by simulation",
+                              epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(p, "TOML config file ([stability] section); none with --stationary",
+                         "output HDF5 file (default: output.path, else <config>.h5)", optional_config=True)
+    p.add_argument("--stationary", metavar="RESULT",
+                   help="a certified minimum (pdeflow stationary --kind minimum): check the rates predicted there")
+    p.add_argument("--eps", type=float, default=1e-2,
+                   help="--stationary: size of the perturbations (mass-weighted norm; default 1e-2)")
+    p.add_argument("--random", type=int, default=2, help="--stationary: random directions besides the slowest")
+    p.add_argument("--seed", type=int, default=0, help="--stationary: seed of the random directions")
+    p.add_argument("--dt", type=float, default=0.0, help="--stationary: RK4 step (0: 1 / lambda_max)")
+    p.add_argument("--no-plots", action="store_true", help="do not write the PNG figures")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_stability)

@@ -1,0 +1,145 @@
+"""``pdeflow stationary FILE [--frame F] --kind nearest|minimum -o RESULT``: a stationary point of the flow from a
+frame of a particle trajectory, classified by its spectrum (:mod:`pdeflow.analysis.stationary`).
+
+``nearest``: Newton-Krylov on the velocity field (the stationary point next to the frame, saddle or minimum);
+``minimum``: a descent search (L-BFGS, or trust-region Newton with ``--method trust-region``) restarted along
+the negative curvature of every saddle it stops at (a local minimum, certified by a positive lowest
+eigenvalue). Both stop at ``I <= ratio I(0)`` (I(0): the dissipation of the run's first frame) and write a result
+file that ``pdeflow info`` prints and ``pdeflow diagnose --stationary`` takes E* from.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.spectrum import KRYLOV_DIM
+from ..analysis.stationary import (
+    DISSIPATION_RATIO,
+    KINDS,
+    METHODS,
+    format_stationary,
+    is_stationary_file,
+    minimum,
+    nearest,
+    read_stationary,
+    write_stationary,
+)
+from ..core.config import Config, loads_config
+from ..core.exit_codes import EXIT_OK, HELP
+from ..core.problem import Problem
+from ..io.problem_file import stored_problem
+from ..io.trajectory import open_trajectory
+
+STATIONARY_HELP = """Find a stationary point of the particle flow from a frame of a trajectory and classify it by
+the spectrum of the mass-weighted Hessian (symmetry directions removed): --kind nearest (Newton-Krylov on the
+velocity field: the saddle or minimum next to the frame) or --kind minimum (L-BFGS, or trust-region Newton with --method
+trust-region, restarted along the negative curvature of each saddle it stops at: a local minimum, certified when
+the lowest eigenvalue is positive beyond its residual).
+Converged when the dissipation I <= ratio x I(0), I(0) the dissipation of the run's first frame. Writes the point,
+its energy, index, converged eigenvalues with residuals, unstable directions and the cost to RESULT (HDF5)."""
+
+
+def default_output(path: Path, kind: str) -> Path:
+    """``<stem>-<kind>.h5`` beside the trajectory."""
+    return path.with_name(f"{path.stem}-{kind}.h5")
+
+
+@dataclass
+class Start:
+    """Where a search starts: the problem and its config, the particles ``omega`` [N, k] and ``mass`` [N], the
+    dissipation ``initial`` I(0) the target is relative to, and the file, frame and time they come from."""
+    problem: Problem
+    config: Config
+    omega: np.ndarray
+    mass: np.ndarray
+    initial: float
+    source: Path
+    frame: int
+    time: float
+
+
+def start_of(path: Path, frame: int) -> Start:
+    """The start from a particle trajectory's frame, or from the point of a ``pdeflow stationary`` result (to
+    continue a search that stopped, or to polish a point with ``--kind nearest``: its I(0) carries over)."""
+    from .cli import UsageError
+
+    if is_stationary_file(path):
+        if frame != -1:
+            raise UsageError(f"{path} is a stationary-point result: it holds one point, give no --frame")
+        r = read_stationary(path)
+        return Start(problem=stored_problem(path), config=loads_config(r["config"]),
+                     omega=np.asarray(r["omega"], dtype=float), mass=np.asarray(r["mass"], dtype=float),
+                     initial=float(r["initial_dissipation"]), source=path, frame=int(r["frame"]),
+                     time=float(r["time"]))
+    traj = open_trajectory(path)
+    if "omega" not in traj.frames:
+        raise UsageError(f"{traj.path}: stationary needs a particle trajectory (this one holds a grid density)")
+    F = len(traj.time)
+    if F == 0:
+        raise UsageError(f"{traj.path}: no frames")
+    if not -F <= frame < F:
+        raise UsageError(f"--frame must be in {-F}..{F - 1}, got {frame}")
+    frame %= F
+    problem = traj.problem()
+    omega = np.asarray(traj.frames["omega"][frame], dtype=float)
+    mass = (np.asarray(traj.frames["mass"][frame], dtype=float) if "mass" in traj.frames
+            else np.full(omega.shape[0], 1.0 / omega.shape[0]))
+    initial = float(traj.frames["dissipation"][0]) if "dissipation" in traj.frames else \
+        problem.evaluate(traj.frames["omega"][0], mass).dissipation
+    return Start(problem=problem, config=traj.config, omega=omega, mass=mass, initial=initial, source=traj.path,
+                 frame=frame, time=float(traj.time[frame]))
+
+
+def cmd_stationary(args: argparse.Namespace) -> int:
+    from .cli import UsageError, check_output_file
+
+    if not (math.isfinite(args.ratio) and 0 < args.ratio < 1):
+        raise UsageError(f"--ratio must be in (0, 1), got {args.ratio:g}")
+    if not math.isfinite(args.max_wall) or args.max_wall < 0:
+        raise UsageError(f"--max-wall must be >= 0 seconds, got {args.max_wall:g}")
+    if args.krylov_dim < 2:
+        raise UsageError(f"--krylov-dim must be >= 2, got {args.krylov_dim}")
+    if args.method is not None and args.kind != "minimum":
+        raise UsageError("--method chooses the search of --kind minimum; nearest is Newton-Krylov")
+    start = start_of(Path(args.file), args.frame)
+    out = Path(args.output) if args.output else default_output(start.source, args.kind)
+    if out.exists() and out.resolve() == start.source.resolve():
+        raise UsageError(f"output path {str(out)!r} is the file the search starts from")
+    check_output_file(out, force=args.force)
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stationary: {msg}", flush=True))
+    options = {"method": args.method or METHODS[0]} if args.kind == "minimum" else {}
+    search = nearest if args.kind == "nearest" else minimum
+    point = search(start.problem, start.omega, start.mass, start.initial, ratio=args.ratio,
+                   krylov_dim=args.krylov_dim, max_wall=args.max_wall if args.max_wall > 0 else math.inf,
+                   progress=say, **options)
+    write_stationary(out, point, start.config, start.problem, source=str(start.source), frame=start.frame,
+                     time_of_frame=start.time, ratio=args.ratio)
+    print(format_stationary(out, read_stationary(out)))
+    print(f"pdeflow: stationary: {point.verdict} -> {out}")
+    return EXIT_OK
+
+
+def add_command(subparsers) -> None:
+    """Register ``pdeflow stationary``."""
+    p = subparsers.add_parser("stationary", help="a stationary point (nearest, or a local minimum) from a frame",
+                              description=STATIONARY_HELP, epilog=HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", help="particle trajectory (.h5), or a result of pdeflow stationary (start from its point)")
+    p.add_argument("--kind", choices=KINDS, required=True, help="nearest: Newton-Krylov; minimum: a local minimum")
+    p.add_argument("--method", choices=METHODS, default=None,
+                   help=f"the descent search of --kind minimum (default {METHODS[0]})")
+    p.add_argument("--frame", type=int, default=-1, help="frame to start from (default: the last)")
+    p.add_argument("-o", "--output", help="result file (default: <file stem>-<kind>.h5 beside the file)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing result file")
+    p.add_argument("--ratio", type=float, default=DISSIPATION_RATIO,
+                   help=f"converged when I <= ratio x I(0) (default {DISSIPATION_RATIO:g})")
+    p.add_argument("--krylov-dim", type=int, default=KRYLOV_DIM,
+                   help=f"Lanczos steps of the spectrum (default {KRYLOV_DIM})")
+    p.add_argument("--max-wall", type=float, default=0.0, metavar="SECONDS",
+                   help="stop the search after this many seconds and report the point reached (default: no limit)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_stationary)
