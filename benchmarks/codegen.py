@@ -160,7 +160,7 @@ _NAME_PART = re.compile(r"(\d+)")
 
 
 def short_name(symbol: str) -> str:
-    """``pdeflow.core.kernels._scores`` from numba's mangled ``_ZN7pdeflow7kernels7_scoresB3v10...`` (the
+    """``pdeflow.core.kernels._scores`` from numba's mangled ``_ZN7pdeflow4core7kernels7_scoresB3v10...`` (the
     length-prefixed parts of the nested name, up to numba's ``B``/``E`` suffix)."""
     rest = symbol[3:] if symbol.startswith("_ZN") else symbol
     parts = []

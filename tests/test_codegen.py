@@ -159,9 +159,9 @@ def test_kernel_scratch_arrays_start_at_cache_lines(dtype):
 def test_functions_and_hot_loops_split_a_library_by_function():
     """The static model's input: the library's machine code split at its functions (numba links the jitted
     helpers into the kernel's library), and each function's vectorized FMA loops with their bodies."""
-    sym = "_ZN7pdeflow7kernels7_scoresB3v10B56c8tJTIeFxx"
+    sym = "_ZN7pdeflow4core7kernels7_scoresB3v10B56c8tJTIeFxx"
     assert codegen.short_name(sym) == "pdeflow.core.kernels._scores"
-    asm = ASM.replace("_kernel:", sym + ":") + "_ZN7pdeflow7kernels4_fooB2v1E:\n" + ASM.split("\n", 1)[1]
+    asm = ASM.replace("_kernel:", sym + ":") + "_ZN7pdeflow4core7kernels4_fooB2v1E:\n" + ASM.split("\n", 1)[1]
     funcs = codegen.functions(asm)
     assert list(funcs) == ["pdeflow.core.kernels._scores", "pdeflow.core.kernels._foo"]
     loops = codegen.hot_loops(asm)

@@ -411,8 +411,10 @@ def test_a_live_run_is_read_but_not_resumed_overwritten_or_edited(refs, tmp_path
 # ``pdeflow ARGS`` whose N-th dataset creation in /analysis sends SIG to the process itself: the signal lands
 # in the middle of writing the analysis.
 SIGNAL_IN_ANALYSIS = """
-import os, sys, h5py
+import os, signal, sys, h5py
 from pdeflow.interface.cli import main
+# a pytest-xdist worker ignores SIGINT, and a child inherits an ignored signal: Ctrl-C's default again
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sig, n = int(sys.argv[1]), int(sys.argv[2])
 create = h5py.Group.create_dataset
 count = [0]
