@@ -99,13 +99,17 @@ class RitzPairs:
 
 
 def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
-                project: Callable[[np.ndarray], np.ndarray] | None = None) -> RitzPairs:
+                project: Callable[[np.ndarray], np.ndarray] | None = None, *, check_every: int = 0,
+                enough: Callable[[RitzPairs], bool] | None = None) -> RitzPairs:
     """Rayleigh-Ritz of the symmetric operator ``C = Pi A Pi`` (``A`` = ``apply`` on flat vectors [n], ``Pi`` =
     ``project``, default the identity) on the Krylov space ``span{x0, C x0, ..., C^(d-1) x0}``, ``x0 = Pi start``,
     ``d = dims``: Lanczos with full reorthogonalisation (twice, Kahan-Parlett), d products of ``apply`` (fewer if
     the space is invariant; the caller's ``apply`` counts them). ``T = Q^T C Q`` from the stored images ``C Q``, so
     the residuals ``|C Q y - theta Q y|`` are computed, not estimated, and hold with rounding whatever the loss
-    of orthogonality. Memory: two [n, d] arrays. ValueError when ``Pi start`` is zero or not finite (no space)."""
+    of orthogonality. With ``check_every > 0`` and ``enough``, the Ritz pairs of every ``check_every`` steps are
+    offered to ``enough`` and the run ends with the first it accepts: one run grows until what the caller needs
+    has converged, where a restart with more steps would repeat the products of the first. Memory: two [n, d]
+    arrays. ValueError when ``Pi start`` is zero or not finite (no space)."""
     def op(x: np.ndarray) -> np.ndarray:
         return apply(x) if project is None else project(apply(x))
 
@@ -122,6 +126,10 @@ def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
         basis[:, j] = q
         images[:, j] = op(q)
         size = j + 1
+        if enough is not None and check_every > 0 and size % check_every == 0 and size < dims:
+            pairs = _rayleigh_ritz(basis[:, :size], images[:, :size])
+            if enough(pairs):
+                return pairs
         w = images[:, j] - basis[:, :size] @ (basis[:, :size].T @ images[:, j])
         w -= basis[:, :size] @ (basis[:, :size].T @ w)  # twice is enough (Kahan-Parlett)
         norm = float(np.linalg.norm(w))
@@ -133,7 +141,12 @@ def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
             w -= basis[:, :size] @ (basis[:, :size].T @ w)
             norm = float(np.linalg.norm(w))
         q = w / norm
-    Q, CQ = basis[:, :size], images[:, :size]
+    return _rayleigh_ritz(basis[:, :size], images[:, :size])
+
+
+def _rayleigh_ritz(Q: np.ndarray, CQ: np.ndarray) -> RitzPairs:
+    """The Ritz pairs of C on the orthonormal basis ``Q`` [n, m] from its images ``CQ = C Q`` [n, m], with the
+    residuals computed from the images."""
     T = Q.T @ CQ
     values, y = np.linalg.eigh(0.5 * (T + T.T))
     vectors = Q @ y

@@ -68,6 +68,33 @@ def test_krylov_ritz_equals_eigh_of_the_projected_matrix():
     assert theta == again.values[-1] and np.array_equal(x, again.vectors[:, -1])
 
 
+def test_krylov_ritz_grows_until_enough_and_stops_there():
+    """With check_every and enough, the run offers its Ritz pairs every check_every steps and ends at the first
+    accepted: the products stop there, and the pairs are those of a run asked for that many steps from the same
+    start (the same Lanczos basis), so the lowest Ritz value is the interlacing bound it would be."""
+    rng = np.random.default_rng(1)
+    n = 60
+    A = np.diag(np.concatenate([[1e-3, 2e-3], np.linspace(1.0, 100.0, n - 2)]))
+    start = rng.standard_normal(n)
+    offered, calls = [], []
+
+    def apply(x):
+        calls.append(1)
+        return A @ x
+
+    def enough(pairs):
+        offered.append(pairs.values.size)
+        return bool(pairs.residuals[0] <= 1e-6 * pairs.values[-1])
+
+    grown = krylov_ritz(apply, start, n, check_every=5, enough=enough)
+    assert offered == list(range(5, len(calls) + 1, 5)) and len(calls) < n and grown.values.size == len(calls)
+    assert grown.residuals[0] <= 1e-6 * 100.0 and abs(grown.values[0] - 1e-3) <= grown.residuals[0]
+    fixed = krylov_ritz(A.__matmul__, start, len(calls))
+    np.testing.assert_allclose(grown.values, fixed.values, rtol=0, atol=1e-12)
+    ignored = krylov_ritz(A.__matmul__, start, 12, check_every=0, enough=lambda pairs: True)
+    assert ignored.values.size == 12
+
+
 # ---- the symmetry directions ---------------------------------------------------------------------
 @pytest.mark.parametrize("head_dim", [2, 3])
 def test_symmetry_count_equals_the_formula(head_dim):

@@ -3,8 +3,6 @@ returns to a perturbed known saddle with its index, each minimum search escapes 
 dense eigendecomposition), and the result file is read back by ``info`` and ``diagnose --stationary``."""
 from __future__ import annotations
 
-import dataclasses
-
 import h5py
 import numpy as np
 import pytest
@@ -162,27 +160,23 @@ def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsy
     assert len(err) == 5 and all(line.startswith("pdeflow: error: ") for line in err), err
 
 
-def test_classify_runs_a_longer_lanczos_when_the_lowest_end_has_not_converged(saddle, monkeypatch):
-    """Near a minimum the lowest eigenvalues converge last: when the first Lanczos run converges none of them, a run
-    of KRYLOV_GROWTH times the steps follows, and its products are counted with the first's."""
+def test_classify_grows_one_lanczos_run_until_the_lowest_end_converges(saddle):
+    """Near a minimum the lowest eigenvalues converge last: classify's Lanczos run goes on past krylov_dim steps (up
+    to KRYLOV_GROWTH times) until the lowest Ritz value converges, in one run (no products repeated), and
+    what it reports equals a dense eigendecomposition of S off the symmetry directions."""
     import pdeflow.analysis.stationary as st
 
     problem, omega, _, _ = saddle
-    calls = []
-    real = st.spectrum_ends
-
-    def spy(problem, omega, mass, *, krylov_dim):
-        calls.append(krylov_dim)
-        ends = real(problem, omega, mass, krylov_dim=krylov_dim)
-        if len(calls) == 1:  # as if nothing at the lowest end had converged
-            ends = dataclasses.replace(ends, lowest=ends.lowest[:0], lowest_residual=ends.lowest_residual[:0])
-        return ends
-
-    monkeypatch.setattr(st, "spectrum_ends", spy)
+    dense = dense_spectrum(problem, omega, MASS)
     c = st.Counter(problem, MASS, omega.shape)
-    spectrum, products, _ = st.classify(problem, c, c.coordinates(omega), 10, lambda msg: None)
-    assert calls == [10, 10 * st.KRYLOV_GROWTH] and spectrum.lowest.size > 0
-    assert products > 0 and c.gradients == 2  # two start vectors
+    spectrum, products, _ = st.classify(problem, c, c.coordinates(omega), 11, lambda msg: None)
+    assert 11 < products < 11 * st.KRYLOV_GROWTH and products % 11 == 0  # stopped at a check before the longest
+    assert c.gradients == 1 and products == spectrum.products  # one start vector, one run
+    assert spectrum.lowest[0] == spectrum.lowest_ritz  # the lowest Ritz value is the converged one
+    np.testing.assert_allclose(spectrum.lowest[0], dense[0], atol=1e-9 * np.abs(dense).max())
+    short = st.spectrum_ends(problem, omega, MASS, krylov_dim=11)
+    # eleven steps alone leave the lowest Ritz value unconverged there: the growth was needed
+    assert short.lowest.size == 0 or short.lowest[0] != short.lowest_ritz
 
 
 def test_the_shipped_minimum_of_the_long_run_is_stationary_at_its_energy():

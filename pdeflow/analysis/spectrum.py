@@ -26,7 +26,7 @@ import numpy as np
 import scipy.sparse.linalg
 
 from ..core.problem import Problem
-from ..solvers.jacobian import krylov_ritz, mass_weighted
+from ..solvers.jacobian import RitzPairs, krylov_ritz, mass_weighted
 from .stability import symmetry_tangents
 
 KRYLOV_DIM = 300        # Lanczos steps of spectrum_ends: the products of one spectral record
@@ -211,20 +211,29 @@ def start_vector(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.nd
 
 def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, krylov_dim: int = KRYLOV_DIM,
                   n_ends: int = N_ENDS, tol: float = RITZ_TOL,
-                  symmetry: Symmetry | DenseSymmetry | np.ndarray | None = None) -> SpectrumEnds:
+                  symmetry: Symmetry | DenseSymmetry | np.ndarray | None = None,
+                  max_dim: int = 0) -> SpectrumEnds:
     """Both ends of the spectrum of ``Pi S Pi`` at the measure (``omega`` [N, k], ``mass`` [N]) from one Lanczos
     run of ``krylov_dim`` steps with full reorthogonalisation (:func:`pdeflow.solvers.jacobian.krylov_ritz`) from
     :func:`start_vector`: ``krylov_dim`` products (capped at ``N k - r``) and one gradient. A Ritz value counts
     as converged when its residual is at most ``tol * max(|theta_max|, |theta_min|)``; only converged values
-    among the ``n_ends`` lowest and the ``n_ends`` highest are reported (:class:`SpectrumEnds`)."""
+    among the ``n_ends`` lowest and the ``n_ends`` highest are reported (:class:`SpectrumEnds`). With ``max_dim >
+    krylov_dim`` the same run goes on, ``krylov_dim`` steps at a time, up to ``max_dim`` steps until the lowest Ritz
+    value has converged (near a minimum the lowest eigenvalues converge last; the verdict rests on it)."""
     omega = np.asarray(omega, dtype=float)
     op = hessian_operator(problem, omega, mass, symmetry)
     sym = op.symmetry
-    dims = min(int(krylov_dim), omega.size - sym.size)
-    pairs = krylov_ritz(op.matvec, start_vector(problem, omega, mass), dims, sym.project)
+    room = omega.size - sym.size
+    dims = min(int(krylov_dim), room)
+    longest = min(max(int(max_dim), dims), room)
+
+    def lowest_converged(pairs: RitzPairs) -> bool:
+        return bool(_converged(pairs, tol)[0])
+
+    pairs = krylov_ritz(op.matvec, start_vector(problem, omega, mass), longest, sym.project,
+                        check_every=dims if longest > dims else 0, enough=lowest_converged)
     values, residuals = pairs.values, pairs.residuals
-    scale = max(abs(float(values[-1])), abs(float(values[0])), np.finfo(float).tiny)
-    converged = residuals <= tol * scale
+    converged = _converged(pairs, tol)
     m = values.size
     low = np.arange(min(n_ends, m))
     low = low[converged[low]]
@@ -235,6 +244,12 @@ def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
                         highest_residual=residuals[high], morse_index_lower=index, n_symmetry=sym.size,
                         products=op.products, lowest_vectors=pairs.vectors[:, low], lowest_ritz=float(values[0]),
                         lowest_ritz_residual=float(residuals[0]))
+
+
+def _converged(pairs: RitzPairs, tol: float) -> np.ndarray:
+    """Which Ritz values [m] have converged: residual <= ``tol`` times the larger end's magnitude."""
+    scale = max(abs(float(pairs.values[-1])), abs(float(pairs.values[0])), np.finfo(float).tiny)
+    return pairs.residuals <= tol * scale
 
 
 __all__ = ["KRYLOV_DIM", "N_ENDS", "RITZ_TOL", "DenseSymmetry", "HessianOperator", "SpectrumEnds", "Symmetry",
