@@ -5,19 +5,17 @@
 1. **flow**: the shipped long run (rkc) from t = 0 with ``run.wall_time_limit = --wall`` (default 300 s; ``--t-end``
    bounds it in time instead, for a toy run), written to ``DIR/flow.h5``; or ``--flow FILE``, such a run made
    before (its own wall time and counts are this step's);
-2. **solve**: :func:`pdeflow.analysis.stationary.minimum` (trust-region Newton-Krylov with negative curvature) from its
-last
-   frame, until ``I <= 1e-12 I(0)``, at most ``--max-iter`` iterations per attempt;
+2. **solve**: :func:`pdeflow.analysis.stationary.minimum` (``--method``: L-BFGS by default, or trust-region
+   Newton-Krylov; restarted along negative curvature) from its last frame, until ``I <= 1e-12 I(0)``, at most
+   ``--max-iter`` iterations per attempt;
 3. **certification**: the spectrum ends there (:func:`pdeflow.analysis.spectrum.spectrum_ends`), part of step 2's
-result,
-   reported separately: certified when the lowest converged eigenvalue off the symmetry directions is positive by
-   more than its residual;
+   result, reported separately: certified when the lowest Ritz value off the symmetry directions has converged and
+   is positive by more than its residual;
 4. **the flow at the same wall time**: the run continued (``--resume`` on a copy) for the wall time the solve and the
    certification took, so the energy the flow alone reaches in the same total wall time stands beside E*.
 
 Costs in gradient evaluations (a JVP at :data:`pdeflow.analysis.stationary.JVP_GRADIENTS`, the flow's from its /steps
-rows:
-:func:`pdeflow.analysis.diagnostics.spectral.run_gradient_equivalents`) and wall seconds, with the CPU model and the
+rows: :func:`pdeflow.analysis.diagnostics.spectral.run_gradient_equivalents`) and wall seconds, with the CPU model and the
 load average before and after. Writes ``time_to_minimum.json`` and ``time_to_minimum.md`` into DIR (default
 benchmarks/results). ``--n`` sets the particles and the sequences (``init.n_particles``, ``task.n_samples``),
 ``--set`` any other key (toy runs).

@@ -85,6 +85,19 @@ def test_minimum_escapes_the_saddle_to_a_certified_minimum(saddle, method):
     assert problem.evaluate(point.omega, MASS).dissipation <= 1e-12 * initial
 
 
+def test_minimum_finishes_by_newton_where_lbfgs_stalls_on_rounding(saddle):
+    """Asked for I <= 1e-30 I(0), beyond what E's rounding lets a line search on E resolve, the L-BFGS search
+    stalls, and Newton steps globalised on I finish it: a certified minimum with I below the target (the same
+    minimum as at the default ratio)."""
+    problem, omega, _, initial = saddle
+    deep = minimum(problem, omega, MASS, initial, ratio=1e-30)
+    assert deep.converged and deep.certified and deep.products > 0  # the search's products are Newton's
+    assert problem.evaluate(deep.omega, MASS).dissipation <= 1e-30 * initial
+    usual = minimum(problem, omega, MASS, initial)
+    # at the usual ratio E is off E* by about I / (2 lambda_min) <= 1e-12 here
+    assert usual.products == 0 and deep.energy == pytest.approx(usual.energy, abs=1e-12)
+
+
 def test_the_newton_solve_reaches_the_residual_asked_on_a_nearly_singular_indefinite_system():
     """A symmetric indefinite matrix with two eigenvalues near 0 (-1e-4, 2e-4) among [-1, 100], as S has near a
     saddle where heads die: the Newton step's solve reaches |A p + b| <= 0.01 |b|, where scipy's MINRES stops early

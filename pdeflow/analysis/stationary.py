@@ -15,7 +15,7 @@ no information and make S singular.
   backtracking line search on I (the step is a descent direction of I when the solve is accurate:
   ``d/da I(v + a p) = 2 g^T S p ~ -2 I``). It converges to the stationary point, saddle or minimum, whose basin of
   Newton's method holds the start.
-- :func:`minimum`: a descent search on E, by default L-BFGS (``scipy.optimize.minimize(method="L-BFGS-B")``,
+- :func:`minimum`: a descent search on E, by default L-BFGS (:func:`pdeflow.analysis.lbfgs.lbfgs`,
   :data:`LBFGS_MEMORY` pairs; measured on longtime.toml it lowers E several times faster per gradient
   equivalent than the flow or the trust-region search, docs/solvers.md), or ``method="trust-region"``:
   ``trust-krylov`` with ``hessp = Pi S Pi`` (the Lanczos-based GLTR subproblem solver follows directions of
@@ -43,6 +43,7 @@ import scipy.sparse.linalg
 
 from ..core.config import Config
 from ..core.problem import Problem
+from .lbfgs import lbfgs
 from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends
 
 DISSIPATION_RATIO = 1e-12   # converged: I <= DISSIPATION_RATIO * I(0)
@@ -54,7 +55,8 @@ LINE_SEARCH = 30             # halvings of a Newton step at most
 ARMIJO = 1e-4                # sufficient decrease of I along a Newton step
 KINDS = ("nearest", "minimum")
 METHODS = ("lbfgs", "trust-region")   # the descent searches of minimum
-LBFGS_MEMORY = 30            # L-BFGS correction pairs (scipy's default is 10)
+LBFGS_MEMORY = 100           # L-BFGS correction pairs: on longtime.toml 100 reach an energy in 2/3 of the
+                             # gradients 30 need, for 2x the 6 ms an iteration costs with 30 (n = 32,768)
 KRYLOV_GROWTH = 3            # classify: the longest Lanczos run, in units of the first check
 MAX_ITER = {"lbfgs": 100_000, "trust-region": 2000}   # iterations of one search at most (by default)
 
@@ -192,21 +194,15 @@ def newton_step(op: scipy.sparse.linalg.LinearOperator, g: np.ndarray, eta: floa
     return p
 
 
-def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
-            ratio: float = DISSIPATION_RATIO, max_newton: int = MAX_NEWTON, krylov_dim: int = KRYLOV_DIM,
-            max_wall: float = math.inf, progress: Progress | None = None) -> StationaryPoint:
-    """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
-    until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, or ``max_wall`` seconds: then the point
-    reached is reported, not converged), then the spectrum there (``krylov_dim`` Lanczos steps)."""
-    say = progress or (lambda msg: None)
-    c = Counter(problem, mass, np.shape(omega))
-    target = ratio * initial_dissipation
-    v = c.coordinates(omega)
-    E, g = c.energy_and_gradient(v)
-    I0 = I = float(g @ g)
+def _newton(c: Counter, v: np.ndarray, E: float, g: np.ndarray, hist: _History, target: float, max_newton: int,
+            max_wall: float, say: Progress) -> tuple[np.ndarray, float, np.ndarray, float, int, str]:
+    """Newton steps on ``g(v) = 0`` from ``v`` (energy ``E``, gradient ``g``) until ``I <= target``, ``max_newton``
+    steps or ``max_wall`` seconds of ``c``: each step's solve by :func:`newton_step` to a relative residual
+    ``min(ETA_MAX, |g| / |g_start|)``, globalised by backtracking on I. Returns the point, E, g, I, the steps and
+    why they stopped."""
+    I = float(g @ g)
     g0 = math.sqrt(I)
-    hist = _History(c)
-    hist.add(E, I)
+    it = 0
     it = 0
     while True:
         if I <= target:
@@ -239,6 +235,24 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         hist.add(E, I)
         say(f"Newton {it}: E = {E:.12g}, I = {I:.3e}, step {alpha:g} x |p| = {np.linalg.norm(p):.3g}, "
             f"{c.products} products")
+    return v, E, g, I, it, message
+
+
+def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
+            ratio: float = DISSIPATION_RATIO, max_newton: int = MAX_NEWTON, krylov_dim: int = KRYLOV_DIM,
+            max_wall: float = math.inf, progress: Progress | None = None) -> StationaryPoint:
+    """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
+    until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, or ``max_wall`` seconds: then the point
+    reached is reported, not converged), then the spectrum there (``krylov_dim`` Lanczos steps)."""
+    say = progress or (lambda msg: None)
+    c = Counter(problem, mass, np.shape(omega))
+    target = ratio * initial_dissipation
+    v = c.coordinates(omega)
+    E, g = c.energy_and_gradient(v)
+    I0 = I = float(g @ g)
+    hist = _History(c)
+    hist.add(E, I)
+    v, E, g, I, it, message = _newton(c, v, E, g, hist, target, max_newton, max_wall, say)
     return _finish(problem, "nearest", c, v, E, I, I0, initial_dissipation, target, it, message, hist,
                    krylov_dim, say)
 
@@ -249,13 +263,14 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
             progress: Progress | None = None, on_iterate: Callable[[np.ndarray], None] | None = None
             ) -> StationaryPoint:
     """A local minimum of E from ``omega`` [N, k] (module docstring): a descent search (``method``: ``"lbfgs"``,
-    scipy's L-BFGS-B with :data:`LBFGS_MEMORY` pairs, or ``"trust-region"``, trust-region Newton-Krylov with
-    ``hessp`` the projected S) until ``I <= ratio * initial_dissipation``, then the spectrum; while a converged
-    negative eigenvalue remains (at most ``max_restarts`` times) the search restarts from the point moved along
-    its eigenvector by ``escape`` (0: by ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers
-    E. ``max_iter`` bounds the iterations of each search (0: :data:`MAX_ITER` of the method). After ``max_wall``
-    seconds the search stops at its latest iterate (reported, not converged). ``on_iterate(omega)`` is called with
-    every iterate [N, k] (to keep the latest, say)."""
+    :func:`pdeflow.analysis.lbfgs.lbfgs` with :data:`LBFGS_MEMORY` pairs, finished by Newton steps on I if it
+    stalls, or ``"trust-region"``, trust-region Newton-Krylov with ``hessp`` the projected S) until ``I <= ratio
+    * initial_dissipation``, then the spectrum; while a converged negative eigenvalue remains (at most
+    ``max_restarts`` times) the search restarts from the point moved along its eigenvector by ``escape`` (0: by
+    ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. ``max_iter`` bounds the
+    iterations of each search (0: :data:`MAX_ITER` of the method). After ``max_wall`` seconds the search stops at
+    its latest iterate (reported, not converged). ``on_iterate(omega)`` is called with every iterate [N, k] (to
+    keep the latest, say)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     say = progress or (lambda msg: None)
@@ -291,20 +306,25 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
             say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {dissipation:.3e}, {c.products} products, "
                 f"{c.gradients} gradients, {c.wall:.1f} s")
 
-    if method == "lbfgs":
-        # gtol, ftol 0: only the dissipation target (the callback), max_iter or the wall stop the search
-        kwargs = {"method": "L-BFGS-B", "options": {"maxcor": LBFGS_MEMORY, "gtol": 0.0, "ftol": 0.0,
-                                                    "maxiter": max_iter or MAX_ITER[method],
-                                                    "maxfun": 2 * (max_iter or MAX_ITER[method])}}
-    else:
-        kwargs = {"method": "trust-krylov", "hessp": hessp,
-                  "options": {"gtol": math.sqrt(target), "maxiter": max_iter or MAX_ITER[method]}}
+    kwargs = {"method": "trust-krylov", "hessp": hessp,
+              "options": {"gtol": math.sqrt(target), "maxiter": max_iter or MAX_ITER[method]}}
     iterations, message = 0, ""
     spectrum = None
     certify_products, certify_wall = 0, 0.0
     for attempt in range(max_restarts + 1):
         start = len(hist.rows)
-        if I0 > target or attempt > 0:
+        if (I0 > target or attempt > 0) and method == "lbfgs":
+            # only the dissipation target (the callback), max_iter or the wall stop the search
+            found = lbfgs(fun, v, memory=LBFGS_MEMORY, max_iter=max_iter or MAX_ITER[method], callback=record)
+            v, message = found.x, f"{method}: {found.message}"
+            if found.stalled and c.wall <= max_wall:
+                # E's decrease along a step has fallen to E's rounding before I reached the target: Newton's
+                # steps, globalised on I (known to a relative precision E - E* is not), finish the search
+                E, g = fun(v)
+                say(f"{method} stalled ({found.message}) at I = {float(g @ g):.3e}: Newton steps")
+                v, E, g, _, taken, newton_message = _newton(c, v, E, g, hist, target, MAX_NEWTON, max_wall, say)
+                message += f"; {taken} Newton steps: {newton_message}"
+        elif I0 > target or attempt > 0:
             res = scipy.optimize.minimize(fun, v, jac=True, callback=record, **kwargs)
             v = res.x
             message = f"{method}: {res.message}"
