@@ -98,6 +98,33 @@ def test_minimum_finishes_by_newton_where_lbfgs_stalls_on_rounding(saddle):
     assert usual.products == 0 and deep.energy == pytest.approx(usual.energy, abs=1e-12)
 
 
+def test_minimum_holds_dead_heads_at_the_origin_and_leaves_them_out(monkeypatch):
+    """Six heads, two exactly at the origin (a stationary point of every head in full coordinates, not in reduced
+    ones): the L-BFGS search evaluates only the four live heads, and ends at the same certified minimum, the dead
+    heads still at 0, as the search over all six heads (which keeps them at 0 too: their gradient vanishes)."""
+    import pdeflow.analysis.stationary as st
+
+    problem = Problem.from_config(loads_config(TINY))
+    omega = np.random.default_rng(0).standard_normal((6, problem.k)) * 0.7
+    omega[[1, 4]] = 0.0
+    mass = np.full(6, 1.0 / 6.0)
+    assert st.origin_is_stationary(problem, omega, mass)
+    reduced = Problem.from_config(loads_config(TINY, ["model.coordinates=gain2"]))
+    assert not st.origin_is_stationary(reduced, np.ones((3, reduced.k)), np.full(3, 1.0 / 3.0))
+    initial = problem.evaluate(omega, mass).dissipation
+    sizes = []
+    evaluate = problem.evaluate
+    monkeypatch.setattr(problem, "evaluate", lambda o, m: sizes.append(len(o)) or evaluate(o, m))
+    held = minimum(problem, omega, mass, initial)
+    assert held.certified and sizes.count(4) >= held.iterations and set(sizes) == {4, 6}
+    assert np.all(held.omega[[1, 4]] == 0.0)
+    monkeypatch.setattr(st, "origin_is_stationary", lambda *args: False)
+    sizes.clear()
+    every = minimum(problem, omega, mass, initial)
+    assert set(sizes) == {6} and every.certified
+    assert held.energy == pytest.approx(every.energy, abs=1e-13)
+
+
 def test_the_newton_solve_reaches_the_residual_asked_on_a_nearly_singular_indefinite_system():
     """A symmetric indefinite matrix with two eigenvalues near 0 (-1e-4, 2e-4) among [-1, 100], as S has near a
     saddle where heads die: the Newton step's solve reaches |A p + b| <= 0.01 |b|, where scipy's MINRES stops early
