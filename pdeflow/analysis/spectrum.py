@@ -31,6 +31,7 @@ from .stability import symmetry_tangents
 
 KRYLOV_DIM = 300        # Lanczos steps of spectrum_ends: the products of one spectral record
 N_ENDS = 10             # Ritz values reported at each end (the converged ones among them)
+RESOLVED = 0.1         # spectrum_ends(max_dim=...) grows until the lowest Ritz value's residual is this share of it
 RITZ_TOL = 1e-6         # converged: residual <= RITZ_TOL * max(|lambda_max|, |lambda_min|)
 START_SEED = 20260      # the fixed random part of the Lanczos start vector
 
@@ -219,7 +220,8 @@ def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
     as converged when its residual is at most ``tol * max(|theta_max|, |theta_min|)``; only converged values
     among the ``n_ends`` lowest and the ``n_ends`` highest are reported (:class:`SpectrumEnds`). With ``max_dim >
     krylov_dim`` the same run goes on, ``krylov_dim`` steps at a time, up to ``max_dim`` steps until the lowest Ritz
-    value has converged (near a minimum the lowest eigenvalues converge last; the verdict rests on it)."""
+    value has converged with a residual at most :data:`RESOLVED` times its size (near a minimum the lowest
+    eigenvalues converge last, and the verdict rests on the sign of the lowest)."""
     omega = np.asarray(omega, dtype=float)
     op = hessian_operator(problem, omega, mass, symmetry)
     sym = op.symmetry
@@ -227,11 +229,11 @@ def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
     dims = min(int(krylov_dim), room)
     longest = min(max(int(max_dim), dims), room)
 
-    def lowest_converged(pairs: RitzPairs) -> bool:
-        return bool(_converged(pairs, tol)[0])
+    def lowest_resolved(pairs: RitzPairs) -> bool:
+        return bool(_converged(pairs, tol)[0] and pairs.residuals[0] <= RESOLVED * abs(float(pairs.values[0])))
 
     pairs = krylov_ritz(op.matvec, start_vector(problem, omega, mass), longest, sym.project,
-                        check_every=dims if longest > dims else 0, enough=lowest_converged)
+                        check_every=dims if longest > dims else 0, enough=lowest_resolved)
     values, residuals = pairs.values, pairs.residuals
     converged = _converged(pairs, tol)
     m = values.size
@@ -252,5 +254,5 @@ def _converged(pairs: RitzPairs, tol: float) -> np.ndarray:
     return pairs.residuals <= tol * scale
 
 
-__all__ = ["KRYLOV_DIM", "N_ENDS", "RITZ_TOL", "DenseSymmetry", "HessianOperator", "SpectrumEnds", "Symmetry",
-           "head_symmetries", "hessian_operator", "spectrum_ends", "start_vector", "symmetry_basis"]
+__all__ = ["KRYLOV_DIM", "N_ENDS", "RESOLVED", "RITZ_TOL", "DenseSymmetry", "HessianOperator", "SpectrumEnds",
+           "Symmetry", "head_symmetries", "hessian_operator", "spectrum_ends", "start_vector", "symmetry_basis"]

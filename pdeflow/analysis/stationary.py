@@ -436,11 +436,11 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
 
 def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int,
              say: Progress) -> tuple[SpectrumEnds, int, float]:
-    """The spectrum ends at ``v`` (:func:`pdeflow.analysis.spectrum.spectrum_ends`, ``krylov_dim`` Lanczos steps),
-    the run continued up to :data:`KRYLOV_GROWTH` times the steps while the lowest Ritz value has not converged
-    (certification rests on it): near a minimum the lowest eigenvalues sit at 1e-6 of lambda_max and converge last
-    (measured on longtime.toml: none of them in 300 steps, 7.4e-5 with residual 1e-14 in 900). Returns the
-    spectrum, the products and the wall seconds."""
+    """The spectrum ends at ``v`` (:func:`pdeflow.analysis.spectrum.spectrum_ends`, ``krylov_dim`` Lanczos steps), the
+    run continued up to :data:`KRYLOV_GROWTH` times the steps until the lowest Ritz value has converged and is
+    resolved from 0 (:data:`pdeflow.analysis.spectrum.RESOLVED`; certification rests on its sign): near a minimum
+    the lowest eigenvalues sit at 1e-6 of lambda_max and converge last (measured on longtime.toml: none of them
+    in 300 steps, 7.4e-5 with residual 1e-14 in 900). Returns the spectrum, the products and the wall seconds."""
     t0 = time.perf_counter()
     spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim,
                              max_dim=KRYLOV_GROWTH * krylov_dim)
