@@ -7,7 +7,14 @@ package data).
 The wheel is built from a copy of the tracked files (the build leaves nothing in the checkout) and installed
 with ``--no-deps`` into a new venv; the venv then sees this interpreter's site-packages for the dependencies
 only (a path file added after the install, whose own path files Python does not run, so the checkout's
-editable install stays invisible)."""
+editable install stays invisible).
+
+The benchmark suite's smoke test (issue 4) is this one installed run of ``pdeflow bench --preset tiny``: every
+measurement at a tiny size - PyTorch baselines only where torch is installed - with the kernel planner measuring
+too, a JSON record and a markdown table whose structure is checked (the numbers are not: benchmarks stay out of
+the test suite). One run serves both checks: a bench run compiles the kernels afresh for its machine-code
+report, the most expensive part of it.
+"""
 from __future__ import annotations
 
 import json
@@ -20,6 +27,7 @@ import venv
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,8 +105,109 @@ def test_only_pdeflow_is_importable_from_the_install(installed) -> None:
     assert found["config_exists"]
 
 
+@pytest.fixture(scope="module")
+def bench(installed, tmp_path_factory) -> tuple[dict, str, str]:
+    """``pdeflow bench --preset tiny`` of the installed wheel, run outside the checkout with the kernel planner on
+    (its plan file in a temporary folder, not the user's cache): (JSON record, markdown table, stdout)."""
+    _, _, bindir, work = installed
+    plans = tmp_path_factory.mktemp("plans")
+    env = {k: v for k, v in _env().items() if k not in ("PDEFLOW_TUNE", "PDEFLOW_VARIANT")}
+    env["PDEFLOW_CACHE_DIR"] = str(plans)
+    proc = subprocess.run([str(bindir / "pdeflow"), "bench", "--preset", "tiny", "--out", "bench"], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (js,) = (work / "bench").glob("bench-tiny-*.json")
+    (md,) = (work / "bench").glob("bench-tiny-*.md")
+    res = json.loads(js.read_text())
+    from pdeflow.core import tuner
+
+    res["_plans_file"] = json.loads((plans / tuner.PLAN_FILE).read_text())
+    return res, md.read_text(), proc.stdout
+
+
 @pytest.mark.slow
-def test_run_and_bench_work_outside_the_checkout(installed) -> None:
+def test_bench_runs_at_tiny_size_outside_the_checkout(bench) -> None:
+    res, table, stdout = bench
+    assert "| measurement | value | target | met |" in stdout
+    assert table in stdout
+    assert res["config"].endswith("bench-reference.toml") and "site-packages" in res["config"]
+    for key in ("grad_phi_seconds", "gflops_model", "fraction_of_matmul", "step_over_grad_phi", "float32_speedup",
+                "thread_speedup_1_to_2", "peak_memory_mib", "exponent_N", "exponent_B", "exponent_T"):
+        assert np.isfinite(res[key]) and res[key] > 0 or key.startswith("exponent"), key
+    assert set(res["targets"]) >= {"speedup_vs_torch_float64", "fraction_of_matmul", "peak_memory_mib"}
+    assert res["flops"]["model"] < res["flops"]["executed"]
+    # the baselines compute the same numbers as pdeflow
+    assert res["numpy"]["rel_error"] < 1e-10
+    if "skipped" not in res["torch"]:
+        assert res["torch"]["float64"]["rel_error"] < 1e-10
+    assert res["machine"]["cpu_count"] >= 1
+    # issue 18: what the kernels run on and were compiled for, per-pass rates, every target flagged
+    assert res["machine"]["cpu"]["model"] and res["machine"]["cpu"]["vendor"]
+    assert res["machine"]["caches"]["L1d"] > 0 and res["machine"]["caches"]["L2"] > res["machine"]["caches"]["L1d"]
+    cg = res["codegen"]
+    assert cg["llvm_cpu"] and isinstance(cg["llvm_features"], str)
+    assert cg["features_chosen_by"] in ("pdeflow", "user", "numba")
+    assert cg["vector_width"] in ("zmm", "ymm", "xmm") and cg["vector_bits"] in (512, 256, 128)
+    assert {"_attention_units[float64]", "_attention_vjp_units[float64][accumulate=True]"} <= set(cg["kernels"])
+    if cg["avx512f"] and cg["features_chosen_by"] == "pdeflow":
+        assert cg["prefer_256_bit"] == "-prefer-256-bit" and cg["vector_width"] == "zmm"
+    t64 = cg["tiles"]["float64"]
+    assert t64["heads_per_work_unit"] >= 1 and t64["heads_per_chunk"] >= 1 and t64["sequences_per_chunk"] >= 1
+    assert 0 < t64["scratch_forward_bytes"] < t64["scratch_backward_bytes"]
+    for key in ("logits_pass", "gradient_pass", "system_jvp"):
+        assert res["rates"][key]["seconds"] > 0 and res["rates"][key]["gflops_model"] > 0, key
+    assert res["flops"]["model_logits_pass"] + res["flops"]["model_gradient_pass"] == res["flops"]["model"]
+    assert res["flops"]["executed_logits_pass"] + res["flops"]["executed_gradient_pass"] == res["flops"]["executed"]
+    assert set(res["targets"]) >= {"speedup_vs_torch_float64", "speedup_vs_torch_float32", "fraction_of_matmul",
+                                   "fraction_of_matmul_executed", "exponent_N", "exponent_B",
+                                   "thread_speedup_1_to_2", "float32_speedup"}
+    missed = [k for k, v in res["targets"].items() if v["met"] is False]
+    assert table.count("**MISSED**") == 2 * len(missed)  # in its row and in the closing list
+    for key in missed:
+        assert f"**MISSED** {key} (" in table
+    assert f"`{cg['llvm_cpu']}`" in table and res["machine"]["cpu"]["model"] in table
+    # what the planner chose and why, remembered under this machine's key
+    from pdeflow.core import tuner
+
+    labels = {v.label for v in tuner.candidates()}
+    for dtype in ("float64", "float32"):
+        rec = res["tuning"][dtype]
+        assert rec["variant"] in labels and set(rec["seconds"]) == labels and rec["why"]
+        assert rec["in_use"]["variant"] == rec["variant"] and rec["in_use"]["why"] == "measured"
+    assert len(res["_plans_file"][res["tuning"]["plans"]["machine"]]["shapes"]) == 2
+    assert "Kernel variants (pdeflow.core.tuner" in table and res["tuning"]["float64"]["variant"] in table
+    assert set(res["thread_speedup_passes"]) == {"logits_pass", "gradient_pass"}
+
+
+def test_the_benchmark_module_writes_its_record_and_drops_the_partial_one(bench, tmp_path, monkeypatch,
+                                                                          capsys) -> None:
+    """``python -m pdeflow.benchmarks``: the record so far is kept in ``bench-<preset>-partial.json`` after every
+    section (an interrupted run keeps it) and replaced by the time-stamped JSON and markdown at the end; the
+    suite itself is the installed run's record (the measurements are the fixture's)."""
+    import pdeflow.benchmarks.__main__ as entry
+
+    record = {k: v for k, v in bench[0].items() if k != "_plans_file"}
+    seen = []
+
+    def measured(preset, config, log, checkpoint):
+        assert preset == "tiny"
+        checkpoint({"preset": record["preset"]})
+        seen.append(json.loads((tmp_path / "bench-tiny-partial.json").read_text()))
+        return record
+
+    monkeypatch.setattr(entry, "run", measured)
+    assert entry.main(["--preset", "tiny", "--out", str(tmp_path)]) == 0
+    assert seen == [{"preset": record["preset"]}]
+    (js,) = tmp_path.glob("bench-tiny-*.json")
+    (md,) = tmp_path.glob("bench-tiny-*.md")
+    assert json.loads(js.read_text()) == record
+    table = md.read_text()
+    assert "| measurement | value | target | met |" in table and table in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_run_works_outside_the_checkout(installed, bench) -> None:
+    """After the bench (whose kernels the run then finds compiled in numba's cache)."""
     _, _, bindir, work = installed
     shutil.copy(REPO / "data" / "configs" / "quickstart.toml", work / "quickstart.toml")
     small = ["--set", "init.n_particles=4", "--set", "task.n_samples=8", "--set", "run.t_end=0.4",
@@ -111,7 +220,3 @@ def test_run_and_bench_work_outside_the_checkout(installed) -> None:
     with h5py.File(work / "tiny.h5", "r") as f:
         assert bytes(f.attrs["status"]).decode() == "finished"
         assert f["frames/time"][-1] == pytest.approx(0.4)
-    bench = subprocess.run([str(bindir / "pdeflow"), "bench", "--preset", "tiny", "--out", "bench"], cwd=work,
-                           env=_env(), capture_output=True, text=True, timeout=900)
-    assert bench.returncode == 0, bench.stderr[-3000:]
-    assert len(list((work / "bench").glob("*.json"))) == 1
