@@ -35,11 +35,11 @@ Progress = Callable[[str], None]
 
 SLOWEST = "slowest"
 SLOWEST_HALF = "slowest, eps/2"        # the same direction at half the size: the linear regime's check
-# a run lasts LOG_CHANGE_AT_MINIMUM / lambda_min: the slowest mode's distance falls by e^-0.2, its E - E* by e^-0.4.
+# a run lasts LOG_CHANGE_AT_MINIMUM / lambda_min: the slowest mode's distance falls by e^-0.1, its E - E* by e^-0.2.
 # Along an eigenvector the linear solution is exactly exponential, and the samples are smooth to ~1e-10 relative
 # (distances of ~eps against rounding of |omega| ~ 1e-15), so a fraction of an e-fold measures the rate to far
 # below 1 %; four e-folds of a slow mode (lambda_min ~ 1e-4 beside lambda_max ~ 1e2) would be ~1e6 stiff steps
-LOG_CHANGE_AT_MINIMUM = 0.2
+LOG_CHANGE_AT_MINIMUM = 0.1
 SAMPLES_AT_MINIMUM = 21                # samples per run (the stepper lands on each: fewer allow longer rkc steps)
 FIT_SKIP_AT_MINIMUM = 0.1              # slowest direction: the first tenth is left out of the fits
 RANDOM_FIT_SKIP = 0.5                  # random directions: the second half of the run is fitted
@@ -57,7 +57,8 @@ EXCESS_FLOOR = 1e-12                   # E - E* compared (direct vs gradient for
 TRUST_FACTOR = 100.0
 POLISH_STEPS = 8                       # Newton steps that polish the stationary point before it is perturbed
 POLISH_RTOL = 1e-10                    # MINRES tolerance of a polishing step (relative to |S| |x| + |g|: scipy's)
-POLISH_MAXITER = 1500                  # MINRES iterations per polishing step at most (products)
+POLISH_MAXITER = 200                   # MINRES iterations per polishing step at most (products)
+SLOW_NEWTON_STEPS = 3                  # Newton steps on the slowest Ritz directions after the spectrum
 PREDICTION_FACTOR = 2.0                # Lanczos steps of a linear prediction: this x sqrt(lambda_max T), + 50
 EXCESS_CHECK_SIZES = (1.0, 10.0, 100.0, 1000.0)   # multiples of eps where both forms of E - E* are compared
 
@@ -215,6 +216,41 @@ def polish_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray, bas
     return omega, taken, products
 
 
+def refine_on_slow_modes(problem: Problem, omega: np.ndarray, mass: np.ndarray, vectors: np.ndarray,
+                         values: np.ndarray, steps: int = SLOW_NEWTON_STEPS
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Newton steps on the span of the lowest Ritz vectors ``X = vectors`` [N k, a] (values [a]): ``v <- v - X
+    diag(1 / theta) X^T g``, while ``|X^T g|`` falls. After a search the gradient left lies mostly along the
+    slowest directions, where it displaces the point by ``g_j / theta_j`` (1e-4 on a minimum with lambda_min ~ 1e-4
+    and I ~ 1e-16), which a MINRES polish reduces only after ~sqrt(kappa) products. Then Rayleigh-Ritz of S on
+    span X at the new point (a products): the refreshed values [a], unit vectors [N k, a] and residuals [a] (an
+    eigenvalue within each). Returns (point [N, k], values, vectors, residuals, steps taken, products)."""
+    root = np.sqrt(mass)[:, None]
+    omega = np.array(omega, dtype=float)
+    basis = symmetry_basis(problem, omega, mass)
+
+    def gradient(w: np.ndarray) -> np.ndarray:
+        g = (root * problem.grad_phi(w, w, mass)).ravel()
+        return g - basis @ (basis.T @ g)
+
+    X, theta = np.asarray(vectors, dtype=float), np.asarray(values, dtype=float)
+    g, taken = gradient(omega), 0
+    for _ in range(steps):
+        trial = omega - (X @ ((X.T @ g) / theta)).reshape(omega.shape) / root
+        g_new = gradient(trial)
+        if not np.linalg.norm(X.T @ g_new) < np.linalg.norm(X.T @ g):
+            break
+        omega, g, taken = trial, g_new, taken + 1
+    basis = symmetry_basis(problem, omega, mass)
+    X = np.linalg.qr(X - basis @ (basis.T @ X))[0]
+    op = hessian_operator(problem, omega, mass, symmetry=basis)
+    SX = np.stack([op.matvec(x) for x in X.T], axis=1)
+    theta, y = np.linalg.eigh(0.5 * (X.T @ SX + SX.T @ X))
+    vectors = X @ y
+    residuals = np.linalg.norm(SX @ y - vectors * theta[None, :], axis=0)
+    return omega, theta, vectors, residuals, taken, op.products
+
+
 def off_symmetry_lowest(ends: SpectrumEnds, basis: np.ndarray,
                         leak: float = 0.5) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The lowest converged Ritz values [a], residuals [a] and vectors [N k, a] of ``ends`` whose vectors lie off the
@@ -272,19 +308,22 @@ def run_stepper(problem: Problem, method: str, duration: float, lam_max: float, 
 
 
 def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps: float, n_random: int, seed: int,
+                  eps_random: float = 0.0,
                   log_change: float = LOG_CHANGE_AT_MINIMUM, samples: int = SAMPLES_AT_MINIMUM,
                   method: str = "auto", linearity: bool = True, prediction_dims: int = 0,
                   polish_maxiter: int = POLISH_MAXITER, progress: Progress | None = None,
                   **ends) -> MinimumRates:
     """Perturb the stationary measure ``(omega [N, k], mass [N])`` by ``eps`` (mass-weighted norm) along the slowest
-    eigenvector of S (and, with ``linearity``, by ``eps / 2`` too: the rates agree in the linear regime) and
-    ``n_random`` random directions (seeded, off the symmetry directions), integrate the flow (:func:`simulate`
-    through :func:`run_stepper`'s stepper, ``method`` auto/rk4/rkc) for ``log_change / lambda_min`` with
+    eigenvector of S (and, with ``linearity``, by ``eps / 2`` too: the rates agree in the linear regime) and by
+    ``eps_random`` (0: eps) along ``n_random`` random directions (seeded, off the symmetry directions), integrate
+    the flow (:func:`simulate` through :func:`run_stepper`'s stepper, ``method`` auto/rk4/rkc) for ``log_change /
+    lambda_min`` with
     ``samples`` samples, and fit the decay rates of ``E - E*`` (its gradient form) and of the distance
     (:func:`fit_rate`; random: over the second half), beside the PL ratio. The slowest direction's predictions are
     ``2 lambda_min``, ``lambda_min`` and ``lambda_min``; a random direction's are those of the linear flow from the
     same start (:func:`linear_flow`, ``prediction_dims`` Lanczos steps, 0: ``PREDICTION_FACTOR sqrt(lambda_max T)
-    + 50``), fitted over the same window. The point is first polished (:func:`polish_stationary`); ``ends`` go to
+    + 50``), fitted over the same window. The point is first polished (:func:`polish_stationary`, then
+    :func:`refine_on_slow_modes` on the converged lowest Ritz pairs); ``ends`` go to
     :func:`pdeflow.analysis.spectrum.spectrum_ends`. ConfigError when the lowest eigenvalue is not certified
     positive (not a strict local minimum)."""
     say = progress or (lambda msg: None)
@@ -301,10 +340,23 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
         low = f"{lowest[0]:+.4g}" if len(lowest) else "not converged"
         raise ConfigError(f"not a strict local minimum: the lowest eigenvalue of S off the symmetry directions is "
                           f"{low}; its rates are not those of a minimum")
-    lam, lam_max = float(lowest[0]), float(ends_found.highest[-1])
-    say(f"polished in {taken} Newton step(s): E* = {e_star:.12g}, I = {i_star:.3e}; lambda_min = {lam:.6g} "
+    lam_max = float(ends_found.highest[-1])
+    say(f"polished in {taken} Newton step(s): E* = {e_star:.12g}, I = {i_star:.3e}; lambda_min = {lowest[0]:.6g} "
         f"(residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}, {basis.shape[1]} symmetry directions"
         + (f" ({leaked} Ritz value(s) on them dropped)" if leaked else "") + f"; {products} JVPs")
+    omega, lowest, vectors, residual, slow_steps, spent = refine_on_slow_modes(problem, omega, mass, vectors,
+                                                                                lowest)
+    products += spent
+    taken += slow_steps
+    basis = symmetry_basis(problem, omega, mass)
+    ev = problem.evaluate(omega, mass)
+    e_star, i_star = float(ev.energy), float(ev.dissipation)
+    if not lowest[0] - residual[0] > 0:
+        raise ConfigError(f"not a strict local minimum: after the Newton steps on the slowest directions the lowest "
+                          f"eigenvalue of S is {lowest[0]:+.4g} (residual {residual[0]:.1e})")
+    lam = float(lowest[0])
+    say(f"{slow_steps} Newton step(s) on the {len(lowest)} slowest directions: E* = {e_star:.12g}, I = "
+        f"{i_star:.3e}; lambda_min = {lam:.6g} (residual {residual[0]:.1e}); {products} JVPs")
     root = np.sqrt(mass)[:, None]
     g_star = math.sqrt(max(i_star, 0.0))
     slowest = vectors[:, 0] / np.linalg.norm(vectors[:, 0])
@@ -318,7 +370,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     for j in range(n_random):
         d = rng.standard_normal(omega.size)
         d -= basis @ (basis.T @ d)
-        directions.append((f"random {j + 1}", d / np.linalg.norm(d), eps))
+        directions.append((f"random {j + 1}", d / np.linalg.norm(d), eps_random or eps))
     duration = log_change / lam
     times = np.linspace(0.0, duration, samples)
     op = hessian_operator(problem, omega, mass, symmetry=basis)

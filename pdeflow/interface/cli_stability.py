@@ -79,8 +79,9 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
         raise UsageError("--stationary takes the problem from RESULT: give no CONFIG")
     if args.output is None:
         raise UsageError("--stationary needs -o RATES.h5")
-    if not (args.eps > 0 and np.isfinite(args.eps)):
-        raise UsageError(f"--eps must be positive, got {args.eps}")
+    for name, value in (("--eps", args.eps), ("--eps-random", args.eps_random)):
+        if not (value > 0 and np.isfinite(value)):
+            raise UsageError(f"{name} must be positive, got {value}")
     if not (args.log_change > 0 and np.isfinite(args.log_change)):
         raise UsageError(f"--log-change must be positive, got {args.log_change}")
     for name, value, least in (("--random", args.random, 0), ("--samples", args.samples, 5),
@@ -96,9 +97,9 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
     problem = stored_problem(args.stationary)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
     result = minimum_rates(problem, np.asarray(r["omega"]), np.asarray(r["mass"]), eps=args.eps,
-                           n_random=args.random, seed=args.seed, log_change=args.log_change, samples=args.samples,
-                           method=args.stepper, linearity=not args.no_linearity, progress=say,
-                           krylov_dim=args.krylov_dim)
+                           eps_random=args.eps_random, n_random=args.random, seed=args.seed,
+                           log_change=args.log_change, samples=args.samples, method=args.stepper,
+                           linearity=not args.no_linearity, progress=say, krylov_dim=args.krylov_dim)
     write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
     print(rates_table(result))
     print(f"pdeflow: stability: rates at the minimum of {args.stationary} -> {out}")
@@ -135,9 +136,12 @@ def add_command(subparsers) -> None:
                          "output HDF5 file (default: output.path, else <config>.h5)", optional_config=True)
     p.add_argument("--stationary", metavar="RESULT",
                    help="a certified minimum (pdeflow stationary --kind minimum): check the rates predicted there")
-    p.add_argument("--eps", type=float, default=1e-5,
-                   help="--stationary: size of the perturbations (mass-weighted norm; default 1e-5: the relative "
-                        "rate error of the next order is ~ D^3 E eps / lambda_min)")
+    p.add_argument("--eps", type=float, default=1e-4,
+                   help="--stationary: size of the perturbations along the slowest direction (mass-weighted norm; "
+                        "default 1e-4: the relative rate error of the next order is ~ D^3 E eps / lambda_min)")
+    p.add_argument("--eps-random", type=float, default=1e-3,
+                   help="--stationary: size of the random perturbations (default 1e-3: most of it is in fast modes "
+                        "that decay first)")
     p.add_argument("--random", type=int, default=2, help="--stationary: random directions besides the slowest")
     p.add_argument("--seed", type=int, default=0, help="--stationary: seed of the random directions")
     p.add_argument("--log-change", type=float, default=LOG_CHANGE_AT_MINIMUM,
