@@ -58,6 +58,7 @@ TRUST_FACTOR = 100.0
 POLISH_STEPS = 8                       # Newton steps that polish the stationary point before it is perturbed
 POLISH_RTOL = 1e-10                    # MINRES tolerance of a polishing step (relative to |S| |x| + |g|: scipy's)
 POLISH_MAXITER = 200                   # MINRES iterations per polishing step at most (products)
+POLISH_PROGRESS = 0.5                  # ... and stop after a step that left more than this fraction of |g|
 SLOW_NEWTON_STEPS = 3                  # Newton steps on the slowest Ritz directions after the spectrum
 PREDICTION_FACTOR = 2.0                # Lanczos steps of a linear prediction: this x sqrt(lambda_max T), + 50
 EXCESS_CHECK_SIZES = (1.0, 10.0, 100.0, 1000.0)   # multiples of eps where both forms of E - E* are compared
@@ -195,9 +196,9 @@ def polish_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray, bas
                       maxiter: int = POLISH_MAXITER) -> tuple[np.ndarray, int, int]:
     """Newton steps ``v <- v - S^+ g`` in mass-weighted coordinates (``g = M^(1/2) grad Phi``, MINRES on S with the
     symmetry directions ``basis`` [N k, r] projected out, at most ``maxiter`` products each) until ``|g|`` stops
-    decreasing: a stationary point found to ``I <= 1e-12 I(0)`` is off by ``|g| / lambda_min`` along the slow
-    directions, which perturbations of size eps would otherwise see. Returns the point [N, k], the Newton steps
-    taken and the JVPs spent."""
+    decreasing or keeps more than :data:`POLISH_PROGRESS` of itself in a step: a stationary point found to
+    ``I <= 1e-12 I(0)`` is off by ``|g| / lambda_min`` along the slow directions, which perturbations of size eps
+    would otherwise see. Returns the point [N, k], the Newton steps taken and the JVPs spent."""
     root = np.sqrt(mass)[:, None]
     omega = np.array(omega, dtype=float)
     products, taken = 0, 0
@@ -212,7 +213,10 @@ def polish_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray, bas
         g_new -= basis @ (basis.T @ g_new)
         if not np.linalg.norm(g_new) < np.linalg.norm(g):
             break
+        slow = np.linalg.norm(g_new) > POLISH_PROGRESS * np.linalg.norm(g)
         omega, g, taken = trial, g_new, taken + 1
+        if slow:    # MINRES crawls on the slow end of the spectrum: refine_on_slow_modes does that part
+            break
     return omega, taken, products
 
 
