@@ -163,8 +163,9 @@ class MinimumRates:
     the spectrum ends of S (``lambda_min`` and its ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``,
     ``n_symmetry``), the perturbation size ``eps``, the runs (the slowest direction first), the cost (``products``:
     JVPs of the polish and the spectrum, ``prediction_products``: of the linear predictions, ``gradients``: of the
-    runs and their samples) and ``excess_check`` [S, 3]: at perturbations of sizes ``EXCESS_CHECK_SIZES x eps``
-    along the slowest direction, (size, direct E - E*, gradient form)."""
+    runs and their samples), ``offset`` (``<u, g> / lambda_min``: how far the polished point is from the minimum
+    along the slowest direction u, to first order) and ``excess_check`` [S, 3]: at perturbations of sizes
+    ``EXCESS_CHECK_SIZES x eps`` along the slowest direction, (size, direct E - E*, gradient form)."""
     e_star: float
     i_star: float
     lambda_min: float
@@ -177,6 +178,7 @@ class MinimumRates:
     products: int
     polish_steps: int
     prediction_products: int = 0
+    offset: float = math.nan
     excess_check: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
 
     @property
@@ -221,14 +223,12 @@ def polish_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray, bas
 
 
 def refine_on_slow_modes(problem: Problem, omega: np.ndarray, mass: np.ndarray, vectors: np.ndarray,
-                         values: np.ndarray, steps: int = SLOW_NEWTON_STEPS
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+                         values: np.ndarray, steps: int = SLOW_NEWTON_STEPS) -> tuple[np.ndarray, int]:
     """Newton steps on the span of the lowest Ritz vectors ``X = vectors`` [N k, a] (values [a]): ``v <- v - X
-    diag(1 / theta) X^T g``, while ``|X^T g|`` falls. After a search the gradient left lies mostly along the
+    diag(1 / theta) X^T g`` while ``|X^T g|`` falls. After a search the gradient left lies mostly along the
     slowest directions, where it displaces the point by ``g_j / theta_j`` (1e-4 on a minimum with lambda_min ~ 1e-4
-    and I ~ 1e-16), which a MINRES polish reduces only after ~sqrt(kappa) products. Then Rayleigh-Ritz of S on
-    span X at the new point (a products): the refreshed values [a], unit vectors [N k, a] and residuals [a] (an
-    eigenvalue within each). Returns (point [N, k], values, vectors, residuals, steps taken, products)."""
+    and I ~ 1e-16), which a MINRES polish reduces only after ~sqrt(kappa) products. The step moves S too (by
+    ``D^3 E [d]``): the spectrum is computed again at the new point. Returns (point [N, k], steps taken)."""
     root = np.sqrt(mass)[:, None]
     omega = np.array(omega, dtype=float)
     basis = symmetry_basis(problem, omega, mass)
@@ -245,14 +245,21 @@ def refine_on_slow_modes(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
         if not np.linalg.norm(X.T @ g_new) < np.linalg.norm(X.T @ g):
             break
         omega, g, taken = trial, g_new, taken + 1
-    basis = symmetry_basis(problem, omega, mass)
-    X = np.linalg.qr(X - basis @ (basis.T @ X))[0]
-    op = hessian_operator(problem, omega, mass, symmetry=basis)
-    SX = np.stack([op.matvec(x) for x in X.T], axis=1)
-    theta, y = np.linalg.eigh(0.5 * (X.T @ SX + SX.T @ X))
-    vectors = X @ y
-    residuals = np.linalg.norm(SX @ y - vectors * theta[None, :], axis=0)
-    return omega, theta, vectors, residuals, taken, op.products
+    return omega, taken
+
+
+def lowest_certified(problem: Problem, omega: np.ndarray, mass: np.ndarray, basis: np.ndarray,
+                     **ends) -> tuple[SpectrumEnds, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The spectrum ends at the point (:func:`pdeflow.analysis.spectrum.spectrum_ends` with ``ends``) and their
+    lowest converged Ritz pairs off the symmetry directions (:func:`off_symmetry_lowest`); ConfigError when the
+    lowest is not positive beyond its residual (not a strict local minimum)."""
+    found = spectrum_ends(problem, omega, mass, symmetry=basis, **ends)
+    lowest, residual, vectors, leaked = off_symmetry_lowest(found, basis)
+    if not len(lowest) or not lowest[0] - residual[0] > 0:
+        low = f"{lowest[0]:+.4g}" if len(lowest) else "not converged"
+        raise ConfigError(f"not a strict local minimum: the lowest eigenvalue of S off the symmetry directions is "
+                          f"{low}; its rates are not those of a minimum")
+    return found, lowest, residual, vectors, leaked
 
 
 def off_symmetry_lowest(ends: SpectrumEnds, basis: np.ndarray,
@@ -337,30 +344,26 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     basis = symmetry_basis(problem, omega, mass)
     ev = problem.evaluate(omega, mass)
     e_star, i_star = float(ev.energy), float(ev.dissipation)
-    ends_found = spectrum_ends(problem, omega, mass, symmetry=basis, **ends)
+    ends_found, lowest, residual, vectors, leaked = lowest_certified(problem, omega, mass, basis, **ends)
     products += ends_found.products
-    lowest, residual, vectors, leaked = off_symmetry_lowest(ends_found, basis)
-    if not len(lowest) or not lowest[0] - residual[0] > 0:
-        low = f"{lowest[0]:+.4g}" if len(lowest) else "not converged"
-        raise ConfigError(f"not a strict local minimum: the lowest eigenvalue of S off the symmetry directions is "
-                          f"{low}; its rates are not those of a minimum")
-    lam_max = float(ends_found.highest[-1])
     say(f"polished in {taken} Newton step(s): E* = {e_star:.12g}, I = {i_star:.3e}; lambda_min = {lowest[0]:.6g} "
-        f"(residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}, {basis.shape[1]} symmetry directions"
-        + (f" ({leaked} Ritz value(s) on them dropped)" if leaked else "") + f"; {products} JVPs")
-    omega, lowest, vectors, residual, slow_steps, spent = refine_on_slow_modes(problem, omega, mass, vectors,
-                                                                                lowest)
-    products += spent
+        f"(residual {residual[0]:.1e}), lambda_max = {ends_found.highest[-1]:.6g}, {basis.shape[1]} symmetry "
+        "directions" + (f" ({leaked} Ritz value(s) on them dropped)" if leaked else "") + f"; {products} JVPs")
+    omega, slow_steps = refine_on_slow_modes(problem, omega, mass, vectors, lowest)
     taken += slow_steps
-    basis = symmetry_basis(problem, omega, mass)
-    ev = problem.evaluate(omega, mass)
-    e_star, i_star = float(ev.energy), float(ev.dissipation)
-    if not lowest[0] - residual[0] > 0:
-        raise ConfigError(f"not a strict local minimum: after the Newton steps on the slowest directions the lowest "
-                          f"eigenvalue of S is {lowest[0]:+.4g} (residual {residual[0]:.1e})")
-    lam = float(lowest[0])
+    if slow_steps:
+        basis = symmetry_basis(problem, omega, mass)
+        ev = problem.evaluate(omega, mass)
+        e_star, i_star = float(ev.energy), float(ev.dissipation)
+        ends_found, lowest, residual, vectors, leaked = lowest_certified(problem, omega, mass, basis, **ends)
+        products += ends_found.products
+    lam, lam_max = float(lowest[0]), float(ends_found.highest[-1])
+    root = np.sqrt(mass)[:, None]
+    g = (root * problem.grad_phi(omega, omega, mass)).ravel()
+    offset = float(vectors[:, 0] @ g) / lam
     say(f"{slow_steps} Newton step(s) on the {len(lowest)} slowest directions: E* = {e_star:.12g}, I = "
-        f"{i_star:.3e}; lambda_min = {lam:.6g} (residual {residual[0]:.1e}); {products} JVPs")
+        f"{i_star:.3e}; lambda_min = {lam:.6g} (residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}; the "
+        f"point is off by {offset:.1e} along the slowest direction (<u, g> / lambda_min); {products} JVPs")
     root = np.sqrt(mass)[:, None]
     g_star = math.sqrt(max(i_star, 0.0))
     slowest = vectors[:, 0] / np.linalg.norm(vectors[:, 0])
@@ -407,7 +410,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     return MinimumRates(e_star=e_star, i_star=i_star, lambda_min=lam,
                         lambda_min_residual=float(residual[0]), lambda_max=lam_max,
                         morse_index_lower=int(np.sum(lowest + residual < 0)), n_symmetry=int(basis.shape[1]),
-                        eps=float(eps), runs=runs, products=int(products), polish_steps=taken,
+                        eps=float(eps), runs=runs, products=int(products), polish_steps=taken, offset=offset,
                         prediction_products=int(op.products), excess_check=np.array(check))
 
 
@@ -462,19 +465,19 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
                         source: str = "") -> None:
     """Write ``/rates`` (one result file, all or nothing, with ``/model`` and ``/data``): attributes ``e_star``,
     ``i_star``, ``lambda_min``, ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``, ``n_symmetry``,
-    ``eps``, ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``source`` (the stationary
-    result); ``excess_check`` [S, 3] (size, direct E - E*, gradient form); datasets over runs [R]: ``direction``
-    (str), ``stepper`` (str), ``eps``, ``energy_rate``, ``distance_rate``, ``pl_ratio_min``, ``pl_ratio_least``,
-    ``predicted_energy_rate``, ``predicted_distance_rate``, ``predicted_pl_ratio_min``, ``prediction_error``,
-    ``excess_agreement``, ``gradients``, ``steps``, ``relative_error`` [R, 3] (energy, distance, PL ratio);
-    ``runs/r<j>``: ``times``, ``excess``, ``excess_direct``, ``distance``, ``pl_ratio``, ``trusted``,
-    ``predicted_excess``, ``predicted_distance`` [F]."""
+    ``eps``, ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``source`` (the
+    stationary result); ``excess_check`` [S, 3] (size, direct E - E*, gradient form); datasets over runs [R]:
+    ``direction`` (str), ``stepper`` (str), ``eps``, ``energy_rate``, ``distance_rate``, ``pl_ratio_min``,
+    ``pl_ratio_least``, ``predicted_energy_rate``, ``predicted_distance_rate``, ``predicted_pl_ratio_min``,
+    ``prediction_error``, ``excess_agreement``, ``gradients``, ``steps``, ``relative_error`` [R, 3] (energy,
+    distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``, ``excess_direct``, ``distance``, ``pl_ratio``,
+    ``trusted``, ``predicted_excess``, ``predicted_distance`` [F]."""
     from ..io.result_files import new_result_file
 
     with new_result_file(path, SCHEMA_MINIMUM, 2, cfg, problem=problem) as f:
         g = f.create_group("rates")
         for key in ("e_star", "i_star", "lambda_min", "lambda_min_residual", "lambda_max", "morse_index_lower",
-                    "n_symmetry", "eps", "products", "prediction_products", "gradients", "polish_steps"):
+                    "n_symmetry", "eps", "products", "prediction_products", "gradients", "polish_steps", "offset"):
             g.attrs[key] = getattr(result, key)
         g.attrs["source"] = source
         g["excess_check"] = np.asarray(result.excess_check, dtype=float).reshape(-1, 3)
