@@ -119,6 +119,7 @@ def test_rates_by_the_stiff_stepper_match_the_dense_references(known_minimum):
     assert [r.direction for r in result.runs] == [SLOWEST, SLOWEST_HALF, "random 1"]
     assert all(r.stepper == "rkc" and r.steps >= 20 and r.gradients > 0 for r in result.runs)
     assert result.gradients == sum(r.gradients for r in result.runs)
+    assert abs(result.offset) < 1e-3 * eps        # the polished point is the minimum, on the scale of eps
     for r in result.runs[:2]:
         assert abs(r.energy_rate / (2 * lam) - 1) < TOLERANCE
         assert abs(r.distance_rate / lam - 1) < TOLERANCE

@@ -24,9 +24,9 @@ import scipy.sparse.linalg
 
 from ..core.config import Config, ConfigError
 from ..core.problem import Problem
-from ..solvers.base import Stepper
+from ..solvers.base import State, Stepper
 from ..solvers.jacobian import krylov_ritz
-from ..solvers.loop import Observer, Step
+from ..solvers.loop import Observer, Step, Stop
 from .spectrum import HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
 from .stability import MIN_STEPS, _strings, fit_rate, simulate
 
@@ -51,9 +51,10 @@ RK4_MAX_STEPS = 20_000                 # method "auto": rkc when RK4 would take 
 # initial perturbation (rtol = 0), so the error per step stays ~1e-5 of what is measured
 RKC_TOLERANCE = 1e-5
 RKC_RADIUS_EVERY = 25
+RUN_MAX_GRADIENTS = 8000               # rkc: a run stops after this many gradients (its later samples NaN)
 EXCESS_FLOOR = 1e-12                   # E - E* compared (direct vs gradient form) only above this x max(1, |E*|)
-# the gradient form of E - E* is trusted where it exceeds TRUST_FACTOR x |g*| x distance (g* the mass-weighted
-# gradient left at the polished point: it adds <g*, v> / 2 to the form)
+# the gradient form of E - E* is trusted where it exceeds TRUST_FACTOR x |<g*, v>| / 2 (g* the gradient left at the
+# polished point: the first-order term it adds to the form)
 TRUST_FACTOR = 100.0
 POLISH_STEPS = 8                       # Newton steps that polish the stationary point before it is perturbed
 POLISH_RTOL = 1e-10                    # MINRES tolerance of a polishing step (relative to |S| |x| + |g|: scipy's)
@@ -283,10 +284,16 @@ def excess_from_gradient(omega: np.ndarray, omega_star: np.ndarray, mass: np.nda
 
 
 class _StepCount(Observer):
-    """Counts a run's steps and the stepper's grad Phi evaluations and difference products (rkc's columns)."""
+    """Counts a run's steps and the stepper's grad Phi evaluations and difference products (rkc's columns), and stops
+    the run once they exceed ``budget`` (its later samples are then NaN, its rates not measured)."""
 
-    def __init__(self) -> None:
-        self.steps, self.gradient_evals, self.jvps = 0, 0.0, 0.0
+    def __init__(self, budget: float = math.inf) -> None:
+        self.steps, self.gradient_evals, self.jvps, self.budget = 0, 0.0, 0.0, budget
+
+    def check(self, state: State) -> Stop | None:
+        if self.gradient_evals + self.jvps > self.budget:
+            return Stop("max_steps", f"the run's budget of {self.budget:.0f} gradients is spent")
+        return None
 
     def accept(self, step: Step) -> None:
         if step.old is step.new:
@@ -365,7 +372,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
         f"{i_star:.3e}; lambda_min = {lam:.6g} (residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}; the "
         f"point is off by {offset:.1e} along the slowest direction (<u, g> / lambda_min); {products} JVPs")
     root = np.sqrt(mass)[:, None]
-    g_star = math.sqrt(max(i_star, 0.0))
+    grad_star = problem.grad_phi(omega, omega, mass)
     slowest = vectors[:, 0] / np.linalg.norm(vectors[:, 0])
     check = []
     for size in EXCESS_CHECK_SIZES:
@@ -397,10 +404,11 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
         start = omega + v0.reshape(omega.shape) / root
         scale = float(np.sqrt(np.mean((v0.reshape(omega.shape) / root) ** 2)))
         stepper, dt, stepper_name = run_stepper(problem, method, duration, lam_max, samples, scale)
-        counter = _StepCount()
+        counter = _StepCount(RUN_MAX_GRADIENTS)
         path = simulate(problem, start, mass, times, dt, stepper, [counter])
         skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
-        runs.append(_minimum_run(problem, name, size, path, mass, omega, basis, e_star, g_star, times, skip, pred,
+        runs.append(_minimum_run(problem, name, size, path, mass, omega, basis, e_star, grad_star, times, skip,
+                                 pred,
                                  lam, stepper_name, dt, counter))
         r = runs[-1]
         say(f"{name}: E - E* decays at {r.energy_rate:.6g} (predicted {r.predicted_energy_rate:.6g}), distance at "
@@ -420,25 +428,27 @@ def _fit_or_nan(times: np.ndarray, values: np.ndarray, select: np.ndarray) -> fl
 
 
 def _minimum_run(problem: Problem, name: str, eps: float, path: np.ndarray, mass: np.ndarray, omega: np.ndarray,
-                 basis: np.ndarray, e_star: float, g_star: float, times: np.ndarray, skip: float,
+                 basis: np.ndarray, e_star: float, grad_star: np.ndarray, times: np.ndarray, skip: float,
                  pred: LinearPrediction, lam: float, stepper: str, dt: float, counter: _StepCount) -> MinimumRun:
     """The excess energy (both forms), distance and PL ratio along one simulated path [F, N, k], their fits over
     the last ``1 - skip`` of the run (E - E* and the PL ratio only where the gradient form is trusted: above
-    :data:`TRUST_FACTOR` ``|g*|`` times the distance), and the same fits of the prediction ``pred``."""
+    :data:`TRUST_FACTOR` times the first-order term ``|<g*, v>| / 2`` of the gradient ``grad_star`` [N, k] left at
+    the point), and the same fits of the prediction ``pred``."""
     root = np.sqrt(mass)[:, None]
-    excess, direct, distance, pl = (np.full(len(times), np.nan) for _ in range(4))
+    excess, direct, distance, pl, first_order = (np.full(len(times), np.nan) for _ in range(5))
     for f, w in enumerate(path):
         if not np.all(np.isfinite(w)):
             break
         ev = problem.evaluate(w, mass)
         v = (root * (w - omega)).ravel()
         excess[f] = excess_from_gradient(w, omega, mass, ev.grad_phi)
+        first_order[f] = abs(excess_from_gradient(w, omega, mass, grad_star))
         difference = ev.energy - e_star
         direct[f] = difference if difference > EXCESS_FLOOR * max(1.0, abs(e_star)) else np.nan
         distance[f] = np.linalg.norm(v - basis @ (basis.T @ v))
         pl[f] = ev.dissipation / (2.0 * excess[f]) if excess[f] > 0 else np.nan
     window = times >= times[0] + skip * (times[-1] - times[0])
-    trusted = np.isfinite(excess) & (excess > TRUST_FACTOR * g_star * distance)
+    trusted = np.isfinite(excess) & (excess > TRUST_FACTOR * first_order)
     fitted = window & trusted
     pred_pl = pred.dissipation / (2.0 * pred.excess)
     agreement = np.abs(excess / direct - 1.0)
