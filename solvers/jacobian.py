@@ -92,10 +92,14 @@ class RitzPairs:
     """Rayleigh-Ritz pairs of a symmetric operator C on an orthonormal basis: ``values`` [m] ascending, unit
     ``vectors`` [n, m] and ``residuals`` [m] = ``|C x_j - theta_j x_j|``. Each ``theta_j`` has an eigenvalue of C
     within ``residuals[j]``, and (Cauchy interlacing) the j-th lowest Ritz value is no lower than the j-th lowest
-    eigenvalue, the j-th highest no higher than the j-th highest."""
+    eigenvalue, the j-th highest no higher than the j-th highest. ``last_row`` [m]: the last components ``y_(m,j)``
+    of the eigenvectors of the Lanczos matrix T; the residual vectors are ``beta y_(m,j) q_(m+1)``, all along one
+    vector, so their signs are those of ``last_row`` (what the residual of a function of C, such as the Krylov
+    approximation of ``exp(-t C) x0``, needs)."""
     values: np.ndarray
     vectors: np.ndarray
     residuals: np.ndarray
+    last_row: np.ndarray | None = None
 
 
 def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
@@ -151,7 +155,7 @@ def _rayleigh_ritz(Q: np.ndarray, CQ: np.ndarray) -> RitzPairs:
     values, y = np.linalg.eigh(0.5 * (T + T.T))
     vectors = Q @ y
     residuals = np.linalg.norm(CQ @ y - vectors * values[None, :], axis=0)
-    return RitzPairs(values=values, vectors=vectors, residuals=residuals)
+    return RitzPairs(values=values, vectors=vectors, residuals=residuals, last_row=y[-1].copy())
 
 
 def top_ritz(apply: Product, start: np.ndarray, dims: int,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,55 +24,149 @@ import scipy.sparse.linalg
 
 from ..core.config import Config, ConfigError
 from ..core.problem import Problem
-from ..solvers.base import Stepper
-from .spectrum import SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
-from .stability import FIT_SKIP, LOG_CHANGE, MIN_STEPS, SAMPLES, _strings, fit_rate, simulate
+from ..solvers.base import State, Stepper
+from ..solvers.jacobian import krylov_ritz
+from ..solvers.loop import Observer, Step, Stop
+from .spectrum import HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
+from .stability import MIN_STEPS, _strings, fit_rate, simulate
 
 Progress = Callable[[str], None]
 
 
 SLOWEST = "slowest"
-RANDOM_LOG_CHANGE = 1.5 * LOG_CHANGE   # random directions run longer: the faster modes decay first
-RANDOM_FIT_SKIP = 0.5                  # ... and only the second half is fitted
+SLOWEST_HALF = "slowest, eps/2"        # the same direction at half the size: the linear regime's check
+# a run lasts LOG_CHANGE_AT_MINIMUM / lambda_min: the slowest mode's distance falls by e^-0.1, its E - E* by e^-0.2.
+# Along an eigenvector the linear solution is exactly exponential, and the samples are smooth to ~1e-10 relative
+# (distances of ~eps against rounding of |omega| ~ 1e-15), so a fraction of an e-fold measures the rate to far
+# below 1 %; four e-folds of a slow mode (lambda_min ~ 1e-4 beside lambda_max ~ 1e2) would be ~1e6 stiff steps
+LOG_CHANGE_AT_MINIMUM = 0.1
+SAMPLES_AT_MINIMUM = 21                # samples per run (the stepper lands on each: fewer allow longer rkc steps)
+FIT_SKIP_AT_MINIMUM = 0.1              # slowest direction: the first tenth is left out of the fits
+RANDOM_FIT_SKIP = 0.5                  # random directions: the second half of the run is fitted
 # RK4 step 1 / lambda_max: inside its stability bound (2.785 / lambda_max), the fast modes damped (R(-1) = 0.375 vs
 # e^-1 = 0.368), the slow ones measured with a relative rate error ~ (lambda_min dt)^4 / 120
 STEPS_PER_FASTEST_AT_MINIMUM = 1.0
-EXCESS_FLOOR = 1e-12                   # E - E* fitted only above this times max(1, |E*|): ~5,000 roundings of E
+RK4_MAX_STEPS = 20_000                 # method "auto": rkc when RK4 would take more steps than this in one run
+# rkc's error control against the perturbation, not against |omega|: atol = RKC_TOLERANCE x the rms entry of the
+# initial perturbation (rtol = 0), so the error per step stays ~1e-5 of what is measured
+RKC_TOLERANCE = 1e-5
+RKC_RADIUS_EVERY = 25
+RUN_MAX_GRADIENTS = 8000               # rkc: a run stops after this many gradients (its later samples NaN)
+EXCESS_FLOOR = 1e-12                   # E - E* compared (direct vs gradient form) only above this x max(1, |E*|)
+# the gradient form of E - E* is trusted where it exceeds TRUST_FACTOR x |<g*, v>| / 2 (g* the gradient left at the
+# polished point: the first-order term it adds to the form)
+TRUST_FACTOR = 100.0
 POLISH_STEPS = 8                       # Newton steps that polish the stationary point before it is perturbed
+POLISH_RTOL = 1e-10                    # MINRES tolerance of a polishing step (relative to |S| |x| + |g|: scipy's)
+POLISH_MAXITER = 200                   # MINRES iterations per polishing step at most (products)
+POLISH_PROGRESS = 0.5                  # ... and stop after a step that left more than this fraction of |g|
+SLOW_NEWTON_STEPS = 3                  # Newton steps on the slowest Ritz directions after the spectrum
+PREDICTION_FACTOR = 2.0                # Lanczos steps of a linear prediction: this x sqrt(lambda_max T), + 50
+EXCESS_CHECK_SIZES = (1.0, 10.0, 100.0, 1000.0)   # multiples of eps where both forms of E - E* are compared
+
+
+@dataclass
+class LinearPrediction:
+    """The linearised flow ``v(t) = exp(-S t) v0`` from one start, by its Krylov approximation (:func:`linear_flow`)
+    at ``times`` [F]: ``distance`` ``|v|``, ``excess`` ``v^T S v / 2`` and ``dissipation`` ``|S v|^2`` [F],
+    ``error_bound`` [F] (the bound on ``|v - v_m|`` from the Krylov residual), the Lanczos ``products`` spent."""
+    times: np.ndarray
+    distance: np.ndarray
+    excess: np.ndarray
+    dissipation: np.ndarray
+    error_bound: np.ndarray
+    products: int
+
+
+def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: int) -> LinearPrediction:
+    """The linear flow ``dv/dt = -C v`` (``C = Pi S Pi`` = ``op``, positive semi-definite at a minimum) from ``v0``
+    [n], by the Lanczos approximation ``v_m(t) = Q exp(-T t) Q^T v0 = sum_j x_j e^(-theta_j t) c_j`` on the Krylov
+    space of ``dims`` vectors from ``v0`` (:func:`pdeflow.solvers.jacobian.krylov_ritz`; Ritz pairs
+    ``(theta_j, x_j)``, ``c_j = x_j^T v0``). Then ``|v_m|^2 = sum c_j^2 e^(-2 theta_j t)``, ``v_m^T C v_m / 2``
+    and ``|C v_m|^2`` follow from the Ritz values (``C x_j = theta_j x_j + r_j``, the residual terms bounded by the
+    error below). The error ``e = v - v_m`` solves ``e' = -C e - r(t)`` with ``r(t) = (C Q - Q T) exp(-T t) Q^T v0
+    = beta q_(m+1) sum_j y_(m,j) c_j e^(-theta_j t)``, so ``|e(t)| <= int_0^t |r(s)| ds`` (``C >= 0``): computed
+    by quadrature from the residuals and the signs of ``last_row``."""
+    v0 = np.asarray(v0, dtype=float)
+    products0 = op.products
+    pairs = krylov_ritz(op.matvec, v0, dims, op.symmetry.project)
+    theta, c = pairs.values, pairs.vectors.T @ v0
+    times = np.asarray(times, dtype=float)
+    decay = np.exp(-np.outer(times, np.maximum(theta, 0.0)))           # [F, m]
+    weight = (c ** 2)[None, :] * decay ** 2
+    distance = np.sqrt(weight.sum(axis=1))
+    excess = 0.5 * (weight * theta[None, :]).sum(axis=1)
+    dissipation = (weight * theta[None, :] ** 2).sum(axis=1)
+    signed = np.sign(pairs.last_row) * pairs.residuals * c           # beta y_(m,j) c_j
+    # |r(s)| on a grid fine at the start (the fast Ritz values decay within 1 / theta_max) and to the last time
+    t_end = float(times[-1]) if times.size else 0.0
+    fine = np.unique(np.concatenate([[0.0], np.geomspace(1e-3 / max(theta[-1], 1e-300), max(t_end, 1e-300), 4000)
+                                     if t_end > 0 else [], times]))
+    r = np.abs(np.exp(-np.outer(fine, np.maximum(theta, 0.0))) @ signed)
+    cumulative = np.concatenate([[0.0], np.cumsum(0.5 * (r[1:] + r[:-1]) * np.diff(fine))])
+    bound = np.interp(times, fine, cumulative)
+    return LinearPrediction(times=times, distance=distance, excess=excess, dissipation=dissipation,
+                            error_bound=bound, products=op.products - products0)
 
 
 @dataclass
 class MinimumRun:
-    """One perturbation of the minimum: its ``direction`` (``slowest`` or ``random j``), the samples ``times``,
-    ``excess`` (``E - E*``), ``distance`` (``|P (M^(1/2) (omega - omega*))|``, P the projection off the symmetry
-    directions) and ``pl_ratio`` ``I / (2 (E - E*))`` [F]; the fitted decay rates ``energy_rate`` and
-    ``distance_rate`` (positive: decay), ``pl_ratio_min`` over the fitted window and ``pl_ratio_end`` (its last
-    trusted sample); the fit
-    window's start ``fit_from`` and the stepper's ``dt``."""
+    """One perturbation of the minimum: its ``direction`` (``slowest``, ``slowest, eps/2`` or ``random j``) and size
+    ``eps``; the samples ``times``, ``excess`` (``E - E*`` in its gradient form, :func:`excess_from_gradient`),
+    ``excess_direct`` (``E - E*`` as a difference, NaN under rounding), ``distance`` (``|P M^(1/2) (omega -
+    omega*)|``, P the projection off the symmetry directions), ``pl_ratio`` ``I / (2 (E - E*))`` and ``trusted``
+    (where the gradient form is well above its floor) [F]; the fitted decay rates ``energy_rate`` and
+    ``distance_rate`` (positive: decay) over the fitted window (from ``fit_from``), ``pl_ratio_min`` over it and
+    ``pl_ratio_least`` over every trusted sample (the PL bound is ``pl_ratio_least >= lambda_min``); the
+    predictions ``predicted_energy_rate``, ``predicted_distance_rate``, ``predicted_pl_ratio_min`` (slowest: 2
+    lambda_min, lambda_min, lambda_min; random: the linear flow's, :func:`linear_flow`, with its curves
+    ``predicted_excess``, ``predicted_distance`` and ``prediction_error`` the relative Krylov error bound on the
+    distance); ``excess_agreement``: the largest relative difference of the two forms of E - E* where the direct
+    one is above :data:`EXCESS_FLOOR`; the ``stepper`` (``rk4`` or ``rkc``), its first step ``dt``, the
+    ``gradients`` and difference products (``jvps``) it spent, its ``steps``."""
     direction: str
+    eps: float
     times: np.ndarray
     excess: np.ndarray
+    excess_direct: np.ndarray
     distance: np.ndarray
     pl_ratio: np.ndarray
+    trusted: np.ndarray
     energy_rate: float
     distance_rate: float
     pl_ratio_min: float
-    pl_ratio_end: float
+    pl_ratio_least: float
     fit_from: float
+    predicted_energy_rate: float
+    predicted_distance_rate: float
+    predicted_pl_ratio_min: float
+    predicted_excess: np.ndarray
+    predicted_distance: np.ndarray
+    prediction_error: float
+    excess_agreement: float
+    stepper: str
     dt: float
+    gradients: int
+    jvps: int
+    steps: int
 
-    def errors(self, lambda_min: float) -> np.ndarray:
-        """Relative errors against the predictions: energy rate vs 2 lambda_min, distance rate vs lambda_min,
-        the PL ratio's least value vs lambda_min (its lower bound, reached in the linear regime) [3]."""
-        return np.array([self.energy_rate / (2.0 * lambda_min) - 1.0, self.distance_rate / lambda_min - 1.0,
-                         self.pl_ratio_min / lambda_min - 1.0])
+    def errors(self) -> np.ndarray:
+        """Relative errors of the measured against the predicted: energy rate, distance rate, the PL ratio's least
+        value over the fitted window [3]."""
+        return np.array([self.energy_rate / self.predicted_energy_rate - 1.0,
+                         self.distance_rate / self.predicted_distance_rate - 1.0,
+                         self.pl_ratio_min / self.predicted_pl_ratio_min - 1.0])
 
 
 @dataclass
 class MinimumRates:
     """The rate check at a stationary measure: its energy ``e_star`` after polishing, the dissipation ``i_star`` there,
     the spectrum ends of S (``lambda_min`` and its ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``,
-    ``n_symmetry``), the perturbation size ``eps``, the runs (the slowest direction first) and the cost in JVPs."""
+    ``n_symmetry``), the perturbation size ``eps``, the runs (the slowest direction first), the cost (``products``:
+    JVPs of the polish and the spectrum, ``prediction_products``: of the linear predictions, ``gradients``: of the
+    runs and their samples), ``offset`` (``<u, g> / lambda_min``: how far the polished point is from the minimum
+    along the slowest direction u, to first order) and ``excess_check`` [S, 3]: at perturbations of sizes
+    ``EXCESS_CHECK_SIZES x eps`` along the slowest direction, (size, direct E - E*, gradient form)."""
     e_star: float
     i_star: float
     lambda_min: float
@@ -84,20 +178,30 @@ class MinimumRates:
     runs: list[MinimumRun]
     products: int
     polish_steps: int
+    prediction_products: int = 0
+    offset: float = math.nan
+    excess_check: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+
+    @property
+    def gradients(self) -> int:
+        """grad Phi evaluations of all runs (stepper and samples)."""
+        return int(sum(r.gradients for r in self.runs))
 
     @property
     def worst_error(self) -> float:
         """The largest relative error of any rate of any run (nan when no run)."""
-        errs = [np.max(np.abs(r.errors(self.lambda_min))) for r in self.runs]
+        errs = [np.max(np.abs(r.errors())) for r in self.runs]
         return float(max(errs)) if errs else math.nan
 
 
 def polish_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray, basis: np.ndarray,
-                      steps: int = POLISH_STEPS, rtol: float = 1e-12) -> tuple[np.ndarray, int, int]:
+                      steps: int = POLISH_STEPS, rtol: float = POLISH_RTOL,
+                      maxiter: int = POLISH_MAXITER) -> tuple[np.ndarray, int, int]:
     """Newton steps ``v <- v - S^+ g`` in mass-weighted coordinates (``g = M^(1/2) grad Phi``, MINRES on S with the
-    symmetry directions ``basis`` [N k, r] projected out) until ``|g|`` stops decreasing: a stationary point found
-    to ``I <= 1e-12 I(0)`` moves by ``|g| / lambda_min``, which perturbations of size eps would otherwise see.
-    Returns the point [N, k], the Newton steps taken and the JVPs spent."""
+    symmetry directions ``basis`` [N k, r] projected out, at most ``maxiter`` products each) until ``|g|`` stops
+    decreasing or keeps more than :data:`POLISH_PROGRESS` of itself in a step: a stationary point found to
+    ``I <= 1e-12 I(0)`` is off by ``|g| / lambda_min`` along the slow directions, which perturbations of size eps
+    would otherwise see. Returns the point [N, k], the Newton steps taken and the JVPs spent."""
     root = np.sqrt(mass)[:, None]
     omega = np.array(omega, dtype=float)
     products, taken = 0, 0
@@ -105,15 +209,58 @@ def polish_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray, bas
     g -= basis @ (basis.T @ g)
     for _ in range(steps):
         op = hessian_operator(problem, omega, mass, symmetry=basis)
-        y = scipy.sparse.linalg.minres(op, -g, rtol=rtol, maxiter=20 * g.size)[0]
+        y = scipy.sparse.linalg.minres(op, -g, rtol=rtol, maxiter=maxiter)[0]
         products += op.products
         trial = omega + y.reshape(omega.shape) / root
         g_new = (root * problem.grad_phi(trial, trial, mass)).ravel()
         g_new -= basis @ (basis.T @ g_new)
         if not np.linalg.norm(g_new) < np.linalg.norm(g):
             break
+        slow = np.linalg.norm(g_new) > POLISH_PROGRESS * np.linalg.norm(g)
         omega, g, taken = trial, g_new, taken + 1
+        if slow:    # MINRES crawls on the slow end of the spectrum: refine_on_slow_modes does that part
+            break
     return omega, taken, products
+
+
+def refine_on_slow_modes(problem: Problem, omega: np.ndarray, mass: np.ndarray, vectors: np.ndarray,
+                         values: np.ndarray, steps: int = SLOW_NEWTON_STEPS) -> tuple[np.ndarray, int]:
+    """Newton steps on the span of the lowest Ritz vectors ``X = vectors`` [N k, a] (values [a]): ``v <- v - X
+    diag(1 / theta) X^T g`` while ``|X^T g|`` falls. After a search the gradient left lies mostly along the
+    slowest directions, where it displaces the point by ``g_j / theta_j`` (1e-4 on a minimum with lambda_min ~ 1e-4
+    and I ~ 1e-16), which a MINRES polish reduces only after ~sqrt(kappa) products. The step moves S too (by
+    ``D^3 E [d]``): the spectrum is computed again at the new point. Returns (point [N, k], steps taken)."""
+    root = np.sqrt(mass)[:, None]
+    omega = np.array(omega, dtype=float)
+    basis = symmetry_basis(problem, omega, mass)
+
+    def gradient(w: np.ndarray) -> np.ndarray:
+        g = (root * problem.grad_phi(w, w, mass)).ravel()
+        return g - basis @ (basis.T @ g)
+
+    X, theta = np.asarray(vectors, dtype=float), np.asarray(values, dtype=float)
+    g, taken = gradient(omega), 0
+    for _ in range(steps):
+        trial = omega - (X @ ((X.T @ g) / theta)).reshape(omega.shape) / root
+        g_new = gradient(trial)
+        if not np.linalg.norm(X.T @ g_new) < np.linalg.norm(X.T @ g):
+            break
+        omega, g, taken = trial, g_new, taken + 1
+    return omega, taken
+
+
+def lowest_certified(problem: Problem, omega: np.ndarray, mass: np.ndarray, basis: np.ndarray,
+                     **ends) -> tuple[SpectrumEnds, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The spectrum ends at the point (:func:`pdeflow.analysis.spectrum.spectrum_ends` with ``ends``) and their
+    lowest converged Ritz pairs off the symmetry directions (:func:`off_symmetry_lowest`); ConfigError when the
+    lowest is not positive beyond its residual (not a strict local minimum)."""
+    found = spectrum_ends(problem, omega, mass, symmetry=basis, **ends)
+    lowest, residual, vectors, leaked = off_symmetry_lowest(found, basis)
+    if not len(lowest) or not lowest[0] - residual[0] > 0:
+        low = f"{lowest[0]:+.4g}" if len(lowest) else "not converged"
+        raise ConfigError(f"not a strict local minimum: the lowest eigenvalue of S off the symmetry directions is "
+                          f"{low}; its rates are not those of a minimum")
+    return found, lowest, residual, vectors, leaked
 
 
 def off_symmetry_lowest(ends: SpectrumEnds, basis: np.ndarray,
@@ -128,85 +275,197 @@ def off_symmetry_lowest(ends: SpectrumEnds, basis: np.ndarray,
     return ends.lowest[keep], ends.lowest_residual[keep], x[:, keep], int(np.sum(on_symmetry))
 
 
+def excess_from_gradient(omega: np.ndarray, omega_star: np.ndarray, mass: np.ndarray, grad_phi: np.ndarray) -> float:
+    """``E - E*`` in its gradient form ``(1/2) sum_i m_i <grad Phi(omega_i), omega_i - omega*_i>`` (omega, omega_star,
+    grad_phi [N, k], mass [N]): for ``E`` smooth at a stationary ``omega*``, ``E(omega) - E* - (1/2) <grad E,
+    omega - omega*> = -D^3 E[d, d, d] / 12 + O(|d|^4)``, a relative error ``O(|d|)`` like the linearisation's own,
+    where the difference ``E - E*`` of two numbers ~1 loses everything below ~1e-16 |E|."""
+    return 0.5 * float(np.sum(mass[:, None] * grad_phi * (omega - omega_star)))
+
+
+class _StepCount(Observer):
+    """Counts a run's steps and the stepper's grad Phi evaluations and difference products (rkc's columns), and stops
+    the run once they exceed ``budget`` (its later samples are then NaN, its rates not measured)."""
+
+    def __init__(self, budget: float = math.inf) -> None:
+        self.steps, self.gradient_evals, self.jvps, self.budget = 0, 0.0, 0.0, budget
+
+    def check(self, state: State) -> Stop | None:
+        if self.gradient_evals + self.jvps > self.budget:
+            return Stop("max_steps", f"the run's budget of {self.budget:.0f} gradients is spent")
+        return None
+
+    def accept(self, step: Step) -> None:
+        if step.old is step.new:
+            return
+        self.steps += 1
+        self.gradient_evals += step.stepper_columns.get("gradient_evals", 0.0)
+        self.jvps += step.stepper_columns.get("jvps", 0.0)
+
+
+def run_stepper(problem: Problem, method: str, duration: float, lam_max: float, samples: int,
+                scale: float) -> tuple[Stepper | None, float, str]:
+    """The stepper of one run of ``duration`` (``samples`` frames): RK4 with ``dt = STEPS_PER_FASTEST_AT_MINIMUM /
+    lambda_max`` (None: :func:`simulate`'s own), or rkc (:mod:`pdeflow.solvers.chebyshev`: ~sqrt(h lambda_max /
+    0.65) gradients per step h, error-controlled against ``RKC_TOLERANCE x scale``, the rms entry of the
+    perturbation; the step at most the sample spacing). ``method`` ``auto``: rkc when RK4 would take more than
+    :data:`RK4_MAX_STEPS` steps. Returns (stepper, first step, name)."""
+    from ..solvers.chebyshev import RKC
+
+    dt = min(STEPS_PER_FASTEST_AT_MINIMUM / lam_max, duration / MIN_STEPS)
+    if method == "auto":
+        method = "rkc" if duration / dt > RK4_MAX_STEPS else "rk4"
+    if method == "rk4":
+        return None, dt, "rk4"
+    if method != "rkc":
+        raise ConfigError(f"unknown stepper {method!r} for the rate check: auto, rk4 or rkc")
+    spacing = duration / max(samples - 1, 1)
+    stepper = RKC(problem, dt, rtol=0.0, atol=RKC_TOLERANCE * scale, dt_min=1e-12 * duration, dt_max=spacing,
+                  max_growth=5.0, radius_every=RKC_RADIUS_EVERY)
+    return stepper, dt, "rkc"
+
+
 def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps: float, n_random: int, seed: int,
-                  dt: float = 0.0, stepper: Stepper | None = None, progress: Progress | None = None,
+                  eps_random: float = 0.0,
+                  log_change: float = LOG_CHANGE_AT_MINIMUM, samples: int = SAMPLES_AT_MINIMUM,
+                  method: str = "auto", linearity: bool = True, prediction_dims: int = 0,
+                  polish_maxiter: int = POLISH_MAXITER, progress: Progress | None = None,
                   **ends) -> MinimumRates:
     """Perturb the stationary measure ``(omega [N, k], mass [N])`` by ``eps`` (mass-weighted norm) along the slowest
-    eigenvector of S and ``n_random`` random directions (seeded, off the symmetry directions), integrate the flow
-    (:func:`simulate`: RK4 with ``dt``, 0: ``STEPS_PER_FASTEST_AT_MINIMUM / lambda_max``, or ``stepper``) for
-    ``LOG_CHANGE / lambda_min`` (random: ``RANDOM_LOG_CHANGE / lambda_min``) and fit the decay rates of
-    ``E - E*`` and of the distance (:func:`fit_rate`; random: over the second half), beside the PL ratio.
-    The point is first polished (:func:`polish_stationary`); ``ends`` go to
-    :func:`pdeflow.analysis.spectrum.spectrum_ends`. ConfigError when the lowest eigenvalue is not certified positive
-    (not a strict local minimum)."""
+    eigenvector of S (and, with ``linearity``, by ``eps / 2`` too: the rates agree in the linear regime) and by
+    ``eps_random`` (0: eps) along ``n_random`` random directions (seeded, off the symmetry directions), integrate
+    the flow (:func:`simulate` through :func:`run_stepper`'s stepper, ``method`` auto/rk4/rkc) for ``log_change /
+    lambda_min`` with
+    ``samples`` samples, and fit the decay rates of ``E - E*`` (its gradient form) and of the distance
+    (:func:`fit_rate`; random: over the second half), beside the PL ratio. The slowest direction's predictions are
+    ``2 lambda_min``, ``lambda_min`` and ``lambda_min``; a random direction's are those of the linear flow from the
+    same start (:func:`linear_flow`, ``prediction_dims`` Lanczos steps, 0: ``PREDICTION_FACTOR sqrt(lambda_max T)
+    + 50``), fitted over the same window. The point is first polished (:func:`polish_stationary`, then
+    :func:`refine_on_slow_modes` on the converged lowest Ritz pairs); ``ends`` go to
+    :func:`pdeflow.analysis.spectrum.spectrum_ends`. ConfigError when the lowest eigenvalue is not certified
+    positive (not a strict local minimum)."""
     say = progress or (lambda msg: None)
     mass = np.asarray(mass, dtype=float)
     basis = symmetry_basis(problem, omega, mass)
-    omega, taken, products = polish_stationary(problem, omega, mass, basis)
+    omega, taken, products = polish_stationary(problem, omega, mass, basis, maxiter=polish_maxiter)
     basis = symmetry_basis(problem, omega, mass)
     ev = problem.evaluate(omega, mass)
     e_star, i_star = float(ev.energy), float(ev.dissipation)
-    ends_found = spectrum_ends(problem, omega, mass, **ends)
+    ends_found, lowest, residual, vectors, leaked = lowest_certified(problem, omega, mass, basis, **ends)
     products += ends_found.products
-    lowest, residual, vectors, leaked = off_symmetry_lowest(ends_found, basis)
-    if not len(lowest) or not lowest[0] - residual[0] > 0:
-        low = f"{lowest[0]:+.4g}" if len(lowest) else "not converged"
-        raise ConfigError(f"not a strict local minimum: the lowest eigenvalue of S off the symmetry directions is "
-                          f"{low}; its rates are not those of a minimum")
+    say(f"polished in {taken} Newton step(s): E* = {e_star:.12g}, I = {i_star:.3e}; lambda_min = {lowest[0]:.6g} "
+        f"(residual {residual[0]:.1e}), lambda_max = {ends_found.highest[-1]:.6g}, {basis.shape[1]} symmetry "
+        "directions" + (f" ({leaked} Ritz value(s) on them dropped)" if leaked else "") + f"; {products} JVPs")
+    omega, slow_steps = refine_on_slow_modes(problem, omega, mass, vectors, lowest)
+    taken += slow_steps
+    if slow_steps:
+        basis = symmetry_basis(problem, omega, mass)
+        ev = problem.evaluate(omega, mass)
+        e_star, i_star = float(ev.energy), float(ev.dissipation)
+        ends_found, lowest, residual, vectors, leaked = lowest_certified(problem, omega, mass, basis, **ends)
+        products += ends_found.products
     lam, lam_max = float(lowest[0]), float(ends_found.highest[-1])
-    say(f"polished in {taken} Newton step(s): E* = {e_star:.12g}, I = {i_star:.3e}; lambda_min = {lam:.6g} "
-        f"(residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}, {basis.shape[1]} symmetry directions"
-        + (f" ({leaked} Ritz value(s) on them dropped)" if leaked else ""))
     root = np.sqrt(mass)[:, None]
+    g = (root * problem.grad_phi(omega, omega, mass)).ravel()
+    offset = float(vectors[:, 0] @ g) / lam
+    say(f"{slow_steps} Newton step(s) on the {len(lowest)} slowest directions: E* = {e_star:.12g}, I = "
+        f"{i_star:.3e}; lambda_min = {lam:.6g} (residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}; the "
+        f"point is off by {offset:.1e} along the slowest direction (<u, g> / lambda_min); {products} JVPs")
+    root = np.sqrt(mass)[:, None]
+    grad_star = problem.grad_phi(omega, omega, mass)
+    slowest = vectors[:, 0] / np.linalg.norm(vectors[:, 0])
+    check = []
+    for size in EXCESS_CHECK_SIZES:
+        w = omega + size * eps * slowest.reshape(omega.shape) / root
+        e = problem.evaluate(w, mass)
+        check.append((size * eps, float(e.energy) - e_star, excess_from_gradient(w, omega, mass, e.grad_phi)))
     rng = np.random.default_rng(seed)
-    directions = [(SLOWEST, vectors[:, 0])]
+    directions = [(SLOWEST, slowest, eps)] + ([(SLOWEST_HALF, slowest, 0.5 * eps)] if linearity else [])
     for j in range(n_random):
         d = rng.standard_normal(omega.size)
-        directions.append((f"random {j + 1}", d - basis @ (basis.T @ d)))
-    if dt <= 0:
-        dt = STEPS_PER_FASTEST_AT_MINIMUM / lam_max
+        d -= basis @ (basis.T @ d)
+        directions.append((f"random {j + 1}", d / np.linalg.norm(d), eps_random or eps))
+    duration = log_change / lam
+    times = np.linspace(0.0, duration, samples)
+    op = hessian_operator(problem, omega, mass, symmetry=basis)
+    dims = prediction_dims or int(PREDICTION_FACTOR * math.sqrt(lam_max * duration)) + 50
     runs = []
-    for name, d in directions:
-        d = d / np.linalg.norm(d)
-        duration = (LOG_CHANGE if name == SLOWEST else RANDOM_LOG_CHANGE) / lam
-        skip = FIT_SKIP if name == SLOWEST else RANDOM_FIT_SKIP
-        times = np.linspace(0.0, duration, SAMPLES)
-        path = simulate(problem, omega + eps * d.reshape(omega.shape) / root, mass, times,
-                        min(dt, duration / MIN_STEPS), stepper)
-        runs.append(_minimum_run(problem, name, path, mass, omega, basis, e_star, times, skip, dt))
+    for name, d, size in directions:
+        v0 = size * d
+        if name.startswith("random"):
+            pred = linear_flow(op, v0, times, dims)
+            say(f"{name}: linear flow predicted by {pred.products} Lanczos steps (Krylov error bound "
+                f"{np.max(pred.error_bound / pred.distance):.1e} of the distance)")
+        else:
+            pred = LinearPrediction(times=times, distance=size * np.exp(-lam * times),
+                                    excess=0.5 * lam * size ** 2 * np.exp(-2 * lam * times),
+                                    dissipation=(lam * size) ** 2 * np.exp(-2 * lam * times),
+                                    error_bound=np.zeros_like(times), products=0)
+        start = omega + v0.reshape(omega.shape) / root
+        scale = float(np.sqrt(np.mean((v0.reshape(omega.shape) / root) ** 2)))
+        stepper, dt, stepper_name = run_stepper(problem, method, duration, lam_max, samples, scale)
+        counter = _StepCount(RUN_MAX_GRADIENTS)
+        path = simulate(problem, start, mass, times, dt, stepper, [counter])
+        skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
+        runs.append(_minimum_run(problem, name, size, path, mass, omega, basis, e_star, grad_star, times, skip,
+                                 pred,
+                                 lam, stepper_name, dt, counter))
         r = runs[-1]
-        say(f"{name}: E - E* decays at {r.energy_rate:.6g} (2 lambda_min = {2 * lam:.6g}), distance at "
-            f"{r.distance_rate:.6g} (lambda_min = {lam:.6g}), PL ratio >= {r.pl_ratio_min:.6g}")
+        say(f"{name}: E - E* decays at {r.energy_rate:.6g} (predicted {r.predicted_energy_rate:.6g}), distance at "
+            f"{r.distance_rate:.6g} (predicted {r.predicted_distance_rate:.6g}), PL ratio >= {r.pl_ratio_min:.6g} "
+            f"(predicted {r.predicted_pl_ratio_min:.6g}; lambda_min = {lam:.6g}); {r.stepper}, {r.steps} steps, "
+            f"{r.gradients} gradients")
     return MinimumRates(e_star=e_star, i_star=i_star, lambda_min=lam,
                         lambda_min_residual=float(residual[0]), lambda_max=lam_max,
                         morse_index_lower=int(np.sum(lowest + residual < 0)), n_symmetry=int(basis.shape[1]),
-                        eps=float(eps), runs=runs, products=int(products), polish_steps=taken)
+                        eps=float(eps), runs=runs, products=int(products), polish_steps=taken, offset=offset,
+                        prediction_products=int(op.products), excess_check=np.array(check))
 
 
-def _minimum_run(problem: Problem, name: str, path: np.ndarray, mass: np.ndarray, omega: np.ndarray,
-                 basis: np.ndarray, e_star: float, times: np.ndarray, skip: float, dt: float) -> MinimumRun:
-    """The excess energy, distance and PL ratio along one simulated path [F, N, k], and their fits: the distance
-    over the last ``1 - skip`` of the run, E - E* and the PL ratio there too but only while ``E - E*`` is above
-    :data:`EXCESS_FLOOR` ``max(1, |E*|)`` (below it the energy's rounding would be fitted)."""
+def _fit_or_nan(times: np.ndarray, values: np.ndarray, select: np.ndarray) -> float:
+    """The decay rate (positive) of ``values`` over the selected samples (:func:`fit_rate`), NaN with fewer than 3."""
+    return -fit_rate(times[select], values[select], 0.0)[0] if select.sum() >= 3 else math.nan
+
+
+def _minimum_run(problem: Problem, name: str, eps: float, path: np.ndarray, mass: np.ndarray, omega: np.ndarray,
+                 basis: np.ndarray, e_star: float, grad_star: np.ndarray, times: np.ndarray, skip: float,
+                 pred: LinearPrediction, lam: float, stepper: str, dt: float, counter: _StepCount) -> MinimumRun:
+    """The excess energy (both forms), distance and PL ratio along one simulated path [F, N, k], their fits over
+    the last ``1 - skip`` of the run (E - E* and the PL ratio only where the gradient form is trusted: above
+    :data:`TRUST_FACTOR` times the first-order term ``|<g*, v>| / 2`` of the gradient ``grad_star`` [N, k] left at
+    the point), and the same fits of the prediction ``pred``."""
     root = np.sqrt(mass)[:, None]
-    excess, distance, pl = (np.full(len(times), np.nan) for _ in range(3))
+    excess, direct, distance, pl, first_order = (np.full(len(times), np.nan) for _ in range(5))
     for f, w in enumerate(path):
         if not np.all(np.isfinite(w)):
             break
         ev = problem.evaluate(w, mass)
         v = (root * (w - omega)).ravel()
-        excess[f] = ev.energy - e_star
+        excess[f] = excess_from_gradient(w, omega, mass, ev.grad_phi)
+        first_order[f] = abs(excess_from_gradient(w, omega, mass, grad_star))
+        difference = ev.energy - e_star
+        direct[f] = difference if difference > EXCESS_FLOOR * max(1.0, abs(e_star)) else np.nan
         distance[f] = np.linalg.norm(v - basis @ (basis.T @ v))
         pl[f] = ev.dissipation / (2.0 * excess[f]) if excess[f] > 0 else np.nan
     window = times >= times[0] + skip * (times[-1] - times[0])
-    distance_rate = fit_rate(times[window], distance[window], 0.0)[0] if window.sum() >= 2 else math.nan
-    trusted = window & (excess > EXCESS_FLOOR * max(1.0, abs(e_star)))
-    energy_rate = fit_rate(times[trusted], excess[trusted], 0.0)[0] if trusted.sum() >= 2 else math.nan
-    return MinimumRun(direction=name, times=times, excess=excess, distance=distance, pl_ratio=pl,
-                      energy_rate=-energy_rate, distance_rate=-distance_rate,
-                      pl_ratio_min=float(np.min(pl[trusted])) if trusted.any() else math.nan,
-                      pl_ratio_end=float(pl[trusted][-1]) if trusted.any() else math.nan,
-                      fit_from=float(times[window][0]), dt=float(dt))
+    trusted = np.isfinite(excess) & (excess > TRUST_FACTOR * first_order)
+    fitted = window & trusted
+    pred_pl = pred.dissipation / (2.0 * pred.excess)
+    agreement = np.abs(excess / direct - 1.0)
+    return MinimumRun(
+        direction=name, eps=float(eps), times=times, excess=excess, excess_direct=direct, distance=distance,
+        pl_ratio=pl, trusted=trusted, energy_rate=_fit_or_nan(times, excess, fitted),
+        distance_rate=_fit_or_nan(times, distance, window),
+        pl_ratio_min=float(np.min(pl[fitted])) if fitted.any() else math.nan,
+        pl_ratio_least=float(np.min(pl[trusted])) if trusted.any() else math.nan,
+        fit_from=float(times[window][0]), predicted_energy_rate=_fit_or_nan(times, pred.excess, window),
+        predicted_distance_rate=_fit_or_nan(times, pred.distance, window),
+        predicted_pl_ratio_min=float(np.min(pred_pl[window])), predicted_excess=pred.excess,
+        predicted_distance=pred.distance, prediction_error=float(np.max(pred.error_bound / pred.distance)),
+        excess_agreement=float(np.nanmax(agreement)) if np.isfinite(agreement).any() else math.nan,
+        stepper=stepper, dt=float(dt),
+        gradients=int(4 * counter.steps if stepper == "rk4" else counter.gradient_evals + counter.jvps) + len(times),
+        jvps=int(counter.jvps), steps=counter.steps)
 
 
 SCHEMA_MINIMUM = "pdeflow-minimum-rates"
@@ -216,27 +475,34 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
                         source: str = "") -> None:
     """Write ``/rates`` (one result file, all or nothing, with ``/model`` and ``/data``): attributes ``e_star``,
     ``i_star``, ``lambda_min``, ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``, ``n_symmetry``,
-    ``eps``, ``products``, ``polish_steps``, ``source`` (the stationary result); datasets over runs [R]:
-    ``direction`` (str), ``energy_rate``, ``distance_rate``, ``pl_ratio_min``, ``pl_ratio_end``,
-    ``predicted_energy_rate`` (2 lambda_min), ``predicted_distance_rate`` (lambda_min), ``relative_error`` [R, 3]
-    (energy, distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``, ``distance``, ``pl_ratio`` [F]."""
+    ``eps``, ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``source`` (the
+    stationary result); ``excess_check`` [S, 3] (size, direct E - E*, gradient form); datasets over runs [R]:
+    ``direction`` (str), ``stepper`` (str), ``eps``, ``energy_rate``, ``distance_rate``, ``pl_ratio_min``,
+    ``pl_ratio_least``, ``predicted_energy_rate``, ``predicted_distance_rate``, ``predicted_pl_ratio_min``,
+    ``prediction_error``, ``excess_agreement``, ``gradients``, ``steps``, ``relative_error`` [R, 3] (energy,
+    distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``, ``excess_direct``, ``distance``, ``pl_ratio``,
+    ``trusted``, ``predicted_excess``, ``predicted_distance`` [F]."""
     from ..io.result_files import new_result_file
 
-    with new_result_file(path, SCHEMA_MINIMUM, 1, cfg, problem=problem) as f:
+    with new_result_file(path, SCHEMA_MINIMUM, 2, cfg, problem=problem) as f:
         g = f.create_group("rates")
         for key in ("e_star", "i_star", "lambda_min", "lambda_min_residual", "lambda_max", "morse_index_lower",
-                    "n_symmetry", "eps", "products", "polish_steps"):
+                    "n_symmetry", "eps", "products", "prediction_products", "gradients", "polish_steps", "offset"):
             g.attrs[key] = getattr(result, key)
         g.attrs["source"] = source
+        g["excess_check"] = np.asarray(result.excess_check, dtype=float).reshape(-1, 3)
         runs = result.runs
         g["direction"] = _strings([r.direction for r in runs])
-        for key in ("energy_rate", "distance_rate", "pl_ratio_min", "pl_ratio_end"):
+        g["stepper"] = _strings([r.stepper for r in runs])
+        for key in ("eps", "energy_rate", "distance_rate", "pl_ratio_min", "pl_ratio_least", "predicted_energy_rate",
+                    "predicted_distance_rate", "predicted_pl_ratio_min", "prediction_error", "excess_agreement",
+                    "gradients", "steps"):
             g[key] = np.array([getattr(r, key) for r in runs], dtype=float)
-        g["predicted_energy_rate"] = np.full(len(runs), 2.0 * result.lambda_min)
-        g["predicted_distance_rate"] = np.full(len(runs), result.lambda_min)
-        g["relative_error"] = np.array([r.errors(result.lambda_min) for r in runs]).reshape(len(runs), 3)
+        g["relative_error"] = np.array([r.errors() for r in runs]).reshape(len(runs), 3)
         rg = g.create_group("runs")
         for j, r in enumerate(runs):
             sg = rg.create_group(f"r{j}")
-            sg["times"], sg["excess"], sg["distance"], sg["pl_ratio"] = r.times, r.excess, r.distance, r.pl_ratio
+            for key in ("times", "excess", "excess_direct", "distance", "pl_ratio", "trusted", "predicted_excess",
+                        "predicted_distance"):
+                sg[key] = getattr(r, key)
             sg.attrs["direction"], sg.attrs["dt"], sg.attrs["fit_from"] = r.direction, r.dt, r.fit_from

@@ -11,7 +11,7 @@ the shared time loop. Details: docs/design.md, "Dirac stationary measures and th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from ..core.model import split_theta
 from ..core.problem import Problem
 from ..solvers.base import State, Stepper
 from ..solvers.explicit import RK4
-from ..solvers.loop import advance
+from ..solvers.loop import Observer, advance
 
 MEAN, SPREAD = 0, 1                 # axis 1 of the rate arrays: the mean (Htr) mode and the spread (H0) mode
 FIT_SKIP = 0.1                      # fraction of a run left out of the rate fit (start-up transients)
@@ -357,18 +357,18 @@ def fit_rate(times: np.ndarray, amplitude: np.ndarray, skip: float = FIT_SKIP) -
 
 
 def simulate(problem: Problem, omega0: np.ndarray, mass: np.ndarray, times: np.ndarray, dt: float,
-             stepper: Stepper | None = None) -> np.ndarray:
+             stepper: Stepper | None = None, observers: Sequence[Observer] = ()) -> np.ndarray:
     """The particles ``omega0`` [N, k] (masses [N]) moved by the explicit RK4 stepper with step ``dt`` (or by
     ``stepper``, starting with step ``dt``) through the shared time loop (:func:`pdeflow.solvers.loop.advance`: the
     steps land on every time), recorded at ``times`` [F] (``times[0] = 0``): [F, N, k]. Frames after a non-finite
-    step are NaN."""
+    step are NaN. ``observers`` watch the loop's steps (:class:`pdeflow.solvers.loop.Observer`)."""
     out = np.full((len(times),) + np.shape(omega0), np.nan)
 
     def record(f: int, state: State) -> None:
         out[f] = state.fields["omega"]
 
     start = State(t=0.0, step=0, dt=float(dt), fields={"omega": np.array(omega0, dtype=float), "mass": mass})
-    advance(stepper if stepper is not None else RK4(problem, dt=float(dt)), start, times, record)
+    advance(stepper if stepper is not None else RK4(problem, dt=float(dt)), start, times, record, observers)
     return out
 
 

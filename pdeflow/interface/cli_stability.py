@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.minimum_rates import LOG_CHANGE_AT_MINIMUM, RK4_MAX_STEPS, SAMPLES_AT_MINIMUM
+from ..analysis.spectrum import KRYLOV_DIM
 from ..analysis.stability import MEAN, SPREAD, StabilityResult, run_stability, write_stability
 from ..analysis.stability_plots import plot_stability
 from ..core.config import load_config
@@ -77,11 +79,15 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
         raise UsageError("--stationary takes the problem from RESULT: give no CONFIG")
     if args.output is None:
         raise UsageError("--stationary needs -o RATES.h5")
-    for name, value in (("--eps", args.eps), ("--dt", args.dt)):
-        if not (value >= 0 and np.isfinite(value)) or (name == "--eps" and value == 0):
-            raise UsageError(f"{name} must be {'positive' if name == '--eps' else '>= 0'}, got {value}")
-    if args.random < 0:
-        raise UsageError(f"--random must be >= 0, got {args.random}")
+    for name, value in (("--eps", args.eps), ("--eps-random", args.eps_random)):
+        if not (value > 0 and np.isfinite(value)):
+            raise UsageError(f"{name} must be positive, got {value}")
+    if not (args.log_change > 0 and np.isfinite(args.log_change)):
+        raise UsageError(f"--log-change must be positive, got {args.log_change}")
+    for name, value, least in (("--random", args.random, 0), ("--samples", args.samples, 5),
+                               ("--krylov-dim", args.krylov_dim, 2)):
+        if value < least:
+            raise UsageError(f"{name} must be >= {least}, got {value}")
     out = check_output_file(Path(args.output), args.stationary, force=args.force)
     r = read_stationary(args.stationary)
     if not r.get("certified"):
@@ -91,7 +97,9 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
     problem = stored_problem(args.stationary)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
     result = minimum_rates(problem, np.asarray(r["omega"]), np.asarray(r["mass"]), eps=args.eps,
-                           n_random=args.random, seed=args.seed, dt=args.dt, progress=say)
+                           eps_random=args.eps_random, n_random=args.random, seed=args.seed,
+                           log_change=args.log_change, samples=args.samples, method=args.stepper,
+                           linearity=not args.no_linearity, progress=say, krylov_dim=args.krylov_dim)
     write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
     print(rates_table(result))
     print(f"pdeflow: stability: rates at the minimum of {args.stationary} -> {out}")
@@ -105,12 +113,15 @@ def rates_table(result) -> str:
     lines = [f"minimum: E* = {result.e_star:.12g}, I = {result.i_star:.3e}, lambda_min = {lam:.6g} (residual "
              f"{result.lambda_min_residual:.1e}), lambda_max = {result.lambda_max:.6g}, {result.n_symmetry} symmetry "
              f"directions; eps = {result.eps:g}; {result.products} JVPs (polish {result.polish_steps} Newton step(s) "
-             "and spectrum)",
-             f"{'direction':<10} {'E - E* rate':>12} {'2 lambda_min':>12} {'distance rate':>14} {'lambda_min':>11} "
-             f"{'min PL ratio':>13} {'max rel. error':>15}"]
+             f"and spectrum), {result.prediction_products} JVPs (linear predictions), {result.gradients} gradients "
+             "(runs)",
+             f"{'direction':<15} {'E - E* rate':>12} {'predicted':>12} {'distance rate':>14} {'predicted':>12} "
+             f"{'min PL ratio':>13} {'predicted':>12} {'least PL / lambda_min':>22} {'max rel. error':>15}"]
     for r in result.runs:
-        lines.append(f"{r.direction:<10} {r.energy_rate:>12.6g} {2 * lam:>12.6g} {r.distance_rate:>14.6g} "
-                     f"{lam:>11.6g} {r.pl_ratio_min:>13.6g} {np.max(np.abs(r.errors(lam))):>15.2e}")
+        lines.append(f"{r.direction:<15} {r.energy_rate:>12.6g} {r.predicted_energy_rate:>12.6g} "
+                     f"{r.distance_rate:>14.6g} {r.predicted_distance_rate:>12.6g} {r.pl_ratio_min:>13.6g} "
+                     f"{r.predicted_pl_ratio_min:>12.6g} {r.pl_ratio_least / lam:>22.6g} "
+                     f"{np.max(np.abs(r.errors())):>15.2e}")
     return "\n".join(lines)
 
 
@@ -125,11 +136,27 @@ def add_command(subparsers) -> None:
                          "output HDF5 file (default: output.path, else <config>.h5)", optional_config=True)
     p.add_argument("--stationary", metavar="RESULT",
                    help="a certified minimum (pdeflow stationary --kind minimum): check the rates predicted there")
-    p.add_argument("--eps", type=float, default=1e-2,
-                   help="--stationary: size of the perturbations (mass-weighted norm; default 1e-2)")
+    p.add_argument("--eps", type=float, default=1e-4,
+                   help="--stationary: size of the perturbations along the slowest direction (mass-weighted norm; "
+                        "default 1e-4: the relative rate error of the next order is ~ D^3 E eps / lambda_min)")
+    p.add_argument("--eps-random", type=float, default=1e-3,
+                   help="--stationary: size of the random perturbations (default 1e-3: most of it is in fast modes "
+                        "that decay first)")
     p.add_argument("--random", type=int, default=2, help="--stationary: random directions besides the slowest")
     p.add_argument("--seed", type=int, default=0, help="--stationary: seed of the random directions")
-    p.add_argument("--dt", type=float, default=0.0, help="--stationary: RK4 step (0: 1 / lambda_max)")
+    p.add_argument("--log-change", type=float, default=LOG_CHANGE_AT_MINIMUM,
+                   help="--stationary: a run lasts this / lambda_min (the slowest mode's distance falls by "
+                        f"e^-this; default {LOG_CHANGE_AT_MINIMUM})")
+    p.add_argument("--samples", type=int, default=SAMPLES_AT_MINIMUM,
+                   help=f"--stationary: samples per run (default {SAMPLES_AT_MINIMUM})")
+    p.add_argument("--stepper", choices=("auto", "rk4", "rkc"), default="auto",
+                   help="--stationary: the runs' stepper (auto: rkc when RK4 at dt = 1 / lambda_max would take more "
+                        f"than {RK4_MAX_STEPS:,} steps)")
+    p.add_argument("--krylov-dim", type=int, default=KRYLOV_DIM,
+                   help=f"--stationary: Lanczos steps for the spectrum's ends (default {KRYLOV_DIM}; the slow end of "
+                        "a stiff minimum may need more)")
+    p.add_argument("--no-linearity", action="store_true",
+                   help="--stationary: skip the run along the slowest direction at eps/2 (the linearity check)")
     p.add_argument("--no-plots", action="store_true", help="do not write the PNG figures")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_stability)
