@@ -14,10 +14,10 @@
 4. **the flow at the same wall time**: the run continued (``--resume`` on a copy) for the wall time the solve and the
    certification took, so the energy the flow alone reaches in the same total wall time stands beside E*.
 
-Costs in gradient evaluations (a JVP at :data:`pdeflow.analysis.stationary.JVP_GRADIENTS`, the flow's from its /steps
-rows: :func:`pdeflow.analysis.diagnostics.spectral.run_gradient_equivalents`) and wall seconds, with the CPU model and the
-load average before and after. Writes ``time_to_minimum.json`` and ``time_to_minimum.md`` into DIR (default
-benchmarks/results). ``--n`` sets the particles and the sequences (``init.n_particles``, ``task.n_samples``),
+Costs in gradient evaluations (a JVP at :data:`pdeflow.analysis.stationary.JVP_GRADIENTS`, the flow's from its
+/steps rows: :func:`pdeflow.analysis.diagnostics.spectral.run_gradient_equivalents`) and wall seconds, with the CPU
+model and the load average before and after. Writes ``time_to_minimum.json`` and ``time_to_minimum.md`` into DIR
+(default benchmarks/results). ``--n`` sets the particles and the sequences (``init.n_particles``, ``task.n_samples``),
 ``--set`` any other key (toy runs).
 """
 from __future__ import annotations
