@@ -99,7 +99,8 @@ def test_krylov_ritz_grows_until_enough_and_stops_there():
 @pytest.mark.parametrize("head_dim", [2, 3])
 def test_symmetry_count_equals_the_formula(head_dim):
     """Per head dh (dh - 1) directions with weight decay (rotations of (WQ, WK) and of (WV, WO)), 2 dh^2 without
-    (invertible changes of basis), none at a zero head (the orbit is a point) and none in reduced coordinates."""
+    (invertible changes of basis), none at a zero head (the orbit is a point) or at a head within 1e-6 of the
+    largest head's norm from it (a dead head off the origin by rounding), and none in reduced coordinates."""
     dh = head_dim
     problem = tiny(f"model.head_dim={dh}")
     omega, mass = random_state(problem, 3, seed=1)
@@ -111,6 +112,9 @@ def test_symmetry_count_equals_the_formula(head_dim):
     free = problem.with_weight_decay(0.0)
     assert symmetry_basis(free, omega, mass).shape == (omega.size, 2 * 2 * dh * dh)
     assert list(head_symmetries(free, omega).counts) == [2 * dh * dh, 0, 2 * dh * dh]
+    nearly_dead = omega.copy()
+    nearly_dead[1] = 1e-9 * omega[0] / np.linalg.norm(omega[0])  # a rounding-size distance from the origin
+    assert list(head_symmetries(problem, nearly_dead).counts) == [dh * (dh - 1), 0, dh * (dh - 1)]
     reduced = tiny('model.coordinates="gain2"')
     omega_r, mass_r = random_state(reduced, 4, seed=2)
     assert symmetry_basis(reduced, omega_r, mass_r).shape == (omega_r.size, 0)

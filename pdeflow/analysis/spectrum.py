@@ -31,6 +31,7 @@ from .stability import symmetry_tangents
 
 KRYLOV_DIM = 300        # Lanczos steps of spectrum_ends: the products of one spectral record
 N_ENDS = 10             # Ritz values reported at each end (the converged ones among them)
+ORBIT_FLOOR = 1e-6      # heads below this share of the largest head's norm have no symmetry orbit (at the origin)
 RESOLVED = 0.1         # spectrum_ends(max_dim=...) grows until the lowest Ritz value's residual is this share of it
 RITZ_TOL = 1e-6         # converged: residual <= RITZ_TOL * max(|lambda_max|, |lambda_min|)
 START_SEED = 20260      # the fixed random part of the Lanczos start vector
@@ -71,9 +72,16 @@ class Symmetry:
 
 def head_symmetries(problem: Problem, omega: np.ndarray) -> Symmetry:
     """The orbit tangents of every head (:func:`pdeflow.analysis.stability.symmetry_tangents` at ``omega_i``), as
-    blocks."""
+    blocks; none for a head with ``|omega_i| <= ORBIT_FLOOR max_j |omega_j|``. Such a head is a dead head left a
+    rounding-size distance off the origin (by a Newton step, say), where a stationary point has it exactly at 0 and
+    no orbit: its tangents are not null vectors of S there but directions of the origin's curvature block
+    (``lambda`` plus the residual's coupling), and projecting them out would hide that block's lowest
+    eigenvalues from the verdict."""
     omega = np.asarray(omega, dtype=float)
-    tangents = [symmetry_tangents(problem, w) for w in omega]
+    norms = np.linalg.norm(omega, axis=1)
+    floor = ORBIT_FLOOR * float(norms.max()) if norms.size else 0.0
+    tangents = [symmetry_tangents(problem, w) if n > floor else np.zeros((problem.k, 0))
+                for w, n in zip(omega, norms)]
     counts = np.array([t.shape[1] for t in tangents], dtype=np.int64)
     blocks = np.zeros((omega.shape[0], problem.k, int(counts.max()) if counts.size else 0))
     for i, t in enumerate(tangents):
