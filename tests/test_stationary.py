@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse.linalg
 
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.spectrum import hessian_operator, symmetry_basis
+from pdeflow.analysis.spectrum import hessian_operator, origin_block, spectrum_ends, symmetry_basis
 from pdeflow.analysis.stability import analyse_point, complement_spectrum, find_stationary_points
 from pdeflow.analysis.stationary import METHODS, SCHEMA, minimum, nearest, newton_step, read_stationary
 from pdeflow.core.model import split_theta
@@ -123,6 +123,30 @@ def test_minimum_holds_dead_heads_at_the_origin_and_leaves_them_out(monkeypatch)
     every = minimum(problem, omega, mass, initial)
     assert set(sizes) == {6} and every.certified
     assert held.energy == pytest.approx(every.energy, abs=1e-13)
+
+
+def test_the_spectrum_splits_off_heads_at_the_origin_exactly():
+    """S has no block coupling a head at the origin to another (dE/domega_i = m_i grad Phi(omega_i) vanishes at 0
+    for every measure) and that head's block is Hess Phi(0): the split spectrum (Lanczos on the live heads, the
+    dense block's eigenvalues once per dead head) equals a dense eigendecomposition of the whole S, at a measure
+    that is not stationary (the split does not need it) and with negative eigenvalues to count."""
+    problem = Problem.from_config(loads_config(TINY))
+    omega = np.random.default_rng(0).standard_normal((6, problem.k)) * 0.7
+    omega[[1, 4]] = 0.0
+    mass = np.full(6, 1.0 / 6.0)
+    split = spectrum_ends(problem, omega, mass, split_origin=True)
+    dense = dense_spectrum(problem, omega, mass)
+    scale = np.abs(dense).max()
+    assert split.lowest[0] == pytest.approx(dense[0], abs=1e-10 * scale) == split.lowest_ritz
+    assert split.highest[-1] == pytest.approx(dense[-1], rel=1e-10)
+    for value in np.concatenate([split.lowest, split.highest]):
+        assert np.abs(dense - value).min() <= 1e-9 * scale
+    assert split.morse_index_lower == int(np.sum(dense < -1e-9 * scale)) > 0
+    values, _, _ = origin_block(problem, omega, mass)
+    assert np.sum(values < 0) > 0  # the dead heads' block has negative eigenvalues, counted twice in the index
+    assert split.n_symmetry == symmetry_basis(problem, omega, mass).shape[1]
+    x = split.lowest_vectors
+    np.testing.assert_allclose(np.linalg.norm(x, axis=0), 1.0, atol=1e-12)
 
 
 def test_the_newton_solve_reaches_the_residual_asked_on_a_nearly_singular_indefinite_system():

@@ -27,11 +27,12 @@ import scipy.sparse.linalg
 
 from ..core.problem import Problem
 from ..solvers.jacobian import RitzPairs, krylov_ritz, mass_weighted
-from .stability import symmetry_tangents
+from .stability import dense_hessian, symmetry_tangents
 
 KRYLOV_DIM = 300        # Lanczos steps of spectrum_ends: the products of one spectral record
 N_ENDS = 10             # Ritz values reported at each end (the converged ones among them)
 ORBIT_FLOOR = 1e-6      # heads below this share of the largest head's norm have no symmetry orbit (at the origin)
+ORIGIN_SPLIT = 2.0      # measured: a product on the long run's 55 live heads costs ~1/2 of one on all 128
 RESOLVED = 0.1         # spectrum_ends(max_dim=...) grows until the lowest Ritz value's residual is this share of it
 RITZ_TOL = 1e-6         # converged: residual <= RITZ_TOL * max(|lambda_max|, |lambda_min|)
 START_SEED = 20260      # the fixed random part of the Lanczos start vector
@@ -221,7 +222,77 @@ def start_vector(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.nd
 def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, krylov_dim: int = KRYLOV_DIM,
                   n_ends: int = N_ENDS, tol: float = RITZ_TOL,
                   symmetry: Symmetry | DenseSymmetry | np.ndarray | None = None,
-                  max_dim: int = 0) -> SpectrumEnds:
+                  max_dim: int = 0, split_origin: bool = False) -> SpectrumEnds:
+    """Both ends of the spectrum of ``Pi S Pi`` at the measure (``omega`` [N, k], ``mass`` [N]) from one Lanczos
+    run of ``krylov_dim`` steps with full reorthogonalisation (:func:`pdeflow.solvers.jacobian.krylov_ritz`) from
+    :func:`start_vector`: ``krylov_dim`` products (capped at ``N k - r``) and one gradient. A Ritz value counts
+    as converged when its residual is at most ``tol * max(|theta_max|, |theta_min|)``; only converged values
+    among the ``n_ends`` lowest and the ``n_ends`` highest are reported (:class:`SpectrumEnds`). With ``max_dim >
+    krylov_dim`` the same run goes on, ``krylov_dim`` steps at a time, up to ``max_dim`` steps until the lowest Ritz
+    value has converged with a residual at most :data:`RESOLVED` times its size (near a minimum the lowest
+    eigenvalues converge last, and the verdict rests on the sign of the lowest).
+
+    ``split_origin``: heads exactly at the origin, where it is a stationary point of every head
+    (:func:`origin_is_stationary`), are split off. ``dE/domega_i = m_i grad Phi(omega_i; rho)`` vanishes at
+    ``omega_i = 0`` for every rho, so S has no block coupling such a head to any other, and its own block is
+    ``Hess Phi(0; rho)`` (the head's feature is quadratic at 0: the risk's second-order term drops). So the
+    spectrum is that of the live heads' S (Lanczos on the measure without the dead heads, :data:`ORIGIN_SPLIT`
+    x cheaper per product on the long run's minimum) together with the eigenvalues of the dense [k, k]
+    ``Hess Phi(0; rho)`` (:func:`origin_block`), each ``n_dead`` times: exact where Lanczos sees one copy of a
+    repeated eigenvalue."""
+    omega = np.asarray(omega, dtype=float)
+    mass = np.asarray(mass, dtype=float)
+    dead = np.all(omega == 0.0, axis=1) if split_origin else np.zeros(len(omega), dtype=bool)
+    if not dead.any() or dead.all() or symmetry is not None or not origin_is_stationary(problem, omega, mass):
+        return _lanczos_ends(problem, omega, mass, krylov_dim=krylov_dim, n_ends=n_ends, tol=tol,
+                             symmetry=symmetry, max_dim=max_dim)
+    live = _lanczos_ends(problem, omega[~dead], mass[~dead], krylov_dim=krylov_dim, n_ends=n_ends, tol=tol,
+                         symmetry=None, max_dim=max_dim)
+    values, vectors, residuals = origin_block(problem, omega, mass)
+    n, k = omega.shape
+    rows = np.repeat(~dead, k)
+    live_vectors = np.zeros((n * k, live.lowest.size))
+    live_vectors[rows] = live.lowest_vectors
+    first = int(np.flatnonzero(dead)[0])
+    dead_vectors = np.zeros((n * k, values.size))
+    dead_vectors[first * k:(first + 1) * k] = vectors  # one copy: the same block sits at every dead head
+    low_values = np.concatenate([live.lowest, values])
+    low_residuals = np.concatenate([live.lowest_residual, residuals])
+    low_vectors = np.concatenate([live_vectors, dead_vectors], axis=1)
+    order = np.argsort(low_values, kind="stable")[:n_ends]
+    high_values = np.concatenate([live.highest, values])
+    high_residuals = np.concatenate([live.highest_residual, residuals])
+    top = np.argsort(high_values, kind="stable")[-n_ends:]
+    lowest_ritz, lowest_ritz_residual = ((float(values[0]), float(residuals[0])) if values[0] < live.lowest_ritz
+                                         else (live.lowest_ritz, live.lowest_ritz_residual))
+    index = live.morse_index_lower + int(np.sum(dead)) * int(np.sum(values + residuals < 0))
+    return SpectrumEnds(lowest=low_values[order], lowest_residual=low_residuals[order], highest=high_values[top],
+                        highest_residual=high_residuals[top], morse_index_lower=index, n_symmetry=live.n_symmetry,
+                        products=live.products + k, lowest_vectors=low_vectors[:, order], lowest_ritz=lowest_ritz,
+                        lowest_ritz_residual=lowest_ritz_residual)
+
+
+def origin_is_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> bool:
+    """Whether ``grad Phi(0; rho) = 0`` exactly at the measure (``omega`` [N, k], ``mass`` [N]): true in full
+    coordinates, where a head's feature is bilinear in ``(WV, WO)`` and the weight decay's gradient vanishes at 0,
+    so a head at the origin stays there; not in general for reduced coordinates ``theta0 + B omega``."""
+    return not np.any(problem.grad_phi(np.zeros((1, np.shape(omega)[1])), omega, mass))
+
+
+def origin_block(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The block of S at a head at the origin, ``Hess Phi(0; rho)`` [k, k], built column by column from the exact
+    Hessian-vector product (:meth:`pdeflow.core.problem.Problem.hvp`, k products), and its eigendecomposition:
+    eigenvalues [k] ascending, unit vectors [k, k] and residuals ``|H x - lambda x|`` [k]."""
+    k = np.shape(omega)[1]
+    origin = np.zeros(k)
+    H = dense_hessian(lambda u: problem.hvp(origin, u, omega, mass), k)
+    values, vectors = np.linalg.eigh(H)
+    residuals = np.linalg.norm(H @ vectors - vectors * values[None, :], axis=0)
+    return values, vectors, residuals
+
+
+def _lanczos_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, krylov_dim: int, n_ends: int,
+                  tol: float, symmetry: Symmetry | DenseSymmetry | np.ndarray | None, max_dim: int) -> SpectrumEnds:
     """Both ends of the spectrum of ``Pi S Pi`` at the measure (``omega`` [N, k], ``mass`` [N]) from one Lanczos
     run of ``krylov_dim`` steps with full reorthogonalisation (:func:`pdeflow.solvers.jacobian.krylov_ritz`) from
     :func:`start_vector`: ``krylov_dim`` products (capped at ``N k - r``) and one gradient. A Ritz value counts
@@ -263,4 +334,5 @@ def _converged(pairs: RitzPairs, tol: float) -> np.ndarray:
 
 
 __all__ = ["KRYLOV_DIM", "N_ENDS", "RESOLVED", "RITZ_TOL", "DenseSymmetry", "HessianOperator", "SpectrumEnds",
-           "Symmetry", "head_symmetries", "hessian_operator", "spectrum_ends", "start_vector", "symmetry_basis"]
+           "Symmetry", "head_symmetries", "origin_block", "origin_is_stationary", "hessian_operator",
+           "spectrum_ends", "start_vector", "symmetry_basis"]

@@ -44,7 +44,7 @@ import scipy.sparse.linalg
 from ..core.config import Config
 from ..core.problem import Problem
 from .lbfgs import LbfgsResult, lbfgs
-from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends
+from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
 
 DISSIPATION_RATIO = 1e-12   # converged: I <= DISSIPATION_RATIO * I(0)
 JVP_GRADIENTS = 2.5          # one exact JVP in grad Phi evaluations (benchmarks/HVP_COST.md, quickstart row)
@@ -260,13 +260,6 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
                    krylov_dim, say)
 
 
-def origin_is_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> bool:
-    """Whether ``grad Phi(0; rho) = 0`` exactly at the measure (``omega`` [N, k], ``mass`` [N]): true in full
-    coordinates, where a head's feature is bilinear in ``(WV, WO)`` and the weight decay's gradient vanishes at 0,
-    so a head at the origin stays there; not in general for reduced coordinates ``theta0 + B omega``."""
-    return not np.any(problem.grad_phi(np.zeros((1, np.shape(omega)[1])), omega, mass))
-
-
 def heads_at_origin(omega: np.ndarray) -> np.ndarray:
     """The heads [N] (bool) with ``|omega_i| <= FREEZE max_j |omega_j|``: dead heads, held at 0 by the search."""
     norms = np.linalg.norm(omega, axis=1)
@@ -443,7 +436,7 @@ def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int,
     in 300 steps, 7.4e-5 with residual 1e-14 in 900). Returns the spectrum, the products and the wall seconds."""
     t0 = time.perf_counter()
     spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim,
-                             max_dim=KRYLOV_GROWTH * krylov_dim)
+                             max_dim=KRYLOV_GROWTH * krylov_dim, split_origin=True)
     c.gradients += 1  # the spectrum's start vector
     say(f"spectrum: lowest {spectrum.lowest[:3]}, index >= {spectrum.morse_index_lower}, "
         f"{spectrum.products} Lanczos steps")
