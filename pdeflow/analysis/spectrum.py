@@ -293,14 +293,7 @@ def origin_block(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> tuple
 
 def _lanczos_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, krylov_dim: int, n_ends: int,
                   tol: float, symmetry: Symmetry | DenseSymmetry | np.ndarray | None, max_dim: int) -> SpectrumEnds:
-    """Both ends of the spectrum of ``Pi S Pi`` at the measure (``omega`` [N, k], ``mass`` [N]) from one Lanczos
-    run of ``krylov_dim`` steps with full reorthogonalisation (:func:`pdeflow.solvers.jacobian.krylov_ritz`) from
-    :func:`start_vector`: ``krylov_dim`` products (capped at ``N k - r``) and one gradient. A Ritz value counts
-    as converged when its residual is at most ``tol * max(|theta_max|, |theta_min|)``; only converged values
-    among the ``n_ends`` lowest and the ``n_ends`` highest are reported (:class:`SpectrumEnds`). With ``max_dim >
-    krylov_dim`` the same run goes on, ``krylov_dim`` steps at a time, up to ``max_dim`` steps until the lowest Ritz
-    value has converged with a residual at most :data:`RESOLVED` times its size (near a minimum the lowest
-    eigenvalues converge last, and the verdict rests on the sign of the lowest)."""
+    """:func:`spectrum_ends` without the split: one Lanczos run on the whole measure (its docstring)."""
     omega = np.asarray(omega, dtype=float)
     op = hessian_operator(problem, omega, mass, symmetry)
     sym = op.symmetry
