@@ -316,7 +316,7 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, m
                     regrouped[0] = True
                     raise StopIteration
 
-        x0 = np.where(cols, v, 0.0)[cols]
+        x0 = v[cols]
         found = lbfgs(fun, x0, memory=LBFGS_MEMORY, max_iter=max_iter - done, callback=record)
         done += found.nit
         v = whole(found.x)
