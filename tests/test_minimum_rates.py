@@ -114,7 +114,14 @@ def test_rates_by_the_stiff_stepper_match_the_dense_references(known_minimum):
     problem, omega, mass, values = known_minimum
     lam = float(values[0])
     eps = 1e-4
-    result = minimum_rates(problem, omega, mass, eps=eps, n_random=1, seed=0, method="rkc")
+    # started 10 eps off the minimum along its slowest direction (u from the dense C, not from the code): the
+    # point is polished back until sqrt(I) / lambda_min <= 1e-3 eps / 2, at the minimum's energy
+    C, Q = dense_reference(problem, omega, mass)
+    u = np.linalg.eigh(C + 10.0 * values[-1] * Q @ Q.T)[1][:, 0]
+    start = omega + (10 * eps * u).reshape(omega.shape) / np.sqrt(mass)[:, None]
+    result = minimum_rates(problem, start, mass, eps=eps, n_random=1, seed=0, method="rkc")
+    assert result.polish_steps >= 1 and result.offset_bound <= 1e-3 * eps / 2
+    assert abs(result.e_star - problem.evaluate(omega, mass).energy) < 1e-15
     assert abs(result.lambda_min - lam) <= result.lambda_min_residual + 1e-6 * values[-1]
     assert [r.direction for r in result.runs] == [SLOWEST, SLOWEST_HALF, "random 1"]
     assert all(r.stepper == "rkc" and r.steps >= 20 and r.gradients > 0 for r in result.runs)
@@ -128,7 +135,6 @@ def test_rates_by_the_stiff_stepper_match_the_dense_references(known_minimum):
     assert abs(full.distance_rate / half.distance_rate - 1) < 0.01
     assert abs(full.energy_rate / half.energy_rate - 1) < 0.01
     # the random direction against the dense exponential, fitted over the same window
-    C, Q = dense_reference(problem, omega, mass)
     rng = np.random.default_rng(0)
     d = rng.standard_normal(C.shape[0])
     d -= result_basis(problem, omega) @ (result_basis(problem, omega).T @ d)

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse.linalg
 
 from ..core.config import Config, ConfigError
 from ..core.problem import Problem
@@ -29,6 +28,7 @@ from ..solvers.jacobian import krylov_ritz
 from ..solvers.loop import Observer, Step, Stop
 from .spectrum import HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
 from .stability import MIN_STEPS, _strings, fit_rate, simulate
+from .stationary import polish
 
 Progress = Callable[[str], None]
 
@@ -56,11 +56,7 @@ EXCESS_FLOOR = 1e-12                   # E - E* compared (direct vs gradient for
 # the gradient form of E - E* is trusted where it exceeds TRUST_FACTOR x |<g*, v>| / 2 (g* the gradient left at the
 # polished point: the first-order term it adds to the form)
 TRUST_FACTOR = 100.0
-POLISH_STEPS = 8                       # Newton steps that polish the stationary point before it is perturbed
-POLISH_RTOL = 1e-10                    # MINRES tolerance of a polishing step (relative to |S| |x| + |g|: scipy's)
-POLISH_MAXITER = 200                   # MINRES iterations per polishing step at most (products)
-POLISH_PROGRESS = 0.5                  # ... and stop after a step that left more than this fraction of |g|
-SLOW_NEWTON_STEPS = 3                  # Newton steps on the slowest Ritz directions after the spectrum
+POLISH_OFFSET = 1e-3                   # the point is polished until sqrt(I) / lambda_min <= this x the smallest eps
 PREDICTION_FACTOR = 2.0                # Lanczos steps of a linear prediction: this x sqrt(lambda_max T), + 50
 EXCESS_CHECK_SIZES = (1.0, 10.0, 100.0, 1000.0)   # multiples of eps where both forms of E - E* are compared
 
@@ -165,7 +161,8 @@ class MinimumRates:
     ``n_symmetry``), the perturbation size ``eps``, the runs (the slowest direction first), the cost (``products``:
     JVPs of the polish and the spectrum, ``prediction_products``: of the linear predictions, ``gradients``: of the
     runs and their samples), ``offset`` (``<u, g> / lambda_min``: how far the polished point is from the minimum
-    along the slowest direction u, to first order) and ``excess_check`` [S, 3]: at perturbations of sizes
+    along the slowest direction u, to first order), ``offset_bound`` (``sqrt(I) / lambda_min``: at most that far in
+    all, mass-weighted) and ``excess_check`` [S, 3]: at perturbations of sizes
     ``EXCESS_CHECK_SIZES x eps`` along the slowest direction, (size, direct E - E*, gradient form)."""
     e_star: float
     i_star: float
@@ -180,6 +177,7 @@ class MinimumRates:
     polish_steps: int
     prediction_products: int = 0
     offset: float = math.nan
+    offset_bound: float = math.nan
     excess_check: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
 
     @property
@@ -192,61 +190,6 @@ class MinimumRates:
         """The largest relative error of any rate of any run (nan when no run)."""
         errs = [np.max(np.abs(r.errors())) for r in self.runs]
         return float(max(errs)) if errs else math.nan
-
-
-def polish_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray, basis: np.ndarray,
-                      steps: int = POLISH_STEPS, rtol: float = POLISH_RTOL,
-                      maxiter: int = POLISH_MAXITER) -> tuple[np.ndarray, int, int]:
-    """Newton steps ``v <- v - S^+ g`` in mass-weighted coordinates (``g = M^(1/2) grad Phi``, MINRES on S with the
-    symmetry directions ``basis`` [N k, r] projected out, at most ``maxiter`` products each) until ``|g|`` stops
-    decreasing or keeps more than :data:`POLISH_PROGRESS` of itself in a step: a stationary point found to
-    ``I <= 1e-12 I(0)`` is off by ``|g| / lambda_min`` along the slow directions, which perturbations of size eps
-    would otherwise see. Returns the point [N, k], the Newton steps taken and the JVPs spent."""
-    root = np.sqrt(mass)[:, None]
-    omega = np.array(omega, dtype=float)
-    products, taken = 0, 0
-    g = (root * problem.grad_phi(omega, omega, mass)).ravel()
-    g -= basis @ (basis.T @ g)
-    for _ in range(steps):
-        op = hessian_operator(problem, omega, mass, symmetry=basis)
-        y = scipy.sparse.linalg.minres(op, -g, rtol=rtol, maxiter=maxiter)[0]
-        products += op.products
-        trial = omega + y.reshape(omega.shape) / root
-        g_new = (root * problem.grad_phi(trial, trial, mass)).ravel()
-        g_new -= basis @ (basis.T @ g_new)
-        if not np.linalg.norm(g_new) < np.linalg.norm(g):
-            break
-        slow = np.linalg.norm(g_new) > POLISH_PROGRESS * np.linalg.norm(g)
-        omega, g, taken = trial, g_new, taken + 1
-        if slow:    # MINRES crawls on the slow end of the spectrum: refine_on_slow_modes does that part
-            break
-    return omega, taken, products
-
-
-def refine_on_slow_modes(problem: Problem, omega: np.ndarray, mass: np.ndarray, vectors: np.ndarray,
-                         values: np.ndarray, steps: int = SLOW_NEWTON_STEPS) -> tuple[np.ndarray, int]:
-    """Newton steps on the span of the lowest Ritz vectors ``X = vectors`` [N k, a] (values [a]): ``v <- v - X
-    diag(1 / theta) X^T g`` while ``|X^T g|`` falls. After a search the gradient left lies mostly along the
-    slowest directions, where it displaces the point by ``g_j / theta_j`` (1e-4 on a minimum with lambda_min ~ 1e-4
-    and I ~ 1e-16), which a MINRES polish reduces only after ~sqrt(kappa) products. The step moves S too (by
-    ``D^3 E [d]``): the spectrum is computed again at the new point. Returns (point [N, k], steps taken)."""
-    root = np.sqrt(mass)[:, None]
-    omega = np.array(omega, dtype=float)
-    basis = symmetry_basis(problem, omega, mass)
-
-    def gradient(w: np.ndarray) -> np.ndarray:
-        g = (root * problem.grad_phi(w, w, mass)).ravel()
-        return g - basis @ (basis.T @ g)
-
-    X, theta = np.asarray(vectors, dtype=float), np.asarray(values, dtype=float)
-    g, taken = gradient(omega), 0
-    for _ in range(steps):
-        trial = omega - (X @ ((X.T @ g) / theta)).reshape(omega.shape) / root
-        g_new = gradient(trial)
-        if not np.linalg.norm(X.T @ g_new) < np.linalg.norm(X.T @ g):
-            break
-        omega, g, taken = trial, g_new, taken + 1
-    return omega, taken
 
 
 def lowest_certified(problem: Problem, omega: np.ndarray, mass: np.ndarray, basis: np.ndarray,
@@ -329,7 +272,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                   eps_random: float = 0.0,
                   log_change: float = LOG_CHANGE_AT_MINIMUM, samples: int = SAMPLES_AT_MINIMUM,
                   method: str = "auto", linearity: bool = True, prediction_dims: int = 0,
-                  polish_maxiter: int = POLISH_MAXITER, progress: Progress | None = None,
+                  progress: Progress | None = None,
                   **ends) -> MinimumRates:
     """Perturb the stationary measure ``(omega [N, k], mass [N])`` by ``eps`` (mass-weighted norm) along the slowest
     eigenvector of S (and, with ``linearity``, by ``eps / 2`` too: the rates agree in the linear regime) and by
@@ -340,37 +283,39 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     (:func:`fit_rate`; random: over the second half), beside the PL ratio. The slowest direction's predictions are
     ``2 lambda_min``, ``lambda_min`` and ``lambda_min``; a random direction's are those of the linear flow from the
     same start (:func:`linear_flow`, ``prediction_dims`` Lanczos steps, 0: ``PREDICTION_FACTOR sqrt(lambda_max T)
-    + 50``), fitted over the same window. The point is first polished (:func:`polish_stationary`, then
-    :func:`refine_on_slow_modes` on the converged lowest Ritz pairs); ``ends`` go to
-    :func:`pdeflow.analysis.spectrum.spectrum_ends`. ConfigError when the lowest eigenvalue is not certified
+    + 50``), fitted over the same window. The point is first polished by Newton-Krylov
+    (:func:`pdeflow.analysis.stationary.polish`) until ``sqrt(I) / lambda_min``, the most it can be off the
+    minimum, is :data:`POLISH_OFFSET` of the smallest perturbation (a point certified at ``I <= 1e-12 I(0)`` on a
+    stiff minimum is off by more than eps along its slow directions); ``ends`` go to
+    :func:`pdeflow.analysis.spectrum.spectrum_ends`, once at the given point (for lambda_min) and again at the
+    polished one. ConfigError when the lowest eigenvalue is not certified
     positive (not a strict local minimum)."""
     say = progress or (lambda msg: None)
     mass = np.asarray(mass, dtype=float)
+    omega = np.array(omega, dtype=float)
     basis = symmetry_basis(problem, omega, mass)
-    omega, taken, products = polish_stationary(problem, omega, mass, basis, maxiter=polish_maxiter)
-    basis = symmetry_basis(problem, omega, mass)
-    ev = problem.evaluate(omega, mass)
-    e_star, i_star = float(ev.energy), float(ev.dissipation)
     ends_found, lowest, residual, vectors, leaked = lowest_certified(problem, omega, mass, basis, **ends)
-    products += ends_found.products
-    say(f"polished in {taken} Newton step(s): E* = {e_star:.12g}, I = {i_star:.3e}; lambda_min = {lowest[0]:.6g} "
-        f"(residual {residual[0]:.1e}), lambda_max = {ends_found.highest[-1]:.6g}, {basis.shape[1]} symmetry "
-        "directions" + (f" ({leaked} Ritz value(s) on them dropped)" if leaked else "") + f"; {products} JVPs")
-    omega, slow_steps = refine_on_slow_modes(problem, omega, mass, vectors, lowest)
-    taken += slow_steps
-    if slow_steps:
+    products = ends_found.products
+    smallest = min(0.5 * eps if linearity else eps, (eps_random or eps) if n_random else math.inf)
+    target = (POLISH_OFFSET * float(lowest[0]) * smallest) ** 2
+    omega, e_star, i_star, taken, newton_products, why = polish(problem, omega, mass, target)
+    products += newton_products
+    say(f"lambda_min = {lowest[0]:.6g} at the given point; polished by {taken} Newton step(s) ({why}): E* = "
+        f"{e_star:.12g}, I = {i_star:.3e} (target {target:.1e}: sqrt(I) / lambda_min <= {POLISH_OFFSET:g} x the "
+        f"smallest eps, {smallest:g}); {products} JVPs")
+    if taken:
         basis = symmetry_basis(problem, omega, mass)
-        ev = problem.evaluate(omega, mass)
-        e_star, i_star = float(ev.energy), float(ev.dissipation)
         ends_found, lowest, residual, vectors, leaked = lowest_certified(problem, omega, mass, basis, **ends)
         products += ends_found.products
     lam, lam_max = float(lowest[0]), float(ends_found.highest[-1])
     root = np.sqrt(mass)[:, None]
     g = (root * problem.grad_phi(omega, omega, mass)).ravel()
     offset = float(vectors[:, 0] @ g) / lam
-    say(f"{slow_steps} Newton step(s) on the {len(lowest)} slowest directions: E* = {e_star:.12g}, I = "
-        f"{i_star:.3e}; lambda_min = {lam:.6g} (residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}; the "
-        f"point is off by {offset:.1e} along the slowest direction (<u, g> / lambda_min); {products} JVPs")
+    offset_bound = math.sqrt(i_star) / lam
+    say(f"at the polished point: lambda_min = {lam:.6g} (residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}, "
+        f"{basis.shape[1]} symmetry directions" + (f" ({leaked} Ritz value(s) on them dropped)" if leaked else "")
+        + f"; the point is off by {offset:.1e} along the slowest direction (<u, g> / lambda_min), by at most "
+        f"{offset_bound:.1e} in all (sqrt(I) / lambda_min); {products} JVPs")
     root = np.sqrt(mass)[:, None]
     grad_star = problem.grad_phi(omega, omega, mass)
     slowest = vectors[:, 0] / np.linalg.norm(vectors[:, 0])
@@ -419,6 +364,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                         lambda_min_residual=float(residual[0]), lambda_max=lam_max,
                         morse_index_lower=int(np.sum(lowest + residual < 0)), n_symmetry=int(basis.shape[1]),
                         eps=float(eps), runs=runs, products=int(products), polish_steps=taken, offset=offset,
+                        offset_bound=offset_bound,
                         prediction_products=int(op.products), excess_check=np.array(check))
 
 
@@ -475,9 +421,9 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
                         source: str = "") -> None:
     """Write ``/rates`` (one result file, all or nothing, with ``/model`` and ``/data``): attributes ``e_star``,
     ``i_star``, ``lambda_min``, ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``, ``n_symmetry``,
-    ``eps``, ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``source`` (the
-    stationary result); ``excess_check`` [S, 3] (size, direct E - E*, gradient form); datasets over runs [R]:
-    ``direction`` (str), ``stepper`` (str), ``eps``, ``energy_rate``, ``distance_rate``, ``pl_ratio_min``,
+    ``eps``, ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``offset_bound``,
+    ``source`` (the stationary result); ``excess_check`` [S, 3] (size, direct E - E*, gradient form); datasets over
+    runs [R]: ``direction`` (str), ``stepper`` (str), ``eps``, ``energy_rate``, ``distance_rate``, ``pl_ratio_min``,
     ``pl_ratio_least``, ``predicted_energy_rate``, ``predicted_distance_rate``, ``predicted_pl_ratio_min``,
     ``prediction_error``, ``excess_agreement``, ``gradients``, ``steps``, ``relative_error`` [R, 3] (energy,
     distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``, ``excess_direct``, ``distance``, ``pl_ratio``,
@@ -487,7 +433,8 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
     with new_result_file(path, SCHEMA_MINIMUM, 2, cfg, problem=problem) as f:
         g = f.create_group("rates")
         for key in ("e_star", "i_star", "lambda_min", "lambda_min_residual", "lambda_max", "morse_index_lower",
-                    "n_symmetry", "eps", "products", "prediction_products", "gradients", "polish_steps", "offset"):
+                    "n_symmetry", "eps", "products", "prediction_products", "gradients", "polish_steps", "offset",
+                    "offset_bound"):
             g.attrs[key] = getattr(result, key)
         g.attrs["source"] = source
         g["excess_check"] = np.asarray(result.excess_check, dtype=float).reshape(-1, 3)

@@ -260,6 +260,24 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
                    krylov_dim, say)
 
 
+def polish(problem: Problem, omega: np.ndarray, mass: np.ndarray, target: float, *, max_newton: int = MAX_NEWTON,
+           progress: Progress | None = None) -> tuple[np.ndarray, float, float, int, int, str]:
+    """``nearest``'s Newton-Krylov steps (:func:`_newton`) from a point near a stationary one (``omega`` [N, k],
+    ``mass`` [N]) until ``I <= target`` absolutely, or until a step no longer lowers I (the rounding floor). Near a
+    minimum with a slow end ``lambda_min`` the point is off by up to ``sqrt(I) / lambda_min`` (mass-weighted) along
+    the slow directions, which a rate check with perturbations of size eps must see far below eps; Newton converges
+    quadratically there, where a gradient search crawls. Returns (point [N, k], E, I, Newton steps, products, why
+    they stopped)."""
+    say = progress or (lambda msg: None)
+    c = Counter(problem, mass, np.shape(omega))
+    v = c.coordinates(omega)
+    E, g = c.energy_and_gradient(v)
+    hist = _History(c)
+    hist.add(E, float(g @ g))
+    v, E, g, I, it, message = _newton(c, v, E, g, hist, target, max_newton, math.inf, say)
+    return c.omega(v), E, I, it, c.products, message
+
+
 def heads_at_origin(omega: np.ndarray) -> np.ndarray:
     """The heads [N] (bool) with ``|omega_i| <= FREEZE max_j |omega_j|``: dead heads, held at 0 by the search."""
     norms = np.linalg.norm(omega, axis=1)
