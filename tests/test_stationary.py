@@ -209,7 +209,7 @@ def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsy
     assert main(["stationary", str(stopped), "--kind", "nearest", "-o", str(polished), "--quiet"]) == 0
     p = read_stationary(polished)
     assert p["converged"] and p["initial_dissipation"] == s["initial_dissipation"] and p["frame"] == 0
-    assert p["start_energy"] == s["energy"] and p["source"] == str(stopped)
+    assert p["start_energy"] == s["energy"] and p["source"] == f"{traj} via {stopped}"
     capsys.readouterr()
 
     # bad input: one line, exit 2, nothing overwritten

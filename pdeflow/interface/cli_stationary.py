@@ -51,7 +51,8 @@ def default_output(path: Path, kind: str) -> Path:
 @dataclass
 class Start:
     """Where a search starts: the problem and its config, the particles ``omega`` [N, k] and ``mass`` [N], the
-    dissipation ``initial`` I(0) the target is relative to, and the file, frame and time they come from."""
+    dissipation ``initial`` I(0) the target is relative to, and the file, frame and time they come from
+    (``origin``: the trajectory the frame belongs to, when the file is a stationary result)."""
     problem: Problem
     config: Config
     omega: np.ndarray
@@ -60,11 +61,13 @@ class Start:
     source: Path
     frame: int
     time: float
+    origin: str = ""
 
 
 def start_of(path: Path, frame: int) -> Start:
     """The start from a particle trajectory's frame, or from the point of a ``pdeflow stationary`` result (to
-    continue a search that stopped, or to polish a point with ``--kind nearest``: its I(0) carries over)."""
+    continue a search that stopped, or to polish a point with ``--kind nearest``: its I(0), frame and time carry
+    over, and the source reads "TRAJECTORY via RESULT": the frame is the trajectory's)."""
     from .cli import UsageError
 
     if is_stationary_file(path):
@@ -74,7 +77,7 @@ def start_of(path: Path, frame: int) -> Start:
         return Start(problem=stored_problem(path), config=loads_config(r["config"]),
                      omega=np.asarray(r["omega"], dtype=float), mass=np.asarray(r["mass"], dtype=float),
                      initial=float(r["initial_dissipation"]), source=path, frame=int(r["frame"]),
-                     time=float(r["time"]))
+                     time=float(r["time"]), origin=str(r["source"]))
     traj = open_trajectory(path)
     if "omega" not in traj.frames:
         raise UsageError(f"{traj.path}: stationary needs a particle trajectory (this one holds a grid density)")
@@ -116,7 +119,8 @@ def cmd_stationary(args: argparse.Namespace) -> int:
     point = search(start.problem, start.omega, start.mass, start.initial, ratio=args.ratio,
                    krylov_dim=args.krylov_dim, max_wall=args.max_wall if args.max_wall > 0 else math.inf,
                    progress=say, **options)
-    write_stationary(out, point, start.config, start.problem, source=str(start.source), frame=start.frame,
+    write_stationary(out, point, start.config, start.problem, frame=start.frame,
+                     source=f"{start.origin} via {start.source}" if start.origin else str(start.source),
                      time_of_frame=start.time, ratio=args.ratio)
     print(format_stationary(out, read_stationary(out)))
     print(f"pdeflow: stationary: {point.verdict} -> {out}")
