@@ -193,21 +193,25 @@ def test_stability_command_on_a_stationary_result(known_minimum, tmp_path, capsy
 
 def test_the_shipped_rates_at_the_long_runs_minimum():
     """data/stationary/longtime-rates.h5 (benchmarks/RATES_AT_MINIMUM.md), the rate check at the certified minimum of
-    data/configs/longtime.toml: its E* is the minimum file's energy lowered by the polish, by at most the PL bound
-    ``I / (2 lambda_min)`` of the stored point; its stored distance rates are refitted from its stored samples; the
-    slowest direction at eps and the random directions are within 5 % of the predictions on every rate; at eps/2
-    the distance rate is, its E - E* and PL figures are not (the polish floor, benchmarks/RATES_AT_MINIMUM.md)."""
+    data/configs/longtime.toml reached from t ~ 1 in under 10 minutes (data/stationary/longtime-minimum-from-t0.h5):
+    its E* is the minimum file's energy lowered by the polish, by at most the PL bound ``I / (2 lambda_min)`` of the
+    stored point; the polished point is within 1e-3 of the smallest perturbation of the minimum; its stored distance
+    rates are refitted from its stored samples; every rate of every direction (slowest at eps and eps/2, two random)
+    is within 5 % of its prediction, and the PL ratio never falls below lambda_min."""
     from pathlib import Path
 
     from pdeflow.analysis.stationary import read_stationary
 
     data = Path(__file__).resolve().parent.parent / "data" / "stationary"
-    point = read_stationary(data / "longtime-minimum.h5")
+    point = read_stationary(data / "longtime-minimum-from-t0.h5")
     with h5py.File(data / "longtime-rates.h5", "r") as f:
         g = f["rates"]
-        e_star, lam = float(g.attrs["e_star"]), float(g.attrs["lambda_min"])
+        assert g.attrs["source"].endswith("longtime-minimum-from-t0.h5")
+        e_star, lam, eps = float(g.attrs["e_star"]), float(g.attrs["lambda_min"]), float(g.attrs["eps"])
         assert 0.0 <= point["energy"] - e_star <= point["dissipation"] / (2 * lam) + 1e-15
         assert lam > g.attrs["lambda_min_residual"] and g.attrs["morse_index_lower"] == 0
+        assert g.attrs["offset_bound"] == pytest.approx(np.sqrt(g.attrs["i_star"]) / lam, rel=1e-12)
+        assert g.attrs["offset_bound"] <= 1e-3 * eps / 2
         errors = g["relative_error"][()]
         for j in range(len(g["direction"])):
             r = g[f"runs/r{j}"]
@@ -217,7 +221,5 @@ def test_the_shipped_rates_at_the_long_runs_minimum():
             assert errors[j, 1] == pytest.approx(rate / g["predicted_distance_rate"][j] - 1, abs=1e-12)
         directions = [d.decode() if isinstance(d, bytes) else str(d) for d in g["direction"][()]]
         assert directions == [SLOWEST, SLOWEST_HALF, "random 1", "random 2"]
-        good = [0, 2, 3]
-        assert np.all(np.abs(errors[good]) <= TOLERANCE), errors
-        assert abs(errors[1, 1]) <= TOLERANCE and np.max(np.abs(errors[1])) > TOLERANCE
+        assert np.all(np.abs(errors) <= TOLERANCE), errors
         assert np.all(g["pl_ratio_least"][()] >= lam)

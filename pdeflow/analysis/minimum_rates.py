@@ -158,12 +158,13 @@ class MinimumRun:
 class MinimumRates:
     """The rate check at a stationary measure: its energy ``e_star`` after polishing, the dissipation ``i_star`` there,
     the spectrum ends of S (``lambda_min`` and its ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``,
-    ``n_symmetry``), the perturbation size ``eps``, the runs (the slowest direction first), the cost (``products``:
-    JVPs of the polish and the spectrum, ``prediction_products``: of the linear predictions, ``gradients``: of the
-    runs and their samples), ``offset`` (``<u, g> / lambda_min``: how far the polished point is from the minimum
-    along the slowest direction u, to first order), ``offset_bound`` (``sqrt(I) / lambda_min``: at most that far in
-    all, mass-weighted) and ``excess_check`` [S, 3]: at perturbations of sizes
-    ``EXCESS_CHECK_SIZES x eps`` along the slowest direction, (size, direct E - E*, gradient form)."""
+    ``n_symmetry``), the perturbation size ``eps``, the runs (the slowest direction first), the cost (``products``: JVPs
+    of the polish and the spectrum, ``prediction_products``: of the linear predictions, ``gradients``: of the runs and
+    their samples), ``offset`` (``<u, g> / lambda_min``: how far the polished point is from the minimum along the
+    slowest direction u, to first order), ``offset_bound`` (``sqrt(I) / lambda_min``: at most that far in all,
+    mass-weighted), the polished point ``omega_star`` [N, k] with its ``mass`` [N], and ``excess_check`` [S, 3]: at
+    perturbations of sizes ``EXCESS_CHECK_SIZES x eps`` along the slowest direction, (size, direct E - E*, gradient
+    form)."""
     e_star: float
     i_star: float
     lambda_min: float
@@ -178,6 +179,8 @@ class MinimumRates:
     prediction_products: int = 0
     offset: float = math.nan
     offset_bound: float = math.nan
+    omega_star: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    mass: np.ndarray = field(default_factory=lambda: np.zeros(0))
     excess_check: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
 
     @property
@@ -364,7 +367,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                         lambda_min_residual=float(residual[0]), lambda_max=lam_max,
                         morse_index_lower=int(np.sum(lowest + residual < 0)), n_symmetry=int(basis.shape[1]),
                         eps=float(eps), runs=runs, products=int(products), polish_steps=taken, offset=offset,
-                        offset_bound=offset_bound,
+                        offset_bound=offset_bound, omega_star=omega, mass=mass,
                         prediction_products=int(op.products), excess_check=np.array(check))
 
 
@@ -420,14 +423,14 @@ SCHEMA_MINIMUM = "pdeflow-minimum-rates"
 def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, problem: Problem,
                         source: str = "") -> None:
     """Write ``/rates`` (one result file, all or nothing, with ``/model`` and ``/data``): attributes ``e_star``,
-    ``i_star``, ``lambda_min``, ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``, ``n_symmetry``,
-    ``eps``, ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``offset_bound``,
-    ``source`` (the stationary result); ``excess_check`` [S, 3] (size, direct E - E*, gradient form); datasets over
-    runs [R]: ``direction`` (str), ``stepper`` (str), ``eps``, ``energy_rate``, ``distance_rate``, ``pl_ratio_min``,
-    ``pl_ratio_least``, ``predicted_energy_rate``, ``predicted_distance_rate``, ``predicted_pl_ratio_min``,
-    ``prediction_error``, ``excess_agreement``, ``gradients``, ``steps``, ``relative_error`` [R, 3] (energy,
-    distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``, ``excess_direct``, ``distance``, ``pl_ratio``,
-    ``trusted``, ``predicted_excess``, ``predicted_distance`` [F]."""
+    ``i_star``, ``lambda_min``, ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``, ``n_symmetry``, ``eps``,
+    ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``offset_bound``, ``source``
+    (the stationary result); ``omega_star`` [N, k] and ``mass`` [N], the polished point; ``excess_check`` [S, 3] (size,
+    direct E - E*, gradient form); datasets over runs [R]: ``direction`` (str), ``stepper`` (str), ``eps``,
+    ``energy_rate``, ``distance_rate``, ``pl_ratio_min``, ``pl_ratio_least``, ``predicted_energy_rate``,
+    ``predicted_distance_rate``, ``predicted_pl_ratio_min``, ``prediction_error``, ``excess_agreement``, ``gradients``,
+    ``steps``, ``relative_error`` [R, 3] (energy, distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``,
+    ``excess_direct``, ``distance``, ``pl_ratio``, ``trusted``, ``predicted_excess``, ``predicted_distance`` [F]."""
     from ..io.result_files import new_result_file
 
     with new_result_file(path, SCHEMA_MINIMUM, 2, cfg, problem=problem) as f:
@@ -438,6 +441,8 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
             g.attrs[key] = getattr(result, key)
         g.attrs["source"] = source
         g["excess_check"] = np.asarray(result.excess_check, dtype=float).reshape(-1, 3)
+        g["omega_star"] = np.asarray(result.omega_star, dtype=float)
+        g["mass"] = np.asarray(result.mass, dtype=float)
         runs = result.runs
         g["direction"] = _strings([r.direction for r in runs])
         g["stepper"] = _strings([r.stepper for r in runs])
