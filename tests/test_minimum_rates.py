@@ -195,12 +195,14 @@ def test_the_shipped_rates_at_the_long_runs_minimum():
     """data/stationary/longtime-rates.h5 (benchmarks/RATES_AT_MINIMUM.md), the rate check at the certified minimum of
     data/configs/longtime.toml reached from t ~ 1 in under 10 minutes (data/stationary/longtime-minimum-from-t0.h5):
     its E* is the minimum file's energy lowered by the polish, by at most the PL bound ``I / (2 lambda_min)`` of the
-    stored point; the polished point is within 1e-3 of the smallest perturbation of the minimum; its stored distance
-    rates are refitted from its stored samples; every rate of every direction (slowest at eps and eps/2, two random)
-    is within 5 % of its prediction, and the PL ratio never falls below lambda_min."""
+    stored point; the polished point, stored and re-evaluated, is within 1e-3 of the smallest perturbation of the
+    minimum (``sqrt(I) / lambda_min``); its stored distance rates are refitted from its stored samples; every rate of
+    every direction (slowest at eps and eps/2, two random) is within 5 % of its prediction, and the PL ratio never
+    falls below lambda_min."""
     from pathlib import Path
 
     from pdeflow.analysis.stationary import read_stationary
+    from pdeflow.io.problem_file import stored_problem
 
     data = Path(__file__).resolve().parent.parent / "data" / "stationary"
     point = read_stationary(data / "longtime-minimum-from-t0.h5")
@@ -212,6 +214,11 @@ def test_the_shipped_rates_at_the_long_runs_minimum():
         assert lam > g.attrs["lambda_min_residual"] and g.attrs["morse_index_lower"] == 0
         assert g.attrs["offset_bound"] == pytest.approx(np.sqrt(g.attrs["i_star"]) / lam, rel=1e-12)
         assert g.attrs["offset_bound"] <= 1e-3 * eps / 2
+        # the polished point, recomputed with one gradient: its energy is E*, and it is as close to the minimum
+        omega, mass = g["omega_star"][()], g["mass"][()]
+        ev = stored_problem(data / "longtime-rates.h5").evaluate(omega, mass)
+        assert abs(ev.energy - e_star) <= 1e-15
+        assert np.sqrt(ev.dissipation) / lam <= 1e-3 * eps / 2
         errors = g["relative_error"][()]
         for j in range(len(g["direction"])):
             r = g[f"runs/r{j}"]
