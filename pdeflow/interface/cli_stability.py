@@ -110,7 +110,8 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
 def rates_table(result) -> str:
     """The measured rates against the predictions, one row per perturbation (:class:`MinimumRates`)."""
     lam = result.lambda_min
-    lines = [f"minimum: E* = {result.e_star:.12g}, I = {result.i_star:.3e}, lambda_min = {lam:.6g} (residual "
+    lines = [f"minimum: E* = {result.e_star:.12g}, I = {result.i_star:.3e} (off the minimum by at most "
+             f"sqrt(I) / lambda_min = {result.offset_bound:.1e}), lambda_min = {lam:.6g} (residual "
              f"{result.lambda_min_residual:.1e}), lambda_max = {result.lambda_max:.6g}, {result.n_symmetry} symmetry "
              f"directions; eps = {result.eps:g}; {result.products} JVPs (polish {result.polish_steps} Newton step(s) "
              f"and spectrum), {result.prediction_products} JVPs (linear predictions), {result.gradients} gradients "
