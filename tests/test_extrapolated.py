@@ -11,6 +11,7 @@ from numpy.polynomial import chebyshev as cheb
 from pdeflow.solvers.cvode import deflation_inverse
 from pdeflow.solvers.extrapolated import (
     MAX_STAGES,
+    WEIGHTS,
     eserk4_step,
     evaluations,
     serk,
@@ -122,6 +123,32 @@ def test_step_halving_gives_order_four(reference, s):
     errors = errors_of(reference, s, (5, 10, 20))
     orders = np.log2(errors[:-1] / errors[1:])
     assert np.all(np.abs(orders - 4) < 0.2), (errors, orders)
+
+
+def test_one_stage_count_for_every_sub_integration(reference):
+    """Why every sub-integration takes the same s: with s_j = (4, 3, 3, 2), the fewest stable stages for each
+    sub-step h / j, the extrapolation cancels nothing (P_s = 1 + z + c_s z^2 + ..., c_s depends on s) and the
+    observed order falls to 1."""
+    cfg, problem, ref, start = reference
+    mass = start.fields["mass"]
+
+    def velocity(y: np.ndarray) -> np.ndarray:
+        return -problem.grad_phi(y, y, mass)
+
+    errors = []
+    for n in (5, 10, 20):
+        y, h = start.fields["omega"].copy(), 1.0 / n
+        for _ in range(n):
+            results = []
+            for j, s in zip((1, 2, 3, 4), (4, 3, 3, 2)):
+                x = y
+                for _ in range(j):
+                    x = serk_substep(velocity, x, velocity(x), h / j, s)
+                results.append(x)
+            y = sum(w * r for w, r in zip(WEIGHTS, results))
+        errors.append(np.sqrt(np.mean((y - ref.fields["omega"]) ** 2)))
+    orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
+    assert np.all(np.abs(orders - 1) < 0.1), (errors, orders)
 
 
 def test_deflated_steps_keep_order_four(reference):
