@@ -3,7 +3,8 @@
 ``euler``, ``heun``, ``rk4``, ``adaptive`` (:mod:`pdeflow.solvers.explicit`), ``jko``
 (:mod:`pdeflow.solvers.jko`), ``fv`` (:mod:`pdeflow.solvers.finite_volume`), ``sgd`` (:mod:`pdeflow.solvers.sgd`),
 ``wfr`` (:mod:`pdeflow.solvers.wfr`), ``wfr_jko`` (:mod:`pdeflow.solvers.unbalanced_jko`), ``rosenbrock``
-(:mod:`pdeflow.solvers.stiff`), ``rkc`` (:mod:`pdeflow.solvers.chebyshev`), ``cvode`` (:mod:`pdeflow.solvers.cvode`,
+(:mod:`pdeflow.solvers.stiff`), ``rkc`` (:mod:`pdeflow.solvers.chebyshev`), ``eserk4``
+(:mod:`pdeflow.solvers.extrapolated`), ``cvode`` (:mod:`pdeflow.solvers.cvode`,
 SUNDIALS, an optional extra), and any stepper class a module of this
 package defines with a ``name``: importing the package imports every module of it, and each such class registers
 itself (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`) and declares its row of

@@ -128,7 +128,8 @@ class SolverConfig:
     krylov_maxiter: int = spec(1000, "MINRES iterations per stage solve (more: a failed solve, the "
                                      "step is retried at a quarter of its size)", ge=1)
     deflate: int = spec(0, "largest eigenpairs of the Jacobian removed from the stage solves by a "
-                           "preconditioner (0: none)", ge=0, le=1000)
+                           "preconditioner (rosenbrock, cvode) or treated linearly implicitly (eserk4) (0: none)",
+                        ge=0, le=1000)
     deflate_every: int = spec(1, "steps between refinements of the deflated eigenpairs (warm-started "
                                  "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
     stage_solve: str = spec("minres", "'minres' (MINRES with the current Jacobian) or 'auto' (needs "
