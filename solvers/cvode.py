@@ -41,7 +41,15 @@ from pdeflow.core.problem import Problem
 
 from . import register
 from .base import SolverError, State, Stepper, hermite
-from .jacobian import Product, dissipation_slope, mass_weighted, operator, top_eigenpairs, velocity_jacobian
+from .jacobian import (
+    Product,
+    deflation_inverse,
+    dissipation_slope,
+    mass_weighted,
+    operator,
+    top_eigenpairs,
+    velocity_jacobian,
+)
 
 # GMRES directions per linear solve (CVODE's default 5 is too few once the spectrum spreads: a linear failure each
 # time it is exceeded)
@@ -128,14 +136,6 @@ def layout_mismatch(inner: Any, libraries: list[str], nfev: int) -> str:
     if status != 0 or count.value != nfev:
         return f"CVODE counts {count.value} right-hand-side evaluations (status {status}), scikit-sundae {nfev}"
     return ""
-
-
-def deflation_inverse(r: np.ndarray, root: np.ndarray, lam: np.ndarray, V: np.ndarray, gamma: float) -> np.ndarray:
-    """``P^-1 r`` [n] for ``P = M^{-1/2} (I + gamma V diag(lam) V^T) M^{1/2}`` (module docstring; ``root`` [n] the
-    flattened ``sqrt(m_i)``, ``V`` [n, p] orthonormal, ``lam > 0`` [p])."""
-    v = root * r
-    v += V @ ((1.0 / (1.0 + gamma * lam) - 1.0) * (V.T @ v))
-    return v / root
 
 
 @register

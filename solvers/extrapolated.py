@@ -43,8 +43,7 @@ from pdeflow.core.problem import Problem
 from .base import State
 from .chebyshev import RADIUS_COLD, RADIUS_KRYLOV, RADIUS_SAFETY, RKC
 from .controller import CONTROLLER_KEYS
-from .cvode import deflation_inverse
-from .jacobian import mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
+from .jacobian import deflation_inverse, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
 
 # the damping of the first-order Chebyshev polynomials: |P_s| <= 1 / T_s(w0) ~ 0.27 inside [-beta(s), 0], small
 # enough that the extrapolation's weights (sum of moduli 28.3) keep |R| <= 1 there

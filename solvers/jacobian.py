@@ -102,6 +102,16 @@ class RitzPairs:
     last_row: np.ndarray | None = None
 
 
+def deflation_inverse(r: np.ndarray, root: np.ndarray, lam: np.ndarray, V: np.ndarray, gamma: float) -> np.ndarray:
+    """``P^-1 r`` [n] for ``P = M^{-1/2} (I + gamma V diag(lam) V^T) M^{1/2}``: the deflation preconditioner of a
+    linearly implicit step ``I - gamma J`` with ``J = -M^{-1/2} S M^{1/2}`` whose stiff part is the top eigenpairs
+    ``(lam, V)`` of S (``root`` [n] the flattened ``sqrt(m_i)``, ``V`` [n, p] orthonormal, ``lam > 0`` [p]): exact on
+    span V, the identity off it, no product (cvode's preconditioner, eserk4's deflated stages)."""
+    v = root * r
+    v += V @ ((1.0 / (1.0 + gamma * lam) - 1.0) * (V.T @ v))
+    return v / root
+
+
 def krylov_ritz(apply: Product, start: np.ndarray, dims: int,
                 project: Callable[[np.ndarray], np.ndarray] | None = None, *, check_every: int = 0,
                 enough: Callable[[RitzPairs], bool] | None = None) -> RitzPairs:

@@ -48,7 +48,7 @@ def test_error_follows_the_tolerance(sundials, reference):
 def test_deflation_inverse_with_every_pair_inverts_the_newton_matrix(sundials):
     """With all eigenpairs of the dense mass-weighted Jacobian S, ``deflation_inverse`` is the inverse of CVODE's
     Newton matrix ``I - gamma J`` (J assembled column by column from the exact product)."""
-    from pdeflow.solvers.cvode import deflation_inverse
+    from pdeflow.solvers.jacobian import deflation_inverse
 
     cfg, problem = build("init.n_particles=3", "model.d=4", "task.seq_len=3", "task.vocab_size=3")
     stepper = make_stepper(problem, cfg)

@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 from numpy.polynomial import chebyshev as cheb
-from pdeflow.solvers.cvode import deflation_inverse
 from pdeflow.solvers.extrapolated import (
     MAX_STAGES,
     WEIGHTS,
@@ -18,7 +17,7 @@ from pdeflow.solvers.extrapolated import (
     serk_substep,
     stages_for,
 )
-from pdeflow.solvers.jacobian import mass_weighted, operator, top_eigenpairs, velocity_jacobian
+from pdeflow.solvers.jacobian import deflation_inverse, mass_weighted, operator, top_eigenpairs, velocity_jacobian
 
 from test_stiff import build, integrate, resumed_run_matches
 
