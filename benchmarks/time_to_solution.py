@@ -12,8 +12,8 @@ writes ``time_to_solution.json`` and ``time_to_solution.md``:
 - **reference**: Dormand-Prince at rtol 1e-10 to t = 200, an independent method whose energies the others are
   compared with; lambda_max (Lanczos) is sampled on it every 10 time units;
 - **rkc** with data/configs/longtime.toml's solver settings, run to stationarity (dissipation <= 1e-9 x its
-  initial value) or ``--wall`` seconds: wall time, gradient evaluations and products at t = 40, t = 200 and where
-  it stopped;
+  initial value), ``--wall`` seconds or ``--max-steps`` steps: wall time, gradient evaluations and products at
+  t = 40, t = 200 and where it stopped;
 - **rosenbrock** (``--rtol``, difference Jacobian, ``--deflate`` carried eigenpairs refined every
   ``--deflate-every`` steps, ``--stage-solve``) to t = 200;
 - **adaptive** (Dormand-Prince, rtol 1e-5) to t = 200. Beyond, it is held at its stability bound
@@ -96,14 +96,15 @@ def hvp_costs(log=print) -> dict[str, Any]:
 
 
 def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, probe=None,
-                progress=None) -> dict[str, Any]:
-    """Step ``cfg``'s stepper to t_end (or stationarity, or the wall limit) without files, through the one time
-    loop (:mod:`pdeflow.solvers.loop`); counts at each mark and at the state a stop leaves.
+                progress=None, max_steps: int | None = None) -> dict[str, Any]:
+    """Step ``cfg``'s stepper to t_end (or stationarity, the wall limit or ``max_steps`` steps) without files,
+    through the one time loop (:mod:`pdeflow.solvers.loop`); counts at each mark and at the state a stop leaves.
+    A step budget stops the same run at the same state on every machine; a wall limit does not.
 
     ``probe(t, state, stepper)`` is called at t = 0 and at every multiple of 10 crossed (lambda_max sampling);
     ``progress(t, wall, totals)`` before every step (a long run's log)."""
     from pdeflow.solvers import make_stepper
-    from pdeflow.solvers.loop import Frames, Loop, Observer, Stationary, WallTime
+    from pdeflow.solvers.loop import Frames, Loop, MaxSteps, Observer, Stationary, WallTime
 
     stepper = make_stepper(problem, cfg)
     state = stepper.initial_state()
@@ -145,8 +146,10 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
     stops = sorted(set([m for m in marks if m <= t_end] + [t_end]))
     observers = [Counts(), Frames(lambda index, state: row(state)),
                  WallTime(wall, lambda: time.perf_counter() - t0), Stationary(STATIONARY * d0["dissipation"])]
+    if max_steps is not None:
+        observers.append(MaxSteps(max_steps))
     state, stop = Loop(stepper, stops, observers, measure=True).run(state)
-    if stop.status not in ("finished", "stationary", "wall_time"):
+    if stop.status not in ("finished", "stationary", "wall_time", "max_steps"):
         raise RuntimeError(f"{cfg.solver.method}: {stop.message}")
     if f"{state.t:.6g}" not in at:
         row(state)
@@ -187,11 +190,12 @@ METHODS_MEASURED = ("rkc", "rosenbrock", "adaptive", "jko")
 
 
 def benchmark(n: int, wall: float, rosenbrock_rtol: float = 3e-5, deflate: int = 32, deflate_every: int = 50,
-              stage_solve: str = "auto", log=print) -> dict[str, Any]:
+              stage_solve: str = "auto", log=print, max_steps: int | None = None) -> dict[str, Any]:
     """The runs of the table: the reference (Dormand-Prince, :data:`REFERENCE_TOLERANCE`) to t = 200, sampling
-    lambda_max every 10 time units; ``rkc`` with data/configs/longtime.toml's [solver] to stationarity or ``wall``
-    seconds; ``rosenbrock`` (``rosenbrock_rtol``, atol = rtol / 1000, difference Jacobian, the deflation given) to
-    t = 200; Dormand-Prince (:data:`ADAPTIVE_TOLERANCE`) to t = 200; particle JKO (tau = 2) to t = 40."""
+    lambda_max every 10 time units; ``rkc`` with data/configs/longtime.toml's [solver] to stationarity, ``wall``
+    seconds or ``max_steps`` steps; ``rosenbrock`` (``rosenbrock_rtol``, atol = rtol / 1000, difference Jacobian,
+    the deflation given) to t = 200; Dormand-Prince (:data:`ADAPTIVE_TOLERANCE`) to t = 200; particle JKO (tau = 2)
+    to t = 40."""
     from pdeflow.solvers.jacobian import euler_stability_limit
 
     from pdeflow.core.config import load_config
@@ -219,8 +223,10 @@ def benchmark(n: int, wall: float, rosenbrock_rtol: float = 3e-5, deflate: int =
     long = load_config(LONGTIME).solver
     rkc_solver = {"method": long.method, "dt": long.dt, "rtol": long.rtol, "atol": long.atol,
                   "radius_every": long.radius_every}
-    log(f"rkc ({rkc_solver}) to stationarity (wall limit {wall:g} s) ...")
-    rkc = run_stepper(cfg.replace(solver=rkc_solver, run={"t_end": 1e6}), problem, 1e6, wall=wall)
+    budget = "" if max_steps is None else f", at most {max_steps} steps"
+    log(f"rkc ({rkc_solver}) to stationarity (wall limit {wall:g} s{budget}) ...")
+    rkc = run_stepper(cfg.replace(solver=rkc_solver, run={"t_end": 1e6}), problem, 1e6, wall=wall,
+                      max_steps=max_steps)
     res["rkc"] = {**rkc_solver, **rkc}
     log(f"  {rkc['final']} {rkc['status']}")
     ros_solver = {"rtol": rosenbrock_rtol, "atol": rosenbrock_rtol * 1e-3, "jacobian": "difference",
@@ -276,7 +282,7 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
                 "grad_equivalents": row["jko"]["grad_equivalents"] * scale, "wall": j["wall"] * scale,
                 "measured": False, "method": f"extrapolated: first order, tau / {scale:.3g}"}
         rows.append(row)
-    # the long run: stationary, or as far as the wall limit let it go
+    # the long run: stationary, or as far as the wall limit or the step budget let it go
     f = rkc["final"]
     label = "stationary" if rkc["status"] == "stationary" else "reached"
     row = {"t": label, "rkc": {**measured("rkc", f, None), "t": f["t"],
@@ -642,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=128, help="particles and sequences (default 128, the quickstart's)")
     p.add_argument("--rtol", type=float, default=3e-5, help="rosenbrock tolerance (atol = rtol / 1000)")
     p.add_argument("--wall", type=float, default=600.0, help="wall-time limit of the rkc run to stationarity (s)")
+    p.add_argument("--max-steps", type=int, help="step limit of the rkc run to stationarity (default: none)")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--render", help="re-render the table of a saved time_to_solution.json instead of running")
     p.add_argument("--hvp", action="store_true", help="only measure the JVP costs at N = 128 and N = 1024")
@@ -709,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         res["table"] = table(res)
     else:
         res = benchmark(args.n, args.wall, args.rtol, args.deflate, args.deflate_every, args.stage_solve,
-                        log=lambda s: print(s, file=sys.stderr, flush=True))
+                        log=lambda s: print(s, file=sys.stderr, flush=True), max_steps=args.max_steps)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "time_to_solution.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
