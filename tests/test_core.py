@@ -466,17 +466,35 @@ def test_projections_of_the_tables_equal_projections_of_the_inputs():
 
 
 @pytest.mark.slow
-def test_results_do_not_depend_on_thread_count(tmp_path):
+def test_results_do_not_depend_on_thread_count(tmp_path, monkeypatch):
+    """One thread: the script run in this process on one numba thread; two: in a process started with
+    NUMBA_NUM_THREADS=2."""
+    import numba
+
+    from pdeflow.core import mean_field
+
     toml = config_text(model={"positions": "sinusoidal", "unembedding": "gaussian"})
+    # the script changes both: restored after the test
+    monkeypatch.setattr(mean_field, "CHUNK_BYTES", mean_field.CHUNK_BYTES)
+    monkeypatch.setattr(sys, "path", list(sys.path))
     results = {}
     for n in (1, 2):
         out = tmp_path / f"threads{n}"
         out.mkdir()
-        script = tmp_path / f"run{n}.py"
-        script.write_text(THREAD_SCRIPT.format(repo=str(REPO), out=str(out), toml=toml))
-        env = dict(os.environ, NUMBA_NUM_THREADS=str(n))
-        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
+        script = THREAD_SCRIPT.format(repo=str(REPO), out=str(out), toml=toml)
+        if n == 1:
+            before = numba.get_num_threads()
+            numba.set_num_threads(1)
+            try:
+                exec(script, {})
+            finally:
+                numba.set_num_threads(before)
+        else:
+            (tmp_path / "run.py").write_text(script)
+            env = dict(os.environ, NUMBA_NUM_THREADS=str(n))
+            proc = subprocess.run([sys.executable, str(tmp_path / "run.py")], env=env, capture_output=True, text=True,
+                                  timeout=300)
+            assert proc.returncode == 0, proc.stderr
         results[n] = {name: np.load(out / f"{name}.npy") for name in ("threads", "phi", "grad", "energy", "hvp")}
         assert int(results[n]["threads"][0]) == n
     for name in ("phi", "grad", "energy", "hvp"):
