@@ -197,8 +197,8 @@ def test_the_shipped_rates_at_the_long_runs_minimum():
     its E* is the minimum file's energy lowered by the polish, by at most the PL bound ``I / (2 lambda_min)`` of the
     stored point; the polished point, stored and re-evaluated, is within 1e-3 of the smallest perturbation of the
     minimum (``sqrt(I) / lambda_min``); its stored distance rates are refitted from its stored samples; every rate of
-    every direction (slowest at eps and eps/2, two random) is within 5 % of its prediction, and the PL ratio never
-    falls below lambda_min."""
+    every direction (slowest at eps and eps/2, two random) is within 5 % of its prediction, and the PL ratio stays
+    above lambda_min within the same 5 % (along the slowest direction it equals lambda_min to first order)."""
     from pathlib import Path
 
     from pdeflow.analysis.stationary import read_stationary
@@ -229,4 +229,4 @@ def test_the_shipped_rates_at_the_long_runs_minimum():
         directions = [d.decode() if isinstance(d, bytes) else str(d) for d in g["direction"][()]]
         assert directions == [SLOWEST, SLOWEST_HALF, "random 1", "random 2"]
         assert np.all(np.abs(errors) <= TOLERANCE), errors
-        assert np.all(g["pl_ratio_least"][()] >= lam)
+        assert np.all(g["pl_ratio_least"][()] >= (1 - TOLERANCE) * lam)
