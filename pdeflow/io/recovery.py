@@ -108,10 +108,11 @@ def recover(path: str | Path, out: str | Path | None = None) -> tuple[int, int]:
     left open is only copied (to ``out``) or left as it is. Returns the (frames, steps) it holds; TrajectoryError
     (one line) if it is not a readable trajectory or a live writer holds it."""
     path = Path(path)
-    check_file(path)
-    if writer_alive(path):
+    # a live writer first: mid-write, its checkpoint slots can fail their checksums, and the file is not damaged
+    if path.exists() and writer_alive(path):
         raise TrajectoryError(f"{path}: a pdeflow process is writing it (wait for it to end, or stop it: it "
                               f"checkpoints on SIGINT/SIGTERM); only a file whose writer died needs recovery")
+    check_file(path)
     if out is not None and Path(out).resolve() != path.resolve():
         return copy_committed(path, Path(out))
     if not open_by_swmr_writer(path):
