@@ -225,20 +225,32 @@ class RKC(AdaptiveStepper):
         self._step_radius = _Radius(rho, vector, age, interval, slope)
         return counts
 
+    def _stage_rule(self) -> tuple[Callable[[float], int], Callable[[int], float], int]:
+        """The method's stages: the fewest stable ones for ``x = h rho`` (:func:`stages_for`), the stable length
+        ``beta(s)`` of s stages, and the most one step takes (:data:`MAX_STAGES`)."""
+        return stages_for, lambda s: chebyshev(s).beta, MAX_STAGES
+
+    def _stages(self, h: float) -> tuple[int, float, float]:
+        """(stages, step, stability margin) for the step ``h``: the fewest stable stages for ``RADIUS_SAFETY rho
+        h``, cut to the most the method takes with ``h`` shortened to their stable length ``beta / (RADIUS_SAFETY
+        rho)``; the margin ``h rho / beta(stages)``."""
+        fewest, beta, most = self._stage_rule()
+        rho = self._step_radius.rho
+        stages = fewest(RADIUS_SAFETY * rho * h)
+        if stages > most:
+            stages, h = most, beta(most) / (RADIUS_SAFETY * rho)
+        return stages, h, h * rho / beta(stages)
+
     def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
         """An RKC step with the fewest stable stages for ``h``, cut to ``beta(MAX_STAGES)`` when longer."""
         omega, mass = state.fields["omega"], state.fields["mass"]
-        rho = self._step_radius.rho
-        stages = stages_for(RADIUS_SAFETY * rho * h)
-        if stages > MAX_STAGES:
-            stages = MAX_STAGES
-            h = chebyshev(MAX_STAGES).beta / (RADIUS_SAFETY * rho)
+        stages, h, margin = self._stages(h)
         fy = -self.evaluate(state).grad_phi
         y_new = rkc_step(lambda y: self._velocity(y, mass, counts), omega, fy, h, stages)
         new = state.advanced({"omega": y_new, "mass": mass}, h)
         f_new = -self.evaluate(new).grad_phi  # the next step's first stage and the step's diagnostics
         counts["gradient_evals"] += 1
-        counts.update(stages=float(stages), spectral_radius=rho, stability_margin=h * rho / chebyshev(stages).beta)
+        counts.update(stages=float(stages), spectral_radius=self._step_radius.rho, stability_margin=margin)
         return new, h, self.error_norm(error_estimate(omega, y_new, fy, f_new, h), omega, y_new)
 
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:

@@ -41,7 +41,7 @@ from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
 from .base import State
-from .chebyshev import RADIUS_COLD, RADIUS_KRYLOV, RADIUS_SAFETY, RKC
+from .chebyshev import RADIUS_COLD, RADIUS_KRYLOV, RKC
 from .controller import CONTROLLER_KEYS
 from .jacobian import deflation_inverse, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
 
@@ -237,15 +237,16 @@ class ESERK4(RKC):
         return max(value, 0.0), vector
 
     # ---- the step ------------------------------------------------------------------------------------------------
+    def _stage_rule(self) -> tuple[Callable[[float], int], Callable[[int], float], int]:
+        """ESERK4's stages (of each sub-integration): :func:`stages_for`, ``beta(s)`` of :func:`serk`,
+        :data:`MAX_STAGES`."""
+        return stages_for, lambda s: serk(s).beta, MAX_STAGES
+
     def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
         """An ESERK4 step with the fewest stable stages for ``h`` in each sub-integration, cut to
         ``beta(MAX_STAGES)`` when longer."""
         omega, mass = state.fields["omega"], state.fields["mass"]
-        rho = self._step_radius.rho
-        stages = stages_for(RADIUS_SAFETY * rho * h)
-        if stages > MAX_STAGES:
-            stages = MAX_STAGES
-            h = serk(MAX_STAGES).beta / (RADIUS_SAFETY * rho)
+        stages, h, margin = self._stages(h)
         precondition = None
         if self.deflate and self._pairs is not None and self._pairs.lam.size:
             lam, V = self._pairs.lam, self._pairs.V
@@ -256,7 +257,7 @@ class ESERK4(RKC):
         fy = -self.evaluate(state).grad_phi
         y4, y3 = eserk4_step(lambda y: self._velocity(y, mass, counts), omega, fy, h, stages, precondition)
         new = state.advanced({"omega": y4, "mass": mass}, h)
-        counts.update(stages=float(stages), spectral_radius=rho, stability_margin=h * rho / serk(stages).beta)
+        counts.update(stages=float(stages), spectral_radius=self._step_radius.rho, stability_margin=margin)
         return new, h, self.error_norm(y4 - y3, omega, y4)
 
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
