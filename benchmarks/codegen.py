@@ -79,6 +79,18 @@ def _is_floor(mnemonic: str) -> bool:
     return mnemonic.startswith(("vrndscale", "vround"))
 
 
+def _exp_step_width(mnemonic: str, operands: str) -> str | None:
+    """Register width of an instruction that marks :func:`pdeflow.core.kernels.vexp`: a floor (float32) or the
+    shift of 2^n's exponent into place (``vpsllq $52``, float64, whose n comes from a rounding by addition),
+    None for anything else."""
+    if _is_floor(mnemonic):
+        return _fp_width(mnemonic, operands)
+    if (mnemonic == "vpsllq" and operands.startswith("$52,")) or (mnemonic == "vpslld" and operands.startswith("$23,")):
+        regs = set(_REG.findall(operands))
+        return next((w for w in ("zmm", "ymm", "xmm") if w in regs), None)
+    return None
+
+
 def analyse(asm: str) -> dict[str, Any]:
     """Counts of one function's machine code (AT&T syntax, as numba prints it); see the module docstring."""
     lines = asm.splitlines()
@@ -114,14 +126,15 @@ def analyse(asm: str) -> dict[str, Any]:
                     stores += 1
                 else:
                     loads += 1
+            marker = _exp_step_width(mnemonic, operands)
+            if marker is not None:
+                floor[marker] += 1
             w = _fp_width(mnemonic, operands)
             if w is None:
                 continue
             fp[w] += 1
             if _is_fma(mnemonic):
                 fma[w] += 1
-            if _is_floor(mnemonic):
-                floor[w] += 1
         return {"fp": fp, "fma": fma, "floor": floor, "spills": spills, "calls": calls, "loads": loads,
                 "stores": stores}
 

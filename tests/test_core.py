@@ -587,3 +587,45 @@ def test_float32_agrees_with_float64(coordinates):
     assert rel_err(g32, g64) > 1e-12
     assert rel_err(p32.phi(query, omega, mass), p64.phi(query, omega, mass)) <= 1e-4
     assert rel_err(p32.energy(omega, mass), p64.energy(omega, mass)) <= 1e-5
+
+
+# --------------------------------------------------------------------------------------------------
+# the kernels' exponential (pdeflow.core.kernels.vexp) against an independent reference, in ulps
+
+def _exp_arguments(dtype: np.dtype) -> np.ndarray:
+    """Random arguments over the whole range (results from subnormal to overflow), the boundaries of the
+    reduction (n ln 2 / 2 and its neighbours, where the rounding of n changes), and inf, -inf, NaN, 0."""
+    rng = np.random.default_rng(7)
+    lo, hi = (-760.0, 720.0) if dtype == np.float64 else (-110.0, 95.0)
+    x = [rng.uniform(lo, hi, 20000), rng.uniform(-1.0, 1.0, 2000), rng.uniform(-2e-8, 2e-8, 200)]
+    halves = (np.arange(int(lo / 0.3466), int(hi / 0.3466)) + 0.5) * math.log(2.0)
+    x += [halves, np.nextafter(halves, np.inf), np.nextafter(halves, -np.inf)]
+    x = np.concatenate(x + [np.array([0.0, -0.0, np.inf, -np.inf, np.nan])]).astype(dtype)
+    return x[np.isnan(x) | ((x >= lo) & (x <= hi)) | np.isinf(x)]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_vexp_is_within_one_ulp_over_the_whole_range(dtype):
+    """vexp (range reduction by adding 1.5 2^52, polynomial, 2^n as two factors) against np.exp in the next
+    wider precision (80-bit long double for float64, float64 for float32), in units of the last place of the
+    exact value (the spacing of ``dtype`` at it, subnormal spacing below the normal range): at most 1 ulp,
+    inf, 0 and NaN where exp has them."""
+    from pdeflow.core.kernels import exp_array
+
+    dtype = np.dtype(dtype)
+    wide = np.longdouble if dtype == np.float64 else np.float64
+    if dtype == np.float64 and np.finfo(np.longdouble).nmant < 63:
+        pytest.skip("no 80-bit long double on this platform for a reference wider than float64")
+    x = _exp_arguments(dtype)
+    out = np.empty_like(x)
+    exp_array(x, out)
+    with np.errstate(over="ignore", under="ignore"):
+        exact = np.exp(x.astype(wide))
+    assert np.array_equal(np.isnan(out), np.isnan(x))
+    finite = np.isfinite(exact) & (exact < np.finfo(dtype).max)
+    assert np.all(np.isinf(out[~finite & ~np.isnan(x)])), "overflow must give inf"
+    tiny = np.finfo(dtype).smallest_subnormal
+    spacing = np.maximum(np.spacing(exact[finite].astype(dtype)).astype(wide), wide(tiny))
+    ulps = np.abs(out[finite].astype(wide) - exact[finite]) / spacing
+    assert float(ulps.max()) <= 1.0, (x[finite][np.argmax(ulps)], float(ulps.max()))
+    assert out[x == -np.inf][0] == 0.0 and out[x == 0.0][0] == 1.0

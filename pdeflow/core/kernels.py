@@ -32,6 +32,17 @@ def _f64_from_bits(typingctx, bits):
 
 
 @intrinsic
+def _i64_from_bits(typingctx, x):
+    """Reinterpret a float64 as an int64 (an LLVM bitcast; vectorizes)."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
 def _f32_from_bits(typingctx, bits):
     """Reinterpret the low 32 bits of an integer as a float32 (truncation and LLVM bitcast; vectorizes)."""
     if not isinstance(bits, types.Integer):
@@ -61,6 +72,8 @@ def _fma(typingctx, a, b, c):
 _LOG2E = 1.4426950408889634
 _LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that n * _LN2_HI is exact for |n| < 2**20
 _LN2_LO = 1.90821492927058770002e-10
+_SHIFTER = 6755399441055744.0  # 1.5 2^52: y + _SHIFTER rounds y to an integer, held in the last bits
+_SHIFTER_BITS_LESS_2046 = int(np.float64(_SHIFTER).view(np.int64)) - 2046
 _LN2_HI32 = np.float32(0.693359375)  # 8 significant bits: n * _LN2_HI32 exact in float32 for |n| < 2**15
 _LN2_LO32 = np.float32(-2.12194440e-4)
 
@@ -74,16 +87,18 @@ def vexp(x):  # pragma: no cover - typed by the overload below
 def _vexp_overload(x):
     if isinstance(x, types.Float) and x.bitwidth == 64:
         def exp64(x):
-            # clamp (NaN passes through the comparisons unchanged and propagates through r)
+            # clamp (NaN passes through the comparisons unchanged and propagates through r and p)
             y = x
             if y < -746.0:
                 y = -746.0
             if y > 710.0:
                 y = 710.0
-            nf = np.floor(y * _LOG2E + 0.5)
+            # n = y / ln 2 rounded to the nearest integer by adding 1.5 2^52: the sum's last bits are n
+            # (|n| < 2^51). No float -> int conversion, which AVX2 has no packed instruction for (LLVM
+            # made four scalar ones of it per ymm register), and no floor.
+            t = y * _LOG2E + _SHIFTER
+            nf = t - _SHIFTER
             r = _fma(-nf, _LN2_LO, _fma(-nf, _LN2_HI, y))  # |r| <= ln2/2 (+ rounding)
-            if not (nf >= -1080.0):                          # NaN: any finite exponent, the result is NaN
-                nf = -1080.0
             # Taylor polynomial of degree 13 (truncation < 3e-18 on |r| <= 0.347), Horner form
             p = _fma(1.0 / 6227020800.0, r, 1.0 / 479001600.0)
             p = _fma(p, r, 1.0 / 39916800.0)
@@ -98,12 +113,15 @@ def _vexp_overload(x):
             p = _fma(p, r, 0.5)
             p = _fma(p, r, 1.0)
             p = _fma(p, r, 1.0)
-            # 2^n as two factors 2^n1 2^n2 (each a normal number) so that subnormal results and
-            # overflow to inf come out of the multiplication, without branches
-            n = np.int64(nf)
-            n1 = n >> 1
-            n2 = n - n1
-            return p * _f64_from_bits((n1 + 1023) << 52) * _f64_from_bits((n2 + 1023) << 52)
+            # 2^n as two factors 2^n1 2^n2, n1 = floor(n / 2), n2 = n - n1 (each a normal number), so that
+            # subnormal results and overflow to inf come out of the multiplication, without branches. Their
+            # biased exponents n1 + 1023 and n2 + 1023 are the halves of m = n + 2046 >= 0 (n >= -1077 after
+            # the clamp), so only logical shifts are needed (AVX2 has no packed arithmetic 64-bit shift). A NaN
+            # gives arbitrary bits here, and NaN times anything is NaN.
+            m = _i64_from_bits(t) - _SHIFTER_BITS_LESS_2046
+            m1 = m >> 1
+            m2 = m - m1
+            return p * _f64_from_bits(m1 << 52) * _f64_from_bits(m2 << 52)
         return exp64
     if isinstance(x, types.Float) and x.bitwidth == 32:
         log2e = np.float32(_LOG2E)
@@ -357,7 +375,31 @@ def softmax_scores(l: int, w: int, sc, one, s: np.ndarray, shift: np.ndarray, in
             shift[ii] = x.real if x.real > cur else cur
     for ii in range(w):
         inv[ii] = 0.0
-    for j in range(l + 1):
+    # two positions per vector iteration: the exponential's constants (more than the 16 vector registers
+    # hold with its working values, so LLVM reloads them) are then loaded once for two exponentials;
+    # the sum still adds the positions in increasing order
+    j = 0
+    while j + 4 <= l + 1:
+        for ii in range(w):
+            e0 = vexp(s[j, ii] - shift[ii])
+            e1 = vexp(s[j + 1, ii] - shift[ii])
+            e2 = vexp(s[j + 2, ii] - shift[ii])
+            e3 = vexp(s[j + 3, ii] - shift[ii])
+            s[j, ii] = e0
+            s[j + 1, ii] = e1
+            s[j + 2, ii] = e2
+            s[j + 3, ii] = e3
+            inv[ii] = (((inv[ii] + e0) + e1) + e2) + e3
+        j += 4
+    while j + 2 <= l + 1:
+        for ii in range(w):
+            e0 = vexp(s[j, ii] - shift[ii])
+            e1 = vexp(s[j + 1, ii] - shift[ii])
+            s[j, ii] = e0
+            s[j + 1, ii] = e1
+            inv[ii] = (inv[ii] + e0) + e1
+        j += 2
+    if j <= l:
         for ii in range(w):
             e = vexp(s[j, ii] - shift[ii])
             s[j, ii] = e
