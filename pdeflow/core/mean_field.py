@@ -23,7 +23,8 @@ from .workers import for_each_item
 CHUNK_BYTES = 8 * 2**20  # working memory of one chunk (heads x sequences), whatever N and B are
 TILE_BYTES = 512  # lanes of one kernel work unit (heads), in bytes
 HEAD_TILES = 1  # kernel tiles per chunk of heads
-GROUPS_PER_THREAD = 2  # items of the logits pass per thread: groups of blocks of sequences (see _aggregate)
+OUTPUT_PARTS = 8  # partial sums of O over consecutive chunks of heads in the logits pass (see _aggregate)
+OUTPUT_PARTS_BYTES = 64 * 2**20  # at most this much memory for them
 
 
 @dataclass(frozen=True)
@@ -171,12 +172,15 @@ def _qkv_weights(theta: np.ndarray, d: int, dh: int, out: np.ndarray) -> np.ndar
 def aggregate_output(theta: np.ndarray, mass: np.ndarray, data: AttentionData) -> np.ndarray:
     """``O[b, l] = sum_i m_i WO_i c_l(x_b; theta_i)``: theta [N, p], mass [N] -> [B, T, d].
 
-    The threads' items (:mod:`pdeflow.core.workers`) are groups of consecutive blocks of sequences, GROUPS_PER_THREAD
-    per thread, so that a thread lays out each chunk's weights once for all the blocks of a group (154 us per
-    chunk of 64 heads: 7 % of the pass when done per block), and a thread that finishes early takes a
-    remaining group instead of waiting (with one group per thread, any slowdown of one core - another job, a
-    shared cache or memory channel - left the other idle for the difference). Each block sums the chunks of
-    heads in their order, so O depends neither on the thread count nor on the grouping.
+    The heads are cut into ``P = min(OUTPUT_PARTS, chunks)`` parts of consecutive chunks (fewer if P copies
+    of O would exceed OUTPUT_PARTS_BYTES); part k sums its chunks in their order into its own ``O_k``, and
+    ``O = O_1 + ... + O_P`` in that order. P depends on the problem's shape only, so O depends neither on
+    the thread count nor on which thread took which item. The threads' items (:mod:`pdeflow.core.workers`)
+    are (part, group of blocks of sequences), one group per thread (two when P = 1): at least two items
+    per thread, each laying out its chunks' weights once for all its blocks, handed out one at a time: a
+    thread that finishes early takes the next item instead of waiting, as with the chunks of the gradient
+    pass (with a few large groups of blocks as the only items, any slowdown of one core left the other
+    idle for the difference).
     """
     return _aggregate(theta, mass, data, None)[0]
 
@@ -200,12 +204,15 @@ def _aggregate(theta: np.ndarray, mass: np.ndarray, data: AttentionData, dtheta:
     plan = variant(data, dtype, N)[0]
     n, bc = _blocks(data, np.dtype(dtype).itemsize, N, plan)
     mass = np.asarray(mass).astype(dtype, copy=False)
-    out = np.zeros((B * T, d), dtype=dtype)
-    dout = np.zeros((B * T, d), dtype=dtype) if tangent else None
     tile = _tile(dtype, plan)
     n_blocks = -(-B // bc)
+    n_chunks = -(-N // n)
+    parts = int(max(1, min(OUTPUT_PARTS, n_chunks,
+                           OUTPUT_PARTS_BYTES // (B * T * d * np.dtype(dtype).itemsize * (2 if tangent else 1)))))
     threads = num_threads()
-    groups = min(n_blocks, threads * (GROUPS_PER_THREAD if threads > 1 else 1))
+    groups = min(n_blocks, threads * -(-2 // parts)) if threads > 1 else 1  # at least two items per thread
+    outs = np.zeros((parts, B * T, d), dtype=dtype)
+    douts = np.zeros((parts, B * T, d), dtype=dtype) if tangent else None
 
     def run(items: Iterator[int], kernel_threads: int) -> None:
         part_buf = np.empty(bc * T * d, dtype=dtype)
@@ -218,9 +225,13 @@ def _aggregate(theta: np.ndarray, mass: np.ndarray, data: AttentionData, dtheta:
             dc_buf = np.empty(bc * T * dh * n, dtype=dtype)
             dwcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
             dwo_buf = np.empty(dh * n * d, dtype=dtype)
-        for group in items:
+        for item in items:
+            k, group = divmod(item, groups)
+            out = outs[k]
+            dout = douts[k] if tangent else None
             blocks = range(group * n_blocks // groups, (group + 1) * n_blocks // groups)
-            for start in range(0, N, n):
+            for chunk in range(k * n_chunks // parts, (k + 1) * n_chunks // parts):
+                start = chunk * n
                 stop = min(N, start + n)
                 m = stop - start
                 th = theta[start:stop].astype(dtype, copy=False)
@@ -252,7 +263,14 @@ def _aggregate(theta: np.ndarray, mass: np.ndarray, data: AttentionData, dtheta:
                     np.matmul(c, wo_t, out=part)
                     out[rows] += part
 
-    for_each_item(groups, threads, run)
+    for_each_item(parts * groups, threads, run)
+    out = outs[0]
+    for k in range(1, parts):
+        out += outs[k]
+    if tangent:
+        dout = douts[0]
+        for k in range(1, parts):
+            dout += douts[k]
     return out.reshape(B, T, d), (dout.reshape(B, T, d) if tangent else None)
 
 
