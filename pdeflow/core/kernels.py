@@ -375,9 +375,9 @@ def softmax_scores(l: int, w: int, sc, one, s: np.ndarray, shift: np.ndarray, in
             shift[ii] = x.real if x.real > cur else cur
     for ii in range(w):
         inv[ii] = 0.0
-    # two positions per vector iteration: the exponential's constants (more than the 16 vector registers
-    # hold with its working values, so LLVM reloads them) are then loaded once for two exponentials;
-    # the sum still adds the positions in increasing order
+    # four positions per vector iteration (then two, then one for the rest): the exponential's constants
+    # (more than the 16 vector registers hold with its working values, so LLVM reloads them) are then loaded
+    # once for four exponentials; the sum still adds the positions in increasing order
     j = 0
     while j + 4 <= l + 1:
         for ii in range(w):
