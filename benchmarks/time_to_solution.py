@@ -610,15 +610,29 @@ def race_plot(res: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def furthest_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One run per METHOD:RTOL: the one that got furthest (the first of equals, so a run of FOLDER before a saved
+    table's), in the order first seen. A run repeated to a later time records the earlier marks again, and two
+    rows of the same settings at one time would count it twice."""
+    kept: dict[tuple[str, float], dict[str, Any]] = {}
+    for run in runs:
+        key = (run["method"], float(run["rtol"]))
+        if key not in kept or run["final"]["t"] > kept[key]["final"]["t"]:
+            kept[key] = run
+    return list(kept.values())
+
+
 def race_render(folder: Path, table_json: Path | None, references: list[str], checks: list[str],
                 out: Path, notes: str = "") -> dict[str, Any]:
-    """Gather the race runs in ``folder`` (and those of a saved time-to-solution JSON) into
+    """Gather the race runs in ``folder`` (and those of a saved time-to-solution JSON; of runs with the same settings
+    the one that got furthest, :func:`furthest_runs`) into
     ``matched_accuracy.json``/``.md``/``.png`` in ``out``; ``references`` and ``checks`` name runs as
     ``METHOD:RTOL``, in the order they are preferred at each time (:func:`race_table`); ``notes`` (markdown: what
     the measurements say, with the figures they rest on) close the table and are kept in the JSON."""
     runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     if table_json is not None:
         runs += race_runs_from_table(json.loads(table_json.read_text()))
+    runs = furthest_runs(runs)
 
     def named(name: str) -> dict[str, Any]:
         method, rtol = name.split(":")

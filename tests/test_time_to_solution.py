@@ -102,3 +102,27 @@ def test_race_references_by_time(tmp_path):
     assert compared["difference"] == rows[("cvode", 1e-9, 10.0)]["energy_error"]
     text = (out / "matched_accuracy.md").read_text()
     assert text == time_to_solution.race_markdown(res) and text.endswith("## What the race says\n\nA closing note.\n")
+
+
+
+def test_race_keeps_the_furthest_run_of_each_setting(tmp_path, monkeypatch):
+    """A race run repeated to a later time (rkc at rtol 1e-4 to t = 5, then to t = 10, which records t = 5 on the
+    way) counts once: both its rows are the longer run's, with no second row of the same settings at t = 5."""
+    import pytest
+
+    pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
+    from pdeflow.benchmarks import time_to_solution
+
+    monkeypatch.setattr(time_to_solution, "RACE_MARKS", (5.0,))
+    out = tmp_path / "out"
+    for name, t_end in (("adaptive:1e-10", "5"), ("cvode:1e-10", "10"), ("rkc:1e-4", "5"), ("rkc:1e-4", "10")):
+        assert main(["--race", name, "--n", "4", "--t-end", t_end, "--out", str(out)]) == 0
+    longer = json.loads((out / "race" / "rkc-0.0001-t10.json").read_text())
+    assert set(longer["at"]) == {"5", "10"}
+    assert main(["--race-render", str(out / "race"), "--reference", "adaptive:1e-10", "--reference", "cvode:1e-10",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "matched_accuracy.json").read_text())
+    rkc_rows = sorted((r for r in res["table"]["rows"] if r["method"] == "rkc"), key=lambda r: r["t"])
+    assert [r["t"] for r in rkc_rows] == [5.0, 10.0]
+    assert [r["wall"] for r in rkc_rows] == [longer["at"]["5"]["wall"], longer["at"]["10"]["wall"]]
+    assert sum(r["method"] == "rkc" for r in res["runs"]) == 1
