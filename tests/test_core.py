@@ -427,6 +427,7 @@ THREAD_SCRIPT = textwrap.dedent("""
     from pdeflow.core.problem import Problem
     from pdeflow.core import mean_field
     import numba
+    default_chunk = mean_field.CHUNK_BYTES
     # small chunks: several chunks of heads and blocks of sequences, so that both passes hand out
     # items to several threads
     mean_field.CHUNK_BYTES = 16 * 1024
@@ -441,6 +442,14 @@ THREAD_SCRIPT = textwrap.dedent("""
     np.save(os.path.join(out, "grad.npy"), problem.grad_phi(query, omega, mass))
     np.save(os.path.join(out, "energy.npy"), np.array([problem.energy(omega, mass)]))
     np.save(os.path.join(out, "hvp.npy"), problem.hvp(query[0], query[1], omega, mass))
+    # the whole-system JVP (Problem.system_jvp, tests/test_jvp.py): 150 heads in these small chunks (items over
+    # threads), then 40 heads at the default chunks: one chunk of heads and one block of sequences, so each pass
+    # is one item and the kernels split their work units over numba's threads
+    np.save(os.path.join(out, "jvp_items.npy"), problem.system_jvp(omega, mass, rng.standard_normal(omega.shape)))
+    mean_field.CHUNK_BYTES = default_chunk
+    omega = 0.7 * rng.standard_normal((40, problem.k))
+    mass = rng.dirichlet(np.full(40, 2.0))
+    np.save(os.path.join(out, "jvp_one_item.npy"), problem.system_jvp(omega, mass, rng.standard_normal(omega.shape)))
 """)
 
 
@@ -467,8 +476,10 @@ def test_projections_of_the_tables_equal_projections_of_the_inputs():
 
 @pytest.mark.slow
 def test_results_do_not_depend_on_thread_count(tmp_path, monkeypatch):
-    """One thread: the script run in this process on one numba thread; two: in a process started with
-    NUMBA_NUM_THREADS=2."""
+    """phi, grad Phi, the energy, the HVP and the whole-system JVP on 1 and 2 numba threads are bit-identical. One
+    thread: the script run in this process on one numba thread; two: in a process started with
+    NUMBA_NUM_THREADS=2 (one process for all of them: it compiles the parallel kernels once)."""
+    NAMES = ("phi", "grad", "energy", "hvp", "jvp_items", "jvp_one_item")
     import numba
 
     from pdeflow.core import mean_field
@@ -495,9 +506,9 @@ def test_results_do_not_depend_on_thread_count(tmp_path, monkeypatch):
             proc = subprocess.run([sys.executable, str(tmp_path / "run.py")], env=env, capture_output=True, text=True,
                                   timeout=300)
             assert proc.returncode == 0, proc.stderr
-        results[n] = {name: np.load(out / f"{name}.npy") for name in ("threads", "phi", "grad", "energy", "hvp")}
+        results[n] = {name: np.load(out / f"{name}.npy") for name in NAMES + ("threads",)}
         assert int(results[n]["threads"][0]) == n
-    for name in ("phi", "grad", "energy", "hvp"):
+    for name in NAMES:
         # every item's result is computed by one thread in a fixed order: bit-identical
         np.testing.assert_array_equal(results[2][name], results[1][name], err_msg=name)
 

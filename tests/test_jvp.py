@@ -3,19 +3,16 @@ independent references: the complex step through the reverse pass (Problem.syste
 differences of grad Phi in real arithmetic, the symmetry of the Hessian in the mass-weighted inner product, the
 oracle (tests/test_oracle_coverage.py), on every path of the evaluation - kernel tiles and chunks of heads, blocks
 of sequences, factored and direct projections, random bases, non-uniform masses and masks, float32 and thread counts
-(two MPI ranks: tests/test_mpi.py, test_problem_on_two_ranks_equals_the_serial_problem)."""
+(1 and 2 numba threads: tests/test_core.py, test_results_do_not_depend_on_thread_count; two MPI ranks:
+tests/test_mpi.py, test_problem_on_two_ranks_equals_the_serial_problem)."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
-from conftest import config_text, random_arrays, random_measure, rel_err
+from conftest import random_arrays, random_measure, rel_err
 from pdeflow.core import kernels, kernels_jvp, mean_field
 from pdeflow.core.problem import Problem
 
@@ -131,47 +128,3 @@ def test_tangent_kernels_carry_the_primal_context_and_match_the_complex_step():
         assert rel_err(grows, zrows.imag / h) <= 1e-13
         if accumulate:
             assert rel_err(gtab, ztab.imag / h) <= 1e-13
-
-
-THREAD_SCRIPT = textwrap.dedent("""
-    import numpy as np
-    from pdeflow.core.config import loads_config
-    from pdeflow.core.problem import Problem
-    from pdeflow.core import mean_field
-    import numba
-    problem = Problem.from_config(loads_config({toml!r}))
-    rng = np.random.default_rng(62)
-    out = {{"threads": numba.get_num_threads()}}
-    # 40 heads, default chunks: one chunk of heads and one block of sequences, so each pass is one item and the
-    # kernels split their work units over numba's threads; then 150 heads in small chunks: items over threads
-    for name, heads, chunk_bytes in (("one_item", 40, mean_field.CHUNK_BYTES), ("items", 150, 16 * 1024)):
-        mean_field.CHUNK_BYTES = chunk_bytes
-        omega = 0.7 * rng.standard_normal((heads, problem.k))
-        mass = rng.dirichlet(np.full(heads, 2.0))
-        u = rng.standard_normal(omega.shape)
-        out[name] = problem.system_jvp(omega, mass, u).tolist()
-    print(repr(out))
-""")
-
-
-def test_jvp_does_not_depend_on_thread_count(tmp_path, monkeypatch):
-    """The same products on 1 and 2 numba threads are bit-identical: every work unit and item is computed by one
-    thread in a fixed order. One thread: the script run in this process (one numba thread: one_numba_thread); two:
-    in a process started with NUMBA_NUM_THREADS=2."""
-    import ast
-
-    toml = config_text(model={"positions": "sinusoidal", "unembedding": "gaussian"})
-    monkeypatch.setattr(mean_field, "CHUNK_BYTES", mean_field.CHUNK_BYTES)  # the script changes it: restored after
-    namespace: dict = {}
-    exec(THREAD_SCRIPT.format(toml=toml), namespace)
-    results = {1: namespace["out"]}
-    script = tmp_path / "run.py"
-    script.write_text(THREAD_SCRIPT.format(toml=toml))
-    env = dict(os.environ, NUMBA_NUM_THREADS="2")
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    results[2] = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
-    for n in (1, 2):
-        assert results[n]["threads"] == n
-    for name in ("one_item", "items"):
-        np.testing.assert_array_equal(np.array(results[2][name]), np.array(results[1][name]), err_msg=name)

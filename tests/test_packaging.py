@@ -151,6 +151,11 @@ def test_bench_runs_at_tiny_size_outside_the_checkout(bench) -> None:
     assert {"_attention_units[float64]", "_attention_vjp_units[float64][accumulate=True]"} <= set(cg["kernels"])
     if cg["avx512f"] and cg["features_chosen_by"] == "pdeflow":
         assert cg["prefer_256_bit"] == "-prefer-256-bit" and cg["vector_width"] == "zmm"
+    # the host's widest vectors in both core kernels, float64 and float32, compiled afresh in the bench's child:
+    # zmm on AVX-512 hosts (pdeflow.core.jit's choice), ymm on AVX2 hosts (the narrow compile's bit-identical
+    # results: tests/test_codegen.py)
+    if cg["features_chosen_by"] in ("pdeflow", "numba") and "+avx2" in cg["llvm_features"].split(","):
+        assert cg["vector_width"] == ("zmm" if cg["avx512f"] else "ymm"), cg["vector_width"]
     t64 = cg["tiles"]["float64"]
     assert t64["heads_per_work_unit"] >= 1 and t64["heads_per_chunk"] >= 1 and t64["sequences_per_chunk"] >= 1
     assert 0 < t64["scratch_forward_bytes"] < t64["scratch_backward_bytes"]

@@ -13,6 +13,7 @@ from pdeflow.solvers.driver import run
 from pdeflow import Problem, load_config
 from pdeflow.interface.cli import main
 from pdeflow.io.reference import compare, read_run, validate
+from pdeflow.io.trajectory import open_trajectory
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference"
 TOLERANCES = tomllib.loads((REFERENCE / "tolerances.toml").read_text())
@@ -28,10 +29,15 @@ def test_the_suite_covers_the_solvers():
 
 @pytest.mark.parametrize("name", GOLDEN)
 def test_rerunning_a_reference_config_reproduces_its_golden_file(name, tmp_path):
+    """The shipped reference config, run at its shipped settings: it holds its own accuracy check (no false
+    alarm, as every shipped config: tests/test_shipped_configs.py) and reproduces its golden file."""
     cfg = load_config(REFERENCE / f"{name}.toml")
     out = tmp_path / f"{name}.h5"
     result = run(cfg, Problem.from_config(cfg), out, quiet=True)
     assert result.exit_code == 0
+    traj = open_trajectory(out)
+    assert traj.attrs["status"] == "finished" and np.isnan(traj.attrs["accuracy_lost_at"])
+    assert traj.attrs["accuracy"].startswith(("held", "not checked")), traj.attrs["accuracy"]
     tol = TOLERANCES[name]
     comparison = compare(out, REFERENCE / f"{name}.h5", rtol=tol["rtol"], atol=tol["atol"])
     assert comparison.ok, comparison.table()
