@@ -611,9 +611,9 @@ def race_plot(res: dict[str, Any], path: Path) -> None:
 
 
 def furthest_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One run per METHOD:RTOL: the one that got furthest (the first of equals, so a run of FOLDER before a saved
-    table's), in the order first seen. A run repeated to a later time records the earlier marks again, and two
-    rows of the same settings at one time would count it twice."""
+    """One run per METHOD:RTOL: the one that got furthest (the first of equals), in the order first seen. A run
+    repeated to a later time records the earlier marks again, and two rows of the same settings at one time would
+    count it twice."""
     kept: dict[tuple[str, float], dict[str, Any]] = {}
     for run in runs:
         key = (run["method"], float(run["rtol"]))
@@ -624,15 +624,17 @@ def furthest_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def race_render(folder: Path, table_json: Path | None, references: list[str], checks: list[str],
                 out: Path, notes: str = "") -> dict[str, Any]:
-    """Gather the race runs in ``folder`` (and those of a saved time-to-solution JSON; of runs with the same settings
-    the one that got furthest, :func:`furthest_runs`) into
+    """Gather the race runs in ``folder`` (of runs with the same settings the one that got furthest,
+    :func:`furthest_runs`) and those of a saved time-to-solution JSON whose settings were not raced into
     ``matched_accuracy.json``/``.md``/``.png`` in ``out``; ``references`` and ``checks`` name runs as
     ``METHOD:RTOL``, in the order they are preferred at each time (:func:`race_table`); ``notes`` (markdown: what
     the measurements say, with the figures they rest on) close the table and are kept in the JSON."""
-    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    runs = furthest_runs([json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))])
     if table_json is not None:
-        runs += race_runs_from_table(json.loads(table_json.read_text()))
-    runs = furthest_runs(runs)
+        # a race run of the same settings replaces the table's (it records the race's marks)
+        raced = {(r["method"], float(r["rtol"])) for r in runs}
+        runs += [r for r in race_runs_from_table(json.loads(table_json.read_text()))
+                 if (r["method"], float(r["rtol"])) not in raced]
 
     def named(name: str) -> dict[str, Any]:
         method, rtol = name.split(":")

@@ -126,3 +126,27 @@ def test_race_keeps_the_furthest_run_of_each_setting(tmp_path, monkeypatch):
     assert [r["t"] for r in rkc_rows] == [5.0, 10.0]
     assert [r["wall"] for r in rkc_rows] == [longer["at"]["5"]["wall"], longer["at"]["10"]["wall"]]
     assert sum(r["method"] == "rkc" for r in res["runs"]) == 1
+
+
+def test_race_run_replaces_the_saved_tables_run_of_the_same_settings(tmp_path, monkeypatch):
+    """A race run in the folder stands for its settings even where the saved table's run of the same settings got
+    further (the table's rkc run went to t = 12,744 but records no race mark): the table's run is left out, and the
+    table's runs of settings not raced stay."""
+    import pytest
+
+    pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
+    from pdeflow.benchmarks import time_to_solution
+
+    out = tmp_path / "out"
+    for name in ("cvode:1e-10", "rkc:1e-4"):
+        assert main(["--race", name, "--n", "4", "--t-end", "10", "--out", str(out)]) == 0
+    raced = json.loads((out / "race" / "rkc-0.0001-t10.json").read_text())
+    table_rkc = {**raced, "at": {"12744": raced["final"]}, "final": {**raced["final"], "t": 12744.0}, "source": "table"}
+    table_other = {**raced, "method": "rosenbrock", "source": "table"}
+    monkeypatch.setattr(time_to_solution, "race_runs_from_table", lambda res: [table_rkc, table_other])
+    saved = tmp_path / "table.json"
+    saved.write_text("{}")
+    res = time_to_solution.race_render(out / "race", saved, ["cvode:1e-10"], [], out)
+    sources = {(r["method"], r.get("source", "")) for r in res["runs"]}
+    assert sources == {("cvode", ""), ("rkc", ""), ("rosenbrock", "table")}
+    assert [r["method"] for r in res["table"]["rows"] if r["t"] == 10.0] == ["rkc", "rosenbrock"]
