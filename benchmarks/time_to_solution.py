@@ -589,6 +589,8 @@ def race_plot(res: dict[str, Any], path: Path) -> None:
     from matplotlib.figure import Figure  # its own Agg canvas: a caller's backend and pyplot are left alone
 
     marks = sorted({row["t"] for row in res["table"]["rows"]})
+    # one colour per method in every panel
+    colour = {m: f"C{i}" for i, m in enumerate(sorted({r["method"] for r in res["table"]["rows"]}))}
     fig = Figure(figsize=(5.2 * len(marks), 4.4))
     axes = fig.subplots(1, len(marks), squeeze=False)
     for ax, t in zip(axes[0], marks):
@@ -596,7 +598,7 @@ def race_plot(res: dict[str, Any], path: Path) -> None:
         for method in sorted({r["method"] for r in rows}):
             mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["grad_equivalents"])
             ax.loglog([r["grad_equivalents"] for r in mine], [max(r["energy_error"], 1e-16) for r in mine], "o-",
-                      label=method)
+                      color=colour[method], label=method)
         for target in RACE_TARGETS:
             ax.axhline(target, color="0.6", lw=0.8, ls=":")
         for agree in (r for r in res["table"]["references"] if r["t"] == t):
