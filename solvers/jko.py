@@ -16,7 +16,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-import ot
 
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.measure import Grid, entropy
@@ -154,6 +153,8 @@ class GridJKO(JKO):
         self.inner_tol, self.inner_maxiter, self.outer_maxiter = inner_tol, inner_maxiter, outer_maxiter
         self.evaluator = evaluator or GridEvaluator(problem, grid)
         centres = self.grid.centres
+        import ot  # on first use: POT loads its backends (PyTorch, if installed: seconds) at import
+
         self.cost = ot.dist(centres, centres, metric="sqeuclidean")
         self.epsilon = entropic_epsilon(epsilon, self.grid.width)
 

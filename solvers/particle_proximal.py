@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import ot
 from scipy.optimize import minimize
 from scipy.sparse.linalg import LinearOperator, minres
 from scipy.spatial.distance import cdist
@@ -201,5 +200,7 @@ def coupling_gap(old: np.ndarray, new: np.ndarray, mass: np.ndarray) -> float:
     m = m / m.sum()
     # differences, not ot.dist's |x|^2 + |y|^2 - 2 x.y, whose cancellation swamps small displacements
     cost = cdist(new, old, metric="sqeuclidean")
+    import ot  # on first use: importing POT costs every `pdeflow` command a second or more (its backends)
+
     optimal = float(ot.emd2(m, m, cost, numItermax=max(100_000, 50 * m.size ** 2)))
     return max(0.0, (identity / mass.sum() - optimal) / (identity / mass.sum()))

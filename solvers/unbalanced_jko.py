@@ -16,7 +16,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-import ot
 from scipy.optimize import brentq
 
 from pdeflow.core.config import Config, ConfigError
@@ -53,6 +52,8 @@ def semi_relaxed_plan(a: np.ndarray, cost: np.ndarray, eps: float) -> np.ndarray
         raise ValueError("semi_relaxed_plan: a row of the cost has no finite entry")
     shifted = np.minimum(cost - shift[:, None], COST_CAP * eps)
     ones = np.ones(cost.shape[1])
+    import ot  # on first use, as everywhere in pdeflow: POT's import loads its backends
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # POT only warns on a zero column or an overflow: never let that pass
         try:

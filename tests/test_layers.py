@@ -216,3 +216,14 @@ def test_the_check_catches_a_planted_cycle_and_an_upward_import(tmp_path: Path) 
     run = subprocess.run([sys.executable, "-c", "import pkg.extra, pkg.high.top"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_command_starts_without_loading_optimal_transport_or_statistics() -> None:
+    """Every ``pdeflow`` command imports the command line and the steppers: POT (whose import loads its backends,
+    PyTorch among them where installed: seconds per command), scipy.stats and torch load only where a stepper or
+    an analysis uses them."""
+    code = ("import sys, pdeflow.interface.cli, pdeflow.solvers.driver; "
+            "print(' '.join(sorted(m for m in ('ot', 'scipy.stats', 'torch', 'mpi4py') if m in sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "", f"imported at start: {proc.stdout.strip()}"
