@@ -19,16 +19,13 @@ import pytest
 os.environ.setdefault("PDEFLOW_TUNE", "off")
 
 # Under pytest-xdist (the README's test command runs two workers, `-n 2 --dist loadfile`), each worker is one
-# process on one core: one numba thread each (two workers of two threads would fight for two cores), and its
-# own numba cache folder. numba's on-disk cache is not safe for two processes compiling *different*
-# signatures of one kernel at once (each reads the index, adds its key under the next free data file name and
-# writes the index before the data: interleaved, an index entry can point at the other signature's machine
-# code); within one worker, compilations follow each other. Both are inherited by the processes a test starts.
+# process on one core: one numba thread each (two workers of two threads would fight for two cores), inherited
+# by the processes a test starts. The workers and those processes share numba's cache in the checkout: a kernel
+# is compiled once, by whichever process needs it first, while the others wait for it and load it
+# (pdeflow.core.jit.compile_serially; tests/test_compile_cache.py).
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _XDIST_WORKER:
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
-    os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__))), "__pycache__", f"numba-{_XDIST_WORKER}"))
 
 from pdeflow.core.config import Config, dumps_toml, loads_config  # noqa: E402 - after the environment is set
 from pdeflow.core.problem import Problem  # noqa: E402

@@ -7,9 +7,10 @@ must not depend on reassociation choices of the compiler.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # pdeflow runs many short parallel kernels back to back, often on machines shared with other jobs.
@@ -92,11 +93,90 @@ from numba import prange  # noqa: E402, F401  (re-exported so kernels import loo
 
 
 def jit(parallel: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator compiling a kernel with pdeflow's flags: ``nopython``, ``cache=True``, no fastmath.
+    """Decorator compiling a kernel with pdeflow's flags: ``nopython``, ``cache=True``, no fastmath, and one
+    compilation at a time per kernel across the processes that share its cache (:func:`compile_serially`).
 
     ``parallel=True`` enables ``numba.prange`` loops; thread count follows ``NUMBA_NUM_THREADS``.
     """
-    return numba.njit(cache=True, parallel=parallel, fastmath=False, error_model="numpy", nogil=True)
+    decorate = numba.njit(cache=True, parallel=parallel, fastmath=False, error_model="numpy", nogil=True)
+
+    def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return compile_serially(decorate(fn))
+
+    return compiled
+
+
+# ---- one compilation at a time per kernel, across processes ----------------------------------------------
+# numba's on-disk cache is safe for processes that load, not for processes that compile different signatures
+# of one kernel at the same time: each reads the kernel's index, picks the first free data file name, writes
+# the index, then the data (numba.core.caching.IndexDataCacheFile.save). Interleaved, an index entry can name
+# the file holding the *other* signature's machine code, which a later process then runs. That happens when
+# MPI ranks, two runs of one fresh install or the test suite's workers start together. So a kernel's
+# compilation (the cache lookup, the compile and the save) holds an exclusive lock on a file beside its cache
+# entries: a second process waits and then loads what the first compiled instead of compiling it again.
+# numba's own in-process compiler lock is taken first: numba takes it before compiling a kernel's callees,
+# so every process takes the file locks in call order (callers before callees), which cannot cycle.
+try:
+    import fcntl
+except ImportError:  # no POSIX file locks (Windows): numba's behaviour, unlocked
+    fcntl = None  # type: ignore[assignment]
+
+_HELD: dict[str, int] = {}  # lock file -> depth, for a kernel whose compilation compiles itself again
+
+
+@contextlib.contextmanager
+def _exclusive(path: str) -> Iterator[None]:
+    """Hold the POSIX lock on ``path`` (re-entrant within this process; callers hold numba's compiler lock).
+    Where the file cannot be opened (a read-only cache: numba then caches nothing either) nothing is locked."""
+    fd = None
+    if path not in _HELD and fcntl is not None:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+    _HELD[path] = _HELD.get(path, 0) + 1
+    try:
+        yield
+    finally:
+        _HELD[path] -= 1
+        if _HELD[path] == 0:
+            del _HELD[path]
+            if fd is not None:
+                os.close(fd)  # releases the lock
+
+
+def compile_lock_path(dispatcher: Any) -> str | None:
+    """The lock file of a cached kernel, ``<numba's cache folder>/<module>.<name>-<first line>.lock`` (beside
+    numba's ``<module>.<name>-<first line>.py*.nbi`` index), or None
+    for a function numba does not compile (``NUMBA_DISABLE_JIT``) or does not cache."""
+    cache = getattr(dispatcher, "_cache", None)
+    path = getattr(cache, "cache_path", None)
+    if path is None:
+        return None
+    code = dispatcher.py_func.__code__
+    module = os.path.splitext(os.path.basename(code.co_filename))[0]
+    return os.path.join(path, f"{module}.{dispatcher.py_func.__qualname__}-{code.co_firstlineno}.lock")
+
+
+def compile_serially(dispatcher: Any) -> Any:
+    """``dispatcher`` whose ``compile`` (numba calls it for every new signature, from a call or from a caller's
+    compilation) runs under numba's compiler lock and the kernel's file lock (see above)."""
+    path = compile_lock_path(dispatcher)
+    if path is None:
+        return dispatcher
+    from numba.core.compiler_lock import global_compiler_lock
+
+    compile_ = dispatcher.compile
+
+    def compile(sig: Any) -> Any:
+        with global_compiler_lock, _exclusive(path):
+            return compile_(sig)
+
+    dispatcher.compile = compile
+    return dispatcher
 
 
 def num_threads() -> int:
