@@ -298,8 +298,8 @@ def _signatures(kernel: str, dtype: str) -> list:
     i = types.int64
     if kernel == "_attention_units":
         return [(a4, a4, tok, types.float64, a5, i, i, i)]
-    if kernel == "_attention_vjp_units":
-        return [(a4, a4, tok, a5, types.float64, a5, a4, a4, types.literal(acc), i, i, i) for acc in (False, True)]
+    if kernel == "_attention_vjp_units":  # accumulate is a run-time flag, on one thread and on several alike
+        return [(a4, a4, tok, a5, types.float64, a5, a4, a4, types.boolean, i, i, i)]
     if kernel == "exp_array":
         return [(a1, a1)]
     raise ValueError(f"no signature known for kernel {kernel!r}")
@@ -320,7 +320,7 @@ def _child(kernels_: list[str], dtypes: list[str], loops: bool = False) -> dict[
             sigs = _signatures(name, dtype)
             for k, sig in enumerate(sigs):
                 fn.compile(sig)
-                key = f"{name}[{dtype}]" + ("" if len(sigs) == 1 else f"[accumulate={bool(k)}]")
+                key = f"{name}[{dtype}]" + ("" if len(sigs) == 1 else f"[{k}]")
                 asm = fn.inspect_asm(sig)
                 out["kernels"][key] = hot_loops(asm) if loops else analyse(asm)
     return out

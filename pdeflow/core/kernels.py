@@ -519,6 +519,17 @@ def _causal_attention_threads(rows: np.ndarray, table: np.ndarray, tok: np.ndarr
         _attention_units(rows, table, tok, scale, c5, tile, lo, hi)
 
 
+def read_only(tok: np.ndarray) -> np.ndarray:
+    """``tok`` as a read-only array (a view where it is writable): numba types read-only and writable arrays
+    apart, so the kernels see one kind and compile one signature per dtype, whichever the caller passes (pdeflow's
+    own token and row-number arrays are read-only)."""
+    if not tok.flags.writeable:
+        return tok
+    view = tok.view()
+    view.flags.writeable = False
+    return view
+
+
 def causal_attention(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale: float, c: np.ndarray, tile: int,
                      n_threads: int) -> None:
     """Context ``c[b, l, :, i] = sum_{j<=l} a[l, j] v[b, j, :, i]``, ``a[l] = softmax_j(scale <q_l, k_j>)``.
@@ -532,6 +543,7 @@ def causal_attention(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale
     thread pool, so several Python threads may run it at once.
     """
     B, T, dh, n = c.shape
+    tok = read_only(tok)
     if n_threads > 1:
         _causal_attention_threads(rows, table, tok, scale, c, tile, n_threads)
     else:
@@ -612,9 +624,11 @@ def _attention_vjp_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, d
 
 @jit(parallel=True)
 def _causal_attention_vjp_threads(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc: np.ndarray,
-                                  scale: float, c: np.ndarray, grows: np.ndarray, tile: int, n_threads: int) -> None:
+                                  scale: float, c: np.ndarray, grows: np.ndarray, accumulate: bool, tile: int,
+                                  n_threads: int) -> None:
     """:func:`causal_attention_vjp` (storing, not accumulating) with the work units split into ``n_threads``
-    ranges (prange)."""
+    ranges (prange). ``accumulate`` is False; an argument rather than a constant, so that the units compile
+    to the one signature the one-thread call uses (a constant would be typed as a literal: a second compile)."""
     B, T, dh, n = c.shape
     units = B * ((n + tile - 1) // tile)
     nth = max(1, min(n_threads, units))
@@ -622,7 +636,7 @@ def _causal_attention_vjp_threads(rows: np.ndarray, table: np.ndarray, tok: np.n
     dc5 = dc.reshape(B, T, 1, dh, n)
     for t in prange(nth):
         lo, hi = _unit_range(units, nth, t)
-        _attention_vjp_units(rows, table, tok, dc5, scale, c5, grows, table, False, tile, lo, hi)
+        _attention_vjp_units(rows, table, tok, dc5, scale, c5, grows, table, accumulate, tile, lo, hi)
 
 
 def causal_attention_vjp(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc: np.ndarray, scale: float,
@@ -644,10 +658,11 @@ def causal_attention_vjp(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, d
     """
     B, T, dh, n = c.shape
     accumulate = gtable is not None
+    tok = read_only(tok)
     if n_threads > 1:
         if accumulate:
             raise ValueError("causal_attention_vjp adds into grows on one thread only (n_threads = 1)")
-        _causal_attention_vjp_threads(rows, table, tok, dc, scale, c, grows, tile, n_threads)
+        _causal_attention_vjp_threads(rows, table, tok, dc, scale, c, grows, False, tile, n_threads)
     else:
         _attention_vjp_units(rows, table, tok, dc.reshape(B, T, 1, dh, n), scale, c.reshape(B, T, 1, dh, n), grows,
                              gtable if accumulate else table, accumulate, tile, 0, B * ((n + tile - 1) // tile))

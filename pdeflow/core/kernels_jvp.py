@@ -38,6 +38,7 @@ from .kernels import (
     _unit_range,
     empty_aligned,
     madd,
+    read_only,
     softmax_scores,
 )
 
@@ -216,6 +217,7 @@ def causal_attention_jvp(rows: np.ndarray, table: np.ndarray, drows: np.ndarray,
     :func:`pdeflow.core.kernels.causal_attention`.
     """
     B, T, dh, n = c.shape
+    tok = read_only(tok)
     if n_threads > 1:
         _causal_attention_jvp_threads(rows, table, drows, dtable, tok, scale, c, dc, tile, n_threads)
     else:
@@ -322,8 +324,11 @@ def _attention_vjp_jvp_units(rows: np.ndarray, table: np.ndarray, drows: np.ndar
 @jit(parallel=True)
 def _causal_attention_vjp_jvp_threads(rows: np.ndarray, table: np.ndarray, drows: np.ndarray, dtable: np.ndarray,
                                       tok: np.ndarray, g: np.ndarray, dg: np.ndarray, scale: float, c: np.ndarray,
-                                      dc: np.ndarray, grows: np.ndarray, tile: int, n_threads: int) -> None:
-    """:func:`causal_attention_vjp_jvp` (storing) with the work units split into ``n_threads`` ranges."""
+                                      dc: np.ndarray, grows: np.ndarray, accumulate: bool, tile: int,
+                                      n_threads: int) -> None:
+    """:func:`causal_attention_vjp_jvp` (storing: ``accumulate`` is False, an argument for the reason
+    :func:`pdeflow.core.kernels._causal_attention_vjp_threads` gives) with the work units split into ``n_threads``
+    ranges."""
     B, T, dh, n = c.shape
     units = B * ((n + tile - 1) // tile)
     nth = max(1, min(n_threads, units))
@@ -331,8 +336,8 @@ def _causal_attention_vjp_jvp_threads(rows: np.ndarray, table: np.ndarray, drows
     c5, dc5, g5, dg5 = c.reshape(shape5), dc.reshape(shape5), g.reshape(shape5), dg.reshape(shape5)
     for t in prange(nth):
         lo, hi = _unit_range(units, nth, t)
-        _attention_vjp_jvp_units(rows, table, drows, dtable, tok, g5, dg5, scale, c5, dc5, grows, table, False, tile,
-                                 lo, hi)
+        _attention_vjp_jvp_units(rows, table, drows, dtable, tok, g5, dg5, scale, c5, dc5, grows, table, accumulate,
+                                 tile, lo, hi)
 
 
 def causal_attention_vjp_jvp(rows: np.ndarray, table: np.ndarray, drows: np.ndarray, dtable: np.ndarray,
@@ -350,10 +355,11 @@ def causal_attention_vjp_jvp(rows: np.ndarray, table: np.ndarray, drows: np.ndar
     """
     B, T, dh, n = c.shape
     accumulate = gtable is not None
+    tok = read_only(tok)
     if n_threads > 1:
         if accumulate:
             raise ValueError("causal_attention_vjp_jvp adds into grows on one thread only (n_threads = 1)")
-        _causal_attention_vjp_jvp_threads(rows, table, drows, dtable, tok, g, dg, scale, c, dc, grows, tile,
+        _causal_attention_vjp_jvp_threads(rows, table, drows, dtable, tok, g, dg, scale, c, dc, grows, False, tile,
                                           n_threads)
     else:
         shape5 = (B, T, 1, dh, n)
