@@ -525,6 +525,30 @@ def test_blas_runs_on_one_thread_whatever_the_import_order():
     assert int(proc.stdout.strip()) == 1
 
 
+def test_occupancy_records_each_region_and_its_idle_tail():
+    """pdeflow.core.workers.occupancy (what `pdeflow bench` splits a call's time with): one Region per
+    for_each_item call, one busy time per thread, and the idle tail. Three items of 50 ms on two threads: one
+    thread runs two, the other one, so at least 50 thread-ms are idle whatever the machine's load (which can
+    only lengthen the wall time); on one thread nothing is. Nothing is recorded outside the context."""
+    import time
+
+    from pdeflow.core import workers
+
+    def run(items, kernel_threads):
+        for _ in items:
+            time.sleep(0.05)
+
+    with workers.occupancy() as regions:
+        workers.for_each_item(3, 2, run)
+        workers.for_each_item(3, 1, run)
+    workers.for_each_item(1, 2, run)
+    assert len(regions) == 2
+    two, one = regions
+    assert len(two.busy) == 2 and sorted(two.busy)[1] >= 0.1 and two.wall >= 0.1
+    assert two.idle >= 0.05 - 1e-3
+    assert len(one.busy) == 1 and one.busy[0] >= 0.15 and 0.0 <= one.idle < 0.01
+
+
 # --------------------------------------------------------------------------------------------------
 # Hessian-vector products
 
