@@ -417,15 +417,25 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
                 np.matmul(left, right, out=part)
                 target += part
 
+        laid_out = -1  # the chunk whose weights proj, wo (and dproj, dwo) hold
         for item in items:
             chunk, k = divmod(item, parts)
             start = chunk * n
             stop = min(Q, start + n)
             m = stop - start
-            th = theta[start:stop].astype(dtype, copy=False)
-            proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
             wo = wo_buf[:d * dh * m].reshape(d, dh, m)  # wo[c, h, i] = WO_i[c, h]
-            wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
+            if chunk != laid_out:
+                # a thread that takes the next part of the chunk it just did (on one thread: every part) keeps
+                # the chunk's weights as they are laid out
+                laid_out = chunk
+                th = theta[start:stop].astype(dtype, copy=False)
+                proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
+                wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
+                if tangent is not None:
+                    dth = dtheta[start:stop].astype(dtype, copy=False)
+                    dproj.chunk(_qkv_weights(dth, d, dh, dwcat_buf))
+                    dwo = dwo_buf[:d * dh * m].reshape(d, dh, m)
+                    dwo[...] = split_theta(dth, d, dh)[3].transpose(1, 2, 0)
             # this part's sums, kept until the chunk's last part is done: the gradient of Phi_data in WO,
             # g_c[c, (h, i)], and dw[c, (w, h, i)] = dW_w[i][h, c] or the kernel's S and R
             g_c = np.empty((d, dh * m), dtype=dtype)
@@ -437,11 +447,6 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
             elif with_grad:
                 dw_part = np.empty((d, 3 * dh * m), dtype=dtype)
                 sums.append(dw_part)
-            if tangent is not None:
-                dth = dtheta[start:stop].astype(dtype, copy=False)
-                dproj.chunk(_qkv_weights(dth, d, dh, dwcat_buf))
-                dwo = dwo_buf[:d * dh * m].reshape(d, dh, m)
-                dwo[...] = split_theta(dth, d, dh)[3].transpose(1, 2, 0)
             blocks = range(k * n_blocks // parts, (k + 1) * n_blocks // parts)
             for blk in blocks:
                 b0 = blk * bc
