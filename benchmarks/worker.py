@@ -3,7 +3,8 @@ peak memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is a process-wide hig
 
 ``python -m pdeflow.benchmarks.worker TASK --config PATH [--n N] [--b B] [--repeats R]`` prints one JSON line.
 Tasks: ``grad_phi`` (median time of ``Problem.grad_phi`` at the particles, and of its two passes,
-interleaved), ``torch`` (PyTorch autograd float64 and float32 interleaved with pdeflow, see
+interleaved), ``threads`` (1 against 2 threads alternated call by call in one process, see
+:func:`thread_pairs`), ``torch`` (PyTorch autograd float64 and float32 interleaved with pdeflow, see
 :func:`torch_baselines`), ``memory-step`` (peak memory of one ``Problem.evaluate`` + explicit Euler
 update, done in place), ``memory-kernel`` (peak memory of ``mean_field.grad_phi_data`` alone, given the
 residual features). The memory tasks draw their N particles in place (N x k floats allocated once) so that
@@ -39,7 +40,7 @@ def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int,
     import numba
     import numpy as np
 
-    if task in ("grad_phi", "torch"):
+    if task in ("grad_phi", "threads", "torch"):
         problem, omega, mass = build(config, n=n, b=b, t=t)
     else:
         # the particles are drawn in place (N x k floats once), so that the high-water mark measures the
@@ -68,6 +69,8 @@ def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int,
         out["time"] = summary(t["grad_phi"])
         out["cpu_time"] = summary(cpu[-repeats:])  # process CPU seconds (all threads) of the timed runs
         out["passes"] = {k: summary(t[k]) for k in ("logits_pass", "gradient_pass")}
+    elif task == "threads":
+        out.update(thread_pairs(problem, omega, mass, repeats))
     elif task == "torch":
         out.update(torch_baselines(problem, omega, mass, numba.get_num_threads(), repeats))
     elif task == "memory-step":
@@ -88,6 +91,50 @@ def run_task(task: str, config: str, n: int | None, b: int | None, repeats: int,
         raise ValueError(f"unknown worker task {task!r}")
     out["omega_mib"] = omega.nbytes / 2**20
     return out
+
+
+def thread_pairs(problem, omega, mass, repeats: int) -> dict[str, Any]:
+    """1 against 2 threads in this process (started with 2 numba threads), alternated call by call:
+    ``repeats`` rounds, each timing grad Phi, the logits pass and the gradient pass on 1 thread
+    (``numba.set_num_threads(1)``: pdeflow's threads never start, as in a 1-thread process) and then on 2.
+
+    Per grad Phi: wall and process CPU seconds, the serial seconds outside the threaded regions
+    (:func:`pdeflow.core.workers.occupancy`) and the regions' idle thread-seconds. Returns, per thread count,
+    the samples of each (``"1"``, ``"2"``) and the per-round ratios 1-thread / 2-thread time of grad Phi and of
+    each pass (``"pairs"``): a round's two calls are seconds apart, so a machine whose speed drifts (other
+    jobs, a KVM host's neighbours) slows both alike, which ratios of medians over separate processes do not
+    cancel.
+    """
+    import time
+
+    import numba
+
+    from pdeflow.core import workers
+
+    G = problem.residual_features(omega, mass)
+    calls = {"logits_pass": lambda: problem.residual_features(omega, mass),
+             "gradient_pass": lambda: problem.grad_phi_field(omega, G)}
+    keys = ("time", "cpu_time", "serial", "idle", *calls)
+    samples: dict[int, dict[str, list[float]]] = {th: {k: [] for k in keys} for th in (1, 2)}
+    for round_ in range(repeats + 1):  # the first round warms up (compiles, starts the pool)
+        for th in (1, 2):
+            numba.set_num_threads(th)
+            with workers.occupancy() as regions:
+                w0, c0 = time.perf_counter(), time.process_time()
+                problem.grad_phi(omega, omega, mass)
+                wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            got = {"time": wall, "cpu_time": cpu, "serial": wall - sum(r.wall for r in regions),
+                   "idle": sum(r.idle for r in regions)}
+            for key, fn in calls.items():
+                t0 = time.perf_counter()
+                fn()
+                got[key] = time.perf_counter() - t0
+            if round_:
+                for key in keys:
+                    samples[th][key].append(got[key])
+    numba.set_num_threads(2)
+    pairs = {k: [a / b for a, b in zip(samples[1][k], samples[2][k])] for k in ("time", *calls)}
+    return {"1": samples[1], "2": samples[2], "pairs": pairs}
 
 
 def torch_baselines(problem, omega, mass, threads: int, repeats: int) -> dict[str, Any]:
@@ -152,7 +199,7 @@ def spawn(task: str, threads: int | None = None, config: str | Path = REFERENCE_
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.worker")
-    p.add_argument("task", choices=("grad_phi", "torch", "memory-step", "memory-kernel"))
+    p.add_argument("task", choices=("grad_phi", "threads", "torch", "memory-step", "memory-kernel"))
     p.add_argument("--config", default=str(REFERENCE_CONFIG))
     p.add_argument("--n", type=int)
     p.add_argument("--b", type=int)

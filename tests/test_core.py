@@ -172,12 +172,13 @@ def test_reference_gradient_is_exact(k):
 
 
 @pytest.mark.parametrize("precision", ["float64", "float32"])
-@pytest.mark.parametrize("heads_per_chunk", [1, 11])
-def test_head_chunks_do_not_change_results(monkeypatch, precision, heads_per_chunk):
+@pytest.mark.parametrize("heads_per_chunk, sequences_per_block", [(1, None), (11, None), (8, 2)])
+def test_head_chunks_do_not_change_results(monkeypatch, precision, heads_per_chunk, sequences_per_block):
     """Many heads (19: several kernel tiles, the last partial) in chunks bounded by mean_field.CHUNK_BYTES
-    (set for about 1 or 11 heads per chunk: 8 [B, T, dh] work arrays per head) give the logits, Phi and
-    grad Phi of one chunk, and of the oracle."""
-    from pdeflow.core import mean_field
+    (set for about 1 or 11 heads per chunk: 8 [B, T, dh] work arrays per head), or in chunks of 8 heads and
+    blocks of 2 sequences (3 x 3: the gradient pass cuts every chunk into 3 parts of the sequences and adds
+    their sums), give the logits, Phi and grad Phi of one chunk, and of the oracle."""
+    from pdeflow.core import mean_field, tuner
 
     rng = np.random.default_rng(13)
     arrays = random_arrays(rng, B=6)
@@ -191,8 +192,17 @@ def test_head_chunks_do_not_change_results(monkeypatch, precision, heads_per_chu
     whole = results()
     B, T = arrays["tokens"].shape
     itemsize = np.dtype(precision).itemsize
-    monkeypatch.setattr(mean_field, "CHUNK_BYTES", heads_per_chunk * 8 * B * T * arrays["head_dim"] * itemsize + 1)
-    chunked = results()
+    if sequences_per_block is None:
+        monkeypatch.setattr(mean_field, "CHUNK_BYTES", heads_per_chunk * 8 * B * T * arrays["head_dim"] * itemsize + 1)
+        chunked = results()
+    else:
+        per = 8 * T * arrays["head_dim"] * itemsize  # bytes per (sequence, head)
+        v = tuner.Variant(heads_per_chunk * itemsize, heads_per_chunk * itemsize,
+                          heads_per_chunk * sequences_per_block * per)
+        assert mean_field._blocks(problem._data, itemsize, len(query), v) == (heads_per_chunk, sequences_per_block)
+        assert mean_field._sequence_parts(3, 3) == 3
+        with tuner.forced(v):
+            chunked = results()
     for a, b in zip(chunked, whole):
         assert rel_err(a, b) <= (1e-13 if precision == "float64" else 1e-5)
     ref = ReferenceModel.from_arrays(arrays)
@@ -523,6 +533,30 @@ def test_blas_runs_on_one_thread_whatever_the_import_order():
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout.strip()) == 1
+
+
+def test_occupancy_records_each_region_and_its_idle_tail():
+    """pdeflow.core.workers.occupancy (what `pdeflow bench` splits a call's time with): one Region per
+    for_each_item call, one busy time per thread, and the idle tail. Three items of 50 ms on two threads: one
+    thread runs two, the other one, so at least 50 thread-ms are idle whatever the machine's load (which can
+    only lengthen the wall time); on one thread nothing is. Nothing is recorded outside the context."""
+    import time
+
+    from pdeflow.core import workers
+
+    def run(items, kernel_threads):
+        for _ in items:
+            time.sleep(0.05)
+
+    with workers.occupancy() as regions:
+        workers.for_each_item(3, 2, run)
+        workers.for_each_item(3, 1, run)
+    workers.for_each_item(1, 2, run)
+    assert len(regions) == 2
+    two, one = regions
+    assert len(two.busy) == 2 and sorted(two.busy)[1] >= 0.1 and two.wall >= 0.1
+    assert two.idle >= 0.05 - 1e-3
+    assert len(one.busy) == 1 and one.busy[0] >= 0.15 and 0.0 <= one.idle < 0.01
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ function is generic in the dtype (float64, float32, complex128), except the forw
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ TILE_BYTES = 512  # lanes of one kernel work unit (heads), in bytes
 HEAD_TILES = 1  # kernel tiles per chunk of heads
 OUTPUT_PARTS = 8  # partial sums of O over consecutive chunks of heads in the logits pass (see _aggregate)
 OUTPUT_PARTS_BYTES = 64 * 2**20  # at most this much memory for them
+GRADIENT_ITEMS = 32  # items (chunk of heads, part of the sequences) of the gradient pass, at least (see _evaluate)
 
 
 @dataclass(frozen=True)
@@ -343,11 +345,27 @@ def grad_phi_data_jvp(theta: np.ndarray, dtheta: np.ndarray, G: np.ndarray, dG: 
     return _evaluate(theta, G, data, with_grad=True, tangent=(dtheta, dG))[1]
 
 
+def _sequence_parts(n_chunks: int, n_blocks: int) -> int:
+    """Parts of the sequences per chunk of heads in the gradient pass: enough for GRADIENT_ITEMS items
+    (chunks x parts), at most one per block of sequences; 1 for a single chunk (which runs on numba's threads
+    inside the kernel instead). A function of the shape only, so results do not depend on the thread count."""
+    if n_chunks == 1:
+        return 1
+    return int(max(1, min(n_blocks, -(-GRADIENT_ITEMS // n_chunks))))
+
+
 def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: bool,
               tangent: tuple[np.ndarray, np.ndarray] | None = None):
-    """Phi_data [Q] and (``with_grad``) its gradient [Q, p]; chunks of heads are the threads' items. With a
-    ``tangent`` (dtheta, dG) the second value is the gradient's tangent (:func:`grad_phi_data_jvp`) instead
-    of the gradient, and the first is not computed."""
+    """Phi_data [Q] and (``with_grad``) its gradient [Q, p]; the threads' items are (chunk of heads, part of the
+    sequences). With a ``tangent`` (dtheta, dG) the second value is the gradient's tangent
+    (:func:`grad_phi_data_jvp`) instead of the gradient, and the first is not computed.
+
+    A chunk's sums over the sequences (the WO gradient ``G^T c``, the weight gradient ``X^T dQKV`` or the
+    kernel's sums S and R of the factored projections) are taken per part, blocks in order, and the parts
+    added in their order by the thread that finishes a chunk's last part; that thread then writes the chunk's
+    rows of Phi and of the gradient. With several parts per chunk the threads' items are small enough that
+    the last ones leave little idle time at the end (:func:`_sequence_parts`: 16 chunks of 64 heads at the
+    reference size, two parts each)."""
     B, T, d = data.shape
     dh = data.head_dim
     dtype = np.result_type(_dtype(theta, data), G.dtype)
@@ -363,25 +381,25 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
     grad = np.empty(theta.shape, dtype=dtype) if with_grad else None
     tile = _tile(dtype, plan)
     n_chunks = -(-Q // n)
+    n_blocks = -(-B // bc)
+    parts = _sequence_parts(n_chunks, n_blocks)
     # the weight gradient of the tables, E^T S + P^T R with S and R summed by the kernel, when the
     # projections are factored and there are several chunks (then every kernel call runs on one thread,
     # which summing needs, whatever the thread count); else X^T dQKV block by block
     tables_grad = with_grad and data.factored and n_chunks > 1
+    finished: dict[int, list] = {}  # chunk -> its parts' sums, until the last part is done
+    lock = threading.Lock()
 
-    def run(chunks: Iterator[int], kernel_threads: int) -> None:
+    def run(items: Iterator[int], kernel_threads: int) -> None:
         proj = _Projections(data, x, n, bc, dtype)
         c_buf = np.empty(bc * T * dh * n, dtype=dtype)
         wcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
         wo_buf = np.empty(d * dh * n, dtype=dtype)
-        gc_buf = np.empty(d * dh * n, dtype=dtype)
         part_buf = np.empty(d * 3 * dh * n, dtype=dtype)  # a block's products before they are accumulated
         if with_grad:
             dqkv_buf = np.empty(bc * T * 3 * dh * n, dtype=dtype) if not tables_grad else None
             dc_buf = np.empty(bc * T * dh * n, dtype=dtype)
             dw_buf = np.empty(d * 3 * dh * n, dtype=dtype)
-        if tables_grad:
-            s_buf = np.empty(data.embedding.shape[0] * 3 * dh * n, dtype=dtype)
-            r_buf = np.empty(T * 3 * dh * n, dtype=dtype)
         if tangent is not None:  # the direction's projections and output weights, c', the cotangent's tangent
             dproj = _Projections(data, x, n, bc, dtype)
             dwcat_buf = np.empty(d * 3 * dh * n, dtype=dtype)
@@ -399,28 +417,40 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
                 np.matmul(left, right, out=part)
                 target += part
 
-        for chunk in chunks:
+        laid_out = -1  # the chunk whose weights proj, wo (and dproj, dwo) hold
+        for item in items:
+            chunk, k = divmod(item, parts)
             start = chunk * n
             stop = min(Q, start + n)
             m = stop - start
-            th = theta[start:stop].astype(dtype, copy=False)
-            proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
             wo = wo_buf[:d * dh * m].reshape(d, dh, m)  # wo[c, h, i] = WO_i[c, h]
-            wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
-            g_c = gc_buf[:d * dh * m].reshape(d, dh * m)  # the gradient of Phi_data in WO: g_c[c, (h, i)]
-            if with_grad:
-                dw = dw_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)  # dw[c, (w, h, i)] = dW_w[i][h, c]
+            if chunk != laid_out:
+                # a thread that takes the next part of the chunk it just did (on one thread: every part) keeps
+                # the chunk's weights as they are laid out
+                laid_out = chunk
+                th = theta[start:stop].astype(dtype, copy=False)
+                proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
+                wo[...] = split_theta(th, d, dh)[3].transpose(1, 2, 0)
+                if tangent is not None:
+                    dth = dtheta[start:stop].astype(dtype, copy=False)
+                    dproj.chunk(_qkv_weights(dth, d, dh, dwcat_buf))
+                    dwo = dwo_buf[:d * dh * m].reshape(d, dh, m)
+                    dwo[...] = split_theta(dth, d, dh)[3].transpose(1, 2, 0)
+            # this part's sums, kept until the chunk's last part is done: the gradient of Phi_data in WO,
+            # g_c[c, (h, i)], and dw[c, (w, h, i)] = dW_w[i][h, c] or the kernel's S and R
+            g_c = np.empty((d, dh * m), dtype=dtype)
+            sums = [g_c]
             if tables_grad:
-                S = s_buf[:data.embedding.shape[0] * 3 * dh * m].reshape(-1, 3 * dh * m)
-                R = r_buf[:T * 3 * dh * m].reshape(T, 3 * dh * m)
-                S[...] = 0.0
-                R[...] = 0.0
-            if tangent is not None:
-                dth = dtheta[start:stop].astype(dtype, copy=False)
-                dproj.chunk(_qkv_weights(dth, d, dh, dwcat_buf))
-                dwo = dwo_buf[:d * dh * m].reshape(d, dh, m)
-                dwo[...] = split_theta(dth, d, dh)[3].transpose(1, 2, 0)
-            for b0 in range(0, B, bc):
+                S = np.zeros((data.embedding.shape[0], 3 * dh * m), dtype=dtype)
+                R = np.zeros((T, 3 * dh * m), dtype=dtype)
+                sums += [S, R]
+            elif with_grad:
+                dw_part = np.empty((d, 3 * dh * m), dtype=dtype)
+                sums.append(dw_part)
+            blocks = range(k * n_blocks // parts, (k + 1) * n_blocks // parts)
+            for blk in blocks:
+                b0 = blk * bc
+                first = blk == blocks[0]
                 nb = min(B, b0 + bc) - b0
                 rows = slice(b0 * T, (b0 + nb) * T)
                 c = c_buf[:nb * T * dh * m].reshape(nb * T, dh * m)
@@ -450,16 +480,32 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
                                                  c.reshape(shape4), grows, gtable, tile, kernel_threads)
                 else:
                     kernels.causal_attention(*projections, data.score_scale, c.reshape(shape4), tile, kernel_threads)
-                # sums over the sequences: the first block writes, the next ones accumulate; with a tangent the
-                # WO gradient's tangent G'^T c + G^T c'
-                add_product(g_c, (g if tangent is None else gp)[rows].T, c, b0 == 0)
+                # sums over the sequences: the part's first block writes, the next ones accumulate; with a tangent
+                # the WO gradient's tangent G'^T c + G^T c'
+                add_product(g_c, (g if tangent is None else gp)[rows].T, c, first)
                 if tangent is not None:
                     add_product(g_c, g[rows].T, cp, False)
                 if with_grad and not tables_grad:
-                    add_product(dw, x[rows].T, dqkv, b0 == 0)
+                    add_product(dw_part, x[rows].T, dqkv, first)
+            if parts > 1:
+                with lock:
+                    done = finished.setdefault(chunk, [None] * parts)
+                    done[k] = sums
+                    if any(p is None for p in done):
+                        continue
+                    del finished[chunk]
+                # the parts' sums added in the order of the parts, whichever thread finished which
+                sums = done[0]
+                for other in done[1:]:
+                    for total, more in zip(sums, other):
+                        total += more
+            g_c = sums[0]
             if tables_grad:
-                np.matmul(proj.E.T, S, out=dw)
-                dw += proj.P.T @ R
+                dw = dw_buf[:d * 3 * dh * m].reshape(d, 3 * dh * m)
+                np.matmul(proj.E.T, sums[1], out=dw)
+                dw += proj.P.T @ sums[2]
+            elif with_grad:
+                dw = sums[1]
             g_c3 = g_c.reshape(d, dh, m)
             if tangent is None:
                 phi[start:stop] = np.einsum("chi,chi->i", g_c3, wo)
@@ -470,5 +516,5 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
                     out_rows[:, w * s:(w + 1) * s].reshape(m, dh, d)[...] = dw4[:, w].transpose(2, 1, 0)
                 out_rows[:, 3 * s:].reshape(m, d, dh)[...] = g_c3.transpose(2, 0, 1)
 
-    for_each_item(n_chunks, num_threads(), run)
+    for_each_item(n_chunks * parts, num_threads(), run)
     return phi, grad

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
@@ -43,6 +46,36 @@ def _executor(workers: int) -> ThreadPoolExecutor:
         return _pool
 
 
+@dataclass(frozen=True)
+class Region:
+    """One :func:`for_each_item` call as :func:`occupancy` saw it: its wall seconds and the seconds each of its
+    threads spent in ``run`` (in the order they finished). ``idle`` = threads x wall - sum(busy): thread-seconds in
+    which a thread of the region had no item left while another still worked (or waited to start)."""
+    wall: float
+    busy: tuple[float, ...]
+
+    @property
+    def idle(self) -> float:
+        return len(self.busy) * self.wall - sum(self.busy)
+
+
+_regions: list[Region] | None = None
+
+
+@contextmanager
+def occupancy() -> Iterator[list[Region]]:
+    """Record every :func:`for_each_item` call of the process while the context is open, as a list of
+    :class:`Region` (for benchmarks: a call's time outside its regions is serial, their ``idle`` is the tail
+    of the threads' items). Not nested; off otherwise (one global test per call)."""
+    global _regions
+    record: list[Region] = []
+    _regions = record
+    try:
+        yield record
+    finally:
+        _regions = None
+
+
 def for_each_item(n_items: int, threads: int, run: Callable[[Iterator[int], int], None]) -> None:
     """Run ``run(items, kernel_threads)`` on ``w = min(threads, n_items)`` threads (the caller is one).
 
@@ -52,6 +85,25 @@ def for_each_item(n_items: int, threads: int, run: Callable[[Iterator[int], int]
     gets ``kernel_threads = 1``. An exception in any thread stops the others after their current item and
     is re-raised here.
     """
+    record = _regions
+    if record is None:
+        _for_each_item(n_items, threads, run)
+        return
+    start = time.perf_counter()
+    busy: list[float] = []
+
+    def timed_run(items: Iterator[int], kernel_threads: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            run(items, kernel_threads)
+        finally:
+            busy.append(time.perf_counter() - t0)  # list.append is atomic in CPython
+
+    _for_each_item(n_items, threads, timed_run)
+    record.append(Region(time.perf_counter() - start, tuple(busy)))
+
+
+def _for_each_item(n_items: int, threads: int, run: Callable[[Iterator[int], int], None]) -> None:
     workers = max(1, min(int(threads), int(n_items)))
     if workers == 1:
         run(iter(range(n_items)), threads)
