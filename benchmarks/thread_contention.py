@@ -7,7 +7,7 @@ cores) rather than waiting. Units: an FMA-bound loop on 4 KiB (L1-resident), a s
 the reference problem (``mean_field.grad_phi_data``, one numba thread per Python thread). Rounds alternate
 1 and 2 threads; the ratio per round is (CPU per unit on each of 2) / (CPU per unit alone).
 
-    NUMBA_NUM_THREADS=1 python benchmarks/experiments/thread_contention.py [ROUNDS]
+    NUMBA_NUM_THREADS=1 python -m pdeflow.benchmarks.thread_contention [ROUNDS]
 """
 from __future__ import annotations
 
@@ -15,18 +15,16 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
-import numba
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from pdeflow.core import mean_field
+from pdeflow.core.jit import jit
 
-from benchmarks.common import build  # noqa: E402
-from pdeflow.core import mean_field  # noqa: E402
+from .common import build
 
 
-@numba.njit(nogil=True)
+@jit()
 def fma_l1(a: np.ndarray, acc: np.ndarray, reps: int) -> float:
     for _ in range(reps):
         for i in range(a.shape[0]):
@@ -34,7 +32,7 @@ def fma_l1(a: np.ndarray, acc: np.ndarray, reps: int) -> float:
     return acc[0]
 
 
-@numba.njit(nogil=True)
+@jit()
 def stream(a: np.ndarray, out: np.ndarray, reps: int) -> float:
     for _ in range(reps):
         for i in range(a.shape[0]):
