@@ -85,17 +85,26 @@ def loglog_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
     return float(np.polyfit(lx, ly, 1)[0])
 
 
-def matmul_rate(n: int = 2000, repeats: int = 5, dtype=np.float64, threads: int = 1) -> dict[str, Any]:
-    """GFLOP/s of numpy ``a @ b`` for n x n matrices (median of ``repeats``) with BLAS on ``threads`` threads
-    (set for the measurement only: pdeflow itself runs BLAS on one thread per worker)."""
-    from threadpoolctl import threadpool_limits
+def matmul_call(n: int = 2000, dtype=np.float64, threads: int = 1) -> Callable[[], None]:
+    """One numpy ``a @ b`` of n x n matrices with BLAS on ``threads`` threads for the call only (pdeflow itself
+    runs BLAS on one thread per worker); the limit costs microseconds against the product's 0.1-1 s. Timed in
+    :func:`interleaved` beside the kernels, so that a rate and a fraction of it come from the same rounds."""
+    from threadpoolctl import ThreadpoolController
 
+    controller = ThreadpoolController()
     rng = np.random.default_rng(0)
     a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
     out = np.empty((n, n), dtype=dtype)
-    with threadpool_limits(threads, user_api="blas"):
-        ts = interleaved({"mm": lambda: np.matmul(a, b, out=out)}, repeats)["mm"]
-    return {"n": n, "threads": threads, "gflops": 2.0 * n ** 3 / median(ts) / 1e9, "time": summary(ts)}
+
+    def call() -> None:
+        with controller.limit(limits=threads, user_api="blas"):
+            np.matmul(a, b, out=out)
+    return call
+
+
+def matmul_record(n: int, threads: int, times: Sequence[float]) -> dict[str, Any]:
+    """GFLOP/s ``2 n^3 / median(times)`` of :func:`matmul_call`'s samples, with the samples."""
+    return {"n": n, "threads": threads, "gflops": 2.0 * n ** 3 / median(times) / 1e9, "time": summary(times)}
 
 
 def cpu_model() -> dict[str, Any]:

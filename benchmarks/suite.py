@@ -8,6 +8,7 @@ otherwise. Ratios are ratios of medians of runs interleaved in the same process 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -24,7 +25,8 @@ from .common import (
     interleaved,
     loglog_exponent,
     machine,
-    matmul_rate,
+    matmul_call,
+    matmul_record,
     median,
     ratio,
     sizes,
@@ -122,10 +124,6 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     res["machine"] = machine()
     threads = numba.get_num_threads()
 
-    log(f"[bench] float64 matrix multiply {p.matmul_n}x{p.matmul_n}, BLAS on {threads} threads")
-    res["matmul"] = matmul_rate(p.matmul_n, max(5, p.repeats), threads=threads)
-    res["matmul_float32"] = matmul_rate(p.matmul_n, max(5, p.repeats), np.float32, threads=threads)
-
     problem, omega, mass = build(config, n=p.n, b=p.b, t=p.t)
     p32 = build(config, n=p.n, b=p.b, t=p.t, precision="float32")[0]
     sz = sizes(problem, omega)
@@ -151,7 +149,8 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     done()
 
     # ---- grad Phi, the explicit step and float32, interleaved ---------------------------------------
-    log(f"[bench] grad Phi at {sz}: float64, float32, explicit Euler step ({p.repeats} interleaved runs)")
+    log(f"[bench] grad Phi at {sz}: float64, float32, explicit Euler step, and float64 and float32 matrix "
+        f"multiplies {p.matmul_n}x{p.matmul_n} with BLAS on {threads} threads ({p.repeats} interleaved runs)")
     dt = 1e-3
     G = problem.residual_features(omega, mass)
 
@@ -166,8 +165,13 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
            "grad_phi_float32": lambda: p32.grad_phi(omega, omega, mass),
            "logits_pass": lambda: problem.residual_features(omega, mass),
            "gradient_pass": lambda: problem.grad_phi_field(omega, G),
-           "system_jvp": lambda: jvp(omega, mass, direction)}
+           "system_jvp": lambda: jvp(omega, mass, direction),
+           # the matmul rates in the same rounds as the kernels: the fractions of them are ratios of one run
+           "matmul": matmul_call(p.matmul_n, np.float64, threads),
+           "matmul_float32": matmul_call(p.matmul_n, np.float32, threads)}
     t = interleaved(fns, p.repeats)
+    res["matmul"] = matmul_record(p.matmul_n, threads, t.pop("matmul"))
+    res["matmul_float32"] = matmul_record(p.matmul_n, threads, t.pop("matmul_float32"))
     res["times"] = {k: summary(v) for k, v in t.items()}
     tg = median(t["grad_phi"])
     res["grad_phi_seconds"] = tg
@@ -203,13 +207,16 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     res["scaling"] = {}
     for axis, values in (("N", p.scale_n), ("B", p.scale_b), ("T", p.scale_t)):
         log(f"[bench] scaling in {axis}: {list(values)}")
-        pts = []
+        calls = {}
         for v in values:
             kw = {"n": p.n, "b": p.b, "t": p.t}
             kw[{"N": "n", "B": "b", "T": "t"}[axis]] = v
             pb, om, ms = build(config, **kw)
-            ts = interleaved({"g": lambda: pb.grad_phi(om, om, ms)}, p.scale_repeats)["g"]
-            pts.append({axis: v, "seconds": median(ts), "samples": ts})
+            calls[v] = functools.partial(pb.grad_phi, om, om, ms)
+        # the sizes alternate within each round: a drift of the machine's speed moves them alike and the fitted
+        # exponent (a ratio of times) does not see it
+        times = interleaved(calls, p.scale_repeats)
+        pts = [{axis: v, "seconds": median(ts), "samples": ts} for v, ts in times.items()]
         res["scaling"][axis] = {"points": pts,
                                 "exponent": loglog_exponent([q[axis] for q in pts], [q["seconds"] for q in pts])}
         res[f"exponent_{axis}"] = res["scaling"][axis]["exponent"]
