@@ -49,7 +49,10 @@ class Preset:
     scale_b: tuple = (32, 64, 128, 256)
     scale_t: tuple = (8, 16, 32, 64)
     scale_repeats: int = 3
-    thread_rounds: int = 3          # processes alternating 1 and 2 threads call by call
+    # processes alternating 1 and 2 threads call by call, `repeats` pairs each: 5 x 5 = 25 pairs, because single
+    # calls on a shared guest vary by +-15 % (the per-pair ratios' quartiles span 1.73-1.93 on Zen 5, where 15
+    # pairs gave medians of 1.80 and 1.83 in two runs and 25 pairs in one process 1.87)
+    thread_rounds: int = 5
     memory_n: int = 65536
     memory_b: int = 64
     matmul_n: int = 2000
