@@ -51,7 +51,7 @@ class Preset:
     scale_repeats: int = 3
     # processes alternating 1 and 2 threads call by call, `repeats` pairs each: 5 x 5 = 25 pairs, because single
     # calls on a shared guest vary by +-15 % (the per-pair ratios' quartiles span 1.73-1.93 on Zen 5, where 15
-    # pairs gave medians of 1.80 and 1.83 in two runs and 25 pairs in one process 1.87)
+    # pairs gave grad Phi medians of 1.80 and 1.83 in two runs; 25 pairs of each pass in one process: 1.87 and 1.89)
     thread_rounds: int = 5
     memory_n: int = 65536
     memory_b: int = 64
