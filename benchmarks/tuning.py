@@ -47,21 +47,27 @@ def tune_width(config: str | Path = REFERENCE_CONFIG, n: int | None = None, b: i
                margin: float = 0.03) -> dict[str, Any]:
     """Time grad Phi with 512- and 256-bit kernels in fresh processes (alternated, ``rounds`` each, after one
     warm-up process per width that compiles), remember the faster for this CPU (512 kept unless 256 is faster
-    by more than ``margin``) and return the choice, why, and the per-width median seconds."""
+    by more than ``margin`` in the median of the per-round ratios and in every round, as
+    :func:`pdeflow.core.tuner.choose` decides) and return the choice, why, and the per-width median seconds."""
     samples: dict[int, list[float]] = {512: [], 256: []}
     for bits in samples:  # warm-up: compiles this width's kernels into numba's cache
         spawn("grad_phi", threads=threads, config=config, n=n, b=b, t=t, repeats=1,
               env={"PDEFLOW_VARIANT": f"width={bits}"})
+    rounds_of: dict[str, list[float]] = {"512": [], "256": []}  # a process pair per round: its medians
     for _ in range(rounds):
         for bits in samples:
             r = spawn("grad_phi", threads=threads, config=config, n=n, b=b, t=t, repeats=repeats,
                       env={"PDEFLOW_VARIANT": f"width={bits}"})
             samples[bits] += r["time"]["samples"]
+            rounds_of[str(bits)].append(r["time"]["median"])
     med = {bits: median(s) for bits, s in samples.items()}
-    if med[256] < (1.0 - margin) * med[512]:
-        bits, why = 256, f"256 bit {med[512] / med[256]:.3f}x faster than 512 ({med[256]:.4g} s vs {med[512]:.4g} s)"
+    # the rule of the in-process variants (tuner.choose), on the per-round ratios of the two processes
+    label, _ = tuner.choose(rounds_of, margin, base="512")
+    bits = int(label)
+    if bits == 256:
+        why = f"256 bit {med[512] / med[256]:.3f}x faster than 512 ({med[256]:.4g} s vs {med[512]:.4g} s)"
     else:
-        bits, why = 512, (f"512 bit kept: 256 bit {med[512] / med[256]:.3f}x its speed ({med[256]:.4g} s vs "
-                          f"{med[512]:.4g} s), not faster by > {margin:.0%}")
+        why = (f"512 bit kept: 256 bit {med[512] / med[256]:.3f}x its speed ({med[256]:.4g} s vs {med[512]:.4g} s), "
+               f"not faster by > {margin:.0%} in the median of {rounds} per-round ratios and in every round")
     path = tuner.remember_width(bits, why, {str(k): v for k, v in med.items()})
     return {"bits": bits, "why": why, "seconds": {str(k): v for k, v in med.items()}, "file": str(path)}

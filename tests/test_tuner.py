@@ -150,6 +150,9 @@ def test_choose_keeps_the_default_unless_faster_in_every_round():
     # b's calls happened to fall in fast moments (median 0.95 s against a's 2.7 s): the medians of the times
     # would pick b, the per-round ratios (a 0.9 of the default in every round, b 0.95 at best) pick a
     assert tuner.choose({d: [1.0, 3.0, 3.0], a: [0.9, 2.7, 2.7], b: [0.95, 0.95, 2.9]})[0] == a
+    # the width's rule (benchmarks.tuning.tune_width: one process pair per round) is the same, with 512 as the base
+    assert tuner.choose({"512": [1.0, 1.0], "256": [0.9, 1.05]}, base="512")[0] == "512"
+    assert tuner.choose({"512": [1.0, 2.0], "256": [0.9, 1.9]}, base="512")[0] == "256"
 
 
 def _jit_choice(env: dict[str, str]) -> dict[str, str]:

@@ -263,15 +263,15 @@ def measure(evaluate: Callable[[], Any], variants: list[Variant], repeats: int =
     return times
 
 
-def choose(times: dict[str, list[float]], margin: float = 0.03) -> tuple[str, str]:
-    """(label, why): the variant that replaces the default, or the default.
+def choose(times: dict[str, list[float]], margin: float = 0.03, base: str | None = None) -> tuple[str, str]:
+    """(label, why): the variant that replaces the default ``base`` (:data:`DEFAULT`'s label), or ``base``.
 
     ``times[label][r]`` is round r of :func:`measure`, in which every variant ran once, so the ratio
-    ``times[v][r] / times[default][r]`` compares calls made under the same state of the machine. A variant
+    ``times[v][r] / times[base][r]`` compares calls made under the same state of the machine. A variant
     replaces the default only if the median of its ratios is below ``1 - margin`` and it was faster in every
     round: on a shared machine single calls vary by tens of percent, and a choice that does not hold round by
     round would be remembered noise. Of the variants that qualify, the least median ratio wins."""
-    base = DEFAULT.label
+    base = base or DEFAULT.label
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     if base not in times:
         best = min(med, key=med.get)
