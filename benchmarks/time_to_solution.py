@@ -493,12 +493,13 @@ def race_summary(res: dict[str, Any], last: float) -> list[str]:
     where each run's cost went."""
     lines: list[str] = []
     lines += ["", f"The cheapest measured run of each method whose energy error at t = {last:g} is at most each "
-                  "target (gradient equivalents; '-': no run reached it):", "",
+                  "target (gradient equivalents; '-': no run reached it, then the run that came closest, or a run "
+                  "stopped before this time and what it had cost by then):", "",
               "| target | " + " | ".join(sorted({r["method"] for r in res["table"]["rows"]})) + " |",
               "|---|" + "---|" * len({r["method"] for r in res["table"]["rows"]})]
     for target, best in race_targets(res["table"]["rows"], last).items():
-        cells = [f"{best[m]['grad_equivalents']:.0f} (rtol {best[m]['rtol']:g})" if best[m] else "-"
-                 for m in sorted(best)]
+        cells = [f"{best[m]['grad_equivalents']:.0f} (rtol {best[m]['rtol']:g})" if best[m]
+                 else unreached_cell(res, m, last) for m in sorted(best)]
         lines.append(f"| {target:g} | " + " | ".join(cells) + " |")
     fits = race_fits(res["table"]["rows"], last)
     if fits:
@@ -516,6 +517,31 @@ def race_summary(res: dict[str, Any], last: float) -> list[str]:
             parts = ", ".join(f"{k} {v:.0f}" for k, v in row["breakdown"].items())
             lines.append(f"| {row['method']} | {row['rtol']:g} | {row['energy_error']:.2e} | {parts} |")
     return lines
+
+
+def unreached_cell(res: dict[str, Any], method: str, t: float) -> str:
+    """The cell of a target no run of ``method`` reached at time ``t``: the run with the smallest error there
+    ("- (closest ERR for COST, rtol R)"), else the runs that stopped before ``t`` (their wall or step limit) with
+    the gradient equivalents they had spent by then, a lower bound of that run's cost to ``t``, else the method's
+    cheapest run at the latest earlier time (a lower bound of that setting's cost to ``t``); "-" when the method has
+    none of these."""
+    rows = [r for r in res["table"]["rows"] if r["method"] == method and r["t"] == t]
+    if rows:
+        closest = min(rows, key=lambda r: r["energy_error"])
+        return (f"- (closest {closest['energy_error']:.2g} for {closest['grad_equivalents']:.0f}, "
+                f"rtol {closest['rtol']:g})")
+    stopped = [run for run in res.get("runs", ()) if run["method"] == method and run["status"] != "finished"
+               and run["final"]["t"] < t]
+    if stopped:
+        return "- (" + "; ".join(f"rtol {run['rtol']:g} stopped at t = {run['final']['t']:.0f} after "
+                                 f"{race_cost(run, run['final']):.0f}" for run in stopped) + ")"
+    earlier = [r for r in res["table"]["rows"] if r["method"] == method and r["t"] < t]
+    if earlier:
+        last = max(r["t"] for r in earlier)
+        cheapest = min((r for r in earlier if r["t"] == last), key=lambda r: r["grad_equivalents"])
+        return (f"- (no run to t = {t:g}; to t = {last:g} its cheapest cost {cheapest['grad_equivalents']:.0f}, "
+                f"rtol {cheapest['rtol']:g})")
+    return "-"
 
 
 def race_markdown(res: dict[str, Any]) -> str:

@@ -150,3 +150,28 @@ def test_race_run_replaces_the_saved_tables_run_of_the_same_settings(tmp_path, m
     sources = {(r["method"], r.get("source", "")) for r in res["runs"]}
     assert sources == {("cvode", ""), ("rkc", ""), ("rosenbrock", "table")}
     assert [r["method"] for r in res["table"]["rows"] if r["t"] == 10.0] == ["rkc", "rosenbrock"]
+
+
+def test_unreached_cells_say_what_came_closest():
+    """A target no run of a method reached names, in this order of preference: the run with the smallest error at
+    that time, a run stopped before that time with what it had cost by then (its counts in gradient equivalents),
+    or the method's cheapest run at the latest earlier time."""
+    from pdeflow.benchmarks.time_to_solution import race_cost, unreached_cell
+
+    def row(method, rtol, t, err, cost):
+        return {"method": method, "rtol": rtol, "t": t, "energy_error": err, "grad_equivalents": cost}
+
+    stopped = {"method": "rosenbrock", "rtol": 3e-4, "status": "wall_time", "costs": {},
+               "solver": {"jacobian": "difference"},
+               "final": {"t": 1624.4, "steps": 900.0, "gradient_evals": 3000.0, "jvps": 4000.0}}
+    finished = {**stopped, "rtol": 3e-5, "status": "finished", "final": {**stopped["final"], "t": 200.0}}
+    res = {"table": {"rows": [row("rkc", 1e-6, 2000.0, 3e-6, 900.0), row("rkc", 1e-7, 2000.0, 2e-6, 1500.0),
+                              row("adaptive", 1e-5, 200.0, 7e-7, 85561.0), row("adaptive", 1e-8, 200.0, 1e-9, 90000.0),
+                              row("adaptive", 1e-5, 40.0, 1e-7, 2400.0)]},
+           "runs": [stopped, finished]}
+    assert unreached_cell(res, "rkc", 2000.0) == "- (closest 2e-06 for 1500, rtol 1e-07)"
+    assert race_cost(stopped, stopped["final"]) == 7000.0  # difference products count 1
+    assert unreached_cell(res, "rosenbrock", 2000.0) == "- (rtol 0.0003 stopped at t = 1624 after 7000)"
+    assert unreached_cell(res, "adaptive", 2000.0) == ("- (no run to t = 2000; to t = 200 its cheapest cost 85561, "
+                                                       "rtol 1e-05)")
+    assert unreached_cell(res, "eserk4", 2000.0) == "-"
