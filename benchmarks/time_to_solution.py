@@ -501,6 +501,7 @@ def race_summary(res: dict[str, Any], last: float) -> list[str]:
         cells = [f"{best[m]['grad_equivalents']:.0f} (rtol {best[m]['rtol']:g})" if best[m]
                  else unreached_cell(res, m, last) for m in sorted(best)]
         lines.append(f"| {target:g} | " + " | ".join(cells) + " |")
+    lines += race_verdict(res["table"]["rows"], last)
     fits = race_fits(res["table"]["rows"], last)
     if fits:
         lines += ["", f"Power laws cost = c err^-b through each method's runs at t = {last:g} and the cost they "
@@ -516,6 +517,29 @@ def race_summary(res: dict[str, Any], last: float) -> list[str]:
         if row["t"] == last:
             parts = ", ".join(f"{k} {v:.0f}" for k, v in row["breakdown"].items())
             lines.append(f"| {row['method']} | {row['rtol']:g} | {row['energy_error']:.2e} | {parts} |")
+    return lines
+
+
+def race_verdict(rows: list[dict[str, Any]], t: float, rival: str = "cvode") -> list[str]:
+    """The markdown lines of the race's question at time ``t``: at each of :data:`RACE_TARGETS`, the cheapest run of
+    ``rival`` reaching it against the cheapest run of pdeflow's own steppers (every other method) and their cost
+    ratio (pdeflow / rival; below 1 pdeflow is the cheaper); no lines without a ``rival`` run at ``t``."""
+    best = race_targets(rows, t)
+    if not any(r["method"] == rival and r["t"] == t for r in rows):
+        return []
+    lines = ["", f"pdeflow's cheapest stepper against {rival} at t = {t:g} (the cheapest runs reaching each target, "
+                 f"gradient equivalents; ratio pdeflow / {rival}):", "",
+             f"| target | {rival} | pdeflow's cheapest | ratio |", "|---|---|---|---|"]
+    for target, cells in best.items():
+        theirs = cells.get(rival)
+        ours = min((c for m, c in cells.items() if m != rival and c), key=lambda c: c["grad_equivalents"],
+                   default=None)
+
+        def text(c):
+            return f"{c['grad_equivalents']:.0f} ({c['method']} rtol {c['rtol']:g})" if c else "no run reached it"
+
+        ratio = f"{ours['grad_equivalents'] / theirs['grad_equivalents']:.2f}" if ours and theirs else "-"
+        lines.append(f"| {target:g} | {text(theirs)} | {text(ours)} | {ratio} |")
     return lines
 
 

@@ -175,3 +175,23 @@ def test_unreached_cells_say_what_came_closest():
     assert unreached_cell(res, "adaptive", 2000.0) == ("- (no run to t = 2000; to t = 200 its cheapest cost 85561, "
                                                        "rtol 1e-05)")
     assert unreached_cell(res, "eserk4", 2000.0) == "-"
+
+
+def test_race_verdict_compares_the_cheapest_runs_reaching_each_target():
+    """The verdict at a time: per target, cvode's cheapest run at or below it against the cheapest run of every
+    other method, and their cost ratio; a target no run of a side reached says so; no verdict where cvode has no run
+    at that time."""
+    from pdeflow.benchmarks.time_to_solution import race_verdict
+
+    def row(method, rtol, t, err, cost):
+        return {"method": method, "rtol": rtol, "t": t, "energy_error": err, "grad_equivalents": cost}
+
+    rows = [row("cvode", 1e-4, 200.0, 5e-5, 1000.0), row("cvode", 1e-6, 200.0, 5e-7, 3000.0),
+            row("rkc", 1e-4, 200.0, 8e-5, 800.0), row("rkc", 1e-5, 200.0, 9e-5, 700.0),
+            row("eserk4", 1e-6, 200.0, 9e-7, 6000.0), row("rosenbrock", 1e-6, 200.0, 2e-7, 6600.0),
+            row("rkc", 1e-4, 40.0, 1e-5, 100.0)]
+    lines = race_verdict(rows, 200.0)
+    assert "| 0.0001 | 1000 (cvode rtol 0.0001) | 700 (rkc rtol 1e-05) | 0.70 |" in lines
+    assert "| 1e-06 | 3000 (cvode rtol 1e-06) | 6000 (eserk4 rtol 1e-06) | 2.00 |" in lines
+    assert "| 1e-08 | no run reached it | no run reached it | - |" in lines
+    assert race_verdict(rows, 40.0) == []
