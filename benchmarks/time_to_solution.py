@@ -356,10 +356,23 @@ RACE_TARGETS = (1e-4, 1e-6, 1e-8)
 RACE_ESERK4_DEFLATE = 8
 
 
+# race entries that run a stepper with other settings than its own entry: name -> (stepper, [solver] overrides)
+RACE_VARIANTS = {"cvode-difference": ("cvode", {"jacobian": "difference"})}
+
+
+def race_stepper(method: str) -> str:
+    """The stepper (``solver.method``) a race entry runs: itself, or the stepper of a :data:`RACE_VARIANTS` entry."""
+    return RACE_VARIANTS[method][0] if method in RACE_VARIANTS else method
+
+
 def race_solver(method: str, rtol: float) -> dict[str, Any]:
     """The [solver] of one race run: the stepper's own conventions (atol relative to rtol as in the table above),
     cvode with 20 deflated eigenpairs, eserk4 as rkc with :data:`RACE_ESERK4_DEFLATE`, rosenbrock as in the table
-    above."""
+    above; a :data:`RACE_VARIANTS` entry as its stepper's with its overrides (``cvode-difference``: cvode's
+    Jacobian products, GMRES's, the eigenpairs' and dI/dt's, as forward differences of grad Phi)."""
+    if method in RACE_VARIANTS:
+        stepper, overrides = RACE_VARIANTS[method]
+        return {**race_solver(stepper, rtol), **overrides}
     if method == "rkc":
         return {"method": "rkc", "dt": 0.005, "rtol": rtol, "atol": rtol * 1e-2, "radius_every": 25}
     if method == "eserk4":
@@ -430,13 +443,13 @@ def race_jacobian(run: dict[str, Any]) -> str:
 def race_cost(run: dict[str, Any], row: dict[str, float]) -> float:
     """Gradient equivalents of a race run up to one of its rows: :func:`gradient_equivalents` with exact JVPs at
     the cost measured with the run and difference JVPs at 1."""
-    return gradient_equivalents(row, run["method"], run["costs"], race_jacobian(run))
+    return gradient_equivalents(row, race_stepper(run["method"]), run["costs"], race_jacobian(run))
 
 
 def cost_breakdown(run: dict[str, Any], row: dict[str, float]) -> dict[str, float]:
     """Where a run's gradient equivalents (:func:`race_cost`) went, by what each evaluation or product was for."""
     ratio = run["costs"]["exact_over_grad"] if race_jacobian(run) == "exact" else 1.0
-    if run["method"] == "cvode":
+    if race_stepper(run["method"]) == "cvode":
         slopes = row["steps"] + 1.0  # dI/dt at every new state and at the start
         return {"Newton f": row["gradient_evals"] - row["steps"], "f at the new state": row["steps"],
                 "GMRES JVPs": ratio * row["linear_iters"], "dI/dt JVPs": ratio * slopes,
@@ -522,18 +535,20 @@ def race_summary(res: dict[str, Any], last: float) -> list[str]:
 
 def race_verdict(rows: list[dict[str, Any]], t: float, rival: str = "cvode") -> list[str]:
     """The markdown lines of the race's question at time ``t``: at each of :data:`RACE_TARGETS`, the cheapest run of
-    ``rival`` reaching it against the cheapest run of pdeflow's own steppers (every other method) and their cost
-    ratio (pdeflow / rival; below 1 pdeflow is the cheaper); no lines without a ``rival`` run at ``t``."""
+    ``rival`` (any race entry running that stepper, :func:`race_stepper`) reaching it against the cheapest run of
+    pdeflow's own steppers (every other entry) and their cost ratio (pdeflow / rival; below 1 pdeflow is the
+    cheaper); no lines without a ``rival`` run at ``t``."""
     best = race_targets(rows, t)
-    if not any(r["method"] == rival and r["t"] == t for r in rows):
+    if not any(race_stepper(r["method"]) == rival and r["t"] == t for r in rows):
         return []
     lines = ["", f"pdeflow's cheapest stepper against {rival} at t = {t:g} (the cheapest runs reaching each target, "
                  f"gradient equivalents; ratio pdeflow / {rival}):", "",
              f"| target | {rival} | pdeflow's cheapest | ratio |", "|---|---|---|---|"]
     for target, cells in best.items():
-        theirs = cells.get(rival)
-        ours = min((c for m, c in cells.items() if m != rival and c), key=lambda c: c["grad_equivalents"],
-                   default=None)
+        theirs = min((c for m, c in cells.items() if race_stepper(m) == rival and c),
+                     key=lambda c: c["grad_equivalents"], default=None)
+        ours = min((c for m, c in cells.items() if race_stepper(m) != rival and c),
+                   key=lambda c: c["grad_equivalents"], default=None)
 
         def text(c):
             return f"{c['grad_equivalents']:.0f} ({c['method']} rtol {c['rtol']:g})" if c else "no run reached it"
@@ -586,7 +601,8 @@ def race_markdown(res: dict[str, Any]) -> str:
         lines += ["", f"Second, independent references, their energies' distance from the reference of their "
                       f"time: {agree}; errors well above these are resolved, errors near them are not."]
     lines += ["", "JVPs: exact (forward mode) at the cost measured with each run, in grad Phi units "
-                  "(cvode); difference JVPs count 1 (rkc's radius and dI/dt, rosenbrock).", "",
+                  "(cvode); difference JVPs count 1 (rkc's radius and dI/dt, rosenbrock, and every product of "
+                  "cvode-difference: cvode with `solver.jacobian = \"difference\"`).", "",
               "| t | method | rtol | energy error | grad-equivalents | wall s | load (1 min) | CPU family/model "
               "| steps | source |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -725,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage-solve", default="auto", choices=("auto", "minres"),
                    help="rosenbrock: solver.stage_solve (default auto)")
     p.add_argument("--race", metavar="METHOD:RTOL", help="one run of the matched-accuracy race (rkc, eserk4, "
-                   "cvode, rosenbrock, adaptive) to --t-end, saved as race/METHOD-RTOL.json under --out")
+                   "cvode, cvode-difference, rosenbrock, adaptive) to --t-end, saved as race/METHOD-RTOL.json under "
+                   "--out")
     p.add_argument("--t-end", type=float, default=RACE_END, help="--race: final time (default 200)")
     p.add_argument("--race-render", metavar="FOLDER", help="gather the race runs in FOLDER into "
                    "matched_accuracy.json/.md/.png under --out")

@@ -195,3 +195,26 @@ def test_race_verdict_compares_the_cheapest_runs_reaching_each_target():
     assert "| 1e-06 | 3000 (cvode rtol 1e-06) | 6000 (eserk4 rtol 1e-06) | 2.00 |" in lines
     assert "| 1e-08 | no run reached it | no run reached it | - |" in lines
     assert race_verdict(rows, 40.0) == []
+
+
+def test_cvode_with_difference_products_is_a_race_entry_on_cvodes_side():
+    """``cvode-difference`` runs cvode with ``solver.jacobian = "difference"``, its products counted at one gradient
+    each (the exact ones at their measured cost), its cost broken down as cvode's, and in the verdict it stands on
+    cvode's side: the cheaper of the two cvode entries is the rival."""
+    from pdeflow.benchmarks.time_to_solution import cost_breakdown, race_cost, race_solver, race_verdict
+
+    solver = race_solver("cvode-difference", 1e-5)
+    assert solver == {**race_solver("cvode", 1e-5), "jacobian": "difference"} and solver["method"] == "cvode"
+    counts = {"steps": 10.0, "gradient_evals": 25.0, "jvps": 60.0, "linear_iters": 30.0}
+    exact = {"method": "cvode", "costs": {"exact_over_grad": 2.0}, "solver": race_solver("cvode", 1e-5)}
+    difference = {**exact, "method": "cvode-difference", "solver": solver}
+    assert race_cost(exact, counts) == 25.0 + 2.0 * 60.0 and race_cost(difference, counts) == 25.0 + 60.0
+    parts = cost_breakdown(difference, counts)
+    assert parts["GMRES JVPs"] == 30.0 and sum(parts.values()) == race_cost(difference, counts)
+
+    def row(method, rtol, err, cost):
+        return {"method": method, "rtol": rtol, "t": 200.0, "energy_error": err, "grad_equivalents": cost}
+
+    lines = race_verdict([row("cvode", 1e-5, 9e-5, 1000.0), row("cvode-difference", 1e-5, 8e-5, 600.0),
+                          row("rkc", 1e-4, 7e-5, 900.0)], 200.0)
+    assert "| 0.0001 | 600 (cvode-difference rtol 1e-05) | 900 (rkc rtol 0.0001) | 1.50 |" in lines
