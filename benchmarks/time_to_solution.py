@@ -544,15 +544,15 @@ def race_verdict(rows: list[dict[str, Any]], t: float, rival: str = "cvode") -> 
     lines = ["", f"pdeflow's cheapest stepper against {rival} at t = {t:g} (the cheapest runs reaching each target, "
                  f"gradient equivalents; ratio pdeflow / {rival}):", "",
              f"| target | {rival} | pdeflow's cheapest | ratio |", "|---|---|---|---|"]
+
+    def text(c: dict[str, Any] | None) -> str:
+        return f"{c['grad_equivalents']:.0f} ({c['method']} rtol {c['rtol']:g})" if c else "no run reached it"
+
     for target, cells in best.items():
         theirs = min((c for m, c in cells.items() if race_stepper(m) == rival and c),
                      key=lambda c: c["grad_equivalents"], default=None)
         ours = min((c for m, c in cells.items() if race_stepper(m) != rival and c),
                    key=lambda c: c["grad_equivalents"], default=None)
-
-        def text(c):
-            return f"{c['grad_equivalents']:.0f} ({c['method']} rtol {c['rtol']:g})" if c else "no run reached it"
-
         ratio = f"{ours['grad_equivalents'] / theirs['grad_equivalents']:.2f}" if ours and theirs else "-"
         lines.append(f"| {target:g} | {text(theirs)} | {text(ours)} | {ratio} |")
     return lines
