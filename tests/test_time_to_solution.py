@@ -218,3 +218,21 @@ def test_cvode_with_difference_products_is_a_race_entry_on_cvodes_side():
     lines = race_verdict([row("cvode", 1e-5, 9e-5, 1000.0), row("cvode-difference", 1e-5, 8e-5, 600.0),
                           row("rkc", 1e-4, 7e-5, 900.0)], 200.0)
     assert "| 0.0001 | 600 (cvode-difference rtol 1e-05) | 900 (rkc rtol 0.0001) | 1.50 |" in lines
+
+
+def test_cvode_difference_race_run_through_the_command_line(tmp_path):
+    """``--race cvode-difference:RTOL`` end to end: the saved run ran cvode with difference products, and the render
+    counts each of its products as one gradient (its cost is its f calls plus its products)."""
+    import pytest
+
+    pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
+    out = tmp_path / "out"
+    for name in ("adaptive:1e-10", "cvode-difference:1e-5"):
+        assert main(["--race", name, "--n", "4", "--t-end", "5", "--out", str(out)]) == 0
+    run = json.loads((out / "race" / "cvode-difference-1e-05-t5.json").read_text())
+    assert run["method"] == "cvode-difference" and run["solver"]["method"] == "cvode"
+    assert run["solver"]["jacobian"] == "difference" and run["final"]["t"] == 5.0
+    assert main(["--race-render", str(out / "race"), "--reference", "adaptive:1e-10", "--out", str(out)]) == 0
+    [row] = json.loads((out / "matched_accuracy.json").read_text())["table"]["rows"]
+    assert row["method"] == "cvode-difference"
+    assert row["grad_equivalents"] == run["at"]["5"]["gradient_evals"] + run["at"]["5"]["jvps"]
