@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,12 @@ def _slot_arrays(slot: h5py.Group) -> tuple[dict[str, np.ndarray] | None, str | 
 
 
 
+# reads of a checkpoint whose active slot fails its checksum before it is taken as damaged, and the pause (s) between
+# two reads that saw the same active index: a live writer's commit takes milliseconds
+READ_ATTEMPTS = 5
+READ_PAUSE = 0.02
+
+
 def trusted_slot(f: h5py.File) -> tuple[int, dict[str, np.ndarray], str | None] | None:
     """(index, datasets, note) of the checkpoint slot a reader may trust, or None before the first commit.
 
@@ -107,7 +114,7 @@ def trusted_slot(f: h5py.File) -> tuple[int, dict[str, np.ndarray], str | None] 
         except (OSError, RuntimeError, KeyError, ValueError, TypeError):
             return -2
 
-    for _ in range(3):
+    for attempt in range(READ_ATTEMPTS):
         active = active_index()
         if active == -1:
             return None
@@ -116,8 +123,13 @@ def trusted_slot(f: h5py.File) -> tuple[int, dict[str, np.ndarray], str | None] 
         for index in order:
             name = f"slot{index}"
             found[index] = _slot_arrays(grp[name]) if name in grp else (None, "missing")
-        if found[order[0]][0] is not None or active_index() == active:
-            break   # else a live writer committed meanwhile: read the slots again
+        if found[order[0]][0] is not None:
+            break
+        # A live writer may have committed meanwhile, even twice and back to the same index (the slot read as
+        # active was then being rewritten): read again, after a pause when the index looks unchanged. A slot
+        # still damaged after READ_ATTEMPTS reads is damaged.
+        if active_index() == active and attempt + 1 < READ_ATTEMPTS:
+            time.sleep(READ_PAUSE)
     good = [i for i in order if found[i][0] is not None]
     if not good:
         where = "; ".join(f"slot{i}: {found[i][1]}" for i in order)
