@@ -183,15 +183,32 @@ def test_functions_and_hot_loops_split_a_library_by_function():
     assert loops[0]["body"].count("\n") == 8 and "jb\t.LBB0_1" in loops[0]["body"]
 
 
-@pytest.mark.skipif(not any(shutil.which(e) for e in codegen.MCA), reason="llvm-mca not installed")
+def _mca_targets(cpus: tuple[str, ...]) -> list[str]:
+    """The CPUs of ``cpus`` that the installed llvm-mca models: LLVM 14 (Debian 12's default) knows
+    sapphirerapids but not znver4, so the test checks what the tool can do, not only that it exists."""
+    exe = next((shutil.which(e) for e in codegen.MCA if shutil.which(e)), None)
+    if exe is None:
+        return []
+    known = []
+    for cpu in cpus:
+        proc = subprocess.run([exe, f"-mcpu={cpu}", "-"], input="\taddq\t$8, %rax\n", capture_output=True,
+                              text=True, timeout=60)
+        if proc.returncode == 0 and "not a recognized processor" not in proc.stderr:
+            known.append(cpu)
+    return known
+
+
 def test_mca_cycles_of_a_load_bound_loop():
-    """llvm-mca's model of a loop of two zmm loads, an add and a store per iteration on both targets: a few
+    """llvm-mca's model of a loop of two zmm loads, an add and a store per iteration on each target it models: a few
     cycles, never less than its busiest resource, and the same work twice per iteration (independent
     registers, same loop overhead) takes between 1.3 and 2.4 times as long."""
     one = "\tvmovupd\t(%rdi,%rax,8), %zmm0\n\tvaddpd\t(%rsi,%rax,8), %zmm0, %zmm0\n" \
           "\tvmovupd\t%zmm0, (%rdx,%rax,8)\n"
     tail = "\taddq\t$8, %rax\n\tcmpq\t%rcx, %rax\n\tjne\t.LBB0_1\n"
-    for cpu in ("sapphirerapids", "znver4"):
+    targets = _mca_targets(("sapphirerapids", "znver4"))
+    if not targets:
+        pytest.skip("no llvm-mca here models sapphirerapids or znver4")
+    for cpu in targets:
         single = codegen.mca(".LBB0_1:\n" + one + tail, cpu)
         double = codegen.mca(".LBB0_1:\n" + one + one.replace("%zmm0", "%zmm1").replace("(%rdi", "64(%rdi")
                              .replace("(%rsi", "64(%rsi").replace("(%rdx", "64(%rdx") + tail, cpu)
