@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # floor of the defect's denominator, in units of the kernels' machine epsilon times |E|
 FLOOR_ULPS = 1000.0
 # a whole-system Jacobian-vector product costs about this many gradient evaluations (forward mode, measured on
-# the quickstart: benchmarks/HVP_COST.md)
+# the quickstart: studies/race/HVP_COST.md)
 JVP_COST = 2.5
 # a check also follows a step whose dissipation grew by more than this factor
 DISSIPATION_JUMP = 1.25

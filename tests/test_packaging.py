@@ -87,6 +87,9 @@ def test_the_wheel_holds_one_top_level_package(installed) -> None:
     assert {t for t in top if not t.endswith(".dist-info")} == {"pdeflow"}, sorted(top)
     assert "pdeflow/solvers/stiff.py" in names and "pdeflow/benchmarks/suite.py" in names
     assert "pdeflow/benchmarks/bench-reference.toml" in names
+    # the lab notebook (studies/: dated records and the code that made them) stays in the checkout
+    records = [n for n in names if n.endswith((".md", ".png")) or "studies" in n or "time_to_" in n]
+    assert not records, records
 
 
 def test_only_pdeflow_is_importable_from_the_install(installed) -> None:

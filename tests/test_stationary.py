@@ -266,7 +266,7 @@ def test_the_shipped_minimum_of_the_long_run_is_stationary_at_its_energy():
 
 
 def test_the_shipped_minimum_reached_from_t0_is_stationary_and_its_dead_heads_are_stable():
-    """data/stationary/longtime-minimum-from-t0.h5, the certified local minimum benchmarks/TIME_TO_MINIMUM.md
+    """data/stationary/longtime-minimum-from-t0.h5, the certified local minimum studies/minimum/TIME_TO_MINIMUM.md
     reached from t ~ 1 of data/configs/longtime.toml by L-BFGS: one gradient of the stored problem gives
     I <= 1e-12 I(0) and the stored energy; 74 heads sit exactly at the origin, and the block of S they share,
     Hess Phi(0; rho), rebuilt densely from the exact Hessian-vector product, is positive definite (that part of the

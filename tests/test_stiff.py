@@ -233,20 +233,6 @@ def test_failed_stage_solves_exit_3_and_keep_the_frames(tmp_path, capsys):
     assert len(traj.time) >= 1 and traj.time[0] == 0.0
 
 
-def test_time_to_solution_counts_what_the_stepper_reports():
-    """benchmarks/time_to_solution.py: rows at each mark, a difference product counted as one grad Phi."""
-    from pdeflow.benchmarks.time_to_solution import gradient_equivalents, run_stepper
-
-    cfg, problem = build("solver.jacobian=\"difference\"")
-    res = run_stepper(cfg, problem, 1.0, marks=(0.5,))
-    assert set(res["at"]) == {"0.5", "1"} and res["status"] == "finished"
-    row = res["at"]["1"]
-    assert row["steps"] > res["at"]["0.5"]["steps"] > 0
-    costs = {"exact_over_grad": 4.0}
-    assert gradient_equivalents(row, "rosenbrock", costs, "difference") == row["gradient_evals"] + row["jvps"]
-    assert gradient_equivalents(row, "rosenbrock", costs, "exact") == row["gradient_evals"] + 4.0 * row["jvps"]
-
-
 def test_deflation_preconditioner_same_step_fewer_iterations():
     """The deflation preconditioner changes how the stage systems are solved, not what is solved: the same step
     to the solve tolerance, with fewer MINRES iterations at a step 100x the explicit bound (lam_max ~ 60)."""

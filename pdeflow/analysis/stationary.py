@@ -47,7 +47,7 @@ from .lbfgs import LbfgsResult, lbfgs
 from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
 
 DISSIPATION_RATIO = 1e-12   # converged: I <= DISSIPATION_RATIO * I(0)
-JVP_GRADIENTS = 2.5          # one exact JVP in grad Phi evaluations (benchmarks/HVP_COST.md, quickstart row)
+JVP_GRADIENTS = 2.5          # one exact JVP in grad Phi evaluations (studies/race/HVP_COST.md, quickstart row)
 ETA_MAX = 1e-2               # the loosest relative residual of a Newton step's solve
 MINRES_MAXITER = 500         # products per Newton step at most (the minimal-residual solve)
 MAX_NEWTON = 100             # Newton steps of nearest at most

@@ -39,7 +39,7 @@ if "numpy" in sys.modules and not _user_blas_threads:
 # Intel's AVX-512 server cores (skylake-avx512, cascadelake, icelake-server, sapphirerapids, ...) that
 # tuning sets `prefer-256-bit`: every loop of pdeflow.core.kernels then runs on 256-bit ymm registers (0 zmm
 # instructions in the two core kernels), while on AMD Zen 4 the same source gets 512-bit zmm loops
-# (`python -m pdeflow.benchmarks.codegen` shows both; benchmarks/RESULTS.md). The kernels' inner loops are
+# (`python -m pdeflow.benchmarks.codegen` shows both; studies/kernels/RESULTS.md). The kernels' inner loops are
 # elementwise loops over a tile of heads with about two loads per fused multiply-add, load-bound; a core
 # with two 64-byte load ports (Intel AVX-512 server cores) moves half the data per cycle with ymm. The
 # preference exists because of the clock reduction of 512-bit code on the first AVX-512 generations; it

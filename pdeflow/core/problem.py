@@ -277,7 +277,7 @@ class Problem:
         (:func:`pdeflow.core.mean_field.residual_features_jvp`), then the gradient pass's tangent
         ``Hess_theta Phi_data(theta_i; G) theta'_i + grad_theta Phi_data(theta_i; G')``
         (:func:`pdeflow.core.mean_field.grad_phi_data_jvp`), pulled back, plus ``lam u_i``. About 2.2-2.5 grad Phi
-        evaluations of work (benchmarks/HVP_COST.md); :meth:`system_jvp_complex_step` is the slower
+        evaluations of work (studies/race/HVP_COST.md); :meth:`system_jvp_complex_step` is the slower
         complex-step reference."""
         omega = self._cast(np.asarray(omega, dtype=float))
         direction = np.asarray(direction, dtype=float)
@@ -297,7 +297,7 @@ class Problem:
     def system_jvp_complex_step(self, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
         """:meth:`system_jvp` by the complex step (module docstring): one complex evaluation of grad Phi at all
         particles, in float64 whatever the problem's precision; the reference the forward mode is tested
-        against, at 4.2-6.7 grad Phi evaluations (benchmarks/HVP_COST.md)."""
+        against, at 4.2-6.7 grad Phi evaluations (studies/race/HVP_COST.md)."""
         direction = np.asarray(direction, dtype=float)
         norm = math.sqrt(self.comm.sum_over_ranks(float(np.sum(direction * direction)))[0])
         if norm == 0.0:

@@ -84,7 +84,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                                               "vector width and tiles; flag missed targets (JSON + markdown)")
     p.add_argument("config", nargs="?", help="problem config (default: benchmarks/bench-reference.toml)")
     p.add_argument("--preset", choices=("full", "quick", "tiny"), default="quick",
-                   help="sizes and repeats (default quick; full: the reference sizes of benchmarks/RESULTS.md)")
+                   help="sizes and repeats (default quick; full: the reference sizes of studies/kernels/RESULTS.md)")
     p.add_argument("--out", default="pdeflow-bench", help="directory of the results (default ./pdeflow-bench)")
     p.set_defaults(func=cmd_bench)
     t = sub.add_parser("tune", help="measure the kernel variants (tile, chunks, vector width) on this CPU for a "

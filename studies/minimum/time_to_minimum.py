@@ -1,6 +1,6 @@
 """Time to a certified local minimum on data/configs/longtime.toml: the flow, then ``stationary --kind minimum``.
 
-``python -m pdeflow.benchmarks.time_to_minimum [--wall SECONDS] [--n N] [--t-end T] [--max-iter M] [--out DIR]``:
+``python -m studies.minimum.time_to_minimum [--wall SECONDS] [--n N] [--t-end T] [--max-iter M] [--out DIR]``:
 
 1. **flow**: the shipped long run (rkc) from t = 0 with ``run.wall_time_limit = --wall`` (default 300 s; ``--t-end``
    bounds it in time instead, for a toy run), written to ``DIR/flow.h5``; or ``--flow FILE``, such a run made
@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pdeflow.benchmarks.common import RESULTS, machine
 
-from .common import RESULTS, machine
-
-LONGTIME = Path(__file__).resolve().parent.parent / "data" / "configs" / "longtime.toml"
+LONGTIME = Path(__file__).resolve().parents[2] / "data" / "configs" / "longtime.toml"
 
 
 def _load() -> list[float]:
@@ -144,7 +143,7 @@ def markdown(res: dict[str, Any]) -> str:
     cpu = res["machine"].get("cpu") or {}
     f, m = res["flow"], res["minimum"]
     lines = ["# Time to a local minimum (data/configs/longtime.toml)", "",
-             f"Measured by `python -m pdeflow.benchmarks.time_to_minimum` ({' '.join(res['overrides'])}) on "
+             f"Measured by `python -m studies.minimum.time_to_minimum` ({' '.join(res['overrides'])}) on "
              f"{cpu.get('model', '?')} (family {cpu.get('family', '?')} model {cpu.get('model_number', '?')}, "
              f"{res['machine'].get('cpu_count')} cores, NUMBA threads {res['machine'].get('numba_threads')}), load "
              f"average (1, 5, 15 min) {', '.join(f'{x:.1f}' for x in res['load_before'])} before and "
@@ -174,7 +173,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.time_to_minimum",
+    p = argparse.ArgumentParser(prog="python -m studies.minimum.time_to_minimum",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--wall", type=float, default=300.0, help="wall-time limit of the flow (s, default 300)")
     p.add_argument("--t-end", type=float, help="stop the flow at this time instead (toy runs)")

@@ -1,11 +1,15 @@
-"""benchmarks/time_to_solution.py end to end at a toy size: every method at every mark, the long-run row, and a
+"""studies/race/time_to_solution.py end to end at a toy size: every method at every mark, the long-run row, and a
 table re-rendered from the saved JSON equal to the one written."""
 from __future__ import annotations
 
 import json
 import math
 
-from pdeflow.benchmarks.time_to_solution import MARKS, benchmark, gradient_equivalents, main, markdown
+from pdeflow import Problem, loads_config
+from studies.race.time_to_solution import MARKS, benchmark, gradient_equivalents, main, markdown, run_stepper
+from test_explicit import SMALL
+
+SMALL_ROSENBROCK = SMALL.replace('method = "rk4"', 'method = "rosenbrock"')
 
 # rkc at N = 4 passes t = 200 (the last mark) at step 235: a step budget beyond it ends the long run at the same
 # state on every machine and load (a wall-time limit would not)
@@ -49,7 +53,7 @@ def test_race_runs_table_and_plot(tmp_path):
     import pytest
 
     pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
-    from pdeflow.benchmarks.time_to_solution import race_markdown
+    from studies.race.time_to_solution import race_markdown
 
     out = tmp_path / "out"
     for name in ("adaptive:1e-10", "cvode:1e-10", "rkc:1e-4", "cvode:1e-5"):
@@ -81,7 +85,7 @@ def test_race_references_by_time(tmp_path):
     import pytest
 
     pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
-    from pdeflow.benchmarks import time_to_solution
+    from studies.race import time_to_solution
 
     out = tmp_path / "out"
     for name, t_end in (("adaptive:1e-10", "5"), ("cvode:1e-10", "10"), ("cvode:1e-9", "10"), ("rkc:1e-4", "10")):
@@ -111,7 +115,7 @@ def test_race_keeps_the_furthest_run_of_each_setting(tmp_path, monkeypatch):
     import pytest
 
     pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
-    from pdeflow.benchmarks import time_to_solution
+    from studies.race import time_to_solution
 
     monkeypatch.setattr(time_to_solution, "RACE_MARKS", (5.0,))
     out = tmp_path / "out"
@@ -135,7 +139,7 @@ def test_race_run_replaces_the_saved_tables_run_of_the_same_settings(tmp_path, m
     import pytest
 
     pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
-    from pdeflow.benchmarks import time_to_solution
+    from studies.race import time_to_solution
 
     out = tmp_path / "out"
     for name in ("cvode:1e-10", "rkc:1e-4"):
@@ -156,7 +160,7 @@ def test_unreached_cells_say_what_came_closest():
     """A target no run of a method reached names, in this order of preference: the run with the smallest error at
     that time, a run stopped before that time with what it had cost by then (its counts in gradient equivalents),
     or the method's cheapest run at the latest earlier time."""
-    from pdeflow.benchmarks.time_to_solution import race_cost, unreached_cell
+    from studies.race.time_to_solution import race_cost, unreached_cell
 
     def row(method, rtol, t, err, cost):
         return {"method": method, "rtol": rtol, "t": t, "energy_error": err, "grad_equivalents": cost}
@@ -181,7 +185,7 @@ def test_race_verdict_compares_the_cheapest_runs_reaching_each_target():
     """The verdict at a time: per target, cvode's cheapest run at or below it against the cheapest run of every
     other method, and their cost ratio; a target no run of a side reached says so; no verdict where cvode has no run
     at that time."""
-    from pdeflow.benchmarks.time_to_solution import race_verdict
+    from studies.race.time_to_solution import race_verdict
 
     def row(method, rtol, t, err, cost):
         return {"method": method, "rtol": rtol, "t": t, "energy_error": err, "grad_equivalents": cost}
@@ -201,7 +205,7 @@ def test_cvode_with_difference_products_is_a_race_entry_on_cvodes_side():
     """``cvode-difference`` runs cvode with ``solver.jacobian = "difference"``, its products counted at one gradient
     each (the exact ones at their measured cost), its cost broken down as cvode's, and in the verdict it stands on
     cvode's side: the cheaper of the two cvode entries is the rival."""
-    from pdeflow.benchmarks.time_to_solution import cost_breakdown, race_cost, race_solver, race_verdict
+    from studies.race.time_to_solution import cost_breakdown, race_cost, race_solver, race_verdict
 
     solver = race_solver("cvode-difference", 1e-5)
     assert solver == {**race_solver("cvode", 1e-5), "jacobian": "difference"} and solver["method"] == "cvode"
@@ -236,3 +240,16 @@ def test_cvode_difference_race_run_through_the_command_line(tmp_path):
     [row] = json.loads((out / "matched_accuracy.json").read_text())["table"]["rows"]
     assert row["method"] == "cvode-difference"
     assert row["grad_equivalents"] == run["at"]["5"]["gradient_evals"] + run["at"]["5"]["jvps"]
+
+
+def test_time_to_solution_counts_what_the_stepper_reports():
+    """studies/race/time_to_solution.py: rows at each mark, a difference product counted as one grad Phi."""
+    cfg = loads_config(SMALL_ROSENBROCK, ['solver.jacobian="difference"'])
+    problem = Problem.from_config(cfg)
+    res = run_stepper(cfg, problem, 1.0, marks=(0.5,))
+    assert set(res["at"]) == {"0.5", "1"} and res["status"] == "finished"
+    row = res["at"]["1"]
+    assert row["steps"] > res["at"]["0.5"]["steps"] > 0
+    costs = {"exact_over_grad": 4.0}
+    assert gradient_equivalents(row, "rosenbrock", costs, "difference") == row["gradient_evals"] + row["jvps"]
+    assert gradient_equivalents(row, "rosenbrock", costs, "exact") == row["gradient_evals"] + 4.0 * row["jvps"]

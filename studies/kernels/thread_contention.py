@@ -1,13 +1,13 @@
 """CPU seconds per unit of work on one thread alone against each of two threads running at once, in one process.
 
-A record of 2026-12-02 (benchmarks/RESULTS.md, "Where the 1 -> 2 thread speedup goes"): if the same work costs
+A record of 2026-12-02 (studies/kernels/RESULTS.md, "Where the 1 -> 2 thread speedup goes"): if the same work costs
 more CPU time when two threads run at once, the second thread shares something (caches, memory, the host's
 cores) rather than waiting. Units: an FMA-bound loop on 4 KiB (L1-resident), a streaming loop over 8 MiB
 (L3-resident on a 32 MiB L3) and over 256 MiB (memory), and pdeflow's gradient pass on one chunk of 64 heads of
 the reference problem (``mean_field.grad_phi_data``, one numba thread per Python thread). Rounds alternate
 1 and 2 threads; the ratio per round is (CPU per unit on each of 2) / (CPU per unit alone).
 
-    NUMBA_NUM_THREADS=1 python -m pdeflow.benchmarks.thread_contention [ROUNDS]
+    NUMBA_NUM_THREADS=1 python -m studies.kernels.thread_contention [ROUNDS]
 """
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ import threading
 import time
 
 import numpy as np
+from pdeflow.benchmarks.common import build
 
 from pdeflow.core import mean_field
 from pdeflow.core.jit import jit
-
-from .common import build
 
 
 @jit()

@@ -1,8 +1,8 @@
 """Time to solution of the stiff stepper against Dormand-Prince and particle JKO (issue 17).
 
-``python -m pdeflow.benchmarks.time_to_solution --hvp`` measures the exact JVP (forward mode, and the complex step
+``python -m studies.race.time_to_solution --hvp`` measures the exact JVP (forward mode, and the complex step
 it replaced) against grad Phi at N = 128 and N = 1024 (``hvp_cost.json``/``.md``).
-``python -m pdeflow.benchmarks.time_to_solution [--n N] [--out DIR] [--wall SECONDS]`` integrates the quickstart's
+``python -m studies.race.time_to_solution [--n N] [--out DIR] [--wall SECONDS]`` integrates the quickstart's
 problem (data/configs/quickstart.toml, ``--n`` particles and sequences, default 128: the quickstart itself) and
 writes ``time_to_solution.json`` and ``time_to_solution.md``:
 
@@ -38,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from .common import REFERENCE_CONFIG, RESULTS, interleaved, loglog_exponent, machine, median
+from pdeflow.benchmarks.common import REFERENCE_CONFIG, RESULTS, interleaved, loglog_exponent, machine, median
 
 # a study of the shipped quickstart problem: run from a checkout
-QUICKSTART = Path(__file__).resolve().parent.parent / "data" / "configs" / "quickstart.toml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "data" / "configs" / "quickstart.toml"
 MARKS = (40.0, 200.0)
 STATIONARY = 1e-9  # dissipation relative to its initial value
 # /steps columns that are a per-step value rather than a count (rkc): the runs keep their largest
@@ -304,7 +303,7 @@ def markdown(res: dict[str, Any]) -> str:
     c, cpu = res["costs"], res["machine"].get("cpu") or {}
     rkc, ros = res["rkc"], res["rosenbrock"]
     lines = [f"# Time to solution ({res['problem']})", "",
-             f"Measured by `python -m pdeflow.benchmarks.time_to_solution` on {cpu.get('model', '?')} (family "
+             f"Measured by `python -m studies.race.time_to_solution` on {cpu.get('model', '?')} (family "
              f"{cpu.get('family', '?')}, model {cpu.get('model_number', '?')}, {res['machine'].get('cpu_count', '?')} "
              f"cores), load average {res['load_average'][0]:.1f} at the "
              f"start. One grad Phi {1e3 * c['grad_phi']:.2f} ms; exact JVP (forward mode) "
@@ -430,7 +429,7 @@ def race_runs_from_table(res: dict[str, Any]) -> list[dict[str, Any]]:
                     "solver": {k: v for k, v in r.items() if k not in ("status", "initial_energy",
                                                                        "initial_dissipation", "final", "at")},
                     "at": r["at"], "final": r["final"], "status": r["status"],
-                    "source": "benchmarks/TIME_TO_SOLUTION.json"})
+                    "source": "studies/race/TIME_TO_SOLUTION.json"})
     return out
 
 
@@ -588,7 +587,7 @@ def race_markdown(res: dict[str, Any]) -> str:
     refs = "; ".join(f"{r['method']} at rtol {r['rtol']:g} (to t = {r['t_end']:g}"
                      + (f", {r['source']}" if r.get("source") else "") + ")" for r in res["references"])
     lines = ["# Matched accuracy: energy error against cost (quickstart problem, N = 128, B = 128)", "",
-             f"Measured by `python -m pdeflow.benchmarks.time_to_solution --race METHOD:RTOL --t-end T` (one run "
+             f"Measured by `python -m studies.race.time_to_solution --race METHOD:RTOL --t-end T` (one run "
              f"per process, `NUMBA_NUM_THREADS=1`) and gathered by `--race-render` on {cpu.get('model', '?')} "
              f"({res['machine'].get('cpu_count')} cores, the family/model of each run's CPU listed; shared with "
              f"other work: wall times are noisy, the load average of each run is listed; "
@@ -727,7 +726,7 @@ def race_render(folder: Path, table_json: Path | None, references: list[str], ch
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pdeflow.benchmarks.time_to_solution",
+    p = argparse.ArgumentParser(prog="python -m studies.race.time_to_solution",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=128, help="particles and sequences (default 128, the quickstart's)")
     p.add_argument("--rtol", type=float, default=3e-5, help="rosenbrock tolerance (atol = rtol / 1000)")
@@ -777,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "hvp_cost.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
         cpu = res["machine"].get("cpu") or {}
         lines = ["# Cost of a whole-system Jacobian-vector product", "",
-                 f"Measured by `python -m pdeflow.benchmarks.time_to_solution --hvp` on {cpu.get('model', '?')} "
+                 f"Measured by `python -m studies.race.time_to_solution --hvp` on {cpu.get('model', '?')} "
                  f"(family {cpu.get('family', '?')} model {cpu.get('model_number', '?')}, "
                  f"{res['machine'].get('cpu_count')} cores, shared); medians of 5 interleaved repeats, so the "
                  "ratios of one row are taken under the same load. Exact JVP: `Problem.system_jvp` (forward mode, "

@@ -1,11 +1,11 @@
-"""benchmarks/time_to_minimum.py end to end at a toy size (N = 4 heads and sequences, weight decay 0.1 so that the
+"""studies/minimum/time_to_minimum.py end to end at a toy size (N = 4 heads and sequences, weight decay 0.1 so that the
 minimum is near, the flow to t = 5): every step reported, the costs adding up, the report written."""
 from __future__ import annotations
 
 import json
 import math
 
-from pdeflow.benchmarks.time_to_minimum import main
+from studies.minimum.time_to_minimum import main
 
 
 def test_time_to_minimum_smoke(tmp_path, one_numba_thread):
