@@ -126,11 +126,11 @@ def rate_lines(a: Analysis) -> list[str]:
     window = f"t in [{_fmt(a.kl_window_start, '.6g')}, {_fmt(a.kl_window_end, '.6g')}]"
     if math.isfinite(a.kl_theta):
         lo, hi = a.kl_theta_range
+        span = f"t in [{a.kl_t_first:.6g}, {a.kl_t_last:.6g}]"
         lines = [f"KL exponent   theta = {a.kl_theta:.4f}: the local exponent theta(t) = 1 - (1/2) d ln I / "
-                 f"d ln(E - E*) lies in [{lo:.4f}, {hi:.4f}] over {window} (its range over the window and E*'s "
+                 f"d ln(E - E*) lies in [{lo:.4f}, {hi:.4f}] over {span} (its range over the window and E*'s "
                  "interval, extended by its drift on the side it moves; not a confidence interval; constant within "
-                 f"{a.kl_tolerance:g}; {a.kl_points} trusted "
-                 "points; 0.5 = PL); "
+                 f"{a.kl_tolerance:g}; {a.kl_points} trusted points; 0.5 = PL); "
                  f"C = {_fmt(a.kl_constant, '.4g')}; predicted vs observed E - E*: max |log ratio| "
                  f"{_fmt(a.kl_decay_error, '.3g')}"]
     else:

@@ -43,10 +43,11 @@ class Analysis:
     ``kl_predicted`` (E - E* predicted by the KL exponent over its window, where one is established). Scalars:
     ``e_star``, where it came from and the interval ``[e_star_low, e_star_high]`` known (given, certified) or
     estimated (fit) to hold it; ``kl_status``: "KL regime", "pre-asymptotic: ..." or why the window shows no KL
-    regime, in one line; the local exponent theta(t) over the window (:func:`pdeflow.analysis.diagnostics.rates.
-    local_exponent`): its first and last secants ``kl_theta_first``, ``kl_theta_last`` over ``[kl_window_start,
-    kl_window_end]``, its range ``kl_theta_range`` (over the window and E*'s interval), ``kl_theta`` (only where it
-    is constant within ``kl_tolerance``); the PL ratio over the same samples: first, last and least
+    regime, in one line; the local exponent theta(t) over the window ``[kl_window_start, kl_window_end]``
+    (:func:`pdeflow.analysis.diagnostics.rates.local_exponent`, on its trusted samples from ``kl_t_first`` to
+    ``kl_t_last``): its first and last secants ``kl_theta_first``, ``kl_theta_last``, the interval
+    ``kl_theta_range`` (:attr:`~pdeflow.analysis.diagnostics.rates.LocalExponent.extended`), ``kl_theta`` (only
+    where theta(t) is constant within ``kl_tolerance``); the PL ratio over the same samples: first, last and least
     (``pl_mu_first``, ``pl_mu_last``, ``pl_mu_min``); the theory's ``predicted_theta`` and ``predicted_mu`` at a
     given stationary point and ``prediction`` (on what they rest, or why none is claimed); the stationary time,
     and the settings the gap search used."""
@@ -75,6 +76,8 @@ class Analysis:
     kl_theta_range: tuple[float, float] = (math.nan, math.nan)
     kl_theta_first: float = math.nan
     kl_theta_last: float = math.nan
+    kl_t_first: float = math.nan
+    kl_t_last: float = math.nan
     kl_tolerance: float = THETA_TOL
     kl_constant: float = math.nan
     kl_points: int = 0
@@ -108,8 +111,9 @@ FRAME_ARRAYS = ("time", "energy", "dissipation", "gap", "lower_bound", "min_phi"
                 "gap_certified")
 SCALARS = ("e_star", "e_star_source", "e_star_low", "e_star_high", "kl_status", "kl_fitted", "kl_theta", "kl_constant",
            "kl_points", "kl_window_start", "kl_window_end", "kl_decay_error", "kl_theta_first", "kl_theta_last",
-           "kl_tolerance", "pl_mu_min", "pl_mu_first", "pl_mu_last", "predicted_theta", "predicted_mu", "prediction",
-           "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate", "gap_domain", "gap_radius")
+           "kl_t_first", "kl_t_last", "kl_tolerance", "pl_mu_min", "pl_mu_first", "pl_mu_last", "predicted_theta",
+           "predicted_mu", "prediction", "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate",
+           "gap_domain", "gap_radius")
 CLUSTER_ARRAYS = ("labels", "mass", "size", "centre", "representative", "attention", "probe")
 
 
@@ -436,6 +440,7 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
     a.kl_constant, a.kl_points, a.kl_fitted = fit.constant, fit.n_points, fit.fitted
     if fit.local is not None:
         a.kl_theta_first, a.kl_theta_last = float(fit.local.theta[0]), float(fit.local.theta[-1])
+        a.kl_t_first, a.kl_t_last = fit.local.t_first, fit.local.t_last
     if fit.pre_asymptotic:
         a.kl_status = fit.reason
     elif fit.reason:
