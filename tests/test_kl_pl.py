@@ -291,7 +291,7 @@ def test_an_e_star_above_the_run_or_the_point_is_refused_and_the_file_left_byte_
 
 def test_a_rerun_with_no_gap_keeps_the_certified_gap(gain2_run, capsys):
     path, _ = gain2_run
-    assert main(["diagnose", str(path), "--frames", "2", "--set", "n_starts=2", "--set", "grid_points=12"]) == 0
+    assert main(["diagnose", str(path), "--frames", "2", "--set", "gap=true", "--set", "n_starts=2"]) == 0
     first = D.read_analysis(open_trajectory(path))
     assert first.gap_certified.any() and np.isfinite(first.lower_bound).any()
     capsys.readouterr()
