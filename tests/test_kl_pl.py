@@ -83,7 +83,15 @@ def test_the_stated_range_holds_the_exact_local_exponent_of_a_two_mode_flow(a1, 
 
 
 def test_both_verdicts_occur_on_the_two_mode_flows():
-    """The flows above exercise both branches (else the test above would check one rule only)."""
+    """The flows above exercise both branches (else the test above would check one rule only); the README and
+    docs/experiments.md quote the tolerances the code uses."""
+    from pdeflow.analysis.diagnostics.rates import LOCAL_SECANTS
+    from pdeflow.interface.cli_diagnostics import PL_TOL
+
+    root = Path(__file__).resolve().parents[1]
+    readme, experiments = (root / "README.md").read_text(), (root / "docs" / "experiments.md").read_text()
+    assert f"constant within {THETA_TOL:g}" in readme and f"vary by at most {THETA_TOL:g}" in experiments
+    assert f"about {LOCAL_SECANTS} nodes" in experiments and f"more than {100 * PL_TOL:g} % above" in experiments
     verdicts = set()
     for a1, l1, a2, l2, t_end in FLOWS:
         t = np.linspace(0.0, t_end, 2001)
@@ -245,6 +253,15 @@ def test_finding_1_small_reports_pre_asymptotic_or_an_interval_holding_one_half(
     mu = next(line for line in out.splitlines() if line.startswith("theory mu"))
     a = D.analyse(open_trajectory(path), DiagnosticsConfig(gap=False, e_star=float(result["energy"])))
     assert f"(ratio {a.pl_mu_last / result['lambda_min']:.4g})" in mu
+    # stored with the prediction, kl.png and pl.png draw it
+    from pdeflow.analysis.plotting import plot_kl, plot_pl
+
+    assert main(["diagnose", str(path), "--stationary", str(minimum)]) == 0
+    stored = D.read_analysis(open_trajectory(path))
+    assert stored.predicted_theta == 0.5 and stored.predicted_mu == result["lambda_min"]
+    for plot in (plot_kl, plot_pl):
+        figure = plot(open_trajectory(path), stored, tmp_path / f"{plot.__name__}.png")
+        assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---- diagnose safe ------------------------------------------------------------------------------------------------
