@@ -91,6 +91,7 @@ def test_both_verdicts_occur_on_the_two_mode_flows():
     root = Path(__file__).resolve().parents[1]
     readme, experiments = (root / "README.md").read_text(), (root / "docs" / "experiments.md").read_text()
     assert f"constant within {THETA_TOL:g}" in readme and f"vary by at most {THETA_TOL:g}" in experiments
+    assert f"`THETA_TOL` = {THETA_TOL:g}" in (root / "docs" / "design.md").read_text()
     assert f"about {LOCAL_SECANTS} nodes" in experiments and f"more than {100 * PL_TOL:g} % above" in experiments
     verdicts = set()
     for a1, l1, a2, l2, t_end in FLOWS:

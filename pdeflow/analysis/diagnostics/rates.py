@@ -80,8 +80,10 @@ class LocalExponent:
     @property
     def extended(self) -> tuple[float, float]:
         """``[low, high]`` extended by :attr:`drift` on the side the local exponent moves to (last secant against
-        first): where it may still go if it goes on moving as much. When the distance to its limit shrinks at least
-        twofold over the window (e.g. a mixture of modes whose faster part decays), the limit lies within it."""
+        first): where it may still go if it goes on moving as much. When theta(t) moves monotonically towards a limit
+        and its distance to it at least halves over the window (e.g. late in a mixture of modes whose faster part
+        decays), the limit lies within it; a window at a turning point of theta(t) shows no drift and says nothing of
+        the limit (at a known minimum, the PL ratio against lambda_min does: ``diagnose --stationary``)."""
         move = self.theta[-1] - self.theta[0]
         return (self.low - (self.drift if move < 0 else 0.0), self.high + (self.drift if move > 0 else 0.0))
 
