@@ -399,7 +399,7 @@ def test_analyse_run_writes_only_analysis_and_respects_settings(tmp_path):
             assert f["analysis"][key].shape == (len(traj.time),)
         for key in ("kl_theta", "e_star", "stationary_time", "gap_is_estimate"):
             assert key in f["analysis"].attrs
-        assert f["analysis"].attrs["kl_theta_ci"].shape == (2,)
+        assert f["analysis"].attrs["kl_theta_range"].shape == (2,)
     assert traj.attrs["status"] == "finished"
 
 

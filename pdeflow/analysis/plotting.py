@@ -4,8 +4,9 @@ One function per figure, each ``(traj, analysis, path, ...) -> Path`` writing on
 
 - :func:`plot_energy`: ``E - E*`` and the dissipation ``I`` against time (log scale), with the lower bound;
 - :func:`plot_gap`: the optimality gap G at the frames where it was computed, E and E - G;
-- :func:`plot_pl`: the PL ratio ``mu(t) = I / (2 (E - E*))``;
-- :func:`plot_kl`: ``log I`` against ``log(E - E*)`` with the KL regression line over its window;
+- :func:`plot_pl`: the PL ratio ``mu(t) = I / (2 (E - E*))`` and, at a given stationary point, the theory's limit;
+- :func:`plot_kl`: ``log I`` against ``log(E - E*)``, and the local exponent theta(t) over the window with the range
+  holding it and the theory's value;
 - :func:`plot_particles`: the particles of a frame in two coordinates (chosen, or the two principal axes of
   the whole trajectory), coloured by ``Phi(omega_i; rho)`` and sized by mass; for k = 1, Phi on Omega;
 - :func:`plot_density`: a grid run's density (k = 1 a curve, k = 2 a heat map, k = 3 the marginal of the
@@ -29,7 +30,15 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..io.trajectory import Trajectory
-from .diagnostics import Analysis, attention_pattern, frame_measure, pl_constant, trajectory_grid, trusted_excess
+from .diagnostics import (
+    Analysis,
+    attention_pattern,
+    frame_measure,
+    kl_fit,
+    pl_constant,
+    trajectory_grid,
+    trusted_excess,
+)
 from .diagnostics.spectral import DEGENERATE, DESCENT, MINIMUM, phase_spans
 
 DPI = 100
@@ -141,43 +150,76 @@ def plot_gap(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def plot_pl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
-    """``mu(t) = I / (2 (E - E*))`` at every step and frame."""
+def _window_samples(traj: Trajectory, analysis: Analysis) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Time, energy and dissipation of every step, and which lie in the window of the rates (``t >= start``)."""
     t, e, i = _steps(traj)
+    start = analysis.kl_window_start
+    return t, e, i, (t >= start - 1e-12 * max(1.0, abs(start))) if math.isfinite(start) else np.zeros(t.shape, bool)
+
+
+def plot_pl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
+    """``mu(t) = I / (2 (E - E*))`` at every step and frame where E - E* is trustworthy, the window of the rates
+    marked, and the theory's ``lambda_min`` at a given stationary point (the limit along the slowest mode and the
+    bound near it) drawn beside it."""
+    t, e, i, win = _window_samples(traj, analysis)
     mu = pl_constant(e, i, analysis.e_star)
     mu[~trusted_excess(e, (analysis.e_star_low, analysis.e_star_high))] = np.nan   # E - E* not known well enough
     fig, ax = _figure()
     ok = mu > 0
-    ax.semilogy(t[ok], mu[ok], lw=1.2, label="steps")
+    ax.semilogy(t[ok], mu[ok], lw=1.0, color="0.6", label="steps")
+    ax.semilogy(t[ok & win], mu[ok & win], lw=1.4, color="C0", label="window of the rates")
     fm = analysis.pl_mu
-    ax.semilogy(analysis.time[fm > 0], fm[fm > 0], "o", ms=3, label="frames")
+    ax.semilogy(analysis.time[fm > 0], fm[fm > 0], "o", ms=3, color="C0", label="frames")
+    if math.isfinite(analysis.predicted_mu):
+        last = analysis.pl_mu_last
+        ratio = f", measured / theory {last / analysis.predicted_mu:.3g} at the end" if math.isfinite(last) else ""
+        ax.axhline(analysis.predicted_mu, color="C3", ls="--",
+                   label=f"theory: lambda_min = {analysis.predicted_mu:.4g} (limit, bound near the point){ratio}")
+    elif analysis.prediction:
+        ax.set_title(analysis.prediction, fontsize=7, wrap=True)
     ax.set_xlabel("t")
     ax.set_ylabel("mu = I / (2 (E - E*))")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.suptitle(_title(traj, f"PL ratio (E* = {analysis.e_star:.10g}, {analysis.e_star_source})"))
     return _save(fig, path)
 
 
 def plot_kl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
-    """``I`` against ``E - E*`` on log-log axes, the window of the fit highlighted, and the fitted line."""
-    t, e, i = _steps(traj)
-    fig, ax = _figure()
-    ok = (e - analysis.e_star > 0) & (i > 0)
-    ax.loglog((e - analysis.e_star)[ok], i[ok], ".", ms=3, color="0.6", label="all steps")
-    win = ok & (t >= analysis.kl_window_start)
-    ax.loglog((e - analysis.e_star)[win], i[win], ".", ms=4, color="C0", label="fit window")
+    """Left: ``I`` against ``E - E*`` on log-log axes, the window highlighted, the line ``C (E - E*)^(2 (1 - theta))``
+    where one theta is established. Right: the local exponent ``theta(t) = 1 - (1/2) d ln I / d ln(E - E*)`` over the
+    window (its secants, :func:`pdeflow.analysis.diagnostics.rates.local_exponent`), the range that holds it, and the
+    theory's 1/2 at a given stationary point."""
+    t, e, i, win = _window_samples(traj, analysis)
+    fig, (ax, ax_t) = _figure(11, 4.2, 2)
+    excess = e - analysis.e_star
+    ok = (excess > 0) & (i > 0)
+    ax.loglog(excess[ok], i[ok], ".", ms=3, color="0.6", label="all steps")
+    win = win & ok
+    ax.loglog(excess[win], i[win], ".", ms=4, color="C0", label="window")
     if math.isfinite(analysis.kl_theta) and win.any():
-        x = np.geomspace((e - analysis.e_star)[win].min(), (e - analysis.e_star)[win].max(), 50)
-        q = 2 * (1 - analysis.kl_theta)
-        lo, hi = analysis.kl_theta_ci
-        ax.loglog(x, analysis.kl_constant * x ** q, "-", color="C3",
-                  label=f"I = C (E - E*)^(2(1 - theta)), theta = {analysis.kl_theta:.3f} [{lo:.3f}, {hi:.3f}]")
-    elif analysis.kl_status:
-        ax.set_title(analysis.kl_status, fontsize=7, wrap=True)
+        x = np.geomspace(excess[win].min(), excess[win].max(), 50)
+        lo, hi = analysis.kl_theta_range
+        ax.loglog(x, analysis.kl_constant * x ** (2 * (1 - analysis.kl_theta)), "-", color="C3",
+                  label=f"theta = {analysis.kl_theta:.4f}; theta(t) in [{lo:.4f}, {hi:.4f}]")
     ax.set_xlabel("E - E*")
     ax.set_ylabel("I")
-    ax.legend(fontsize=8)
-    fig.suptitle(_title(traj, "Kurdyka-Lojasiewicz fit"))
+    ax.legend(fontsize=7)
+    refused = analysis.kl_status.startswith("refused")
+    fit = None if refused or not win.any() else kl_fit(e[win], i[win], analysis.e_star, time=t[win],
+                                                        e_star_range=(analysis.e_star_low, analysis.e_star_high))
+    if fit is not None and fit.local is not None:
+        local = fit.local
+        ax_t.plot(local.time, local.theta, "o-", ms=3, color="C0", label="theta(t), secants")
+        ax_t.axhspan(local.low, local.high, color="C0", alpha=0.15, label="range holding theta(t) (window, E*)")
+    if math.isfinite(analysis.predicted_theta):
+        ax_t.axhline(analysis.predicted_theta, color="C3", ls="--",
+                     label=f"theory: {analysis.predicted_theta:g} at the stationary point")
+    ax_t.set_xlabel("t")
+    ax_t.set_ylabel("local exponent theta(t)")
+    if ax_t.lines:
+        ax_t.legend(fontsize=7)
+    ax_t.set_title(analysis.kl_status or "not computed", fontsize=7, wrap=True)
+    fig.suptitle(_title(traj, "Kurdyka-Lojasiewicz exponent"))
     return _save(fig, path)
 
 

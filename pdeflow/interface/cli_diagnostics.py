@@ -15,19 +15,26 @@ from typing import Any
 import numpy as np
 
 from ..analysis.diagnostics import Analysis, analyse, check_editable, read_analysis, write_analysis
-from ..analysis.diagnostics.rates import kl_interval_clipped
+from ..analysis.diagnostics.analysis import lowest_energy
+from ..analysis.diagnostics.predictions import PointPrediction, prediction_at
+from ..analysis.diagnostics.rates import THETA_TOL, e_star_refusal
 from ..analysis.diagnostics.spectral import format_spectral_record
 from ..core.config import Config, parse_override
 from ..core.exit_codes import EXIT_OK, HELP
 from ..io.trajectory import Trajectory, open_trajectory
 
 MAX_TABLE_ROWS = 16
-DIAGNOSE_HELP = """Analyse a trajectory and store the result as /analysis (replacing only that group):
+PL_TOL = 0.05   # the PL ratio within this relative distance of the predicted lambda_min: the slowest mode dominates
+DIAGNOSE_HELP = f"""Analyse a trajectory and store the result as /analysis (replacing only that group):
 the energy identity residual E(t) - E(0) + int I, the time stationarity is reached, the optimality gap
 G = int Phi d rho - min_Omega Phi at chosen frames (certified for k <= 3, where E - G_bound is a lower bound;
-an estimate otherwise), the PL ratio I / (2 (E - E*)) and the KL exponent theta of
-I ~ C (E - E*)^(2 (1 - theta)) with a block-bootstrap 95% interval where E - E* is trustworthy (else the
-reason there is no KL regime), clusters of heads with the attention maps of their representatives, and for particle
+an estimate otherwise), the PL ratio mu(t) = I / (2 (E - E*)) and the local exponent
+theta(t) = 1 - (1/2) d ln I / d ln(E - E*) over the window where E - E* is trustworthy, with their drift: one
+theta of I ~ C (E - E*)^(2 (1 - theta)) only where theta(t) is constant within {THETA_TOL:g} (else "pre-asymptotic",
+or the reason there is no KL regime; refused where the window meets frames near a saddle); with --stationary,
+the theory's rates at that point beside the measured ones. An E* above the lowest energy of the run is refused
+(exit 2, the file untouched); a rerun with --no-gap keeps the gap stored before. Also
+clusters of heads with the attention maps of their representatives, and for particle
 runs the spectral record: lambda_min, lambda_max and a Morse index bound of the mass-weighted Hessian at every
 diagnostics.spectrum_every-th frame near a stationary point, printed as phases (descent, near a saddle of index
 >= n, near a minimum). Settings:
@@ -55,10 +62,8 @@ def settings_from_args(traj: Trajectory, args: argparse.Namespace) -> Config:
         changes[key] = value
     if getattr(args, "e_star", None) is not None:
         changes["e_star"] = args.e_star
-    if getattr(args, "stationary", None) is not None:
-        if getattr(args, "e_star", None) is not None:
-            raise _usage_error("--e-star and --stationary exclude each other")
-        changes["e_star"] = stationary_energy(traj, args.stationary)[0]
+    elif getattr(args, "stationary", None) is not None:
+        changes["e_star"] = stationary_point(traj, args.stationary)[0].energy
     if getattr(args, "frames", None) is not None:
         changes["gap_frames"] = args.frames
     if args.no_gap:
@@ -66,9 +71,9 @@ def settings_from_args(traj: Trajectory, args: argparse.Namespace) -> Config:
     return traj.config.replace(diagnostics=changes) if changes else traj.config
 
 
-def stationary_energy(traj: Trajectory, path: str) -> tuple[float, str]:
-    """The energy of the point in a ``pdeflow stationary`` result and its label for E*; UsageError when the
-    result belongs to another problem."""
+def stationary_point(traj: Trajectory, path: str) -> tuple[PointPrediction, str]:
+    """The theory's prediction at the point of a ``pdeflow stationary`` result (its energy included) and the
+    label of that energy as E*; UsageError when the result belongs to another problem."""
     from ..analysis.stationary import read_stationary
     from ..io.problem_file import stored_problem
     from ..io.resume import array_difference
@@ -77,11 +82,83 @@ def stationary_energy(traj: Trajectory, path: str) -> tuple[float, str]:
     diff = array_difference(traj.arrays, stored_problem(path).arrays())
     if diff is not None:
         raise _usage_error(f"--stationary {path}: a stationary point of another problem (its {diff!r} differs)")
-    return float(result["energy"]), f"E* of the stationary point found from frame {result['frame']}"
+    return prediction_at(result), f"E* of the stationary point found from frame {result['frame']}"
+
+
+def check_e_star(traj: Trajectory, e_star: float, point: PointPrediction | None) -> None:
+    """UsageError (exit 2, one line) when ``e_star`` lies above the lowest energy of the run (its accurate span) or
+    above the energy of the given stationary point: no limit of the flow lies there."""
+    refused = e_star_refusal(e_star, lowest_energy(traj))
+    if not refused and point is not None:
+        refused = e_star_refusal(e_star, point.energy, "the energy of the stationary point")
+    if refused:
+        raise _usage_error(refused)
 
 
 def _fmt(x: float, spec: str = ".6g") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _ratio(measured: float, predicted: float) -> str:
+    return _fmt(measured / predicted, ".4g") if math.isfinite(measured) and predicted else "-"
+
+
+def asymptotic_verdict(a: Analysis) -> str:
+    """What the measured PL ratio says about the window, given the theory's ``lambda_min`` at a nondegenerate
+    minimum ("" when it agrees, or nothing is predicted): the window is pre-asymptotic for that point while
+    ``mu / lambda_min - 1 > PL_TOL`` at its end (the slowest mode does not dominate yet, whatever theta(t) does);
+    ``mu < (1 - PL_TOL) lambda_min`` contradicts the linear regime of that point."""
+    mu, lam = a.pl_mu_last, a.predicted_mu
+    if not (math.isfinite(mu) and math.isfinite(lam) and lam > 0):
+        return ""
+    if a.pl_mu_min < (1.0 - PL_TOL) * lam:
+        return (f"mu falls to {a.pl_mu_min / lam:.3g} x lambda_min, below the bound: the window is not in the linear "
+                "regime of this point (or E* is not this flow's limit)")
+    if mu / lam - 1.0 > PL_TOL:
+        return (f"pre-asymptotic for this point: mu is still {mu / lam:.3g} x lambda_min at the window's end (more "
+                f"than {PL_TOL:g} above it), so the slowest mode does not dominate yet")
+    return ""
+
+
+def rate_lines(a: Analysis) -> list[str]:
+    """The report's lines on the rates: the KL verdict (one line), the PL ratio with its drift, and the theory's
+    predictions at a given stationary point beside the measurements, with their ratio."""
+    window = f"t in [{_fmt(a.kl_window_start, '.6g')}, {_fmt(a.kl_window_end, '.6g')}]"
+    if math.isfinite(a.kl_theta):
+        lo, hi = a.kl_theta_range
+        span = f"t in [{a.kl_t_first:.6g}, {a.kl_t_last:.6g}]"
+        lines = [f"KL exponent   theta = {a.kl_theta:.4f}: the local exponent theta(t) = 1 - (1/2) d ln I / "
+                 f"d ln(E - E*) lies in [{lo:.4f}, {hi:.4f}] over {span} (its range over the window and E*'s "
+                 "interval, extended by its drift on the side it moves; not a confidence interval; constant within "
+                 f"{a.kl_tolerance:g}; {a.kl_points} trusted points; 0.5 = PL); "
+                 f"C = {_fmt(a.kl_constant, '.4g')}; predicted vs observed E - E*: max |log ratio| "
+                 f"{_fmt(a.kl_decay_error, '.3g')}"]
+    else:
+        lines = [f"KL exponent   {a.kl_status or 'not computed'}"]
+    if math.isfinite(a.pl_mu_first):
+        drift = 100.0 * (a.pl_mu_last / a.pl_mu_first - 1.0)
+        lines.append(f"PL ratio      mu(t) = I / (2 (E - E*)) from {a.pl_mu_first:.4g} to {a.pl_mu_last:.4g} over "
+                     f"{window} (drift {drift:+.1f} %), least {a.pl_mu_min:.4g}, where E - E* is trustworthy")
+    else:
+        lines.append("PL ratio      - (no sample of the window where E - E* is trustworthy)")
+    if not a.prediction:
+        return lines
+    if not math.isfinite(a.predicted_theta):
+        return lines + [f"theory        {a.prediction}"]
+    if math.isfinite(a.kl_theta):
+        measured, what = a.kl_theta, "theta"
+    else:
+        measured, what = a.kl_theta_last, "the local exponent at the window's end"
+    lines.append(f"theory        at the stationary point: {a.prediction}")
+    lines.append(f"theory theta  {a.predicted_theta:g} (the Lojasiewicz exponent there; theta(t) <= 1/2 in the linear "
+                 f"regime, -> 1/2): measured {what} {_fmt(measured, '.4f')}, "
+                 f"ratio {_ratio(measured, a.predicted_theta)}")
+    lines.append(f"theory mu     -> lambda_min = {a.predicted_mu:.6g} along the slowest mode, >= lambda_min near the "
+                 f"point: measured {_fmt(a.pl_mu_last, '.4g')} at the window's end (ratio "
+                 f"{_ratio(a.pl_mu_last, a.predicted_mu)}), least {_fmt(a.pl_mu_min, '.4g')} (ratio "
+                 f"{_ratio(a.pl_mu_min, a.predicted_mu)})")
+    verdict = asymptotic_verdict(a)
+    return lines + ([f"theory        {verdict}"] if verdict else [])
 
 
 def format_analysis(traj: Trajectory, a: Analysis, e_star_label: str | None = None) -> str:
@@ -107,20 +184,7 @@ def format_analysis(traj: Trajectory, a: Analysis, e_star_label: str | None = No
                  "fit": "fitted from the tail; 95% in"}
         span = "" if a.e_star_source == "given" else f" [{_fmt(a.e_star_low, '.14g')}, {_fmt(a.e_star_high, '.14g')}]"
         lines.append(f"E*            {_fmt(a.e_star, '.12g')} ({known.get(a.e_star_source, a.e_star_source)}{span})")
-    if math.isfinite(a.kl_theta):
-        lo, hi = a.kl_theta_ci
-        cut = "; cut to (0, 1], the exponent's range" if kl_interval_clipped(lo, hi) else ""
-        lines.append(f"KL exponent   theta = {_fmt(a.kl_theta, '.4f')}, "
-                     f"95% interval [{_fmt(lo, '.4f')}, {_fmt(hi, '.4f')}] "
-                     f"(block bootstrap{cut}) over t >= {_fmt(a.kl_window_start, '.4g')} "
-                     f"({a.kl_points} trusted points; "
-                     f"0.5 = PL); C = {_fmt(a.kl_constant, '.4g')}; predicted vs observed E - E*: max |log ratio| "
-                     f"{_fmt(a.kl_decay_error, '.3g')}")
-    else:
-        lines.append(f"KL exponent   {a.kl_status or 'not computed'}")
-    lines.append(f"PL ratio      mu = I / (2 (E - E*)) >= {_fmt(a.pl_mu_min, '.4g')} over the window, where E - E* is "
-                 "trustworthy" if math.isfinite(a.pl_mu_min) else
-                 "PL ratio      - (no sample of the window where E - E* is trustworthy)")
+    lines.extend(rate_lines(a))
     if a.gap_computed:
         radius = f" {a.gap_radius:g}" if math.isfinite(a.gap_radius) else ""
         if a.gap_is_estimate:
@@ -161,12 +225,17 @@ def format_analysis(traj: Trajectory, a: Analysis, e_star_label: str | None = No
 def cmd_diagnose(args: argparse.Namespace) -> int:
     traj = open_trajectory(args.file)
     cfg = settings_from_args(traj, args)
+    point, label = stationary_point(traj, args.stationary) if args.stationary else (None, None)
+    if args.e_star is not None:
+        label = None
+    if math.isfinite(cfg.diagnostics.e_star):
+        check_e_star(traj, float(cfg.diagnostics.e_star), point)
     if not args.no_write:
         check_editable(traj.path)       # before the work, not after it
-    analysis = analyse(traj, cfg.diagnostics, previous=read_analysis(traj), run_stationary_tol=cfg.run.stationary_tol)
+    analysis = analyse(traj, cfg.diagnostics, previous=read_analysis(traj), run_stationary_tol=cfg.run.stationary_tol,
+                       point=point)
     if not args.no_write:
         write_analysis(traj.path, analysis)
-    label = stationary_energy(traj, args.stationary)[1] if args.stationary else None
     print(format_analysis(traj, analysis, label))
     if not args.no_write:
         print(f"\nstored as /analysis in {traj.path}")
@@ -226,7 +295,8 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     common(p)
     p.add_argument("--e-star", type=float, metavar="X", help="known optimal energy E* (diagnostics.e_star)")
     p.add_argument("--stationary", metavar="RESULT",
-                   help="E* = the energy of the point in a pdeflow stationary result (of this file's problem)")
+                   help="a pdeflow stationary result (of this file's problem): E* = the energy of its point (unless "
+                        "--e-star), and the theory's rates there printed beside the measured ones")
     p.add_argument("--frames", type=int, metavar="N", help="frames where the gap is computed (diagnostics.gap_frames)")
     p.add_argument("--no-write", action="store_true", help="print only; leave the file untouched")
     p.set_defaults(func=cmd_diagnose)

@@ -2,7 +2,7 @@
 
 The quantities of docs/model.md ("Dissipation and the energy identity" to "Convergence rates: PL and KL"), one module
 per concern, the public names imported here (``pdeflow.analysis.diagnostics.X``):
-:mod:`~pdeflow.analysis.diagnostics.rates`,
+:mod:`~pdeflow.analysis.diagnostics.rates`, :mod:`~pdeflow.analysis.diagnostics.predictions`,
 :mod:`~pdeflow.analysis.diagnostics.domain`, :mod:`~pdeflow.analysis.diagnostics.certify`,
 :mod:`~pdeflow.analysis.diagnostics.gap`,
 :mod:`~pdeflow.analysis.diagnostics.clusters`, :mod:`~pdeflow.analysis.diagnostics.analysis`,
@@ -17,13 +17,17 @@ from .certify import certified_min_phi, grad_phi_bound, hess_phi_bound
 from .clusters import HeadClusters, attention_pattern, frame_measure, head_clusters, probe_sequence, trajectory_grid
 from .domain import Domain
 from .gap import GapResult, entropic_gap, minimize_phi, optimality_gap
+from .predictions import PointPrediction, prediction_at
 from .rates import (
                     KLFit,
+                    LocalExponent,
+                    e_star_refusal,
                     energy_identity_residual,
                     fit_e_star,
                     fit_e_star_interval,
                     kl_exponent,
                     kl_fit,
+                    local_exponent,
                     pl_constant,
                     trusted_excess,
 )
@@ -33,4 +37,5 @@ __all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "certi
            "energy_identity_residual", "pl_constant",
            "kl_exponent", "kl_fit", "KLFit", "fit_e_star", "attention_pattern", "probe_sequence", "HeadClusters",
            "head_clusters", "frame_measure", "trajectory_grid", "Analysis", "analyse", "analyse_run", "write_analysis",
-           "read_analysis", "check_editable", "gap_frame_indices"]
+           "read_analysis", "check_editable", "gap_frame_indices", "LocalExponent", "local_exponent", "e_star_refusal",
+           "PointPrediction", "prediction_at"]

@@ -14,8 +14,17 @@ from ...core.problem import Problem
 from ...io.trajectory import Trajectory
 from .clusters import HeadClusters, frame_measure, head_clusters, trajectory_grid
 from .gap import entropic_gap, optimality_gap
-from .rates import energy_identity_residual, fit_e_star_interval, kl_fit, pl_constant, trusted_excess
-from .spectral import SpectralRecord, analysed_spectrum
+from .predictions import PointPrediction
+from .rates import (
+    THETA_TOL,
+    e_star_refusal,
+    energy_identity_residual,
+    fit_e_star_interval,
+    kl_fit,
+    pl_constant,
+    trusted_excess,
+)
+from .spectral import SADDLE, SpectralRecord, analysed_spectrum
 
 UNIT_MASS_TOL = 1e-9         # a total mass this close to 1 is a probability measure's
 GRID_CLUSTER_MASS = 1e-2     # grid cells lighter than this times the heaviest belong to no cluster
@@ -31,11 +40,17 @@ class Analysis:
     (``E - gap_bound``, a proven lower bound on E over measures on Omega; nan where the gap is not certified
     or an entropy term is missing), ``min_phi``, ``mean_phi``, ``outside_mass``, ``minimizer`` [F, k],
     ``pl_mu`` (only where E - E* is trustworthy: :func:`trusted_excess`), ``energy_identity_residual``,
-    ``kl_predicted`` (E - E* predicted by the KL fit over its window). Scalars: ``e_star``, where it came from
-    and the interval ``[e_star_low, e_star_high]`` known (given, certified) or estimated (fit) to hold it; the
-    KL fit, or ``kl_status`` saying why the window shows no KL regime; ``pl_mu_min`` (the least trusted PL
-    ratio at the frames of the KL window: the PL constant the tail supports), the stationary time, and the
-    settings the gap search used."""
+    ``kl_predicted`` (E - E* predicted by the KL exponent over its window, where one is established). Scalars:
+    ``e_star``, where it came from and the interval ``[e_star_low, e_star_high]`` known (given, certified) or
+    estimated (fit) to hold it; ``kl_status``: "KL regime", "pre-asymptotic: ..." or why the window shows no KL
+    regime, in one line; the local exponent theta(t) over the window ``[kl_window_start, kl_window_end]``
+    (:func:`pdeflow.analysis.diagnostics.rates.local_exponent`, on its trusted samples from ``kl_t_first`` to
+    ``kl_t_last``): its first and last secants ``kl_theta_first``, ``kl_theta_last``, the interval
+    ``kl_theta_range`` (:attr:`~pdeflow.analysis.diagnostics.rates.LocalExponent.extended`), ``kl_theta`` (only
+    where theta(t) is constant within ``kl_tolerance``); the PL ratio over the same samples: first, last and least
+    (``pl_mu_first``, ``pl_mu_last``, ``pl_mu_min``); the theory's ``predicted_theta`` and ``predicted_mu`` at a
+    given stationary point and ``prediction`` (on what they rest, or why none is claimed); the stationary time,
+    and the settings the gap search used."""
     time: np.ndarray
     energy: np.ndarray
     dissipation: np.ndarray
@@ -58,12 +73,23 @@ class Analysis:
     kl_status: str = ""
     kl_fitted: float = math.nan
     kl_theta: float = math.nan
-    kl_theta_ci: tuple[float, float] = (math.nan, math.nan)
+    kl_theta_range: tuple[float, float] = (math.nan, math.nan)
+    kl_theta_first: float = math.nan
+    kl_theta_last: float = math.nan
+    kl_t_first: float = math.nan
+    kl_t_last: float = math.nan
+    kl_tolerance: float = THETA_TOL
     kl_constant: float = math.nan
     kl_points: int = 0
     kl_window_start: float = math.nan
+    kl_window_end: float = math.nan
     kl_decay_error: float = math.nan
     pl_mu_min: float = math.nan
+    pl_mu_first: float = math.nan
+    pl_mu_last: float = math.nan
+    predicted_theta: float = math.nan
+    predicted_mu: float = math.nan
+    prediction: str = ""
     stationary_time: float = math.nan
     stationary_tol: float = math.nan
     gap_computed: bool = False
@@ -84,8 +110,10 @@ FRAME_ARRAYS = ("time", "energy", "dissipation", "gap", "lower_bound", "min_phi"
                 "minimizer", "gap_exhaustive", "pl_mu", "energy_identity_residual", "kl_predicted", "gap_bound",
                 "gap_certified")
 SCALARS = ("e_star", "e_star_source", "e_star_low", "e_star_high", "kl_status", "kl_fitted", "kl_theta", "kl_constant",
-           "kl_points", "kl_window_start", "kl_decay_error", "pl_mu_min",
-           "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate", "gap_domain", "gap_radius")
+           "kl_points", "kl_window_start", "kl_window_end", "kl_decay_error", "kl_theta_first", "kl_theta_last",
+           "kl_t_first", "kl_t_last", "kl_tolerance", "pl_mu_min", "pl_mu_first", "pl_mu_last", "predicted_theta",
+           "predicted_mu", "prediction", "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate",
+           "gap_domain", "gap_radius")
 CLUSTER_ARRAYS = ("labels", "mass", "size", "centre", "representative", "attention", "probe")
 
 
@@ -137,24 +165,51 @@ def _padded(a: Analysis, traj: Trajectory) -> Analysis:
 
 
 def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis | None = None,
-            run_stationary_tol: float = 0.0) -> Analysis:
+            run_stationary_tol: float = 0.0, point: PointPrediction | None = None) -> Analysis:
     """The analysis of a trajectory with the ``[diagnostics]`` settings (the :mod:`pdeflow.analysis.diagnostics`
     docstring), over the span its run computed accurately (:func:`accurate_span`; a note says when that is not all of
     it).
 
     ``previous``: an earlier analysis of the same file, whose minimizers seed the gap search (so a rerun
-    only improves the minimum found). ``run_stationary_tol``: the run's ``run.stationary_tol``.
+    only improves the minimum found), and whose gap (certified or not) is kept, with a note, when these settings do
+    not recompute it (``gap = false``): a rerun never silently drops a certified gap. ``run_stationary_tol``: the
+    run's ``run.stationary_tol``. ``point``: the theory's prediction at a stationary point
+    (:func:`pdeflow.analysis.diagnostics.predictions.prediction_at`), printed beside the measured rates.
     """
     span, note = accurate_span(traj)
     if not note:
-        return _analyse(traj, settings, previous, run_stationary_tol)
-    a = _analyse(span, settings, previous, run_stationary_tol)
+        return _analyse(traj, settings, previous, run_stationary_tol, point)
+    a = _analyse(span, settings, previous, run_stationary_tol, point)
     a.notes.insert(0, note)
     return _padded(a, traj)
 
 
+def lowest_energy(traj: Trajectory) -> float:
+    """The least energy of the span a run computed accurately (:func:`accurate_span`), over its frames and
+    /steps rows (nan when it has none): no limit of the flow lies above it."""
+    span, _ = accurate_span(traj)
+    values = [np.asarray(span.frames["energy"], dtype=float), np.asarray(span.steps.get("energy", ()), dtype=float)]
+    finite = np.concatenate([v[np.isfinite(v)] for v in values])
+    return float(finite.min()) if finite.size else math.nan
+
+
+def _kept(a: Analysis, previous: Analysis | None, settings: DiagnosticsConfig) -> None:
+    """The gap of ``previous`` (same frames) into ``a`` when ``settings`` do not recompute it, with a note."""
+    if previous is None or previous.time.shape != a.time.shape or not np.array_equal(previous.time, a.time):
+        return
+    if not settings.gap and previous.gap_computed:
+        for name in ("gap", "lower_bound", "min_phi", "mean_phi", "outside_mass", "minimizer", "gap_exhaustive",
+                     "gap_bound", "gap_certified"):
+            setattr(a, name, np.array(getattr(previous, name), copy=True))
+        for name in ("gap_computed", "gap_is_estimate", "gap_domain", "gap_radius"):
+            setattr(a, name, getattr(previous, name))
+        certified = int(np.count_nonzero(a.gap_certified))
+        a.notes.append(f"the gap stored by the earlier analysis is kept, not recomputed (diagnostics.gap = false): "
+                       f"{a.gap_frames.size} frames, {certified} certified")
+
+
 def _analyse(traj: Trajectory, settings: DiagnosticsConfig, previous: Analysis | None,
-             run_stationary_tol: float) -> Analysis:
+             run_stationary_tol: float, point: PointPrediction | None) -> Analysis:
     problem = traj.problem()
     time = np.asarray(traj.time, dtype=float)
     F = time.size
@@ -171,6 +226,7 @@ def _analyse(traj: Trajectory, settings: DiagnosticsConfig, previous: Analysis |
         return a
     if settings.gap:
         _gaps(a, traj, problem, settings, previous)
+    _kept(a, previous, settings)
     if "omega" in traj.frames and not math.isinf(problem.beta):
         # the stored energy and dissipation of noisy particles lack the entropy term (no density to take it
         # from): the identity and the rates would be those of another functional
@@ -193,8 +249,8 @@ def _analyse(traj: Trajectory, settings: DiagnosticsConfig, previous: Analysis |
         first = F - int(np.argmin(below[::-1])) if not below.all() else 0
         a.stationary_time = float(time[first])
 
-    _rates(a, settings, st_t, st_e, st_i)
     a.spectrum = analysed_spectrum(traj, problem, settings)
+    _rates(a, settings, st_t, st_e, st_i, point)
     _clusters(a, traj, problem, settings)
     return a
 
@@ -294,20 +350,50 @@ def _fit_moves_with_the_window(fitted: tuple[float, float, float], st_t: np.ndar
     return ""
 
 
-def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.ndarray, st_i: np.ndarray) -> None:
-    """E*, the PL ratio at the frames and the KL fit over the window (on the /steps rows when present).
+def saddle_refusal(rec: SpectralRecord | None, start: float) -> str:
+    """Why the window ``t >= start`` has no KL exponent of the flow's limit because the spectral record calls some
+    of its frames "near a saddle" ("" when none is), in one line: the rate of a saddle passage is no rate at the
+    limit."""
+    if rec is None:
+        return ""
+    prefix = SADDLE.split("{")[0]
+    tol = time_tolerance(start)
+    hits = [(float(t), p) for t, p in zip(rec.spectrum_time, rec.phases) if t >= start - tol and p.startswith(prefix)]
+    if not hits:
+        return ""
+    times = sorted(t for t, _ in hits)
+    return (f"refused: the fit window t >= {start:.6g} overlaps {len(hits)} analysed frame(s) whose recorded phase is "
+            f"near a saddle (t = {times[0]:.6g} .. {times[-1]:.6g}; {hits[0][1]} at t = {hits[0][0]:.6g}): the decay "
+            "there passes a saddle, it is no KL rate of the limit")
 
-    E* comes with an interval that holds it: ``diagnostics.e_star`` if given (a point); else the narrower of
+
+def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.ndarray, st_i: np.ndarray,
+           point: PointPrediction | None = None) -> None:
+    """E*, the PL ratio at the frames and over the window, and the local exponent over the window (on the /steps rows
+    when present).
+
+    E* comes with an interval that holds it: ``diagnostics.e_star`` if given (a point; refused with a note when
+    it lies above the lowest energy of the run); else the narrower of
     the certified one, ``[best E - gap_bound, lowest E]`` (point: the bound), and the profile interval of the
     limit fitted from the window's tail (:func:`fit_e_star_interval`) if the fit on the window's first half
     agrees with it (:func:`_fit_moves_with_the_window`). An uncertified gap never gives E*.
-    PL and KL use only samples where E - E* is trustworthy (:func:`trusted_excess`)."""
+    PL and KL use only samples where E - E* is trustworthy (:func:`trusted_excess`); a window that overlaps frames
+    near a saddle (:func:`saddle_refusal`) gets no exponent."""
     t_end = float(a.time[-1])
     start = t_end - settings.kl_window * (t_end - float(a.time[0]))
+    a.kl_window_start, a.kl_window_end = start, t_end
+    if point is not None:
+        a.predicted_theta, a.predicted_mu, a.prediction = point.theta, point.mu, point.basis
     in_window = st_t >= start - time_tolerance(start)
     e_min = float(np.nanmin(st_e))
+    saddle = saddle_refusal(a.spectrum, start)
     candidates = []
     if math.isfinite(settings.e_star):
+        refused = e_star_refusal(float(settings.e_star), e_min)
+        if refused:
+            a.kl_status = saddle or f"no KL regime in this window: {refused}"
+            a.notes.append(f"{refused}: not used (no PL/KL)")
+            return
         candidates.append(("given", float(settings.e_star), float(settings.e_star), float(settings.e_star)))
     else:
         bounds = np.isfinite(a.lower_bound)
@@ -332,8 +418,8 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
             candidates.append(("fit",) + fitted)
     if not candidates:
         a.e_star_source = "none"
-        a.kl_status = ("no KL regime in this window: E* unknown (no certified gap, and the tail does not determine "
-                       "its limit)")
+        a.kl_status = saddle or ("no KL regime in this window: E* unknown (no certified gap, and the tail does not "
+                                 "determine its limit)")
         a.notes.append("E* unknown (no certified gap, and the tail does not determine its limit): no PL/KL; "
                        "pass --e-star or run longer")
         return
@@ -341,18 +427,28 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
     a.e_star, a.e_star_source, a.e_star_low, a.e_star_high = e_star, source, lo, hi
     trusted = trusted_excess(a.energy, (lo, hi))
     a.pl_mu = np.where(trusted, pl_constant(a.energy, a.dissipation, e_star), np.nan)
-    fit = kl_fit(st_e[in_window], st_i[in_window], e_star, e_star_range=(lo, hi), seed=settings.seed)
-    a.kl_theta, a.kl_theta_ci = fit.theta, (fit.ci_low, fit.ci_high)
-    a.kl_constant, a.kl_points = fit.constant, fit.n_points
-    a.kl_fitted, a.kl_window_start = fit.fitted, start
-    if fit.reason:
+    w_e, w_i = st_e[in_window], st_i[in_window]
+    w_ok = trusted_excess(w_e, (lo, hi)) & np.isfinite(w_i) & (w_i > 0)
+    if w_ok.any():
+        mu = pl_constant(w_e[w_ok], w_i[w_ok], e_star)
+        a.pl_mu_first, a.pl_mu_last, a.pl_mu_min = float(mu[0]), float(mu[-1]), float(mu.min())
+    if saddle:
+        a.kl_status = saddle
+        return
+    fit = kl_fit(w_e, w_i, e_star, e_star_range=(lo, hi), time=st_t[in_window])
+    a.kl_theta, a.kl_theta_range = fit.theta, (fit.low, fit.high)
+    a.kl_constant, a.kl_points, a.kl_fitted = fit.constant, fit.n_points, fit.fitted
+    if fit.local is not None:
+        a.kl_theta_first, a.kl_theta_last = float(fit.local.theta[0]), float(fit.local.theta[-1])
+        a.kl_t_first, a.kl_t_last = fit.local.t_first, fit.local.t_last
+    if fit.pre_asymptotic:
+        a.kl_status = fit.reason
+    elif fit.reason:
         a.kl_status = f"no KL regime in this window: {fit.reason}"
         a.notes.append(a.kl_status)
     else:
         a.kl_status = "KL regime"
     frames = np.flatnonzero(a.time >= start - time_tolerance(start))
-    window_mu = a.pl_mu[frames][np.isfinite(a.pl_mu[frames])]
-    a.pl_mu_min = float(window_mu.min()) if window_mu.size else math.nan
     if math.isfinite(fit.theta) and frames.size and a.energy[frames[0]] > e_star:
         t0 = a.time[frames[0]]
         predicted = fit.predicted_excess(a.time[frames], t0, a.energy[frames[0]] - e_star)

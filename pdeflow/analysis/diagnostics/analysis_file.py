@@ -43,7 +43,7 @@ def write_analysis(path: str | Path, analysis: Analysis) -> None:
             g.create_dataset(key, data=np.asarray(getattr(analysis, key)))
         for key in SCALARS:
             g.attrs[key] = getattr(analysis, key)
-        g.attrs["kl_theta_ci"] = np.asarray(analysis.kl_theta_ci, dtype=float)
+        g.attrs["kl_theta_range"] = np.asarray(analysis.kl_theta_range, dtype=float)
         g.attrs["notes"] = "\n".join(analysis.notes)
         c = analysis.clusters
         if c is not None:
@@ -64,11 +64,13 @@ def read_analysis(traj: Trajectory) -> Analysis | None:
     kwargs.setdefault("gap_bound", np.full(F, np.nan))
     kwargs.setdefault("gap_certified", np.zeros(F, dtype=bool))
     kwargs.update({key: d[key] for key in SCALARS if key in d})
-    kwargs["kl_status"] = str(kwargs.get("kl_status", ""))
+    for key in ("kl_status", "prediction"):
+        kwargs[key] = str(kwargs.get(key, ""))
     for key in ("gap_computed", "gap_is_estimate"):
         kwargs[key] = bool(kwargs.get(key, False))
-    ci = np.asarray(d.get("kl_theta_ci", (math.nan, math.nan)), dtype=float)
-    kwargs["kl_theta_ci"] = (float(ci[0]), float(ci[1]))
+    # files written before the local exponent hold a bootstrap interval ("kl_theta_ci"), which is not this range
+    span = np.asarray(d.get("kl_theta_range", (math.nan, math.nan)), dtype=float)
+    kwargs["kl_theta_range"] = (float(span[0]), float(span[1]))
     kwargs["notes"] = [n for n in str(d.get("notes", "")).split("\n") if n]
     if "cluster_labels" in d:
         kwargs["clusters"] = HeadClusters(**{key: np.asarray(d[f"cluster_{key}"]) for key in CLUSTER_ARRAYS},

@@ -41,35 +41,127 @@ def pl_constant(energy: np.ndarray, dissipation: np.ndarray, e_star: float) -> n
 TRUST_FACTOR = 10.0       # E - E* is trusted where it exceeds this many widths of the interval holding E*
 KL_MIN_POINTS = 8         # trusted samples a KL fit needs
 KL_MIN_RANGE = math.log(2.0)   # ... and E - E* must fall by at least this (natural log) over them
-BOOTSTRAP = 400           # replicates of the moving-block bootstrap of the KL slope
+THETA_TOL = 0.005         # a single theta only where the local exponent varies by at most this over the window
+LOCAL_SECANTS = 16        # the window's span of ln(E - E*) is cut into about this many secants of the local exponent
+MIN_SECANTS = 3           # ... and at least this many show whether the local exponent drifts
 PROFILE_LEVEL = 3.841     # chi^2_1 0.95 quantile: the profile-likelihood interval of a fitted E*
+PRE_ASYMPTOTIC = "pre-asymptotic: the local exponent drifts from {a:.4f} to {b:.4f} over t in [{t0:.6g}, {t1:.6g}]"
 
 
-def kl_interval_clipped(low: float, high: float) -> bool:
-    """Whether a KL exponent interval ``[low, high]`` touches 0 or 1: cut to the range (0, 1] by :func:`kl_fit`."""
-    return bool(low <= 0.0 or high >= 1.0)
+@dataclass(frozen=True)
+class LocalExponent:
+    """The local exponent ``theta(t) = 1 - (1/2) d ln I / d ln(E - E*)`` over a window, as secants.
+
+    The trusted samples are cut at nodes ``j = 0..m`` where ``x = ln(E - E*)`` has fallen by a step ``h`` (about
+    1/LOCAL_SECANTS of its span, never less than the rounding allows) since the previous node, and each secant
+    ``theta_j = 1 - (y_{j+1} - y_j) / (2 (x_{j+1} - x_j))`` (``y = ln I``) is by the mean value theorem the local
+    exponent at some time of ``[t_j, t_{j+1}]``. Arrays [m]: ``time`` (midpoints), ``theta`` (E* at its value).
+    ``low``, ``high``: a range that holds ``theta(t)`` at every time of the window, for every E* of its interval:
+    the least and largest secant over the three E* (the interval's ends and its value), widened by ``pad``, the
+    largest change between neighbouring secants (what the local exponent can do within one secant, for a curve
+    whose exponent varies smoothly on the scale of a secant) plus the rounding of the secants. ``theta`` of
+    the whole window: the secant from the first node to the last (a mean of the local exponent).
+    """
+    time: np.ndarray
+    theta: np.ndarray
+    low: float
+    high: float
+    pad: float
+    mean: float
+    constant: float
+    t_first: float
+    t_last: float
+
+    @property
+    def drift(self) -> float:
+        """The largest minus the least secant with E* at its value: how far the local exponent moves."""
+        return float(np.ptp(self.theta)) if self.theta.size else math.nan
+
+    @property
+    def extended(self) -> tuple[float, float]:
+        """``[low, high]`` extended by :attr:`drift` on the side the local exponent moves to (last secant against
+        first): where it may still go if it goes on moving as much. When theta(t) moves monotonically towards a limit
+        and its distance to it at least halves over the window (e.g. late in a mixture of modes whose faster part
+        decays), the limit lies within it; a window at a turning point of theta(t) shows no drift and says nothing of
+        the limit (at a known minimum, the PL ratio against lambda_min does: ``diagnose --stationary``)."""
+        move = self.theta[-1] - self.theta[0]
+        return (self.low - (self.drift if move < 0 else 0.0), self.high + (self.drift if move > 0 else 0.0))
+
+
+def _nodes(x: np.ndarray, h: float) -> np.ndarray:
+    """Indices where ``x`` (falling, up to rounding) has fallen by ``h`` since the previous node, the last included."""
+    nodes, level = [0], x[0]
+    for j in range(1, x.size):
+        if x[j] <= level - h:
+            nodes.append(j)
+            level = x[j]
+    if nodes[-1] != x.size - 1 and x[nodes[-1]] - x[-1] > 0.5 * h:
+        nodes.append(x.size - 1)
+    return np.asarray(nodes)
+
+
+def _secants(x: np.ndarray, y: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    return 1.0 - np.diff(y[nodes]) / (2.0 * np.diff(x[nodes]))
+
+
+def local_exponent(time: np.ndarray, energy: np.ndarray, dissipation: np.ndarray, e_star: float,
+                   e_star_range: tuple[float, float]) -> LocalExponent | None:
+    """The local exponent over samples [n] that are all trusted (:func:`trusted_excess`) with ``I > 0``, in time
+    order (:class:`LocalExponent`); None when they give fewer than MIN_SECANTS secants."""
+    time, energy, dissipation = (np.asarray(a, dtype=float) for a in (time, energy, dissipation))
+    eps = np.finfo(float).eps
+    eps_x = 4 * eps * (np.abs(energy) + abs(e_star)) / (energy - e_star)   # relative rounding of E - E*
+    h = float(np.ptp(np.log(energy - e_star))) / LOCAL_SECANTS
+    # a secant over h carries a rounding error ~ |q| eps_x / h: samples where that would exceed ~1e-3 are left out
+    keep = eps_x <= 5e-4 * h
+    time, energy, dissipation, eps_x = time[keep], energy[keep], dissipation[keep], eps_x[keep]
+    if time.size < 2:
+        return None
+    y = np.log(dissipation)
+    x = np.log(energy - e_star)
+    nodes = _nodes(x, h)
+    if nodes.size < MIN_SECANTS + 1:
+        return None
+    star_lo, star_hi = e_star_range
+    every = [_secants(np.log(energy - s), y, nodes) for s in sorted({star_lo, e_star, star_hi})]
+    theta = _secants(x, y, nodes)
+    dx = np.abs(np.diff(x[nodes]))
+    q = np.abs(2.0 * (1.0 - theta))
+    rounding = float(np.max((2 * 16 * eps + q * (eps_x[nodes[1:]] + eps_x[nodes[:-1]])) / (2.0 * dx)))
+    pad = float(np.max(np.abs(np.diff(theta)))) + rounding
+    low = min(float(s.min()) for s in every) - pad
+    high = max(float(s.max()) for s in every) + pad
+    mean = 1.0 - (y[nodes[-1]] - y[nodes[0]]) / (2.0 * (x[nodes[-1]] - x[nodes[0]]))
+    c = float(np.exp(np.mean(y - 2.0 * (1.0 - mean) * x)))
+    mid = 0.5 * (time[nodes[1:]] + time[nodes[:-1]])
+    return LocalExponent(time=mid, theta=theta, low=low, high=high, pad=pad, mean=float(mean), constant=c,
+                         t_first=float(time[nodes[0]]), t_last=float(time[nodes[-1]]))
 
 
 @dataclass(frozen=True)
 class KLFit:
-    """``log I = log C + q log(E - E*)`` with ``q = 2 (1 - theta)``: theta, its 95% interval, C, points used.
+    """What a window says about ``I = C (E - E*)^q``, ``q = 2 (1 - theta)``: theta, the interval ``[low, high]``
+    (:attr:`LocalExponent.extended`: the range of the local exponent theta(t) over t in the window and E* over its
+    interval, extended by its drift on the side it moves; not a confidence interval), C, the trusted points used.
 
-    ``reason`` is empty when the window shows a KL regime; otherwise it says in one line why not, and theta,
-    the interval and C are nan (``fitted`` keeps the regression's theta, if there was one, for the record).
-    The interval lies in [0, 1], the closure of the exponent's range (0, 1]: :attr:`clipped` says it was cut there.
+    ``theta`` is finite only when the local exponent is constant over the window within THETA_TOL (its secants
+    with E* at its value span at most THETA_TOL) and lies in (0, 1]; otherwise ``reason`` says in one line why
+    not (for a drifting exponent: ``pre-asymptotic: the local exponent drifts from a to b over t in [t0, t1]``),
+    and ``fitted`` keeps the window's mean exponent for the record. ``local``: the secants, when there were enough.
     """
     theta: float
-    ci_low: float
-    ci_high: float
+    low: float
+    high: float
     constant: float
     n_points: int
     reason: str = ""
     fitted: float = math.nan
+    local: LocalExponent | None = None
 
     @property
-    def clipped(self) -> bool:
-        """Whether the bootstrap interval reached past the range (0, 1] and was cut to it."""
-        return kl_interval_clipped(self.ci_low, self.ci_high)
+    def pre_asymptotic(self) -> bool:
+        """Whether the window was refused because its local exponent drifts."""
+        return self.reason.startswith("pre-asymptotic")
 
     def predicted_excess(self, time: np.ndarray, t0: float, excess0: float) -> np.ndarray:
         """``E - E*`` solving ``dE/dt = -C (E - E*)^q`` from ``excess0`` at ``t0``, at ``time`` >= t0.
@@ -102,6 +194,18 @@ def trusted_excess(energy: np.ndarray, e_star_range: tuple[float, float]) -> np.
         return np.isfinite(energy) & (energy - hi > floor) & (energy - hi >= TRUST_FACTOR * (hi - lo))
 
 
+def e_star_refusal(e_star: float, lowest: float, what: str = "the lowest energy of the run") -> str:
+    """Why ``e_star`` cannot be the limit of a flow whose least energy is ``lowest`` ("" when it can), in one
+    line: the energy of a gradient flow never rises, so its limit lies at or below every energy it took (up to
+    rounding, 64 eps |E|). ``what`` names ``lowest`` (e.g. the energy of a stationary point)."""
+    if not (math.isfinite(e_star) and math.isfinite(lowest)):
+        return ""
+    floor = 64 * np.finfo(float).eps * max(1.0, abs(lowest))
+    if e_star - lowest <= floor:
+        return ""
+    return f"E* = {e_star:.12g} lies above {what} ({lowest:.12g}), so it is no limit of this flow"
+
+
 def _window(n: int, window: float) -> slice:
     if not 0 < window <= 1:
         raise ValueError(f"window must be in (0, 1], got {window}")
@@ -109,53 +213,25 @@ def _window(n: int, window: float) -> slice:
 
 
 def _block_length(n: int) -> int:
-    """Block length of the moving-block bootstrap: about n^(1/3) (the usual rate for a variance)."""
+    """About 2 n^(1/3) consecutive residuals of a smooth tail count as one (the profile interval of E*)."""
     return max(1, int(round(2.0 * n ** (1.0 / 3.0))))
 
 
-def _slope_interval(x: np.ndarray, y: np.ndarray, eps_x: np.ndarray, rng: np.random.Generator,
-                    replicates: int) -> tuple[float, float, float, float]:
-    """Least squares ``y = c + q x`` with a 95% interval of q: ``(q, q_low, q_high, c)``.
-
-    The interval is the percentile interval of a moving-block residual bootstrap (blocks of
-    :func:`_block_length` consecutive residuals, scaled by ``sqrt(n / (n - 2))`` for the two fitted
-    parameters; blocks keep the serial correlation of the residuals of a smooth curve), widened to at least
-    the rounding bound ``sum_i |x_i - xm| (eps_y + |q| eps_x_i) / sxx`` (``eps_x`` [n]: the relative rounding
-    of ``E - E*``; ``eps_y`` that of log I), so an exact power law's interval contains its exponent.
-    """
-    n = x.size
-    xc = x - x.mean()
-    sxx = float(xc @ xc)
-    q = float(xc @ (y - y.mean()) / sxx)
-    c = float(y.mean() - q * x.mean())
-    resid = (y - c - q * x) * math.sqrt(n / max(n - 2, 1))
-    b = _block_length(n)
-    starts = rng.integers(0, n - b + 1, size=(replicates, -(-n // b)))
-    idx = (starts[:, :, None] + np.arange(b)).reshape(replicates, -1)[:, :n]
-    slopes = q + (resid[idx] @ xc) / sxx
-    from scipy import stats  # scipy submodules load lazily: `pdeflow run` imports this module
-
-    half = float(stats.t.ppf(0.975, max(n // b - 2, 1))) * float(np.std(slopes, ddof=1))
-    eps = np.finfo(float).eps
-    rounding = float(np.sum(np.abs(xc) * (4 * eps + abs(q) * eps_x)) / sxx)
-    half = max(half, rounding)
-    return q, q - half, q + half, c
-
-
 def kl_fit(energy: np.ndarray, dissipation: np.ndarray, e_star: float, window: float = 1.0, *,
-           e_star_range: tuple[float, float] | None = None, replicates: int = BOOTSTRAP, seed: int = 0) -> KLFit:
-    """The KL exponent over the last ``window`` fraction of the samples, where it means something.
+           e_star_range: tuple[float, float] | None = None, time: np.ndarray | None = None) -> KLFit:
+    """The KL exponent over the last ``window`` fraction of the samples, where the data establish it.
 
-    Regression ``log I = log C + q log(E - E*)``, ``theta = 1 - q / 2``, on the samples where ``E - E*`` is
-    trustworthy (:func:`trusted_excess`; ``e_star_range = (lo, hi)`` is an interval known to hold E*,
-    default the point ``e_star``) and ``I > 0``. The 95% interval is the moving-block bootstrap of
-    :func:`_slope_interval`, repeated with E* at both ends of its interval and joined, so it carries the
-    uncertainty of E*. A KL regime needs KL_MIN_POINTS trusted samples over which ``E - E*`` falls by a factor
-    2 or more, and a fitted theta in (0, 1] (a Lojasiewicz exponent); otherwise ``reason`` says which failed.
+    On the samples where ``E - E*`` is trustworthy (:func:`trusted_excess`; ``e_star_range = (lo, hi)`` is an
+    interval known to hold E*, default the point ``e_star``) and ``I > 0``, the local exponent
+    ``theta(t) = 1 - (1/2) d ln I / d ln(E - E*)`` (:func:`local_exponent`; ``time`` [n], default the sample index).
+    A single theta needs KL_MIN_POINTS trusted samples over which ``E - E*`` falls by a factor 2 or more, MIN_SECANTS
+    secants, a local exponent constant within THETA_TOL, and a value in (0, 1] (a Lojasiewicz exponent); otherwise
+    ``reason`` says which failed, in one line.
     """
     energy, dissipation = np.asarray(energy, dtype=float), np.asarray(dissipation, dtype=float)
+    time = np.arange(energy.size, dtype=float) if time is None else np.asarray(time, dtype=float)
     sl = _window(energy.size, window) if energy.size else slice(0, 0)
-    e, i = energy[sl], dissipation[sl]
+    t, e, i = time[sl], energy[sl], dissipation[sl]
     lo, hi = (e_star, e_star) if e_star_range is None else (float(e_star_range[0]), float(e_star_range[1]))
     nan = math.nan
     if not math.isfinite(e_star):
@@ -171,32 +247,30 @@ def kl_fit(energy: np.ndarray, dissipation: np.ndarray, e_star: float, window: f
     if x_span < KL_MIN_RANGE:
         return KLFit(nan, nan, nan, nan, n, reason=f"E - E* falls only by a factor {math.exp(x_span):.3g} over the "
                                                    "trusted samples (a fit needs 2)")
-    y = np.log(i[ok])
-    rng = np.random.default_rng(seed)
-    eps = np.finfo(float).eps
-    fits = {}
-    for star in sorted({lo, e_star, hi}):
-        excess = e[ok] - star
-        eps_x = 4 * eps * (np.abs(e[ok]) + abs(star)) / excess
-        fits[star] = _slope_interval(np.log(excess), y, eps_x, rng, replicates)
-    q, _, _, c = fits[e_star]
-    theta = 1.0 - q / 2.0
-    q_low, q_high = min(f[1] for f in fits.values()), max(f[2] for f in fits.values())
-    if not 0.0 < theta <= 1.0:
-        return KLFit(nan, nan, nan, nan, n, fitted=theta,
-                     reason=f"the fitted theta {theta:.3g} lies outside (0, 1]: I is not a KL power of E - E* here "
-                            "(not yet asymptotic, the step lost accuracy, or E* is not this flow's limit)")
-    # the exponent of a Lojasiewicz inequality lies in (0, 1]: the bootstrap's interval is cut to that range
-    ci_low, ci_high = max(1.0 - q_high / 2.0, 0.0), min(1.0 - q_low / 2.0, 1.0)
-    return KLFit(theta=theta, ci_low=ci_low, ci_high=ci_high, constant=float(math.exp(c)), n_points=n, fitted=theta)
+    local = local_exponent(t[ok], e[ok], i[ok], e_star, (lo, hi))
+    if local is None:
+        return KLFit(nan, nan, nan, nan, n, reason=f"the {n} trusted samples give fewer than {MIN_SECANTS} secants of "
+                                                   "ln I against ln(E - E*): whether the local exponent drifts is "
+                                                   "not seen")
+    if local.drift > THETA_TOL:
+        return KLFit(nan, local.low, local.high, nan, n, fitted=local.mean, local=local,
+                     reason=PRE_ASYMPTOTIC.format(a=local.theta[0], b=local.theta[-1], t0=local.t_first,
+                                                  t1=local.t_last))
+    if not 0.0 < local.mean <= 1.0:
+        return KLFit(nan, local.low, local.high, nan, n, fitted=local.mean, local=local,
+                     reason=f"the local exponent {local.mean:.3g} lies outside (0, 1]: I is not a KL power of E - E* "
+                            "here (the step lost accuracy, or E* is not this flow's limit)")
+    low, high = local.extended
+    return KLFit(theta=local.mean, low=max(low, 0.0), high=min(high, 1.0), constant=local.constant,
+                 n_points=n, fitted=local.mean, local=local)
 
 
 def kl_exponent(energy: np.ndarray, dissipation: np.ndarray, e_star: float,
                 window: float = 1.0) -> tuple[float, float, float]:
-    """The KL exponent theta of ``I ~ C (E - E*)^(2 (1 - theta))`` and its interval: ``(theta, ci_low, ci_high)``,
-    nan when the window shows no KL regime. See :func:`kl_fit` (``window``: the last fraction of the samples)."""
+    """The KL exponent theta of ``I ~ C (E - E*)^(2 (1 - theta))`` and the range of the local exponent over the
+    window: ``(theta, low, high)``, theta nan when the window establishes none. See :func:`kl_fit`."""
     fit = kl_fit(energy, dissipation, e_star, window)
-    return fit.theta, fit.ci_low, fit.ci_high
+    return fit.theta, fit.low, fit.high
 
 
 def fit_e_star(energy: np.ndarray, dissipation: np.ndarray) -> float:

@@ -1,0 +1,77 @@
+"""What the theory predicts for the rates near a stationary point read from a ``pdeflow stationary`` result.
+
+At a nondegenerate local minimum (the lowest eigenvalue ``lambda_min`` of the mass-weighted Hessian S off the
+symmetry directions positive) the flow is, to first order, ``dv/dt = -S v`` (docs/model.md, "Rates at a local
+minimum"), so near it ``E - E* = (1/2) v^T S v`` and ``I = |S v|^2``: the Lojasiewicz exponent of E there is 1/2,
+the PL ratio ``mu = I / (2 (E - E*)) = sum_j lambda_j^2 c_j^2 / sum_j lambda_j c_j^2`` is at least ``lambda_min``
+and tends to it along the slowest mode, and the local exponent ``1 - (1/2) d ln I / d ln(E - E*)`` is at most 1/2
+(Cauchy-Schwarz) and tends to it. These are claimed only where the result states a proof that the point is
+such a minimum; at a degenerate, uncertified or unproven point none is claimed, and the reason says why.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# result attributes that state that the minimum verdict is proven (a certificate such as the inertia of an LDL^T
+# factorisation or a rigorous lower bound on lambda_min): a true flag or the name of the certificate
+PROOF_KEYS = ("proven", "proof", "certificate")
+KL_AT_MINIMUM = 0.5   # the Lojasiewicz exponent of E at a nondegenerate local minimum
+
+
+@dataclass(frozen=True)
+class PointPrediction:
+    """The theory's rates at a stationary point of energy ``energy``: ``theta`` (1/2) and ``mu`` (the limit and
+    near-bound ``lambda_min`` of the PL ratio), nan when none is claimed; ``basis`` says on what they rest or why
+    none is claimed (one line)."""
+    energy: float
+    theta: float
+    mu: float
+    basis: str
+
+    @property
+    def claimed(self) -> bool:
+        return math.isfinite(self.theta)
+
+
+def stated_proof(result: dict[str, Any]) -> str:
+    """The proof a result states for its minimum verdict ("" when it states none): a :data:`PROOF_KEYS` attribute
+    that is true or names a certificate."""
+    for key in PROOF_KEYS:
+        value = result.get(key)
+        if isinstance(value, (bool, np.bool_)) and value:
+            return key
+        if isinstance(value, str) and value.strip() and value.strip().lower() not in ("none", "no", "false", "0"):
+            return value.strip()
+    return ""
+
+
+def prediction_at(result: dict[str, Any]) -> PointPrediction:
+    """The prediction at the point of a stationary result (:func:`pdeflow.analysis.stationary.read_stationary`'s
+    dict): claimed only when the result is ``certified``, states a proof (:func:`stated_proof`) and its
+    ``lambda_min`` exceeds the residual of the lowest Ritz value (nondegenerate)."""
+    energy = float(result["energy"])
+    verdict = str(result.get("verdict", "?"))
+    nan = math.nan
+    if not bool(result.get("certified", False)):
+        return PointPrediction(energy, nan, nan, f"none claimed: the point is no certified local minimum (its "
+                                                 f"verdict: {verdict})")
+    proof = stated_proof(result)
+    if not proof:
+        return PointPrediction(energy, nan, nan, "none claimed: the result does not state a proven certificate (its "
+                                                 f"verdict {verdict!r} may rest on Ritz values alone, which bound "
+                                                 "lambda_min from above, not below)")
+    lam = float(result.get("lambda_min", nan))
+    residuals = np.asarray(result.get("lowest_residual", ()), dtype=float)
+    r = float(residuals[0]) if residuals.size else 0.0
+    if not (math.isfinite(lam) and lam - r > 0):
+        return PointPrediction(energy, nan, nan, f"none claimed: a degenerate point (lambda_min = {lam:.4g} is not "
+                                                 f"resolved from 0 by its residual {r:.2g})")
+    return PointPrediction(energy, KL_AT_MINIMUM, lam, f"nondegenerate local minimum, lambda_min = {lam:.6g} "
+                                                       f"(+- {r:.1e}), certificate: {proof}")
+
+
+__all__ = ["KL_AT_MINIMUM", "PROOF_KEYS", "PointPrediction", "prediction_at", "stated_proof"]
