@@ -39,7 +39,8 @@ LAYERS = ("core", "io", "steppers", "analysis", "interface")
 FOLDERS = {"pdeflow.core": "core", "pdeflow.io": "io", "pdeflow.solvers": "steppers",
            "pdeflow.analysis": "analysis", "pdeflow.interface": "interface", "pdeflow.benchmarks": "interface"}
 # the package's own files at its root
-ROOT_FILES = {"pdeflow": "io", "pdeflow._version": "core", "pdeflow.__main__": "interface"}
+ROOT_FILES = {"pdeflow": "io", "pdeflow._version": "core", "pdeflow.__main__": "interface",
+              "pdeflow.reference": "analysis"}
 
 
 def module_files(packages: dict[str, str], root: Path) -> dict[str, Path]:

@@ -87,6 +87,7 @@ def test_the_wheel_holds_one_top_level_package(installed) -> None:
     assert {t for t in top if not t.endswith(".dist-info")} == {"pdeflow"}, sorted(top)
     assert "pdeflow/solvers/stiff.py" in names and "pdeflow/benchmarks/suite.py" in names
     assert "pdeflow/benchmarks/bench-reference.toml" in names
+    assert "pdeflow/analysis/manufactured_cases/phi.json" in names and "pdeflow/reference.py" in names
 
 
 def test_only_pdeflow_is_importable_from_the_install(installed) -> None:
