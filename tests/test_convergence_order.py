@@ -11,13 +11,13 @@ import h5py
 import numpy as np
 import pytest
 from pdeflow.solvers.driver import run
-from reference_model import ReferenceModel
-from test_every_method import tiny_config
 
 from pdeflow import Problem
 from pdeflow.analysis.convergence_order import OrderRefused, order_study, successive_orders
 from pdeflow.interface.cli import main
 from pdeflow.io.reference import validate
+from reference_model import ReferenceModel
+from test_every_method import tiny_config
 
 SHORT = ("run.t_end=0.1", "run.frame_interval=0.05", "init.n_particles=4")
 STEPS = (0.025, 0.0125, 0.00625)

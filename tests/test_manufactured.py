@@ -15,44 +15,26 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reference_model import ReferenceModel
 
 import pdeflow.reference as ref
 from pdeflow import Problem, loads_config
 from pdeflow.analysis.manufactured import CASES_FOLDER, ManufacturedCase, Tolerance, write_case, zero_head_spectrum
 from pdeflow.analysis.stability import analyse_point
+from reference_model import ReferenceModel
+from test_every_method import TINY
 
 HERE = Path(__file__).resolve().parent
-PROBLEM = """
-[task]
-name = "majority"
-vocab_size = 3
-seq_len = 4
-exact = true
-[model]
-d = 4
-head_dim = 2
-weight_decay = {lam}
-{coordinates}
-[init]
-n_particles = 3
-scale = 0.8
-seed = 7
-[solver]
-method = "euler"
-dt = 0.01
-[run]
-t_end = 0.01
-frame_interval = 0.01
-"""
-REDUCED = 'coordinates = "gain2"\nfamily_scale = 4.0\nfamily_seed = 1'
+# the tiny problem of tests/test_every_method.py with 4 embedding dimensions, 3 heads, one step of explicit Euler
+SETTINGS = ["model.d=4", "init.n_particles=3", "init.scale=0.8", "init.seed=7", 'solver.method="euler"',
+            "solver.dt=0.01", "run.t_end=0.01", "run.frame_interval=0.01"]
+REDUCED = 'model.coordinates="gain2"'
 EXACT = Tolerance(1e-9, 1e-12)           # two float64 implementations of the same formulas
 SPECTRUM = Tolerance(1e-6, 1e-8)         # Hessians by complex step or careful differences
 EULER_STEPS = [0.02, 0.01, 0.005]
 
 
-def _config(lam: float, coordinates: str = "") -> str:
-    return PROBLEM.format(lam=repr(lam), coordinates=coordinates)
+def _config(lam: float, *extra: str) -> str:
+    return loads_config(TINY, [*SETTINGS, f"model.weight_decay={lam!r}", *extra]).to_toml()
 
 
 def _oracle(case: ManufacturedCase) -> ReferenceModel:
@@ -68,9 +50,14 @@ def _measure(text: str) -> tuple[Problem, np.ndarray, np.ndarray]:
 
 
 # ---- the generator of the shipped cases (independent model and closed form only) ----------------------------------
-def phi_values(oracle: ReferenceModel, omega, mass, query) -> dict:
+def _gradients(oracle: ReferenceModel, omega, mass):
+    """The residual of rho [B, T, V] and grad Phi at its particles [N, k]."""
     r = oracle.residuals(omega, mass)
-    grads = np.array([oracle.grad_phi_from_residuals(w, r) for w in omega])
+    return r, np.array([oracle.grad_phi_from_residuals(w, r) for w in omega])
+
+
+def phi_values(oracle: ReferenceModel, omega, mass, query) -> dict:
+    r, grads = _gradients(oracle, omega, mass)
     return {"logits": oracle.logits(omega, mass), "energy": float(oracle.energy(omega, mass)),
             "phi": np.array([oracle.phi_from_residuals(q, r) for q in query]),
             "grad_phi": np.array([oracle.grad_phi_from_residuals(q, r) for q in query]),
@@ -78,11 +65,10 @@ def phi_values(oracle: ReferenceModel, omega, mass, query) -> dict:
 
 
 def euler_values(oracle: ReferenceModel, omega, mass, steps) -> dict:
-    r = oracle.residuals(omega, mass)
-    grads = np.array([oracle.grad_phi_from_residuals(w, r) for w in omega])
+    _, grads = _gradients(oracle, omega, mass)
     after = [float(oracle.energy(omega - h * grads, mass)) for h in steps]
-    return {"energy": float(oracle.energy(omega, mass)), "dissipation": float(mass @ np.einsum("ik,ik->i", grads, grads)),
-            "energy_after_step": np.array(after)}
+    return {"energy": float(oracle.energy(omega, mass)),
+            "dissipation": float(mass @ np.einsum("ik,ik->i", grads, grads)), "energy_after_step": np.array(after)}
 
 
 def build_cases() -> list[ManufacturedCase]:
@@ -98,7 +84,8 @@ def build_cases() -> list[ManufacturedCase]:
         {"omega": omega, "mass": mass, "query": query}, phi_values(oracle, omega, mass, query),
         {k: EXACT for k in ("logits", "energy", "phi", "grad_phi", "dissipation")},
         {"omega": "[N, k] the particles of rho", "mass": "[N] their masses (sum 1)", "query": "[Q, k] query points",
-         "logits": "[B, T, V] z = sum_i m_i psi(theta(omega_i))", "energy": "E(rho) = R + (lam/2) sum_i m_i |omega_i|^2",
+         "logits": "[B, T, V] z = sum_i m_i psi(theta(omega_i))",
+         "energy": "E(rho) = R + (lam/2) sum_i m_i |omega_i|^2",
          "phi": "[Q] Phi(query; rho)", "grad_phi": "[Q, k] grad Phi(query; rho)",
          "dissipation": "sum_i m_i |grad Phi(omega_i; rho)|^2"}))
     text = _config(0.05, REDUCED)
@@ -122,13 +109,15 @@ def build_cases() -> list[ManufacturedCase]:
         arrays = Problem.from_config(loads_config(text)).arrays()
         spectrum = zero_head_spectrum(arrays)
         cases.append(ManufacturedCase(
-            name, f"The zero head delta_0 in full coordinates, weight decay {lam:g} against sigma_max(K) = {sigma:.4g}: "
-            f"H0 = Htr with eigenvalues lam, lam +- sigma_i(K) in closed form; verdict {verdict}.", text, arrays,
+            name, f"The zero head delta_0 in full coordinates, weight decay {lam:g} against sigma_max(K) = "
+            f"{sigma:.4g}: H0 = Htr with eigenvalues lam, lam +- sigma_i(K) in closed form; verdict {verdict}.",
+            text, arrays,
             {"point": np.zeros(len(arrays["theta0"]))},
             {"h0_spectrum": spectrum, "htr_spectrum": spectrum, "verdict": verdict},
             {"h0_spectrum": SPECTRUM, "htr_spectrum": SPECTRUM, "verdict": EXACT},
-            {"point": "[k] the Dirac's location (0)", "h0_spectrum": "[k] eigenvalues of Hess_omega Phi(omega; delta_0) "
-             "at 0, ascending", "htr_spectrum": "[k] eigenvalues of Hess e(w), e(w) = E(delta_w), at 0, ascending",
+            {"point": "[k] the Dirac's location (0)",
+             "h0_spectrum": "[k] eigenvalues of Hess_omega Phi(omega; delta_0) at 0, ascending",
+             "htr_spectrum": "[k] eigenvalues of Hess e(w), e(w) = E(delta_w), at 0, ascending",
              "verdict": "translation-unstable if min Htr < 0, else splitting-unstable if min H0 < 0, else stable"}))
     return cases
 

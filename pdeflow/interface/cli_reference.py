@@ -109,8 +109,8 @@ def _positive(text: str) -> float:
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare a trajectory with a reference (--order: the convergence order of a "
-                       "family of runs)", description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=HELP)
+                       "family of runs)", description=COMPARE_HELP, epilog=HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="A.h5 B.h5: the candidate, then the reference; with --order: the runs, then the reference")
     p.add_argument("--rtol", type=_positive, default=1e-6, help="relative tolerance (default 1e-6)")
