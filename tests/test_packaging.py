@@ -92,11 +92,13 @@ def test_the_wheel_holds_one_top_level_package(installed) -> None:
 
 def test_only_pdeflow_is_importable_from_the_install(installed) -> None:
     _, python, _, work = installed
-    probe = ("import importlib.util, json, pdeflow, pdeflow.solvers, pdeflow.benchmarks.common as c; "
+    probe = ("import importlib.util, json, pdeflow, pdeflow.solvers, pdeflow.benchmarks.common as c, "
+             "pdeflow.reference as ref; "
              "print(json.dumps({'solvers': importlib.util.find_spec('solvers') is not None, "
              "'benchmarks': importlib.util.find_spec('benchmarks') is not None, "
              "'files': [pdeflow.__file__, pdeflow.solvers.__file__, str(c.REFERENCE_CONFIG)], "
-             "'config_exists': c.REFERENCE_CONFIG.is_file()}))")
+             "'config_exists': c.REFERENCE_CONFIG.is_file(), 'manufactured': len(ref.load_cases()), "
+             "'cases_file': str(pdeflow.analysis.manufactured.CASES_FOLDER)}))")
     proc = subprocess.run([str(python), "-c", probe], cwd=work, env=_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -105,6 +107,7 @@ def test_only_pdeflow_is_importable_from_the_install(installed) -> None:
     venv_root = str(python.parent.parent)
     assert all(f.startswith(venv_root) for f in found["files"]), found["files"]
     assert found["config_exists"]
+    assert found["manufactured"] == 4 and found["cases_file"].startswith(venv_root)   # package data, installed
 
 
 @pytest.fixture(scope="module")
