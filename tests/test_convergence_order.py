@@ -13,7 +13,7 @@ import pytest
 from pdeflow.solvers.driver import run
 
 from pdeflow import Problem
-from pdeflow.analysis.convergence_order import OrderRefused, order_study, successive_orders
+from pdeflow.analysis.convergence_order import OrderRefused, order_study, successive_orders, tighter_config
 from pdeflow.interface.cli import main
 from pdeflow.io.reference import validate
 from reference_model import ReferenceModel
@@ -77,8 +77,9 @@ def _runs(family: dict[str, Path], kind: str) -> list[str]:
     return [str(family[f"{kind}-{dt}"]) for dt in (STEPS[2], STEPS[0], STEPS[1])]   # any order: sorted by step
 
 
-def test_the_euler_code_writes_valid_files(family):
+def test_the_euler_code_writes_valid_files(family, capsys):
     assert validate(family[f"euler-{STEPS[1]}"]) == []
+    assert main(["validate", str(family[f"euler-{STEPS[1]}"])]) == 0 and "valid" in capsys.readouterr().out
 
 
 def test_explicit_euler_has_observed_order_one(family, tmp_path, capsys):
@@ -139,3 +140,22 @@ def test_successive_orders_and_slope_of_known_errors():
     p = successive_orders(h, e)
     expected = [2 + math.log((1 + 0.1 * a) / (1 + 0.1 * b)) / math.log(2) for a, b in zip(h[:-1], h[1:])]
     assert p == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_tighter_run_of_each_kind_of_reference():
+    """rtol and atol / 10 for an error-controlled method, dt / 2 for a fixed explicit step; a method tuned by other
+    knobs (grid, tau, noise) or an rtol at its floor cannot be tightened by pdeflow: the user gives the file."""
+    cfg, how = tighter_config(tiny_config("adaptive", "solver.rtol=1e-8", "solver.atol=1e-10"))
+    assert (cfg.solver.rtol, cfg.solver.atol) == pytest.approx((1e-9, 1e-11)) and "rtol 1e-08 -> 1e-09" in how
+    cfg, how = tighter_config(tiny_config("rk4", "solver.dt=0.05"))
+    assert cfg.solver.dt == pytest.approx(0.025) and cfg.solver.method == "rk4"
+    for method in ("jko", "sgd", "fv"):
+        with pytest.raises(OrderRefused, match="--tighter FILE"):
+            tighter_config(tiny_config(method))
+    with pytest.raises(OrderRefused, match="cannot be tightened"):
+        tighter_config(tiny_config("adaptive", "solver.rtol=1e-13"))
+
+
+def test_a_tighter_file_equal_to_the_reference_establishes_nothing(family):
+    with pytest.raises(OrderRefused, match="not established"):
+        order_study(_runs(family, "euler"), family["ref"], 1.0, tighter=family["ref"])

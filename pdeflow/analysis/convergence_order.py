@@ -17,8 +17,9 @@ the finest pair, the one nearest the asymptotic regime, and a quantity passes wh
 
 The reference check. An order is only measured if the reference's own error is negligible against the finest run's
 error: the reference's error is estimated by its difference from a tighter pdeflow run of its own config
-(:func:`tighter_config`: ``rtol`` and ``atol`` / 10 for an error-controlled method, ``dt`` / 2 for a fixed step) or
-a tighter file given by the user; an estimate valid when the tighter run is itself several times more accurate.
+(:func:`tighter_config`: ``rtol`` and ``atol`` / 10 for an error-controlled method, ``dt`` / 2 for a fixed explicit
+step; any other method needs the tighter file from the user) or a tighter file given by the user; an estimate valid
+when the tighter run is itself several times more accurate, and none when the two do not differ at all.
 The family is refused (:class:`OrderRefused`) when, for some quantity, that estimate exceeds
 ``e_finest / ACCURACY_MARGIN``.
 """
@@ -169,19 +170,24 @@ class OrderStudy:
 
 
 def tighter_config(cfg: Config) -> tuple[Config, str]:
-    """The reference's config made tighter (module docstring) and one phrase saying how; :class:`OrderRefused`
-    when it cannot be (an ``rtol`` already at its lower bound)."""
-    reads = METHODS[cfg.solver.method].reads if cfg.solver.method in METHODS else ()
+    """The reference's config made tighter (module docstring) and one phrase saying how. :class:`OrderRefused` when
+    pdeflow cannot tighten it by itself: an ``rtol`` already at its lower bound, or a method whose accuracy is set
+    neither by ``rtol`` nor by a fixed explicit step (``fv``, ``jko``, ``sgd``, ...: a finer grid, ``tau`` or noise
+    path is not one knob)."""
+    method = METHODS.get(cfg.solver.method)
     text = cfg.to_toml()
-    if "rtol" in reads:
+    if method is not None and "rtol" in method.reads:
         rtol, atol = cfg.solver.rtol / TIGHTER_TOL_FACTOR, cfg.solver.atol / TIGHTER_TOL_FACTOR
         if rtol < RTOL_RANGE[0]:
             raise OrderRefused(f"the reference's solver.rtol = {cfg.solver.rtol:g} cannot be tightened "
                                f"{TIGHTER_TOL_FACTOR:g}x to check it; give --tighter FILE")
         return (loads_config(text, [f"solver.rtol={rtol!r}", f"solver.atol={atol!r}", "output.path=''"]),
                 f"rtol {cfg.solver.rtol:g} -> {rtol:g}, atol {cfg.solver.atol:g} -> {atol:g}")
-    dt = cfg.solver.dt / TIGHTER_DT_FACTOR
-    return loads_config(text, [f"solver.dt={dt!r}", "output.path=''"]), f"dt {cfg.solver.dt:g} -> {dt:g}"
+    if method is not None and method.explicit and not method.reads:
+        dt = cfg.solver.dt / TIGHTER_DT_FACTOR
+        return loads_config(text, [f"solver.dt={dt!r}", "output.path=''"]), f"dt {cfg.solver.dt:g} -> {dt:g}"
+    raise OrderRefused(f"pdeflow cannot tighten a solver.method = {cfg.solver.method!r} reference by itself (its "
+                       f"accuracy is set neither by solver.rtol nor by a fixed explicit step); give --tighter FILE")
 
 
 def stored_config(path: str | Path) -> Config:
@@ -241,6 +247,9 @@ def order_study(paths: list[str | Path], reference: str | Path, expected: float,
             raise OrderRefused(f"{name}: an error is exactly zero ({', '.join(f'{x:.3g}' for x in e)}); no order "
                                f"can be measured")
         ref_err = ref_errors.get(name, 0.0)
+        if not ref_err > 0:
+            raise OrderRefused(f"{name}: the reference and {how} do not differ, so the reference's error is not "
+                               f"established")
         if ref_err * ACCURACY_MARGIN > e[-1]:
             raise OrderRefused(f"the reference is not {ACCURACY_MARGIN:g}x more accurate than the finest run: "
                                f"{name} error of the reference ~{ref_err:.3g} (against {how}) against {e[-1]:.3g} for "
