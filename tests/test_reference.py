@@ -370,7 +370,8 @@ def test_compare_bad_command_lines_are_exit_2(tmp_path, capsys):
     golden = str(GOLDEN_RK4)
     for argv in (["compare", golden, str(tmp_path / "missing.h5")], ["compare", golden],
                  ["compare", golden, golden, golden], ["compare", "--order", golden, golden],
-                 ["compare", golden, golden, "--rtol", "-1"]):
+                 ["compare", golden, golden, "--rtol", "-1"], ["compare", golden, golden, "--expect", "1"],
+                 ["compare", "--order", golden, golden, "--expect", "1", "--rtol", "1e-3"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("pdeflow: error: "), (argv, err)

@@ -271,7 +271,7 @@ def plot_order(path: str | Path, study: OrderStudy) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 4.8))
+    fig = Figure(figsize=(6.4, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     h = study.h

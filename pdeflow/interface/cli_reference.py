@@ -31,9 +31,10 @@ order from successive ratios log(e_i/e_i+1)/log(h_i/h_i+1), a least-squares slop
 table and, with --figure, a log-log figure. A quantity passes when the observed order of the finest pair is
 within --order-tol of P. REF must be at least 10x more accurate than the finest run in every quantity: its
 error is estimated by comparing it with a tighter pdeflow run of REF's stored config (rtol, atol / 10, or
-dt / 2 for a fixed step), or with --tighter FILE; otherwise the family is refused (exit 2).
+dt / 2 for a fixed explicit step; other methods need --tighter FILE), or with --tighter FILE; otherwise the
+family is refused (exit 2).
 
-exit codes: 0 pass; 1 a check failed, or a file is not a valid pdeflow trajectory (missing or wrong-shaped
+exit codes of compare: 0 pass; 1 a check failed, or a file is not a valid pdeflow trajectory (missing or wrong-shaped
 dataset, damaged data, checksum failure); 2 bad input: a path that does not exist, bad options, or a family
 whose order cannot be judged (the reason in one line on stderr)."""
 
@@ -50,15 +51,26 @@ def _read_failure(exc: BaseException) -> int:
     return EXIT_CHECK_FAILED
 
 
+ORDER_OPTIONS = ("expect", "tighter", "figure")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     _existing(args.files)
+    if args.order and (args.allow_partial or args.rtol is not None or args.atol is not None):
+        raise UsageError("--rtol, --atol and --allow-partial do not apply to --order (it measures errors, every "
+                         "reference frame is needed)")
+    given = [f"--{name}" for name in ORDER_OPTIONS if getattr(args, name) is not None]
+    if not args.order and given:
+        raise UsageError(f"{', '.join(given)} only apply with --order")
     if args.order:
         return _compare_order(args)
     if len(args.files) != 2:
         raise UsageError(f"compare takes two files, the candidate and the reference, got {len(args.files)} "
                          f"(an order check: --order A1.h5 A2.h5 ... REF.h5 --expect P)")
     try:
-        result = compare(*args.files, rtol=args.rtol, atol=args.atol, allow_partial=args.allow_partial)
+        # the tolerances given; compare's own defaults otherwise
+        tolerances = {k: v for k, v in (("rtol", args.rtol), ("atol", args.atol)) if v is not None}
+        result = compare(*args.files, allow_partial=args.allow_partial, **tolerances)
     except (TrajectoryError, OSError, RuntimeError) as exc:   # h5py reports damaged files as OSError/RuntimeError
         return _read_failure(exc)
     print(result.table())
@@ -113,8 +125,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="A.h5 B.h5: the candidate, then the reference; with --order: the runs, then the reference")
-    p.add_argument("--rtol", type=_positive, default=1e-6, help="relative tolerance (default 1e-6)")
-    p.add_argument("--atol", type=_positive, default=1e-10, help="absolute tolerance (default 1e-10)")
+    p.add_argument("--rtol", type=_positive, help="relative tolerance (default 1e-6)")
+    p.add_argument("--atol", type=_positive, help="absolute tolerance (default 1e-10)")
     p.add_argument("--allow-partial", action="store_true",
                    help="compare only the time span both files cover (by default a candidate covering less of the "
                         "reference's span fails); the table states the matched fraction either way")
