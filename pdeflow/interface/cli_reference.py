@@ -67,9 +67,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(args.files) != 2:
         raise UsageError(f"compare takes two files, the candidate and the reference, got {len(args.files)} "
                          f"(an order check: --order A1.h5 A2.h5 ... REF.h5 --expect P)")
+    # the tolerances given; compare's own defaults otherwise
+    tolerances = {k: v for k, v in (("rtol", args.rtol), ("atol", args.atol)) if v is not None}
     try:
-        # the tolerances given; compare's own defaults otherwise
-        tolerances = {k: v for k, v in (("rtol", args.rtol), ("atol", args.atol)) if v is not None}
         result = compare(*args.files, allow_partial=args.allow_partial, **tolerances)
     except (TrajectoryError, OSError, RuntimeError) as exc:   # h5py reports damaged files as OSError/RuntimeError
         return _read_failure(exc)
