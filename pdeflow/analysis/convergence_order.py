@@ -30,7 +30,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from ..core.config import RTOL_RANGE, Config, ConfigError, loads_config
@@ -192,7 +191,7 @@ def tighter_config(cfg: Config) -> tuple[Config, str]:
 
 def stored_config(path: str | Path) -> Config:
     """The config a pdeflow file was run with (its root attribute ``config``); :class:`OrderRefused` without one."""
-    with h5py.File(path, "r") as f:
+    with open_for_reading(Path(path)) as f:
         text = f.attrs.get("config", "")
     text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
     if not text:
@@ -241,7 +240,7 @@ def order_study(paths: list[str | Path], reference: str | Path, expected: float,
             made, how = run_tighter(reference, Path(folder))
             ref_errors = family_errors(reference, made)
     quantities = []
-    for name in errors[-1]:
+    for name in (n for n in errors[-1] if all(n in err for err in errors)):
         e = np.array([err[name] for err in errors])
         if np.any(e <= 0):
             raise OrderRefused(f"{name}: an error is exactly zero ({', '.join(f'{x:.3g}' for x in e)}); no order "
