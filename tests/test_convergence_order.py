@@ -145,8 +145,9 @@ def test_successive_orders_and_slope_of_known_errors():
 def test_the_tighter_run_of_each_kind_of_reference():
     """rtol and atol / 10 for an error-controlled method, dt / 2 for a fixed explicit step; a method tuned by other
     knobs (grid, tau, noise) or an rtol at its floor cannot be tightened by pdeflow: the user gives the file."""
-    cfg, how = tighter_config(tiny_config("adaptive", "solver.rtol=1e-8", "solver.atol=1e-10"))
+    cfg, how = tighter_config(tiny_config("adaptive", "solver.rtol=1e-8", "solver.atol=1e-10"), largest_step=0.05)
     assert (cfg.solver.rtol, cfg.solver.atol) == pytest.approx((1e-9, 1e-11)) and "rtol 1e-08 -> 1e-09" in how
+    assert cfg.solver.dt_max == pytest.approx(0.025) and cfg.solver.dt <= 0.025
     cfg, how = tighter_config(tiny_config("rk4", "solver.dt=0.05"))
     assert cfg.solver.dt == pytest.approx(0.025) and cfg.solver.method == "rk4"
     for method in ("jko", "sgd", "fv"):
@@ -159,3 +160,15 @@ def test_the_tighter_run_of_each_kind_of_reference():
 def test_a_tighter_file_equal_to_the_reference_establishes_nothing(family):
     with pytest.raises(OrderRefused, match="not established"):
         order_study(_runs(family, "euler"), family["ref"], 1.0, tighter=family["ref"])
+
+
+def test_a_coarse_reference_is_refused_by_the_run_pdeflow_makes_itself(family, tmp_path, capsys):
+    """pdeflow's own explicit Euler at half the finest step as the reference: pdeflow reruns its config at dt / 2,
+    finds its error (about that of the finest Euler run / 2) not 10x smaller and refuses, naming the rerun; the
+    family's adaptive reference passes the same check (test_explicit_euler_has_observed_order_one)."""
+    cfg = tiny_config("euler", *SHORT, f"solver.dt={STEPS[-1] / 2!r}")
+    coarse = tmp_path / "coarse.h5"
+    assert run(cfg, Problem.from_config(cfg), coarse, quiet=True).exit_code == 0
+    code = main(["compare", "--order", *_runs(family, "euler"), str(coarse), "--expect", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "not 10x more accurate" in err and "dt 0.003125 -> 0.0015625" in err, err

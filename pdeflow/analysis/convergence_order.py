@@ -16,10 +16,11 @@ the finest pair, the one nearest the asymptotic regime, and a quantity passes wh
 ``|p_observed - P| <= order_tol``; the family passes when every quantity does.
 
 The reference check. An order is only measured if the reference's own error is negligible against the finest run's
-error: the reference's error is estimated by its difference from a tighter pdeflow run of its own config
-(:func:`tighter_config`: ``rtol`` and ``atol`` / 10 for an error-controlled method, ``dt`` / 2 for a fixed explicit
-step; any other method needs the tighter file from the user) or a tighter file given by the user; an estimate valid
-when the tighter run is itself several times more accurate, and none when the two do not differ at all.
+error: the reference's error is estimated by its difference from a tighter run, one given by the user or a pdeflow
+rerun of the reference's own config (:func:`tighter_config`: ``rtol`` and ``atol`` / 10 and steps at most half the
+reference's largest for an error-controlled method, ``dt`` / 2 for a fixed explicit step; any other method needs the
+user's file). The estimate holds when the tighter run is itself several times more accurate; there is none when the
+two do not differ at all.
 The family is refused (:class:`OrderRefused`) when, for some quantity, that estimate exceeds
 ``e_finest / ACCURACY_MARGIN``.
 """
@@ -168,20 +169,27 @@ class OrderStudy:
         return "\n".join(lines)
 
 
-def tighter_config(cfg: Config) -> tuple[Config, str]:
-    """The reference's config made tighter (module docstring) and one phrase saying how. :class:`OrderRefused` when
-    pdeflow cannot tighten it by itself: an ``rtol`` already at its lower bound, or a method whose accuracy is set
+def tighter_config(cfg: Config, largest_step: float = math.inf) -> tuple[Config, str]:
+    """The reference's config made tighter (module docstring) and one phrase saying how. An error-controlled method
+    also gets ``dt_max`` at most half the reference's ``largest_step``: a tolerance alone may leave the steps as they
+    were (steps held by the frame times or by ``dt``), and an identical rerun estimates nothing. :class:`OrderRefused`
+    when pdeflow cannot tighten it by itself: an ``rtol`` already at its lower bound, or a method whose accuracy is set
     neither by ``rtol`` nor by a fixed explicit step (``fv``, ``jko``, ``sgd``, ...: a finer grid, ``tau`` or noise
     path is not one knob)."""
     method = METHODS.get(cfg.solver.method)
     text = cfg.to_toml()
     if method is not None and "rtol" in method.reads:
         rtol, atol = cfg.solver.rtol / TIGHTER_TOL_FACTOR, cfg.solver.atol / TIGHTER_TOL_FACTOR
+        dt_max = min(cfg.solver.dt_max, largest_step / TIGHTER_DT_FACTOR)
         if rtol < RTOL_RANGE[0]:
             raise OrderRefused(f"the reference's solver.rtol = {cfg.solver.rtol:g} cannot be tightened "
                                f"{TIGHTER_TOL_FACTOR:g}x to check it; give --tighter FILE")
-        return (loads_config(text, [f"solver.rtol={rtol!r}", f"solver.atol={atol!r}", "output.path=''"]),
-                f"rtol {cfg.solver.rtol:g} -> {rtol:g}, atol {cfg.solver.atol:g} -> {atol:g}")
+        limits = [f"solver.rtol={rtol!r}", f"solver.atol={atol!r}", "output.path=''"]
+        if math.isfinite(dt_max):
+            limits += [f"solver.dt_max={dt_max!r}", f"solver.dt={min(cfg.solver.dt, dt_max)!r}",
+                       f"solver.dt_min={min(cfg.solver.dt_min, dt_max)!r}"]
+        return (loads_config(text, limits), f"rtol {cfg.solver.rtol:g} -> {rtol:g}, atol {cfg.solver.atol:g} -> "
+                f"{atol:g}" + (f", dt_max {dt_max:.4g}" if math.isfinite(dt_max) else ""))
     if method is not None and method.explicit and not method.reads:
         dt = cfg.solver.dt / TIGHTER_DT_FACTOR
         return loads_config(text, [f"solver.dt={dt!r}", "output.path=''"]), f"dt {cfg.solver.dt:g} -> {dt:g}"
@@ -209,7 +217,7 @@ def run_tighter(reference: str | Path, folder: Path) -> tuple[Path, str]:
 
     from ..core.problem import Problem
 
-    cfg, how = tighter_config(stored_config(reference))
+    cfg, how = tighter_config(stored_config(reference), step_size(reference).largest)
     out = folder / "tighter-reference.h5"
     result = run(cfg, Problem.from_config(cfg), out, quiet=True)
     if result.exit_code != 0:

@@ -30,9 +30,9 @@ Per quantity (energy, dissipation, logits, W2) the largest error against REF ove
 order from successive ratios log(e_i/e_i+1)/log(h_i/h_i+1), a least-squares slope with its standard error, a
 table and, with --figure, a log-log figure. A quantity passes when the observed order of the finest pair is
 within --order-tol of P. REF must be at least 10x more accurate than the finest run in every quantity: its
-error is estimated by comparing it with a tighter pdeflow run of REF's stored config (rtol, atol / 10, or
-dt / 2 for a fixed explicit step; other methods need --tighter FILE), or with --tighter FILE; otherwise the
-family is refused (exit 2).
+error is estimated by comparing it with a tighter pdeflow run of REF's stored config (rtol, atol / 10 and
+steps at most half REF's largest, or dt / 2 for a fixed explicit step; other methods need --tighter FILE), or
+with --tighter FILE; otherwise the family is refused (exit 2).
 
 exit codes of compare: 0 pass; 1 a check failed, or a file is not a valid pdeflow trajectory (missing or wrong-shaped
 dataset, damaged data, checksum failure); 2 bad input: a path that does not exist, bad options, or a family
