@@ -19,7 +19,7 @@ from pdeflow.io.reference import validate
 from reference_model import ReferenceModel
 from test_every_method import tiny_config
 
-SHORT = ("run.t_end=0.1", "run.frame_interval=0.05", "init.n_particles=4")
+SHORT = ("run.t_end=0.05", "run.frame_interval=0.025", "init.n_particles=4")
 STEPS = (0.025, 0.0125, 0.00625)
 
 
