@@ -127,14 +127,15 @@ def subcommands() -> set[str]:
     return set(action.choices)
 
 
-# The analysis commands, for the subcommands this pdeflow has.
-for _cmd in ("diagnose", "plot", "compare"):
+# The analysis commands, for the subcommands this pdeflow has. compare judges files: one that exists but is no valid
+# trajectory fails its check (exit 1, tests/test_reference.py); a path that does not exist is bad input.
+for _cmd in ("diagnose", "plot"):
     if _cmd in subcommands():
         for _name in ("notes.txt", "foreign.h5", "half.h5", "version2.h5", "forged.h5"):
-            _argv = [_cmd, _name, "existing.h5"] if _cmd == "compare" else [_cmd, _name]
-            OTHER_CASES.append((f"{_cmd}-{_name}", _argv, _name))
-        if _cmd == "compare":
-            OTHER_CASES.append(("compare-second-bad", ["compare", "existing.h5", "half.h5"], "half.h5"))
+            OTHER_CASES.append((f"{_cmd}-{_name}", [_cmd, _name], _name))
+if "compare" in subcommands():
+    OTHER_CASES += [("compare-missing", ["compare", "missing.h5", "existing.h5"], "no such file: missing.h5"),
+                    ("compare-one-file", ["compare", "existing.h5"], "takes two files")]
 
 
 def test_the_table_is_large_enough():

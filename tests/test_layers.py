@@ -13,7 +13,8 @@ A module's layer is the folder it is in (:data:`FOLDERS`), from the bottom up:
    ``pdeflow.benchmarks``).
 
 The package's own files at its root (:data:`ROOT_FILES`) are the front door ``pdeflow/__init__`` (io: it re-exports
-the file reader), ``pdeflow/__main__`` (interface) and ``pdeflow/_version`` (core). A module may import its own layer
+the file reader), ``pdeflow/__main__`` (interface), ``pdeflow/_version`` (core) and ``pdeflow/reference`` (analysis:
+the public name of the manufactured checks). A module may import its own layer
 and those below it. A module in no layer folder fails the check until it is moved into one. Imports are read with
 :mod:`ast` (strings given to ``importlib`` are not imports and are not seen). Importing ``a.b.c`` counts as
 importing the deepest module of the scanned packages that it names, not its parent packages, whose ``__init__``
@@ -39,7 +40,8 @@ LAYERS = ("core", "io", "steppers", "analysis", "interface")
 FOLDERS = {"pdeflow.core": "core", "pdeflow.io": "io", "pdeflow.solvers": "steppers",
            "pdeflow.analysis": "analysis", "pdeflow.interface": "interface", "pdeflow.benchmarks": "interface"}
 # the package's own files at its root
-ROOT_FILES = {"pdeflow": "io", "pdeflow._version": "core", "pdeflow.__main__": "interface"}
+ROOT_FILES = {"pdeflow": "io", "pdeflow._version": "core", "pdeflow.__main__": "interface",
+              "pdeflow.reference": "analysis"}
 
 
 def module_files(packages: dict[str, str], root: Path) -> dict[str, Path]:

@@ -319,3 +319,59 @@ def test_compare_of_a_file_holding_only_t0_says_what_failed(tmp_path):
     itself = compare(cfg_short, cfg_short)
     n = len(itself.rows)
     assert itself.ok and itself.table().splitlines()[-1] == f"PASS: {n}/{n} within tolerance"
+
+
+# ---- what compare checks, and its exit codes (the rule validate shares) -------------------------------------
+def test_compare_help_states_what_it_checks_and_the_tolerances(capsys):
+    assert main(["compare", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for phrase in ("|a - b| <= atol + rtol |b|", "W2 <= atol + rtol * radius", "max|z_a - z_b| <= atol + rtol max|z_b|",
+                   "the same problem", "--order", "10x more accurate", "0 pass; 1 a check failed, or a file is not a "
+                   "valid pdeflow trajectory", "2 bad input: a path that does not exist"):
+        assert phrase in text, phrase
+
+
+@pytest.mark.parametrize("damage", ["missing dataset", "wrong shape", "truncated", "not hdf5", "flipped data"])
+def test_compare_fails_an_invalid_file_with_exit_1_in_one_line(tmp_path, capsys, damage):
+    """A file that exists but is no valid trajectory is a failed check for compare as for validate (exit 1, one
+    line, no traceback), whichever of the two files it is."""
+    bad = tmp_path / "bad.h5"
+    if damage == "missing dataset":
+        bad = mutate(tmp_path, lambda f: f.__delitem__("frames/omega"))
+    elif damage == "wrong shape":
+        bad = mutate(tmp_path, _wrong_weights)
+    elif damage == "truncated":
+        data = GOLDEN_RK4.read_bytes()
+        bad.write_bytes(data[:len(data) // 2])
+    elif damage == "not hdf5":
+        bad.write_text("not a trajectory\n")
+    else:   # a stored frame of a checksummed file with a byte flipped: h5py's read fails (Fletcher-32)
+        with h5py.File(bad, "w") as f:
+            with h5py.File(GOLDEN_RK4, "r") as g:
+                for group in ("model", "data"):
+                    g.copy(group, f)
+                f.attrs.update({k: g.attrs[k] for k in ("schema", "schema_version")})
+                f.create_dataset("frames/time", data=g["frames/time"][:5])
+                f.create_dataset("frames/mass", data=g["frames/mass"][:5])
+                f.create_dataset("frames/omega", data=g["frames/omega"][:5], chunks=True, fletcher32=True)
+            offset = f["frames/omega"].id.get_chunk_info(0).byte_offset
+        raw = bytearray(bad.read_bytes())
+        raw[offset + 8] ^= 0xFF
+        bad.write_bytes(bytes(raw))
+    for argv in (["compare", str(bad), str(GOLDEN_RK4)], ["compare", str(GOLDEN_RK4), str(bad)]):
+        assert main(argv) == 1, damage
+        captured = capsys.readouterr()
+        lines = (captured.out + captured.err).strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("FAIL: ") and "Traceback" not in lines[0], captured
+        assert str(bad) in lines[0] or damage != "flipped data", lines
+
+
+def test_compare_bad_command_lines_are_exit_2(tmp_path, capsys):
+    golden = str(GOLDEN_RK4)
+    for argv in (["compare", golden, str(tmp_path / "missing.h5")], ["compare", golden],
+                 ["compare", golden, golden, golden], ["compare", "--order", golden, golden],
+                 ["compare", golden, golden, "--rtol", "-1"], ["compare", golden, golden, "--expect", "1"],
+                 ["compare", "--order", golden, golden, "--expect", "1", "--rtol", "1e-3"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("pdeflow: error: "), (argv, err)

@@ -25,7 +25,7 @@ from ..core.methods import METHODS
 from ..core.problem import Problem
 from . import schema
 from .checkpoint import row_counts
-from .file_access import TrajectoryError, open_for_reading
+from .file_access import TrajectoryError, error_reason, open_for_reading
 from .schema import SCHEMA, SCHEMA_VERSION
 from .trajectory import schema_error
 
@@ -120,6 +120,14 @@ def read_run(path: str | Path) -> StoredRun:
     problems = validate(path)
     if problems:
         raise schema_error(path, problems)
+    try:
+        return _read_valid_run(path)
+    except (OSError, RuntimeError) as exc:   # h5py's report of damaged data (a checksum, a truncated chunk)
+        raise TrajectoryError(f"{path}: damaged file ({error_reason(exc)})") from None
+
+
+def _read_valid_run(path: Path) -> StoredRun:
+    """:func:`read_run` of a file :func:`validate` accepted (its data may still fail HDF5's checksums on reading)."""
     with open_for_reading(path) as f:
         model, data, fr = f["model"], f["data"], f["frames"]
         arrays: dict[str, Any] = {k: model[k][()] for k in ("embedding", "positions", "unembedding", "theta0")}
