@@ -23,7 +23,7 @@ from pdeflow.core.measure import Grid
 from pdeflow.core.problem import Problem
 
 from . import register
-from .base import SolverError, State
+from .base import DefectSource, SolverError, State
 from .finite_volume import FiniteVolume
 
 MAX_CELLS = 4096
@@ -32,6 +32,8 @@ MAX_CELLS = 4096
 COST_CAP = 500.0
 # with the second marginal free the scaling repeats itself from its second iteration (change exactly 0)
 PLAN_MAXITER, PLAN_TOL = 10, 1e-14
+# the accuracy advice suggests raising tau by at most this factor at once (the blur ~ 1/tau, the step error ~ tau)
+TAU_RAISE = 4.0
 
 
 def hk_cost(points: np.ndarray, delta: float) -> np.ndarray:
@@ -109,6 +111,7 @@ class UnbalancedJKO(FiniteVolume):
             raise ConfigError(f"solver.method = 'wfr_jko' stores dense costs: at most {MAX_CELLS} cells, got "
                               f"{self.grid.n_cells}; lower grid.n")
         self.tau, self.inner_tol, self.outer_maxiter = float(tau), inner_tol, outer_maxiter
+        self.epsilon = float(epsilon)  # as set: 0 means the default below
         # 0: a kernel one cell wide, sqrt(2 eps) delta = h with delta = sqrt(alpha / gamma) (see the docstring)
         self.eps = epsilon if epsilon > 0 else float(np.min(self.grid.width)) ** 2 * gamma / (2.0 * alpha)
         self.cost = hk_cost(np.asarray(self.grid.centres).reshape(self.grid.n_cells, -1), math.sqrt(alpha / gamma))
@@ -130,28 +133,53 @@ class UnbalancedJKO(FiniteVolume):
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         grid = self.grid
         h = min(self.tau, dt_limit)
+        # the plan's blur (variance ~ eps) per step of h is a diffusion of rate ~ eps / h: eps scales with h so that
+        # a step cut short by a frame time diffuses at the rate of the full steps (as the grid jko does)
+        b, ev, iteration = self._minimizer(state, h, self.eps * h / self.tau)
+        rho = grid.density(b)
+        new = state.advanced({"density": rho}, h, dt=self.tau)
+        new.evaluation = ev
+        return new, {"mass": grid.total_mass(rho), "min_density": float(np.min(rho)),
+                     "outer_iterations": float(iteration)}
+
+    def _minimizer(self, state: State, h: float, eps: float) -> tuple[np.ndarray, Any, int]:
+        """The step's masses b [M] from the state's, with the plan's entropic ``eps``, their evaluation and the
+        linearizations it took (module docstring)."""
+        grid = self.grid
         a = grid.masses(state.fields["density"])
         total = float(np.sum(a))
         b, ev = a, self.evaluate(state)
-        # the plan's blur (variance ~ eps) per step of h is a diffusion of rate ~ eps / h: eps scales with h so that
-        # a step cut short by a frame time diffuses at the rate of the full steps (as the grid jko does)
-        eps = self.eps * h / self.tau
         for iteration in range(1, self.outer_maxiter + 1):
             new_b = jko_masses(a, self.cost, ev.xi.ravel(), 0.5 * self.gamma * h, eps)
             change = float(np.sum(np.abs(new_b - b))) / total
             b = new_b
             ev = self.evaluate_density(grid.density(b))
             if change <= self.inner_tol:
-                break
-        else:
-            raise SolverError(f"wfr_jko: the linearization did not settle in solver.outer_maxiter = "
-                              f"{self.outer_maxiter} iterations (last change {change:.2e}); lower solver.tau or "
-                              f"raise solver.outer_maxiter")
-        rho = grid.density(b)
-        new = state.advanced({"density": rho}, h, dt=self.tau)
-        new.evaluation = ev
-        return new, {"mass": grid.total_mass(rho), "min_density": float(np.min(rho)),
-                     "outer_iterations": float(iteration)}
+                return b, ev, iteration
+        raise SolverError(f"wfr_jko: the linearization did not settle in solver.outer_maxiter = "
+                          f"{self.outer_maxiter} iterations (last change {change:.2e}); lower solver.tau or "
+                          f"raise solver.outer_maxiter")
+
+    def defect_sources(self, old: State, new: State, residual: float) -> list[DefectSource]:
+        """The entropic blur's share of the step's identity residual ``R``: the blur is a diffusion whose variance
+        per step is proportional to the plan's ``eps`` (kernel ``exp(-C / eps)``, ``C ~ |x - y|^2 / (4 delta^2)``),
+        so its share is ``eps dR/deps``, measured by the secant ``2 (R(eps) - R(eps / 2))`` with the step solved
+        again at ``eps / 2`` (assumption: R affine in eps over [eps/2, eps]). Per step the blur is fixed by eps
+        (grid.n, solver.epsilon) while the energy change grows with tau, so the relative defect's blur part falls
+        like 1/tau and the step error's grows like tau: raising tau, or grid.n, or lowering an explicit
+        solver.epsilon shrinks it, lowering tau grows it. The advice's tau: where the sum is least,
+        ``tau sqrt(blur / step error)``, at most :data:`TAU_RAISE` tau."""
+        h = new.t - old.t
+        energy0 = self.evaluate(old).energy
+        b, ev, _ = self._minimizer(old, h, 0.5 * self.eps * h / self.tau)
+        half = abs(ev.energy - energy0 + h * ev.dissipation)  # the right-point quadrature of a minimizing movement
+        blur = min(max(2.0 * (residual - half), 0.0), residual)
+        rest = residual - blur
+        raise_to = self.tau * min(TAU_RAISE, math.sqrt(blur / rest) if rest > 0 else TAU_RAISE)
+        other = (f"lower solver.epsilon = {self.epsilon:g}" if self.epsilon > 0 else
+                 f"raise grid.n = {self.grid.shape[0]} (eps ~ cell width^2)")
+        return [DefectSource("entropic blur", blur, f"raise solver.tau = {self.tau:g} to ~{raise_to:.3g} or {other} "
+                                                    f"(lowering solver.tau adds blur)")]
 
     def likely_cause(self, state: State) -> str:
         return (f"the wfr_jko step (solver.tau = {self.tau:g}, solver.epsilon = {self.eps:g}) failed on grid.n = "
