@@ -53,18 +53,19 @@ def remedy(stepper: Stepper) -> str:
 
 
 def advice(stepper: Stepper, old: State, new: State, residual: float) -> str:
-    """The setting to change after the step ``old -> new`` lost the energy identity with the residual
-    ``|E1 - E0 + Q|`` = ``residual``: that of its dominant contribution. The stepper's estimated sources other than
-    the time step (:meth:`~pdeflow.solvers.base.Stepper.defect_sources`: an entropic blur, inner solves) are
-    weighed against what they leave to the step's own error, ``max(residual - sum of the sources, 0)``, whose
-    remedy is :func:`remedy`; with no other source that is the advice, as before. The advice names the figures."""
+    """The setting to change after the step ``old -> new`` lost the energy identity with the signed residual
+    ``R = E1 - E0 + Q`` = ``residual``: that of its dominant contribution. The stepper's estimated sources other
+    than the time step (:meth:`~pdeflow.solvers.base.Stepper.defect_sources`: an entropic blur, inner solves, each
+    signed) are weighed against what they leave to the step's own error, ``R - sum of the sources``, whose remedy is
+    :func:`remedy`; the largest in magnitude names the setting (with no other source that is :func:`remedy`, as
+    before). The advice states the figures."""
     sources = stepper.defect_sources(old, new, residual)
     if not sources:
         return remedy(stepper)
-    step = DefectSource("time step error", max(residual - sum(s.energy for s in sources), 0.0), remedy(stepper))
-    ranked = sorted([step, *sources], key=lambda s: s.energy, reverse=True)
-    shares = ", ".join(f"{s.name} ~{s.energy:.2g}" for s in ranked)
-    return f"{ranked[0].remedy} (the {ranked[0].name} dominates the residual {residual:.2g}: {shares})"
+    step = DefectSource("time step error", residual - sum(s.energy for s in sources), remedy(stepper))
+    ranked = sorted([step, *sources], key=lambda s: abs(s.energy), reverse=True)
+    shares = ", ".join(f"{s.name} {s.energy:+.2g}" for s in ranked)
+    return f"{ranked[0].remedy} (the {ranked[0].name} dominates the residual {residual:+.2g} = {shares})"
 
 
 def identity_defect(energy0: float, energy1: float, integral: float, eps: float) -> float:
@@ -189,7 +190,7 @@ class AccuracyMonitor:
             columns["dissipation_integral"] = q
             columns["identity_defect"] = identity_defect(diag0["energy"], diag1["energy"], q, self.eps)
             if columns["identity_defect"] > self.tol:  # only a lost step pays for the estimate of its sources
-                fix = advice(self.stepper, old, new, abs(diag1["energy"] - diag0["energy"] + q))
+                fix = advice(self.stepper, old, new, diag1["energy"] - diag0["energy"] + q)
         eigen = None
         d0 = diag1["dissipation"] if diag0 is None else diag0["dissipation"]
         # zero-mass (tracer) particles have no place in M^{1/2} J M^{-1/2}: no check for such clouds

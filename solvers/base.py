@@ -55,8 +55,9 @@ STEPPERS: dict[str, type[Stepper]] = {}
 
 @dataclass(frozen=True)
 class DefectSource:
-    """One estimated contribution to a step's energy-identity residual: its ``name``, its size ``energy`` (in units
-    of E, >= 0) and ``remedy``, the change of settings that shrinks it (one phrase naming the config keys)."""
+    """One estimated contribution to a step's energy-identity residual ``E1 - E0 + Q``: its ``name``, its signed size
+    ``energy`` (in units of E) and ``remedy``, the change of settings that shrinks it (one phrase naming the config
+    keys)."""
     name: str
     energy: float
     remedy: str
@@ -190,8 +191,8 @@ class Stepper:
         return 0.5 * h * (old_diag["dissipation"] + new_diag["dissipation"])
 
     def defect_sources(self, old: State, new: State, residual: float) -> list[DefectSource]:
-        """Estimated shares of the step ``old -> new``'s energy-identity residual ``|E1 - E0 + Q|`` (= ``residual``)
-        that are not
+        """Estimated shares (signed) of the step ``old -> new``'s energy-identity residual ``E1 - E0 + Q``
+        (= ``residual``) that are not
         the time step's own error (an entropic blur, an inner solve stopped at its tolerance), each with the setting
         that shrinks it; called only when the step lost accuracy (:func:`pdeflow.solvers.accuracy.advice`). The
         default: none, the whole residual is the step's error."""

@@ -24,6 +24,7 @@ from pdeflow.core.problem import Problem
 
 from . import register
 from .base import DefectSource, SolverError, State
+from .entropic_ot import blur_source, finer_blur
 from .finite_volume import FiniteVolume
 
 MAX_CELLS = 4096
@@ -32,8 +33,6 @@ MAX_CELLS = 4096
 COST_CAP = 500.0
 # with the second marginal free the scaling repeats itself from its second iteration (change exactly 0)
 PLAN_MAXITER, PLAN_TOL = 10, 1e-14
-# the accuracy advice suggests raising tau by at most this factor at once (the blur ~ 1/tau, the step error ~ tau)
-TAU_RAISE = 4.0
 
 
 def hk_cost(points: np.ndarray, delta: float) -> np.ndarray:
@@ -161,25 +160,13 @@ class UnbalancedJKO(FiniteVolume):
                           f"raise solver.outer_maxiter")
 
     def defect_sources(self, old: State, new: State, residual: float) -> list[DefectSource]:
-        """The entropic blur's share of the step's identity residual ``R``: the blur is a diffusion whose variance
-        per step is proportional to the plan's ``eps`` (kernel ``exp(-C / eps)``, ``C ~ |x - y|^2 / (4 delta^2)``),
-        so its share is ``eps dR/deps``, measured by the secant ``2 (R(eps) - R(eps / 2))`` with the step solved
-        again at ``eps / 2`` (assumption: R affine in eps over [eps/2, eps]). Per step the blur is fixed by eps
-        (grid.n, solver.epsilon) while the energy change grows with tau, so the relative defect's blur part falls
-        like 1/tau and the step error's grows like tau: raising tau, or grid.n, or lowering an explicit
-        solver.epsilon shrinks it, lowering tau grows it. The advice's tau: where the sum is least,
-        ``tau sqrt(blur / step error)``, at most :data:`TAU_RAISE` tau."""
+        """The entropic blur's share of the step's identity residual (:func:`~pdeflow.solvers.entropic_ot.blur_source`:
+        a step of twice the length from the same state with the same eps; the blur's diffusion
+        ``~ alpha eps / (gamma tau)``, its kernel's variance ``2 delta^2 eps`` per step)."""
         h = new.t - old.t
-        energy0 = self.evaluate(old).energy
-        b, ev, _ = self._minimizer(old, h, 0.5 * self.eps * h / self.tau)
-        half = abs(ev.energy - energy0 + h * ev.dissipation)  # the right-point quadrature of a minimizing movement
-        blur = min(max(2.0 * (residual - half), 0.0), residual)
-        rest = residual - blur
-        raise_to = self.tau * min(TAU_RAISE, math.sqrt(blur / rest) if rest > 0 else TAU_RAISE)
-        other = (f"lower solver.epsilon = {self.epsilon:g}" if self.epsilon > 0 else
-                 f"raise grid.n = {self.grid.shape[0]} (eps ~ cell width^2)")
-        return [DefectSource("entropic blur", blur, f"raise solver.tau = {self.tau:g} to ~{raise_to:.3g} or {other} "
-                                                    f"(lowering solver.tau adds blur)")]
+        _, ev, _ = self._minimizer(old, 2.0 * h, self.eps * h / self.tau)
+        return [blur_source((self.evaluate(old).energy, self.evaluate(new).energy), residual,
+                            (ev.energy, ev.dissipation), h, self.tau, finer_blur(self.epsilon, self.grid.shape[0]))]
 
     def likely_cause(self, state: State) -> str:
         return (f"the wfr_jko step (solver.tau = {self.tau:g}, solver.epsilon = {self.eps:g}) failed on grid.n = "
