@@ -210,17 +210,20 @@ def largest_defect(cfg, path, t_end: float) -> float:
     return float(np.nanmax(open_trajectory(path).steps["identity_defect"]))
 
 
-def test_following_an_explicit_methods_advice_lowers_the_defect(tmp_path):
-    """rk4 losing the identity (a tight run.identity_tol): the time step dominates, the stop advises reducing
-    solver.dt; half the step over the same span gives a smaller largest defect (order 4: ~1/16)."""
+@pytest.mark.parametrize("method,knob,tol,factor", [("rk4", "dt", 1e-6, 8), ("jko", "tau", 0.03, 1.5)])
+def test_following_a_particle_methods_advice_lowers_the_defect(tmp_path, method, knob, tol, factor):
+    """rk4 and particle jko losing the identity (a tight run.identity_tol): no source but the time step, so the
+    stop advises reducing the method's step (solver.dt, solver.tau); half the step over the same span gives a
+    smaller largest defect (order 4: ~1/16; order 1: ~1/2)."""
     cfg = build_config(init={"n_particles": 4, "scale": 1.0, "seed": 1}, model={"weight_decay": 0.5},
-                       solver={"method": "rk4", "dt": 0.2}, run={"t_end": 2.0, "frame_interval": 1.0,
-                                                                 "accuracy": "stop", "identity_tol": 1e-6},
+                       solver={"method": method, knob: 0.2}, run={"t_end": 2.0, "frame_interval": 1.0,
+                                                                  "accuracy": "stop", "identity_tol": tol},
                        diagnostics={"enabled": False})
     message, t_lost, defect = stopped_run(cfg, tmp_path / "a.h5")
-    assert "reduce solver.dt = 0.2" in message and "solver.tau" not in message
-    followed = largest_defect(cfg.replace(solver={"dt": 0.1}), tmp_path / "b.h5", t_lost)
-    assert followed < defect / 8, (followed, defect)
+    other = {"dt": "solver.tau", "tau": "solver.dt "}[knob]
+    assert f"reduce solver.{knob} = 0.2" in message and other not in message, message
+    followed = largest_defect(cfg.replace(solver={knob: 0.1}), tmp_path / "b.h5", t_lost)
+    assert followed < defect / factor, (followed, defect)
 
 
 @pytest.mark.parametrize("method,gamma,lost_at", [("wfr_jko", 1.0, 0.05), ("jko", 0.0, 0.4)])
