@@ -189,7 +189,8 @@ class AccuracyMonitor:
             q = self.stepper.dissipation_integral(old, new, diag0, diag1)
             columns["dissipation_integral"] = q
             columns["identity_defect"] = identity_defect(diag0["energy"], diag1["energy"], q, self.eps)
-            if columns["identity_defect"] > self.tol:  # only a lost step pays for the estimate of its sources
+            if columns["identity_defect"] > self.tol and self._reported("identity"):
+                # only a loss that is reported pays for the estimate of its sources (a stepper's extra solves)
                 fix = advice(self.stepper, old, new, diag1["energy"] - diag0["energy"] + q)
         eigen = None
         d0 = diag1["dissipation"] if diag0 is None else diag0["dissipation"]
@@ -202,6 +203,10 @@ class AccuracyMonitor:
             else:
                 columns["lambda_max_dt"] = eigen.value * self.dt
         return Assessment(columns, eigen, self._losses(new.t, columns, fix))
+
+    def _reported(self, kind: str) -> bool:
+        """Whether a loss of this kind now would be printed or stop the run (the first of its kind, not "off")."""
+        return self.policy == "stop" or (self.policy == "warn" and kind not in self.warned)
 
     def _losses(self, t: float, columns: dict[str, float], fix: str = "") -> list[tuple[str, str]]:
         """The losses of a step's columns; ``fix``: the advice for an identity loss (default :func:`remedy`: a
