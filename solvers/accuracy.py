@@ -19,7 +19,7 @@ import numpy as np
 
 from pdeflow.io import schema
 
-from .base import DefectSource
+from .base import DefectSource, SolverError
 from .jacobian import TopPair, lambda_max
 from .loop import Observer, Step, Stop
 
@@ -59,7 +59,10 @@ def advice(stepper: Stepper, old: State, new: State, residual: float) -> str:
     signed) are weighed against what they leave to the step's own error, ``R - sum of the sources``, whose remedy is
     :func:`remedy`; the largest in magnitude names the setting (with no other source that is :func:`remedy`, as
     before). The advice states the figures."""
-    sources = stepper.defect_sources(old, new, residual)
+    try:
+        sources = stepper.defect_sources(old, new, residual)
+    except SolverError as exc:  # the estimate's own solve failed: the step's setting, and why no more is said
+        return f"{remedy(stepper)} (the residual's other sources could not be estimated: {exc})"
     if not sources:
         return remedy(stepper)
     step = DefectSource("time step error", residual - sum(s.energy for s in sources), remedy(stepper))

@@ -6,6 +6,7 @@ over plans ``pi`` [M, M] between cell masses, by Newton on the semi-dual (CG on 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,8 @@ def blur_source(energies: tuple[float, float], residual: float, double: tuple[fl
     change, change_double = energies[1] - energies[0], double[0] - energies[0]
     residual_double = change_double + 2.0 * h * double[1]
     step = (residual_double - residual) / 3.0
-    defect, defect_double = abs(residual / change), abs(residual_double / change_double)
+    defect, defect_double = (abs(r / c) if c != 0.0 else math.inf for r, c in ((residual, change),
+                                                                              (residual_double, change_double)))
     measured = f"one step of {2 * tau:g} from here: defect {defect_double:.3g} against {defect:.3g}"
     if defect_double < defect:
         fix = f"raise solver.tau = {tau:g} to {2 * tau:g} ({measured}) or {finer}"

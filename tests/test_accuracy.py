@@ -246,3 +246,17 @@ def test_following_a_grid_jkos_advice_lowers_the_defect_and_the_opposite_raises_
     assert followed < 0.9 * defect, (tau, followed, defect)
     opposite = largest_defect(cfg.replace(solver={"tau": 0.025}), tmp_path / "c.h5", t_lost)
     assert opposite > defect, (opposite, defect)
+
+
+@pytest.mark.parametrize("A,B,raise_tau", [(2.0, 0.01, False), (0.5, 0.05, True)])
+def test_blur_source_splits_a_residual_of_a_step_term_and_a_per_step_term(A, B, raise_tau):
+    """Synthetic steps whose residuals are exactly R(h) = A h^2 + B: the blur's share is B, and tau is advised
+    upwards exactly when the step of 2 h has the smaller relative defect |R / dE| (dE(h) = -0.1, dE(2h) = -0.19)."""
+    from pdeflow.solvers.entropic_ot import blur_source
+    h, (c1, c2) = 0.1, (-0.1, -0.19)
+    r1, r2 = A * h * h + B, 4 * A * h * h + B
+    source = blur_source((1.0, 1.0 + c1), r1, (1.0 + c2, (r2 - c2) / (2 * h)), h, h, "raise grid.n = 10")
+    assert source.energy == pytest.approx(B, rel=1e-12)
+    assert (abs(r2 / c2) < abs(r1 / c1)) == raise_tau
+    assert ("raise solver.tau = 0.1 to 0.2" in source.remedy) == raise_tau
+    assert "raise grid.n = 10" in source.remedy and "lowering solver.tau adds blur" in source.remedy
