@@ -19,6 +19,7 @@ import numpy as np
 
 from pdeflow.io import schema
 
+from .base import DefectSource, SolverError
 from .jacobian import TopPair, lambda_max
 from .loop import Observer, Step, Stop
 
@@ -49,6 +50,25 @@ def remedy(stepper: Stepper) -> str:
     if hasattr(stepper, "cfl"):
         return f"lower solver.cfl = {stepper.cfl:g} or solver.dt = {stepper.dt:g}"
     return f"reduce solver.dt = {stepper.dt:g}"
+
+
+def advice(stepper: Stepper, old: State, new: State, residual: float) -> str:
+    """The setting to change after the step ``old -> new`` lost the energy identity with the signed residual
+    ``R = E1 - E0 + Q`` = ``residual``: that of its dominant contribution. The stepper's estimated sources other
+    than the time step (:meth:`~pdeflow.solvers.base.Stepper.defect_sources`: an entropic blur, inner solves, each
+    signed) are weighed against what they leave to the step's own error, ``R - sum of the sources``, whose remedy is
+    :func:`remedy`; the largest in magnitude names the setting (with no other source that is :func:`remedy`, as
+    before). The advice states the figures."""
+    try:
+        sources = stepper.defect_sources(old, new, residual)
+    except SolverError as exc:  # the estimate's own solve failed: the step's setting, and why no more is said
+        return f"{remedy(stepper)} (the residual's other sources could not be estimated: {exc})"
+    if not sources:
+        return remedy(stepper)
+    step = DefectSource("time step error", residual - sum(s.energy for s in sources), remedy(stepper))
+    ranked = sorted([step, *sources], key=lambda s: abs(s.energy), reverse=True)
+    shares = ", ".join(f"{s.name} {s.energy:+.2g}" for s in ranked)
+    return f"{ranked[0].remedy} (the {ranked[0].name} dominates the residual {residual:+.2g} = {shares})"
 
 
 def identity_defect(energy0: float, energy1: float, integral: float, eps: float) -> float:
@@ -167,10 +187,14 @@ class AccuracyMonitor:
         """The checks of the step ``old -> new`` (``old`` None: the initial state), without changing the
         record: an interrupted step is discarded with its checks."""
         columns = {c: math.nan for c in COLUMNS}
+        fix = ""
         if self.identity and old is not None:
             q = self.stepper.dissipation_integral(old, new, diag0, diag1)
             columns["dissipation_integral"] = q
             columns["identity_defect"] = identity_defect(diag0["energy"], diag1["energy"], q, self.eps)
+            if columns["identity_defect"] > self.tol and self._reported("identity"):
+                # only a loss that is reported pays for the estimate of its sources (a stepper's extra solves)
+                fix = advice(self.stepper, old, new, diag1["energy"] - diag0["energy"] + q)
         eigen = None
         d0 = diag1["dissipation"] if diag0 is None else diag0["dissipation"]
         # zero-mass (tracer) particles have no place in M^{1/2} J M^{-1/2}: no check for such clouds
@@ -181,15 +205,21 @@ class AccuracyMonitor:
                 eigen = None
             else:
                 columns["lambda_max_dt"] = eigen.value * self.dt
-        return Assessment(columns, eigen, self._losses(new.t, columns))
+        return Assessment(columns, eigen, self._losses(new.t, columns, fix))
 
-    def _losses(self, t: float, columns: dict[str, float]) -> list[tuple[str, str]]:
+    def _reported(self, kind: str) -> bool:
+        """Whether a loss of this kind now would be printed or stop the run (the first of its kind, not "off")."""
+        return self.policy == "stop" or (self.policy == "warn" and kind not in self.warned)
+
+    def _losses(self, t: float, columns: dict[str, float], fix: str = "") -> list[tuple[str, str]]:
+        """The losses of a step's columns; ``fix``: the advice for an identity loss (default :func:`remedy`: a
+        replayed row has no states to estimate the defect's sources from)."""
         out = []
         defect, lam_dt = columns["identity_defect"], columns["lambda_max_dt"]
         if defect > self.tol:
             out.append(("identity", f"at t = {t:.6g} the energy-identity defect {defect:.3g} exceeds "
                                     f"run.identity_tol = {self.tol:g} (the step's energy change and the integral of "
-                                    f"the dissipation disagree); {remedy(self.stepper)}"))
+                                    f"the dissipation disagree); {fix or remedy(self.stepper)}"))
         if lam_dt > self.bound:
             out.append(("stability", f"at t = {t:.6g} lambda_max * dt = {lam_dt:.4g} exceeds {self.stepper.name}'s "
                                      f"stability bound {self.bound:.4g} (lambda_max = {lam_dt / self.dt:.4g}, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,22 +22,23 @@ from pdeflow.core.methods import Method, declare
 from pdeflow.core.problem import Evaluation, Problem
 from pdeflow.core.state import State, rng_from_state, rng_state
 
-# the PI step-size controller's exponents times the order k of the error estimate (Hairer & Wanner II, IV.2: 0.7 / k
-# and 0.4 / k), and the factor's safety and lower clip
+# the PI step-size controller's exponents times the power k of h in the error estimate (err ~ h^k; Hairer & Wanner
+# II, IV.2: 0.7 / k and 0.4 / k), and the factor's safety and lower clip
 PI_ALPHA, PI_BETA, SAFETY_FACTOR, SHRINK_FLOOR = 0.7, 0.4, 0.9, 0.2
 
 
-def controller_factor(err: float, previous: float, order: int, max_growth: float) -> float:
+def controller_factor(err: float, previous: float, k: int, max_growth: float) -> float:
     """The next step's size over this one's from the error estimate ``err`` (its norm; <= 1 accepted) of a local
-    error ``~ h^order``: the PI controller ``0.9 err^(-0.7/k) previous^(0.4/k)`` when the previous accepted step's
-    estimate ``previous`` is known and ``err <= 1``, else ``0.9 err^(-1/k)``; clipped to ``[0.2, max_growth]``
-    (``max_growth`` when ``err = 0``)."""
+    error ``~ h^k`` (``k = q + 1``, q the order of the solution the estimate measures, not necessarily the method's
+    order: :attr:`pdeflow.solvers.controller.AdaptiveStepper.error_exponent`): the PI controller
+    ``0.9 err^(-0.7/k) previous^(0.4/k)`` when the previous accepted step's estimate ``previous`` is known and
+    ``err <= 1``, else ``0.9 err^(-1/k)``; clipped to ``[0.2, max_growth]`` (``max_growth`` when ``err = 0``)."""
     if err == 0.0:
         return max_growth
     if math.isfinite(previous) and previous > 0.0 and err <= 1.0:
-        factor = SAFETY_FACTOR * err ** (-PI_ALPHA / order) * previous ** (PI_BETA / order)
+        factor = SAFETY_FACTOR * err ** (-PI_ALPHA / k) * previous ** (PI_BETA / k)
     else:
-        factor = SAFETY_FACTOR * err ** (-1.0 / order)
+        factor = SAFETY_FACTOR * err ** (-1.0 / k)
     return min(max_growth, max(SHRINK_FLOOR, factor))
 
 
@@ -49,6 +51,16 @@ def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> flo
 
 # solver.method -> the stepper class that declares it (Stepper.__init_subclass__)
 STEPPERS: dict[str, type[Stepper]] = {}
+
+
+@dataclass(frozen=True)
+class DefectSource:
+    """One estimated contribution to a step's energy-identity residual ``E1 - E0 + Q``: its ``name``, its signed size
+    ``energy`` (in units of E) and ``remedy``, the change of settings that shrinks it (one phrase naming the config
+    keys)."""
+    name: str
+    energy: float
+    remedy: str
 
 
 class SolverError(RuntimeError):
@@ -178,6 +190,14 @@ class Stepper:
             return h * new_diag["dissipation"]
         return 0.5 * h * (old_diag["dissipation"] + new_diag["dissipation"])
 
+    def defect_sources(self, old: State, new: State, residual: float) -> list[DefectSource]:
+        """Estimated shares (signed) of the step ``old -> new``'s energy-identity residual ``E1 - E0 + Q``
+        (= ``residual``) that are not
+        the time step's own error (an entropic blur, an inner solve stopped at its tolerance), each with the setting
+        that shrinks it; called only when the step lost accuracy (:func:`pdeflow.solvers.accuracy.advice`). The
+        default: none, the whole residual is the step's error."""
+        return []
+
     def is_finite(self, state: State) -> bool:
         return all(bool(np.all(np.isfinite(v))) for v in state.fields.values())
 
@@ -192,4 +212,5 @@ class Stepper:
                 f"reduce solver.dt or use solver.method = 'adaptive'")
 
 
-__all__ = ["STEPPERS", "SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state", "rng_from_state"]
+__all__ = ["STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state",
+           "rng_from_state"]

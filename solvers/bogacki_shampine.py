@@ -14,6 +14,7 @@ class BogackiShampine(EmbeddedRK):
     """Adaptive Bogacki-Shampine 3(2) (see the module docstring)."""
     name = "bs23"
     order = 3
+    error_estimator_order = 2  # the embedded second-order solution's error: err ~ h^3
     stages = 3  # new evaluations per accepted attempt (first-same-as-last)
     A = ((),
          (1 / 2,),

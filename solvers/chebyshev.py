@@ -44,7 +44,9 @@ RADIUS_KRYLOV = 8
 RADIUS_COLD = 16
 # stages of one step at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 2000
-ORDER = 2  # of y_{n+1}; the error estimate is O(h^3)
+ORDER = 2  # of y_{n+1}
+# the estimate measures the local error of y_{n+1} itself: O(h^3), so the controller's exponent is 1/3
+ERROR_ORDER = 2
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ class RKC(AdaptiveStepper):
     name = "rkc"
     sharded = False
     order: ClassVar[int] = ORDER
+    error_estimator_order: ClassVar[int] = ERROR_ORDER
     step_columns = ("rejected", "stages", "gradient_evals", "jvps", "spectral_radius", "stability_margin")
     stability_column = "stability_margin"
     reads = (*CONTROLLER_KEYS, "radius_every")

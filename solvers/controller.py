@@ -44,10 +44,15 @@ class StageFailed(Exception):
 
 
 class AdaptiveStepper(Stepper):
-    """A stepper with error control (module docstring). Subclasses set :attr:`order` (the controller's exponent is
-    ``1 / order``), implement :meth:`_step_impl` and may override the hooks."""
-    # the order k of the controller factor 0.9 err^(-1/k) (err ~ h^k)
+    """A stepper with error control (module docstring). Subclasses set :attr:`order` (of the solution they advance)
+    and :attr:`error_estimator_order` ``q`` (of the solution their estimate measures: the estimate is ``O(h^(q+1))``,
+    the controller's exponent ``1 / (q + 1)``, as scipy's ``OdeSolver`` separates them), implement
+    :meth:`_step_impl` and may override the hooks."""
+    # the order p of the solution y_{n+1} the method advances
     order: ClassVar[int]
+    # the order q of the solution whose local error the estimate measures: err ~ h^(q+1) (q = p - 1 for a pair that
+    # advances its higher-order solution, q = p when the estimate measures the error of y_{n+1} itself, as rkc's)
+    error_estimator_order: ClassVar[int]
     reads = CONTROLLER_KEYS
     # the PI controller (the previous accepted step's error enters the factor), or the elementary one 0.9 err^(-1/k)
     pi_control: ClassVar[bool] = True
@@ -70,6 +75,12 @@ class AdaptiveStepper(Stepper):
         """The error controller's parameters in ``cfg.solver``."""
         s = cfg.solver
         return {"rtol": s.rtol, "atol": s.atol, "dt_min": s.dt_min, "dt_max": s.dt_max, "max_growth": s.max_growth}
+
+    @property
+    def error_exponent(self) -> int:
+        """``k = q + 1``, the power of h in the local error estimate (``err ~ h^k``): the controller's factor is
+        ``0.9 err^(-1/k)`` (:func:`~pdeflow.solvers.base.controller_factor`)."""
+        return self.error_estimator_order + 1
 
     # ---- the error norm and the controller's memory --------------------------------------------------------------
     def error_norm(self, error: np.ndarray, y: np.ndarray, y_new: np.ndarray) -> float:
@@ -117,8 +128,8 @@ class AdaptiveStepper(Stepper):
                     raise SolverError(f"a stage solve failed ({exc}) and the step fell below solver.dt_min = "
                                       f"{self.dt_min:g} at t = {state.t:.6g}; {self.failure_fix}") from None
                 continue
-            factor = controller_factor(err, previous if counts["rejected"] == 0 else math.nan, self.order,
-                                       self.max_growth)
+            factor = controller_factor(err, previous if counts["rejected"] == 0 else math.nan,
+                                       self.error_exponent, self.max_growth)
             if err <= 1.0:
                 new.dt = float(np.clip(self._proposal(dt, h, h_taken, err, factor), self.dt_min, self.dt_max))
                 self._memory = (new, max(err, ERROR_MEMORY_FLOOR))

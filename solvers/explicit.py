@@ -125,7 +125,8 @@ class RK4(ExplicitRK):
 class EmbeddedRK(AdaptiveStepper, ExplicitRK):
     """An embedded explicit Runge-Kutta pair with first-same-as-last reuse, given by its tableau: ``A`` (its last
     row is ``b``, the stage at the new state), ``b`` (last weight 0) and ``e = b - b_hat`` (the embedded solution's
-    difference); error control by :class:`~pdeflow.solvers.controller.AdaptiveStepper` of order :attr:`order`.
+    difference); error control by :class:`~pdeflow.solvers.controller.AdaptiveStepper` with the estimate's order
+    :attr:`error_estimator_order` (that of ``b_hat``).
 
     The integrated vector ``y`` is the particles' positions with velocity ``-grad Phi``; a flow of more variables
     (wfr: ``(omega, m)``) overrides :meth:`_solution`, :meth:`_rate_at`, :meth:`_velocity` and :meth:`_fields`."""
@@ -160,6 +161,7 @@ class DormandPrince(EmbeddedRK):
     reference runs."""
     name = "adaptive"
     order = 5
+    error_estimator_order = 4  # the embedded fourth-order solution's error: err ~ h^5
     pi_control = False
     stages = 6  # new evaluations per accepted attempt (first-same-as-last)
     A = ((),

@@ -53,7 +53,8 @@ WEIGHTS = (-1.0 / 6.0, 4.0, -27.0 / 2.0, 32.0 / 3.0)
 WEIGHTS_THIRD = (0.5, -4.0, 4.5)
 # stages of one sub-integration at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 500
-ORDER = 4  # of the extrapolated y_{n+1}; the error estimate is O(h^4)
+ORDER = 4  # of the extrapolated y_{n+1}
+ERROR_ORDER = 3  # of the order-3 extrapolation the estimate measures: O(h^4)
 # deflation: the pairs are recomputed when the complement's top eigenvalue exceeds this factor times its value at
 # their computation (they have drifted off the top of the spectrum)
 PAIRS_DRIFT = 1.5
@@ -157,6 +158,7 @@ class ESERK4(RKC):
     """``solver.method = "eserk4"``: extrapolated stabilized explicit Runge-Kutta of order 4 (module docstring)."""
     name = "eserk4"
     order: ClassVar[int] = ORDER
+    error_estimator_order: ClassVar[int] = ERROR_ORDER
     reads = (*CONTROLLER_KEYS, "radius_every", "deflate")
 
     _pairs: _Pairs | None = None

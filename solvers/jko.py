@@ -23,8 +23,8 @@ from pdeflow.core.problem import Problem
 
 from . import register
 from .anderson import Anderson
-from .base import SolverError, State, Stepper
-from .entropic_ot import entropic_epsilon, entropic_prox
+from .base import DefectSource, SolverError, State, Stepper
+from .entropic_ot import blur_source, entropic_epsilon, entropic_prox, finer_blur
 from .finite_volume import GridEvaluator
 from .particle_proximal import coupling_gap, proximal_step
 
@@ -157,6 +157,7 @@ class GridJKO(JKO):
 
         self.cost = ot.dist(centres, centres, metric="sqeuclidean")
         self.epsilon = entropic_epsilon(epsilon, self.grid.width)
+        self.epsilon_setting = float(epsilon)  # as set: 0 means the default h^2
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> GridJKO:
@@ -186,10 +187,22 @@ class GridJKO(JKO):
         return energy, problem.phi_field(grid.centres, G)
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        grid, beta = self.grid, self.problem.beta
+        grid = self.grid
         h = min(self.tau, dt_limit)
-        eps = self.epsilon * h / self.tau
         energy0 = self.evaluate(state).energy
+        q, outer, newton, products, residual, sol = self._solve(state, h, self.epsilon * h / self.tau)
+        rho = grid.density(q)
+        new = state.advanced({"density": rho}, h, dt=self.tau)
+        return new, {"mass": grid.total_mass(rho), "min_density": float(np.min(rho)),
+                     "outer_iterations": float(outer), "newton_iterations": float(newton),
+                     "cg_iterations": float(products), "marginal_violation": sol.violation,
+                     "linearization_residual": residual,
+                     "energy_change": self.evaluate(new).energy - energy0, "transport_cost": sol.transport_cost}
+
+    def _solve(self, state: State, h: float, eps: float) -> tuple[np.ndarray, int, int, int, float, Any]:
+        """The step's cell masses q [M] from the state's with the plan's entropic ``eps``: ``(q, linearizations,
+        Newton steps, CG products, the last linearization residual, the last entropic_prox solution)``."""
+        grid, beta = self.grid, self.problem.beta
         p = grid.masses(state.fields["density"])
         where = f"JKO step {state.step + 1} (t = {state.t:.6g}, tau = {h:.3g})"
         V = self.linearization(p)[1]
@@ -212,10 +225,13 @@ class GridJKO(JKO):
             # the fixed point V = Phi(x; S(V)), S the linearized step: Anderson-accelerated, the residual
             # weighted by the new masses (V matters only where there is mass to move)
             V = anderson.update(V, self.linearization(q)[1], np.sqrt(q))
-        rho = grid.density(q)
-        new = state.advanced({"density": rho}, h, dt=self.tau)
-        return new, {"mass": grid.total_mass(rho), "min_density": float(np.min(rho)),
-                     "outer_iterations": float(outer), "newton_iterations": float(newton),
-                     "cg_iterations": float(products), "marginal_violation": sol.violation,
-                     "linearization_residual": residual,
-                     "energy_change": self.evaluate(new).energy - energy0, "transport_cost": sol.transport_cost}
+        return q, outer, newton, products, residual, sol
+
+    def defect_sources(self, old: State, new: State, residual: float) -> list[DefectSource]:
+        """The entropic blur's share of the step's identity residual (:func:`~pdeflow.solvers.entropic_ot.blur_source`:
+        a step of twice the length from the same state with the same eps; the blur's diffusion ``eps / (4 tau)``)."""
+        h = new.t - old.t
+        double = self.evaluator(self.grid.density(self._solve(old, 2.0 * h, self.epsilon * h / self.tau)[0]))
+        return [blur_source((self.evaluate(old).energy, self.evaluate(new).energy), residual,
+                            (double.energy, double.dissipation), h, self.tau,
+                            finer_blur(self.epsilon_setting, self.grid.shape[0]))]

@@ -38,7 +38,8 @@ GAMMA_TABLE = np.array([[GAMMA, 0.0, 0.0, 0.0],
                         [0.24212380706095346, -1.2232505839045147, 0.54526025533510214, GAMMA]])
 B = np.array([0.24212380706095346, -1.2232505839045147, 1.5452602553351020, 0.435866521508459])
 B_HAT = np.array([0.37810903145819369, -0.096042292212423178, 0.5, 0.2179332607542295])
-ORDER = 3  # of y_{n+1}; the embedded solution has order 2, so err ~ h^3
+ORDER = 3  # of y_{n+1}
+ERROR_ORDER = 2  # of the embedded solution, so err ~ h^3
 
 _GINV = np.linalg.inv(GAMMA_TABLE)
 A_T = ALPHA @ _GINV                        # stage arguments in U
@@ -140,6 +141,7 @@ class Rosenbrock(AdaptiveStepper):
     name = "rosenbrock"
     sharded = False
     order: ClassVar[int] = ORDER
+    error_estimator_order: ClassVar[int] = ERROR_ORDER
     step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals", "explicit_margin")
     stability_column = "explicit_margin"
     failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
@@ -423,7 +425,7 @@ class Rosenbrock(AdaptiveStepper):
         """A step cut to the explicit bound: the error of the short step says how long an accurate step could be
         (err ~ h^3), the choice against a MINRES step of that size needs it (growth up to CAPPED_GROWTH)."""
         if h_taken < h:
-            return max(dt, h_taken * controller_factor(err, math.nan, self.order, CAPPED_GROWTH))
+            return max(dt, h_taken * controller_factor(err, math.nan, self.error_exponent, CAPPED_GROWTH))
         return super()._proposal(dt, h, h_taken, err, factor)
 
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:

@@ -23,7 +23,8 @@ from pdeflow.core.measure import Grid
 from pdeflow.core.problem import Problem
 
 from . import register
-from .base import SolverError, State
+from .base import DefectSource, SolverError, State
+from .entropic_ot import blur_source, finer_blur
 from .finite_volume import FiniteVolume
 
 MAX_CELLS = 4096
@@ -109,6 +110,7 @@ class UnbalancedJKO(FiniteVolume):
             raise ConfigError(f"solver.method = 'wfr_jko' stores dense costs: at most {MAX_CELLS} cells, got "
                               f"{self.grid.n_cells}; lower grid.n")
         self.tau, self.inner_tol, self.outer_maxiter = float(tau), inner_tol, outer_maxiter
+        self.epsilon = float(epsilon)  # as set: 0 means the default below
         # 0: a kernel one cell wide, sqrt(2 eps) delta = h with delta = sqrt(alpha / gamma) (see the docstring)
         self.eps = epsilon if epsilon > 0 else float(np.min(self.grid.width)) ** 2 * gamma / (2.0 * alpha)
         self.cost = hk_cost(np.asarray(self.grid.centres).reshape(self.grid.n_cells, -1), math.sqrt(alpha / gamma))
@@ -130,28 +132,41 @@ class UnbalancedJKO(FiniteVolume):
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         grid = self.grid
         h = min(self.tau, dt_limit)
+        # the plan's blur (variance ~ eps) per step of h is a diffusion of rate ~ eps / h: eps scales with h so that
+        # a step cut short by a frame time diffuses at the rate of the full steps (as the grid jko does)
+        b, ev, iteration = self._minimizer(state, h, self.eps * h / self.tau)
+        rho = grid.density(b)
+        new = state.advanced({"density": rho}, h, dt=self.tau)
+        new.evaluation = ev
+        return new, {"mass": grid.total_mass(rho), "min_density": float(np.min(rho)),
+                     "outer_iterations": float(iteration)}
+
+    def _minimizer(self, state: State, h: float, eps: float) -> tuple[np.ndarray, Any, int]:
+        """The step's masses b [M] from the state's, with the plan's entropic ``eps``, their evaluation and the
+        linearizations it took (module docstring)."""
+        grid = self.grid
         a = grid.masses(state.fields["density"])
         total = float(np.sum(a))
         b, ev = a, self.evaluate(state)
-        # the plan's blur (variance ~ eps) per step of h is a diffusion of rate ~ eps / h: eps scales with h so that
-        # a step cut short by a frame time diffuses at the rate of the full steps (as the grid jko does)
-        eps = self.eps * h / self.tau
         for iteration in range(1, self.outer_maxiter + 1):
             new_b = jko_masses(a, self.cost, ev.xi.ravel(), 0.5 * self.gamma * h, eps)
             change = float(np.sum(np.abs(new_b - b))) / total
             b = new_b
             ev = self.evaluate_density(grid.density(b))
             if change <= self.inner_tol:
-                break
-        else:
-            raise SolverError(f"wfr_jko: the linearization did not settle in solver.outer_maxiter = "
-                              f"{self.outer_maxiter} iterations (last change {change:.2e}); lower solver.tau or "
-                              f"raise solver.outer_maxiter")
-        rho = grid.density(b)
-        new = state.advanced({"density": rho}, h, dt=self.tau)
-        new.evaluation = ev
-        return new, {"mass": grid.total_mass(rho), "min_density": float(np.min(rho)),
-                     "outer_iterations": float(iteration)}
+                return b, ev, iteration
+        raise SolverError(f"wfr_jko: the linearization did not settle in solver.outer_maxiter = "
+                          f"{self.outer_maxiter} iterations (last change {change:.2e}); lower solver.tau or "
+                          f"raise solver.outer_maxiter")
+
+    def defect_sources(self, old: State, new: State, residual: float) -> list[DefectSource]:
+        """The entropic blur's share of the step's identity residual (:func:`~pdeflow.solvers.entropic_ot.blur_source`:
+        a step of twice the length from the same state with the same eps; the blur's diffusion
+        ``~ alpha eps / (gamma tau)``, its kernel's variance ``2 delta^2 eps`` per step)."""
+        h = new.t - old.t
+        _, ev, _ = self._minimizer(old, 2.0 * h, self.eps * h / self.tau)
+        return [blur_source((self.evaluate(old).energy, self.evaluate(new).energy), residual,
+                            (ev.energy, ev.dissipation), h, self.tau, finer_blur(self.epsilon, self.grid.shape[0]))]
 
     def likely_cause(self, state: State) -> str:
         return (f"the wfr_jko step (solver.tau = {self.tau:g}, solver.epsilon = {self.eps:g}) failed on grid.n = "

@@ -191,3 +191,72 @@ def test_the_run_accuracy_key_is_validated(tmp_path):
     proc = run_cli("run", config, "-o", str(tmp_path / "x.h5"))
     assert proc.returncode == 2 and "run.accuracy" in proc.stderr and proc.stderr.count("\n") == 1
     assert load_config(stiff_config_text(tmp_path)).run.accuracy == "warn"
+
+
+# ---- following the advice of an accuracy stop (issue 40, finding 7) -----------------------------------------
+def stopped_run(cfg, path):
+    """Run ``cfg`` with run.accuracy = "stop": (the stop's message, the time of the loss, its defect)."""
+    result = run(cfg, Problem.from_config(cfg), path, quiet=True)
+    assert result.status == "accuracy_lost", result.message
+    traj = open_trajectory(path)
+    lost = int(np.argmax(traj.steps["identity_defect"] > cfg.run.identity_tol))
+    return result.message, float(traj.steps["time"][lost]), float(traj.steps["identity_defect"][lost])
+
+
+def largest_defect(cfg, path, t_end: float) -> float:
+    """The largest identity defect of a run of ``cfg`` to ``t_end``, whatever its accuracy (run.accuracy = "off")."""
+    cfg = cfg.replace(run={"t_end": t_end, "frame_interval": t_end, "accuracy": "off"})
+    assert run(cfg, Problem.from_config(cfg), path, quiet=True).exit_code == 0
+    return float(np.nanmax(open_trajectory(path).steps["identity_defect"]))
+
+
+@pytest.mark.parametrize("method,knob,tol,factor", [("rk4", "dt", 1e-6, 8), ("jko", "tau", 0.03, 1.5)])
+def test_following_a_particle_methods_advice_lowers_the_defect(tmp_path, method, knob, tol, factor):
+    """rk4 and particle jko losing the identity (a tight run.identity_tol): no source but the time step, so the
+    stop advises reducing the method's step (solver.dt, solver.tau); half the step over the same span gives a
+    smaller largest defect (order 4: ~1/16; order 1: ~1/2)."""
+    cfg = build_config(init={"n_particles": 4, "scale": 1.0, "seed": 1}, model={"weight_decay": 0.5},
+                       solver={"method": method, knob: 0.2}, run={"t_end": 2.0, "frame_interval": 1.0,
+                                                                  "accuracy": "stop", "identity_tol": tol},
+                       diagnostics={"enabled": False})
+    message, t_lost, defect = stopped_run(cfg, tmp_path / "a.h5")
+    other = {"dt": "solver.tau", "tau": "solver.dt "}[knob]
+    assert f"reduce solver.{knob} = 0.2" in message and other not in message, message
+    followed = largest_defect(cfg.replace(solver={knob: 0.1}), tmp_path / "b.h5", t_lost)
+    assert followed < defect / factor, (followed, defect)
+
+
+@pytest.mark.parametrize("method,gamma,lost_at", [("wfr_jko", 1.0, 0.05), ("jko", 0.0, 0.4)])
+def test_following_a_grid_jkos_advice_lowers_the_defect_and_the_opposite_raises_it(tmp_path, method, gamma, lost_at):
+    """Finding 7 on a 10 x 10 grid: wfr_jko (gamma = 1) and jko on grid2d with tau = 0.05 lose the identity. The
+    entropic blur (fixed per step by eps ~ the cell width^2) dominates the residual, estimated from one step of
+    twice the length, and the longer step's defect is the smaller, so the advice is to raise tau (to the value it
+    prints), not to lower it. Raised as printed, the largest defect up to the loss falls; halved (the old
+    advice), it grows."""
+    cfg = load_config("data/configs/grid2d.toml", [f'solver.method="{method}"', "grid.n=10", "solver.tau=0.05",
+                                                  "run.t_end=0.4", "run.frame_interval=0.4", 'run.accuracy="stop"',
+                                                  "diagnostics.enabled=false"]
+                      + ([f"solver.gamma={gamma}"] if gamma else []))
+    message, t_lost, defect = stopped_run(cfg, tmp_path / "a.h5")
+    assert abs(t_lost - lost_at) < 1e-9
+    assert "the entropic blur dominates" in message and "reduce solver.tau" not in message, message
+    tau = float(message.split("raise solver.tau = 0.05 to ")[1].split()[0])
+    assert tau > 0.05
+    followed = largest_defect(cfg.replace(solver={"tau": tau}), tmp_path / "b.h5", max(t_lost, tau))
+    assert followed < 0.9 * defect, (tau, followed, defect)
+    opposite = largest_defect(cfg.replace(solver={"tau": 0.025}), tmp_path / "c.h5", t_lost)
+    assert opposite > defect, (opposite, defect)
+
+
+@pytest.mark.parametrize("A,B,raise_tau", [(2.0, 0.01, False), (0.5, 0.05, True)])
+def test_blur_source_splits_a_residual_of_a_step_term_and_a_per_step_term(A, B, raise_tau):
+    """Synthetic steps whose residuals are exactly R(h) = A h^2 + B: the blur's share is B, and tau is advised
+    upwards exactly when the step of 2 h has the smaller relative defect |R / dE| (dE(h) = -0.1, dE(2h) = -0.19)."""
+    from pdeflow.solvers.entropic_ot import blur_source
+    h, (c1, c2) = 0.1, (-0.1, -0.19)
+    r1, r2 = A * h * h + B, 4 * A * h * h + B
+    source = blur_source((1.0, 1.0 + c1), r1, (1.0 + c2, (r2 - c2) / (2 * h)), h, h, "raise grid.n = 10")
+    assert source.energy == pytest.approx(B, rel=1e-12)
+    assert (abs(r2 / c2) < abs(r1 / c1)) == raise_tau
+    assert ("raise solver.tau = 0.1 to 0.2" in source.remedy) == raise_tau
+    assert "raise grid.n = 10" in source.remedy and "lowering solver.tau adds blur" in source.remedy
