@@ -10,13 +10,13 @@ import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from pdeflow.solvers.driver import run
 
 from pdeflow import Problem
 from pdeflow.analysis import diagnostics as D
 from pdeflow.analysis import plotting as P
 from pdeflow.core.config import DiagnosticsConfig, loads_config
 from pdeflow.io.trajectory import open_trajectory
-from pdeflow.solvers.driver import run
 
 CONFIG = """
 [task]

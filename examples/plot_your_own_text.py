@@ -9,13 +9,13 @@ import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from pdeflow.solvers.driver import run
 
 from pdeflow import Problem
 from pdeflow.analysis import diagnostics as D
 from pdeflow.analysis import plotting as P
 from pdeflow.core.config import DiagnosticsConfig, loads_config
 from pdeflow.io.trajectory import open_trajectory
-from pdeflow.solvers.driver import run
 
 folder = Path(tempfile.mkdtemp())
 (folder / "mine.txt").write_text("the cat sat on the mat; the rat sat on the cat. " * 4, encoding="utf-8")
