@@ -28,17 +28,6 @@ STAGES = ("run", "stationary", "diagnose", "minimum", "dirac", "chaos")
 SKIPPABLE = ("stationary", "minimum", "dirac", "chaos", "gap")
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 class Stages:
     """The stages' record in ``DIR/stages.json``: command, wall time, status of each, kept across reruns."""
 
@@ -226,7 +215,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     for name, section in (("minimum", sections[-3]), ("dirac", sections[-2]), ("chaos", sections[-1])):
         if name in skip:
             section.reason = f"skipped (--skip {name})"
-    provenance = {"pdeflow_version": traj.attrs.get("pdeflow_version", ""), "cpu": cpu_model(),
+    from ..benchmarks.common import cpu_model
+
+    provenance = {"pdeflow_version": traj.attrs.get("pdeflow_version", ""),
+                  "cpu": cpu_model().get("model", platform.processor() or "unknown"),
                   "cores": os.cpu_count(), "python": platform.python_version(), "target": str(target),
                   "total_wall_s": round(sum(s.get("wall_s", 0.0) for s in stages.done.values())
                                         + time.perf_counter() - started, 1),
@@ -237,8 +229,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     write_report(out, f"pdeflow report: {target.name}", sections, provenance)
     bar.update()
     bar.close()
+    if analysis is not None:
+        source = "certified local minimum" if analysis.e_star_source == "stationary" else analysis.e_star_source
+        print(f"E* = {analysis.e_star:.10g} ({source})" if analysis.e_star == analysis.e_star
+              else f"E* not established ({analysis.e_star_source})")
     for s in sections:
-        print(f"{s.title}: {s.verdict} ({s.reason})")
+        print(f"{s.title}: {s.verdict} - {s.reason}")
     print(f"pdeflow: report -> {out / 'index.html'}")
     return EXIT_OK
 
@@ -284,4 +280,4 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_report)
 
 
-__all__ = ["add_command", "cpu_model"]
+__all__ = ["add_command"]
