@@ -9,6 +9,7 @@ import numpy as np
 
 from ..core.config import Config
 from .figures import check_format, new_figure, save_figure
+from .minimum_rates import MinimumRates
 from .stability import MEAN, SPREAD, StabilityResult
 
 
@@ -76,3 +77,39 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path, fmt: str = "
         ax.legend(fontsize=7)
         save(fig, "sweep")
     return written
+
+
+def plot_minimum_rates(result: MinimumRates, path: Path) -> Path:
+    """The perturbations of a local minimum (``pdeflow stability --stationary``): ``E - E*`` and the distance to the
+    minimum against time for every run, each with the slope its prediction gives (``2 lambda_min`` and
+    ``lambda_min`` for the slowest direction, the linear flow's curve for a random one) as a dashed line."""
+    fig, (ax_e, ax_d) = new_figure(10.0, 4.0, 1, 2)
+    for j, run in enumerate(result.runs):
+        color = f"C{j % 10}"
+        t = np.asarray(run.times, dtype=float)
+        for ax, measured, rate, curve in ((ax_e, run.excess, run.predicted_energy_rate, run.predicted_excess),
+                                          (ax_d, run.distance, run.predicted_distance_rate, run.predicted_distance)):
+            y = np.asarray(measured, dtype=float)
+            ok = np.isfinite(y) & (y > 0)
+            if not ok.any():
+                continue
+            ax.semilogy(t[ok], y[ok], "-", color=color, lw=1.2, label=run.direction)
+            predicted = np.asarray(curve, dtype=float)
+            if predicted.shape == t.shape and np.any(predicted > 0):
+                good = np.isfinite(predicted) & (predicted > 0)
+                ax.semilogy(t[good], predicted[good], "--", color=color, lw=1,
+                            label="predicted (dashed)" if j == 0 else None)
+            elif np.isfinite(rate):
+                first = int(np.argmax(ok))
+                ax.semilogy(t, y[first] * np.exp(-rate * (t - t[first])), "--", color=color, lw=1,
+                            label=f"predicted rate {rate:.3g}")
+    lam = result.lambda_min
+    ax_e.set_title(rf"$E - E^*$: predicted decay $e^{{-2\lambda_{{\min}} t}}$, $\lambda_{{\min}}$ = {lam:.4g}",
+                   fontsize=9)
+    ax_d.set_title(r"distance to the minimum: predicted $e^{-\lambda_{\min} t}$", fontsize=9)
+    for ax, label in ((ax_e, r"$E - E^*$"), (ax_d, "distance (mass-weighted)")):
+        ax.set_xlabel("$t$")
+        ax.set_ylabel(label)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    return save_figure(fig, path)

@@ -19,7 +19,7 @@ from ..analysis.figures import figure_output
 from ..analysis.minimum_rates import LOG_CHANGE_AT_MINIMUM, RK4_MAX_STEPS, SAMPLES_AT_MINIMUM
 from ..analysis.spectrum import KRYLOV_DIM
 from ..analysis.stability import MEAN, SPREAD, StabilityResult, run_stability, write_stability
-from ..analysis.stability_plots import plot_stability
+from ..analysis.stability_plots import figure_paths, plot_minimum_rates, plot_stability
 from ..core.config import load_config
 from ..core.exit_codes import EXIT_OK, HELP
 from ..core.problem import Problem
@@ -104,6 +104,10 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
                            log_change=args.log_change, samples=args.samples, method=args.stepper,
                            linearity=not args.no_linearity, progress=say, krylov_dim=args.krylov_dim)
     write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
+    if not args.no_plots:
+        with figure_output(figure_dpi(args)):
+            figure = plot_minimum_rates(result, figure_paths(out, args.format)["rates"])
+        print(f"pdeflow: stability: figure {figure}")
     print(rates_table(result))
     print(f"pdeflow: stability: rates at the minimum of {args.stationary} -> {out}")
     return EXIT_OK
