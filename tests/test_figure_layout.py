@@ -119,3 +119,28 @@ def test_dpi_sets_the_raster_resolution(text_file, tmp_path):
             sizes[dpi] = im.size
     assert sizes[100] == (2 * sizes[50][0], 2 * sizes[50][1])
     assert main(["plot", str(text_file), "-o", str(tmp_path / "bad"), "--dpi", "0"]) == 2
+
+
+def test_the_rates_at_a_minimum_figure_is_laid_out_and_draws_each_run(tmp_path, saved_figures):
+    """Synthetic runs decaying exactly at 2 lambda and lambda: every run is drawn with its prediction."""
+    from pdeflow.analysis.minimum_rates import MinimumRates, MinimumRun
+    from pdeflow.analysis.stability_plots import plot_minimum_rates
+
+    lam, t = 0.3, np.linspace(0.0, 5.0, 40)
+    runs = []
+    for name, eps in (("slowest", 1e-4), ("random 1", 1e-3)):
+        excess, distance = eps**2 * np.exp(-2 * lam * t), eps * np.exp(-lam * t)
+        runs.append(MinimumRun(name, eps, t, excess, excess, distance, np.full_like(t, lam), np.ones_like(t, bool),
+                               2 * lam, lam, lam, lam, 0.0, 2 * lam, lam, lam,
+                               excess if name != "slowest" else np.zeros(0),
+                               distance if name != "slowest" else np.zeros(0), 0.0, 0.0, "rk4", 0.1, 10, 0, 50))
+    result = MinimumRates(e_star=1.0, i_star=0.0, lambda_min=lam, lambda_min_residual=1e-9, lambda_max=2.0,
+                          morse_index_lower=0, n_symmetry=0, eps=1e-4, runs=runs, products=0, polish_steps=0)
+    plot_minimum_rates(result, tmp_path / "rates.pdf")
+    fig = saved_figures[-1]
+    assert layout_problems(fig) == []
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    assert labels == ["slowest", "predicted rate 0.6", "random 1"]
+    # the slowest run's prediction is the line of slope 2 lambda through its first sample: here the run itself
+    assert np.allclose(handles[1].get_ydata(), 1e-8 * np.exp(-2 * lam * t), rtol=1e-12)
+    assert (tmp_path / "rates.pdf").read_bytes()[:4] == b"%PDF"

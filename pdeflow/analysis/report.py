@@ -121,8 +121,11 @@ def stationary_section(traj: Trajectory, analysis: Analysis, stationary: dict[st
     if math.isfinite(analysis.stationary_time):
         s.rows.append(("first time I ≤ tol · I(0)", _g(analysis.stationary_time),
                        f"measured (tol = {_g(analysis.stationary_tol, 3)}: a threshold, not the value of I)"))
+    reached = ""
+    if rec is not None and len(rec.phases):
+        reached = f"; the flow's phase at t = {_g(float(rec.spectrum_time[-1]))}: {rec.phases[-1]}"
     if stationary is None:
-        s.reason = "pdeflow stationary --kind minimum was not run (report --skip stationary)"
+        s.reason = "pdeflow stationary --kind minimum was not run (report --skip stationary)" + reached
         return s
     s.rows += [("point found", str(stationary.get("verdict", "")), "pdeflow stationary's verdict"),
                ("energy E of the point", _g(float(stationary.get("energy", math.nan)), 12), "evaluated at the point"),
@@ -136,7 +139,8 @@ def stationary_section(traj: Trajectory, analysis: Analysis, stationary: dict[st
     if bool(stationary.get("certified", False)):
         s.verdict, s.reason = HOLDS, f"pdeflow stationary: {verdict}, certified (λ_min > its residual)"
     else:
-        s.reason = f"pdeflow stationary: {verdict or stationary.get('message', 'no verdict')} (not certified)"
+        s.reason = (f"pdeflow stationary: {verdict or 'no verdict'}, not certified ({stationary.get('message', '')})"
+                    + reached)
     return s
 
 
@@ -165,7 +169,8 @@ def optimality_section(traj: Trajectory, analysis: Analysis, figure_dir: Path) -
     elif certified:
         s.verdict, s.reason = NOT_ESTABLISHED, f"certified G = {_g(g)} > {tol:g}: the last frame is not yet optimal"
     else:
-        s.reason = "the gap is an estimate: min Φ is not certified for this k (certified for k ≤ 3)"
+        s.reason = (f"G ≈ {_g(g)} is an estimate (a lower bound from a non-exhaustive search): min Φ is certified for "
+                    f"k ≤ 3, here k = {traj.frames['omega'].shape[-1] if 'omega' in traj.frames else '?'}")
     s.figures.append(draw(figure_dir, "gap", plot_gap, traj, analysis))
     return s
 

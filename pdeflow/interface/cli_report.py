@@ -161,9 +161,11 @@ def cmd_report(args: argparse.Namespace) -> int:
                                                     str(stationary_file), "--quiet", "--force", "--max-wall",
                                                     str(args.stationary_wall)], stationary_file)
     bar.update()
+    stationary = read_stationary(stationary_file) if have_stationary else None
+    certified = stationary is not None and bool(stationary.get("certified", False))
     step("diagnose")
     diag = ["diagnose", str(run_file)]
-    if have_stationary:
+    if certified:   # E* is the energy of a certified local minimum only: a stopped search's point is no E*
         diag += ["--stationary", str(stationary_file)]
     if "gap" in skip:
         diag.append("--no-gap")
@@ -172,9 +174,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     diagnosed = stages.run("diagnose", diag, run_file, rerun=stages.done.get("diagnose", {}).get("command")
                            != "pdeflow " + " ".join(diag) or not read_analysis_ok(run_file))
     bar.update()
-    stationary = read_stationary(stationary_file) if have_stationary else None
-    certified = stationary is not None and bool(stationary.get("certified", False))
-
     step("minimum")
     rates_file = out / "minimum-rates.h5"
     rates = None
@@ -230,9 +229,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     bar.update()
     bar.close()
     if analysis is not None:
-        source = "certified local minimum" if analysis.e_star_source == "stationary" else analysis.e_star_source
+        source = (f"the energy of the certified local minimum in {stationary_file.name}" if certified
+                  else analysis.e_star_source)
         print(f"E* = {analysis.e_star:.10g} ({source})" if analysis.e_star == analysis.e_star
-              else f"E* not established ({analysis.e_star_source})")
+              else "E* not established: no certified local minimum, and diagnose found no limit of E(t)")
     for s in sections:
         print(f"{s.title}: {s.verdict} - {s.reason}")
     print(f"pdeflow: report -> {out / 'index.html'}")
