@@ -18,6 +18,9 @@ from pdeflow.analysis.stationary import read_stationary
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
 
+# about a minute on an idle machine (six pdeflow commands in subprocesses): scheduled first (conftest.py)
+pytestmark = pytest.mark.slow
+
 TINY = """
 [task]
 name = "markov"
