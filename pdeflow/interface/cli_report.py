@@ -214,7 +214,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     for name, section in (("minimum", sections[-3]), ("dirac", sections[-2]), ("chaos", sections[-1])):
         if name in skip:
             section.reason = f"skipped (--skip {name})"
+    import numpy as np
+
+    from ..analysis.diagnostics.spectral import run_gradient_equivalents
+    from ..analysis.stationary import JVP_GRADIENTS
     from ..benchmarks.common import cpu_model
+
+    costs = {"run": run_gradient_equivalents(traj.steps),
+             "stationary": float(stationary["gradient_equivalents"]) if stationary else float("nan"),
+             "minimum": (float(np.sum(rates["gradients"]))   # per run [R], products of the polish and spectrum
+                         + JVP_GRADIENTS * float(np.sum(rates["products"]) + np.sum(rates["prediction_products"]))
+                         if rates else float("nan"))}
+    for name, cost in costs.items():
+        if name in stages.done and cost == cost:
+            stages.done[name]["cost"] = f"{cost:,.0f} gradient equivalents"
 
     provenance = {"pdeflow_version": traj.attrs.get("pdeflow_version", ""),
                   "cpu": cpu_model().get("model", platform.processor() or "unknown"),
