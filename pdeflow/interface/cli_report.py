@@ -26,6 +26,8 @@ from ..core.exit_codes import EXIT_OK, HELP
 
 STAGES = ("run", "stationary", "diagnose", "minimum", "dirac", "chaos")
 SKIPPABLE = ("stationary", "minimum", "dirac", "chaos", "gap")
+# the default report of the quickstart (k = 256) leaves dirac and chaos out: see --max-k
+MAX_K = 64
 
 
 class Stages:
@@ -152,6 +154,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not config_file.exists():
         config_file.write_text(str(traj.attrs.get("config", "")) or str(traj.config), encoding="utf-8")
     particles = traj.measure == "particles"
+    k = int(traj.model_attrs.get("k", 0))
+    sized_out = {}   # stage -> why it was left out by --max-k
+    for name in ("dirac", "chaos"):
+        if name not in skip and k > args.max_k:
+            sized_out[name] = (f"left out: k = {k} > --max-k {args.max_k} (its dense Hessians / mean-field reference "
+                               f"cost grows with k; rerun with --max-k {k} to include it)")
 
     step("stationary")
     stationary_file = out / "stationary.h5"
@@ -185,7 +193,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     step("dirac")
     stability_file = out / "stability.h5"
     stability = None
-    if "dirac" not in skip:
+    if "dirac" not in skip and "dirac" not in sized_out:
         if stages.run("dirac", ["stability", str(config_file), "-o", str(stability_file), "--quiet", "--format",
                                 "png", "--force"], stability_file):
             stability = _h5_group(stability_file, "stability")
@@ -193,7 +201,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     step("chaos")
     chaos_file = out / "chaos.h5"
     chaos = None
-    if "chaos" not in skip:
+    if "chaos" not in skip and "chaos" not in sized_out:
         if stages.run("chaos", ["chaos", str(config_file), "--quick", "-o", str(chaos_file), "--quiet", "--format",
                                 "png", "--force"], chaos_file):
             chaos = _h5_group(chaos_file, "chaos")
@@ -214,6 +222,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     for name, section in (("minimum", sections[-3]), ("dirac", sections[-2]), ("chaos", sections[-1])):
         if name in skip:
             section.reason = f"skipped (--skip {name})"
+        elif name in sized_out:
+            section.reason = sized_out[name]
     import numpy as np
 
     from ..analysis.diagnostics.spectral import run_gradient_equivalents
@@ -289,6 +299,9 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gap-frames", type=int, default=3, metavar="N", help="frames where the gap is computed")
     p.add_argument("--stationary-wall", type=float, default=120.0, metavar="SECONDS",
                    help="wall-time budget of the stationary search (default 120)")
+    p.add_argument("--max-k", type=int, default=MAX_K, metavar="K",
+                   help=f"run the Dirac stability and chaos stages only for k <= K coordinates per head (default "
+                        f"{MAX_K}: at k = 256 each takes longer than the rest of the report)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_report)
 
