@@ -137,6 +137,11 @@ def test_a_rerun_reuses_what_was_computed(report, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in (out / "run.h5", out / "stationary.h5")} == before
     again = json.loads((out / "stages.json").read_text(encoding="utf-8"))
     assert again["stationary"]["wall_s"] == stages["stationary"]["wall_s"]
+    # --max-k sizes the report: a k above it leaves the Dirac stage out, with the reason and the option
+    assert main(["report", str(out / "run.h5"), "-o", str(out), "--skip", "chaos", "--max-k", "1", "--quiet"]) == 0
+    dirac = _section(json.loads((out / "report.json").read_text(encoding="utf-8")), "dirac")
+    assert dirac["verdict"] == NOT_ESTABLISHED and dirac["reason"].startswith("left out: k = 2 > --max-k 1")
+    assert "dirac" not in json.loads((out / "stages.json").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("argv, message", [
