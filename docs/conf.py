@@ -23,12 +23,27 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",   # MathJax shipped in _static: math renders without network
     "numpydoc",
+    "sphinx_gallery.gen_gallery",
 ]
+
+# The gallery: examples/plot_*.py run at build time (seconds each), their figures on the pages
+sphinx_gallery_conf = {
+    "examples_dirs": str(ROOT / "examples"),
+    "gallery_dirs": "auto_examples",
+    "filename_pattern": r"/plot_",
+    "download_all_examples": False,
+    "remove_config_comments": True,
+    "abort_on_example_error": True,
+    "within_subsection_order": "FileNameSortKey",
+    "write_computation_times": False,
+}
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "auto_examples/*.ipynb", "auto_examples/*.py", "auto_examples/*.zip",
+                    "auto_examples/*.md5", "auto_examples/*.json"]
 
 # MyST: $...$ and $$...$$ math, headings get anchors so pages can link to sections
 myst_enable_extensions = ["dollarmath", "colon_fence"]
@@ -42,9 +57,10 @@ autodoc_typehints = "signature"
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 
-html_theme = "alabaster"
-html_static_path: list[str] = []
-html_theme_options = {"description": "mean-field gradient flow of multi-head attention", "nosidebar": False}
+html_theme = "furo"
+html_title = "pdeflow"
+html_static_path = ["_static"]
+html_css_files = ["wide.css"]
 
 
 # The docstrings write norms as plain text, |x|, outside literals; reStructuredText would read |...| as a

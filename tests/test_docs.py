@@ -29,6 +29,20 @@ def test_sphinx_build_has_no_warnings(tmp_path: Path) -> None:
         assert f'id="{name}"' in api, f"{name} is missing from the API reference"
     model = (tmp_path / "html" / "model.html").read_text(encoding="utf-8")
     assert "First variation" in model
+    # math renders offline: MathJax is loaded from the site's own _static folder, never from a CDN
+    scripts = re.findall(r"<script[^>]*src=\"([^\"]*mathjax[^\"]*)\"", model, flags=re.I)
+    assert scripts and all(not s.startswith(("http:", "https:", "//")) for s in scripts), scripts
+    assert all((tmp_path / "html" / s).is_file() for s in scripts)
+    # the gallery: every examples/plot_*.py ran and its figures are on its page
+    examples = sorted((ROOT / "examples").glob("plot_*.py"))
+    assert len(examples) >= 2
+    for script in examples:
+        page = (tmp_path / "html" / "auto_examples" / f"{script.stem}.html").read_text(encoding="utf-8")
+        images = re.findall(rf"_images/(sphx_glr_{script.stem}_\d+\.png)", page)
+        assert images, f"{script.name} shows no figure"
+        for name in images:
+            assert (tmp_path / "html" / "_images" / name).stat().st_size > 5000, name
+    assert (tmp_path / "html" / "your_own_problem.html").is_file()
 
 
 def test_tutorial_code_runs_on_a_short_quickstart(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ from pdeflow.io.trajectory import open_trajectory
 from test_diagnostics import one_numba_thread, run_config, write_grid_file  # noqa: F401 (autouse fixture)
 
 REPO = Path(__file__).resolve().parents[1]
-PARTICLE_FIGURES = {"energy.png", "gap.png", "pl.png", "kl.png", "particles.png", "attention.png", "measure.gif"}
+PARTICLE_FIGURES = {"energy.png", "identity.png", "gap.png", "pl.png", "kl.png", "particles.png", "attention.png",
+                    "measure.gif"}
 
 
 def assert_image(path: Path, frames: int | None = None) -> None:
@@ -72,7 +73,7 @@ def test_particle_figure_in_one_and_two_coordinates(coordinates, tmp_path):
     assert_image(gif[0], frames=len(traj.time))
     if coordinates == "gain2":
         origin, axes, labels = P.projection(traj)
-        assert np.array_equal(axes, np.eye(2)) and labels == ["omega_0", "omega_1"]
+        assert np.array_equal(axes, np.eye(2)) and labels == [r"$\omega_0$", r"$\omega_1$"]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

@@ -1,8 +1,10 @@
 """Figures and movies of a trajectory and its analysis, headless (matplotlib's Agg canvas, no pyplot).
 
-One function per figure, each ``(traj, analysis, path, ...) -> Path`` writing one PNG:
+One function per figure, each ``(traj, analysis, path, ...) -> Path`` writing one file in the format of the path's
+suffix (PDF, PNG or SVG; :mod:`pdeflow.analysis.figures`, the one saving path, also sets the resolution):
 
 - :func:`plot_energy`: ``E - E*`` and the dissipation ``I`` against time (log scale), with the lower bound;
+- :func:`plot_energy_identity`: the residual of the energy identity ``E(t) - E(0) + int_0^t I ds`` against time;
 - :func:`plot_gap`: the optimality gap G at the frames where it was computed, E and E - G;
 - :func:`plot_pl`: the PL ratio ``mu(t) = I / (2 (E - E*))`` and, at a given stationary point, the theory's limit;
 - :func:`plot_kl`: ``log I`` against ``log(E - E*)``, and the local exponent theta(t) over the window with the range
@@ -26,13 +28,15 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib import animation
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..core.problem import task_params
+from ..core.tasks import TaskError, make_task
 from ..io.trajectory import Trajectory
 from .diagnostics import (
     Analysis,
     attention_pattern,
+    energy_identity_residual,
     frame_measure,
     kl_fit,
     pl_constant,
@@ -40,25 +44,19 @@ from .diagnostics import (
     trusted_excess,
 )
 from .diagnostics.spectral import DEGENERATE, DESCENT, MINIMUM, phase_spans
+from .figures import check_format, current_dpi, figure_output, new_figure, save_figure
 
-DPI = 100
 MAX_ANIMATION_FRAMES = 120
+# at most this many tick labels along an attention map's axis (every n-th position beyond)
+MAX_ATTENTION_TICKS = 16
 
 
-def _figure(width: float = 6.4, height: float = 4.0, ncols: int = 1):
-    # fixed margins: a layout engine would double the drawing time of every figure and movie frame
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, ncols)
-    fig.subplots_adjust(left=1.0 / width, right=1 - 0.25 / width, bottom=0.55 / height,
-                        top=1 - 0.5 / height, wspace=0.35)
-    return fig, axes
+def _figure(width: float = 6.4, height: float = 4.0, ncols: int = 1, *, constrained: bool = True):
+    return new_figure(width, height, 1, ncols, constrained=constrained)
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
-    path = Path(path)
-    fig.savefig(path, dpi=DPI)
-    return path
+    return save_figure(fig, path)
 
 
 def _steps(traj: Trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -92,61 +90,96 @@ def plot_energy(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     e_star = analysis.e_star
     if math.isfinite(e_star) and np.any(e - e_star > 0):
         ok = e - e_star > 0
-        ax_e.semilogy(t[ok], (e - e_star)[ok], lw=1.2, label="E - E*")
+        ax_e.semilogy(t[ok], (e - e_star)[ok], lw=1.2, label=r"$E - E^*$")
         ax_e.semilogy(analysis.time, np.where(analysis.energy > e_star, analysis.energy - e_star, np.nan), "o",
                       ms=3, label="frames")
         if np.any(analysis.kl_predicted > 0):
             ax_e.semilogy(analysis.time, np.where(analysis.kl_predicted > 0, analysis.kl_predicted, np.nan), "--",
-                          color="C3", label=f"KL prediction (theta = {analysis.kl_theta:.3f})")
+                          color="C3", label=rf"KL prediction ($\theta$ = {analysis.kl_theta:.3f})")
         gf = analysis.gap_frames
         if gf.size and np.any(analysis.gap[gf] > 0):
             ax_e.semilogy(analysis.time[gf], np.where(analysis.gap[gf] > 0, analysis.gap[gf], np.nan), "s",
-                          mfc="none", label="gap G")
-        ax_e.set_ylabel("E - E*")
-        ax_e.set_title(f"E* = {e_star:.10g} ({analysis.e_star_source})", fontsize=9)
+                          mfc="none", label="gap $G$")
+        ax_e.set_ylabel(r"$E - E^*$")
+        ax_e.set_title(f"$E^*$ = {e_star:.10g} ({analysis.e_star_source})", fontsize=9)
     else:
-        ax_e.plot(t, e, lw=1.2, label="E")
-        ax_e.set_ylabel("energy E")
-    ax_e.set_xlabel("t")
+        ax_e.plot(t, e, lw=1.2, label="$E$")
+        ax_e.set_ylabel("energy $E$")
+    ax_e.set_xlabel("$t$")
     ax_e.legend(fontsize=8)
     pos = i > 0
-    ax_i.semilogy(t[pos], i[pos], lw=1.2, color="C3", label="dissipation I")
+    ax_i.semilogy(t[pos], i[pos], lw=1.2, color="C3", label="dissipation $I$")
     if math.isfinite(analysis.stationary_time):
         ax_i.axvline(analysis.stationary_time, color="k", ls=":", label="stationary")
-    ax_i.set_xlabel("t")
+    ax_i.set_xlabel("$t$")
     for ax in (ax_e, ax_i):
         time_axis(ax, t)
-    ax_i.set_ylabel("I")
-    ax_i.set_title("dissipation I = int |grad Phi|^2 d rho", fontsize=9)
+    ax_i.set_ylabel("$I$")
+    ax_i.set_title(r"dissipation $I = \int |\nabla\Phi|^2\,d\rho$", fontsize=9)
     ax_i.legend(fontsize=8)
     fig.suptitle(_title(traj, "energy and dissipation"))
     return _save(fig, path)
 
 
 def plot_gap(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
-    """The gap G at the frames where it was computed (log scale when positive), and E with E - G."""
+    """The gap G at the frames where it was computed (log scale when positive), and E with E - G; markers only
+    (a line through a handful of gaps would suggest values between them), legend entries only for drawn ones."""
     gf = analysis.gap_frames
     fig, (ax_g, ax_b) = _figure(10, 4, 2)
     tg, g = analysis.time[gf], analysis.gap[gf]
     certified = analysis.gap_certified[gf].astype(bool)
     if np.all(g > 0):
         ax_g.set_yscale("log")
-    ax_g.plot(tg, g, "-", color="0.6")
-    ax_g.plot(tg[certified], g[certified], "o", label="G found (min Phi certified)")
-    if np.any(certified & np.isfinite(analysis.gap_bound[gf])):
-        ax_g.plot(tg[certified], analysis.gap_bound[gf][certified], "v", label="certified upper bound on G")
-    ax_g.plot(tg[~certified], g[~certified], "^", label="estimate (non-exhaustive search)")
-    ax_g.set_xlabel("t")
-    ax_g.set_ylabel("G")
-    ax_g.set_title("G = int Phi d rho - min_Omega Phi", fontsize=9)
-    ax_g.legend(fontsize=8)
-    ax_b.plot(analysis.time, analysis.energy, "-", label="E")
-    if np.any(np.isfinite(analysis.lower_bound)):
-        ax_b.plot(tg, analysis.lower_bound[gf], "s-", label="E - G bound (certified lower bound on Omega)")
-    ax_b.set_xlabel("t")
+    bound = analysis.gap_bound[gf]
+    series = ((certified, g, "o", r"$G$ found ($\min\Phi$ certified)"),
+              (certified & np.isfinite(bound), bound, "v", "certified upper bound on $G$"),
+              (~certified, g, "^", "estimate (non-exhaustive search)"))
+    for shown, values, marker, label in series:
+        drawn = shown & np.isfinite(values) & ((values > 0) if ax_g.get_yscale() == "log" else True)
+        if drawn.any():
+            ax_g.plot(tg[drawn], values[drawn], marker, ls="none", label=label)
+    ax_g.set_xlabel("$t$")
+    ax_g.set_ylabel("$G$")
+    ax_g.set_title(r"$G = \int \Phi\, d\rho - \min_\Omega \Phi$", fontsize=9)
+    if ax_g.get_legend_handles_labels()[0]:
+        ax_g.legend(fontsize=8)
+    ax_b.plot(analysis.time, analysis.energy, "-", label="$E$")
+    lower = analysis.lower_bound[gf]
+    if np.any(np.isfinite(lower)):
+        ax_b.plot(tg, lower, "s", ls="none", label=r"$E - G$ (certified lower bound on $\Omega$)")
+    ax_b.set_xlabel("$t$")
     ax_b.legend(fontsize=8)
     radius = f" {analysis.gap_radius:g}" if math.isfinite(analysis.gap_radius) else ""
-    fig.suptitle(_title(traj, f"optimality gap, Omega = {analysis.gap_domain}{radius}"))
+    fig.suptitle(_title(traj, rf"optimality gap, $\Omega$ = {analysis.gap_domain}{radius}"))
+    return _save(fig, path)
+
+
+def plot_energy_identity(traj: Trajectory, analysis: Analysis | None, path: str | Path) -> Path:
+    """The residual ``r(t) = E(t) - E(0) + int_0^t I ds`` of the energy identity ``dE/dt = -I`` over the steps
+    (the run's own stage quadrature where stored, else the trapezoid rule:
+    :func:`pdeflow.analysis.diagnostics.energy_identity_residual`), relative to the energy decrease
+    ``E(0) - E(t)``; zero for the exact flow, of the stepper's order for a discretised one."""
+    t, e, i = _steps(traj)
+    integral = traj.steps.get("dissipation_integral")
+    own = integral is not None and len(integral) == len(t)
+    residual = energy_identity_residual(t, e, i, np.asarray(integral, dtype=float) if own else None)
+    fig, (ax_r, ax_d) = _figure(10, 4, 2)
+    ok = np.abs(residual) > 0
+    ax_r.semilogy(t[ok], np.abs(residual[ok]), lw=1.2, label=r"$|r(t)|$")
+    ax_r.set_xlabel("$t$")
+    ax_r.set_ylabel(r"$|E(t) - E(0) + \int_0^t I\,ds|$")
+    quadrature = "the stepper's stage quadrature" if own else "trapezoid rule on the steps"
+    ax_r.set_title(f"energy identity residual ({quadrature})", fontsize=9)
+    drop = e[0] - e
+    rel = np.where(drop > 0, np.abs(residual) / np.where(drop > 0, drop, 1.0), np.nan)
+    ok = np.isfinite(rel) & (rel > 0)
+    ax_d.semilogy(t[ok], rel[ok], lw=1.2, color="C3", label=r"$|r(t)| / (E(0) - E(t))$")
+    ax_d.set_xlabel("$t$")
+    ax_d.set_ylabel("relative residual")
+    ax_d.set_title("relative to the energy decrease", fontsize=9)
+    for ax in (ax_r, ax_d):
+        time_axis(ax, t)
+    fig.suptitle(_title(traj, r"energy identity $dE/dt = -I$"))
     return _save(fig, path)
 
 
@@ -174,11 +207,12 @@ def plot_pl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
         last = analysis.pl_mu_last
         ratio = f", measured / theory {last / analysis.predicted_mu:.3g} at the end" if math.isfinite(last) else ""
         ax.axhline(analysis.predicted_mu, color="C3", ls="--",
-                   label=f"theory: lambda_min = {analysis.predicted_mu:.4g} (limit, bound near the point){ratio}")
+                   label=rf"theory: $\lambda_{{\min}}$ = {analysis.predicted_mu:.4g} (limit, bound near the point)"
+                         + ratio)
     elif analysis.prediction:
         ax.set_title(analysis.prediction, fontsize=7, wrap=True)
     ax.set_xlabel("t")
-    ax.set_ylabel("mu = I / (2 (E - E*))")
+    ax.set_ylabel(r"$\mu = I\,/\,(2\,(E - E^*))$")
     ax.legend(fontsize=7)
     fig.suptitle(_title(traj, f"PL ratio (E* = {analysis.e_star:.10g}, {analysis.e_star_source})"))
     return _save(fig, path)
@@ -200,22 +234,22 @@ def plot_kl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
         x = np.geomspace(excess[win].min(), excess[win].max(), 50)
         lo, hi = analysis.kl_theta_range
         ax.loglog(x, analysis.kl_constant * x ** (2 * (1 - analysis.kl_theta)), "-", color="C3",
-                  label=f"theta = {analysis.kl_theta:.4f}; theta(t) in [{lo:.4f}, {hi:.4f}]")
-    ax.set_xlabel("E - E*")
-    ax.set_ylabel("I")
+                  label=rf"$\theta$ = {analysis.kl_theta:.4f}; $\theta(t)$ in [{lo:.4f}, {hi:.4f}]")
+    ax.set_xlabel(r"$E - E^*$")
+    ax.set_ylabel(r"$I = \int |\nabla\Phi|^2\,d\rho$")
     ax.legend(fontsize=7)
     refused = analysis.kl_status.startswith("refused")
     fit = None if refused or not win.any() else kl_fit(e[win], i[win], analysis.e_star, time=t[win],
                                                         e_star_range=(analysis.e_star_low, analysis.e_star_high))
     if fit is not None and fit.local is not None:
         local = fit.local
-        ax_t.plot(local.time, local.theta, "o-", ms=3, color="C0", label="theta(t), secants")
-        ax_t.axhspan(local.low, local.high, color="C0", alpha=0.15, label="range holding theta(t) (window, E*)")
+        ax_t.plot(local.time, local.theta, "o-", ms=3, color="C0", label=r"$\theta(t)$, secants")
+        ax_t.axhspan(local.low, local.high, color="C0", alpha=0.15, label=r"range holding $\theta(t)$ (window, $E^*$)")
     if math.isfinite(analysis.predicted_theta):
         ax_t.axhline(analysis.predicted_theta, color="C3", ls="--",
                      label=f"theory: {analysis.predicted_theta:g} at the stationary point")
     ax_t.set_xlabel("t")
-    ax_t.set_ylabel("local exponent theta(t)")
+    ax_t.set_ylabel(r"local exponent $\theta(t)$")
     if ax_t.lines:
         ax_t.legend(fontsize=7)
     ax_t.set_title(analysis.kl_status or "not computed", fontsize=7, wrap=True)
@@ -233,7 +267,7 @@ def projection(traj: Trajectory, coords: Sequence[int] | None = None) -> tuple[n
         c = list(coords) if coords is not None else [0, 1]
         axes = np.zeros((k, 2))
         axes[c[0], 0] = axes[c[1], 1] = 1.0
-        return np.zeros(k), axes, [f"omega_{c[0]}", f"omega_{c[1]}"]
+        return np.zeros(k), axes, [f"$\\omega_{c[0]}$", f"$\\omega_{c[1]}$"]
     pts, w = omega.reshape(-1, k), mass.reshape(-1)
     w = w / w.sum()
     origin = w @ pts
@@ -260,12 +294,12 @@ def plot_particles(traj: Trajectory, analysis: Analysis | None, path: str | Path
         r = radius or (analysis.gap_radius if analysis is not None and math.isfinite(analysis.gap_radius) else None)
         r = r or 1.2 * float(np.abs(omega).max() + 1e-12)
         xs = np.linspace(-r, r, 400)[:, None]
-        ax.plot(xs[:, 0], _phi_at(traj, index, xs), "-", color="0.5", label="Phi(omega; rho)")
+        ax.plot(xs[:, 0], _phi_at(traj, index, xs), "-", color="0.5", label=r"$\Phi(\omega; \rho)$")
         sc = ax.scatter(omega[:, 0], phi, c=phi, s=size, cmap="viridis", zorder=3)
         if analysis is not None and np.isfinite(analysis.minimizer[index]).all():
-            ax.axvline(analysis.minimizer[index, 0], color="C3", ls=":", label="argmin Phi")
-        ax.set_xlabel("omega")
-        ax.set_ylabel("Phi")
+            ax.axvline(analysis.minimizer[index, 0], color="C3", ls=":", label=r"argmin $\Phi$")
+        ax.set_xlabel(r"$\omega$")
+        ax.set_ylabel(r"$\Phi$")
         ax.legend(fontsize=8)
     else:
         origin, axes, labels = projection(traj, coords)
@@ -273,11 +307,11 @@ def plot_particles(traj: Trajectory, analysis: Analysis | None, path: str | Path
         sc = ax.scatter(xy[:, 0], xy[:, 1], c=phi, s=size, cmap="viridis")
         if analysis is not None and np.isfinite(analysis.minimizer[index]).all():
             m = (analysis.minimizer[index] - origin) @ axes
-            ax.plot(m[0], m[1], "r*", ms=12, label="argmin Phi on Omega")
+            ax.plot(m[0], m[1], "r*", ms=12, label=r"argmin $\Phi$ on $\Omega$")
             ax.legend(fontsize=8)
         ax.set_xlabel(labels[0])
         ax.set_ylabel(labels[1])
-    fig.colorbar(sc, ax=ax, label="Phi(omega_i; rho)")
+    fig.colorbar(sc, ax=ax, label=r"$\Phi(\omega_i; \rho)$")
     fig.suptitle(_title(traj, f"particles at t = {traj.time[index]:.4g}"))
     return _save(fig, path)
 
@@ -296,13 +330,13 @@ def _draw_density(ax, traj: Trajectory, index: int):
     density, lower, upper = _grid_image(traj, index)
     if density.ndim == 1:
         ax.plot(trajectory_grid(traj).axes[0], density, "-")
-        ax.set_xlabel("omega")
+        ax.set_xlabel(r"$\omega$")
         ax.set_ylabel("density")
         return None
     im = ax.imshow(density.T, origin="lower", extent=(lower[0], upper[0], lower[1], upper[1]), aspect="auto",
                    cmap="magma")
-    ax.set_xlabel("omega_0")
-    ax.set_ylabel("omega_1")
+    ax.set_xlabel(r"$\omega_0$")
+    ax.set_ylabel(r"$\omega_1$")
     return im
 
 
@@ -317,8 +351,48 @@ def plot_density(traj: Trajectory, path: str | Path, frame: int = -1) -> Path:
     return _save(fig, path)
 
 
+def token_labels(traj: Trajectory, tokens: np.ndarray) -> list[str]:
+    """How the tokens [T] read: the characters of a ``text`` task, token ids otherwise (or when the text file is
+    not found). The file stores the config, not the alphabet: the text is looked for at the config's path as
+    written, then beside the trajectory file, then from the folder of the shipped configs (where relative paths of
+    ``data/configs/*.toml`` point from)."""
+    cfg = traj.config
+    if cfg.task.name == "text":
+        t = cfg.task
+        params = task_params(cfg)
+        written = Path(t.path)
+        shipped = Path(__file__).resolve().parents[2] / "data" / "configs"
+        for candidate in (written, traj.path.parent / written, shipped / written):
+            if not candidate.is_file():
+                continue
+            try:
+                task = make_task("text", vocab_size=t.vocab_size, seq_len=t.seq_len, exact=t.exact,
+                                 n_samples=t.n_samples, seed=t.seed, **{**params, "path": str(candidate)})
+            except (TaskError, OSError, ValueError):
+                continue
+            if task.alphabet is not None and len(task.alphabet) > int(np.max(tokens)):
+                return [_visible(task.alphabet[int(tok)]) for tok in tokens]
+    return [str(int(tok)) for tok in tokens]
+
+
+def _visible(ch: str) -> str:
+    """A character as a tick label shows it: whitespace named, mathtext's specials escaped."""
+    names = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5", "$": "\\$"}  # a lone "$" would start mathtext
+    return names.get(ch, ch)
+
+
+def _attention_ticks(ax, labels: list[str]) -> None:
+    """Every position's token on both axes (every n-th beyond MAX_ATTENTION_TICKS); long labels turned upright."""
+    step = max(1, math.ceil(len(labels) / MAX_ATTENTION_TICKS))
+    pos = list(range(0, len(labels), step))
+    shown = [labels[j] for j in pos]
+    ax.set_xticks(pos, shown, rotation=90 if max(map(len, shown)) > 1 else 0)
+    ax.set_yticks(pos, shown)
+
+
 def plot_attention(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
-    """Attention maps ``a[l, j]`` of the representative heads of the heaviest clusters on the probe sequence."""
+    """Attention maps ``a[l, j]`` of the representative heads of the heaviest clusters on the probe sequence, its
+    tokens (characters for a text task) along both axes, in order of position."""
     c = analysis.clusters
     maps = c.attention
     if maps.shape[0] == 0:
@@ -326,18 +400,21 @@ def plot_attention(traj: Trajectory, analysis: Analysis, path: str | Path) -> Pa
         omega, _ = frame_measure(traj, c.frame)
         maps = attention_pattern(problem, problem.theta(omega[c.representative[:1]]), c.probe)
     n = maps.shape[0]
-    fig, axes = _figure(3.2 * n + 0.8, 3.4, n)
+    fig, axes = _figure(2.9 * n + 1.2, 3.6, n)
     axes = np.atleast_1d(axes)
-    ticks = [f"{pos}:{int(tok)}" for pos, tok in enumerate(c.probe)]
+    labels = token_labels(traj, c.probe)
     for j, ax in enumerate(axes):
         im = ax.imshow(maps[j], vmin=0, vmax=1, cmap="Blues")
-        ax.set_xticks(range(len(ticks)), ticks)
-        ax.set_yticks(range(len(ticks)), ticks)
-        ax.set_xlabel("key position j : token")
-        ax.set_ylabel("query position l : token")
-        ax.set_title(f"cluster {j}: mass {c.mass[j]:.3g}, {int(c.size[j])} heads", fontsize=9)
-    fig.colorbar(im, ax=list(axes), label="attention a[l, j]")
-    fig.suptitle(_title(traj, f"attention of representative heads, {len(c.mass)} clusters"))
+        _attention_ticks(ax, labels)
+        ax.set_xlabel("key $j$ (token)")
+        if j == 0:
+            ax.set_ylabel("query $l$ (token)")
+        heads = int(c.size[j])
+        ax.set_title(f"cluster {j}: mass {c.mass[j]:.3g}\n{heads} head{'s' if heads != 1 else ''}", fontsize=9)
+    fig.colorbar(im, ax=list(axes), label="attention $a[l, j]$")
+    clusters = len(c.mass)
+    fig.suptitle(f"attention of representative heads, {clusters} cluster{'s' if clusters != 1 else ''}\n"
+                 f"{traj.path.name} ({traj.attrs.get('method', '?')}, {traj.measure})", fontsize=10)
     return _save(fig, path)
 
 
@@ -349,7 +426,7 @@ def animate_measure(traj: Trajectory, path: str | Path, coords: Sequence[int] | 
     path = Path(path)
     F = len(traj.time)
     frames = np.unique(np.round(np.linspace(0, F - 1, min(F, MAX_ANIMATION_FRAMES))).astype(int))
-    fig, ax = _figure(6.4, 4.8)
+    fig, ax = _figure(6.4, 4.8, constrained=False)  # a layout per movie frame would double the drawing time
     if "density" in traj.frames:
         images = [_grid_image(traj, f)[0] for f in frames]
         vmax = max(float(np.max(im)) for im in images)
@@ -365,7 +442,7 @@ def animate_measure(traj: Trajectory, path: str | Path, coords: Sequence[int] | 
     else:
         k = traj.frames["omega"].shape[-1]
         if k == 1:
-            origin, axes, labels = np.zeros(1), np.array([[1.0, 0.0]]), ["omega", "Phi"]
+            origin, axes, labels = np.zeros(1), np.array([[1.0, 0.0]]), [r"$\omega$", r"$\Phi$"]
         else:
             origin, axes, labels = projection(traj, coords)
         points, colours = [], []
@@ -392,10 +469,11 @@ def animate_measure(traj: Trajectory, path: str | Path, coords: Sequence[int] | 
 
     anim = animation.FuncAnimation(fig, draw, frames=len(frames), interval=1000 / fps, blit=False)
     written = [path]
-    anim.save(path, writer=animation.PillowWriter(fps=fps), dpi=DPI)
+    dpi = min(current_dpi(), 100.0)   # a movie is for the screen: a paper's resolution only makes it heavy
+    anim.save(path, writer=animation.PillowWriter(fps=fps), dpi=dpi)
     if mp4 and animation.FFMpegWriter.isAvailable():
         movie = path.with_suffix(".mp4")
-        anim.save(movie, writer=animation.FFMpegWriter(fps=fps), dpi=DPI)
+        anim.save(movie, writer=animation.FFMpegWriter(fps=fps), dpi=dpi)
         written.append(movie)
     return written
 
@@ -416,11 +494,11 @@ def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Pat
     t, e, i = _steps(traj)
     fig, axes = _figure(15, 4, 3)
     axes[0].plot(t, e, lw=1.2)
-    axes[0].set_ylabel("energy E")
+    axes[0].set_ylabel("energy $E$")
     pos = i > 0
     axes[1].semilogy(t[pos], i[pos], lw=1.2, color="C3")
     axes[1].axhline(rec.spectrum_near * rec.i0, color="0.5", ls=":", lw=0.8, label="near a stationary point below")
-    axes[1].set_ylabel("dissipation I")
+    axes[1].set_ylabel("dissipation $I$")
     axes[1].legend(fontsize=7)
     ts, lo = rec.spectrum_time, rec.lambda_min
     ok = np.isfinite(lo)
@@ -430,13 +508,13 @@ def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Pat
             axes[2].annotate(f"{n}", (x, y), textcoords="offset points", xytext=(0, -10), fontsize=6, ha="center")
     axes[2].axhline(0.0, color="k", lw=0.6)
     axes[2].set_yscale("symlog", linthresh=max(1e-8, float(np.nanmin(np.abs(lo[ok])))) if ok.any() else 1e-3)
-    axes[2].set_ylabel("lambda_min of S (index >= n marked)")
+    axes[2].set_ylabel(r"$\lambda_{\min}(S)$ (Morse index $\geq n$ marked)")
     spans = phase_spans(ts, rec.phases)
     edges = _span_edges(ts, float(t[-1]))
     for ax in axes:
         time_axis(ax, np.concatenate([t, ts]))
         ax.set_xlim(float(min(t[0], ts[0])), float(max(t[-1], ts[-1])))
-        ax.set_xlabel("t")
+        ax.set_xlabel("$t$")
         start = 0
         for _, _, phase, n in spans:
             if phase != DESCENT:
@@ -444,36 +522,41 @@ def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Pat
                            color={MINIMUM: "C2", DEGENERATE: "0.6"}.get(phase, "C1"))
             start += n
     axes[2].set_title("shaded: near a saddle (orange), near a minimum (green)", fontsize=8)
-    fig.suptitle(_title(traj, "spectrum of S: E, I and lambda_min"))
+    fig.suptitle(_title(traj, r"spectrum of $S$: $E$, $I$ and $\lambda_{\min}$"))
     return _save(fig, path)
 
 
 def plot_all(traj: Trajectory, analysis: Analysis, outdir: str | Path, *, coords: Sequence[int] | None = None,
-             frame: int = -1, movie: bool = True, fps: int = 5) -> list[Path]:
-    """Every figure the file supports, as ``energy.png``, ``gap.png``, ``pl.png``, ``kl.png``,
-    ``particles.png`` or ``density.png``, ``attention.png``, ``spectrum.png`` (a spectral record with at least one
-    spectrum computed) and ``measure.gif`` (+ ``.mp4``) in ``outdir``.
+             frame: int = -1, movie: bool = True, fps: int = 5, fmt: str = "png", dpi: float | None = None
+             ) -> list[Path]:
+    """Every figure the file supports, as ``energy``, ``identity`` (the energy-identity residual), ``gap``, ``pl``,
+    ``kl``, ``particles`` or ``density``, ``attention``, ``spectrum`` (a spectral record with at least one spectrum
+    computed), each ``.{fmt}`` (pdf, png or svg, raster at ``dpi``), and ``measure.gif`` (+ ``.mp4``) in ``outdir``.
 
     Figures whose data are missing (no gap computed, no E*) are left out. Returns the files written."""
     out = Path(outdir)
-    written = [plot_energy(traj, analysis, out / "energy.png")]
-    if analysis.gap_computed:
-        written.append(plot_gap(traj, analysis, out / "gap.png"))
-    if math.isfinite(analysis.e_star):
-        written.append(plot_pl(traj, analysis, out / "pl.png"))
-        written.append(plot_kl(traj, analysis, out / "kl.png"))
-    if "density" in traj.frames:
-        written.append(plot_density(traj, out / "density.png", frame))
-    else:
-        written.append(plot_particles(traj, analysis, out / "particles.png", frame, coords))
-    if analysis.clusters is not None and len(analysis.clusters.mass):
-        written.append(plot_attention(traj, analysis, out / "attention.png"))
-    if analysis.spectrum is not None and np.any(analysis.spectrum.spectrum_products > 0):  # a spectrum computed
-        written.append(plot_spectrum(traj, analysis, out / "spectrum.png"))
-    if movie and len(traj.time) > 1:
-        written.extend(animate_measure(traj, out / "measure.gif", coords, fps))
+    ext = "." + check_format(fmt)
+    with figure_output(dpi):
+        written = [plot_energy(traj, analysis, out / f"energy{ext}")]
+        if len(_steps(traj)[0]) >= 2:
+            written.append(plot_energy_identity(traj, analysis, out / f"identity{ext}"))
+        if analysis.gap_computed:
+            written.append(plot_gap(traj, analysis, out / f"gap{ext}"))
+        if math.isfinite(analysis.e_star):
+            written.append(plot_pl(traj, analysis, out / f"pl{ext}"))
+            written.append(plot_kl(traj, analysis, out / f"kl{ext}"))
+        if "density" in traj.frames:
+            written.append(plot_density(traj, out / f"density{ext}", frame))
+        else:
+            written.append(plot_particles(traj, analysis, out / f"particles{ext}", frame, coords))
+        if analysis.clusters is not None and len(analysis.clusters.mass):
+            written.append(plot_attention(traj, analysis, out / f"attention{ext}"))
+        if analysis.spectrum is not None and np.any(analysis.spectrum.spectrum_products > 0):  # a spectrum computed
+            written.append(plot_spectrum(traj, analysis, out / f"spectrum{ext}"))
+        if movie and len(traj.time) > 1:
+            written.extend(animate_measure(traj, out / "measure.gif", coords, fps))
     return written
 
 
-__all__ = ["plot_all", "plot_energy", "plot_gap", "plot_pl", "plot_kl", "plot_particles", "plot_density",
-           "plot_attention", "animate_measure", "projection", "plot_spectrum"]
+__all__ = ["plot_all", "plot_energy", "plot_energy_identity", "plot_gap", "plot_pl", "plot_kl", "plot_particles",
+           "plot_density", "plot_attention", "animate_measure", "projection", "plot_spectrum", "token_labels"]

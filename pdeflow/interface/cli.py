@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.interface.cli_wfr",           # wfr
     "pdeflow.interface.cli_bench",         # bench
     "pdeflow.interface.cli_recover",       # recover
+    "pdeflow.interface.cli_report",        # report
 )
 
 

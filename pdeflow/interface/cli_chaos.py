@@ -14,6 +14,7 @@ from pathlib import Path
 from ..core.config import load_config
 from ..core.exit_codes import EXIT_FAILED, EXIT_OK, HELP
 from .cli import UsageError, add_config_arguments, check_output_file
+from .cli_figures import add_figure_arguments, figure_dpi
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -21,8 +22,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
     from ..analysis import chaos
     from ..analysis.chaos_plots import plot_result
+    from ..analysis.figures import figure_output
     from ..core.problem import Problem
 
+    dpi = figure_dpi(args)
     cfg = load_config(args.config, args.set)
     if args.quick:
         cfg = chaos.quick_config(cfg)
@@ -48,8 +51,9 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         progress.close()
     chaos.write_result(out, result, cfg, problem, quick=args.quick)
     work.unlink(missing_ok=True)
-    png = out.with_suffix(".png")
-    plot_result(png, result)
+    png = out.with_suffix("." + args.format)
+    with figure_output(dpi):
+        plot_result(png, result)
     print(chaos.summary(result))
     print(f"pdeflow: chaos: finished in {result.attrs['wall_time']:.0f} s -> {out}, {png}")
     return EXIT_OK
@@ -87,11 +91,12 @@ def add_command(subparsers) -> None:
                               description=__doc__.split("\n\n")[1])
     add_config_arguments(p, "TOML config file (sections [chaos], [sgd], [solver], [run])",
                          "HDF5 result file (default: <config>-chaos.h5); the figure is written beside it with "
-                         "the suffix .png")
+                         "the suffix of --format")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted experiment from OUT.h5.work (finished (N, seed) blocks are kept)")
     p.add_argument("--quick", action="store_true",
                    help="a smaller experiment for a smoke test: three smallest N, two seeds, two largest eta, "
                         "a quarter of chaos.n_ref")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_figure_arguments(p)
     p.set_defaults(func=cmd_chaos)

@@ -22,6 +22,7 @@ from ..analysis.diagnostics.spectral import format_spectral_record
 from ..core.config import Config, parse_override
 from ..core.exit_codes import EXIT_OK, HELP
 from ..io.trajectory import Trajectory, open_trajectory
+from .cli_figures import add_figure_arguments, figure_dpi
 
 MAX_TABLE_ROWS = 16
 PL_TOL = 0.05   # the PL ratio within this relative distance of the predicted lambda_min: the slowest mode dominates
@@ -270,13 +271,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise _usage_error(f"--frame must be in {-len(traj.time)}..{len(traj.time) - 1}, got {args.frame}")
     if args.fps < 1:
         raise _usage_error(f"--fps must be >= 1, got {args.fps}")
+    dpi = figure_dpi(args)
     analysis = None if args.recompute else read_analysis(traj)
     if analysis is None:
         cfg = settings_from_args(traj, args)
         analysis = analyse(traj, cfg.diagnostics, run_stationary_tol=cfg.run.stationary_tol)
     out.mkdir(exist_ok=True)
     for path in plot_all(traj, analysis, out, coords=coords, frame=args.frame, movie=not args.no_animation,
-                         fps=args.fps):
+                         fps=args.fps, fmt=args.format, dpi=dpi):
         print(path)
     return EXIT_OK
 
@@ -312,6 +314,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fps", type=int, default=5, help="frames per second of the animation")
     p.add_argument("--no-animation", action="store_true", help="no GIF / MP4")
     p.add_argument("--recompute", action="store_true", help="recompute the analysis (in memory) instead of reading it")
+    add_figure_arguments(p)
     p.set_defaults(func=cmd_plot)
 
 

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.figures import figure_output
 from ..analysis.minimum_rates import LOG_CHANGE_AT_MINIMUM, RK4_MAX_STEPS, SAMPLES_AT_MINIMUM
 from ..analysis.spectrum import KRYLOV_DIM
 from ..analysis.stability import MEAN, SPREAD, StabilityResult, run_stability, write_stability
-from ..analysis.stability_plots import plot_stability
+from ..analysis.stability_plots import figure_paths, plot_minimum_rates, plot_stability
 from ..core.config import load_config
 from ..core.exit_codes import EXIT_OK, HELP
 from ..core.problem import Problem
+from .cli_figures import add_figure_arguments, figure_dpi
 
 
 def cmd_stability(args: argparse.Namespace) -> int:
@@ -40,7 +42,8 @@ def cmd_stability(args: argparse.Namespace) -> int:
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
     result = run_stability(cfg, problem, progress=say)
     write_stability(out, result, cfg, problem.k, problem)
-    figures = [] if args.no_plots else plot_stability(result, cfg, out)
+    with figure_output(figure_dpi(args)):
+        figures = [] if args.no_plots else plot_stability(result, cfg, out, args.format)
     print(summary(result), file=sys.stdout)
     print(f"pdeflow: stability: {len(result.points)} point(s) -> {out}"
           + (f" (figures: {', '.join(p.name for p in figures)})" if figures else ""))
@@ -101,6 +104,10 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
                            log_change=args.log_change, samples=args.samples, method=args.stepper,
                            linearity=not args.no_linearity, progress=say, krylov_dim=args.krylov_dim)
     write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
+    if not args.no_plots:
+        with figure_output(figure_dpi(args)):
+            figure = plot_minimum_rates(result, figure_paths(out, args.format)["rates"])
+        print(f"pdeflow: stability: figure {figure}")
     print(rates_table(result))
     print(f"pdeflow: stability: rates at the minimum of {args.stationary} -> {out}")
     return EXIT_OK
@@ -158,6 +165,7 @@ def add_command(subparsers) -> None:
                         "a stiff minimum may need more)")
     p.add_argument("--no-linearity", action="store_true",
                    help="--stationary: skip the run along the slowest direction at eps/2 (the linearity check)")
-    p.add_argument("--no-plots", action="store_true", help="do not write the PNG figures")
+    p.add_argument("--no-plots", action="store_true", help="do not write the figures")
+    add_figure_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_stability)

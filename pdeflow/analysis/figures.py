@@ -1,0 +1,198 @@
+"""The one figure-saving path of pdeflow: a headless figure with constrained layout, saved as PDF, PNG or SVG at a
+chosen resolution, and the layout checks a figure fit for a paper passes.
+
+Every figure of :mod:`pdeflow.analysis.plotting`, :mod:`pdeflow.analysis.chaos_plots`,
+:mod:`pdeflow.analysis.stability_plots` and the report is made by :func:`new_figure` and written by
+:func:`save_figure`. The format is the file's suffix; the resolution of raster output is :func:`current_dpi`, set for
+a block of figures by :func:`figure_output` (``pdeflow plot --format pdf --dpi 300``).
+
+:func:`layout_problems` lists what would make a figure unfit: texts whose rendered boxes overlap or leave the
+canvas, legend entries naming an artist with nothing drawn inside its axes.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import Collection
+from matplotlib.container import Container
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.text import Text
+
+FORMATS = ("png", "pdf", "svg")
+DEFAULT_DPI = 150
+# a box this many pixels inside another's edge still counts as touching, not overlapping (antialiasing)
+TOLERANCE_PX = 1.0
+
+
+def new_figure(width: float = 6.4, height: float = 4.0, nrows: int = 1, ncols: int = 1, *,
+               constrained: bool = True, **subplots) -> tuple[Figure, object]:
+    """A figure on matplotlib's Agg canvas (no pyplot: the caller's backend stays) and its axes
+    (``Figure.subplots(nrows, ncols, **subplots)``), laid out by the constrained layout engine unless
+    ``constrained`` is false (movie frames, where a layout per frame would double the drawing time)."""
+    fig = Figure(figsize=(width, height), layout="constrained" if constrained else None)
+    FigureCanvasAgg(fig)
+    if not constrained:
+        fig.subplots_adjust(left=1.0 / width, right=1 - 0.25 / width, bottom=0.55 / height,
+                            top=1 - 0.5 / height, wspace=0.35)
+    return fig, fig.subplots(nrows, ncols, **subplots)
+
+
+def current_dpi() -> float:
+    """The resolution of raster figures: matplotlib's ``savefig.dpi`` when a block set it, else DEFAULT_DPI."""
+    dpi = mpl.rcParams["savefig.dpi"]
+    return DEFAULT_DPI if dpi == "figure" else float(dpi)
+
+
+@contextlib.contextmanager
+def figure_output(dpi: float | None = None) -> Iterator[None]:
+    """The figures saved inside the block are rasterised at ``dpi`` (None: DEFAULT_DPI)."""
+    with mpl.rc_context({"savefig.dpi": float(dpi or DEFAULT_DPI)}):
+        yield
+
+
+def check_format(fmt: str) -> str:
+    """``fmt`` lower-cased when it is one of FORMATS; ValueError naming the choices otherwise."""
+    if fmt.lower() not in FORMATS:
+        raise ValueError(f"figure format {fmt!r} is not one of {', '.join(FORMATS)}")
+    return fmt.lower()
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` in the format of its suffix at :func:`current_dpi`, after hiding the tick labels
+    that would overlap a neighbour (:func:`thin_tick_labels`). Returns the path."""
+    path = Path(path)
+    check_format(path.suffix.lstrip("."))
+    thin_tick_labels(fig)
+    fig.savefig(path, dpi=current_dpi(), metadata={"Creator": "pdeflow"} if path.suffix != ".png" else None)
+    return path
+
+
+def _drawn_tick_labels(axis) -> list[Text]:
+    """The non-empty visible tick labels of ``axis`` whose tick lies inside the axes (what a draw shows)."""
+    ax = axis.axes
+    lo, hi = (ax.bbox.x0, ax.bbox.x1) if axis.axis_name == "x" else (ax.bbox.y0, ax.bbox.y1)
+    j = 0 if axis.axis_name == "x" else 1
+    labels = []
+    for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+        for label in (tick.label1, tick.label2):
+            if not (label.get_visible() and label.get_text()):
+                continue
+            at = label.get_transform().transform(label.get_position())[j]
+            if lo - TOLERANCE_PX <= at <= hi + TOLERANCE_PX:
+                labels.append(label)
+    return labels
+
+
+def _overlap(a, b) -> bool:
+    return (min(a.x1, b.x1) - max(a.x0, b.x0) > TOLERANCE_PX and min(a.y1, b.y1) - max(a.y0, b.y0) > TOLERANCE_PX)
+
+
+def thin_tick_labels(fig: Figure) -> None:
+    """Hide every tick label that overlaps one kept before it along its axis (a symlog axis puts "0" and
+    ``10^-2`` side by side; a long tick label runs into the next)."""
+    fig.canvas.draw()   # the layout and the tick labels of the final size
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = _drawn_tick_labels(axis)
+            j = 0 if axis.axis_name == "x" else 1
+            labels.sort(key=lambda t: t.get_transform().transform(t.get_position())[j])
+            kept = []
+            for label in labels:
+                box = label.get_window_extent(renderer)
+                if any(_overlap(box, k) for k in kept):
+                    label.set_visible(False)
+                else:
+                    kept.append(box)
+
+
+def _figure_texts(fig: Figure) -> list[Text]:
+    """The visible, non-empty texts a draw of ``fig`` shows: titles, labels, legends, annotations, drawn ticks."""
+    ticks = set()
+    texts: list[Text] = []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+                ticks.update((id(tick.label1), id(tick.label2)))
+            texts.extend(_drawn_tick_labels(axis))
+    for t in fig.findobj(Text):
+        if id(t) in ticks or not (t.get_visible() and t.get_text().strip()):
+            continue
+        texts.append(t)
+    return texts
+
+
+def _has_drawn_data(artist, ax) -> bool:
+    """Whether ``artist`` draws at least one finite point inside the axes ``ax``."""
+    if isinstance(artist, Container):
+        return any(_has_drawn_data(a, ax) for a in artist.get_children() if a is not None)
+    if isinstance(artist, Line2D):
+        xy = np.asarray(artist.get_xydata(), dtype=float)
+        if xy.size == 0:
+            return False
+        xy = xy[np.all(np.isfinite(xy), axis=1)]
+        if xy.size == 0:
+            return False
+        if ax.get_yscale() == "log":
+            xy = xy[xy[:, 1] > 0]
+        if ax.get_xscale() == "log":
+            xy = xy[xy[:, 0] > 0]
+        if xy.size == 0:
+            return False
+        pts = artist.get_transform().transform(xy)
+    elif isinstance(artist, Collection):
+        offsets = np.asarray(artist.get_offsets(), dtype=float)
+        if offsets.size == 0:
+            return any(len(p.vertices) for p in artist.get_paths())
+        pts = artist.get_offset_transform().transform(offsets[np.all(np.isfinite(offsets), axis=1)])
+    elif isinstance(artist, Patch):
+        return artist.get_visible()
+    else:
+        return True
+    box = ax.bbox
+    inside = ((pts[:, 0] >= box.x0 - TOLERANCE_PX) & (pts[:, 0] <= box.x1 + TOLERANCE_PX)
+              & (pts[:, 1] >= box.y0 - TOLERANCE_PX) & (pts[:, 1] <= box.y1 + TOLERANCE_PX))
+    return bool(np.any(inside))
+
+
+def layout_problems(fig: Figure) -> list[str]:
+    """What makes ``fig`` unfit for a paper, one line each (empty when fit), after a draw:
+
+    - two texts (titles, axis and tick labels, legend entries, annotations) whose rendered boxes overlap;
+    - a text whose box leaves the canvas (a clipped colorbar label);
+    - a legend entry whose artist draws no finite point inside its axes."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    problems = []
+    texts = _figure_texts(fig)
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    canvas = fig.bbox
+    for a, (t, box) in enumerate(zip(texts, boxes)):
+        if (box.x0 < canvas.x0 - TOLERANCE_PX or box.y0 < canvas.y0 - TOLERANCE_PX
+                or box.x1 > canvas.x1 + TOLERANCE_PX or box.y1 > canvas.y1 + TOLERANCE_PX):
+            problems.append(f"text {t.get_text()!r} is clipped by the canvas")
+        for u, other in zip(texts[a + 1:], boxes[a + 1:]):
+            if _overlap(box, other):
+                problems.append(f"texts {t.get_text()!r} and {u.get_text()!r} overlap")
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        handles, labels = ax.get_legend_handles_labels()
+        by_label = dict(zip(labels, handles))
+        for text in legend.get_texts():
+            artist = by_label.get(text.get_text())
+            if artist is not None and not _has_drawn_data(artist, ax):
+                problems.append(f"legend entry {text.get_text()!r} names nothing drawn")
+    return problems
+
+
+__all__ = ["FORMATS", "DEFAULT_DPI", "new_figure", "save_figure", "figure_output", "current_dpi", "check_format",
+           "thin_tick_labels", "layout_problems"]
