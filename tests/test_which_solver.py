@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from pdeflow.core.methods import METHODS
 from pdeflow.solvers import STEPPERS
 from pdeflow.solvers.table import END, FILES, START, main, which_solver_table, with_table
+
+from pdeflow.core.methods import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 
