@@ -1,14 +1,10 @@
 """pdeflow's time steppers, registered by name and chosen by ``solver.method``.
 
-``euler``, ``heun``, ``rk4``, ``adaptive`` (:mod:`pdeflow.solvers.explicit`), ``jko``
-(:mod:`pdeflow.solvers.jko`), ``fv`` (:mod:`pdeflow.solvers.finite_volume`), ``sgd`` (:mod:`pdeflow.solvers.sgd`),
-``wfr`` (:mod:`pdeflow.solvers.wfr`), ``wfr_jko`` (:mod:`pdeflow.solvers.unbalanced_jko`), ``rosenbrock``
-(:mod:`pdeflow.solvers.stiff`), ``rkc`` (:mod:`pdeflow.solvers.chebyshev`), ``eserk4``
-(:mod:`pdeflow.solvers.extrapolated`), ``cvode`` (:mod:`pdeflow.solvers.cvode`,
-SUNDIALS, an optional extra), and any stepper class a module of this
-package defines with a ``name``: importing the package imports every module of it, and each such class registers
-itself (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`) and declares its row of
-:data:`pdeflow.core.methods.METHODS`. :func:`check_config` checks a config's method against those rows;
+The methods are the stepper classes the modules of this package define with a ``name``; what each is and when
+to use it is the "which solver" table that :func:`pdeflow.solvers.table.which_solver_table` renders from their
+declarations (the README's "Solvers", docs/solvers.md's "Choosing"). Importing the package imports every module
+of it, and each such class registers itself (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`) and declares
+its row of :data:`pdeflow.core.methods.METHODS`. :func:`check_config` checks a config's method against those rows;
 :func:`make_stepper` builds the stepper a config names. The one time loop that advances them is
 :class:`pdeflow.solvers.loop.Loop` (the driver :func:`pdeflow.solvers.driver.run` writes a file from it).
 """
@@ -79,7 +75,9 @@ def initial_fields(stepper: Stepper, cfg: Config) -> dict[str, np.ndarray]:
 def _import_steppers() -> None:
     """Import every module of this package, so that every stepper class is defined (registered); a module whose
     optional third-party dependency is missing leaves its method out."""
-    for module in pkgutil.iter_modules(__path__):
+    # table renders the registry and is run as a script (python -m pdeflow.solvers.table): imported here, runpy
+    # would find it loaded before running it
+    for module in (m for m in pkgutil.iter_modules(__path__) if m.name != "table"):
         try:
             importlib.import_module(f"{__name__}.{module.name}")
         except ModuleNotFoundError as exc:

@@ -75,7 +75,7 @@ class Stepper:
 
     A class that sets ``name`` is the method ``solver.method = name``: defining it registers it
     (:data:`STEPPERS`) and declares its row of :data:`pdeflow.core.methods.METHODS` from :attr:`measures`,
-    :attr:`explicit_flow` and :attr:`reads` (:meth:`__init_subclass__`).
+    :attr:`explicit_flow`, :attr:`reads`, :attr:`summary` and :attr:`use_when` (:meth:`__init_subclass__`).
 
     Accuracy checks (:mod:`pdeflow.solvers.accuracy`): any stepper whose :meth:`diagnostics` give the ``energy`` and
     ``dissipation`` of its flow gets the energy-identity check with no code of its own (set
@@ -90,6 +90,9 @@ class Stepper:
     measures: ClassVar[tuple[str, ...]] = ()
     explicit_flow: ClassVar[bool] = False
     reads: ClassVar[tuple[str, ...]] = ()
+    # one line each: what the method is and when to choose it (the "which solver" table, solvers/table.py)
+    summary: ClassVar[str] = ""
+    use_when: ClassVar[str] = ""
     step_columns: ClassVar[tuple[str, ...]] = ()
     # True when a step needs of the other ranks' particles only what Problem sums over ranks (the aggregate
     # output, confinement, dissipation) and sum_over_ranks: the stepper runs split across MPI ranks
@@ -109,7 +112,9 @@ class Stepper:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("name"):
             STEPPERS[cls.name] = cls
-            declare(Method(cls.name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads)))
+            # summary and use_when describe this class, not its parent: a subclass that leaves them out declares ""
+            declare(Method(cls.name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads),
+                           cls.__dict__.get("summary", ""), cls.__dict__.get("use_when", "")))
 
     def __init__(self, problem: Problem) -> None:
         """A stepper's own ``__init__`` takes its parameters explicitly, calls this and sets ``dt``, the first

@@ -142,6 +142,9 @@ def layout_mismatch(inner: Any, libraries: list[str], nfev: int) -> str:
 class Cvode(Stepper):
     """``solver.method = "cvode"``: SUNDIALS CVODE, BDF with preconditioned matrix-free GMRES (module docstring)."""
     name = "cvode"
+    summary = ("SUNDIALS CVODE: variable-order BDF, GMRES on Jacobian-vector products, deflation preconditioner (extra "
+               "`sundials`)")
+    use_when = "an independent reference at tight tolerances"
     sharded = False
     reads = ("rtol", "atol", "dt_min", "dt_max", "jacobian", "deflate")
     step_columns = ("order", "rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures",

@@ -93,6 +93,8 @@ class ExplicitRK(Stepper):
 class Euler(ExplicitRK):
     """Explicit Euler: ``y_{n+1} = y_n + h f(y_n)``."""
     name = "euler"
+    summary = "explicit Euler, fixed step `solver.dt`, order 1, stability-checked"
+    use_when = "a fixed, reproducible step sequence (order studies, comparisons with other codes)"
     A = ((),)
     b = (1.0,)
     order = 1
@@ -103,6 +105,8 @@ class Euler(ExplicitRK):
 class Heun(ExplicitRK):
     """Heun's method (explicit trapezoid, RK2)."""
     name = "heun"
+    summary = "Heun's method, fixed step `solver.dt`, order 2, stability-checked"
+    use_when = "a fixed, reproducible step sequence (order studies, comparisons with other codes)"
     A = ((), (1.0,))
     b = (0.5, 0.5)
     order = 2
@@ -114,6 +118,8 @@ class Heun(ExplicitRK):
 class RK4(ExplicitRK):
     """The classical fourth-order Runge-Kutta method."""
     name = "rk4"
+    summary = "classical Runge-Kutta, fixed step `solver.dt`, order 4, stability-checked"
+    use_when = "a fixed, reproducible step sequence (convergence studies, comparisons with other codes)"
     A = ((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
     b = (1 / 6, 1 / 3, 1 / 3, 1 / 6)
     order = 4
@@ -160,6 +166,8 @@ class DormandPrince(EmbeddedRK):
     elementary controller ``0.9 err^(-1/5)`` (no PI memory), as it always has, so that its results stay those of the
     reference runs."""
     name = "adaptive"
+    summary = "Dormand-Prince 5(4) with error control (`solver.rtol`, `solver.atol`)"
+    use_when = "the particle flow accurately without tuning a step, while the step is set by accuracy, not stability"
     order = 5
     error_estimator_order = 4  # the embedded fourth-order solution's error: err ~ h^5
     pi_control = False

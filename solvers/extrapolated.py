@@ -157,6 +157,8 @@ class _Pairs:
 class ESERK4(RKC):
     """``solver.method = "eserk4"``: extrapolated stabilized explicit Runge-Kutta of order 4 (module docstring)."""
     name = "eserk4"
+    summary = "ESERK4, extrapolated Chebyshev, order 4, stabilized explicit, error control, optional deflation"
+    use_when = "long stiff particle runs at tight tolerances without linear solves or the `sundials` extra"
     order: ClassVar[int] = ORDER
     error_estimator_order: ClassVar[int] = ERROR_ORDER
     reads = (*CONTROLLER_KEYS, "radius_every", "deflate")

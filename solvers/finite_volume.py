@@ -206,6 +206,8 @@ class GridEvaluator:
 class FiniteVolume(Stepper):
     """Upwind / MUSCL finite volumes with SSP Runge-Kutta time stepping (see the module docstring)."""
     name = "fv"
+    summary = "finite volumes on a grid (`k <= 3`), SSP Runge-Kutta, entropy and an optional Fisher-Rao reaction"
+    use_when = "the density itself without particle noise, or an entropy term (`beta < inf`)"
     measure: ClassVar[str] = "grid"
     reads = ("cfl", "dt_min", "scheme", "limiter", "gamma")
     step_columns = ("mass", "min_density", "rejected")

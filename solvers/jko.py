@@ -68,6 +68,8 @@ class JKO(Stepper):
     """``solver.method = "jko"``: :meth:`from_config` builds :class:`ParticleJKO` or :class:`GridJKO` after
     ``init.measure``."""
     name = "jko"
+    summary = "minimizing movement: implicit, first order (particles: L-BFGS and Newton; grid: entropic transport)"
+    use_when = "steps far beyond the explicit stability limit, or an energy that must decrease every step"
     measures = ("particles", "grid")
     # scheme, limiter: the flux of the grid evaluation (energy, dissipation) that grid JKO shares with fv
     reads = ("tau", "epsilon", "inner_tol", "inner_maxiter", "outer_maxiter", "scheme", "limiter")

@@ -30,6 +30,8 @@ SEED_BOUND = 2**63 - 1  # seeds of fresh minibatches are drawn in [0, SEED_BOUND
 class SGD(Stepper):
     """Minibatch SGD (optionally Langevin) on N heads in mean-field time; see the module docstring."""
     name = "sgd"
+    summary = "finite-head SGD: minibatches, optional Langevin noise"
+    use_when = "the training process of finite heads against its mean-field limit (`pdeflow chaos`)"
     step_columns = ("batch_risk",)
     sharded = True
 

@@ -139,6 +139,8 @@ class _Plan:
 class Rosenbrock(AdaptiveStepper):
     """``solver.method = "rosenbrock"``: ROS34PW2 with MINRES stage solves (see the module docstring)."""
     name = "rosenbrock"
+    summary = "Rosenbrock-W ROS34PW2, L-stable, order 3, error control, MINRES on Jacobian-vector products"
+    use_when = "stiffness far beyond the motion's own time scales, where an L-stable method of order 3 is wanted"
     sharded = False
     order: ClassVar[int] = ORDER
     error_estimator_order: ClassVar[int] = ERROR_ORDER

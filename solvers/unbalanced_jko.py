@@ -95,6 +95,8 @@ def jko_masses(a: np.ndarray, cost: np.ndarray, xi: np.ndarray, c: float, eps: f
 class UnbalancedJKO(FiniteVolume):
     """JKO steps for the Wasserstein-Fisher-Rao metric on a grid (see the module docstring)."""
     name = "wfr_jko"
+    summary = "implicit Wasserstein-Fisher-Rao (Hellinger-Kantorovich) steps on a grid, entropic, first order"
+    use_when = "the Wasserstein-Fisher-Rao flow of a density at steps beyond the explicit limit"
     reads = ("alpha", "gamma", "tau", "epsilon", "inner_tol", "outer_maxiter", "cfl", "dt_min", "scheme", "limiter")
     step_columns = ("mass", "min_density", "outer_iterations")
     # a minimizing movement carries the right-point rule h I(b) (as jko): pdeflow.solvers.accuracy

@@ -28,6 +28,8 @@ from .explicit import DormandPrince
 class WassersteinFisherRao(DormandPrince):
     """Dormand-Prince 5(4) on ``(omega, m)`` for the WFR particle flow (see the module docstring)."""
     name = "wfr"
+    summary = "the Wasserstein-Fisher-Rao flow of weighted particles (Dormand-Prince on positions and masses)"
+    use_when = "heads that gain and lose mass: leaving stationary points that are not global minimizers"
     step_columns = ("rejected", "removed", "removed_mass")
     explicit_flow = False  # its own vector field on (omega, m)
     reads = (*CONTROLLER_KEYS, "alpha", "gamma", "total_mass", "mass_floor")

@@ -33,7 +33,8 @@ def test_every_registered_stepper_declares_its_row() -> None:
     assert list(STEPPERS) == list(METHODS)
     for name, method in METHODS.items():
         cls = pdeflow.solvers.stepper_class(name)
-        assert method == Method(name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads))
+        assert method == Method(name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads),
+                                cls.__dict__["summary"], cls.__dict__["use_when"])
         assert _built_measures(cls) == set(method.measures), name
         # explicit: an explicit Runge-Kutta step of the Wasserstein velocity -grad Phi alone (wfr integrates
         # (omega, m) with its own vector field)

@@ -1,8 +1,8 @@
 """The spectrum of the mass-weighted Hessian (:mod:`pdeflow.analysis.spectrum`,
 :func:`pdeflow.solvers.jacobian.krylov_ritz`): the Lanczos Ritz pairs against a dense ``eigh``, the symmetry directions
 against their count formula and as null vectors at a stationary measure, the dense Hessian from the exact JVP against
-finite differences of grad Phi, and the reported spectrum ends against the dense projected spectrum (docs/solvers.md,
-"Stationary points")."""
+finite differences of grad Phi, and the reported spectrum ends against the dense projected spectrum
+(docs/experiments.md, "Stationary points")."""
 from __future__ import annotations
 
 import numpy as np

@@ -18,11 +18,15 @@ PARTICLES, GRID = "particles", "grid"
 class Method:
     """``name`` (``solver.method``); ``measures``: the values of ``init.measure`` it evolves; ``explicit``: an
     explicit Runge-Kutta step (fixed or embedded) of the Wasserstein flow of particles, velocity ``-grad Phi`` alone
-    (the reference flows of the chaos experiment); ``reads``: the method-specific ``[solver]`` keys it reads."""
+    (the reference flows of the chaos experiment); ``reads``: the method-specific ``[solver]`` keys it reads;
+    ``summary``: what the method is, and ``use_when``: when to choose it, one line each (the rows of the "which
+    solver" table, :func:`pdeflow.solvers.table.which_solver_table`)."""
     name: str
     measures: tuple[str, ...]
     explicit: bool = False
     reads: tuple[str, ...] = ()
+    summary: str = ""
+    use_when: str = ""
 
 
 # solver.method -> its declaration, in the order the stepper classes were defined
