@@ -77,9 +77,9 @@ def test_minimum_escapes_the_saddle_to_a_certified_minimum(saddle, method):
     point = minimum(problem, omega, MASS, initial, method=method)
     assert point.energy < problem.energy(omega, MASS) - 1e-3
     assert point.converged and point.certified and point.verdict == "local minimum"
-    assert point.spectrum.positive_definite and point.spectrum.lowest_ritz == point.spectrum.lowest[0]
+    assert point.certificate.proven_minimum and point.spectrum.lowest_ritz == point.spectrum.lowest[0]
     values = dense_spectrum(problem, point.omega, MASS)
-    assert values[0] > 0
+    assert values[0] > 0 and point.certificate.lower <= values[0] <= point.certificate.upper
     assert point.spectrum.lowest[0] == pytest.approx(values[0], abs=1e-10)
     assert point.spectrum.highest[-1] == pytest.approx(values[-1], rel=1e-10)
     assert problem.evaluate(point.omega, MASS).dissipation <= 1e-12 * initial
