@@ -16,7 +16,7 @@
   |A|_2``; the asymmetry of the assembled ``C`` is the measured part of the JVP's rounding, added as the estimate of
   the assembly error, which is not otherwise bounded). The heads exactly at the origin add the [k, k] block
   ``Hess Phi(0; rho)`` (:func:`pdeflow.analysis.spectrum.origin_block`), bounded the same way. ``lambda_min`` then
-  lies in ``[lowest - delta, min(lowest + delta, lowest Ritz value)]``, and the point is a **certified** local
+  lies in ``[lowest - delta, min(lowest, lowest Ritz value) + delta]``, and the point is a **certified** local
   minimum when that lower bound is positive.
 
 Dense assembly stops at :data:`DENSE_LIMIT` unknowns on the live heads (``n^2`` doubles and ``n`` products;
@@ -153,7 +153,8 @@ def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: Spectru
         delta, size = max(delta, o_delta), size + k
     order = np.argsort(values, kind="stable")[:N_PAIRS]
     lowest = float(values[order[0]])
-    return Certificate(BY_DENSE, lowest - delta, min(lowest + delta, upper), index, size, float(delta),
+    # the Ritz value is an upper bound in exact arithmetic; computed, it carries rounding of the order of delta
+    return Certificate(BY_DENSE, lowest - delta, min(lowest, upper) + delta, index, size, float(delta),
                        op.products + (k if n_dead else 0), ends.lanczos_steps, values[order], full[:, order],
                        dense_limit)
 

@@ -65,6 +65,7 @@ FREEZE_GAIN = 8              # this many more heads below FREEZE restart L-BFGS 
 AWAKE = 1e-3                 # heads carrying this share of an escape direction's largest entry take part again
 KRYLOV_GROWTH = 3            # classify: the longest Lanczos run, in units of the first check
 MAX_ITER = {"lbfgs": 100_000, "trust-region": 2000}   # iterations of one search at most (by default)
+LOWEST_DIRECTIONS = 3        # the lowest converged Ritz vectors a result file keeps
 
 Progress = Callable[[str], None]
 
@@ -530,7 +531,9 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
     ``schema = "pdeflow-stationary"``, the problem in ``/model`` and ``/data`` as in a trajectory, and
     ``/stationary``: ``omega`` [N, k] and ``mass`` [N] (the point), the converged spectrum ends ``lowest``,
     ``lowest_residual``, ``highest``, ``highest_residual``, the ``unstable_directions`` [m, N, k] (unit Ritz
-    vectors of the converged negative eigenvalues, in the mass-weighted coordinates ``v = M^(1/2) omega``),
+    vectors of the converged negative eigenvalues, in the mass-weighted coordinates ``v = M^(1/2) omega``), the
+    ``lowest_directions`` [a, N, k] (the unit Ritz vectors of the :data:`LOWEST_DIRECTIONS` lowest converged values:
+    one product re-derives a value and its residual from the file),
     ``history/{energy, dissipation, products, gradients, wall}`` per iteration, and the attributes
     :data:`SCALARS` (``source``, ``frame``, ``time``: the trajectory and frame the search started from; costs in
     gradients, JVP products and wall seconds, the certification's separately; ``certificate``: its kind,
@@ -563,6 +566,8 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
         g["lowest"], g["lowest_residual"] = s.lowest, s.lowest_residual
         g["highest"], g["highest_residual"] = s.highest, s.highest_residual
         g["unstable_directions"] = s.lowest_vectors[:, unstable].T.reshape((-1,) + point.omega.shape)
+        g.create_dataset("lowest_directions", data=s.lowest_vectors[:, :LOWEST_DIRECTIONS].T.reshape(
+            (-1,) + point.omega.shape), compression="gzip")
         h = g.create_group("history")
         for key, column in point.history.items():
             h[key] = column
@@ -599,6 +604,8 @@ def read_stationary(path: str | Path) -> dict[str, Any]:
             for key in ("omega", "mass", "lowest", "lowest_residual", "highest", "highest_residual",
                         "unstable_directions"):
                 out[key] = g[key][()]
+            if "lowest_directions" in g:  # absent in files written before it was stored
+                out["lowest_directions"] = g["lowest_directions"][()]
             out["history"] = {k: g["history"][k][()] for k in g["history"].keys()}
             out["created"] = _plain(f.attrs.get("created"))
             out["config"] = str(_plain(f.attrs["config"]))
