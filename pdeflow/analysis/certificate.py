@@ -10,14 +10,14 @@
 - **Positivity only by a proof.** A positive lowest Ritz value is an upper bound on ``lambda_min``: it proves
   nothing below it absent. :func:`certify` assembles ``C = B^T S B`` densely on the live heads (``B`` [n, n - r]
   an orthonormal basis of the complement of the heads' symmetry tangents, head by head; ``n`` products of the
-  exact JVP) and takes ``numpy.linalg.eigvalsh`` of its symmetric part ``A``. LAPACK's symmetric eigensolver is
+  exact JVP) and takes ``numpy.linalg.eigh`` of its symmetric part ``A``. LAPACK's symmetric eigensolver is
   backward stable: the computed eigenvalues are exact for ``A + E`` with ``|E|_2 <= p(n) eps |A|_2``, so by Weyl
-  each lies within ``delta = n eps |A|_F + |C - C^T|_2`` of an eigenvalue of ``A`` (``p(n) = n`` taken, ``|A|_F >=
-  |A|_2``; the asymmetry of the assembled ``C`` is the measured part of the JVP's rounding, added as the estimate of
-  the assembly error, which is not otherwise bounded). The heads exactly at the origin add the [k, k] block
-  ``Hess Phi(0; rho)`` (:func:`pdeflow.analysis.spectrum.origin_block`), bounded the same way. ``lambda_min`` then
-  lies in ``[lowest - delta, min(lowest, lowest Ritz value) + delta]``, and the point is a **certified** local
-  minimum when that lower bound is positive.
+  each lies within ``delta = n eps |A|_F + |C - C^T|_F`` of an eigenvalue of ``A`` (``p(n) = n`` taken, the
+  Frobenius norms bounding the 2-norms; the asymmetry of the assembled ``C`` is the measured part of the JVP's
+  rounding, added as the estimate of the assembly error, which is not otherwise bounded). The heads exactly at the
+  origin add the [k, k] block ``Hess Phi(0; rho)`` (:func:`pdeflow.analysis.spectrum.origin_block`), bounded the
+  same way. ``lambda_min`` then lies in ``[lowest - delta, min(lowest, lowest Ritz value) + delta]``, and the point
+  is a **certified** local minimum when that lower bound is positive.
 
 Dense assembly stops at :data:`DENSE_LIMIT` unknowns on the live heads (``n`` products; S, the basis change, C and
 the eigenvectors hold about ``4 n^2`` doubles, 512 MiB at the default limit by that arithmetic; ``dense_limit``
@@ -35,7 +35,7 @@ from ..core.problem import Problem
 from .spectrum import SpectrumEnds, head_symmetries, hessian_operator, origin_block, origin_is_stationary
 
 DENSE_LIMIT = 4096      # unknowns on the live heads assembled densely at most: 4,096 products, ~4 n^2 doubles
-BY_DENSE = "dense eigenvalue bound"          # the proof: eigvalsh of the assembled C with the Weyl bound
+BY_DENSE = "dense eigenvalue bound"          # the proof: eigh of the assembled C with the Weyl bound
 BY_INTERLACING = "negative Ritz value"       # a saddle, proven by interlacing (no assembly needed)
 BY_LANCZOS = "Lanczos only"                  # above the dense limit: no proof either way when no Ritz value < 0
 LANCZOS_VERDICT = "no negative eigenvalue found in {m} Lanczos steps from a random start (not certified)"
@@ -79,7 +79,7 @@ class Certificate:
                     f"the dense limit {self.dense_limit}; lambda_min <= {self.upper:.6g} (lowest Ritz value)")
         if self.proven_minimum:
             return (f"certified by the dense eigenvalue bound: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] "
-                    f"(eigvalsh of S off the symmetry directions, n = {self.size}, delta = {self.delta:.1e})")
+                    f"(eigh of S off the symmetry directions, n = {self.size}, delta = {self.delta:.1e})")
         return (f"not established: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] contains 0 (dense, n = "
                 f"{self.size}, delta = {self.delta:.1e})")
 
@@ -96,12 +96,12 @@ def complement_basis(tangents: np.ndarray, count: int) -> np.ndarray:
 
 def eigenvalue_bound(C: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """``eigh`` of the symmetric part ``A`` of an assembled ``C`` [n, n]: values [n] ascending, vectors [n, n] and
-    ``delta = n eps |A|_F + |C - C^T|_2`` (module docstring): each eigenvalue of the exact matrix lies within delta
+    ``delta = n eps |A|_F + |C - C^T|_F`` (module docstring): each eigenvalue of the exact matrix lies within delta
     of a computed one."""
     A = 0.5 * (C + C.T)
     values, vectors = np.linalg.eigh(A)
     n = A.shape[0]
-    asymmetry = float(np.linalg.norm(C - C.T, 2)) if n else 0.0
+    asymmetry = float(np.linalg.norm(C - C.T)) if n else 0.0  # Frobenius: a bound on the 2-norm, no SVD
     return values, vectors, n * np.finfo(float).eps * float(np.linalg.norm(A)) + asymmetry
 
 
