@@ -19,9 +19,9 @@
   same way. ``lambda_min`` then lies in ``[lowest - delta, min(lowest, lowest Ritz value) + delta]``, and the point
   is a **certified** local minimum when that lower bound is positive.
 
-Dense assembly stops at :data:`DENSE_LIMIT` unknowns on the live heads (``n`` products; S, the basis change, C and
-the eigenvectors hold about ``4 n^2`` doubles, 512 MiB at the default limit by that arithmetic; ``dense_limit``
-raises it). Above, the verdict is what Lanczos shows: :data:`LANCZOS_VERDICT` ("no negative
+Dense assembly stops at :data:`DENSE_LIMIT` unknowns on the live heads (``n`` products; S, C, its symmetric part,
+the eigenvectors and LAPACK's workspace: measured 8.6 GB peak at n = 13,594, about ``6 n^2`` doubles;
+``dense_limit`` raises it). Above, the verdict is what Lanczos shows: :data:`LANCZOS_VERDICT` ("no negative
 eigenvalue found in m Lanczos steps from a random start"), never "certified".
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 from ..core.problem import Problem
 from .spectrum import SpectrumEnds, head_symmetries, hessian_operator, origin_block, origin_is_stationary
 
-DENSE_LIMIT = 4096      # unknowns on the live heads assembled densely at most: 4,096 products, ~4 n^2 doubles
+DENSE_LIMIT = 4096      # unknowns on the live heads assembled densely at most: 4,096 products, ~6 n^2 doubles
 BY_DENSE = "dense eigenvalue bound"          # the proof: eigh of the assembled C with the Weyl bound
 BY_INTERLACING = "negative Ritz value"       # a saddle, proven by interlacing (no assembly needed)
 BY_LANCZOS = "Lanczos only"                  # above the dense limit: no proof either way when no Ritz value < 0

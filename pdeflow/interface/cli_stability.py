@@ -164,7 +164,7 @@ def add_command(subparsers) -> None:
                         "a stiff minimum may need more)")
     p.add_argument("--dense-limit", type=int, default=DENSE_LIMIT,
                    help="--stationary: assemble S densely on the live heads up to this many unknowns to prove the "
-                        f"point a minimum (default {DENSE_LIMIT}; n products, ~4 n^2 doubles); above it no proof, "
+                        f"point a minimum (default {DENSE_LIMIT}; n products, ~6 n^2 doubles); above it no proof, "
                         "no rates")
     p.add_argument("--no-linearity", action="store_true",
                    help="--stationary: skip the run along the slowest direction at eps/2 (the linearity check)")

@@ -153,7 +153,7 @@ def add_command(subparsers) -> None:
                    help=f"Lanczos steps of the spectrum (default {KRYLOV_DIM})")
     p.add_argument("--dense-limit", type=int, default=DENSE_LIMIT, metavar="UNKNOWNS",
                    help=f"certify a minimum by a dense eigendecomposition of S on the live heads up to this many "
-                        f"unknowns (default {DENSE_LIMIT}: n products, ~4 n^2 doubles); above it the verdict is "
+                        f"unknowns (default {DENSE_LIMIT}: n products, ~6 n^2 doubles); above it the verdict is "
                         "Lanczos evidence, not a certificate")
     p.add_argument("--max-wall", type=float, default=0.0, metavar="SECONDS",
                    help="stop the search after this many seconds and report the point reached (default: no limit)")
