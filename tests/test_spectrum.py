@@ -10,7 +10,14 @@ import pytest
 from pdeflow.solvers.jacobian import krylov_ritz, top_ritz
 
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.spectrum import SpectrumEnds, head_symmetries, hessian_operator, spectrum_ends, symmetry_basis
+from pdeflow.analysis.spectrum import (
+    SpectrumEnds,
+    head_symmetries,
+    hessian_operator,
+    negative_ritz_count,
+    spectrum_ends,
+    symmetry_basis,
+)
 from pdeflow.analysis.stability import complement_spectrum, find_stationary_points, one_head_energy
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates, 27 sequences exactly
 
@@ -189,7 +196,7 @@ def test_spectrum_ends_equal_dense_eigh_of_the_projected_hessian(weight_decay, k
     assert np.all(ends.lowest_residual <= 1e-8 * scale) and np.all(ends.highest_residual <= 1e-8 * scale)
     negative = int(np.sum(values < 0))
     assert negative >= 1 and ends.morse_index_lower <= negative
-    assert values[0] <= ends.lowest_ritz < 0 and not ends.positive_definite  # interlacing: an upper bound
+    assert values[0] <= ends.lowest_ritz < 0 and not ends.no_negative_found  # interlacing: an upper bound
     if krylov_dim >= n:
         assert ends.morse_index_lower == negative and ends.lowest.size == 5 and ends.highest.size == 5
     x = ends.lowest_vectors
@@ -199,18 +206,23 @@ def test_spectrum_ends_equal_dense_eigh_of_the_projected_hessian(weight_decay, k
     assert np.abs(Q.T @ x).max() <= 1e-12
 
 
-def test_positive_definite_needs_the_lowest_ritz_value_converged_and_positive():
-    """A converged positive value above an unconverged lower Ritz value certifies nothing."""
-    def ends(lowest, residual, ritz, ritz_residual):
+def test_no_negative_found_needs_every_block_converged_and_no_ritz_value_negative():
+    """A converged positive value above an unconverged lower Ritz value shows nothing, nor does a converged lowest
+    value beside an unconverged block; a negative Ritz value, converged or not, is index >= 1 (the one rule)."""
+    def ends(lowest, residual, ritz, ritz_residual, unresolved=0):
         return SpectrumEnds(lowest=np.array(lowest), lowest_residual=np.array(residual), highest=np.array([5.0]),
-                            highest_residual=np.array([0.0]), morse_index_lower=0, n_symmetry=0, products=10,
-                            lowest_vectors=np.zeros((3, len(lowest))), lowest_ritz=ritz,
-                            lowest_ritz_residual=ritz_residual)
+                            highest_residual=np.array([0.0]), morse_index_lower=negative_ritz_count([ritz, 5.0]),
+                            n_symmetry=0, products=10, lowest_vectors=np.zeros((3, len(lowest))), lowest_ritz=ritz,
+                            lowest_ritz_residual=ritz_residual, unresolved_blocks=unresolved)
 
-    assert ends([0.2, 0.3], [1e-9, 1e-9], 0.2, 1e-9).positive_definite
-    assert not ends([0.3], [1e-9], 0.2, 1e-2).positive_definite       # the lowest Ritz value did not converge
-    assert not ends([0.2], [0.3], 0.2, 0.3).positive_definite         # converged, but not resolved from 0
-    assert not ends([], [], -0.1, 1e-2).positive_definite
+    assert ends([0.2, 0.3], [1e-9, 1e-9], 0.2, 1e-9).no_negative_found
+    assert not ends([0.2, 0.3], [1e-9, 1e-9], 0.2, 1e-9, unresolved=1).no_negative_found
+    assert not ends([0.3], [1e-9], 0.2, 1e-2).no_negative_found       # the lowest Ritz value did not converge
+    assert not ends([0.2], [0.3], 0.2, 0.3).no_negative_found         # converged, but not resolved from 0
+    assert not ends([], [], -0.1, 1e-2).no_negative_found
+    assert ends([2.0], [1e-9], -0.1, 1e-2).morse_index_lower == 1     # unconverged, negative: index >= 1
+    assert negative_ritz_count([-1e-14, 1.0, 3.0]) == 0               # rounding of a null direction
+    assert negative_ritz_count([-0.5, -1e-3, 2.0]) == 2
 
 
 def test_krylov_ritz_refuses_a_start_with_nothing_left_after_the_projection():

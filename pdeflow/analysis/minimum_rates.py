@@ -26,6 +26,7 @@ from ..core.problem import Problem
 from ..solvers.base import State, Stepper
 from ..solvers.jacobian import krylov_ritz
 from ..solvers.loop import Observer, Step, Stop
+from .certificate import BY_LANCZOS, DENSE_LIMIT, Certificate, certify
 from .spectrum import HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
 from .stability import MIN_STEPS, _strings, fit_rate, simulate
 from .stationary import polish
@@ -165,7 +166,8 @@ class MinimumRates:
     slowest direction u, to first order), ``offset_bound`` (``sqrt(I) / lambda_min``: at most that far in all,
     mass-weighted), the polished point ``omega_star`` [N, k] with its ``mass`` [N], and ``excess_check`` [S, 3]: at
     perturbations of sizes ``EXCESS_CHECK_SIZES x eps`` along the slowest direction, (size, direct E - E*, gradient
-    form)."""
+    form); ``certificate``: what proves the point a minimum (:meth:`pdeflow.analysis.certificate.Certificate.describe`),
+    ``lambda_min_lower`` its lower bound on lambda_min."""
     e_star: float
     i_star: float
     lambda_min: float
@@ -183,6 +185,8 @@ class MinimumRates:
     omega_star: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     mass: np.ndarray = field(default_factory=lambda: np.zeros(0))
     excess_check: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    certificate: str = ""
+    lambda_min_lower: float = math.nan
 
     @property
     def gradients(self) -> int:
@@ -196,30 +200,21 @@ class MinimumRates:
         return float(max(errs)) if errs else math.nan
 
 
-def lowest_certified(problem: Problem, omega: np.ndarray, mass: np.ndarray, basis: np.ndarray,
-                     **ends) -> tuple[SpectrumEnds, np.ndarray, np.ndarray, np.ndarray, int]:
-    """The spectrum ends at the point (:func:`pdeflow.analysis.spectrum.spectrum_ends` with ``ends``) and their
-    lowest converged Ritz pairs off the symmetry directions (:func:`off_symmetry_lowest`); ConfigError when the
-    lowest is not positive beyond its residual (not a strict local minimum)."""
+def lowest_certified(problem: Problem, omega: np.ndarray, mass: np.ndarray, basis: np.ndarray, *,
+                     dense_limit: int = DENSE_LIMIT,
+                     **ends) -> tuple[SpectrumEnds, Certificate, np.ndarray, np.ndarray, np.ndarray]:
+    """The spectrum ends at the point (:func:`pdeflow.analysis.spectrum.spectrum_ends` with ``ends``, ``basis`` [N k,
+    r] the symmetry directions), their certificate (:func:`pdeflow.analysis.certificate.certify`, ``dense_limit``),
+    and the certificate's lowest dense eigenpairs: values [a], their error bound [a] (``delta``) and unit vectors
+    [N k, a]. ConfigError, naming what was established instead, unless the certificate proves every eigenvalue of
+    S off the symmetry directions positive (the rates of a minimum are predicted at a minimum only)."""
     found = spectrum_ends(problem, omega, mass, symmetry=basis, **ends)
-    lowest, residual, vectors, leaked = off_symmetry_lowest(found, basis)
-    if not len(lowest) or not lowest[0] - residual[0] > 0:
-        low = f"{lowest[0]:+.4g}" if len(lowest) else "not converged"
-        raise ConfigError(f"not a strict local minimum: the lowest eigenvalue of S off the symmetry directions is "
-                          f"{low}; its rates are not those of a minimum")
-    return found, lowest, residual, vectors, leaked
-
-
-def off_symmetry_lowest(ends: SpectrumEnds, basis: np.ndarray,
-                        leak: float = 0.5) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """The lowest converged Ritz values [a], residuals [a] and vectors [N k, a] of ``ends`` whose vectors lie off the
-    symmetry directions (``|Q^T x| < leak``, ``Q = basis`` [N k, r]), and how many were dropped. When a Krylov space
-    becomes invariant before its last step (small problems), the rounding-level vector that continues it is not
-    projected, and ``Pi S Pi`` is zero on its symmetry part: a spurious Ritz value 0 whose vector lies in span Q."""
-    x = np.asarray(ends.lowest_vectors, dtype=float)
-    on_symmetry = np.linalg.norm(basis.T @ x, axis=0) >= leak if basis.shape[1] else np.zeros(x.shape[1], bool)
-    keep = ~on_symmetry
-    return ends.lowest[keep], ends.lowest_residual[keep], x[:, keep], int(np.sum(on_symmetry))
+    cert = certify(problem, omega, mass, found, dense_limit=dense_limit)
+    if not cert.proven_minimum:
+        hint = " (raise --dense-limit to assemble S densely)" if cert.kind == BY_LANCZOS else ""
+        raise ConfigError(f"not a certified local minimum: {cert.describe()}{hint}; its rates are those of a "
+                          "minimum only with a proof")
+    return found, cert, cert.values, np.full(cert.values.size, cert.delta), cert.vectors
 
 
 def excess_from_gradient(omega: np.ndarray, omega_star: np.ndarray, mass: np.ndarray, grad_phi: np.ndarray) -> float:
@@ -276,7 +271,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                   eps_random: float = 0.0,
                   log_change: float = LOG_CHANGE_AT_MINIMUM, samples: int = SAMPLES_AT_MINIMUM,
                   method: str = "auto", linearity: bool = True, prediction_dims: int = 0,
-                  progress: Progress | None = None,
+                  progress: Progress | None = None, dense_limit: int = DENSE_LIMIT,
                   **ends) -> MinimumRates:
     """Perturb the stationary measure ``(omega [N, k], mass [N])`` by ``eps`` (mass-weighted norm) along the slowest
     eigenvector of S (and, with ``linearity``, by ``eps / 2`` too: the rates agree in the linear regime) and by
@@ -292,14 +287,16 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     minimum, is :data:`POLISH_OFFSET` of the smallest perturbation (a point certified at ``I <= 1e-12 I(0)`` on a
     stiff minimum is off by more than eps along its slow directions); ``ends`` go to
     :func:`pdeflow.analysis.spectrum.spectrum_ends`, once at the given point (for lambda_min) and again at the
-    polished one. ConfigError when the lowest eigenvalue is not certified
-    positive (not a strict local minimum)."""
+    polished one, with their certificate (:func:`lowest_certified`, ``dense_limit``): ConfigError unless it proves
+    every eigenvalue off the symmetry directions positive. lambda_min and the slowest direction are the dense
+    eigenpair of the certificate."""
     say = progress or (lambda msg: None)
     mass = np.asarray(mass, dtype=float)
     omega = np.array(omega, dtype=float)
     basis = symmetry_basis(problem, omega, mass)
-    ends_found, lowest, residual, vectors, leaked = lowest_certified(problem, omega, mass, basis, **ends)
-    products = ends_found.products
+    ends_found, cert, lowest, residual, vectors = lowest_certified(problem, omega, mass, basis,
+                                                                   dense_limit=dense_limit, **ends)
+    products = ends_found.products + cert.products
     smallest = min(0.5 * eps if linearity else eps, (eps_random or eps) if n_random else math.inf)
     target = (POLISH_OFFSET * float(lowest[0]) * smallest) ** 2
     omega, e_star, i_star, taken, newton_products, why = polish(problem, omega, mass, target)
@@ -309,16 +306,17 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
         f"smallest eps, {smallest:g}); {products} JVPs")
     if taken:
         basis = symmetry_basis(problem, omega, mass)
-        ends_found, lowest, residual, vectors, leaked = lowest_certified(problem, omega, mass, basis, **ends)
-        products += ends_found.products
+        ends_found, cert, lowest, residual, vectors = lowest_certified(problem, omega, mass, basis,
+                                                                       dense_limit=dense_limit, **ends)
+        products += ends_found.products + cert.products
     lam, lam_max = float(lowest[0]), float(ends_found.highest[-1])
     root = np.sqrt(mass)[:, None]
     g = (root * problem.grad_phi(omega, omega, mass)).ravel()
     offset = float(vectors[:, 0] @ g) / lam
     offset_bound = math.sqrt(i_star) / lam
     say(f"at the polished point: lambda_min = {lam:.6g} (residual {residual[0]:.1e}), lambda_max = {lam_max:.6g}, "
-        f"{basis.shape[1]} symmetry directions" + (f" ({leaked} Ritz value(s) on them dropped)" if leaked else "")
-        + f"; the point is off by {offset:.1e} along the slowest direction (<u, g> / lambda_min), by at most "
+        f"{basis.shape[1]} symmetry directions; {cert.describe()}; the point "
+        f"is off by {offset:.1e} along the slowest direction (<u, g> / lambda_min), by at most "
         f"{offset_bound:.1e} in all (sqrt(I) / lambda_min); {products} JVPs")
     root = np.sqrt(mass)[:, None]
     grad_star = problem.grad_phi(omega, omega, mass)
@@ -368,7 +366,8 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                         lambda_min_residual=float(residual[0]), lambda_max=lam_max,
                         morse_index_lower=int(np.sum(lowest + residual < 0)), n_symmetry=int(basis.shape[1]),
                         eps=float(eps), runs=runs, products=int(products), polish_steps=taken, offset=offset,
-                        offset_bound=offset_bound, omega_star=omega, mass=mass,
+                        offset_bound=offset_bound, omega_star=omega, mass=mass, certificate=cert.describe(),
+                        lambda_min_lower=cert.lower,
                         prediction_products=int(op.products), excess_check=np.array(check))
 
 
@@ -425,7 +424,8 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
                         source: str = "") -> None:
     """Write ``/rates`` (one result file, all or nothing, with ``/model`` and ``/data``): attributes ``e_star``,
     ``i_star``, ``lambda_min``, ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``, ``n_symmetry``, ``eps``,
-    ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``offset_bound``, ``source``
+    ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``offset_bound``,
+    ``certificate`` and ``lambda_min_lower`` (what proves the point a minimum), ``source``
     (the stationary result); ``omega_star`` [N, k] and ``mass`` [N], the polished point; ``excess_check`` [S, 3] (size,
     direct E - E*, gradient form); datasets over runs [R]: ``direction`` (str), ``stepper`` (str), ``eps``,
     ``energy_rate``, ``distance_rate``, ``pl_ratio_min``, ``pl_ratio_least``, ``predicted_energy_rate``,
@@ -438,7 +438,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
         g = f.create_group("rates")
         for key in ("e_star", "i_star", "lambda_min", "lambda_min_residual", "lambda_max", "morse_index_lower",
                     "n_symmetry", "eps", "products", "prediction_products", "gradients", "polish_steps", "offset",
-                    "offset_bound"):
+                    "offset_bound", "certificate", "lambda_min_lower"):
             g.attrs[key] = getattr(result, key)
         g.attrs["source"] = source
         g["excess_check"] = np.asarray(result.excess_check, dtype=float).reshape(-1, 3)

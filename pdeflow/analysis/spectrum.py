@@ -16,7 +16,9 @@ invertible one when it is zero): per head the tangents of that orbit
 none in reduced coordinates) are directions along which E does not change, exact null vectors of S at a stationary
 measure. :func:`symmetry_basis` collects them head by head (:class:`Symmetry`); :func:`hessian_operator` is
 ``Pi S Pi``, ``Pi = I - Q Q^T``, and :func:`spectrum_ends` the two ends of its spectrum by one reorthogonalised
-Lanczos run (:func:`pdeflow.solvers.jacobian.krylov_ritz`), reporting only converged Ritz values.
+Lanczos run (:func:`pdeflow.solvers.jacobian.krylov_ritz`), reporting the converged Ritz values, and the index
+proven by interlacing from all of them (:func:`negative_ritz_count`, converged or not). Whether the point is a
+minimum is :mod:`pdeflow.analysis.certificate`'s to say: Lanczos alone proves a negative eigenvalue, never positivity.
 """
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ ORIGIN_SPLIT = 2.0      # measured: a product on the long run's 55 live heads co
 RESOLVED = 0.1         # spectrum_ends(max_dim=...) grows until the lowest Ritz value's residual is this share of it
 RITZ_TOL = 1e-6         # converged: residual <= RITZ_TOL * max(|lambda_max|, |lambda_min|)
 START_SEED = 20260      # the fixed random part of the Lanczos start vector
+# a Ritz value counts as negative below -RITZ_ROUNDING x the largest |Ritz value|: a Rayleigh quotient of a computed
+# unit vector carries rounding ~ n eps |S| (a null direction's 0 comes out +-1e-16 |S|), far below this
+RITZ_ROUNDING = 1e-12
 
 
 @dataclass(frozen=True)
@@ -167,12 +172,16 @@ class SpectrumEnds:
     """The converged ends of the spectrum of ``Pi S Pi`` (:func:`spectrum_ends`).
 
     ``lowest`` / ``highest``: converged Ritz values at the low / high end, ascending, with their residuals
-    ``|C x - theta x|`` (an eigenvalue lies within the residual of each); ``morse_index_lower``: the number of
-    converged Ritz values below minus their residual, a lower bound on the number of negative eigenvalues (the
-    Morse index at a stationary measure); ``n_symmetry`` symmetry directions removed; ``products`` JVPs spent;
-    ``lowest_vectors`` [N k, len(lowest)] their unit Ritz vectors in v-coordinates; ``lowest_ritz`` and
-    ``lowest_ritz_residual``: the lowest Ritz value, converged or not, an upper bound on the lowest eigenvalue
-    (Cauchy interlacing), and its residual."""
+    ``|C x - theta x|`` (an eigenvalue lies within the residual of each); ``morse_index_lower``: the negative
+    eigenvalues proven by Cauchy interlacing, :func:`negative_ritz_count` of every block's Ritz values, converged or
+    not (the j-th lowest Ritz value is no lower than the j-th lowest eigenvalue); ``n_symmetry`` symmetry
+    directions removed; ``products`` JVPs spent; ``lowest_vectors`` [N k, len(lowest)] their unit Ritz vectors in
+    v-coordinates; ``lowest_ritz`` and ``lowest_ritz_residual``: the lowest Ritz value of any block, converged or
+    not, an upper bound on the lowest eigenvalue, and its residual; ``lowest_ritz_vector`` [N k] its unit vector
+    (a direction of curvature ``lowest_ritz``: of negative curvature when that is negative, converged or not);
+    ``lanczos_steps``: the Lanczos run's length (on the live heads when the origin is split off);
+    ``unresolved_blocks``: blocks whose lowest Ritz value has not converged (a converged value of one block does
+    not stand for another's)."""
     lowest: np.ndarray
     lowest_residual: np.ndarray
     highest: np.ndarray
@@ -184,12 +193,17 @@ class SpectrumEnds:
     lowest_ritz: float = float("nan")
     lowest_ritz_residual: float = float("nan")
 
+    lowest_ritz_vector: np.ndarray | None = None
+    lanczos_steps: int = 0
+    unresolved_blocks: int = 0
+
     @property
-    def positive_definite(self) -> bool:
-        """Whether the lowest Ritz value converged and exceeds its residual: an eigenvalue lies within the residual
-        of it, and none below it was seen (a Krylov space from a generic start misses none but by rounding)."""
-        return bool(self.lowest.size and self.lowest[0] == self.lowest_ritz
-                    and self.lowest_ritz - self.lowest_ritz_residual > 0)
+    def no_negative_found(self) -> bool:
+        """No Ritz value of any block is negative, every block's lowest converged, and the lowest positive beyond
+        its residual: what Lanczos can show for a minimum. Evidence, not a proof
+        (:mod:`pdeflow.analysis.certificate`)."""
+        return bool(self.morse_index_lower == 0 and self.unresolved_blocks == 0 and self.lowest.size
+                    and self.lowest[0] == self.lowest_ritz and self.lowest_ritz - self.lowest_ritz_residual > 0)
 
     @property
     def lambda_min(self) -> float:
@@ -263,13 +277,20 @@ def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
     high_values = np.concatenate([live.highest, values])
     high_residuals = np.concatenate([live.highest_residual, residuals])
     top = np.argsort(high_values, kind="stable")[-n_ends:]
-    lowest_ritz, lowest_ritz_residual = ((float(values[0]), float(residuals[0])) if values[0] < live.lowest_ritz
-                                         else (live.lowest_ritz, live.lowest_ritz_residual))
-    index = live.morse_index_lower + int(np.sum(dead)) * int(np.sum(values + residuals < 0))
+    # each block bounds lambda_min from above: the lower of the two is the bound, whichever converged
+    if values[0] < live.lowest_ritz:
+        lowest_ritz, lowest_ritz_residual = float(values[0]), float(residuals[0])
+        lowest_ritz_vector = dead_vectors[:, 0]
+    else:
+        lowest_ritz, lowest_ritz_residual = live.lowest_ritz, live.lowest_ritz_residual
+        lowest_ritz_vector = np.zeros(n * k)
+        lowest_ritz_vector[rows] = live.lowest_ritz_vector
+    index = live.morse_index_lower + int(np.sum(dead)) * negative_ritz_count(values)
     return SpectrumEnds(lowest=low_values[order], lowest_residual=low_residuals[order], highest=high_values[top],
                         highest_residual=high_residuals[top], morse_index_lower=index, n_symmetry=live.n_symmetry,
                         products=live.products + k, lowest_vectors=low_vectors[:, order], lowest_ritz=lowest_ritz,
-                        lowest_ritz_residual=lowest_ritz_residual)
+                        lowest_ritz_residual=lowest_ritz_residual, lowest_ritz_vector=lowest_ritz_vector,
+                        lanczos_steps=live.lanczos_steps, unresolved_blocks=live.unresolved_blocks)
 
 
 def origin_is_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> bool:
@@ -313,11 +334,22 @@ def _lanczos_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
     low = low[converged[low]]
     high = np.arange(max(m - n_ends, 0), m)
     high = high[converged[high]]
-    index = int(np.sum(converged & (values + residuals < 0)))
     return SpectrumEnds(lowest=values[low], lowest_residual=residuals[low], highest=values[high],
-                        highest_residual=residuals[high], morse_index_lower=index, n_symmetry=sym.size,
-                        products=op.products, lowest_vectors=pairs.vectors[:, low], lowest_ritz=float(values[0]),
-                        lowest_ritz_residual=float(residuals[0]))
+                        highest_residual=residuals[high], morse_index_lower=negative_ritz_count(values),
+                        n_symmetry=sym.size, products=op.products, lowest_vectors=pairs.vectors[:, low],
+                        lowest_ritz=float(values[0]), lowest_ritz_residual=float(residuals[0]),
+                        lowest_ritz_vector=pairs.vectors[:, 0], lanczos_steps=int(values.size),
+                        unresolved_blocks=int(not converged[0]))
+
+
+def negative_ritz_count(values: np.ndarray) -> int:
+    """The negative eigenvalues that Ritz values ``values`` [m] of one block of S prove (Cauchy interlacing: the
+    j-th lowest Ritz value is no lower than the j-th lowest eigenvalue, converged or not): those below
+    ``-RITZ_ROUNDING`` times the largest ``|value|`` (:data:`RITZ_ROUNDING`). The one rule for the index."""
+    values = np.asarray(values, dtype=float)
+    if not values.size:
+        return 0
+    return int(np.sum(values < -RITZ_ROUNDING * float(np.max(np.abs(values)))))
 
 
 def _converged(pairs: RitzPairs, tol: float) -> np.ndarray:
@@ -326,6 +358,6 @@ def _converged(pairs: RitzPairs, tol: float) -> np.ndarray:
     return pairs.residuals <= tol * scale
 
 
-__all__ = ["KRYLOV_DIM", "N_ENDS", "RESOLVED", "RITZ_TOL", "DenseSymmetry", "HessianOperator", "SpectrumEnds",
-           "Symmetry", "head_symmetries", "origin_block", "origin_is_stationary", "hessian_operator",
-           "spectrum_ends", "start_vector", "symmetry_basis"]
+__all__ = ["KRYLOV_DIM", "N_ENDS", "RESOLVED", "RITZ_ROUNDING", "RITZ_TOL", "DenseSymmetry", "HessianOperator",
+           "SpectrumEnds", "Symmetry", "head_symmetries", "origin_block", "origin_is_stationary", "hessian_operator",
+           "negative_ritz_count", "spectrum_ends", "start_vector", "symmetry_basis"]

@@ -17,16 +17,18 @@ no information and make S singular.
   Newton's method holds the start.
 - :func:`minimum`: a descent search on E, by default L-BFGS (:func:`pdeflow.analysis.lbfgs.lbfgs`,
   :data:`LBFGS_MEMORY` pairs; measured on longtime.toml it lowers E several times faster per gradient
-  equivalent than the flow or the trust-region search, docs/solvers.md), or ``method="trust-region"``:
+  equivalent than the flow or the trust-region search, docs/experiments.md), or ``method="trust-region"``:
   ``trust-krylov`` with ``hessp = Pi S Pi`` (the Lanczos-based GLTR subproblem solver follows directions of
   negative curvature to the trust region's boundary). When the search stops at a point whose spectrum still has
   a converged negative eigenvalue, it is restarted from that point moved along the eigenvector (both signs tried,
   the lower energy kept): the negative curvature the spectrum finds is what leaves a saddle, whichever search.
 
 Both stop when ``I <= ratio * I(0)`` (``I(0)``: the dissipation of the run's first frame) and report the two ends
-of the spectrum there (:func:`pdeflow.analysis.spectrum.spectrum_ends`): the number of converged negative eigenvalues is
-a lower bound on the Morse index; a minimum is certified when the lowest converged eigenvalue exceeds its residual
-(positive).
+of the spectrum there (:func:`pdeflow.analysis.spectrum.spectrum_ends`) and what they establish
+(:func:`pdeflow.analysis.certificate.certify`, the one rule): every negative Ritz value of a block, converged or
+not, is a negative eigenvalue (interlacing: a saddle); a minimum is certified only by the dense eigenvalue bound
+on S off the symmetry directions (up to ``dense_limit`` unknowns on the live heads); above that limit the verdict
+is :data:`pdeflow.analysis.certificate.LANCZOS_VERDICT`, not a certificate.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ import scipy.sparse.linalg
 
 from ..core.config import Config
 from ..core.problem import Problem
+from .certificate import BY_DENSE, DENSE_LIMIT, LANCZOS_VERDICT, Certificate, certify
 from .lbfgs import LbfgsResult, lbfgs
 from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
 
@@ -62,6 +65,7 @@ FREEZE_GAIN = 8              # this many more heads below FREEZE restart L-BFGS 
 AWAKE = 1e-3                 # heads carrying this share of an escape direction's largest entry take part again
 KRYLOV_GROWTH = 3            # classify: the longest Lanczos run, in units of the first check
 MAX_ITER = {"lbfgs": 100_000, "trust-region": 2000}   # iterations of one search at most (by default)
+LOWEST_DIRECTIONS = 3        # the lowest converged Ritz vectors a result file keeps
 
 Progress = Callable[[str], None]
 
@@ -117,7 +121,8 @@ class Counter:
 class StationaryPoint:
     """What a search found: the point ``omega`` [N, k] (masses ``mass`` [N]), its energy and dissipation, the
     dissipation ``initial_dissipation`` I(0) the target is relative to (``target = ratio * I(0)``), whether it
-    ``converged`` (I <= target) and, for a minimum, is ``certified``; the spectrum ends there; the cost
+    ``converged`` (I <= target) and, for a minimum, is ``certified``; the spectrum ends there and the
+    ``certificate`` of its sign (:class:`pdeflow.analysis.certificate.Certificate`); the cost
     (``gradients`` in all, JVP ``products`` of the search and ``certify_products`` of the spectrum, ``wall``
     seconds in all of which ``certify_wall`` for the spectrum); the history per iteration
     (``energy``, ``dissipation``, cumulative ``products`` and ``gradients``) and a ``message``."""
@@ -132,6 +137,7 @@ class StationaryPoint:
     target: float
     converged: bool
     spectrum: SpectrumEnds
+    certificate: Certificate
     gradients: int
     products: int
     wall: float
@@ -143,13 +149,14 @@ class StationaryPoint:
 
     @property
     def morse_index_lower(self) -> int:
-        return self.spectrum.morse_index_lower
+        """Negative eigenvalues proven: by interlacing from any block's Ritz values, or by the dense bound."""
+        return max(self.spectrum.morse_index_lower, self.certificate.index_lower)
 
     @property
     def certified(self) -> bool:
-        """A local minimum: converged, and the lowest Ritz value (symmetries removed) converged and positive by
-        more than its residual (:attr:`pdeflow.analysis.spectrum.SpectrumEnds.positive_definite`)."""
-        return bool(self.converged and self.spectrum.positive_definite)
+        """A local minimum: converged, and every eigenvalue of S off the symmetry directions proven positive
+        (:attr:`pdeflow.analysis.certificate.Certificate.proven_minimum`)."""
+        return bool(self.converged and self.certificate.proven_minimum)
 
     @property
     def gradient_equivalents(self) -> float:
@@ -158,16 +165,24 @@ class StationaryPoint:
 
     @property
     def verdict(self) -> str:
-        """``local minimum``, ``saddle of index >= n``, or why neither is established."""
-        if not self.converged:
-            return "not converged"
-        if self.certified:
-            return "local minimum"
-        if self.morse_index_lower > 0:
-            return f"saddle of index >= {self.morse_index_lower}"
-        if self.spectrum.lowest_ritz < 0:
-            return "saddle (a negative Ritz value, below the lowest eigenvalue's upper bound; not converged)"
-        return "stationary, index not established (lowest eigenvalue not converged or not resolved from 0)"
+        """:func:`verdict_of` the point."""
+        return verdict_of(self.converged, self.spectrum, self.certificate)
+
+
+def verdict_of(converged: bool, spectrum: SpectrumEnds, certificate: Certificate) -> str:
+    """``not converged``, ``local minimum`` (proven by the certificate), ``saddle of index >= n`` (proven, by
+    interlacing or the dense bound), :data:`pdeflow.analysis.certificate.LANCZOS_VERDICT` (no dense proof, no Ritz
+    value negative and every block's lowest converged positive), or why none is established."""
+    if not converged:
+        return "not converged"
+    if certificate.proven_minimum:
+        return "local minimum"
+    index = max(spectrum.morse_index_lower, certificate.index_lower)
+    if index > 0:
+        return f"saddle of index >= {index}"
+    if certificate.kind != BY_DENSE and spectrum.no_negative_found:
+        return LANCZOS_VERDICT.format(m=certificate.lanczos_steps)
+    return "stationary, index not established (lowest eigenvalue not converged or not resolved from 0)"
 
 
 class _History:
@@ -243,10 +258,12 @@ def _newton(c: Counter, v: np.ndarray, E: float, g: np.ndarray, hist: _History, 
 
 def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, max_newton: int = MAX_NEWTON, krylov_dim: int = KRYLOV_DIM,
-            max_wall: float = math.inf, progress: Progress | None = None) -> StationaryPoint:
+            max_wall: float = math.inf, dense_limit: int = DENSE_LIMIT,
+            progress: Progress | None = None) -> StationaryPoint:
     """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
     until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, or ``max_wall`` seconds: then the point
-    reached is reported, not converged), then the spectrum there (``krylov_dim`` Lanczos steps)."""
+    reached is reported, not converged), then the spectrum there (``krylov_dim`` Lanczos steps) and its
+    certificate (:func:`pdeflow.analysis.certificate.certify` with ``dense_limit``)."""
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega))
     target = ratio * initial_dissipation
@@ -257,7 +274,7 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
     hist.add(E, I)
     v, E, g, I, it, message = _newton(c, v, E, g, hist, target, max_newton, max_wall, say)
     return _finish(problem, "nearest", c, v, E, I, I0, initial_dissipation, target, it, message, hist,
-                   krylov_dim, say)
+                   (krylov_dim, dense_limit), say)
 
 
 def polish(problem: Problem, omega: np.ndarray, mass: np.ndarray, target: float, *, max_newton: int = MAX_NEWTON,
@@ -346,13 +363,14 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, m
 def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, method: str = "lbfgs", max_iter: int = 0, max_restarts: int = 5,
             krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, max_wall: float = math.inf,
-            progress: Progress | None = None, on_iterate: Callable[[np.ndarray], None] | None = None
-            ) -> StationaryPoint:
+            dense_limit: int = DENSE_LIMIT, progress: Progress | None = None,
+            on_iterate: Callable[[np.ndarray], None] | None = None) -> StationaryPoint:
     """A local minimum of E from ``omega`` [N, k] (module docstring): a descent search (``method``: ``"lbfgs"``,
     :func:`pdeflow.analysis.lbfgs.lbfgs` with :data:`LBFGS_MEMORY` pairs, finished by Newton steps on I if it
     stalls, or ``"trust-region"``, trust-region Newton-Krylov with ``hessp`` the projected S) until ``I <= ratio
-    * initial_dissipation``, then the spectrum; while a converged negative eigenvalue remains (at most
-    ``max_restarts`` times) the search restarts from the point moved along its eigenvector by ``escape`` (0: by
+    * initial_dissipation``, then the spectrum and its certificate (``dense_limit``); while a negative
+    eigenvalue is proven (at most ``max_restarts`` times) the search restarts from the point moved along a direction
+    of negative curvature (the dense eigenvector, else the lowest Ritz vector) by ``escape`` (0: by
     ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. ``max_iter`` bounds the
     iterations of each search (0: :data:`MAX_ITER` of the method). After ``max_wall`` seconds the search stops at
     its latest iterate (reported, not converged). ``on_iterate(omega)`` is called with every iterate [N, k] (to
@@ -396,7 +414,7 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
               "options": {"gtol": math.sqrt(target), "maxiter": max_iter or MAX_ITER[method]}}
     iterations, message = 0, ""
     awake = np.zeros(c.shape[0], dtype=bool)
-    spectrum = None
+    spectrum, certificate = None, None
     certify_products, certify_wall = 0, 0.0
     for attempt in range(max_restarts + 1):
         start = len(hist.rows)
@@ -425,13 +443,12 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         if I > target:
             break
         message = f"{method}: I = {I:.3g} <= {target:.3g}"
-        spectrum, products, wall = classify(problem, c, v, krylov_dim, say)
+        spectrum, certificate, products, wall = classify(problem, c, v, krylov_dim, say, dense_limit)
         certify_products += products
         certify_wall += wall
-        if spectrum.morse_index_lower == 0 or attempt == max_restarts:
+        if max(spectrum.morse_index_lower, certificate.index_lower) == 0 or attempt == max_restarts:
             break
-        lam = float(spectrum.lowest[0])
-        x = spectrum.lowest_vectors[:, 0]
+        lam, x = descent_direction(spectrum, certificate)
         size = escape or math.sqrt(2.0 * abs(lam) / max(spectrum.lambda_max, 1e-300)) * max(1.0, float(
             np.linalg.norm(v))) / 10.0
         trials = [(fun(v + s * size * x)[0], s) for s in (1.0, -1.0)]
@@ -440,42 +457,58 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         v = v + best[1] * size * x
         # the heads the escape moves take part in the next search, however small they still are
         awake = np.linalg.norm(x.reshape(c.shape), axis=1) > AWAKE * float(np.abs(x).max())
-        spectrum = None
+        spectrum, certificate = None, None
+    found = None if spectrum is None or certificate is None else (spectrum, certificate)
     return _finish(problem, "minimum", c, v, E, I, I0, initial_dissipation, target, iterations, message, hist,
-                   krylov_dim, say, spectrum=spectrum, certify=(certify_products, certify_wall))
+                   (krylov_dim, dense_limit), say, found=found, certify=(certify_products, certify_wall))
 
 
-def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int,
-             say: Progress) -> tuple[SpectrumEnds, int, float]:
+def descent_direction(spectrum: SpectrumEnds, certificate: Certificate) -> tuple[float, np.ndarray]:
+    """A proven negative curvature and its unit direction [N k] (v-coordinates): the lowest dense eigenpair when
+    the certificate is dense, else the lowest Ritz pair (negative: its Rayleigh quotient is the curvature along
+    it, converged or not)."""
+    if certificate.kind == BY_DENSE:
+        return float(certificate.values[0]), certificate.vectors[:, 0]
+    return float(spectrum.lowest_ritz), np.asarray(spectrum.lowest_ritz_vector)
+
+
+def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int, say: Progress,
+             dense_limit: int = DENSE_LIMIT) -> tuple[SpectrumEnds, Certificate, int, float]:
     """The spectrum ends at ``v`` (:func:`pdeflow.analysis.spectrum.spectrum_ends`, ``krylov_dim`` Lanczos steps), the
     run continued up to :data:`KRYLOV_GROWTH` times the steps until the lowest Ritz value has converged and is
     resolved from 0 (:data:`pdeflow.analysis.spectrum.RESOLVED`; certification rests on its sign): near a minimum
     the lowest eigenvalues sit at 1e-6 of lambda_max and converge last (measured on longtime.toml: none of them
-    in 300 steps, 7.4e-5 with residual 1e-14 in 900). Returns the spectrum, the products and the wall seconds."""
+    in 300 steps, 7.4e-5 with residual 1e-14 in 900); then its certificate
+    (:func:`pdeflow.analysis.certificate.certify`, ``dense_limit``). Returns the spectrum, the certificate, the
+    products of both and the wall seconds."""
     t0 = time.perf_counter()
     spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim,
                              max_dim=KRYLOV_GROWTH * krylov_dim, split_origin=True)
     c.gradients += 1  # the spectrum's start vector
-    say(f"spectrum: lowest {spectrum.lowest[:3]}, index >= {spectrum.morse_index_lower}, "
-        f"{spectrum.products} Lanczos steps")
-    return spectrum, spectrum.products, time.perf_counter() - t0
+    certificate = certify(problem, c.omega(v), c.mass, spectrum, dense_limit=dense_limit)
+    say(f"spectrum: lowest {spectrum.lowest[:3]}, {spectrum.products} Lanczos steps; {certificate.describe()}")
+    return spectrum, certificate, spectrum.products + certificate.products, time.perf_counter() - t0
 
 
 def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I: float, I_start: float,
             initial_dissipation: float, target: float, iterations: int, message: str, hist: _History,
-            krylov_dim: int, say: Progress, spectrum: SpectrumEnds | None = None,
+            spectral: tuple[int, int], say: Progress, found: tuple[SpectrumEnds, Certificate] | None = None,
             certify: tuple[int, float] = (0, 0.0)) -> StationaryPoint:
+    """The point of a search with its spectrum and certificate (``found``, else computed with ``spectral`` =
+    (Lanczos steps, dense limit))."""
     certify_products, certify_wall = certify
-    if spectrum is None:
-        spectrum, products, wall = classify(problem, c, v, krylov_dim, say)
+    if found is None:
+        spectrum, certificate, products, wall = classify(problem, c, v, spectral[0], say, spectral[1])
         certify_products += products
         certify_wall += wall
+    else:
+        spectrum, certificate = found
     point = StationaryPoint(kind=kind, omega=c.omega(v), mass=c.mass.copy(), energy=E, dissipation=I,
                             start_energy=hist.rows[0][0], start_dissipation=I_start,
                             initial_dissipation=initial_dissipation, target=target, converged=bool(I <= target),
-                            spectrum=spectrum, gradients=c.gradients, products=c.products, wall=c.wall,
-                            certify_products=certify_products, certify_wall=certify_wall, iterations=iterations,
-                            message=message, history=hist.arrays())
+                            spectrum=spectrum, certificate=certificate, gradients=c.gradients,
+                            products=c.products, wall=c.wall, certify_products=certify_products,
+                            certify_wall=certify_wall, iterations=iterations, message=message, history=hist.arrays())
     say(f"{kind}: {point.verdict}; E = {E:.12g}, I = {I:.3e}")
     return point
 
@@ -485,7 +518,9 @@ SCHEMA = "pdeflow-stationary"
 SCHEMA_VERSION = 1
 SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_energy", "start_dissipation",
            "initial_dissipation", "ratio", "target", "converged", "certified", "verdict", "morse_index_lower",
-           "n_symmetry", "lambda_min", "lambda_max", "lowest_ritz", "lowest_ritz_residual", "iterations",
+           "n_symmetry", "lambda_min", "lambda_max", "lowest_ritz", "lowest_ritz_residual", "certificate",
+           "certificate_text", "lambda_min_lower", "lambda_min_upper", "certificate_size", "certificate_delta",
+           "lanczos_steps", "dense_limit", "iterations",
            "gradients", "products", "certify_products", "gradient_equivalents", "jvp_gradients", "wall",
            "certify_wall", "message")
 
@@ -496,13 +531,18 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
     ``schema = "pdeflow-stationary"``, the problem in ``/model`` and ``/data`` as in a trajectory, and
     ``/stationary``: ``omega`` [N, k] and ``mass`` [N] (the point), the converged spectrum ends ``lowest``,
     ``lowest_residual``, ``highest``, ``highest_residual``, the ``unstable_directions`` [m, N, k] (unit Ritz
-    vectors of the converged negative eigenvalues, in the mass-weighted coordinates ``v = M^(1/2) omega``),
+    vectors of the converged negative eigenvalues, in the mass-weighted coordinates ``v = M^(1/2) omega``), the
+    ``lowest_directions`` [a, N, k] (the unit Ritz vectors of the :data:`LOWEST_DIRECTIONS` lowest converged values:
+    one product re-derives a value and its residual from the file),
     ``history/{energy, dissipation, products, gradients, wall}`` per iteration, and the attributes
     :data:`SCALARS` (``source``, ``frame``, ``time``: the trajectory and frame the search started from; costs in
-    gradients, JVP products and wall seconds, the certification's separately)."""
+    gradients, JVP products and wall seconds, the certification's separately; ``certificate``: its kind,
+    :data:`pdeflow.analysis.certificate.BY_DENSE` the only proof, ``certificate_text`` what it establishes,
+    ``lambda_min_lower`` / ``lambda_min_upper`` the bounds on lambda_min, ``certificate_size`` the dense order,
+    ``certificate_delta`` its eigenvalue bound, ``lanczos_steps``, ``dense_limit``)."""
     from ..io.result_files import new_result_file
 
-    s = point.spectrum
+    s, cert = point.spectrum, point.certificate
     values = {"kind": point.kind, "source": source, "frame": int(frame), "time": float(time_of_frame),
               "energy": point.energy, "dissipation": point.dissipation, "start_energy": point.start_energy,
               "start_dissipation": point.start_dissipation, "initial_dissipation": point.initial_dissipation,
@@ -510,6 +550,9 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
               "certified": point.certified, "verdict": point.verdict, "morse_index_lower": s.morse_index_lower,
               "n_symmetry": s.n_symmetry, "lambda_min": s.lambda_min, "lambda_max": s.lambda_max,
               "lowest_ritz": s.lowest_ritz, "lowest_ritz_residual": s.lowest_ritz_residual,
+              "certificate": cert.kind, "certificate_text": cert.describe(), "lambda_min_lower": cert.lower,
+              "lambda_min_upper": cert.upper, "certificate_size": cert.size, "certificate_delta": cert.delta,
+              "lanczos_steps": cert.lanczos_steps, "dense_limit": cert.dense_limit,
               "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
               "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
               "jvp_gradients": JVP_GRADIENTS, "wall": point.wall, "certify_wall": point.certify_wall,
@@ -523,6 +566,8 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
         g["lowest"], g["lowest_residual"] = s.lowest, s.lowest_residual
         g["highest"], g["highest_residual"] = s.highest, s.highest_residual
         g["unstable_directions"] = s.lowest_vectors[:, unstable].T.reshape((-1,) + point.omega.shape)
+        g.create_dataset("lowest_directions", data=s.lowest_vectors[:, :LOWEST_DIRECTIONS].T.reshape(
+            (-1,) + point.omega.shape), compression="gzip")
         h = g.create_group("history")
         for key, column in point.history.items():
             h[key] = column
@@ -559,6 +604,8 @@ def read_stationary(path: str | Path) -> dict[str, Any]:
             for key in ("omega", "mass", "lowest", "lowest_residual", "highest", "highest_residual",
                         "unstable_directions"):
                 out[key] = g[key][()]
+            if "lowest_directions" in g:  # absent in files written before it was stored
+                out["lowest_directions"] = g["lowest_directions"][()]
             out["history"] = {k: g["history"][k][()] for k in g["history"].keys()}
             out["created"] = _plain(f.attrs.get("created"))
             out["config"] = str(_plain(f.attrs["config"]))
@@ -580,8 +627,9 @@ def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
              f"dissipation {r['dissipation']:.4g} = {r['dissipation'] / r['initial_dissipation']:.3g} I(0) "
              f"(target {r['ratio']:.3g} I(0), I(0) = {r['initial_dissipation']:.6g}; "
              f"start {r['start_dissipation']:.4g})",
-             f"index       >= {r['morse_index_lower']} (converged negative eigenvalues; {r['n_symmetry']} symmetry "
+             f"index       >= {r['morse_index_lower']} (negative eigenvalues proven; {r['n_symmetry']} symmetry "
              f"directions removed)",
+             f"certificate {r.get('certificate_text', 'none stored (a file from before certificates)')}",
              f"lowest      {values(r['lowest'][:6], r['lowest_residual'][:6])}",
              f"highest     {values(r['highest'][-3:], r['highest_residual'][-3:])}",
              f"cost        {r['gradients']} gradients + {r['products']} JVP products (search) + "
@@ -592,4 +640,5 @@ def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
 
 
 __all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "LBFGS_MEMORY", "METHODS", "SCHEMA", "StationaryPoint",
-           "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary", "write_stationary"]
+           "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary", "verdict_of",
+           "write_stationary"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.certificate import DENSE_LIMIT
 from ..analysis.figures import figure_output
 from ..analysis.minimum_rates import LOG_CHANGE_AT_MINIMUM, RK4_MAX_STEPS, SAMPLES_AT_MINIMUM
 from ..analysis.spectrum import KRYLOV_DIM
@@ -93,16 +94,20 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
             raise UsageError(f"{name} must be >= {least}, got {value}")
     out = check_output_file(Path(args.output), args.stationary, force=args.force)
     r = read_stationary(args.stationary)
+    if args.dense_limit < 0:
+        raise UsageError(f"--dense-limit must be >= 0 unknowns, got {args.dense_limit}")
     if not r.get("certified"):
-        raise UsageError(f"{args.stationary}: not a certified local minimum ({r.get('verdict')}); the rates are "
-                         "predicted at a minimum (pdeflow stationary --kind minimum)")
+        raise UsageError(f"{args.stationary}: not a certified local minimum ({r.get('verdict')}; certificate: "
+                         f"{r.get('certificate_text', 'none stored')}); the rates are predicted at a proven minimum "
+                         "(pdeflow stationary --kind minimum)")
     cfg = loads_config(r["config"])
     problem = stored_problem(args.stationary)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
     result = minimum_rates(problem, np.asarray(r["omega"]), np.asarray(r["mass"]), eps=args.eps,
                            eps_random=args.eps_random, n_random=args.random, seed=args.seed,
                            log_change=args.log_change, samples=args.samples, method=args.stepper,
-                           linearity=not args.no_linearity, progress=say, krylov_dim=args.krylov_dim)
+                           linearity=not args.no_linearity, progress=say, dense_limit=args.dense_limit,
+                           krylov_dim=args.krylov_dim)
     write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
     if not args.no_plots:
         with figure_output(figure_dpi(args)):
@@ -123,6 +128,7 @@ def rates_table(result) -> str:
              f"directions; eps = {result.eps:g}; {result.products} JVPs (polish {result.polish_steps} Newton step(s) "
              f"and spectrum), {result.prediction_products} JVPs (linear predictions), {result.gradients} gradients "
              "(runs)",
+             f"certificate: {result.certificate}",
              f"{'direction':<15} {'E - E* rate':>12} {'predicted':>12} {'distance rate':>14} {'predicted':>12} "
              f"{'min PL ratio':>13} {'predicted':>12} {'least PL / lambda_min':>22} {'max rel. error':>15}"]
     for r in result.runs:
@@ -163,6 +169,10 @@ def add_command(subparsers) -> None:
     p.add_argument("--krylov-dim", type=int, default=KRYLOV_DIM,
                    help=f"--stationary: Lanczos steps for the spectrum's ends (default {KRYLOV_DIM}; the slow end of "
                         "a stiff minimum may need more)")
+    p.add_argument("--dense-limit", type=int, default=DENSE_LIMIT,
+                   help="--stationary: assemble S densely on the live heads up to this many unknowns to prove the "
+                        f"point a minimum (default {DENSE_LIMIT}; n products, ~6 n^2 doubles); above it no proof, "
+                        "no rates")
     p.add_argument("--no-linearity", action="store_true",
                    help="--stationary: skip the run along the slowest direction at eps/2 (the linearity check)")
     p.add_argument("--no-plots", action="store_true", help="do not write the figures")

@@ -3,8 +3,11 @@ frame of a particle trajectory, classified by its spectrum (:mod:`pdeflow.analys
 
 ``nearest``: Newton-Krylov on the velocity field (the stationary point next to the frame, saddle or minimum);
 ``minimum``: a descent search (L-BFGS, or trust-region Newton with ``--method trust-region``) restarted along
-the negative curvature of every saddle it stops at (a local minimum, certified by a positive lowest
-eigenvalue). Both stop at ``I <= ratio I(0)`` (I(0): the dissipation of the run's first frame) and write a result
+the negative curvature of every saddle it stops at). The verdict (:mod:`pdeflow.analysis.certificate`): a saddle
+when any Ritz value is negative; a local minimum only when a dense eigendecomposition of S off the symmetry
+directions (up to ``--dense-limit`` unknowns on the live heads) bounds every eigenvalue above 0; above the limit,
+"no negative eigenvalue found in m Lanczos steps from a random start (not certified)".
+Both stop at ``I <= ratio I(0)`` (I(0): the dissipation of the run's first frame) and write a result
 file that ``pdeflow info`` prints and ``pdeflow diagnose --stationary`` takes E* from.
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.certificate import DENSE_LIMIT
 from ..analysis.spectrum import KRYLOV_DIM
 from ..analysis.stationary import (
     DISSIPATION_RATIO,
@@ -37,8 +41,9 @@ from ..io.trajectory import open_trajectory
 STATIONARY_HELP = """Find a stationary point of the particle flow from a frame of a trajectory and classify it by
 the spectrum of the mass-weighted Hessian (symmetry directions removed): --kind nearest (Newton-Krylov on the
 velocity field: the saddle or minimum next to the frame) or --kind minimum (L-BFGS, or trust-region Newton with --method
-trust-region, restarted along the negative curvature of each saddle it stops at: a local minimum, certified when
-the lowest eigenvalue is positive beyond its residual).
+trust-region, restarted along the negative curvature of each saddle it stops at: a local minimum, certified only
+when a dense eigendecomposition of S off the symmetry directions, on at most --dense-limit unknowns of the live
+heads, bounds every eigenvalue above 0 with its rounding bound; a negative Ritz value of any block is a saddle).
 Converged when the dissipation I <= ratio x I(0), I(0) the dissipation of the run's first frame. Writes the point,
 its energy, index, converged eigenvalues with residuals, unstable directions and the cost to RESULT (HDF5)."""
 
@@ -106,6 +111,8 @@ def cmd_stationary(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-wall must be >= 0 seconds, got {args.max_wall:g}")
     if args.krylov_dim < 2:
         raise UsageError(f"--krylov-dim must be >= 2, got {args.krylov_dim}")
+    if args.dense_limit < 0:
+        raise UsageError(f"--dense-limit must be >= 0 unknowns, got {args.dense_limit}")
     if args.method is not None and args.kind != "minimum":
         raise UsageError("--method chooses the search of --kind minimum; nearest is Newton-Krylov")
     start = start_of(Path(args.file), args.frame)
@@ -118,6 +125,7 @@ def cmd_stationary(args: argparse.Namespace) -> int:
     search = nearest if args.kind == "nearest" else minimum
     point = search(start.problem, start.omega, start.mass, start.initial, ratio=args.ratio,
                    krylov_dim=args.krylov_dim, max_wall=args.max_wall if args.max_wall > 0 else math.inf,
+                   dense_limit=args.dense_limit,
                    progress=say, **options)
     write_stationary(out, point, start.config, start.problem, frame=start.frame,
                      source=f"{start.origin} via {start.source}" if start.origin else str(start.source),
@@ -143,6 +151,10 @@ def add_command(subparsers) -> None:
                    help=f"converged when I <= ratio x I(0) (default {DISSIPATION_RATIO:g})")
     p.add_argument("--krylov-dim", type=int, default=KRYLOV_DIM,
                    help=f"Lanczos steps of the spectrum (default {KRYLOV_DIM})")
+    p.add_argument("--dense-limit", type=int, default=DENSE_LIMIT, metavar="UNKNOWNS",
+                   help=f"certify a minimum by a dense eigendecomposition of S on the live heads up to this many "
+                        f"unknowns (default {DENSE_LIMIT}: n products, ~6 n^2 doubles); above it the verdict is "
+                        "Lanczos evidence, not a certificate")
     p.add_argument("--max-wall", type=float, default=0.0, metavar="SECONDS",
                    help="stop the search after this many seconds and report the point reached (default: no limit)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -112,11 +112,12 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
     res["certification"] = {"wall": point.certify_wall, "products": point.certify_products,
                             "grad_equivalents": JVP_GRADIENTS * point.certify_products}
     res["minimum"] = {"verdict": point.verdict, "certified": point.certified, "converged": point.converged,
+                      "certificate": point.certificate.describe(),
                       "energy": point.energy, "dissipation": point.dissipation,
                       "dissipation_ratio": point.dissipation / f["initial_dissipation"],
                       "lambda_min": s.lambda_min, "lambda_min_residual": float(s.lowest_residual[0])
                       if s.lowest.size else float("nan"), "lambda_max": s.lambda_max,
-                      "morse_index_lower": s.morse_index_lower, "n_symmetry": s.n_symmetry}
+                      "morse_index_lower": point.morse_index_lower, "n_symmetry": s.n_symmetry}
     total_wall = f["wall"] + point.wall
     res["total"] = {"wall": total_wall, "grad_equivalents": f["grad_equivalents"] + point.gradient_equivalents}
     log(f"minimum: {point.verdict}, E = {point.energy:.10g}, I = {point.dissipation:.3e}; solve "

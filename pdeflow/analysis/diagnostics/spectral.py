@@ -5,18 +5,22 @@ At every ``diagnostics.spectrum_every``-th frame (and the last) of a particle ru
 spectrum, so no product is spent there), :func:`pdeflow.analysis.spectrum.spectrum_ends` gives the converged Ritz values
 at both ends of the spectrum of the mass-weighted Hessian ``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` [N k, N k] with
 the model's continuous symmetries projected out (Lanczos with reorthogonalisation on the exact JVP):
-``lambda_min``, ``lambda_max`` with their residuals ``|S x - lambda x|`` and ``morse_index_lower``, the number of
-converged negative Ritz values (a lower bound on the Morse index of the stationary points the flow passes).
+``lambda_min``, ``lambda_max`` with their residuals ``|S x - lambda x|``, ``lowest_ritz`` (the lowest Ritz value,
+converged or not: an upper bound on the lowest eigenvalue) and ``morse_index_lower``, the number of negative Ritz
+values, converged or not (:func:`pdeflow.analysis.spectrum.negative_ritz_count`: by Cauchy interlacing each is a
+negative eigenvalue; a lower bound on the Morse index of the stationary points the flow passes).
 
-Phases (:func:`phase_of`), from ``lambda_min``, its residual ``r`` and the dissipation ``I``:
+Phases (:func:`phase_of`), from ``lambda_min``, its residual ``r``, ``lowest_ritz``, the index and ``I``:
 
 - ``descent``: ``I > diagnostics.spectrum_near * I(0)`` (the flow is still far from any stationary point), or no
-  Ritz value converged;
-- ``near a saddle of index >= n``: ``I <= spectrum_near * I(0)`` and ``n = morse_index_lower >= 1`` converged negative
-  eigenvalues (each ``lambda + r < 0``);
-- ``near a minimum``: ``I <= spectrum_near * I(0)`` and ``lambda_min - r > 0`` (every eigenvalue off the symmetry
-  directions is positive, as far as the lowest converged Ritz value shows);
-- ``near a degenerate point``: ``I <= spectrum_near * I(0)`` with ``|lambda_min| <= r`` (the sign is not resolved).
+  Ritz value converged and none negative;
+- ``near a saddle of index >= n``: ``I <= spectrum_near * I(0)`` and ``n = morse_index_lower >= 1`` negative Ritz
+  values (a negative lowest Ritz value is index >= 1, converged or not, whatever a converged value says);
+- ``near a minimum``: ``I <= spectrum_near * I(0)``, no negative Ritz value, the lowest Ritz value converged and
+  ``lambda_min - r > 0``: no negative eigenvalue found by the run's Lanczos steps. Evidence, not a certificate (a
+  certified minimum is ``pdeflow stationary``'s dense bound, :mod:`pdeflow.analysis.certificate`);
+- ``near a degenerate point``: ``I <= spectrum_near * I(0)`` otherwise (the sign is not resolved, or the lowest Ritz
+  value has not converged).
 
 Cost: ``products`` exact JVPs per analysed frame, each about :data:`pdeflow.solvers.accuracy.JVP_COST` gradient
 evaluations (docs/solvers.md); :func:`run_gradient_equivalents` counts the run's own from its ``/steps`` rows, so
@@ -42,6 +46,7 @@ SADDLE = "near a saddle of index >= {n}"
 # /analysis datasets of the record, one row per analysed frame [A]
 SPECTRAL_ARRAYS = ("spectrum_frame", "spectrum_time", "lambda_min", "lambda_min_residual", "lambda_max",
                    "lambda_max_residual", "morse_index_lower", "spectrum_products")
+SPECTRAL_RITZ = ("lowest_ritz", "lowest_ritz_residual")   # /analysis "spectrum_<name>" [A], absent in older files
 SPECTRAL_SCALARS = ("spectrum_every", "spectrum_near", "n_symmetry", "jvp_cost", "spectrum_grad_equivalents",
                     "run_grad_equivalents")
 
@@ -50,7 +55,8 @@ SPECTRAL_SCALARS = ("spectrum_every", "spectrum_near", "n_symmetry", "jvp_cost",
 class SpectralRecord:
     """The ends of the spectrum of ``S`` at the analysed frames (module docstring). Arrays over analysed frames
     [A]: ``spectrum_frame`` (frame index), ``spectrum_time``, ``lambda_min``, ``lambda_max`` (nan: none converged) and
-    their ``*_residual``, ``morse_index_lower``, ``spectrum_products`` (JVPs spent); ``dissipation`` [A] and ``i0``
+    their ``*_residual``, ``morse_index_lower``, ``spectrum_products`` (JVPs spent), ``lowest_ritz`` and its
+    ``lowest_ritz_residual`` (nan where not computed or not stored); ``dissipation`` [A] and ``i0``
     (the dissipation at frame 0) for the phases. Scalars: the settings, ``n_symmetry`` (symmetry directions
     projected out), ``jvp_cost`` (gradient evaluations per JVP), the record's and the run's gradient equivalents."""
     spectrum_frame: np.ndarray
@@ -69,6 +75,13 @@ class SpectralRecord:
     jvp_cost: float = JVP_COST
     run_grad_equivalents: float = math.nan
     notes: list[str] = field(default_factory=list)
+    lowest_ritz: np.ndarray | None = None
+    lowest_ritz_residual: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        for key in SPECTRAL_RITZ:
+            if getattr(self, key) is None:
+                setattr(self, key, np.full(len(self.spectrum_frame), np.nan))
 
     @property
     def spectrum_grad_equivalents(self) -> float:
@@ -84,19 +97,26 @@ class SpectralRecord:
     @property
     def phases(self) -> list[str]:
         """The phase of each analysed frame (:func:`phase_of`)."""
-        return [phase_of(lo, r, int(n), i, self.i0, self.spectrum_near) for lo, r, n, i in
-                zip(self.lambda_min, self.lambda_min_residual, self.morse_index_lower, self.dissipation)]
+        return [phase_of(lo, r, int(n), i, self.i0, self.spectrum_near, lowest_ritz=ritz) for lo, r, n, i, ritz in
+                zip(self.lambda_min, self.lambda_min_residual, self.morse_index_lower, self.dissipation,
+                    self.lowest_ritz)]
 
 
 def phase_of(lambda_min: float, residual: float, morse_index_lower: int, dissipation: float, i0: float,
-             near: float) -> str:
+             near: float, *, lowest_ritz: float = math.nan) -> str:
     """The phase of one analysed frame (module docstring): ``descent``, ``near a saddle of index >= n``,
-    ``near a minimum`` or ``near a degenerate point``."""
-    if not (math.isfinite(lambda_min) and dissipation <= near * i0):
+    ``near a minimum`` or ``near a degenerate point``. ``lowest_ritz``: the lowest Ritz value, converged or not
+    (nan: not known, as in records stored before it was, where ``lambda_min`` stands for it); a negative one is
+    index >= 1 even when ``morse_index_lower`` was stored from converged values only."""
+    if not dissipation <= near * i0:
         return DESCENT
-    if morse_index_lower >= 1:
-        return SADDLE.format(n=morse_index_lower)
-    if lambda_min - residual > 0:
+    index = max(int(morse_index_lower), 1 if lowest_ritz < 0 else 0)
+    if index >= 1:
+        return SADDLE.format(n=index)
+    if not math.isfinite(lambda_min):
+        return DESCENT
+    resolved = not lowest_ritz < lambda_min  # the lowest Ritz value is the converged one (or not known)
+    if resolved and lambda_min - residual > 0:
         return MINIMUM
     return DEGENERATE
 
@@ -174,6 +194,7 @@ def spectral_record(traj: Trajectory, problem: Problem, every: int, near: float,
         if len(s.highest):
             rec.lambda_max[a], rec.lambda_max_residual[a] = s.highest[-1], s.highest_residual[-1]
         rec.morse_index_lower[a], rec.spectrum_products[a] = s.morse_index_lower, s.products
+        rec.lowest_ritz[a], rec.lowest_ritz_residual[a] = s.lowest_ritz, s.lowest_ritz_residual
         rec.n_symmetry = s.n_symmetry
     return rec
 
@@ -187,6 +208,8 @@ def write_spectral_record(group, rec: SpectralRecord | None) -> None:
 
     for key in SPECTRAL_ARRAYS:
         group.create_dataset(key, data=np.asarray(getattr(rec, key)))
+    for key in SPECTRAL_RITZ:
+        group.create_dataset(f"spectrum_{key}", data=np.asarray(getattr(rec, key), dtype=float))
     group.create_dataset("spectrum_phase", data=np.array(rec.phases, dtype=h5py.string_dtype("utf-8")))
     group.attrs["spectrum_i0"] = rec.i0
     for key in SPECTRAL_SCALARS:
@@ -199,6 +222,8 @@ def read_spectral_record(d: dict[str, Any]) -> SpectralRecord | None:
     if "lambda_min" not in d:
         return None
     kwargs: dict[str, Any] = {key: np.asarray(d[key]) for key in SPECTRAL_ARRAYS}
+    kwargs.update({key: np.asarray(d[f"spectrum_{key}"], dtype=float) for key in SPECTRAL_RITZ
+                   if f"spectrum_{key}" in d})
     kwargs.update({key: d[key] for key in SPECTRAL_SCALARS if key in d and key != "spectrum_grad_equivalents"})
     time = np.asarray(d["time"], dtype=float)
     frames = kwargs["spectrum_frame"].astype(np.int64)
@@ -211,7 +236,8 @@ def read_spectral_record(d: dict[str, Any]) -> SpectralRecord | None:
 
 
 def format_spectral_record(rec: SpectralRecord | None) -> list[str]:
-    """The record as report lines: the cost, the phases as spans, and a table over analysed frames."""
+    """The record as report lines: the cost, the phases as spans, and a table over analysed frames (``lowest
+    Ritz``: converged or not, an upper bound on the lowest eigenvalue)."""
     if rec is None or rec.spectrum_frame.size == 0:
         return []
     fraction = rec.cost_fraction
@@ -226,11 +252,12 @@ def format_spectral_record(rec: SpectralRecord | None) -> list[str]:
         when = f"t = {first:.4g}" if n == 1 else f"t = {first:.4g} .. {last:.4g}"
         lines.append(f"phase         {when}: {phase} ({n} analysed frame{'s' if n > 1 else ''})")
     lines.append("")
-    lines.append(f"{'t':>10} {'I / I(0)':>10} {'lambda_min':>12} {'residual':>9} {'index >=':>8} {'lambda_max':>11} "
-                 f"{'residual':>9}  phase")
+    lines.append(f"{'t':>10} {'I / I(0)':>10} {'lambda_min':>12} {'residual':>9} {'lowest Ritz':>12} {'index >=':>8} "
+                 f"{'lambda_max':>11} {'residual':>9}  phase")
     for a, phase in enumerate(rec.phases):
         lines.append(f"{rec.spectrum_time[a]:>10.4g} {rec.dissipation[a] / rec.i0:>10.3e} "
-                     f"{rec.lambda_min[a]:>+12.4e} {rec.lambda_min_residual[a]:>9.1e} {rec.morse_index_lower[a]:>8d} "
+                     f"{rec.lambda_min[a]:>+12.4e} {rec.lambda_min_residual[a]:>9.1e} {rec.lowest_ritz[a]:>+12.4e} "
+                     f"{rec.morse_index_lower[a]:>8d} "
                      f"{rec.lambda_max[a]:>11.4g} {rec.lambda_max_residual[a]:>9.1e}  {phase}")
     return lines
 

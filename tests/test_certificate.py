@@ -1,0 +1,167 @@
+"""The one rule on the sign of S (:mod:`pdeflow.analysis.certificate`): a negative Ritz value of any block, converged
+or not, is index >= 1 for the spectral record's phases, ``pdeflow stationary`` and the rate check; a minimum is
+certified only by the dense eigenvalue bound, checked here against ``numpy.linalg.eigh`` of S built independently
+from central differences of grad Phi (:func:`test_spectral_record.dense_s`) with the symmetry tangents removed; and a
+point ``stationary`` certifies is one ``stability --stationary`` accepts."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdeflow import Problem, loads_config
+from pdeflow.analysis.certificate import BY_DENSE, BY_LANCZOS, LANCZOS_VERDICT, certify
+from pdeflow.analysis.diagnostics.spectral import MINIMUM, SADDLE, phase_of
+from pdeflow.analysis.minimum_rates import lowest_certified
+from pdeflow.analysis.spectrum import origin_block, spectrum_ends, symmetry_basis
+from pdeflow.analysis.stability import complement_spectrum
+from pdeflow.analysis.stationary import minimum, nearest, read_stationary, write_stationary
+from pdeflow.core.config import ConfigError
+from pdeflow.interface.cli import main
+from test_minimum_rates import PROBLEM, known_minimum  # noqa: F401  (the fixture: a strict minimum, dense spectrum)
+from test_spectral_record import dense_s, head_symmetries
+from test_stability import TINY
+
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
+
+
+def reference_spectrum(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """Eigenvalues of S off every live head's symmetry tangents, from central differences of grad Phi (not the JVP),
+    together with the block of each head exactly at the origin (there S has no coupling to other heads)."""
+    live = ~np.all(omega == 0.0, axis=1)
+    S = dense_s(problem, omega[live], mass[live])
+    values = complement_spectrum(S, head_symmetries(problem, omega[live]))[0]
+    if (~live).any():
+        block = dense_s(problem, omega, mass)
+        k = problem.k
+        first = int(np.flatnonzero(~live)[0])
+        origin = np.linalg.eigvalsh(block[first * k:(first + 1) * k, first * k:(first + 1) * k])
+        values = np.concatenate([values] + [origin] * int((~live).sum()))
+    return np.sort(values)
+
+
+def test_a_negative_unconverged_ritz_value_is_a_saddle_whatever_a_converged_one_says():
+    """Two heads at a seeded random state, 7 Lanczos steps: the lowest Ritz value is negative and unconverged, the
+    lowest converged one positive (the issue's finding 3, first case). The dense reference has a negative
+    eigenvalue; the index (interlacing) is >= 1, the phase is a saddle and the rate check refuses."""
+    problem = Problem.from_config(loads_config(TINY))
+    rng = np.random.default_rng(1)
+    omega, mass = rng.standard_normal((2, problem.k)), rng.dirichlet(np.full(2, 2.0))
+    ends = spectrum_ends(problem, omega, mass, krylov_dim=7)
+    assert ends.lowest.size and ends.lowest[0] > 0 and ends.lowest_ritz < 0        # the trap
+    assert ends.lowest_ritz_residual > 1e-3 * abs(ends.lowest_ritz)                # unconverged
+    reference = reference_spectrum(problem, omega, mass)
+    assert reference[0] <= ends.lowest_ritz                                        # interlacing
+    assert ends.morse_index_lower >= 1
+    phase = phase_of(ends.lowest[0], ends.lowest_residual[0], ends.morse_index_lower, 1e-9, 1.0, 1e-4)
+    assert phase == SADDLE.format(n=ends.morse_index_lower) != MINIMUM
+    # a record stored before the index counted unconverged values: the lowest Ritz value alone decides
+    assert phase_of(ends.lowest[0], ends.lowest_residual[0], 0, 1e-9, 1.0, 1e-4,
+                    lowest_ritz=ends.lowest_ritz) == SADDLE.format(n=1)
+    with pytest.raises(ConfigError, match="not a certified local minimum: index >= [1-9]"):
+        lowest_certified(problem, omega, mass, symmetry_basis(problem, omega, mass), krylov_dim=7)
+
+
+@pytest.fixture(scope="module")
+def dead_head_saddle(one_numba_thread):
+    """Five heads, two exactly at the origin, at a stationary point (Newton-Krylov from a seeded start; weight decay
+    0.12 keeps the origin's block positive definite there) whose live heads sit at a saddle."""
+    problem = Problem.from_config(loads_config(TINY, ["model.weight_decay=0.12"]))
+    omega = np.random.default_rng(0).standard_normal((5, problem.k)) * 1.5
+    omega[[1, 3]] = 0.0
+    mass = np.full(5, 0.2)
+    point = nearest(problem, omega, mass, problem.evaluate(omega, mass).dissipation, krylov_dim=2)
+    assert point.converged and int(np.sum(np.all(point.omega == 0.0, axis=1))) == 2
+    return problem, point
+
+
+def test_an_origin_block_does_not_mask_an_unresolved_live_block(dead_head_saddle):
+    """The issue's second case: with 2 Lanczos steps the live block's lowest Ritz value is positive and unconverged,
+    the origin block's (dense, exact) is positive and lower, yet the dense spectrum is negative. Not certified:
+    the dense bound finds the index of the reference; nor does Lanczos alone claim anything; nearest says saddle."""
+    problem, point = dead_head_saddle
+    omega, mass = point.omega, point.mass
+    ends = spectrum_ends(problem, omega, mass, krylov_dim=2, split_origin=True)
+    values, _, _ = origin_block(problem, omega, mass)
+    assert values[0] > 0 and ends.lowest_ritz == values[0] and ends.morse_index_lower == 0   # the mask
+    reference = reference_spectrum(problem, omega, mass)
+    scale = np.abs(reference).max()
+    negative = int(np.sum(reference < -1e-6 * scale))
+    assert negative >= 1
+    assert not ends.no_negative_found and ends.unresolved_blocks == 1
+    cert = certify(problem, omega, mass, ends)
+    assert cert.kind == BY_DENSE and not cert.proven_minimum and cert.index_lower == negative
+    assert cert.upper < 0 and cert.lower - 1e-8 <= reference[0] <= cert.upper + 1e-8  # reference: differences
+    assert not point.certified and point.verdict.startswith("saddle of index >= ")
+
+
+def test_the_certificate_brackets_lambda_min_of_an_independent_dense_s(known_minimum):  # noqa: F811
+    """At a strict minimum: the certificate is dense, its interval [lower, upper] holds the lowest eigenvalue of S
+    built from central differences (error ~1e-9 here), is no wider than its stated rounding bound, and its lowest
+    eigenvalues are the reference's; with the dense limit below the live heads' unknowns it is Lanczos evidence,
+    not a proof, and says so."""
+    problem, omega, mass, values = known_minimum
+    reference = reference_spectrum(problem, omega, mass)
+    np.testing.assert_allclose(reference[:values.size], values, atol=1e-9)
+    ends = spectrum_ends(problem, omega, mass, krylov_dim=5)
+    cert = certify(problem, omega, mass, ends)
+    assert cert.kind == BY_DENSE and cert.proven_minimum and cert.lower > 0
+    assert cert.size == omega.size - symmetry_basis(problem, omega, mass).shape[1] == reference.size
+    assert cert.lower - 1e-8 <= reference[0] <= cert.upper + 1e-8
+    assert cert.upper - cert.lower <= 2.001 * cert.delta and cert.delta < 1e-10  # 2 delta, to rounding
+    np.testing.assert_allclose(cert.values[:3], reference[:3], atol=1e-8)
+    assert cert.products == omega.size
+    lanczos = certify(problem, omega, mass, ends, dense_limit=omega.size - 1)
+    assert lanczos.kind == BY_LANCZOS and not lanczos.proven_minimum and lanczos.products == 0
+    assert LANCZOS_VERDICT.format(m=ends.lanczos_steps) in lanczos.describe()
+
+
+def test_stationary_certifies_what_stability_accepts(known_minimum, tmp_path, capsys):  # noqa: F811
+    """``pdeflow stationary --kind nearest`` from a result at the known minimum certifies it (dense bound), and
+    ``pdeflow stability --stationary`` accepts that file and names the certificate; with ``--dense-limit 0`` the
+    same point is "no negative eigenvalue found in m Lanczos steps" (not certified), and stability refuses it,
+    as it refuses the certified file when told it may not assemble S (it re-derives the proof)."""
+    problem, omega, mass, _ = known_minimum
+    start = tmp_path / "start.h5"
+    write_stationary(start, minimum(problem, omega, mass, 1.0), loads_config(PROBLEM), problem, source="test",
+                     frame=0, time_of_frame=0.0, ratio=1e-12)
+    proven, lanczos = tmp_path / "proven.h5", tmp_path / "lanczos.h5"
+    assert main(["stationary", str(start), "--kind", "nearest", "-o", str(proven), "--quiet"]) == 0
+    assert main(["stationary", str(start), "--kind", "nearest", "-o", str(lanczos), "--quiet",
+                 "--dense-limit", "0"]) == 0
+    p, q = read_stationary(proven), read_stationary(lanczos)
+    assert p["certified"] and p["verdict"] == "local minimum" and p["certificate"] == BY_DENSE
+    assert 0 < p["lambda_min_lower"] <= p["lambda_min_upper"]
+    assert not q["certified"] and q["certificate"] == BY_LANCZOS
+    assert q["verdict"] == LANCZOS_VERDICT.format(m=q["lanczos_steps"])
+    capsys.readouterr()
+    assert main(["stability", "--stationary", str(proven), "-o", str(tmp_path / "rates.h5"), "--random", "0",
+                 "--no-linearity", "--quiet"]) == 0
+    assert "certificate: certified by the dense eigenvalue bound" in capsys.readouterr().out
+    assert main(["stability", "--stationary", str(lanczos), "-o", str(tmp_path / "x.h5"), "--quiet"]) == 2
+    assert main(["stability", "--stationary", str(proven), "-o", str(tmp_path / "y.h5"), "--quiet",
+                 "--dense-limit", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "not a certified local minimum" in err[0] and "no negative eigenvalue found" in err[1]
+    assert not (tmp_path / "x.h5").exists() and not (tmp_path / "y.h5").exists()
+
+
+def test_minimum_leaves_the_dead_head_saddle_for_a_proven_minimum(dead_head_saddle):
+    """Where 2 Lanczos steps show no negative value, the dense bound's lowest eigenpair is the escape direction: its
+    curvature, measured on S built by central differences, is the negative eigenvalue, and E falls along it. The
+    search itself (2 steps per spectrum, grown to 6) leaves the saddle and ends at a lower point the certificate
+    proves a minimum; the independent dense reference agrees."""
+    from pdeflow.analysis.stationary import descent_direction
+
+    problem, point = dead_head_saddle
+    omega, mass = point.omega, point.mass
+    ends = spectrum_ends(problem, omega, mass, krylov_dim=2, split_origin=True)
+    lam, x = descent_direction(ends, certify(problem, omega, mass, ends))
+    assert ends.lowest_ritz > 0 > lam
+    assert x @ dense_s(problem, omega, mass) @ x == pytest.approx(lam, abs=1e-8)
+    root = np.sqrt(mass)[:, None]
+    assert problem.energy(omega + 1e-2 * x.reshape(omega.shape) / root, mass) < point.energy
+    found = minimum(problem, omega, mass, point.initial_dissipation, krylov_dim=2)
+    assert found.energy < point.energy - 1e-6
+    assert found.certified and found.verdict == "local minimum" and found.certificate.proven_minimum
+    reference = reference_spectrum(problem, found.omega, found.mass)
+    assert reference[0] > 0 and found.certificate.lower - 1e-8 <= reference[0] <= found.certificate.upper + 1e-8
