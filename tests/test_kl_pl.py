@@ -174,17 +174,21 @@ def test_finding_2_small_a_kl_fit_over_saddle_phases_is_refused(saddle_run, caps
 
 # ---- predictions at a stationary point ----------------------------------------------------------------------------
 def test_predictions_are_claimed_only_at_a_proven_nondegenerate_minimum():
+    """Only the certificate that proves a minimum (the dense eigenvalue bound) with a positive proven lower bound on
+    lambda_min lets the theory's rates be claimed; a Lanczos-only verdict, a saddle or a degenerate point does not."""
+    from pdeflow.analysis.certificate import BY_DENSE, BY_INTERLACING, BY_LANCZOS
+
     base = {"energy": 1.25, "verdict": "local minimum", "certified": True, "lambda_min": 0.02,
             "lowest_residual": np.array([1e-9])}
     unproven = prediction_at(base)
     assert not unproven.claimed and "does not state a proven certificate" in unproven.basis
-    for proof in ({"proven": True}, {"certificate": "inertia of LDL^T"}):
-        p = prediction_at({**base, **proof})
-        assert p.claimed and p.theta == 0.5 and p.mu == 0.02 and p.energy == 1.25
-    assert not prediction_at({**base, "proven": False, "certificate": "none"}).claimed
-    assert "degenerate" in prediction_at({**base, "proven": True, "lambda_min": 1e-10,
-                                          "lowest_residual": np.array([1e-9])}).basis
-    saddle = prediction_at({**base, "certified": False, "verdict": "saddle of index >= 1", "proven": True})
+    p = prediction_at({**base, "certificate": BY_DENSE, "lambda_min_lower": 0.0199})
+    assert p.claimed and p.theta == 0.5 and p.mu == 0.02 and p.energy == 1.25 and BY_DENSE in p.basis
+    for kind in (BY_LANCZOS, BY_INTERLACING, "inertia of LDL^T", "none"):
+        assert not prediction_at({**base, "certificate": kind}).claimed
+    assert "degenerate" in prediction_at({**base, "certificate": BY_DENSE, "lambda_min": 1e-10,
+                                          "lambda_min_lower": -1e-9}).basis
+    saddle = prediction_at({**base, "certified": False, "verdict": "saddle of index >= 1", "certificate": BY_DENSE})
     assert not saddle.claimed and "saddle of index >= 1" in saddle.basis
 
 
@@ -221,9 +225,9 @@ def test_finding_1_small_reports_pre_asymptotic_or_an_interval_holding_one_half(
     """Finding 1 rebuilt small (next character of data/text/tiny.txt, gain2, weight decay 1e-2, 4 heads, seq_len 4,
     rk4 dt 0.2 to t = 60) through the command line: ``stationary --kind minimum`` finds a minimum, whose lowest
     eigenvalue a dense eigendecomposition of S confirms positive; ``diagnose --stationary`` reports pre-asymptotic or
-    a theta whose range holds 1/2. Without a stated proof no prediction is claimed; with the proof (here: the dense
-    eigendecomposition of the test, stored as the result's ``certificate``) the predictions theta = 1/2 and
-    mu -> lambda_min are printed beside the measurement with their ratio."""
+    a theta whose range holds 1/2. The minimum is proven by ``stationary``'s dense eigenvalue bound (checked here
+    against an independent dense eigendecomposition), so the predictions theta = 1/2 and mu -> lambda_min are
+    printed beside the measurement with their ratio; the same point with a Lanczos-only verdict claims none."""
     text = Path(__file__).resolve().parents[1] / "data" / "text" / "tiny.txt"
     config = tmp_path / "text.toml"
     config.write_text(SMALL_TEXT.format(path=text.as_posix()))
@@ -238,18 +242,18 @@ def test_finding_1_small_reports_pre_asymptotic_or_an_interval_holding_one_half(
                                                                                     .attrs["energy"])))
     assert kl.startswith("KL exponent   pre-asymptotic: the local exponent drifts from") or (
         a.kl_theta_range[0] <= 0.5 <= a.kl_theta_range[1]), kl
-    assert "theory        none claimed: the result does not state a proven certificate" in out
-    # the dense check of the minimum, then the result states it
+    # stationary proved the minimum (a problem this small is below the dense limit): an independent dense
+    # eigendecomposition of S agrees, and the predictions are printed beside the measurement
+    from pdeflow.analysis.certificate import BY_DENSE, BY_LANCZOS
     from pdeflow.analysis.stationary import read_stationary
 
     result = read_stationary(minimum)
+    assert result["certified"] and result["certificate"] == BY_DENSE
     problem = open_trajectory(path).problem()
     values = np.linalg.eigvalsh(dense_s(problem, result["omega"], result["mass"]))
     assert values[0] > 0 and abs(values[0] - result["lambda_min"]) < 1e-6 * values[-1]
-    with h5py.File(minimum, "r+") as f:
-        f["stationary"].attrs["certificate"] = "dense eigendecomposition (test)"
-    assert main(["diagnose", str(path), "--stationary", str(minimum), "--no-write"]) == 0
-    out = capsys.readouterr().out
+    fd = 1e-6 * values[-1]   # the accuracy of the central-difference S of the test
+    assert result["lambda_min_lower"] - fd <= values[0] <= result["lambda_min_upper"] + fd
     assert f"lambda_min = {result['lambda_min']:.6g}" in out and "theory theta  0.5" in out
     mu = next(line for line in out.splitlines() if line.startswith("theory mu"))
     a = D.analyse(open_trajectory(path), DiagnosticsConfig(gap=False, e_star=float(result["energy"])))
@@ -263,6 +267,11 @@ def test_finding_1_small_reports_pre_asymptotic_or_an_interval_holding_one_half(
     for plot in (plot_kl, plot_pl):
         figure = plot(open_trajectory(path), stored, tmp_path / f"{plot.__name__}.png")
         assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the same point as a Lanczos-only result (what a problem above the dense limit gets): nothing is claimed
+    with h5py.File(minimum, "r+") as f:
+        f["stationary"].attrs["certificate"] = BY_LANCZOS
+    assert main(["diagnose", str(path), "--stationary", str(minimum), "--no-write"]) == 0
+    assert "theory        none claimed: the result does not state a proven certificate" in capsys.readouterr().out
 
 
 # ---- diagnose safe ------------------------------------------------------------------------------------------------

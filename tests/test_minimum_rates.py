@@ -192,9 +192,10 @@ def test_stability_command_on_a_stationary_result(known_minimum, tmp_path, capsy
 
 
 def test_the_shipped_rates_at_the_long_runs_minimum():
-    """data/stationary/longtime-rates.h5 (studies/minimum/RATES_AT_MINIMUM.md), the rate check at the stationary point of
-    data/configs/longtime.toml reached from t ~ 1 in under 10 minutes (data/stationary/longtime-minimum-from-t0.h5),
-    certified only after the measurement (by the dense bound with a raised limit; the rates file says so):
+    """data/stationary/longtime-rates.h5 (studies/minimum/RATES_AT_MINIMUM.md), the rate check at the stationary
+    point of data/configs/longtime.toml reached from t ~ 1 in under 10 minutes
+    (data/stationary/longtime-minimum-from-t0.h5), certified only after the measurement (by the dense bound with a
+    raised limit; the rates file says so):
     its E* is the minimum file's energy lowered by the polish, by at most the PL bound ``I / (2 lambda_min)`` of the
     stored point; the polished point, stored and re-evaluated, is within 1e-3 of the smallest perturbation of the
     minimum (``sqrt(I) / lambda_min``); its stored distance rates are refitted from its stored samples; every rate of

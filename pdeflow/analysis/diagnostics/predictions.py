@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-# result attributes that state that the minimum verdict is proven (a certificate such as the inertia of an LDL^T
-# factorisation or a rigorous lower bound on lambda_min): a true flag or the name of the certificate
-PROOF_KEYS = ("proven", "proof", "certificate")
+from ..certificate import BY_DENSE
+
 KL_AT_MINIMUM = 0.5   # the Lojasiewicz exponent of E at a nondegenerate local minimum
 
 
@@ -38,21 +37,18 @@ class PointPrediction:
 
 
 def stated_proof(result: dict[str, Any]) -> str:
-    """The proof a result states for its minimum verdict ("" when it states none): a :data:`PROOF_KEYS` attribute
-    that is true or names a certificate."""
-    for key in PROOF_KEYS:
-        value = result.get(key)
-        if isinstance(value, (bool, np.bool_)) and value:
-            return key
-        if isinstance(value, str) and value.strip() and value.strip().lower() not in ("none", "no", "false", "0"):
-            return value.strip()
-    return ""
+    """The proof a result states for its minimum verdict ("" when it states none): its ``certificate`` when that is
+    the one :mod:`pdeflow.analysis.certificate` proves a minimum with (:data:`BY_DENSE`, the dense eigenvalue bound
+    on S off the symmetry directions); a Lanczos-only verdict or a saddle's interlacing proves no minimum."""
+    certificate = str(result.get("certificate", ""))
+    return certificate if certificate == BY_DENSE else ""
 
 
 def prediction_at(result: dict[str, Any]) -> PointPrediction:
     """The prediction at the point of a stationary result (:func:`pdeflow.analysis.stationary.read_stationary`'s
     dict): claimed only when the result is ``certified``, states a proof (:func:`stated_proof`) and its
-    ``lambda_min`` exceeds the residual of the lowest Ritz value (nondegenerate)."""
+    proven lower bound ``lambda_min_lower`` (or, without one, ``lambda_min`` less the residual of the lowest Ritz
+    value) is positive (nondegenerate)."""
     energy = float(result["energy"])
     verdict = str(result.get("verdict", "?"))
     nan = math.nan
@@ -67,11 +63,12 @@ def prediction_at(result: dict[str, Any]) -> PointPrediction:
     lam = float(result.get("lambda_min", nan))
     residuals = np.asarray(result.get("lowest_residual", ()), dtype=float)
     r = float(residuals[0]) if residuals.size else 0.0
-    if not (math.isfinite(lam) and lam - r > 0):
+    lower = float(result.get("lambda_min_lower", lam - r))   # the certificate's proven lower bound
+    if not (math.isfinite(lam) and math.isfinite(lower) and lower > 0):
         return PointPrediction(energy, nan, nan, f"none claimed: a degenerate point (lambda_min = {lam:.4g} is not "
-                                                 f"resolved from 0 by its residual {r:.2g})")
+                                                 f"proven away from 0: its lower bound is {lower:.2g})")
     return PointPrediction(energy, KL_AT_MINIMUM, lam, f"nondegenerate local minimum, lambda_min = {lam:.6g} "
-                                                       f"(+- {r:.1e}), certificate: {proof}")
+                                                       f"(proven >= {lower:.6g}), certificate: {proof}")
 
 
-__all__ = ["KL_AT_MINIMUM", "PROOF_KEYS", "PointPrediction", "prediction_at", "stated_proof"]
+__all__ = ["KL_AT_MINIMUM", "PointPrediction", "prediction_at", "stated_proof"]
