@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import __version__
 from ..core.config import Config, ConfigError, describe_schema, load_config
-from ..core.exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGINT, HELP
+from ..core.exit_codes import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_SIGINT, HELP
 from ..core.parallel import abort_ranks, failed_alike, launcher_rank, world
 from ..io.file_access import TrajectoryError
 from ..io.recovery import recovery_hint
@@ -37,6 +37,36 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 class UsageError(Exception):
     """Bad input found by a command; reported as one line with exit code 2."""
+
+
+# Commands that read files another code may have written: the arguments naming them, and the exit code of a file that
+# is not readable: 1 for the check commands (the file was read and failed), 2 for the others (bad input).
+UNTRUSTED_FILES: dict[str, tuple[tuple[str, ...], int]] = {
+    "validate": (("file",), EXIT_CHECK_FAILED), "compare": (("a", "b"), EXIT_CHECK_FAILED),
+    "info": (("file",), EXIT_BAD_INPUT), "diagnose": (("file",), EXIT_BAD_INPUT)}
+# Datasets of a trajectory that must hold finite numbers (NaN elsewhere means "not computed").
+FINITE = ("/model/embedding", "/model/positions", "/model/unembedding", "/model/theta0", "/model/basis",
+          "/data/mask", "/data/weights", "/frames/time", "/frames/omega", "/frames/mass", "/frames/density")
+
+
+def screen_files(args: argparse.Namespace) -> int:
+    """For a command of :data:`UNTRUSTED_FILES`: UsageError for a path that is not a file; for a file that does not
+    read back intact (:func:`pdeflow.io.untrusted.screen`, in a child process), one line on stderr and the command's
+    exit code; else 0 (the command may read the files)."""
+    from ..io.untrusted import screen
+
+    names, code = UNTRUSTED_FILES[args.command]
+    for name in names:
+        path = Path(getattr(args, name))
+        if not path.exists():
+            raise UsageError(f"{path}: no such file")
+        if not path.is_file():
+            raise UsageError(f"{path}: is not a file")
+        problem = screen(path, FINITE)
+        if problem:
+            print(f"pdeflow: error: {path}: {_one_line(problem)}", file=sys.stderr)
+            return code
+    return EXIT_OK
 
 
 def output_path(cfg: Config, config_path: str, explicit: str | None) -> Path:
@@ -273,10 +303,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     """The ``pdeflow`` command; returns the exit code. ``exiting``: the process ends right after (see
     :func:`pdeflow.solvers.driver.run`)."""
+    args = None
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         args.exiting = exiting
+        if args.command in UNTRUSTED_FILES:
+            code = screen_files(args)
+            if code:
+                return code
         return int(args.func(args) or EXIT_OK)
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_BAD_INPUT)
@@ -287,7 +322,15 @@ def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     except KeyboardInterrupt:
         print("pdeflow: interrupted", file=sys.stderr)
         return EXIT_SIGINT
+    except BrokenPipeError:
+        raise   # the reader of the output went away (pdeflow info FILE | head): entry() ends quietly
     except Exception as exc:
+        if args is not None and args.command in UNTRUSTED_FILES:
+            # the last resort for files that read back intact but hold values no reader expected
+            names = ", ".join(str(getattr(args, n)) for n in UNTRUSTED_FILES[args.command][0])
+            print(f"pdeflow: error: {args.command} failed on {names} ({exc.__class__.__name__}: "
+                  f"{_one_line(str(exc))[:120]}): a damaged or unexpected file", file=sys.stderr)
+            return UNTRUSTED_FILES[args.command][1]
         abort_ranks(exc)  # under MPI the other ranks may wait for this one forever: end them all
         raise
 
@@ -298,8 +341,18 @@ def _one_line(text: str) -> str:
 
 
 def entry() -> None:
-    """The console script ``pdeflow`` (and ``python -m pdeflow``)."""
-    sys.exit(main(exiting=True))
+    """The console script ``pdeflow`` (and ``python -m pdeflow``). A reader of the output that goes away
+    (``pdeflow info FILE | head -3``) ends the command quietly with 141 (128 + SIGPIPE), as a killed pipe would."""
+    import os
+
+    try:
+        code = main(exiting=True)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that no second error is printed
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    sys.exit(code)
 
 
 __all__ = ["main", "build_parser", "output_path", "config_difference", "check_file", "EXIT_CODES"]
