@@ -169,15 +169,69 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_info(args: argparse.Namespace) -> int:
-    from ..analysis.stationary import format_stationary, is_stationary_file, read_stationary
+def result_kind(path: str | Path):
+    """The :class:`pdeflow.io.result_schema.ResultKind` of a result file (None: a trajectory, or not a pdeflow file)."""
+    from ..io.file_access import open_for_reading, plain
+    from ..io.result_schema import kind_of
 
-    if is_stationary_file(args.file):  # a result of pdeflow stationary
+    try:
+        with open_for_reading(path) as f:
+            return kind_of(plain(f.attrs.get("schema")))
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ..analysis.stationary import format_stationary, read_stationary
+    from ..io.file_access import open_for_reading
+    from ..io.result_schema import STATIONARY, summary
+
+    kind = result_kind(args.file)
+    if kind is STATIONARY:
         print(format_stationary(args.file, read_stationary(args.file)))
-        return EXIT_OK
-    traj = open_trajectory(args.file)
-    print(format_info(traj))
+    elif kind is not None:
+        with open_for_reading(args.file) as f:
+            print(summary(f, kind, args.file))
+    else:
+        print(format_info(open_trajectory(args.file)))
     return EXIT_OK
+
+
+VALIDATE_HELP = """Check a file against its table in docs/schema.md: a trajectory of schema version 1 (written by any
+code) or a result file of pdeflow's analysis commands (stationary, stability, stability --stationary,
+chaos).
+
+What is checked:
+  1. every stored byte reads back (in a child process, with a time limit): each chunk of /frames and /steps
+     passes its Fletcher-32 checksum, no object is unreadable or declares more than half this machine's memory,
+     and /model, /data and the frames' time, omega, mass and density hold finite numbers;
+  2. every group, dataset and attribute the table requires is present, with its rank, type and shape (the sizes
+     V, d, T, B, N, k, ... bound by the file itself; /frames and /steps hold at least their committed rows);
+  3. for a trajectory, the rules on values: tokens and targets in [0, V), at least one 1 in every mask row,
+     weights >= 0 summing to 1 within 1e-9 (|sum - 1| <= 1e-9), frame times non-decreasing.
+Every departure is one line. Exit 0: valid; 1: the file was read and a check failed (also a damaged file or
+one that is not a pdeflow file); 2: bad input (no such file)."""
+
+
+def cmd_validate_results(trajectory_validate):
+    """``pdeflow validate``: result files checked against their tables here, trajectories by ``trajectory_validate``
+    (:mod:`pdeflow.interface.cli_reference`)."""
+    def cmd_validate(args: argparse.Namespace) -> int:
+        from ..io.file_access import open_for_reading
+        from ..io.result_schema import check_result
+
+        kind = result_kind(args.file)
+        if kind is None:
+            return trajectory_validate(args)
+        with open_for_reading(args.file) as f:
+            problems = check_result(f, kind)
+        for line in problems:
+            print(f"{args.file}: {line}")
+        if not problems:
+            print(f"{args.file}: valid {kind.schema} file (schema version {kind.version}: {kind.title})")
+        return EXIT_CHECK_FAILED if problems else EXIT_OK
+
+    return cmd_validate
 
 
 def grid_summary(traj: Trajectory) -> str:
@@ -283,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in the output file from its checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("info", help="summarize a trajectory file or a stationary-point result", epilog=EXIT_CODES,
+    p = sub.add_parser("info", help="summarize a trajectory or a result file (stationary, rates, stability, chaos)",
+                       epilog=EXIT_CODES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file")
     p.set_defaults(func=cmd_info)
@@ -297,6 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         mod.add_command(sub)
+    validate = sub.choices.get("validate")
+    if validate is not None:
+        validate.set_defaults(func=cmd_validate_results(validate.get_default("func")))
+        if not validate.description:
+            validate.description, validate.epilog = VALIDATE_HELP, EXIT_CODES
+            validate.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
@@ -318,6 +379,8 @@ def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     except (ConfigError, TrajectoryError, UsageError) as exc:
         if failed_alike(_one_line(str(exc))) and launcher_rank() == 0:  # under MPI: rank 0 reports
             print(f"pdeflow: error: {_one_line(str(exc))}", file=sys.stderr)
+        if isinstance(exc, TrajectoryError) and args is not None and args.command in UNTRUSTED_FILES:
+            return UNTRUSTED_FILES[args.command][1]   # a file that is not valid: a failed check for validate, compare
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("pdeflow: interrupted", file=sys.stderr)

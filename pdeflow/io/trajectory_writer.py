@@ -53,6 +53,11 @@ STEP_COLUMNS = schema.names("/steps", needs=(schema.WRITTEN,))
 
 STATUS_BYTES, MESSAGE_BYTES = 32, 1024
 
+# Every chunk of /frames and /steps carries HDF5's Fletcher-32 checksum, which every HDF5 reader checks: a changed byte
+# in a stored number is a read error, not a different number (docs/schema.md, "Checksums"). False only to measure
+# its cost (benchmarks/checksum_cost.py).
+CHECKSUMS = True
+
 
 
 # Root attributes a run sets when it ends, pre-created so that they can be overwritten in SWMR mode.
@@ -159,19 +164,17 @@ class TrajectoryWriter:
             fr.attrs[key] = value
         for key in FRAME_SCALARS:
             dtype = schema.numpy_dtype(schema.item(f"/frames/{key}"))
-            fr.create_dataset(key, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,), fletcher32=True)
+            fr.create_dataset(key, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,), fletcher32=CHECKSUMS)
         for key, value in fields.items():
             shape = np.shape(value)
             # one frame per chunk: a frame write adds a chunk and never rewrites a committed one
             fr.create_dataset(key, shape=(0,) + shape, maxshape=(None,) + shape,
                               dtype=schema.numpy_dtype(schema.item(f"/frames/{key}")), chunks=(1,) + shape,
-                              compression=compression, fletcher32=True)
-        # every chunk of /frames and /steps carries HDF5's Fletcher-32 checksum (fletcher32=True), which every
-        # HDF5 reader checks: a changed byte in a stored number is a read error, not a different number
+                              compression=compression, fletcher32=CHECKSUMS)
         st = f.create_group("steps")
         for key in STEP_COLUMNS + tuple(step_columns):
             # 8 KiB chunks: a short run's file is not mostly the first chunk of each column
-            st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(1024,), fletcher32=True)
+            st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(1024,), fletcher32=CHECKSUMS)
         ck = f.create_group("checkpoint")
         ck.create_dataset("active", data=np.int64(-1))
         sizes = {"R": RNG_BYTES}

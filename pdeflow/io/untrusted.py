@@ -1,21 +1,23 @@
 """Files from other codes are untrusted input: every stored byte is read once in a child process before pdeflow's
 readers touch a file, so that damage is one line, never a traceback, a hang, a crash or a memory blow-up.
 
-:func:`screen` runs this module as a script in a child process (numpy and h5py only, so that it starts quickly). The
-child opens the file (plainly, else in SWMR mode: a file whose writer died), then for every group and dataset checks
-each attribute's and dataset's *declared* size against :func:`memory_limit` before reading it, and reads it: datasets
-chunk by chunk, so that every chunk passes HDF5's filter pipeline and a Fletcher-32 checksum failure
-(the writer's ``fletcher32=True``), a corrupt deflate stream or an unreadable chunk index is found. Datasets listed as
-``finite`` must hold finite numbers. The child prints one line and exits 0 (readable) or 1 (the line names the
-problem). The parent reports as one line a child that dies of a signal (a fault inside the HDF5 library), one that
-exceeds its memory limit (``RLIMIT_AS``), and one that does not end within :func:`time_limit`.
+:func:`screen` reads in a child process: a fork of the caller (a few milliseconds), or where the system cannot fork
+this module run as a script (numpy and h5py only). The child opens the file (plainly, else in SWMR mode: a file whose
+writer died), checks each attribute's and dataset's *declared* size against :func:`memory_limit` before reading it,
+and reads it: datasets chunk by chunk, so that every chunk passes HDF5's filter pipeline and a Fletcher-32 checksum
+failure (the writer's ``fletcher32=True``), a corrupt deflate stream or an unreadable chunk index is found. Datasets
+listed as ``finite`` must hold finite numbers. The child answers with one line ("ok" or the problem) under a memory
+limit (``RLIMIT_AS``); the parent reports as one line a child that dies of a signal (a fault inside the HDF5 library)
+and one that does not answer within :func:`time_limit` (it is killed).
 """
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -45,30 +47,65 @@ def screen(path: str | Path, finite: Iterable[str] = (), timeout: float | None =
     """None if every object of the HDF5 file ``path`` reads back intact, else one line naming the problem.
 
     ``finite``: paths of datasets that must hold finite numbers (when present). The read happens in a child process
-    (:func:`time_limit` seconds unless ``timeout``), so that a fault in the HDF5 library cannot end the caller."""
+    (forked where the system can, else a new interpreter running this module) given :func:`time_limit` seconds
+    unless ``timeout``, so that a fault in the HDF5 library cannot end the caller."""
     path = Path(path)
     limit = timeout if timeout is not None else time_limit(path)
+    finite = frozenset(finite)
+    if not hasattr(os, "fork"):
+        return _screen_in_interpreter(path, finite, limit)
+    receive, send = os.pipe()
+    pid = os.fork()
+    if pid == 0:                       # the child: read, write one line, end without running the parent's exit code
+        try:
+            os.close(receive)
+            os.write(send, (_check_file(os.fspath(path), finite) or "ok").encode("utf-8", "replace")[:4096])
+        finally:
+            os._exit(0)
+    os.close(send)
+    line, deadline = b"", time.monotonic() + limit
+    try:
+        while True:
+            ready, _, _ = select.select([receive], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return f"reading it did not finish within {limit:.0f} s (stopped): a damaged or hostile file"
+            chunk = os.read(receive, 4096)
+            if not chunk:
+                break
+            line += chunk
+    finally:
+        os.close(receive)
+    _, status = os.waitpid(pid, 0)
+    return _verdict(line.decode("utf-8", "replace"), -os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0, "")
+
+
+def _screen_in_interpreter(path: Path, finite: frozenset[str], limit: float) -> str | None:
     command = [sys.executable, "-I", str(Path(__file__).resolve()), os.fspath(path), ",".join(finite)]
     try:
-        done = subprocess.run(command, capture_output=True, timeout=limit, stdin=subprocess.DEVNULL,
-                              env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+        done = subprocess.run(command, capture_output=True, timeout=limit, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return f"reading it did not finish within {limit:.0f} s (stopped): a damaged or hostile file"
-    line = done.stdout.decode("utf-8", errors="replace").strip().splitlines()
-    if done.returncode < 0:
+    return _verdict(done.stdout.decode("utf-8", "replace"), done.returncode,
+                    done.stderr.decode("utf-8", "replace"))
+
+
+def _verdict(printed: str, returncode: int, stderr: str) -> str | None:
+    """The child's answer: None for "ok", its line, or what ended it (a signal, a memory limit)."""
+    if returncode < 0:
         try:
-            name = signal.Signals(-done.returncode).name
+            name = signal.Signals(-returncode).name
         except ValueError:
-            name = f"signal {-done.returncode}"
+            name = f"signal {-returncode}"
         return f"the HDF5 library crashed reading it ({name}, contained in a child process): a damaged file"
-    if done.returncode == 0 and line and line[-1] == "ok":
+    lines = printed.strip().splitlines()
+    if lines and lines[-1] == "ok":
         return None
-    if line:
-        return line[-1]
-    err = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
-    if err and "MemoryError" in err[-1]:
-        return "reading it needs more memory than this machine allows: a damaged or hostile file"
-    return f"reading it failed ({(err or ['no message'])[-1][:100]})"
+    if lines:
+        return lines[-1]
+    err = stderr.strip().splitlines()
+    return f"reading it failed ({(err or ['no answer'])[-1][:100]})"
 
 
 # ---- the child ----------------------------------------------------------------------------------------------------
@@ -162,33 +199,32 @@ def check_open(f, finite: frozenset[str], limit: int) -> str | None:
     return None
 
 
-def _child(path: str, finite: frozenset[str]) -> int:
+def _check_file(path: str, finite: frozenset[str]) -> str | None:
+    """In the child: limit its memory, open the file (plainly, else in SWMR mode) and :func:`check_open` it."""
     limit = memory_limit()
     try:
         import resource
-        cap = 2 * limit + (2 << 30)
+        cap = 2 * limit + (4 << 30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     except (ImportError, ValueError, OSError):
         pass
     import h5py
 
     try:
-        f = h5py.File(path, "r")
-    except Exception:  # noqa: BLE001
         try:
-            f = h5py.File(path, "r", swmr=True)
-        except Exception as exc:  # noqa: BLE001
-            print(f"not a readable HDF5 file ({_reason(exc)})")
-            return 1
-    try:
+            f = h5py.File(path, "r")
+        except Exception:  # noqa: BLE001
+            try:
+                f = h5py.File(path, "r", swmr=True)
+            except Exception as exc:  # noqa: BLE001
+                return f"not a readable HDF5 file ({_reason(exc)})"
         with f:
-            found = check_open(f, finite, limit)
+            return check_open(f, finite, limit)
+    except MemoryError:
+        return "reading it needs more memory than this machine allows: a damaged or hostile file"
     except Exception as exc:  # noqa: BLE001
-        found = f"cannot be read ({_reason(exc)})"
-    print(found or "ok")
-    return 1 if found else 0
+        return f"cannot be read ({_reason(exc)})"
 
 
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1], frozenset(p for p in sys.argv[2].split(",") if p) if len(sys.argv) > 2
-                    else frozenset()))
+if __name__ == "__main__":   # the child where the system cannot fork (:func:`_screen_in_interpreter`)
+    print(_check_file(sys.argv[1], frozenset(p for p in sys.argv[2].split(",") if p)) or "ok")
