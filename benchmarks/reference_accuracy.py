@@ -28,7 +28,7 @@ REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference"
 TIGHTER: dict[str, dict[str, dict]] = {
     "particles-rk4": {"solver": {"dt": 0.05 / 8}},
     "particles-adaptive": {"solver": {"rtol": 1e-11, "atol": 1e-13}},
-    "particles-sgd": {"solver": {"method": "rk4", "dt": 0.005}, "model": {"beta": float("inf")}},
+    "particles-sgd": {"solver": {"method": "rk4", "dt": 0.005}},
     "particles-jko": {"solver": {"dt": 0.25 / 8, "tau": 0.25 / 8}},
     "grid-fv-entropy": {"grid": {"n": 48}, "solver": {"cfl": 0.2}},
 }

@@ -242,8 +242,10 @@ class _Sizes:
         return value
 
 
-def _expand(f, items: tuple[Item, ...]) -> Iterator[tuple[Item, str]]:
-    """(entry, concrete path) for every entry of ``items``, with ``#`` and ``*`` resolved against the file."""
+def _expand(f, items: tuple[Item, ...] | None = None) -> Iterator[tuple[Item, str]]:
+    """(entry, concrete path) for every entry of ``items`` (default :data:`ITEMS`), with ``#`` and ``*`` resolved
+    against the file."""
+    items = ITEMS if items is None else items
     for it in items:
         for path in [it.path.replace("slot#", slot) for slot in SLOTS] if "#" in it.path else [it.path]:
             if it.name != "*":
@@ -270,7 +272,7 @@ def _shape_text(shape: tuple[str, ...], sizes: _Sizes, rows: dict[str, int]) -> 
 
 
 def check(f, rows: Callable[[], tuple[int, int]], needs: tuple[str, ...] = (REQUIRED,),
-          items: tuple[Item, ...] = ITEMS) -> list[Departure]:
+          items: tuple[Item, ...] | None = None) -> list[Departure]:
     """Every departure of the open file ``f`` from :data:`ITEMS` (or the table ``items`` of another kind of file,
     :mod:`pdeflow.io.result_schema`), except the root ``schema`` and ``schema_version`` (the callers name those in
     their own words first). ``rows()`` gives the committed rows (F, S); ``needs`` the levels a missing entry is

@@ -210,12 +210,16 @@ def _check_file(path: str, finite: frozenset[str]) -> str | None:
         pass
     import h5py
 
+    from pdeflow.io.file_access import _open_swmr_read, open_by_swmr_writer
+
     try:
         try:
             f = h5py.File(path, "r")
-        except Exception:  # noqa: BLE001
-            try:
-                f = h5py.File(path, "r", swmr=True)
+        except Exception as exc:  # noqa: BLE001
+            if not open_by_swmr_writer(Path(path)):
+                return f"not a readable HDF5 file ({_reason(exc)})"
+            try:   # a file whose SWMR writer died (or runs): one attempt per metadata read, not minutes of retries
+                f = _open_swmr_read(Path(path), 1)
             except Exception as exc:  # noqa: BLE001
                 return f"not a readable HDF5 file ({_reason(exc)})"
         with f:
