@@ -53,9 +53,12 @@ STEP_COLUMNS = schema.names("/steps", needs=(schema.WRITTEN,))
 
 STATUS_BYTES, MESSAGE_BYTES = 32, 1024
 
-# Every chunk of /frames and /steps carries HDF5's Fletcher-32 checksum, which every HDF5 reader checks: a changed byte
-# in a stored number is a read error, not a different number (docs/schema.md, "Checksums"). False only to measure
-# its cost (benchmarks/checksum_cost.py).
+# Every chunk of the frames' fields (omega, mass, density: one frame per chunk, written once) carries HDF5's Fletcher-32
+# checksum, which every HDF5 reader checks: a changed byte in a stored frame is a read error, not a different number
+# (docs/schema.md, "Checksums"). The scalar columns of /frames and /steps do not: their chunks are rewritten in place
+# as rows are appended, and a kill during that write left the chunk failing its checksum, its committed rows
+# unreadable (tests/test_trajectory.py's random kills, 1 run in 3). False only to measure the cost
+# (benchmarks/checksum_cost.py).
 CHECKSUMS = True
 
 
@@ -164,7 +167,7 @@ class TrajectoryWriter:
             fr.attrs[key] = value
         for key in FRAME_SCALARS:
             dtype = schema.numpy_dtype(schema.item(f"/frames/{key}"))
-            fr.create_dataset(key, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,), fletcher32=CHECKSUMS)
+            fr.create_dataset(key, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
         for key, value in fields.items():
             shape = np.shape(value)
             # one frame per chunk: a frame write adds a chunk and never rewrites a committed one
@@ -174,7 +177,7 @@ class TrajectoryWriter:
         st = f.create_group("steps")
         for key in STEP_COLUMNS + tuple(step_columns):
             # 8 KiB chunks: a short run's file is not mostly the first chunk of each column
-            st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(1024,), fletcher32=CHECKSUMS)
+            st.create_dataset(key, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(1024,))
         ck = f.create_group("checkpoint")
         ck.create_dataset("active", data=np.int64(-1))
         sizes = {"R": RNG_BYTES}

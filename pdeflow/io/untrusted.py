@@ -124,9 +124,9 @@ def _reason(exc: BaseException) -> str:
     return text[:120] or exc.__class__.__name__
 
 
-def _read_dataset(ds, finite: bool) -> None:
-    """Read every stored element of ``ds`` (chunk by chunk, or in blocks of rows); ValueError if ``finite`` and one
-    is not finite."""
+def _read_dataset(ds, finite: bool, rows: int | None = None) -> None:
+    """Read every stored element of ``ds`` (chunk by chunk, or in blocks of rows; only the first ``rows`` rows if
+    given); ValueError if ``finite`` and one is not finite."""
     import numpy as np
 
     def look(values) -> None:
@@ -138,13 +138,15 @@ def _read_dataset(ds, finite: bool) -> None:
     if ds.ndim == 0:
         look(np.asarray(ds[()]))
         return
+    end = ds.shape[0] if rows is None else min(rows, ds.shape[0])
     if ds.chunks is not None:
-        for block in ds.iter_chunks():
-            look(ds[block])
+        if end:
+            for block in ds.iter_chunks((slice(0, end),) + (slice(None),) * (ds.ndim - 1)):
+                look(ds[block])
         return
-    rows = max(1, ROW_BYTES // max(1, _declared_bytes(ds.shape[1:], ds.dtype.itemsize)))
-    for start in range(0, ds.shape[0], rows):
-        look(ds[start:start + rows])
+    step = max(1, ROW_BYTES // max(1, _declared_bytes(ds.shape[1:], ds.dtype.itemsize)))
+    for start in range(0, end, step):
+        look(ds[start:min(end, start + step)])
 
 
 def _check_attributes(where: str, attrs, limit: int) -> str | None:
@@ -160,6 +162,19 @@ def _check_attributes(where: str, attrs, limit: int) -> str | None:
     return None
 
 
+def _committed(f) -> dict[str, int]:
+    """The committed rows of /frames and /steps of a trajectory (rows beyond them belong to no commit: a killed
+    writer may have left them half written); empty for another file or when they cannot be told."""
+    from pdeflow.io.checkpoint import committed_counts
+
+    try:
+        if "frames" in f and "steps" in f:
+            return dict(zip(("frames", "steps"), committed_counts(f)))
+    except Exception:  # noqa: BLE001 - then every row is read
+        pass
+    return {}
+
+
 def check_open(f, finite: frozenset[str], limit: int) -> str | None:
     """The first problem of the open file ``f``: an object that cannot be read, declares more than ``limit`` bytes,
     or (a path in ``finite``) holds a number that is not finite; None if there is none."""
@@ -168,6 +183,7 @@ def check_open(f, finite: frozenset[str], limit: int) -> str | None:
     found = _check_attributes("/", f.attrs, limit)
     if found:
         return found
+    committed = _committed(f)
     names: list[str] = []
     try:
         f.visit(names.append)
@@ -189,7 +205,8 @@ def check_open(f, finite: frozenset[str], limit: int) -> str | None:
             chunk = _declared_bytes(obj.chunks, obj.dtype.itemsize) if obj.chunks else 0
             if size > limit or chunk > limit:
                 return f"{where} declares {size:.3g} bytes, more than this machine allows"
-            _read_dataset(obj, where in finite)
+            group = where.split("/")[1]
+            _read_dataset(obj, where in finite, committed.get(group) if where.count("/") == 2 else None)
         except ValueError as exc:
             if str(exc) == "holds NaN or inf":
                 return f"{where} holds NaN or inf"
