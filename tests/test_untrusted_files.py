@@ -4,6 +4,7 @@ plain h5py and ``validate`` check, and damaged or hostile files give one line an
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import h5py
@@ -127,3 +128,15 @@ def test_a_sample_of_the_fuzz_benchmark(tmp_path):
             counts[result] = counts.get(result, 0) + 1
             assert result in ("ok", "exit 1", "exit 2"), (i, kind, result)
     assert counts.get("exit 1", 0) > 0
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    """``pdeflow info FILE | head``: the reader goes away before the command writes (its stdout closed at once):
+    no traceback, exit 141 (128 + SIGPIPE)."""
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "pdeflow", "info", str(REFERENCE)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
