@@ -127,15 +127,18 @@ def subcommands() -> set[str]:
     return set(action.choices)
 
 
-# The analysis commands, for the subcommands this pdeflow has. compare judges files: one that exists but is no valid
-# trajectory fails its check (exit 1, tests/test_reference.py); a path that does not exist is bad input.
-for _cmd in ("diagnose", "plot"):
+# The analysis commands, for the subcommands this pdeflow has. A check command (compare) that reads a file that is not
+# a valid trajectory answers with a failed check, exit 1 (pdeflow.core.exit_codes); a path that does not exist is 2.
+CHECK_CASES = []
+for _cmd in ("diagnose", "plot", "compare"):
     if _cmd in subcommands():
         for _name in ("notes.txt", "foreign.h5", "half.h5", "version2.h5", "forged.h5"):
-            OTHER_CASES.append((f"{_cmd}-{_name}", [_cmd, _name], _name))
-if "compare" in subcommands():
-    OTHER_CASES += [("compare-missing", ["compare", "missing.h5", "existing.h5"], "no such file: missing.h5"),
-                    ("compare-one-file", ["compare", "existing.h5"], "takes two files")]
+            _argv = [_cmd, _name, "existing.h5"] if _cmd == "compare" else [_cmd, _name]
+            (CHECK_CASES if _cmd == "compare" else OTHER_CASES).append((f"{_cmd}-{_name}", _argv, _name))
+        if _cmd == "compare":
+            CHECK_CASES.append(("compare-second-bad", ["compare", "existing.h5", "half.h5"], "half.h5"))
+            OTHER_CASES.append(("compare-missing", ["compare", "missing.h5", "existing.h5"], "no such file"))
+            OTHER_CASES.append(("compare-one-file", ["compare", "existing.h5"], "takes two files"))
 
 
 def test_the_table_is_large_enough():
@@ -198,18 +201,18 @@ def snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
             for p in sorted(d.rglob("*"))}
 
 
-def refused(argv: list[str], folder: Path, capsys) -> str:
-    """Run ``pdeflow argv`` in ``folder``; check code 2, one line on stderr, no file created or changed."""
+def refused(argv: list[str], folder: Path, capsys, code: int = 2) -> str:
+    """Run ``pdeflow argv`` in ``folder``; check ``code``, one line on stderr, no file created or changed."""
     before = snapshot(folder)
     cwd = os.getcwd()
     os.chdir(folder)
     try:
-        code = main(argv)
+        got = main(argv)
     finally:
         os.chdir(cwd)
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
-    assert code == 2, captured
+    assert got == code, captured
     assert len(lines) == 1 and lines[0].startswith("pdeflow: error: ") and "Traceback" not in captured.err, captured
     after = snapshot(folder)
     assert sorted(after) == sorted(before), set(after) ^ set(before)
@@ -231,6 +234,12 @@ def test_run_refuses_bad_input(folder, capsys, name, text, extra, output, expect
 @pytest.mark.parametrize("name,argv,expected", OTHER_CASES, ids=[c[0] for c in OTHER_CASES])
 def test_commands_refuse_bad_input(folder, capsys, name, argv, expected):
     line = refused(argv, folder, capsys)
+    assert expected in line, line
+
+
+@pytest.mark.parametrize("name,argv,expected", CHECK_CASES, ids=[c[0] for c in CHECK_CASES])
+def test_a_check_command_answers_a_bad_file_with_a_failed_check(folder, capsys, name, argv, expected):
+    line = refused(argv, folder, capsys, code=1)
     assert expected in line, line
 
 

@@ -463,3 +463,21 @@ def test_text_errors(tmp_path, text_path):
             assert "path" in msg and str(path) in msg and "\n" not in msg
     with pytest.raises(TaskError, match="vocab_size"):
         sample_task("text", vocab_size=5, seq_len=4, n_samples=4, seed=0, path=text_path)
+
+
+def test_a_text_config_without_vocab_size_takes_the_files_alphabet(tmp_path):
+    """task.vocab_size defaults to the file's distinct characters for the text task (8 for the other tasks); a
+    given vocab_size that disagrees with the file is still refused."""
+    from pdeflow.core.config import ConfigError, loads_config
+    from pdeflow.core.problem import Problem
+
+    path = tmp_path / "t.txt"
+    path.write_text("the next character of a real text, 20 distinct!")
+    base = (f'[task]\nname = "text"\npath = "{path}"\nseq_len = 4\nn_samples = 8\n'
+            '[model]\nd = 4\nhead_dim = 2\nembedding = "gaussian"\n')
+    cfg = loads_config(base)
+    assert cfg.task.vocab_size == 0
+    assert Problem.from_config(cfg).arrays()["embedding"].shape[0] == len(set(path.read_text()))
+    assert loads_config('[task]\nname = "markov"\n').task.vocab_size == 8
+    with pytest.raises((ConfigError, TaskError), match="disagrees"):
+        Problem.from_config(loads_config(base.replace("seq_len", "vocab_size = 8\nseq_len")))

@@ -25,6 +25,7 @@ from ..core.config import Config, ConfigError
 from ..core.mean_field import loss_weights
 from ..core.methods import explicit_flows
 from ..core.problem import Problem, task_params
+from ..io.result_schema import CHAOS, CHAOS_WORK
 from ..solvers import make_stepper
 from ..solvers.base import State, Stepper
 from ..solvers.loop import advance, frame_times
@@ -34,7 +35,7 @@ SEED_KEYS = {"initial": 1, "sgd": 2, "probe": 3, "static": 4, "sliced": 5}
 
 
 
-SCHEMA = "pdeflow-chaos"
+SCHEMA = CHAOS.schema  # the table: pdeflow.io.result_schema
 
 
 
@@ -433,7 +434,7 @@ def fit_rates(result: ChaosResult) -> None:
 
 
 # ---- output -------------------------------------------------------------------------------------
-WORK_SCHEMA = "pdeflow-chaos-work"
+WORK_SCHEMA = CHAOS_WORK.schema
 
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..core.config import Config, ConfigError
 from ..core.problem import Problem
+from ..io.result_schema import RATES
 from ..solvers.base import State, Stepper
 from ..solvers.jacobian import krylov_ritz
 from ..solvers.loop import Observer, Step, Stop
@@ -417,7 +418,7 @@ def _minimum_run(problem: Problem, name: str, eps: float, path: np.ndarray, mass
         jvps=int(counter.jvps), steps=counter.steps)
 
 
-SCHEMA_MINIMUM = "pdeflow-minimum-rates"
+SCHEMA_MINIMUM = RATES.schema  # the table: pdeflow.io.result_schema
 
 
 def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, problem: Problem,
@@ -434,7 +435,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
     ``excess_direct``, ``distance``, ``pl_ratio``, ``trusted``, ``predicted_excess``, ``predicted_distance`` [F]."""
     from ..io.result_files import new_result_file
 
-    with new_result_file(path, SCHEMA_MINIMUM, 2, cfg, problem=problem) as f:
+    with new_result_file(path, SCHEMA_MINIMUM, RATES.version, cfg, problem=problem) as f:
         g = f.create_group("rates")
         for key in ("e_star", "i_star", "lambda_min", "lambda_min_residual", "lambda_max", "morse_index_lower",
                     "n_symmetry", "eps", "products", "prediction_products", "gradients", "polish_steps", "offset",

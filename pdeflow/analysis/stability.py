@@ -21,6 +21,7 @@ import scipy.optimize
 from ..core.config import Config, ConfigError
 from ..core.model import split_theta
 from ..core.problem import Problem
+from ..io.result_schema import STABILITY
 from ..solvers.base import State, Stepper
 from ..solvers.explicit import RK4
 from ..solvers.loop import Observer, advance
@@ -551,8 +552,7 @@ def run_stability(cfg: Config, problem: Problem,
 
 
 # ---- the output file -----------------------------------------------------------------------------
-SCHEMA = "pdeflow-stability"
-SCHEMA_VERSION = 1
+SCHEMA, SCHEMA_VERSION = STABILITY.schema, STABILITY.version  # the table: pdeflow.io.result_schema
 
 
 def _strings(values: list[str]) -> np.ndarray:

@@ -45,6 +45,7 @@ import scipy.sparse.linalg
 
 from ..core.config import Config
 from ..core.problem import Problem
+from ..io.result_schema import STATIONARY
 from .certificate import BY_DENSE, DENSE_LIMIT, LANCZOS_VERDICT, Certificate, certify
 from .lbfgs import LbfgsResult, lbfgs
 from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
@@ -514,8 +515,7 @@ def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I:
 
 
 # ---- the result file ------------------------------------------------------------------------------
-SCHEMA = "pdeflow-stationary"
-SCHEMA_VERSION = 1
+SCHEMA, SCHEMA_VERSION = STATIONARY.schema, STATIONARY.version  # the table: pdeflow.io.result_schema
 SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_energy", "start_dissipation",
            "initial_dissipation", "ratio", "target", "converged", "certified", "verdict", "morse_index_lower",
            "n_symmetry", "lambda_min", "lambda_max", "lowest_ritz", "lowest_ritz_residual", "certificate",

@@ -45,7 +45,8 @@ COORDINATES = ("full", "output_gain", "gain2", "gain3", "basis_file")
 @dataclass(frozen=True)
 class TaskConfig:
     name: str = spec("markov", "data distribution", choices=TASK_NAMES)
-    vocab_size: int = spec(8, "vocabulary size V (text: 0 means 'the file's characters')", ge=0)
+    vocab_size: int = spec(8, "vocabulary size V (text: 0, its default, means 'the file's characters')",
+                           ge=0)
     seq_len: int = spec(8, "sequence length T", ge=1)
     exact: bool = spec(False, "enumerate every sequence and weight it by its probability")
     n_samples: int = spec(256, "number B of sampled sequences when exact = false", ge=1, le=10**8)
@@ -427,8 +428,10 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> Conf
         if name not in SECTIONS:
             raise ConfigError(f"unknown section [{_short(name)}]; sections are {', '.join(SECTIONS)}")
         sections[name] = _section(name, SECTIONS[name], values)
-    cfg = Config(**sections, source=source)
     task = data.get("task", {})
+    if "task" in sections and sections["task"].name == "text" and "vocab_size" not in task:
+        sections["task"] = dataclasses.replace(sections["task"], vocab_size=0)   # text: V is the file's alphabet
+    cfg = Config(**sections, source=source)
     _check_consistency(cfg, task.keys() if isinstance(task, Mapping) else ())
     return cfg
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import __version__
 from ..core.config import Config, ConfigError, describe_schema, load_config
-from ..core.exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGINT, HELP
+from ..core.exit_codes import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_SIGINT, HELP
 from ..core.parallel import abort_ranks, failed_alike, launcher_rank, world
 from ..io.file_access import TrajectoryError
 from ..io.recovery import recovery_hint
@@ -38,6 +38,36 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 class UsageError(Exception):
     """Bad input found by a command; reported as one line with exit code 2."""
+
+
+# Commands that read files another code may have written: the arguments naming them, and the exit code of a file that
+# is not readable: 1 for the check commands (the file was read and failed), 2 for the others (bad input).
+UNTRUSTED_FILES: dict[str, tuple[tuple[str, ...], int]] = {
+    "validate": (("file",), EXIT_CHECK_FAILED), "compare": (("a", "b"), EXIT_CHECK_FAILED),
+    "info": (("file",), EXIT_BAD_INPUT), "diagnose": (("file",), EXIT_BAD_INPUT)}
+# Datasets of a trajectory that must hold finite numbers (NaN elsewhere means "not computed").
+FINITE = ("/model/embedding", "/model/positions", "/model/unembedding", "/model/theta0", "/model/basis",
+          "/data/mask", "/data/weights", "/frames/time", "/frames/omega", "/frames/mass", "/frames/density")
+
+
+def screen_files(args: argparse.Namespace) -> int:
+    """For a command of :data:`UNTRUSTED_FILES`: UsageError for a path that is not a file; for a file that does not
+    read back intact (:func:`pdeflow.io.untrusted.screen`, in a child process), one line on stderr and the command's
+    exit code; else 0 (the command may read the files)."""
+    from ..io.untrusted import screen
+
+    names, code = UNTRUSTED_FILES[args.command]
+    for name in names:
+        path = Path(getattr(args, name))
+        if not path.exists():
+            raise UsageError(f"{path}: no such file")
+        if not path.is_file():
+            raise UsageError(f"{path}: is not a file")
+        problem = screen(path, FINITE)
+        if problem:
+            print(f"pdeflow: error: {path}: {_one_line(problem)}", file=sys.stderr)
+            return code
+    return EXIT_OK
 
 
 def output_path(cfg: Config, config_path: str, explicit: str | None) -> Path:
@@ -140,15 +170,69 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_info(args: argparse.Namespace) -> int:
-    from ..analysis.stationary import format_stationary, is_stationary_file, read_stationary
+def result_kind(path: str | Path):
+    """The :class:`pdeflow.io.result_schema.ResultKind` of a result file (None: a trajectory, or not a pdeflow file)."""
+    from ..io.file_access import open_for_reading, plain
+    from ..io.result_schema import kind_of
 
-    if is_stationary_file(args.file):  # a result of pdeflow stationary
+    try:
+        with open_for_reading(path) as f:
+            return kind_of(plain(f.attrs.get("schema")))
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ..analysis.stationary import format_stationary, read_stationary
+    from ..io.file_access import open_for_reading
+    from ..io.result_schema import STATIONARY, summary
+
+    kind = result_kind(args.file)
+    if kind is STATIONARY:
         print(format_stationary(args.file, read_stationary(args.file)))
-        return EXIT_OK
-    traj = open_trajectory(args.file)
-    print(format_info(traj))
+    elif kind is not None:
+        with open_for_reading(args.file) as f:
+            print(summary(f, kind, args.file))
+    else:
+        print(format_info(open_trajectory(args.file)))
     return EXIT_OK
+
+
+VALIDATE_HELP = """Check a file against its table in docs/schema.md: a trajectory of schema version 1 (written by any
+code) or a result file of pdeflow's analysis commands (stationary, stability, stability --stationary,
+chaos).
+
+What is checked:
+  1. every stored byte reads back (in a child process, with a time limit): each chunk of /frames and /steps
+     passes its Fletcher-32 checksum, no object is unreadable or declares more than half this machine's memory,
+     and /model, /data and the frames' time, omega, mass and density hold finite numbers;
+  2. every group, dataset and attribute the table requires is present, with its rank, type and shape (the sizes
+     V, d, T, B, N, k, ... bound by the file itself; /frames and /steps hold at least their committed rows);
+  3. for a trajectory, the rules on values: tokens and targets in [0, V), at least one 1 in every mask row,
+     weights >= 0 summing to 1 within 1e-9 (|sum - 1| <= 1e-9), frame times non-decreasing.
+Every departure is one line. Exit 0: valid; 1: the file was read and a check failed (also a damaged file or
+one that is not a pdeflow file); 2: bad input (no such file)."""
+
+
+def cmd_validate_results(trajectory_validate):
+    """``pdeflow validate``: result files checked against their tables here, trajectories by ``trajectory_validate``
+    (:mod:`pdeflow.interface.cli_reference`)."""
+    def cmd_validate(args: argparse.Namespace) -> int:
+        from ..io.file_access import open_for_reading
+        from ..io.result_schema import check_result
+
+        kind = result_kind(args.file)
+        if kind is None:
+            return trajectory_validate(args)
+        with open_for_reading(args.file) as f:
+            problems = check_result(f, kind)
+        for line in problems:
+            print(f"{args.file}: {line}")
+        if not problems:
+            print(f"{args.file}: valid {kind.schema} file (schema version {kind.version}: {kind.title})")
+        return EXIT_CHECK_FAILED if problems else EXIT_OK
+
+    return cmd_validate
 
 
 def grid_summary(traj: Trajectory) -> str:
@@ -254,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in the output file from its checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("info", help="summarize a trajectory file or a stationary-point result", epilog=EXIT_CODES,
+    p = sub.add_parser("info", help="summarize a trajectory or a result file (stationary, rates, stability, chaos)",
+                       epilog=EXIT_CODES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file")
     p.set_defaults(func=cmd_info)
@@ -268,27 +353,48 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         mod.add_command(sub)
+    validate = sub.choices.get("validate")
+    if validate is not None:
+        validate.set_defaults(func=cmd_validate_results(validate.get_default("func")))
+        if not validate.description:
+            validate.description, validate.epilog = VALIDATE_HELP, EXIT_CODES
+            validate.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
 def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     """The ``pdeflow`` command; returns the exit code. ``exiting``: the process ends right after (see
     :func:`pdeflow.solvers.driver.run`)."""
+    args = None
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         args.exiting = exiting
+        if args.command in UNTRUSTED_FILES:
+            code = screen_files(args)
+            if code:
+                return code
         return int(args.func(args) or EXIT_OK)
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_BAD_INPUT)
     except (ConfigError, TrajectoryError, UsageError) as exc:
         if failed_alike(_one_line(str(exc))) and launcher_rank() == 0:  # under MPI: rank 0 reports
             print(f"pdeflow: error: {_one_line(str(exc))}", file=sys.stderr)
+        if isinstance(exc, TrajectoryError) and args is not None and args.command in UNTRUSTED_FILES:
+            return UNTRUSTED_FILES[args.command][1]   # a file that is not valid: a failed check for validate, compare
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("pdeflow: interrupted", file=sys.stderr)
         return EXIT_SIGINT
+    except BrokenPipeError:
+        raise   # the reader of the output went away (pdeflow info FILE | head): entry() ends quietly
     except Exception as exc:
+        if args is not None and args.command in UNTRUSTED_FILES:
+            # the last resort for files that read back intact but hold values no reader expected
+            names = ", ".join(str(getattr(args, n)) for n in UNTRUSTED_FILES[args.command][0])
+            print(f"pdeflow: error: {args.command} failed on {names} ({exc.__class__.__name__}: "
+                  f"{_one_line(str(exc))[:120]}): a damaged or unexpected file", file=sys.stderr)
+            return UNTRUSTED_FILES[args.command][1]
         abort_ranks(exc)  # under MPI the other ranks may wait for this one forever: end them all
         raise
 
@@ -299,8 +405,18 @@ def _one_line(text: str) -> str:
 
 
 def entry() -> None:
-    """The console script ``pdeflow`` (and ``python -m pdeflow``)."""
-    sys.exit(main(exiting=True))
+    """The console script ``pdeflow`` (and ``python -m pdeflow``). A reader of the output that goes away
+    (``pdeflow info FILE | head -3``) ends the command quietly with 141 (128 + SIGPIPE), as a killed pipe would."""
+    import os
+
+    try:
+        code = main(exiting=True)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that no second error is printed
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    sys.exit(code)
 
 
 __all__ = ["main", "build_parser", "output_path", "config_difference", "check_file", "EXIT_CODES"]

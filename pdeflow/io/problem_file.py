@@ -21,7 +21,10 @@ def write_problem(f: h5py.File, arrays: dict[str, Any], beta: float = np.inf, pr
         g = f.create_group(group)
         for it in schema.items_in(group):
             if it.need == schema.REQUIRED or arrays.get(it.name) is not None:
-                g.create_dataset(it.name, data=np.asarray(arrays[it.name], dtype=schema.numpy_dtype(it)))
+                values = np.asarray(arrays[it.name], dtype=schema.numpy_dtype(it))
+                # chunked with HDF5's Fletcher-32 checksum, as the frames: a changed byte of the problem is a read
+                # error (a filter needs chunks, which an empty or scalar dataset cannot have)
+                g.create_dataset(it.name, data=values, fletcher32=bool(values.size and values.ndim))
     m = f["model"]
     m.attrs["head_dim"] = int(arrays["head_dim"])
     m.attrs["score_scale"] = float(arrays["score_scale"])

@@ -68,7 +68,7 @@ def copy_committed(path: Path, out: Path) -> tuple[int, int]:
                 for key, ds in src[name].items():
                     out_ds = g.create_dataset(key, shape=(rows,) + ds.shape[1:], maxshape=ds.maxshape,
                                               dtype=ds.dtype, chunks=ds.chunks, compression=ds.compression,
-                                              compression_opts=ds.compression_opts)
+                                              compression_opts=ds.compression_opts, fletcher32=ds.fletcher32)
                     for start in range(0, rows, COPY_ROWS):
                         out_ds[start:start + COPY_ROWS] = ds[start:min(rows, start + COPY_ROWS)]
             dst.close()

@@ -38,7 +38,10 @@ NEEDS = (REQUIRED, WRITTEN, OPTIONAL, PARTICLES, GRID)
 
 # The element types: what the writer stores and which numpy kinds a reader accepts.
 DTYPES: dict[str, tuple[str, str]] = {"float": ("float64", "f"), "int": ("int64", "iu"), "number": ("float64", "fiu"),
-                                      "bytes": ("uint8", "u"), "text": ("", ""), "any": ("", "")}
+                                      "bytes": ("uint8", "u"), "bool": ("bool", "b"), "text": ("", ""), "any": ("", "")}
+# The numpy kinds an attribute of each type may have (an attribute is also checked for its type, a dataset for its rank,
+# type and shape): a text attribute is a fixed-length or variable-length string.
+ATTRIBUTE_KINDS = {"float": "fiu", "int": "iu", "number": "fiu", "bytes": "u", "bool": "biu", "text": "SUO", "any": ""}
 ROW_AXES = ("F", "S")
 GRID_AXES = "n..."
 
@@ -220,7 +223,9 @@ class _Sizes:
         if symbol in self.values:
             return self.values[symbol]
         value = None
-        if symbol in ROW_AXES:
+        if symbol.isdigit():       # a fixed size (the columns of a result file's table)
+            value = int(symbol)
+        elif symbol in ROW_AXES:
             value = self.rows()[ROW_AXES.index(symbol)]
         elif symbol == "p" and self.values.get("d") is not None and "head_dim" in self.f["model"].attrs:
             value = 4 * int(self.values["d"]) * int(self.f["model"].attrs["head_dim"])
@@ -237,20 +242,22 @@ class _Sizes:
         return value
 
 
-def _expand(f) -> Iterator[tuple[Item, str]]:
-    """(entry, concrete path) for every entry, with ``#`` and ``*`` resolved against the file."""
-    for it in ITEMS:
+def _expand(f, items: tuple[Item, ...] | None = None) -> Iterator[tuple[Item, str]]:
+    """(entry, concrete path) for every entry of ``items`` (default :data:`ITEMS`), with ``#`` and ``*`` resolved
+    against the file."""
+    items = ITEMS if items is None else items
+    for it in items:
         for path in [it.path.replace("slot#", slot) for slot in SLOTS] if "#" in it.path else [it.path]:
             if it.name != "*":
                 yield it, path
                 continue
-            where = path.rpartition("/")[0]
+            where = path.rpartition("/")[0] or "/"
             group = f.get(where) if where in f else None
             if group is not None and hasattr(group, "keys"):
-                named = set(names(it.group))
+                named = {other.name for other in items if other.kind == "dataset" and other.group == it.group}
                 for key in group.keys():
                     if key not in named and isinstance(group[key], h5py.Dataset):
-                        yield it, f"{where}/{key}"
+                        yield it, f"{where.rstrip('/')}/{key}"
 
 
 def _shape_text(shape: tuple[str, ...], sizes: _Sizes, rows: dict[str, int]) -> str:
@@ -264,11 +271,13 @@ def _shape_text(shape: tuple[str, ...], sizes: _Sizes, rows: dict[str, int]) -> 
     return "[" + ", ".join(parts) + "]"
 
 
-def check(f, rows: Callable[[], tuple[int, int]], needs: tuple[str, ...] = (REQUIRED,)) -> list[Departure]:
-    """Every departure of the open file ``f`` from :data:`ITEMS`, except the root ``schema`` and ``schema_version``
-    (the callers name those in their own words first). ``rows()`` gives the committed rows (F, S); ``needs`` the
-    levels a missing entry is reported for (besides :data:`PARTICLES` or :data:`GRID`, after ``/frames/density``).
-    Reads shapes and types only, no data."""
+def check(f, rows: Callable[[], tuple[int, int]], needs: tuple[str, ...] = (REQUIRED,),
+          items: tuple[Item, ...] | None = None) -> list[Departure]:
+    """Every departure of the open file ``f`` from :data:`ITEMS` (or the table ``items`` of another kind of file,
+    :mod:`pdeflow.io.result_schema`), except the root ``schema`` and ``schema_version`` (the callers name those in
+    their own words first). ``rows()`` gives the committed rows (F, S); ``needs`` the levels a missing entry is
+    reported for (besides :data:`PARTICLES` or :data:`GRID`, after ``/frames/density``). Reads shapes and types
+    only, no data."""
     out: list[Departure] = []
     grid = "frames" in f and "density" in f["frames"]
     needed = set(needs) | {GRID if grid else PARTICLES}
@@ -285,17 +294,22 @@ def check(f, rows: Callable[[], tuple[int, int]], needs: tuple[str, ...] = (REQU
                 return None
         return counted[symbol]
 
-    for it, path in _expand(f):
+    for it, path in _expand(f, items):
         parent = path.rpartition(".")[0] if it.kind == "attribute" else (path.rpartition("/")[0] or "/")
         if parent in absent or any(parent.startswith(a + "/") for a in absent) or parent in bad:
             continue
         if it.kind == "attribute":
             if path in ("/.schema", "/.schema_version"):
                 continue
-            if it.name not in f[parent].attrs and it.need in needed:
-                where = f"root attribute {it.name}" if parent == "/" else f"attribute {path}"
-                out.append(Departure(path, f"missing {where}" + (" (the grid of /frames/density)" if it.need == GRID
-                                                                    else "")))
+            where = f"root attribute {it.name}" if parent == "/" else f"attribute {path}"
+            if it.name not in f[parent].attrs:
+                if it.need in needed:
+                    out.append(Departure(path, f"missing {where}" + (" (the grid of /frames/density)"
+                                                                      if it.need == GRID else "")))
+                continue
+            kind = f[parent].attrs.get_id(it.name).dtype.kind
+            if ATTRIBUTE_KINDS[it.dtype] and kind not in ATTRIBUTE_KINDS[it.dtype]:
+                out.append(Departure(path, f"{where} must be of {it.dtype} type, got numpy kind {kind!r}"))
             continue
         node = f.get(path) if path.lstrip("/") in f else None
         if node is None:

@@ -53,6 +53,14 @@ STEP_COLUMNS = schema.names("/steps", needs=(schema.WRITTEN,))
 
 STATUS_BYTES, MESSAGE_BYTES = 32, 1024
 
+# Every chunk of the frames' fields (omega, mass, density: one frame per chunk, written once) carries HDF5's Fletcher-32
+# checksum, which every HDF5 reader checks: a changed byte in a stored frame is a read error, not a different number
+# (docs/schema.md, "Checksums"). The scalar columns of /frames and /steps do not: their chunks are rewritten in place
+# as rows are appended, and a kill during that write left the chunk failing its checksum, its committed rows
+# unreadable (tests/test_trajectory.py's random kills, 1 run in 3). False only to measure the cost
+# (benchmarks/checksum_cost.py).
+CHECKSUMS = True
+
 
 
 # Root attributes a run sets when it ends, pre-created so that they can be overwritten in SWMR mode.
@@ -165,7 +173,7 @@ class TrajectoryWriter:
             # one frame per chunk: a frame write adds a chunk and never rewrites a committed one
             fr.create_dataset(key, shape=(0,) + shape, maxshape=(None,) + shape,
                               dtype=schema.numpy_dtype(schema.item(f"/frames/{key}")), chunks=(1,) + shape,
-                              compression=compression)
+                              compression=compression, fletcher32=CHECKSUMS)
         st = f.create_group("steps")
         for key in STEP_COLUMNS + tuple(step_columns):
             # 8 KiB chunks: a short run's file is not mostly the first chunk of each column
