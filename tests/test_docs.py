@@ -85,8 +85,8 @@ def test_every_test_the_documents_cite_exists() -> None:
             cited += 1
             if name not in defined:
                 missing.append(f"{doc.name}: {name}")
-        for path in re.findall(r"\btests/(\w+\.py)\b", text):
-            if not (ROOT / "tests" / path).is_file():
-                missing.append(f"{doc.name}: tests/{path}")
+        for path in re.findall(r"(?<![\w/])((?:studies/)?tests/\w+\.py)\b", text):
+            if not (ROOT / path).is_file():
+                missing.append(f"{doc.name}: {path}")
     assert cited >= 20
     assert not missing, missing

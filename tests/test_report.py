@@ -149,7 +149,7 @@ def test_the_stationary_budget_gives_the_same_search_twice(report, tmp_path):
     of the same trajectory stop at the same iterate, with the same verdict, after the same work, just past the
     budget (a wall limit, or a budget left unused, fails this: the search would stop elsewhere or converge)."""
     out, _ = report
-    budget = 12.0
+    budget = 3.0
     found = []
     for name in ("A", "B"):
         folder = tmp_path / name
@@ -159,7 +159,7 @@ def test_the_stationary_budget_gives_the_same_search_twice(report, tmp_path):
         stationary = _section(json.loads((folder / "report.json").read_text(encoding="utf-8")), "stationary")
         found.append((point, stationary))
     (a, section_a), (b, section_b) = found
-    assert "stopped by the budget of 12 gradient equivalents" in a["message"]
+    assert "stopped by the budget of 3 gradient equivalents" in a["message"]
     assert not a["converged"] and section_a["verdict"] == NOT_ESTABLISHED
     for key in ("verdict", "message", "iterations", "gradients", "products"):
         assert a[key] == b[key], key
