@@ -144,9 +144,37 @@ def test_a_rerun_reuses_what_was_computed(report, capsys):
     assert "dirac" not in json.loads((out / "stages.json").read_text(encoding="utf-8"))
 
 
+def test_the_stationary_budget_gives_the_same_search_twice(report, tmp_path):
+    """``--stationary-budget`` stops the search by a count of gradient equivalents, not by the clock: two reports
+    of the same trajectory stop at the same iterate, with the same verdict, after the same work, just past the
+    budget (a wall limit, or a budget left unused, fails this: the search would stop elsewhere or converge)."""
+    out, _ = report
+    budget = 3.0
+    found = []
+    for name in ("A", "B"):
+        folder = tmp_path / name
+        assert main(["report", str(out / "run.h5"), "-o", str(folder), "--skip", "minimum,dirac,chaos,gap",
+                     "--stationary-budget", f"{budget:g}", "--quiet"]) == 0
+        point = read_stationary(folder / "stationary.h5")
+        stationary = _section(json.loads((folder / "report.json").read_text(encoding="utf-8")), "stationary")
+        found.append((point, stationary))
+    (a, section_a), (b, section_b) = found
+    assert "stopped by the budget of 3 gradient equivalents" in a["message"]
+    assert not a["converged"] and section_a["verdict"] == NOT_ESTABLISHED
+    for key in ("verdict", "message", "iterations", "gradients", "products"):
+        assert a[key] == b[key], key
+    assert np.array_equal(a["omega"], b["omega"]) and a["energy"] == b["energy"]
+    assert section_a["verdict"] == section_b["verdict"] and section_a["reason"] == section_b["reason"]
+    # stopped at the first iterate past the budget (one L-BFGS iteration costs a few gradients here), and the
+    # budget bounds the whole stage: no spectrum after it
+    assert budget < a["gradients"] + a["jvp_gradients"] * a["products"] <= budget + 10
+    assert a["certify_products"] == 0 and "spectrum not computed" in a["message"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["report", "missing.toml", "-o", "R"], "no such file"),
     (["report", "{config}", "-o", "R", "--skip", "everything"], "--skip takes"),
+    (["report", "{config}", "-o", "R", "--stationary-budget", "-1"], "--stationary-budget must be"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     config = tmp_path / "tiny.toml"

@@ -187,12 +187,13 @@ def rates_section(traj: Trajectory, analysis: Analysis, figure_dir: Path) -> Sec
         s.reason = "E* unknown: no certified point and no fit of E(t) (run pdeflow stationary, or give --e-star)"
         return s
     s.rows += [("min μ over the trusted frames", _g(analysis.pl_mu_min), "measured PL ratio I / (2(E − E*))"),
-               ("KL exponent θ", f"{_g(analysis.kl_theta)} [{_g(analysis.kl_theta_ci[0])}, "
-                                 f"{_g(analysis.kl_theta_ci[1])}]", "fit over the window, 95% interval"),
+               ("KL exponent θ", f"{_g(analysis.kl_theta)} [{_g(analysis.kl_theta_range[0])}, "
+                                 f"{_g(analysis.kl_theta_range[1])}]",
+                "the local exponent θ(t) over the window, with the interval that holds it"),
                ("KL status", analysis.kl_status or "-", "diagnose's statement of the fit")]
     status = analysis.kl_status.lower()
     if math.isfinite(analysis.kl_theta) and not status.startswith(("no ", "pre-asymptotic")):
-        lo, hi = analysis.kl_theta_ci
+        lo, hi = analysis.kl_theta_range
         if lo <= 0.5 + 1e-9 and hi >= 0:
             s.verdict, s.reason = HOLDS, f"θ = {_g(analysis.kl_theta)} in (0, 1/2] within its interval"
         else:

@@ -46,7 +46,7 @@ import scipy.sparse.linalg
 from ..core.config import Config
 from ..core.problem import Problem
 from ..io.result_schema import STATIONARY
-from .certificate import BY_DENSE, DENSE_LIMIT, LANCZOS_VERDICT, Certificate, certify
+from .certificate import BY_DENSE, BY_LANCZOS, DENSE_LIMIT, LANCZOS_VERDICT, Certificate, certify
 from .lbfgs import LbfgsResult, lbfgs
 from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
 
@@ -73,10 +73,14 @@ Progress = Callable[[str], None]
 
 class Counter:
     """The energy and its mass-weighted gradient at ``v`` [N k] and the Hessian operators there, with the
-    evaluations and products counted (a repeated evaluation at the same ``v`` is served from memory, uncounted)."""
+    evaluations and products counted (a repeated evaluation at the same ``v`` is served from memory, uncounted),
+    and the search's limits: ``max_wall`` seconds (machine-dependent) and ``max_cost`` gradient equivalents
+    (:attr:`cost`; the same count on every machine, so a search stopped by it stops at the same iterate)."""
 
-    def __init__(self, problem: Problem, mass: np.ndarray, shape: tuple[int, int]) -> None:
+    def __init__(self, problem: Problem, mass: np.ndarray, shape: tuple[int, int], *, max_wall: float = math.inf,
+                 max_cost: float = math.inf) -> None:
         self.problem, self.mass, self.shape = problem, np.asarray(mass, dtype=float), shape
+        self.max_wall, self.max_cost = max_wall, max_cost
         self.root = np.sqrt(self.mass)[:, None]
         self.gradients = 0
         self._retired_products = 0
@@ -116,6 +120,22 @@ class Counter:
     @property
     def wall(self) -> float:
         return time.perf_counter() - self.start
+
+    @property
+    def cost(self) -> float:
+        """The search's cost so far in grad Phi evaluations: ``gradients + JVP_GRADIENTS * products``."""
+        return self.gradients + JVP_GRADIENTS * self.products
+
+    @property
+    def exhausted(self) -> bool:
+        """Past ``max_wall`` seconds or ``max_cost`` gradient equivalents."""
+        return self.wall > self.max_wall or self.cost > self.max_cost
+
+    def stopped(self) -> str:
+        """Which limit stopped the search, for its message."""
+        if self.cost > self.max_cost:
+            return f"stopped by the budget of {self.max_cost:g} gradient equivalents"
+        return f"stopped after {self.max_wall:g} s"
 
 
 @dataclass
@@ -214,14 +234,13 @@ def newton_step(op: scipy.sparse.linalg.LinearOperator, g: np.ndarray, eta: floa
 
 
 def _newton(c: Counter, v: np.ndarray, E: float, g: np.ndarray, hist: _History, target: float, max_newton: int,
-            max_wall: float, say: Progress) -> tuple[np.ndarray, float, np.ndarray, float, int, str]:
+            say: Progress) -> tuple[np.ndarray, float, np.ndarray, float, int, str]:
     """Newton steps on ``g(v) = 0`` from ``v`` (energy ``E``, gradient ``g``) until ``I <= target``, ``max_newton``
-    steps or ``max_wall`` seconds of ``c``: each step's solve by :func:`newton_step` to a relative residual
-    ``min(ETA_MAX, |g| / |g_start|)``, globalised by backtracking on I. Returns the point, E, g, I, the steps and
-    why they stopped."""
+    steps or the limits of ``c`` (:attr:`Counter.exhausted`): each step's solve by :func:`newton_step` to a relative
+    residual ``min(ETA_MAX, |g| / |g_start|)``, globalised by backtracking on I. Returns the point, E, g, I, the
+    steps and why they stopped."""
     I = float(g @ g)
     g0 = math.sqrt(I)
-    it = 0
     it = 0
     while True:
         if I <= target:
@@ -230,8 +249,8 @@ def _newton(c: Counter, v: np.ndarray, E: float, g: np.ndarray, hist: _History, 
         if it == max_newton:
             message = f"{max_newton} Newton steps without reaching I <= {target:.3g}"
             break
-        if c.wall > max_wall:
-            message = f"stopped after {max_wall:g} s ({it} Newton steps) without reaching I <= {target:.3g}"
+        if c.exhausted:
+            message = f"{c.stopped()} ({it} Newton steps) without reaching I <= {target:.3g}"
             break
         it += 1
         eta = min(ETA_MAX, math.sqrt(I) / g0)
@@ -259,21 +278,22 @@ def _newton(c: Counter, v: np.ndarray, E: float, g: np.ndarray, hist: _History, 
 
 def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, max_newton: int = MAX_NEWTON, krylov_dim: int = KRYLOV_DIM,
-            max_wall: float = math.inf, dense_limit: int = DENSE_LIMIT,
+            max_wall: float = math.inf, max_cost: float = math.inf, dense_limit: int = DENSE_LIMIT,
             progress: Progress | None = None) -> StationaryPoint:
     """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
-    until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, or ``max_wall`` seconds: then the point
-    reached is reported, not converged), then the spectrum there (``krylov_dim`` Lanczos steps) and its
-    certificate (:func:`pdeflow.analysis.certificate.certify` with ``dense_limit``)."""
+    until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, ``max_wall`` seconds or ``max_cost``
+    gradient equivalents: then the point reached is reported, not converged), then the spectrum there
+    (``krylov_dim`` Lanczos steps) and its certificate (:func:`pdeflow.analysis.certificate.certify` with
+    ``dense_limit``)."""
     say = progress or (lambda msg: None)
-    c = Counter(problem, mass, np.shape(omega))
+    c = Counter(problem, mass, np.shape(omega), max_wall=max_wall, max_cost=max_cost)
     target = ratio * initial_dissipation
     v = c.coordinates(omega)
     E, g = c.energy_and_gradient(v)
     I0 = I = float(g @ g)
     hist = _History(c)
     hist.add(E, I)
-    v, E, g, I, it, message = _newton(c, v, E, g, hist, target, max_newton, max_wall, say)
+    v, E, g, I, it, message = _newton(c, v, E, g, hist, target, max_newton, say)
     return _finish(problem, "nearest", c, v, E, I, I0, initial_dissipation, target, it, message, hist,
                    (krylov_dim, dense_limit), say)
 
@@ -292,7 +312,7 @@ def polish(problem: Problem, omega: np.ndarray, mass: np.ndarray, target: float,
     E, g = c.energy_and_gradient(v)
     hist = _History(c)
     hist.add(E, float(g @ g))
-    v, E, g, I, it, message = _newton(c, v, E, g, hist, target, max_newton, math.inf, say)
+    v, E, g, I, it, message = _newton(c, v, E, g, hist, target, max_newton, say)
     return c.omega(v), E, I, it, c.products, message
 
 
@@ -302,7 +322,7 @@ def heads_at_origin(omega: np.ndarray) -> np.ndarray:
     return norms <= FREEZE * float(norms.max())
 
 
-def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, max_wall: float, hist: _History,
+def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, hist: _History,
                       on_iterate: Callable[[np.ndarray], None] | None, say: Progress,
                       awake: np.ndarray) -> tuple[LbfgsResult, np.ndarray]:
     """L-BFGS on E over the live heads only, the others (:func:`heads_at_origin`, except ``awake`` [N]) set to 0
@@ -310,8 +330,8 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, m
     of E and Phi vanish, and an evaluation costs about a fixed part plus a share per live head (measured on
     longtime.toml, one thread: 33 ms for 128 heads, 20 ms for 55). Whenever :data:`FREEZE_GAIN` more heads have
     fallen below the threshold, the search starts again on the fewer live heads. Stops at ``I <= target``, after
-    ``max_iter`` iterations in all, after ``max_wall`` seconds of ``c``, or when L-BFGS stalls. Whether the
-    origin is a minimum for the dead heads is for the spectrum of the whole point to say (``classify``).
+    ``max_iter`` iterations in all, at the limits of ``c`` (:attr:`Counter.exhausted`), or when L-BFGS stalls.
+    Whether the origin is a minimum for the dead heads is for the spectrum of the whole point to say (``classify``).
     Returns the last L-BFGS result and the whole point ``v`` [N k]."""
     problem, (n_heads, k) = c.problem, c.shape
     hold = origin_is_stationary(problem, c.omega(v), c.mass)
@@ -343,7 +363,7 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, m
             hist.add(e, dissipation)
             if on_iterate is not None:
                 on_iterate(c.omega(whole(x)))
-            if dissipation <= target or c.wall > max_wall:
+            if dissipation <= target or c.exhausted:
                 raise StopIteration
             if len(hist.rows) % 100 == 0:
                 say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {dissipation:.3e}, {int(live.sum())} live "
@@ -364,7 +384,7 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, m
 def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
             ratio: float = DISSIPATION_RATIO, method: str = "lbfgs", max_iter: int = 0, max_restarts: int = 5,
             krylov_dim: int = KRYLOV_DIM, escape: float = 0.0, max_wall: float = math.inf,
-            dense_limit: int = DENSE_LIMIT, progress: Progress | None = None,
+            max_cost: float = math.inf, dense_limit: int = DENSE_LIMIT, progress: Progress | None = None,
             on_iterate: Callable[[np.ndarray], None] | None = None) -> StationaryPoint:
     """A local minimum of E from ``omega`` [N, k] (module docstring): a descent search (``method``: ``"lbfgs"``,
     :func:`pdeflow.analysis.lbfgs.lbfgs` with :data:`LBFGS_MEMORY` pairs, finished by Newton steps on I if it
@@ -373,13 +393,15 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
     eigenvalue is proven (at most ``max_restarts`` times) the search restarts from the point moved along a direction
     of negative curvature (the dense eigenvector, else the lowest Ritz vector) by ``escape`` (0: by
     ``sqrt(2 |lambda| / lambda_max) max(1, |v|) / 10``), whichever sign lowers E. ``max_iter`` bounds the
-    iterations of each search (0: :data:`MAX_ITER` of the method). After ``max_wall`` seconds the search stops at
-    its latest iterate (reported, not converged). ``on_iterate(omega)`` is called with every iterate [N, k] (to
+    iterations of each search (0: :data:`MAX_ITER` of the method). After ``max_wall`` seconds, or once the search
+    has cost ``max_cost`` gradient equivalents (:attr:`Counter.cost`, checked after every iteration: the same
+    iterate on every machine), the search stops at its latest iterate (reported, not converged; after the budget
+    without its spectrum, :func:`no_spectrum`). ``on_iterate(omega)`` is called with every iterate [N, k] (to
     keep the latest, say)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     say = progress or (lambda msg: None)
-    c = Counter(problem, mass, np.shape(omega))
+    c = Counter(problem, mass, np.shape(omega), max_wall=max_wall, max_cost=max_cost)
     target = ratio * initial_dissipation
     v = c.coordinates(omega)
     E, g = c.energy_and_gradient(v)
@@ -405,7 +427,7 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         hist.add(e, dissipation)
         if on_iterate is not None:
             on_iterate(c.omega(x))
-        if dissipation <= target or c.wall > max_wall:
+        if dissipation <= target or c.exhausted:
             raise StopIteration  # scipy ends the minimisation at this iterate
         if len(hist.rows) % (100 if method == "lbfgs" else 1) == 0:
             say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {dissipation:.3e}, {c.products} products, "
@@ -420,15 +442,14 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
     for attempt in range(max_restarts + 1):
         start = len(hist.rows)
         if (I0 > target or attempt > 0) and method == "lbfgs":
-            found, v = _lbfgs_live_heads(c, v, target, max_iter or MAX_ITER[method], max_wall, hist, on_iterate,
-                                         say, awake)
+            found, v = _lbfgs_live_heads(c, v, target, max_iter or MAX_ITER[method], hist, on_iterate, say, awake)
             message = f"{method}: {found.message}"
-            if found.stalled and c.wall <= max_wall:
+            if found.stalled and not c.exhausted:
                 # E's decrease along a step has fallen to E's rounding before I reached the target: Newton's
                 # steps, globalised on I (known to a relative precision E - E* is not), finish the search
                 E, g = fun(v)
                 say(f"{method} stalled ({found.message}) at I = {float(g @ g):.3e}: Newton steps")
-                v, E, g, _, taken, newton_message = _newton(c, v, E, g, hist, target, MAX_NEWTON, max_wall, say)
+                v, E, g, _, taken, newton_message = _newton(c, v, E, g, hist, target, MAX_NEWTON, say)
                 message += f"; {taken} Newton steps: {newton_message}"
         elif I0 > target or attempt > 0:
             res = scipy.optimize.minimize(fun, v, jac=True, callback=record, **kwargs)
@@ -439,8 +460,8 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         I = float(g @ g)
         say(f"{method}: E = {E:.12g}, I = {I:.3e} after {iterations} iterations, {c.gradients} gradients, "
             f"{c.products} products")
-        if c.wall > max_wall:
-            message = f"stopped after {max_wall:g} s ({iterations} iterations) at I = {I:.3g} > {target:.3g}"
+        if c.exhausted:
+            message = f"{c.stopped()} ({iterations} iterations) at I = {I:.3g} > {target:.3g}"
         if I > target:
             break
         message = f"{method}: I = {I:.3g} <= {target:.3g}"
@@ -491,6 +512,13 @@ def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int, say: 
     return spectrum, certificate, spectrum.products + certificate.products, time.perf_counter() - t0
 
 
+def no_spectrum(n: int) -> SpectrumEnds:
+    """The spectrum of a point where none was computed: no converged Ritz value (``lowest_vectors`` [n, 0])."""
+    empty = np.empty(0)
+    return SpectrumEnds(lowest=empty, lowest_residual=empty, highest=empty, highest_residual=empty,
+                        morse_index_lower=0, n_symmetry=0, products=0, lowest_vectors=np.empty((n, 0)))
+
+
 def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I: float, I_start: float,
             initial_dissipation: float, target: float, iterations: int, message: str, hist: _History,
             spectral: tuple[int, int], say: Progress, found: tuple[SpectrumEnds, Certificate] | None = None,
@@ -498,7 +526,16 @@ def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I:
     """The point of a search with its spectrum and certificate (``found``, else computed with ``spectral`` =
     (Lanczos steps, dense limit))."""
     certify_products, certify_wall = certify
-    if found is None:
+    if found is None and I > target and c.cost > c.max_cost:
+        # the budget bounds the whole search: a point it stopped is "not converged" whatever its spectrum, so none
+        # is computed (at k = 256 the 300 Lanczos products would cost 750 gradients more)
+        n = c.shape[0] * c.shape[1]
+        spectrum = no_spectrum(n)
+        certificate = Certificate(kind=BY_LANCZOS, lower=-math.inf, upper=math.inf, index_lower=0, size=0,
+                                  delta=math.nan, products=0, lanczos_steps=0, values=np.empty(0),
+                                  vectors=np.empty((n, 0)), dense_limit=spectral[1])
+        message += "; spectrum not computed (the budget is spent)"
+    elif found is None:
         spectrum, certificate, products, wall = classify(problem, c, v, spectral[0], say, spectral[1])
         certify_products += products
         certify_wall += wall

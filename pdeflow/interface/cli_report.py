@@ -28,6 +28,10 @@ STAGES = ("run", "stationary", "diagnose", "minimum", "dirac", "chaos")
 SKIPPABLE = ("stationary", "minimum", "dirac", "chaos", "gap")
 # the default report of the quickstart (k = 256) leaves dirac and chaos out: see --max-k
 MAX_K = 64
+# the stationary search's default budget in gradient equivalents: a count, so the same config gives the same
+# verdict on every machine (a wall limit would not); small enough that the quickstart's report ends in about a
+# minute on 2 cores (README, "Two commands")
+STATIONARY_BUDGET = 500.0
 
 
 class Stages:
@@ -117,6 +121,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     unknown = skip - set(SKIPPABLE)
     if unknown:
         raise UsageError(f"--skip takes {', '.join(SKIPPABLE)}; got {', '.join(sorted(unknown))}")
+    for option, value in (("--stationary-budget", args.stationary_budget), ("--stationary-wall", args.stationary_wall)):
+        if not (value >= 0 and value < float("inf")):
+            raise UsageError(f"{option} must be a finite number >= 0, got {value:g}")
     is_config = target.suffix.lower() == ".toml"
     if is_config:
         load_config(str(target), args.set)   # bad config: one line, exit 2, before anything is written
@@ -165,9 +172,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     stationary_file = out / "stationary.h5"
     have_stationary = False
     if "stationary" not in skip and particles:
-        have_stationary = stages.run("stationary", ["stationary", str(run_file), "--kind", "minimum", "-o",
-                                                    str(stationary_file), "--quiet", "--force", "--max-wall",
-                                                    str(args.stationary_wall)], stationary_file)
+        limits = ["--max-cost", f"{args.stationary_budget:g}"]
+        if args.stationary_wall > 0:
+            limits += ["--max-wall", f"{args.stationary_wall:g}"]
+        search = ["stationary", str(run_file), "--kind", "minimum", "-o", str(stationary_file), "--quiet", "--force",
+                  *limits]
+        # another budget is another search: rerun it rather than report the earlier one
+        earlier = stages.done.get("stationary", {}).get("command")
+        have_stationary = stages.run("stationary", search, stationary_file,
+                                     rerun=earlier != "pdeflow " + " ".join(search))
     bar.update()
     stationary = read_stationary(stationary_file) if have_stationary else None
     certified = stationary is not None and bool(stationary.get("certified", False))
@@ -297,8 +310,12 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--skip", metavar="A,B", default="",
                    help=f"stages to leave out: {', '.join(SKIPPABLE)} (gap: no search for min Phi)")
     p.add_argument("--gap-frames", type=int, default=3, metavar="N", help="frames where the gap is computed")
-    p.add_argument("--stationary-wall", type=float, default=120.0, metavar="SECONDS",
-                   help="wall-time budget of the stationary search (default 120)")
+    p.add_argument("--stationary-budget", type=float, default=STATIONARY_BUDGET, metavar="GRADIENTS",
+                   help=f"the stationary search stops after this many gradient equivalents (default "
+                        f"{STATIONARY_BUDGET:g}; 0: no limit); a count, so the verdict is the same on every machine")
+    p.add_argument("--stationary-wall", type=float, default=0.0, metavar="SECONDS",
+                   help="also stop the stationary search after this many seconds (default 0: no wall limit; "
+                        "machine-dependent)")
     p.add_argument("--max-k", type=int, default=MAX_K, metavar="K",
                    help=f"run the Dirac stability and chaos stages only for k <= K coordinates per head (default "
                         f"{MAX_K}: at k = 256 each takes longer than the rest of the report)")

@@ -23,6 +23,7 @@ from ..analysis.certificate import DENSE_LIMIT
 from ..analysis.spectrum import KRYLOV_DIM
 from ..analysis.stationary import (
     DISSIPATION_RATIO,
+    JVP_GRADIENTS,
     KINDS,
     METHODS,
     format_stationary,
@@ -109,6 +110,8 @@ def cmd_stationary(args: argparse.Namespace) -> int:
         raise UsageError(f"--ratio must be in (0, 1), got {args.ratio:g}")
     if not math.isfinite(args.max_wall) or args.max_wall < 0:
         raise UsageError(f"--max-wall must be >= 0 seconds, got {args.max_wall:g}")
+    if not math.isfinite(args.max_cost) or args.max_cost < 0:
+        raise UsageError(f"--max-cost must be >= 0 gradient equivalents, got {args.max_cost:g}")
     if args.krylov_dim < 2:
         raise UsageError(f"--krylov-dim must be >= 2, got {args.krylov_dim}")
     if args.dense_limit < 0:
@@ -126,6 +129,7 @@ def cmd_stationary(args: argparse.Namespace) -> int:
     point = search(start.problem, start.omega, start.mass, start.initial, ratio=args.ratio,
                    krylov_dim=args.krylov_dim, max_wall=args.max_wall if args.max_wall > 0 else math.inf,
                    dense_limit=args.dense_limit,
+                   max_cost=args.max_cost if args.max_cost > 0 else math.inf,
                    progress=say, **options)
     write_stationary(out, point, start.config, start.problem, frame=start.frame,
                      source=f"{start.origin} via {start.source}" if start.origin else str(start.source),
@@ -156,6 +160,10 @@ def add_command(subparsers) -> None:
                         f"unknowns (default {DENSE_LIMIT}: n products, ~6 n^2 doubles); above it the verdict is "
                         "Lanczos evidence, not a certificate")
     p.add_argument("--max-wall", type=float, default=0.0, metavar="SECONDS",
-                   help="stop the search after this many seconds and report the point reached (default: no limit)")
+                   help="stop the search after this many seconds and report the point reached (default: no limit; "
+                        "machine-dependent: --max-cost stops at the same point on every machine)")
+    p.add_argument("--max-cost", type=float, default=0.0, metavar="GRADIENTS",
+                   help="stop the search once it has cost this many gradient equivalents (grad Phi evaluations + "
+                        f"{JVP_GRADIENTS:g} per Hessian product) and report the point reached (default: no limit)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_stationary)
