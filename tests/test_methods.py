@@ -48,6 +48,10 @@ def test_a_new_stepper_class_declares_itself() -> None:
     class Planted(Stepper):
         name = "planted_method"
         reads: ClassVar[tuple[str, ...]] = ("radius_every",)
+
+        @classmethod
+        def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
+            return cls(problem)
     try:
         assert STEPPERS["planted_method"] is Planted
         assert METHODS["planted_method"] == Method("planted_method", (PARTICLES,), False, ("radius_every",))
@@ -55,6 +59,32 @@ def test_a_new_stepper_class_declares_itself() -> None:
         check_config(Config().replace(solver={"method": "planted_method", "radius_every": 3}))
     finally:
         del STEPPERS["planted_method"], METHODS["planted_method"]
+
+
+def test_a_stepper_class_that_breaks_the_contract_is_refused_when_defined() -> None:
+    """The contract of :class:`pdeflow.solvers.base.Stepper`: a named class lacking ``from_config``, or an adaptive
+    one lacking its error estimate's order, fails where it is defined (and registers nothing); a class without
+    ``step`` cannot be instantiated."""
+    from pdeflow.solvers.controller import AdaptiveStepper
+
+    with pytest.raises(TypeError, match=r"Unconfigured \(solver.method = 'unconfigured'\) does not define "
+                                        r"from_config"):
+        class Unconfigured(Stepper):
+            name = "unconfigured"
+    with pytest.raises(TypeError, match="does not define error_estimator_order, _step_impl"):
+        class Unestimated(AdaptiveStepper):
+            name = "unestimated"
+            order = 2
+
+            @classmethod
+            def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
+                return cls(problem, 0.1, rtol=1e-3, atol=1e-6, dt_min=1e-9, dt_max=1.0, max_growth=5.0)
+    assert "unconfigured" not in STEPPERS and "unestimated" not in STEPPERS and "unestimated" not in METHODS
+
+    class Stepless(Stepper):
+        pass
+    with pytest.raises(TypeError, match="abstract method.*step"):
+        Stepless(Problem.from_config(Config()))
 
 
 @pytest.mark.parametrize("measure", [PARTICLES, GRID])
