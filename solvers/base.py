@@ -20,7 +20,7 @@ import numpy as np
 
 from pdeflow.core.config import Config
 from pdeflow.core.methods import Method, declare
-from pdeflow.core.problem import Evaluation, Problem
+from pdeflow.core.problem import COST_KINDS, Evaluation, Problem
 from pdeflow.core.state import State, rng_from_state, rng_state
 
 # the PI step-size controller's exponents times the power k of h in the error estimate (err ~ h^k; Hairer & Wanner
@@ -49,6 +49,10 @@ def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> flo
     energy-identity defect shows the method's error rather than the quadrature's."""
     return 0.5 * h * (i0 + i1) + h * h * (slope0 - slope1) / 12.0
 
+
+# the /steps column of each kind of call the Problem counts (pdeflow.core.problem.COST_KINDS): every stepper's cost
+COST_COLUMN = {"gradient": "gradient_evals", "jvp_exact": "jvps_exact", "jvp_difference": "jvps_difference"}
+COST_COLUMNS = tuple(COST_COLUMN[kind] for kind in COST_KINDS)
 
 # solver.method -> the stepper class that declares it (Stepper.__init_subclass__)
 STEPPERS: dict[str, type[Stepper]] = {}
@@ -89,7 +93,9 @@ class Stepper(abc.ABC):
     4. :attr:`measure`, :attr:`measures`: what it evolves (``particles`` or ``grid``; the ``init.measure`` values).
     5. :attr:`reads`, :meth:`check_keys`: the method-specific ``[solver]`` keys it reads, and whether they go together.
     6. :attr:`explicit_flow`: True for an explicit Runge-Kutta step of the particles' Wasserstein flow.
-    7. :attr:`step_columns`: the extra /steps columns :meth:`step` returns.
+    7. :attr:`step_columns`: the extra /steps columns :meth:`step` returns. The cost columns (:data:`COST_COLUMNS`:
+       grad Phi evaluations, exact and difference products) are the base's, counted by the Problem around each
+       step (:meth:`cost_since`); a stepper keeps no cost counter of its own to report them.
     8. :meth:`extra_state`, :meth:`restore`: what a checkpoint keeps beyond the :class:`State`, and reading it back.
     9. :meth:`evaluate`, :meth:`diagnostics`, :meth:`frame_attrs`: how its measure is evaluated and described (grids).
     10. :attr:`energy_identity`, :meth:`identity_note`, :attr:`quadrature`, :meth:`dissipation_integral`,
@@ -233,11 +239,24 @@ class Stepper(abc.ABC):
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         """Advance by at most ``dt_limit``; return the new state and the stepper's /steps columns."""
 
+    def cost_mark(self) -> dict[str, int]:
+        """The Problem's counts of calls so far (:attr:`pdeflow.core.problem.Problem.counts`), for
+        :meth:`cost_since`."""
+        return dict(self.problem.counts)
+
+    def cost_since(self, mark: dict[str, int]) -> dict[str, float]:
+        """The :data:`COST_COLUMNS`: the Problem's calls since ``mark`` (:meth:`cost_mark`) by kind; the loop marks
+        before a step and reads after it and the new state's diagnostics (:mod:`pdeflow.solvers.loop`), so a step's
+        cost includes the evaluation of its new state whoever makes it.
+        :func:`pdeflow.core.problem.gradient_equivalents` of them is the cost in grad Phi evaluations."""
+        return {COST_COLUMN[kind]: float(self.problem.counts[kind] - mark[kind]) for kind in COST_KINDS}
+
     def likely_cause(self, state: State) -> str:
         """What most likely made the state non-finite, named with the config key to change."""
         return (f"solver.dt = {self.dt:g} is likely above the stability limit of this problem; "
                 f"reduce solver.dt or use solver.method = 'adaptive'")
 
 
-__all__ = ["STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state",
+__all__ = ["COST_COLUMN", "COST_COLUMNS",
+           "STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state",
            "rng_from_state"]

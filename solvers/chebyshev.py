@@ -143,7 +143,7 @@ class RKC(AdaptiveStepper):
     sharded = False
     order: ClassVar[int] = ORDER
     error_estimator_order: ClassVar[int] = ERROR_ORDER
-    step_columns = ("rejected", "stages", "gradient_evals", "jvps", "spectral_radius", "stability_margin")
+    step_columns = ("rejected", "stages", "jvps", "spectral_radius", "stability_margin")
     stability_column = "stability_margin"
     reads = (*CONTROLLER_KEYS, "radius_every")
 

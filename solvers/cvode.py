@@ -145,7 +145,7 @@ class Cvode(Stepper):
     sharded = False
     reads = ("rtol", "atol", "dt_min", "dt_max", "jacobian", "deflate")
     step_columns = ("order", "rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures",
-                    "gradient_evals", "jvps", "preconditioner_setups")
+                    "jvps", "preconditioner_setups")
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
                  jacobian: str, deflate: int) -> None:

@@ -142,7 +142,7 @@ class Rosenbrock(AdaptiveStepper):
     sharded = False
     order: ClassVar[int] = ORDER
     error_estimator_order: ClassVar[int] = ERROR_ORDER
-    step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals", "explicit_margin")
+    step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "explicit_margin")
     stability_column = "explicit_margin"
     failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
     reads = (*CONTROLLER_KEYS, "jacobian", "krylov_tol", "krylov_maxiter", "deflate", "deflate_every", "stage_solve")

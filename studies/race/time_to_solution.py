@@ -157,18 +157,24 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
     return result
 
 
-def gradient_equivalents(row: dict[str, float], method: str, costs: dict[str, float], jacobian: str) -> float:
-    """Gradient evaluations of a run, with each JVP counted at its measured cost."""
-    if method in ("rosenbrock", "rkc", "cvode", "eserk4"):
-        # a difference product is one grad Phi call (plus vector arithmetic): counted as 1
-        ratio = costs["exact_over_grad"] if jacobian == "exact" else 1.0
-        return row["gradient_evals"] + ratio * row["jvps"]
-    if method == "adaptive":
-        # six new stages per try (first-same-as-last), plus the first evaluation
-        return 6.0 * (row["steps"] + row.get("rejected", 0.0)) + 1.0
-    if method == "jko":
+def gradient_equivalents(row: dict[str, float], method: str, jacobian: str = "") -> float:
+    """Gradient evaluations of a run up to one of its rows (``method`` a stepper): the one formula
+    :func:`pdeflow.core.problem.gradient_equivalents` of its cost columns (:data:`pdeflow.solvers.base.COST_COLUMNS`,
+    every stepper's), plus the initial state's evaluation. A row recorded before those columns (the records' runs):
+    the stepper's own ``gradient_evals`` and ``jvps`` (products of kind ``jacobian``, "exact" or "difference"), jko's
+    ``inner_evaluations`` plus one, or an explicit pair's ``stages`` new evaluations per attempted step plus one."""
+    from pdeflow.solvers import stepper_class
+    from pdeflow.solvers.base import COST_COLUMN
+
+    from pdeflow.core.problem import gradient_equivalents as cost
+
+    if all(column in row for column in COST_COLUMN.values()):
+        return cost({kind: row[column] for kind, column in COST_COLUMN.items()}) + 1.0
+    if "jvps" in row:
+        return cost({"gradient": row["gradient_evals"], f"jvp_{jacobian or 'exact'}": row["jvps"]})
+    if "inner_evaluations" in row:
         return row["inner_evaluations"] + 1.0
-    raise ValueError(method)
+    return stepper_class(method).stages * (row["steps"] + row.get("rejected", 0.0)) + 1.0
 
 
 def energy_at(run: dict[str, Any], t: float) -> float | None:
@@ -250,7 +256,7 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of the time-to-solution table from the raw runs of :func:`benchmark` (also re-rendered from a
     saved JSON by ``--render``): per mark, each method's wall time, gradient equivalents, steps and energy error
     against the reference; JKO also extrapolated to the rkc run's accuracy; a last row for the long run."""
-    costs, ref, rkc, dp, jko = res["costs"], res["reference"], res["rkc"], res["adaptive"], res["jko"]
+    ref, rkc, dp, jko = res["reference"], res["rkc"], res["adaptive"], res["jko"]
     rows = []
     lam_t = np.array([t for t, _ in res["lambda_max"]])
     lam_v = np.array([v for _, v in res["lambda_max"]])
@@ -261,7 +267,7 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
 
     def measured(method: str, r: dict[str, float], e_ref: float | None) -> dict[str, Any]:
         jacobian = "difference" if method in ("rkc", "rosenbrock") else ""
-        return {"wall": r["wall"], "grad_equivalents": gradient_equivalents(r, method, costs, jacobian),
+        return {"wall": r["wall"], "grad_equivalents": gradient_equivalents(r, method, jacobian),
                 "steps": r["steps"], "energy_error": None if e_ref is None else abs(r["energy"] - e_ref),
                 "measured": True}
 
@@ -291,7 +297,7 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
     last = float(lam_v[-1])
     factor = (lam_integral(float(lam_t[-1])) + last * (f["t"] - float(lam_t[-1]))) / lam_integral(d["t"])
     row["adaptive"] = {"wall": d["wall"] * factor,
-                       "grad_equivalents": gradient_equivalents(d, "adaptive", costs, "") * factor,
+                       "grad_equivalents": gradient_equivalents(d, "adaptive") * factor,
                        "steps": d["steps"] * factor, "energy_error": None, "measured": False,
                        "method": f"extrapolated: lambda_max held at {last:.3g} (its value at t = {lam_t[-1]:.0f}) "
                                  f"beyond the sampled range, x {factor:.3g}"}
@@ -440,14 +446,16 @@ def race_jacobian(run: dict[str, Any]) -> str:
 
 
 def race_cost(run: dict[str, Any], row: dict[str, float]) -> float:
-    """Gradient equivalents of a race run up to one of its rows: :func:`gradient_equivalents` with exact JVPs at
-    the cost measured with the run and difference JVPs at 1."""
-    return gradient_equivalents(row, race_stepper(run["method"]), run["costs"], race_jacobian(run))
+    """Gradient equivalents of a race run up to one of its rows: :func:`gradient_equivalents` (exact JVPs at
+    :data:`pdeflow.core.problem.JVP_COST`, difference JVPs at 1, whatever the product cost measured with the run)."""
+    return gradient_equivalents(row, race_stepper(run["method"]), race_jacobian(run))
 
 
 def cost_breakdown(run: dict[str, Any], row: dict[str, float]) -> dict[str, float]:
     """Where a run's gradient equivalents (:func:`race_cost`) went, by what each evaluation or product was for."""
-    ratio = run["costs"]["exact_over_grad"] if race_jacobian(run) == "exact" else 1.0
+    from pdeflow.core.problem import GRADIENT_EQUIVALENTS
+
+    ratio = GRADIENT_EQUIVALENTS[f"jvp_{race_jacobian(run)}"]
     if race_stepper(run["method"]) == "cvode":
         slopes = row["steps"] + 1.0  # dI/dt at every new state and at the start
         return {"Newton f": row["gradient_evals"] - row["steps"], "f at the new state": row["steps"],
@@ -599,8 +607,9 @@ def race_markdown(res: dict[str, Any]) -> str:
                           for r in res["table"]["references"])
         lines += ["", f"Second, independent references, their energies' distance from the reference of their "
                       f"time: {agree}; errors well above these are resolved, errors near them are not."]
-    lines += ["", "JVPs: exact (forward mode) at the cost measured with each run, in grad Phi units "
-                  "(cvode); difference JVPs count 1 (rkc's radius and dI/dt, rosenbrock, and every product of "
+    lines += ["", "JVPs: exact (forward mode) at pdeflow.core.problem.JVP_COST grad Phi evaluations each "
+                  "(cvode; the cost measured with each run is kept in its JSON); "
+                  "difference JVPs count 1 (rkc's radius and dI/dt, rosenbrock, and every product of "
                   "cvode-difference: cvode with `solver.jacobian = \"difference\"`).", "",
               "| t | method | rtol | energy error | grad-equivalents | wall s | load (1 min) | CPU family/model "
               "| steps | source |",
