@@ -8,7 +8,7 @@
 SUNDIALS, an optional extra), and any stepper class a module of this
 package defines with a ``name``: importing the package imports every module of it, and each such class registers
 itself (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`) and declares its row of
-:data:`pdeflow.core.methods.METHODS`. :func:`check_config` checks a config's method against those rows;
+:data:`pdeflow.solvers.methods.METHODS`. :func:`check_config` checks a config's method against those rows;
 :func:`make_stepper` builds the stepper a config names. The one time loop that advances them is
 :class:`pdeflow.solvers.loop.Loop` (the driver :func:`pdeflow.solvers.driver.run` writes a file from it).
 """
@@ -22,16 +22,10 @@ import numpy as np
 
 from pdeflow.core.config import Config, ConfigError, SolverConfig
 from pdeflow.core.measure import initial_density
-from pdeflow.core.methods import METHODS, measure_mismatch, method_keys, unread_key
 from pdeflow.core.problem import Problem
 
 from .base import STEPPERS, SolverError, State, Stepper
-
-
-def register(cls: type[Stepper]) -> type[Stepper]:
-    """Class decorator kept for stepper modules written before registration by subclassing: defining the class
-    has registered it already (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`)."""
-    return cls
+from .methods import METHODS, measure_mismatch, method_keys, unread_key
 
 
 def stepper_class(method: str) -> type[Stepper]:
@@ -77,17 +71,15 @@ def initial_fields(stepper: Stepper, cfg: Config) -> dict[str, np.ndarray]:
 
 
 def _import_steppers() -> None:
-    """Import every module of this package, so that every stepper class is defined (registered); a module whose
-    optional third-party dependency is missing leaves its method out."""
+    """Import every module of this package, so that every stepper class is defined (registered). A module that
+    fails to import raises: no method disappears silently. An optional dependency (SUNDIALS for ``cvode``) is
+    imported when the stepper is built, with a one-line error naming the extra to install
+    (:func:`pdeflow.solvers.cvode.sundials`)."""
     for module in pkgutil.iter_modules(__path__):
-        try:
-            importlib.import_module(f"{__name__}.{module.name}")
-        except ModuleNotFoundError as exc:
-            if exc.name is None or exc.name.startswith(("pdeflow", __name__)):
-                raise
+        importlib.import_module(f"{__name__}.{module.name}")
 
 
 _import_steppers()
 
-__all__ = ["STEPPERS", "METHODS", "register", "check_config", "make_stepper", "initial_fields", "stepper_class",
+__all__ = ["STEPPERS", "METHODS", "check_config", "make_stepper", "initial_fields", "stepper_class",
            "Stepper", "State", "SolverError"]

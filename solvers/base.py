@@ -19,9 +19,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pdeflow.core.config import Config
-from pdeflow.core.methods import Method, declare
 from pdeflow.core.problem import COST_KINDS, Evaluation, Problem
 from pdeflow.core.state import State, rng_from_state, rng_state
+
+from .methods import Method, declare
 
 # the PI step-size controller's exponents times the power k of h in the error estimate (err ~ h^k; Hairer & Wanner
 # II, IV.2: 0.7 / k and 0.4 / k), and the factor's safety and lower clip
@@ -78,7 +79,7 @@ class Stepper(abc.ABC):
     The contract of a stepper (as scipy's ``OdeSolver`` states its own). A stepper class MUST define:
 
     1. ``name``: the ``solver.method`` it answers to; setting it registers the class (:data:`STEPPERS`) and declares
-       its row of :data:`pdeflow.core.methods.METHODS` from :attr:`measures`, :attr:`explicit_flow` and :attr:`reads`
+       its row of :data:`pdeflow.solvers.methods.METHODS` from :attr:`measures`, :attr:`explicit_flow` and :attr:`reads`
        (:meth:`__init_subclass__`). A class without a name is a base for others and registers nothing.
     2. :meth:`from_config` (a named class; checked when it is defined): the stepper a config's ``[solver]`` (and
        related) keys describe; its ``__init__`` takes the parameters explicitly, calls ``Stepper.__init__`` and

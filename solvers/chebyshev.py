@@ -27,7 +27,6 @@ import numpy as np
 from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import State, hermite
 from .controller import CONTROLLER_KEYS, AdaptiveStepper
 from .jacobian import dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
@@ -136,7 +135,6 @@ class _Carry:
     slope: float
 
 
-@register
 class RKC(AdaptiveStepper):
     """``solver.method = "rkc"``: the Runge-Kutta-Chebyshev method (see the module docstring)."""
     name = "rkc"

@@ -39,7 +39,6 @@ import numpy as np
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import SolverError, State, Stepper, hermite
 from .jacobian import (
     Product,
@@ -138,7 +137,6 @@ def layout_mismatch(inner: Any, libraries: list[str], nfev: int) -> str:
     return ""
 
 
-@register
 class Cvode(Stepper):
     """``solver.method = "cvode"``: SUNDIALS CVODE, BDF with preconditioned matrix-free GMRES (module docstring)."""
     name = "cvode"

@@ -21,7 +21,6 @@ from scipy.sparse.linalg import LinearOperator, lobpcg, minres
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import SolverError, State, controller_factor, hermite
 from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
 from .jacobian import dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
@@ -135,7 +134,6 @@ class _Plan:
     margin: float = math.nan
 
 
-@register
 class Rosenbrock(AdaptiveStepper):
     """``solver.method = "rosenbrock"``: ROS34PW2 with MINRES stage solves (see the module docstring)."""
     name = "rosenbrock"

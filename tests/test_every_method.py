@@ -1,5 +1,5 @@
-"""Every method of the method table (:data:`pdeflow.core.methods.METHODS`) end to end through the commands a user runs:
-``pdeflow run`` on a tiny problem with the accuracy record on, the record's verdict and the energy identity summed
+"""Every method of the method table (:data:`pdeflow.solvers.methods.METHODS`) end to end through the commands a user
+runs: ``pdeflow run`` on a tiny problem with the accuracy record on, the record's verdict and the energy identity summed
 from the file's /steps, then ``diagnose``, ``compare`` (the file against itself, and against a copy with one
 perturbed energy) and ``info`` on its file. A method added to the table is run here with no edit (its defaults on the
 tiny problem of its measure); one that cannot pass fails. Also: the knob each method's accuracy advice names, and
@@ -15,9 +15,9 @@ import pytest
 from pdeflow.solvers import make_stepper
 from pdeflow.solvers.accuracy import remedy
 from pdeflow.solvers.driver import run
+from pdeflow.solvers.methods import GRID, METHODS, PARTICLES
 
 from pdeflow import Problem, loads_config
-from pdeflow.core.methods import GRID, METHODS, PARTICLES
 from pdeflow.core.problem import JVP_COST
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
