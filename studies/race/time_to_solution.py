@@ -361,36 +361,50 @@ RACE_TARGETS = (1e-4, 1e-6, 1e-8)
 RACE_ESERK4_DEFLATE = 8
 
 
-# race entries that run a stepper with other settings than its own entry: name -> (stepper, [solver] overrides)
-RACE_VARIANTS = {"cvode-difference": ("cvode", {"jacobian": "difference"})}
+# the [solver] of each race entry: its stepper (``method``), its first step and other keys, and ``atol`` as a fraction
+# of the run's rtol (``atol_over_rtol``); ``cvode-difference`` runs cvode with its Jacobian products (GMRES's, the
+# eigenpairs' and dI/dt's) as forward differences of grad Phi. A registered adaptive method without an entry races
+# with RACE_DEFAULT.
+RACE_SOLVERS: dict[str, dict[str, Any]] = {
+    "rkc": {"method": "rkc", "dt": 0.005, "atol_over_rtol": 1e-2, "radius_every": 25},
+    "eserk4": {"method": "eserk4", "dt": 0.005, "atol_over_rtol": 1e-2, "radius_every": 25,
+               "deflate": RACE_ESERK4_DEFLATE},
+    "cvode": {"method": "cvode", "dt": 0.005, "atol_over_rtol": 1e-3, "deflate": 20},
+    "cvode-difference": {"method": "cvode", "dt": 0.005, "atol_over_rtol": 1e-3, "deflate": 20,
+                         "jacobian": "difference"},
+    "rosenbrock": {"method": "rosenbrock", "dt": 0.05, "atol_over_rtol": 1e-3, "jacobian": "difference",
+                   "deflate": 32, "deflate_every": 50, "stage_solve": "auto"},
+    "adaptive": {"method": "adaptive", "dt": 0.05, "atol_over_rtol": 1e-3},
+}
+# any other registered error-controlled method (bs23, ...): its own defaults but the first step and the tolerances
+RACE_DEFAULT: dict[str, Any] = {"dt": 0.05, "atol_over_rtol": 1e-3}
+
+
+def race_settings(entry: str) -> dict[str, Any]:
+    """The :data:`RACE_SOLVERS` row of a race entry, or :data:`RACE_DEFAULT` for a registered error-controlled
+    method (:class:`pdeflow.solvers.controller.AdaptiveStepper`); ValueError for anything else (no tolerance to
+    race)."""
+    from pdeflow.solvers import STEPPERS
+    from pdeflow.solvers.controller import AdaptiveStepper
+
+    if entry in RACE_SOLVERS:
+        return RACE_SOLVERS[entry]
+    if entry in STEPPERS and issubclass(STEPPERS[entry], AdaptiveStepper):
+        return {"method": entry, **RACE_DEFAULT}
+    raise ValueError(f"no race settings for {entry!r}: not a registered error-controlled method")
 
 
 def race_stepper(method: str) -> str:
-    """The stepper (``solver.method``) a race entry runs: itself, or the stepper of a :data:`RACE_VARIANTS` entry."""
-    return RACE_VARIANTS[method][0] if method in RACE_VARIANTS else method
+    """The stepper (``solver.method``) a race entry runs (:func:`race_settings`)."""
+    return race_settings(method)["method"]
 
 
 def race_solver(method: str, rtol: float) -> dict[str, Any]:
-    """The [solver] of one race run: the stepper's own conventions (atol relative to rtol as in the table above),
-    cvode with 20 deflated eigenpairs, eserk4 as rkc with :data:`RACE_ESERK4_DEFLATE`, rosenbrock as in the table
-    above; a :data:`RACE_VARIANTS` entry as its stepper's with its overrides (``cvode-difference``: cvode's
-    Jacobian products, GMRES's, the eigenpairs' and dI/dt's, as forward differences of grad Phi)."""
-    if method in RACE_VARIANTS:
-        stepper, overrides = RACE_VARIANTS[method]
-        return {**race_solver(stepper, rtol), **overrides}
-    if method == "rkc":
-        return {"method": "rkc", "dt": 0.005, "rtol": rtol, "atol": rtol * 1e-2, "radius_every": 25}
-    if method == "eserk4":
-        return {"method": "eserk4", "dt": 0.005, "rtol": rtol, "atol": rtol * 1e-2, "radius_every": 25,
-                "deflate": RACE_ESERK4_DEFLATE}
-    if method == "cvode":
-        return {"method": "cvode", "dt": 0.005, "rtol": rtol, "atol": rtol * 1e-3, "deflate": 20}
-    if method == "rosenbrock":
-        return {"method": "rosenbrock", "dt": 0.05, "rtol": rtol, "atol": rtol * 1e-3, "jacobian": "difference",
-                "deflate": 32, "deflate_every": 50, "stage_solve": "auto"}
-    if method == "adaptive":
-        return {"method": "adaptive", "dt": 0.05, "rtol": rtol, "atol": rtol * 1e-3}
-    raise ValueError(f"no race settings for {method!r}")
+    """The [solver] of one race run: the entry's settings (:func:`race_settings`) at ``rtol``, ``atol`` its
+    ``atol_over_rtol`` times ``rtol``."""
+    settings = dict(race_settings(method))
+    atol_over_rtol = settings.pop("atol_over_rtol")
+    return {**settings, "rtol": rtol, "atol": rtol * atol_over_rtol}
 
 
 # seconds between two progress lines of a race run
@@ -748,9 +762,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deflate-every", type=int, default=50, help="rosenbrock: solver.deflate_every (default 50)")
     p.add_argument("--stage-solve", default="auto", choices=("auto", "minres"),
                    help="rosenbrock: solver.stage_solve (default auto)")
-    p.add_argument("--race", metavar="METHOD:RTOL", help="one run of the matched-accuracy race (rkc, eserk4, "
-                   "cvode, cvode-difference, rosenbrock, adaptive) to --t-end, saved as race/METHOD-RTOL.json under "
-                   "--out")
+    p.add_argument("--race", metavar="METHOD:RTOL", help="one run of the matched-accuracy race (an entry of "
+                   "RACE_SOLVERS, e.g. rkc, eserk4, cvode, cvode-difference, rosenbrock, adaptive, or any registered "
+                   "error-controlled method such as bs23) to --t-end, saved as race/METHOD-RTOL.json under --out")
     p.add_argument("--t-end", type=float, default=RACE_END, help="--race: final time (default 200)")
     p.add_argument("--race-render", metavar="FOLDER", help="gather the race runs in FOLDER into "
                    "matched_accuracy.json/.md/.png under --out")
@@ -765,6 +779,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.race:
         method, rtol = args.race.split(":")
+        try:
+            race_settings(method)
+        except ValueError as exc:
+            print(f"error: --race {args.race}: {exc}", file=sys.stderr)
+            return 2
         res = race_run(method, float(rtol), args.n, args.t_end, args.race_wall,
                        log=lambda s: print(s, file=sys.stderr, flush=True))
         folder = Path(args.out) / "race"

@@ -262,3 +262,32 @@ def test_time_to_solution_counts_what_the_stepper_reports():
     legacy = {"gradient_evals": row["gradient_evals"], "jvps": row["jvps"]}
     assert gradient_equivalents(legacy, "rosenbrock", "difference") == row["gradient_evals"] + row["jvps"]
     assert gradient_equivalents(legacy, "rosenbrock", "exact") == row["gradient_evals"] + JVP_COST * row["jvps"]
+
+
+def test_any_registered_adaptive_method_races_without_an_entry(tmp_path, capsys):
+    """bs23 has no row of RACE_SOLVERS: it races with the generic settings, its cost read from the base's cost
+    columns (three new evaluations per attempt of the Bogacki-Shampine pair, the tableau's ``len(A) - 1``); a method
+    with no tolerance to race is refused in one line (exit 2)."""
+    from pdeflow.solvers.bogacki_shampine import BogackiShampine
+
+    from studies.race.time_to_solution import RACE_DEFAULT, RACE_SOLVERS, race_solver
+
+    assert "bs23" not in RACE_SOLVERS
+    assert race_solver("bs23", 1e-4) == {"method": "bs23", "dt": RACE_DEFAULT["dt"], "rtol": 1e-4,
+                                         "atol": 1e-4 * RACE_DEFAULT["atol_over_rtol"]}
+    out = tmp_path / "out"
+    for name in ("adaptive:1e-10", "bs23:1e-4"):
+        assert main(["--race", name, "--n", "4", "--t-end", "5", "--out", str(out)]) == 0
+    run = json.loads((out / "race" / "bs23-0.0001-t5.json").read_text())
+    assert run["solver"]["method"] == "bs23" and run["final"]["t"] == 5.0
+    at = run["at"]["5"]
+    attempts = at["steps"] + at["rejected"]
+    assert at["gradient_evals"] == (len(BogackiShampine.A) - 1) * attempts and at["jvps_exact"] == 0
+    assert main(["--race-render", str(out / "race"), "--reference", "adaptive:1e-10", "--out", str(out)]) == 0
+    [row] = json.loads((out / "matched_accuracy.json").read_text())["table"]["rows"]
+    assert row["method"] == "bs23" and row["grad_equivalents"] == at["gradient_evals"] + 1.0  # + the initial one
+    assert 0 < row["energy_error"] < 1e-2
+    capsys.readouterr()
+    assert main(["--race", "rk4:1e-4", "--n", "4", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a registered error-controlled method" in err[0]
