@@ -96,7 +96,8 @@ class Stepper(abc.ABC):
     6. :attr:`explicit_flow`: True for an explicit Runge-Kutta step of the particles' Wasserstein flow.
     7. :attr:`step_columns`: the extra /steps columns :meth:`step` returns. The cost columns (:data:`COST_COLUMNS`:
        grad Phi evaluations, exact and difference products) are the base's, counted by the Problem around each
-       step (:meth:`cost_since`); a stepper keeps no cost counter of its own to report them.
+       step (:meth:`cost_since`), for every stepper alike; a stepper's own tallies (``jvps`` of rkc, rosenbrock,
+       cvode: what its decisions or its breakdown use) are columns of its own, not its cost.
     8. :meth:`extra_state`, :meth:`restore`: what a checkpoint keeps beyond the :class:`State`, and reading it back.
     9. :meth:`evaluate`, :meth:`diagnostics`, :meth:`frame_attrs`: how its measure is evaluated and described (grids).
     10. :attr:`energy_identity`, :meth:`identity_note`, :attr:`quadrature`, :meth:`dissipation_integral`,
