@@ -222,6 +222,9 @@ class _Run(Observer):
                                       f"{', '.join(sorted(expected - set(ck.extra)))} (/checkpoint/slot#/extra)")
             self.state = st.restore(state, {name.removeprefix(STEPPER_PREFIX): np.asarray(value, dtype=float)
                                             for name, value in ck.extra.items() if name.startswith(STEPPER_PREFIX)})
+            # evaluated before the loop, as a fresh start's and as every new state in the loop: the first resumed
+            # step's cost columns are then those of the same step in an uninterrupted run
+            st.diagnostics(self.state)
             self.monitor.restore(ck.extra.get("accuracy"), rows)
             self.wall_offset = self.writer.last_wall_time
             return

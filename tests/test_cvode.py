@@ -213,8 +213,9 @@ def test_a_missing_sundials_is_one_line_when_the_stepper_is_built(monkeypatch):
     import sys
 
     import pdeflow.solvers
-    from pdeflow.core.config import ConfigError
     from pdeflow.solvers.cvode import sundials
+
+    from pdeflow.core.config import ConfigError
 
     monkeypatch.setitem(sys.modules, "sksundae", None)  # an import of it now fails as if it were not installed
     monkeypatch.setitem(sys.modules, "sksundae.cvode", None)
