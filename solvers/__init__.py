@@ -4,7 +4,7 @@ The methods are the stepper classes the modules of this package define with a ``
 to use it is the "which solver" table that :func:`pdeflow.solvers.table.which_solver_table` renders from their
 declarations (the README's "Solvers", docs/solvers.md's "Choosing"). Importing the package imports every module
 of it, and each such class registers itself (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`) and declares
-its row of :data:`pdeflow.core.methods.METHODS`. :func:`check_config` checks a config's method against those rows;
+its row of :data:`pdeflow.solvers.methods.METHODS`. :func:`check_config` checks a config's method against those rows;
 :func:`make_stepper` builds the stepper a config names. The one time loop that advances them is
 :class:`pdeflow.solvers.loop.Loop` (the driver :func:`pdeflow.solvers.driver.run` writes a file from it).
 """
@@ -18,16 +18,10 @@ import numpy as np
 
 from pdeflow.core.config import Config, ConfigError, SolverConfig
 from pdeflow.core.measure import initial_density
-from pdeflow.core.methods import METHODS, measure_mismatch, method_keys, unread_key
 from pdeflow.core.problem import Problem
 
 from .base import STEPPERS, SolverError, State, Stepper
-
-
-def register(cls: type[Stepper]) -> type[Stepper]:
-    """Class decorator kept for stepper modules written before registration by subclassing: defining the class
-    has registered it already (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`)."""
-    return cls
+from .methods import METHODS, measure_mismatch, method_keys, unread_key
 
 
 def stepper_class(method: str) -> type[Stepper]:
@@ -73,19 +67,17 @@ def initial_fields(stepper: Stepper, cfg: Config) -> dict[str, np.ndarray]:
 
 
 def _import_steppers() -> None:
-    """Import every module of this package, so that every stepper class is defined (registered); a module whose
-    optional third-party dependency is missing leaves its method out."""
+    """Import every module of this package, so that every stepper class is defined (registered). A module that
+    fails to import raises: no method disappears silently. An optional dependency (SUNDIALS for ``cvode``) is
+    imported when the stepper is built, with a one-line error naming the extra to install
+    (:func:`pdeflow.solvers.cvode.sundials`)."""
     # table renders the registry and is run as a script (python -m pdeflow.solvers.table): imported here, runpy
     # would find it loaded before running it
     for module in (m for m in pkgutil.iter_modules(__path__) if m.name != "table"):
-        try:
-            importlib.import_module(f"{__name__}.{module.name}")
-        except ModuleNotFoundError as exc:
-            if exc.name is None or exc.name.startswith(("pdeflow", __name__)):
-                raise
+        importlib.import_module(f"{__name__}.{module.name}")
 
 
 _import_steppers()
 
-__all__ = ["STEPPERS", "METHODS", "register", "check_config", "make_stepper", "initial_fields", "stepper_class",
+__all__ = ["STEPPERS", "METHODS", "check_config", "make_stepper", "initial_fields", "stepper_class",
            "Stepper", "State", "SolverError"]

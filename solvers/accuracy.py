@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pdeflow.core.problem import JVP_COST
 from pdeflow.io import schema
 
 from .base import DefectSource, SolverError
@@ -30,9 +31,6 @@ if TYPE_CHECKING:
 
 # floor of the defect's denominator, in units of the kernels' machine epsilon times |E|
 FLOOR_ULPS = 1000.0
-# a whole-system Jacobian-vector product costs about this many gradient evaluations (forward mode, measured on
-# the quickstart: studies/race/HVP_COST.md)
-JVP_COST = 2.5
 # a check also follows a step whose dissipation grew by more than this factor
 DISSIPATION_JUMP = 1.25
 POLICIES = ("stop", "warn", "off")

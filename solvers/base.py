@@ -10,6 +10,7 @@ and files; a file's checkpoint converts to a :class:`State` and back in :mod:`pd
 """
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +19,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pdeflow.core.config import Config
-from pdeflow.core.methods import Method, declare
-from pdeflow.core.problem import Evaluation, Problem
+from pdeflow.core.problem import COST_KINDS, Evaluation, Problem
 from pdeflow.core.state import State, rng_from_state, rng_state
+
+from .methods import Method, declare
 
 # the PI step-size controller's exponents times the power k of h in the error estimate (err ~ h^k; Hairer & Wanner
 # II, IV.2: 0.7 / k and 0.4 / k), and the factor's safety and lower clip
@@ -49,6 +51,10 @@ def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> flo
     return 0.5 * h * (i0 + i1) + h * h * (slope0 - slope1) / 12.0
 
 
+# the /steps column of each kind of call the Problem counts (pdeflow.core.problem.COST_KINDS): every stepper's cost
+COST_COLUMN = {"gradient": "gradient_evals", "jvp_exact": "jvps_exact", "jvp_difference": "jvps_difference"}
+COST_COLUMNS = tuple(COST_COLUMN[kind] for kind in COST_KINDS)
+
 # solver.method -> the stepper class that declares it (Stepper.__init_subclass__)
 STEPPERS: dict[str, type[Stepper]] = {}
 
@@ -67,20 +73,41 @@ class SolverError(RuntimeError):
     """A step could not be completed (a failed inner solve, a step size below its floor, ...)."""
 
 
-class Stepper:
+class Stepper(abc.ABC):
     """Base class: a particle measure evolving under the velocity ``-grad Phi(omega_i; rho_N)``.
 
-    Subclasses set ``name``, take their parameters in ``__init__`` with a :meth:`from_config` reading them
-    from a config, and implement :meth:`step`; grid steppers override :meth:`evaluate` and :meth:`frame_attrs`.
+    The contract of a stepper (as scipy's ``OdeSolver`` states its own). A stepper class MUST define:
 
-    A class that sets ``name`` is the method ``solver.method = name``: defining it registers it
-    (:data:`STEPPERS`) and declares its row of :data:`pdeflow.core.methods.METHODS` from :attr:`measures`,
-    :attr:`explicit_flow`, :attr:`reads`, :attr:`summary` and :attr:`use_when` (:meth:`__init_subclass__`).
+    1. ``name``: the ``solver.method`` it answers to; setting it registers the class (:data:`STEPPERS`) and declares
+       its row of :data:`pdeflow.solvers.methods.METHODS` from :attr:`measures`, :attr:`explicit_flow`, :attr:`reads`,
+       :attr:`summary` and :attr:`use_when` (:meth:`__init_subclass__`; the "which solver" table renders the last
+       two). A class without a name is a base for others and registers nothing.
+    2. :meth:`from_config` (a named class; checked when it is defined): the stepper a config's ``[solver]`` (and
+       related) keys describe; its ``__init__`` takes the parameters explicitly, calls ``Stepper.__init__`` and
+       sets ``dt``.
+    3. :meth:`step` (abstract: a class without it cannot be instantiated): advance a :class:`State` by at most
+       ``dt_limit``, returning the new state (``state.advanced``) and its /steps columns. An error-controlled method
+       subclasses :class:`pdeflow.solvers.controller.AdaptiveStepper` instead and defines ``order``,
+       ``error_estimator_order`` and ``_step_impl`` (checked when a named class is defined).
 
-    Accuracy checks (:mod:`pdeflow.solvers.accuracy`): any stepper whose :meth:`diagnostics` give the ``energy`` and
-    ``dissipation`` of its flow gets the energy-identity check with no code of its own (set
-    :attr:`energy_identity` False where the identity does not hold); a fixed-step explicit method declares
-    its real-axis :attr:`stability_bound` to get the ``lambda_max * dt`` check.
+    It MAY override:
+
+    4. :attr:`measure`, :attr:`measures`: what it evolves (``particles`` or ``grid``; the ``init.measure`` values).
+    5. :attr:`reads`, :meth:`check_keys`: the method-specific ``[solver]`` keys it reads, and whether they go together.
+    6. :attr:`explicit_flow`: True for an explicit Runge-Kutta step of the particles' Wasserstein flow.
+    7. :attr:`step_columns`: the extra /steps columns :meth:`step` returns. The cost columns (:data:`COST_COLUMNS`:
+       grad Phi evaluations, exact and difference products) are the base's, counted by the Problem around each
+       step (:meth:`cost_since`), for every stepper alike; a stepper's own tallies (``jvps`` of rkc, rosenbrock,
+       cvode: what its decisions or its breakdown use) are columns of its own, not its cost.
+    8. :meth:`extra_state`, :meth:`restore`: what a checkpoint keeps beyond the :class:`State`, and reading it back.
+    9. :meth:`evaluate`, :meth:`diagnostics`, :meth:`frame_attrs`: how its measure is evaluated and described (grids).
+    10. :attr:`energy_identity`, :meth:`identity_note`, :attr:`quadrature`, :meth:`dissipation_integral`,
+        :meth:`defect_sources`: its energy-identity check (:mod:`pdeflow.solvers.accuracy`); a stepper whose
+        :meth:`diagnostics` give the ``energy`` and ``dissipation`` gets the check with no code of its own.
+    11. :attr:`stability_bound`, :attr:`stability_column`, :attr:`stages`: the ``lambda_max * dt`` check of a
+        fixed-step explicit method, or the column where a stepper guarding its own stability records its margin.
+    12. :attr:`sharded`: True when it runs split across MPI ranks.
+    13. :meth:`likely_cause`, :meth:`is_finite`: what a non-finite state most likely came from.
     """
     name: ClassVar[str] = ""
     measure: ClassVar[str] = "particles"
@@ -107,10 +134,19 @@ class Stepper:
     # (h I_new, the quadrature implicit Euler and minimizing movements carry: their defect stays below 1)
     quadrature: ClassVar[str] = "trapezoid"
 
+    # what a named class must define beyond Stepper's (items 2-3 of the contract): its class attributes or methods
+    required: ClassVar[tuple[str, ...]] = ("from_config",)
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Register a class that sets ``name`` as ``solver.method = name`` (class docstring)."""
+        """Register a class that sets ``name`` as ``solver.method = name`` (class docstring); TypeError when it
+        lacks a member of :attr:`required`."""
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("name"):
+            missing = [member for member in cls.required if getattr(getattr(cls, member, None), "__isabstractmethod__",
+                                                                      not hasattr(cls, member))]
+            if missing:
+                raise TypeError(f"stepper class {cls.__name__} (solver.method = {cls.name!r}) does not define "
+                                f"{', '.join(missing)}: see the contract in pdeflow.solvers.base.Stepper")
             STEPPERS[cls.name] = cls
             # summary and use_when describe this class, not its parent: a subclass that leaves them out declares ""
             declare(Method(cls.name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads),
@@ -130,9 +166,9 @@ class Stepper:
         :func:`pdeflow.solvers.check_config` (their ranges: by the config)."""
 
     @classmethod
+    @abc.abstractmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
         """The stepper with the parameters ``cfg`` sets (``solver.*`` and the sections the method reads)."""
-        raise NotImplementedError(f"{cls.__name__} defines no from_config")
 
     # ---- state --------------------------------------------------------------------------------
     def initial_state(self, fields: dict[str, np.ndarray] | None = None) -> State:
@@ -207,9 +243,21 @@ class Stepper:
         return all(bool(np.all(np.isfinite(v))) for v in state.fields.values())
 
     # ---- stepping -----------------------------------------------------------------------------
+    @abc.abstractmethod
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         """Advance by at most ``dt_limit``; return the new state and the stepper's /steps columns."""
-        raise NotImplementedError
+
+    def cost_mark(self) -> dict[str, int]:
+        """The Problem's counts of calls so far (:attr:`pdeflow.core.problem.Problem.counts`), for
+        :meth:`cost_since`."""
+        return dict(self.problem.counts)
+
+    def cost_since(self, mark: dict[str, int]) -> dict[str, float]:
+        """The :data:`COST_COLUMNS`: the Problem's calls since ``mark`` (:meth:`cost_mark`) by kind; the loop marks
+        before a step and reads after it and the new state's diagnostics (:mod:`pdeflow.solvers.loop`), so a step's
+        cost includes the evaluation of its new state whoever makes it.
+        :func:`pdeflow.core.problem.gradient_equivalents` of them is the cost in grad Phi evaluations."""
+        return {COST_COLUMN[kind]: float(self.problem.counts[kind] - mark[kind]) for kind in COST_KINDS}
 
     def likely_cause(self, state: State) -> str:
         """What most likely made the state non-finite, named with the config key to change."""
@@ -217,5 +265,6 @@ class Stepper:
                 f"reduce solver.dt or use solver.method = 'adaptive'")
 
 
-__all__ = ["STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state",
+__all__ = ["COST_COLUMN", "COST_COLUMNS",
+           "STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state",
            "rng_from_state"]

@@ -27,7 +27,6 @@ import numpy as np
 from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import State, hermite
 from .controller import CONTROLLER_KEYS, AdaptiveStepper
 from .jacobian import dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
@@ -136,7 +135,6 @@ class _Carry:
     slope: float
 
 
-@register
 class RKC(AdaptiveStepper):
     """``solver.method = "rkc"``: the Runge-Kutta-Chebyshev method (see the module docstring)."""
     name = "rkc"
@@ -146,7 +144,7 @@ class RKC(AdaptiveStepper):
     sharded = False
     order: ClassVar[int] = ORDER
     error_estimator_order: ClassVar[int] = ERROR_ORDER
-    step_columns = ("rejected", "stages", "gradient_evals", "jvps", "spectral_radius", "stability_margin")
+    step_columns = ("rejected", "stages", "jvps", "spectral_radius", "stability_margin")
     stability_column = "stability_margin"
     reads = (*CONTROLLER_KEYS, "radius_every")
 

@@ -20,6 +20,7 @@ columns), :meth:`~AdaptiveStepper._reject_step` (what a rejection renews) and :m
 """
 from __future__ import annotations
 
+import abc
 import math
 from typing import ClassVar
 
@@ -56,6 +57,7 @@ class AdaptiveStepper(Stepper):
     reads = CONTROLLER_KEYS
     # the PI controller (the previous accepted step's error enters the factor), or the elementary one 0.9 err^(-1/k)
     pi_control: ClassVar[bool] = True
+    required = ("from_config", "order", "error_estimator_order", "_step_impl")
     # what to change when a stage fails, for the message of a failed step (a method raising StageFailed sets it)
     failure_fix: ClassVar[str] = "loosen solver.rtol/atol"
 
@@ -157,10 +159,10 @@ class AdaptiveStepper(Stepper):
         """Work a step does once before its attempts; returns the step's /steps counters (``rejected`` is added)."""
         return {}
 
+    @abc.abstractmethod
     def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
         """One attempt of size at most ``h`` from ``state``: ``(new state, the step taken, its error norm)``
         (:meth:`error_norm`); may raise :class:`StageFailed`."""
-        raise NotImplementedError
 
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
         """Completes the accepted step ``state -> new`` (its quadrature, carried data); returns its /steps

@@ -39,7 +39,6 @@ import numpy as np
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import SolverError, State, Stepper, hermite
 from .jacobian import (
     Product,
@@ -138,7 +137,6 @@ def layout_mismatch(inner: Any, libraries: list[str], nfev: int) -> str:
     return ""
 
 
-@register
 class Cvode(Stepper):
     """``solver.method = "cvode"``: SUNDIALS CVODE, BDF with preconditioned matrix-free GMRES (module docstring)."""
     name = "cvode"
@@ -148,7 +146,7 @@ class Cvode(Stepper):
     sharded = False
     reads = ("rtol", "atol", "dt_min", "dt_max", "jacobian", "deflate")
     step_columns = ("order", "rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures",
-                    "gradient_evals", "jvps", "preconditioner_setups")
+                    "jvps", "preconditioner_setups")
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
                  jacobian: str, deflate: int) -> None:

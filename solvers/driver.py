@@ -36,7 +36,7 @@ from pdeflow.io.trajectory_writer import STEP_COLUMNS, TrajectoryWriter
 from . import initial_fields, make_stepper
 from .accuracy import COLUMNS as ACCURACY_COLUMNS
 from .accuracy import AccuracyMonitor, AccuracyRecord
-from .base import State, Stepper
+from .base import COST_COLUMNS, State, Stepper
 from .loop import Loop, MaxSteps, Observer, Stationary, Step, WallTime, frame_times
 
 # the checkpoint arrays of the stepper's controller state are /checkpoint/slot#/extra/stepper.<name>
@@ -174,7 +174,7 @@ class _Run(Observer):
         self.comm = problem.comm  # the MPI ranks the particles are split across (pdeflow.core.parallel)
         self.times = frame_times(cfg)
         self.monitor = AccuracyMonitor(stepper, self.comm, cfg.run, cfg.init.n_particles)
-        self.rows = _Rows(STEP_COLUMNS + ACCURACY_COLUMNS + stepper.step_columns)
+        self.rows = _Rows(STEP_COLUMNS + ACCURACY_COLUMNS + COST_COLUMNS + stepper.step_columns)
         self.accuracy = AccuracyRecord(self.monitor)  # its stop_reason: the loss that stops the run
         self.signals = _Signals(self.comm, ignore_after_interrupt=exiting)
         self.state: State | None = None
@@ -222,6 +222,9 @@ class _Run(Observer):
                                       f"{', '.join(sorted(expected - set(ck.extra)))} (/checkpoint/slot#/extra)")
             self.state = st.restore(state, {name.removeprefix(STEPPER_PREFIX): np.asarray(value, dtype=float)
                                             for name, value in ck.extra.items() if name.startswith(STEPPER_PREFIX)})
+            # evaluated before the loop, as a fresh start's and as every new state in the loop: the first resumed
+            # step's cost columns are then those of the same step in an uninterrupted run
+            st.diagnostics(self.state)
             self.monitor.restore(ck.extra.get("accuracy"), rows)
             self.wall_offset = self.writer.last_wall_time
             return
@@ -231,7 +234,7 @@ class _Run(Observer):
         diag = st.diagnostics(self.state)  # before the file exists: a bad config leaves no file behind
         self.writer = GatheringWriter.create(
             self.comm, self.path, self.cfg, self.problem.arrays(), self.state.fields,
-            ACCURACY_COLUMNS + st.step_columns, st.frame_attrs(),
+            ACCURACY_COLUMNS + COST_COLUMNS + st.step_columns, st.frame_attrs(),
             extra_shapes={**{name: np.shape(value) for name, value in self.stepper_extra(self.state).items()},
                           "accuracy": (self.monitor.checkpoint_size,)},
             measure=st.measure, beta=self.problem.beta, precision=self.problem.precision,

@@ -17,7 +17,6 @@ import numpy as np
 from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import State, Stepper
 from .controller import AdaptiveStepper
 
@@ -89,7 +88,6 @@ class ExplicitRK(Stepper):
                               dissipation_integral=self._quadrature(state, h, self.b, stages)), {}
 
 
-@register
 class Euler(ExplicitRK):
     """Explicit Euler: ``y_{n+1} = y_n + h f(y_n)``."""
     name = "euler"
@@ -101,7 +99,6 @@ class Euler(ExplicitRK):
     stability_bound = 2.0
 
 
-@register
 class Heun(ExplicitRK):
     """Heun's method (explicit trapezoid, RK2)."""
     name = "heun"
@@ -114,7 +111,6 @@ class Heun(ExplicitRK):
     stability_bound = 2.0
 
 
-@register
 class RK4(ExplicitRK):
     """The classical fourth-order Runge-Kutta method."""
     name = "rk4"
@@ -160,7 +156,6 @@ class EmbeddedRK(AdaptiveStepper, ExplicitRK):
         return counts
 
 
-@register
 class DormandPrince(EmbeddedRK):
     """Adaptive Dormand-Prince 5(4) with error control (see the module docstring). Its step size follows the
     elementary controller ``0.9 err^(-1/5)`` (no PI memory), as it always has, so that its results stay those of the

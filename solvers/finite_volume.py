@@ -20,7 +20,6 @@ from pdeflow.core.config import Config
 from pdeflow.core.measure import Grid, entropy
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import SolverError, State, Stepper
 
 # Density (times the box volume) below which log rho is clamped in the entropy potential.
@@ -202,7 +201,6 @@ class GridEvaluator:
         return cls(problem, grid or Grid.from_config(cfg.grid, problem.k), s.scheme, s.limiter, s.gamma)
 
 
-@register
 class FiniteVolume(Stepper):
     """Upwind / MUSCL finite volumes with SSP Runge-Kutta time stepping (see the module docstring)."""
     name = "fv"

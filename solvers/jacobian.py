@@ -36,9 +36,7 @@ def velocity_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray, gra
         norm = float(np.linalg.norm(u))
         if norm == 0.0:
             return np.zeros_like(u)
-        eps = DIFFERENCE_STEP * size / norm
-        y = omega + eps * u
-        return (problem.grad_phi(y, y, mass) - grad0) / eps
+        return problem.system_jvp_difference(omega, mass, u, grad0, DIFFERENCE_STEP * size / norm)
     return difference
 
 

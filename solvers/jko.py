@@ -21,7 +21,6 @@ from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.measure import Grid, entropy
 from pdeflow.core.problem import Problem
 
-from . import register
 from .anderson import Anderson
 from .base import DefectSource, SolverError, State, Stepper
 from .entropic_ot import blur_source, entropic_epsilon, entropic_prox, finer_blur
@@ -63,7 +62,6 @@ def implied_diffusion(cfg: Config, cell_widths) -> float:
 
 
 # ---- steppers -------------------------------------------------------------------------------------
-@register
 class JKO(Stepper):
     """``solver.method = "jko"``: :meth:`from_config` builds :class:`ParticleJKO` or :class:`GridJKO` after
     ``init.measure``."""

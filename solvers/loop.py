@@ -21,6 +21,9 @@
   its file always agree).
 - With ``measure`` the loop computes the stepper's diagnostics (energy, risk, dissipation) of every new state
   (``Step.diagnostics``): the driver records them; the in-memory callers leave them out (no extra evaluation).
+- **Cost.** The Problem's calls during the step and the new state's diagnostics, by kind, are added to the step's
+  columns (:data:`pdeflow.solvers.base.COST_COLUMNS`, :meth:`~pdeflow.solvers.base.Stepper.cost_since`); the
+  observers' own calls (the accuracy checks' products) are not the step's.
 """
 from __future__ import annotations
 
@@ -181,9 +184,11 @@ class Loop:
                 # non-finite values are detected here, state by state; numpy's warnings would only add lines to
                 # the one-line report
                 with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+                    mark = st.cost_mark()
                     new, stepper_columns = st.step(state, target - state.t)
                     finite = all(self.comm.allgather(st.is_finite(new)))
                     diag = st.diagnostics(new) if finite and self.measure else {}
+                    stepper_columns = {**stepper_columns, **st.cost_since(mark)}
                     if not finite or not all(np.isfinite(v) for v in diag.values()):
                         return state, Stop("non_finite", f"non-finite state at step {state.step + 1} "
                                                          f"(t = {state.t:.6g}): {st.likely_cause(state)}")

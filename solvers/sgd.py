@@ -20,13 +20,11 @@ from pdeflow.core.problem import Problem, task_params
 from pdeflow.core.state import rng_from_state, rng_state
 from pdeflow.core.tasks import TaskData, TaskError, sample_task
 
-from . import register
 from .base import State, Stepper
 
 SEED_BOUND = 2**63 - 1  # seeds of fresh minibatches are drawn in [0, SEED_BOUND)
 
 
-@register
 class SGD(Stepper):
     """Minibatch SGD (optionally Langevin) on N heads in mean-field time; see the module docstring."""
     name = "sgd"

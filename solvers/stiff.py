@@ -21,7 +21,6 @@ from scipy.sparse.linalg import LinearOperator, lobpcg, minres
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import SolverError, State, controller_factor, hermite
 from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
 from .jacobian import dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
@@ -135,7 +134,6 @@ class _Plan:
     margin: float = math.nan
 
 
-@register
 class Rosenbrock(AdaptiveStepper):
     """``solver.method = "rosenbrock"``: ROS34PW2 with MINRES stage solves (see the module docstring)."""
     name = "rosenbrock"
@@ -144,7 +142,7 @@ class Rosenbrock(AdaptiveStepper):
     sharded = False
     order: ClassVar[int] = ORDER
     error_estimator_order: ClassVar[int] = ERROR_ORDER
-    step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "gradient_evals", "explicit_margin")
+    step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "explicit_margin")
     stability_column = "explicit_margin"
     failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
     reads = (*CONTROLLER_KEYS, "jacobian", "krylov_tol", "krylov_maxiter", "deflate", "deflate_every", "stage_solve")

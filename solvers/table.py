@@ -1,4 +1,4 @@
-"""The "which solver" table: one row per registered method (:data:`pdeflow.core.methods.METHODS`), from the
+"""The "which solver" table: one row per registered method (:data:`pdeflow.solvers.methods.METHODS`), from the
 ``summary`` and ``use_when`` its stepper class declares next to its ``name``.
 
 The README's "Solvers" section and docs/solvers.md's "Choosing" section hold this table between the lines
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pdeflow.core.methods import METHODS
+from pdeflow.solvers.methods import METHODS
 
 START = "<!-- which-solver:start -->"
 END = "<!-- which-solver:end -->"

@@ -22,7 +22,6 @@ from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.measure import Grid
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import DefectSource, SolverError, State
 from .entropic_ot import blur_source, finer_blur
 from .finite_volume import FiniteVolume
@@ -91,7 +90,6 @@ def jko_masses(a: np.ndarray, cost: np.ndarray, xi: np.ndarray, c: float, eps: f
     return b * (total / float(np.sum(b)))
 
 
-@register
 class UnbalancedJKO(FiniteVolume):
     """JKO steps for the Wasserstein-Fisher-Rao metric on a grid (see the module docstring)."""
     name = "wfr_jko"

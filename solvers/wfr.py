@@ -18,13 +18,11 @@ import numpy as np
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
-from . import register
 from .base import SolverError, State
 from .controller import CONTROLLER_KEYS
 from .explicit import DormandPrince
 
 
-@register
 class WassersteinFisherRao(DormandPrince):
     """Dormand-Prince 5(4) on ``(omega, m)`` for the WFR particle flow (see the module docstring)."""
     name = "wfr"

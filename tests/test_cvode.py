@@ -205,3 +205,21 @@ def test_non_positive_mass_is_refused(sundials, reference):
     mass[0] = 0.0
     with pytest.raises(Exception, match="positive masses"):
         stepper.step(State(t=0.0, step=0, dt=0.01, fields={"omega": state.fields["omega"], "mass": mass}), 0.1)
+
+
+def test_a_missing_sundials_is_one_line_when_the_stepper_is_built(monkeypatch):
+    """scikit-sundae is optional: ``pdeflow.solvers`` imports without it (the cvode module imports it lazily) and
+    building the cvode stepper then raises a one-line ConfigError naming the extra to install."""
+    import sys
+
+    import pdeflow.solvers
+    from pdeflow.solvers.cvode import sundials
+
+    from pdeflow.core.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "sksundae", None)  # an import of it now fails as if it were not installed
+    monkeypatch.setitem(sys.modules, "sksundae.cvode", None)
+    pdeflow.solvers._import_steppers()
+    with pytest.raises(ConfigError, match=r"^solver.method = 'cvode' needs scikit-sundae .*\[sundials\]") as exc:
+        sundials()
+    assert "\n" not in str(exc.value)

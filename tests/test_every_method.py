@@ -1,5 +1,5 @@
-"""Every method of the method table (:data:`pdeflow.core.methods.METHODS`) end to end through the commands a user runs:
-``pdeflow run`` on a tiny problem with the accuracy record on, the record's verdict and the energy identity summed
+"""Every method of the method table (:data:`pdeflow.solvers.methods.METHODS`) end to end through the commands a user
+runs: ``pdeflow run`` on a tiny problem with the accuracy record on, the record's verdict and the energy identity summed
 from the file's /steps, then ``diagnose``, ``compare`` (the file against itself, and against a copy with one
 perturbed energy) and ``info`` on its file. A method added to the table is run here with no edit (its defaults on the
 tiny problem of its measure); one that cannot pass fails. Also: the knob each method's accuracy advice names, and
@@ -15,9 +15,10 @@ import pytest
 from pdeflow.solvers import make_stepper
 from pdeflow.solvers.accuracy import remedy
 from pdeflow.solvers.driver import run
+from pdeflow.solvers.methods import GRID, METHODS, PARTICLES
 
 from pdeflow import Problem, loads_config
-from pdeflow.core.methods import GRID, METHODS, PARTICLES
+from pdeflow.core.problem import JVP_COST
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
 
@@ -109,6 +110,17 @@ def test_every_method_runs_holds_its_accuracy_and_its_file_answers_every_command
         assert np.all(np.isnan(steps["identity_defect"]))
         assert not verdict.startswith("LOST")
 
+    # the base's cost columns, fed by the Problem: every particle step evaluated grad Phi, and every step reports
+    # its products by kind (a grid stepper's Phi on its cells is not a counted kind: 0); one formula sums them
+    from pdeflow.solvers.base import COST_COLUMNS
+
+    from pdeflow.analysis.diagnostics.spectral import run_gradient_equivalents
+
+    cost = np.array([steps[column][1:] for column in COST_COLUMNS])
+    assert np.all(cost >= 0) and np.all(cost == np.round(cost)), method
+    assert (cost[0].sum() > 0) == (stepper.measure == PARTICLES), method
+    assert run_gradient_equivalents(steps) == cost[0].sum() + JVP_COST * cost[1].sum() + cost[2].sum()
+
     # diagnose: the analysis of the file, stored as /analysis (the search for min Phi has its own tests)
     assert main(["diagnose", str(out), "--no-gap"]) == 0
     report = capsys.readouterr().out
@@ -137,6 +149,33 @@ def test_every_method_runs_holds_its_accuracy_and_its_file_answers_every_command
 
 # ---- the advice a loss of accuracy gives --------------------------------------------------------------------
 KNOB = {"rtol": "solver.rtol", "tau": "solver.tau", "cfl": "solver.cfl"}
+
+
+@pytest.mark.parametrize("method", [name for name, m in METHODS.items() if m.explicit])
+def test_an_explicit_method_costs_its_tableaus_stages(method):
+    """The Problem's count against the Butcher tableau: in the loop that measures each new state (as the driver
+    does), a fixed-step step costs ``len(b)`` grad Phi evaluations (its stages after the first, and its new state's),
+    an embedded first-same-as-last pair ``len(A) - 1`` per attempt (the rejected ones included); no products."""
+    from pdeflow.solvers.base import STEPPERS
+    from pdeflow.solvers.explicit import EmbeddedRK
+    from pdeflow.solvers.loop import Loop, Observer
+
+    cfg = tiny_config(method)
+    stepper = make_stepper(Problem.from_config(cfg), cfg)
+    state = stepper.initial_state()
+    stepper.diagnostics(state)
+    rows = []
+
+    class Rows(Observer):
+        def accept(self, step):
+            rows.append(step.stepper_columns)
+    Loop(stepper, [0.25, 0.5], [Rows()], measure=True).run(state)
+    cls = STEPPERS[method]
+    per_attempt = len(cls.A) - 1 if issubclass(cls, EmbeddedRK) else len(cls.b)
+    assert len(rows) >= 2
+    for row in rows:
+        assert row["gradient_evals"] == per_attempt * (1 + row.get("rejected", 0.0)), (method, row)
+        assert row["jvps_exact"] == row["jvps_difference"] == 0.0
 
 
 @pytest.mark.parametrize("method", list(METHODS))

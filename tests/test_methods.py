@@ -1,5 +1,5 @@
 """A method is declared once, by its stepper class (name, measures, explicit reference flow, the method-specific
-``[solver]`` keys it reads), and :mod:`pdeflow.core.methods`' table, the config's method rules
+``[solver]`` keys it reads), and :mod:`pdeflow.solvers.methods`' table, the config's method rules
 (:func:`pdeflow.solvers.check_config`) and ``pdeflow config`` derive from it: every registered class agrees with its
 row, the keys a stepper reads when built are its declared ones, and every method-specific key given a value for a
 method that does not read it is refused (exit 2, one line naming the methods that read it)."""
@@ -15,10 +15,10 @@ import pytest
 from pdeflow.solvers import STEPPERS, check_config
 from pdeflow.solvers.base import Stepper
 from pdeflow.solvers.explicit import ExplicitRK
+from pdeflow.solvers.methods import GRID, METHODS, PARTICLES, Method, method_keys, readers, schema_text
 
 from conftest import build_config, config_text
-from pdeflow.core.config import Config, ConfigError, SolverConfig, describe_schema
-from pdeflow.core.methods import GRID, METHODS, PARTICLES, Method, method_keys, readers
+from pdeflow.core.config import Config, ConfigError, SolverConfig
 from pdeflow.core.problem import Problem
 from pdeflow.interface.cli import main
 
@@ -49,6 +49,10 @@ def test_a_new_stepper_class_declares_itself() -> None:
     class Planted(Stepper):
         name = "planted_method"
         reads: ClassVar[tuple[str, ...]] = ("radius_every",)
+
+        @classmethod
+        def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
+            return cls(problem)
     try:
         assert STEPPERS["planted_method"] is Planted
         assert METHODS["planted_method"] == Method("planted_method", (PARTICLES,), False, ("radius_every",))
@@ -56,6 +60,48 @@ def test_a_new_stepper_class_declares_itself() -> None:
         check_config(Config().replace(solver={"method": "planted_method", "radius_every": 3}))
     finally:
         del STEPPERS["planted_method"], METHODS["planted_method"]
+
+
+def test_a_stepper_module_that_fails_to_import_raises(monkeypatch) -> None:
+    """Importing :mod:`pdeflow.solvers` imports every module of it, and a module missing a third-party import fails
+    loudly instead of leaving its method out (an optional dependency is imported when its stepper is built)."""
+    import importlib
+
+    real = importlib.import_module
+
+    def failing(name: str, *args: Any) -> Any:
+        if name == "pdeflow.solvers.chebyshev":
+            raise ModuleNotFoundError("No module named 'not_installed'", name="not_installed")
+        return real(name, *args)
+    monkeypatch.setattr(importlib, "import_module", failing)
+    with pytest.raises(ModuleNotFoundError, match="not_installed"):
+        pdeflow.solvers._import_steppers()
+
+
+def test_a_stepper_class_that_breaks_the_contract_is_refused_when_defined() -> None:
+    """The contract of :class:`pdeflow.solvers.base.Stepper`: a named class lacking ``from_config``, or an adaptive
+    one lacking its error estimate's order, fails where it is defined (and registers nothing); a class without
+    ``step`` cannot be instantiated."""
+    from pdeflow.solvers.controller import AdaptiveStepper
+
+    with pytest.raises(TypeError, match=r"Unconfigured \(solver.method = 'unconfigured'\) does not define "
+                                        r"from_config"):
+        class Unconfigured(Stepper):
+            name = "unconfigured"
+    with pytest.raises(TypeError, match="does not define error_estimator_order, _step_impl"):
+        class Unestimated(AdaptiveStepper):
+            name = "unestimated"
+            order = 2
+
+            @classmethod
+            def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
+                return cls(problem, 0.1, rtol=1e-3, atol=1e-6, dt_min=1e-9, dt_max=1.0, max_growth=5.0)
+    assert "unconfigured" not in STEPPERS and "unestimated" not in STEPPERS and "unestimated" not in METHODS
+
+    class Stepless(Stepper):
+        pass
+    with pytest.raises(TypeError, match="abstract method.*step"):
+        Stepless(Problem.from_config(Config()))
 
 
 @pytest.mark.parametrize("measure", [PARTICLES, GRID])
@@ -181,7 +227,7 @@ def test_pdeflow_run_refuses_an_unread_key_with_exit_2(key: str, tmp_path, capsy
 
 
 def test_pdeflow_config_lists_the_methods_and_their_readers() -> None:
-    text = describe_schema()
+    text = schema_text()
     line = next(line for line in text.splitlines() if line.startswith("  method = "))
     assert all(repr(name) in line for name in METHODS)
     for key in method_keys():

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 from pdeflow.solvers import STEPPERS
+from pdeflow.solvers.methods import METHODS
 from pdeflow.solvers.table import END, FILES, START, main, which_solver_table, with_table
-
-from pdeflow.core.methods import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,12 +23,12 @@ from scipy import stats
 
 from ..core.config import Config, ConfigError
 from ..core.mean_field import loss_weights
-from ..core.methods import explicit_flows
 from ..core.problem import Problem, task_params
 from ..io.result_schema import CHAOS, CHAOS_WORK
 from ..solvers import make_stepper
 from ..solvers.base import State, Stepper
 from ..solvers.loop import advance, frame_times
+from ..solvers.methods import explicit_flows
 from ..solvers.sgd import SGD
 
 SEED_KEYS = {"initial": 1, "sgd": 2, "probe": 3, "static": 4, "sliced": 5}

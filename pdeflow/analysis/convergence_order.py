@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from ..core.config import RTOL_RANGE, Config, ConfigError, loads_config
-from ..core.methods import METHODS
 from ..io.checkpoint import row_counts
 from ..io.file_access import open_for_reading
 from ..io.reference import Comparison, compare
+from ..solvers.methods import METHODS
 from .chaos import fit_power_law
 
 ACCURACY_MARGIN = 10.0      # the reference must be this many times more accurate than the finest run

@@ -13,12 +13,11 @@ import dataclasses
 import math
 import sys
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .methods import METHODS, readers
 from .tasks import TASK_NAMES, TASKS
 
 
@@ -520,16 +519,17 @@ def dumps_toml(data: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def describe_schema() -> str:
-    """Every section and key with its default and meaning, for ``pdeflow config``; with the methods declared
-    (:data:`pdeflow.core.methods.METHODS`, filled by importing :mod:`pdeflow.solvers`) the choices of ``solver.method``
-    and, for each method-specific ``[solver]`` key, the methods that read it."""
+def describe_schema(methods: tuple[str, ...] = (),
+                    readers: Callable[[str], tuple[str, ...]] = lambda key: ()) -> str:
+    """Every section and key with its default and meaning, for ``pdeflow config``; given the declared ``methods``
+    (:func:`pdeflow.solvers.methods.schema_text` passes the method table) the choices of ``solver.method`` and, for
+    each method-specific ``[solver]`` key, ``readers(key)``: the methods that read it."""
     out = []
     for name, cls in SECTIONS.items():
         out.append(f"[{name}]")
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            choices = tuple(METHODS) if (name, f.name) == ("solver", "method") and METHODS else f.metadata["choices"]
+            choices = methods if (name, f.name) == ("solver", "method") and methods else f.metadata["choices"]
             allowed = f" (one of {', '.join(map(repr, choices))})" if choices else ""
             read = readers(f.name) if name == "solver" else ()
             by = f" [read by {', '.join(read)}]" if read else ""

@@ -6,11 +6,18 @@ A Problem holds a data set and the fixed layer (docs/model.md) and evaluates, fo
 ``translation_hvp`` [k] (complex step, exact to rounding) and ``system_jvp`` [N, k] (forward mode,
 :mod:`pdeflow.core.kernels_jvp`). Sharded across MPI ranks (:meth:`Problem.with_comm`), the arrays a method receives are
 this rank's block and the results equal the serial values. Details: docs/design.md, "The problem".
+
+Cost: a Problem counts what it is asked (:attr:`Problem.counts`, by kind of :data:`COST_KINDS`): ``gradient``, one
+evaluation of grad Phi (:meth:`Problem.grad_phi_field`, which :meth:`Problem.evaluate`, :meth:`Problem.grad_phi` and
+:meth:`Problem.velocity` call once each); ``jvp_exact``, one forward-mode product (:meth:`Problem.system_jvp`);
+``jvp_difference``, one forward-difference product (:meth:`Problem.system_jvp_difference`, one real grad Phi).
+:func:`gradient_equivalents` is the one formula that turns counts into grad Phi evaluations.
 """
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +31,19 @@ from .parallel import SERIAL, SerialComm
 from .tasks import TASKS, TaskError, make_task
 
 COMPLEX_STEP = 1e-30
+# a whole-system Jacobian-vector product in forward mode costs about this many grad Phi evaluations (measured on the
+# quickstart and the benchmark reference problem: 2.2-2.5, studies/race/HVP_COST.md)
+JVP_COST = 2.5
+# the cost of one call of each kind the Problem counts, in grad Phi evaluations at all particles: a difference product
+# is one grad Phi call (plus vector arithmetic)
+GRADIENT_EQUIVALENTS: dict[str, float] = {"gradient": 1.0, "jvp_exact": JVP_COST, "jvp_difference": 1.0}
+COST_KINDS = tuple(GRADIENT_EQUIVALENTS)
+
+
+def gradient_equivalents(counts: Mapping[str, float]) -> float:
+    """``sum_kind GRADIENT_EQUIVALENTS[kind] counts[kind]``: the cost of ``counts`` (kinds of :data:`COST_KINDS`; a
+    kind left out counts 0) in grad Phi evaluations."""
+    return float(sum(GRADIENT_EQUIVALENTS[kind] * counts.get(kind, 0.0) for kind in COST_KINDS))
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,8 @@ class Problem:
     def __init__(self, arrays: dict[str, Any], precision: str = "float64", beta: float = np.inf,
                  comm: SerialComm | None = None) -> None:
         self.comm = comm or SERIAL  # the ranks the measure's particles are split across
+        # calls so far by kind (module docstring); with_comm shares them (the same problem, split)
+        self.counts: dict[str, int] = dict.fromkeys(COST_KINDS, 0)
         self._arrays = {key: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v)
                         for key, v in arrays.items()}
         a = self._arrays
@@ -223,7 +245,11 @@ class Problem:
         return self._real(phi + 0.5 * self.weight_decay * np.einsum("qk,qk->q", query, query))
 
     def grad_phi_field(self, query: np.ndarray, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``Phi`` [Q] and ``grad_omega Phi`` [Q, k] at query points for residual features G."""
+        """``Phi`` [Q] and ``grad_omega Phi`` [Q, k] at query points for residual features G (one ``gradient``)."""
+        self.counts["gradient"] += 1
+        return self._grad_phi_field(query, G)
+
+    def _grad_phi_field(self, query: np.ndarray, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         query = self._cast(np.atleast_2d(query))
         data = self._data_for(query) if not np.iscomplexobj(G) else self._data64
         phi, grad_theta = mean_field.grad_phi_data(self.theta(query), G, data)
@@ -279,6 +305,7 @@ class Problem:
         (:func:`pdeflow.core.mean_field.grad_phi_data_jvp`), pulled back, plus ``lam u_i``. About 2.2-2.5 grad Phi
         evaluations of work (studies/race/HVP_COST.md); :meth:`system_jvp_complex_step` is the slower
         complex-step reference."""
+        self.counts["jvp_exact"] += 1
         omega = self._cast(np.asarray(omega, dtype=float))
         direction = np.asarray(direction, dtype=float)
         data = self._data
@@ -293,6 +320,15 @@ class Problem:
         if self.weight_decay:
             grad = grad + self.weight_decay * direction
         return self._real(grad)
+
+    def system_jvp_difference(self, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray,
+                              grad0: np.ndarray, eps: float) -> np.ndarray:
+        """:meth:`system_jvp` by the forward difference ``(grad Phi(y + eps u; rho_{y + eps u}) - grad0) / eps``
+        (``grad0`` = grad Phi at ``y = omega`` [N, k]): one real grad Phi evaluation, counted as a
+        ``jvp_difference``."""
+        self.counts["jvp_difference"] += 1
+        y = omega + eps * direction
+        return (self._grad_phi_field(y, self.residual_features(y, mass))[1] - grad0) / eps
 
     def system_jvp_complex_step(self, omega: np.ndarray, mass: np.ndarray, direction: np.ndarray) -> np.ndarray:
         """:meth:`system_jvp` by the complex step (module docstring): one complex evaluation of grad Phi at all

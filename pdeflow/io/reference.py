@@ -21,7 +21,6 @@ from scipy.spatial.distance import cdist
 from ..core.clock import same_time
 from ..core.config import ConfigError, loads_config
 from ..core.measure import Grid, free_energy
-from ..core.methods import METHODS
 from ..core.problem import Problem
 from . import schema
 from .checkpoint import row_counts
@@ -57,14 +56,12 @@ class Dynamics:
     @classmethod
     def of(cls, config_text: str, beta: float) -> Dynamics:
         """The dynamics of a file from its ``/.config`` text (empty: a file from another code, taken to hold the
-        Wasserstein flow) and ``/model.beta``: the keys of :data:`pdeflow.core.methods.METHOD_KEYS` count only for the
-        methods that read them."""
+        Wasserstein flow) and ``/model.beta``. A method that does not read ``alpha``, ``gamma`` or ``total_mass``
+        has them at their defaults, the Wasserstein flow's (:func:`pdeflow.solvers.check_config` refuses others)."""
         if not config_text:
             return cls(beta=beta)
         s = loads_config(config_text).solver
-        reads = METHODS[s.method].reads
-        return cls(alpha=s.alpha if "alpha" in reads else 1.0, gamma=s.gamma if "gamma" in reads else 0.0,
-                   total_mass=s.total_mass if "total_mass" in reads else "fixed", beta=beta)
+        return cls(alpha=s.alpha, gamma=s.gamma, total_mass=s.total_mass, beta=beta)
 
     def dissipation(self, problem: Problem, omega: np.ndarray, mass: np.ndarray) -> float:
         """``I = alpha int |grad Phi|^2 d rho + gamma int (Phi - <Phi>)^2 d rho`` at the measure ``omega`` [N, k],

@@ -14,8 +14,9 @@
 4. **the flow at the same wall time**: the run continued (``--resume`` on a copy) for the wall time the solve and the
    certification took, so the energy the flow alone reaches in the same total wall time stands beside E*.
 
-Costs in gradient evaluations (a JVP at :data:`pdeflow.analysis.stationary.JVP_GRADIENTS`, the flow's from its
-/steps rows: :func:`pdeflow.analysis.diagnostics.spectral.run_gradient_equivalents`) and wall seconds, with the CPU
+Costs in gradient evaluations (the one formula :func:`pdeflow.core.problem.gradient_equivalents`: an exact JVP at
+:data:`pdeflow.core.problem.JVP_COST`, a difference product at 1; the flow's from its /steps cost columns:
+:func:`pdeflow.analysis.diagnostics.spectral.run_gradient_equivalents`) and wall seconds, with the CPU
 model and the load average before and after. Writes ``time_to_minimum.json`` and ``time_to_minimum.md`` into DIR
 (default benchmarks/results). ``--n`` sets the particles and the sequences (``init.n_particles``, ``task.n_samples``),
 ``--set`` any other key (toy runs).
@@ -70,9 +71,9 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
     """The four steps of the module docstring; the result as a JSON-able dict. ``flow_file``: a run of the same
     config from t = 0 already made (its own wall time and counts are step 1's). ``save(res)`` is called after the
     solve and again at the end (a killed comparison keeps the rest)."""
-    from pdeflow.analysis.stationary import JVP_GRADIENTS, minimum, write_stationary
+    from pdeflow.analysis.stationary import minimum, write_stationary
     from pdeflow.core.config import load_config
-    from pdeflow.core.problem import Problem
+    from pdeflow.core.problem import JVP_COST, Problem, gradient_equivalents
     from pdeflow.io.trajectory import open_trajectory
 
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +84,7 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
     cfg = load_config(LONGTIME, overrides)
     problem = Problem.from_config(cfg)
     res: dict[str, Any] = {"config": str(LONGTIME.name), "overrides": overrides, "machine": machine(),
-                           "load_before": _load(), "jvp_gradients": JVP_GRADIENTS}
+                           "load_before": _load(), "jvp_gradients": JVP_COST}
     path = out / "flow.h5"
     log(f"flow: longtime.toml with {' '.join(overrides)}" + (f", read from {flow_file}" if flow_file else ""))
     if flow_file is not None:
@@ -107,10 +108,11 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
     # point.wall is the whole search, the certification's certify_wall included
     res["solve"] = {"method": method, "wall": point.wall - point.certify_wall, "gradients": point.gradients,
                     "products": point.products,
-                    "grad_equivalents": point.gradients + JVP_GRADIENTS * point.products,
+                    "grad_equivalents": gradient_equivalents({"gradient": point.gradients,
+                                                              "jvp_exact": point.products}),
                     "iterations": point.iterations, "message": point.message}
     res["certification"] = {"wall": point.certify_wall, "products": point.certify_products,
-                            "grad_equivalents": JVP_GRADIENTS * point.certify_products}
+                            "grad_equivalents": gradient_equivalents({"jvp_exact": point.certify_products})}
     res["minimum"] = {"verdict": point.verdict, "certified": point.certified, "converged": point.converged,
                       "certificate": point.certificate.describe(),
                       "energy": point.energy, "dissipation": point.dissipation,
@@ -119,7 +121,8 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
                       if s.lowest.size else float("nan"), "lambda_max": s.lambda_max,
                       "morse_index_lower": point.morse_index_lower, "n_symmetry": s.n_symmetry}
     total_wall = f["wall"] + point.wall
-    res["total"] = {"wall": total_wall, "grad_equivalents": f["grad_equivalents"] + point.gradient_equivalents}
+    res["total"] = {"wall": total_wall, "grad_equivalents": f["grad_equivalents"] + res["solve"]["grad_equivalents"]
+                    + res["certification"]["grad_equivalents"]}
     log(f"minimum: {point.verdict}, E = {point.energy:.10g}, I = {point.dissipation:.3e}; solve "
         f"{res['solve']['wall']:.1f} s, certification {point.certify_wall:.1f} s")
     if save is not None:

@@ -157,18 +157,24 @@ def run_stepper(cfg, problem, t_end: float, marks=MARKS, wall: float = np.inf, p
     return result
 
 
-def gradient_equivalents(row: dict[str, float], method: str, costs: dict[str, float], jacobian: str) -> float:
-    """Gradient evaluations of a run, with each JVP counted at its measured cost."""
-    if method in ("rosenbrock", "rkc", "cvode", "eserk4"):
-        # a difference product is one grad Phi call (plus vector arithmetic): counted as 1
-        ratio = costs["exact_over_grad"] if jacobian == "exact" else 1.0
-        return row["gradient_evals"] + ratio * row["jvps"]
-    if method == "adaptive":
-        # six new stages per try (first-same-as-last), plus the first evaluation
-        return 6.0 * (row["steps"] + row.get("rejected", 0.0)) + 1.0
-    if method == "jko":
+def gradient_equivalents(row: dict[str, float], method: str, jacobian: str = "") -> float:
+    """Gradient evaluations of a run up to one of its rows (``method`` a stepper): the one formula
+    :func:`pdeflow.core.problem.gradient_equivalents` of its cost columns (:data:`pdeflow.solvers.base.COST_COLUMNS`,
+    every stepper's), plus the initial state's evaluation. A row recorded before those columns (the records' runs):
+    the stepper's own ``gradient_evals`` and ``jvps`` (products of kind ``jacobian``, "exact" or "difference"), jko's
+    ``inner_evaluations`` plus one, or an explicit pair's ``stages`` new evaluations per attempted step plus one."""
+    from pdeflow.solvers import stepper_class
+    from pdeflow.solvers.base import COST_COLUMN
+
+    from pdeflow.core.problem import gradient_equivalents as cost
+
+    if all(column in row for column in COST_COLUMN.values()):
+        return cost({kind: row[column] for kind, column in COST_COLUMN.items()}) + 1.0
+    if "jvps" in row:
+        return cost({"gradient": row["gradient_evals"], f"jvp_{jacobian or 'exact'}": row["jvps"]})
+    if "inner_evaluations" in row:
         return row["inner_evaluations"] + 1.0
-    raise ValueError(method)
+    return stepper_class(method).stages * (row["steps"] + row.get("rejected", 0.0)) + 1.0
 
 
 def energy_at(run: dict[str, Any], t: float) -> float | None:
@@ -250,7 +256,7 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of the time-to-solution table from the raw runs of :func:`benchmark` (also re-rendered from a
     saved JSON by ``--render``): per mark, each method's wall time, gradient equivalents, steps and energy error
     against the reference; JKO also extrapolated to the rkc run's accuracy; a last row for the long run."""
-    costs, ref, rkc, dp, jko = res["costs"], res["reference"], res["rkc"], res["adaptive"], res["jko"]
+    ref, rkc, dp, jko = res["reference"], res["rkc"], res["adaptive"], res["jko"]
     rows = []
     lam_t = np.array([t for t, _ in res["lambda_max"]])
     lam_v = np.array([v for _, v in res["lambda_max"]])
@@ -261,7 +267,7 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
 
     def measured(method: str, r: dict[str, float], e_ref: float | None) -> dict[str, Any]:
         jacobian = "difference" if method in ("rkc", "rosenbrock") else ""
-        return {"wall": r["wall"], "grad_equivalents": gradient_equivalents(r, method, costs, jacobian),
+        return {"wall": r["wall"], "grad_equivalents": gradient_equivalents(r, method, jacobian),
                 "steps": r["steps"], "energy_error": None if e_ref is None else abs(r["energy"] - e_ref),
                 "measured": True}
 
@@ -291,7 +297,7 @@ def table(res: dict[str, Any]) -> list[dict[str, Any]]:
     last = float(lam_v[-1])
     factor = (lam_integral(float(lam_t[-1])) + last * (f["t"] - float(lam_t[-1]))) / lam_integral(d["t"])
     row["adaptive"] = {"wall": d["wall"] * factor,
-                       "grad_equivalents": gradient_equivalents(d, "adaptive", costs, "") * factor,
+                       "grad_equivalents": gradient_equivalents(d, "adaptive") * factor,
                        "steps": d["steps"] * factor, "energy_error": None, "measured": False,
                        "method": f"extrapolated: lambda_max held at {last:.3g} (its value at t = {lam_t[-1]:.0f}) "
                                  f"beyond the sampled range, x {factor:.3g}"}
@@ -355,36 +361,50 @@ RACE_TARGETS = (1e-4, 1e-6, 1e-8)
 RACE_ESERK4_DEFLATE = 8
 
 
-# race entries that run a stepper with other settings than its own entry: name -> (stepper, [solver] overrides)
-RACE_VARIANTS = {"cvode-difference": ("cvode", {"jacobian": "difference"})}
+# the [solver] of each race entry: its stepper (``method``), its first step and other keys, and ``atol`` as a fraction
+# of the run's rtol (``atol_over_rtol``); ``cvode-difference`` runs cvode with its Jacobian products (GMRES's, the
+# eigenpairs' and dI/dt's) as forward differences of grad Phi. A registered adaptive method without an entry races
+# with RACE_DEFAULT.
+RACE_SOLVERS: dict[str, dict[str, Any]] = {
+    "rkc": {"method": "rkc", "dt": 0.005, "atol_over_rtol": 1e-2, "radius_every": 25},
+    "eserk4": {"method": "eserk4", "dt": 0.005, "atol_over_rtol": 1e-2, "radius_every": 25,
+               "deflate": RACE_ESERK4_DEFLATE},
+    "cvode": {"method": "cvode", "dt": 0.005, "atol_over_rtol": 1e-3, "deflate": 20},
+    "cvode-difference": {"method": "cvode", "dt": 0.005, "atol_over_rtol": 1e-3, "deflate": 20,
+                         "jacobian": "difference"},
+    "rosenbrock": {"method": "rosenbrock", "dt": 0.05, "atol_over_rtol": 1e-3, "jacobian": "difference",
+                   "deflate": 32, "deflate_every": 50, "stage_solve": "auto"},
+    "adaptive": {"method": "adaptive", "dt": 0.05, "atol_over_rtol": 1e-3},
+}
+# any other registered error-controlled method (bs23, ...): its own defaults but the first step and the tolerances
+RACE_DEFAULT: dict[str, Any] = {"dt": 0.05, "atol_over_rtol": 1e-3}
+
+
+def race_settings(entry: str) -> dict[str, Any]:
+    """The :data:`RACE_SOLVERS` row of a race entry, or :data:`RACE_DEFAULT` for a registered error-controlled
+    method (:class:`pdeflow.solvers.controller.AdaptiveStepper`); ValueError for anything else (no tolerance to
+    race)."""
+    from pdeflow.solvers import STEPPERS
+    from pdeflow.solvers.controller import AdaptiveStepper
+
+    if entry in RACE_SOLVERS:
+        return RACE_SOLVERS[entry]
+    if entry in STEPPERS and issubclass(STEPPERS[entry], AdaptiveStepper):
+        return {"method": entry, **RACE_DEFAULT}
+    raise ValueError(f"no race settings for {entry!r}: not a registered error-controlled method")
 
 
 def race_stepper(method: str) -> str:
-    """The stepper (``solver.method``) a race entry runs: itself, or the stepper of a :data:`RACE_VARIANTS` entry."""
-    return RACE_VARIANTS[method][0] if method in RACE_VARIANTS else method
+    """The stepper (``solver.method``) a race entry runs (:func:`race_settings`)."""
+    return race_settings(method)["method"]
 
 
 def race_solver(method: str, rtol: float) -> dict[str, Any]:
-    """The [solver] of one race run: the stepper's own conventions (atol relative to rtol as in the table above),
-    cvode with 20 deflated eigenpairs, eserk4 as rkc with :data:`RACE_ESERK4_DEFLATE`, rosenbrock as in the table
-    above; a :data:`RACE_VARIANTS` entry as its stepper's with its overrides (``cvode-difference``: cvode's
-    Jacobian products, GMRES's, the eigenpairs' and dI/dt's, as forward differences of grad Phi)."""
-    if method in RACE_VARIANTS:
-        stepper, overrides = RACE_VARIANTS[method]
-        return {**race_solver(stepper, rtol), **overrides}
-    if method == "rkc":
-        return {"method": "rkc", "dt": 0.005, "rtol": rtol, "atol": rtol * 1e-2, "radius_every": 25}
-    if method == "eserk4":
-        return {"method": "eserk4", "dt": 0.005, "rtol": rtol, "atol": rtol * 1e-2, "radius_every": 25,
-                "deflate": RACE_ESERK4_DEFLATE}
-    if method == "cvode":
-        return {"method": "cvode", "dt": 0.005, "rtol": rtol, "atol": rtol * 1e-3, "deflate": 20}
-    if method == "rosenbrock":
-        return {"method": "rosenbrock", "dt": 0.05, "rtol": rtol, "atol": rtol * 1e-3, "jacobian": "difference",
-                "deflate": 32, "deflate_every": 50, "stage_solve": "auto"}
-    if method == "adaptive":
-        return {"method": "adaptive", "dt": 0.05, "rtol": rtol, "atol": rtol * 1e-3}
-    raise ValueError(f"no race settings for {method!r}")
+    """The [solver] of one race run: the entry's settings (:func:`race_settings`) at ``rtol``, ``atol`` its
+    ``atol_over_rtol`` times ``rtol``."""
+    settings = dict(race_settings(method))
+    atol_over_rtol = settings.pop("atol_over_rtol")
+    return {**settings, "rtol": rtol, "atol": rtol * atol_over_rtol}
 
 
 # seconds between two progress lines of a race run
@@ -440,14 +460,16 @@ def race_jacobian(run: dict[str, Any]) -> str:
 
 
 def race_cost(run: dict[str, Any], row: dict[str, float]) -> float:
-    """Gradient equivalents of a race run up to one of its rows: :func:`gradient_equivalents` with exact JVPs at
-    the cost measured with the run and difference JVPs at 1."""
-    return gradient_equivalents(row, race_stepper(run["method"]), run["costs"], race_jacobian(run))
+    """Gradient equivalents of a race run up to one of its rows: :func:`gradient_equivalents` (exact JVPs at
+    :data:`pdeflow.core.problem.JVP_COST`, difference JVPs at 1, whatever the product cost measured with the run)."""
+    return gradient_equivalents(row, race_stepper(run["method"]), race_jacobian(run))
 
 
 def cost_breakdown(run: dict[str, Any], row: dict[str, float]) -> dict[str, float]:
     """Where a run's gradient equivalents (:func:`race_cost`) went, by what each evaluation or product was for."""
-    ratio = run["costs"]["exact_over_grad"] if race_jacobian(run) == "exact" else 1.0
+    from pdeflow.core.problem import GRADIENT_EQUIVALENTS
+
+    ratio = GRADIENT_EQUIVALENTS[f"jvp_{race_jacobian(run)}"]
     if race_stepper(run["method"]) == "cvode":
         slopes = row["steps"] + 1.0  # dI/dt at every new state and at the start
         return {"Newton f": row["gradient_evals"] - row["steps"], "f at the new state": row["steps"],
@@ -599,8 +621,9 @@ def race_markdown(res: dict[str, Any]) -> str:
                           for r in res["table"]["references"])
         lines += ["", f"Second, independent references, their energies' distance from the reference of their "
                       f"time: {agree}; errors well above these are resolved, errors near them are not."]
-    lines += ["", "JVPs: exact (forward mode) at the cost measured with each run, in grad Phi units "
-                  "(cvode); difference JVPs count 1 (rkc's radius and dI/dt, rosenbrock, and every product of "
+    lines += ["", "JVPs: exact (forward mode) at pdeflow.core.problem.JVP_COST grad Phi evaluations each "
+                  "(cvode; the cost measured with each run is kept in its JSON); "
+                  "difference JVPs count 1 (rkc's radius and dI/dt, rosenbrock, and every product of "
                   "cvode-difference: cvode with `solver.jacobian = \"difference\"`).", "",
               "| t | method | rtol | energy error | grad-equivalents | wall s | load (1 min) | CPU family/model "
               "| steps | source |",
@@ -739,9 +762,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deflate-every", type=int, default=50, help="rosenbrock: solver.deflate_every (default 50)")
     p.add_argument("--stage-solve", default="auto", choices=("auto", "minres"),
                    help="rosenbrock: solver.stage_solve (default auto)")
-    p.add_argument("--race", metavar="METHOD:RTOL", help="one run of the matched-accuracy race (rkc, eserk4, "
-                   "cvode, cvode-difference, rosenbrock, adaptive) to --t-end, saved as race/METHOD-RTOL.json under "
-                   "--out")
+    p.add_argument("--race", metavar="METHOD:RTOL", help="one run of the matched-accuracy race (an entry of "
+                   "RACE_SOLVERS, e.g. rkc, eserk4, cvode, cvode-difference, rosenbrock, adaptive, or any registered "
+                   "error-controlled method such as bs23) to --t-end, saved as race/METHOD-RTOL.json under --out")
     p.add_argument("--t-end", type=float, default=RACE_END, help="--race: final time (default 200)")
     p.add_argument("--race-render", metavar="FOLDER", help="gather the race runs in FOLDER into "
                    "matched_accuracy.json/.md/.png under --out")
@@ -756,6 +779,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.race:
         method, rtol = args.race.split(":")
+        try:
+            race_settings(method)
+        except ValueError as exc:
+            print(f"error: --race {args.race}: {exc}", file=sys.stderr)
+            return 2
         res = race_run(method, float(rtol), args.n, args.t_end, args.race_wall,
                        log=lambda s: print(s, file=sys.stderr, flush=True))
         folder = Path(args.out) / "race"

@@ -318,7 +318,7 @@ def bound_refusal(traj: Trajectory, frames: np.ndarray) -> str:
     probability measure mu on Omega when rho is one too. It says nothing about the limit of a flow whose total
     mass is free (WFR with ``solver.total_mass = "free"``: E is minimized over all masses) or of a measure of
     another total mass (checked at the gap ``frames``, to :data:`UNIT_MASS_TOL`)."""
-    from ...core.methods import METHODS  # the method table: which methods read solver.total_mass
+    from ...solvers.methods import METHODS  # the method table: which methods read solver.total_mass
 
     s = traj.config.solver
     if "total_mass" in METHODS[s.method].reads and s.total_mass == "free":

@@ -22,7 +22,7 @@ Phases (:func:`phase_of`), from ``lambda_min``, its residual ``r``, ``lowest_rit
 - ``near a degenerate point``: ``I <= spectrum_near * I(0)`` otherwise (the sign is not resolved, or the lowest Ritz
   value has not converged).
 
-Cost: ``products`` exact JVPs per analysed frame, each about :data:`pdeflow.solvers.accuracy.JVP_COST` gradient
+Cost: ``products`` exact JVPs per analysed frame, each about :data:`pdeflow.core.problem.JVP_COST` gradient
 evaluations (docs/solvers.md); :func:`run_gradient_equivalents` counts the run's own from its ``/steps`` rows, so
 the record states its cost as a fraction of the run's.
 """
@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from ...core.problem import Problem
+from ...core.problem import JVP_COST, Problem, gradient_equivalents
 from ...io.trajectory import Trajectory
-from ...solvers.accuracy import JVP_COST
+from ...solvers.base import COST_COLUMN
 
 DESCENT = "descent"
 MINIMUM = "near a minimum"
@@ -141,9 +141,13 @@ def spectrum_frame_indices(n_frames: int, every: int) -> np.ndarray:
 
 
 def run_gradient_equivalents(steps: dict[str, Any], jvp_cost: float = JVP_COST, stages: int | None = None) -> float:
-    """Gradient evaluations of a run from its ``/steps`` rows: ``sum gradient_evals + jvp_cost sum jvps`` when the
-    stepper counts them, else ``stages`` per attempted step (the rows after the first, plus ``rejected``); nan when
-    neither is known."""
+    """Gradient evaluations of a run from its ``/steps`` rows: :func:`pdeflow.core.problem.gradient_equivalents` of
+    the summed cost columns (:data:`pdeflow.solvers.base.COST_COLUMNS`, which every stepper writes). A file written
+    before them: ``sum gradient_evals + jvp_cost sum jvps`` when the stepper counted them, else ``stages`` per
+    attempted step (the rows after the first, plus ``rejected``); nan when neither is known."""
+    if all(column in steps for column in COST_COLUMN.values()):
+        return gradient_equivalents({kind: float(np.nansum(np.asarray(steps[column], dtype=float)))
+                                     for kind, column in COST_COLUMN.items()})
     if "gradient_evals" in steps:
         evals = np.nansum(np.asarray(steps["gradient_evals"], dtype=float))
         jvps = np.nansum(np.asarray(steps["jvps"], dtype=float)) if "jvps" in steps else 0.0

@@ -3,13 +3,16 @@ evolves, whether it is an explicit reference flow, and the method-specific ``[so
 
 A stepper class of :mod:`pdeflow.solvers` that sets a ``name`` declares its row here when it is defined
 (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`, the way py-pde registers its solvers by subclassing):
-:data:`METHODS` is filled by importing :mod:`pdeflow.solvers`, which imports every stepper module. The rules that
-need the table (a known method, its measure, the keys it reads) are checked where the steppers are visible,
-:func:`pdeflow.solvers.check_config`; this module holds the table and the one-line messages.
+:data:`METHODS` is filled by importing :mod:`pdeflow.solvers`, which imports every stepper module. The table lives
+with the steppers, above core and io: what needs it (the config's method rules, :func:`pdeflow.solvers.check_config`;
+``pdeflow config``, :func:`schema_text`; the analyses) sits at or above solvers. This module holds the table and
+the one-line messages.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pdeflow.core.config import describe_schema
 
 PARTICLES, GRID = "particles", "grid"
 
@@ -72,5 +75,11 @@ def unread_key(method: str, key: str) -> str | None:
     return f"solver.{key} is read by solver.method {listed}, not {method!r}"
 
 
-__all__ = ["Method", "METHODS", "declare", "explicit_flows", "method_keys", "readers", "unread_key", "PARTICLES",
-           "GRID", "measure_mismatch"]
+def schema_text() -> str:
+    """``pdeflow config``'s text: :func:`pdeflow.core.config.describe_schema` with the declared methods as the
+    choices of ``solver.method`` and, for each method-specific ``[solver]`` key, the methods that read it."""
+    return describe_schema(tuple(METHODS), readers)
+
+
+__all__ = ["schema_text", "Method", "METHODS", "declare", "explicit_flows", "method_keys", "readers", "unread_key",
+           "PARTICLES", "GRID", "measure_mismatch"]
