@@ -44,14 +44,14 @@ import scipy.optimize
 import scipy.sparse.linalg
 
 from ..core.config import Config
-from ..core.problem import Problem
+from ..core.problem import JVP_COST, Problem
 from ..io.result_schema import STATIONARY
 from .certificate import BY_DENSE, BY_LANCZOS, DENSE_LIMIT, LANCZOS_VERDICT, Certificate, certify
 from .lbfgs import LbfgsResult, lbfgs
 from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
 
 DISSIPATION_RATIO = 1e-12   # converged: I <= DISSIPATION_RATIO * I(0)
-JVP_GRADIENTS = 2.5          # one exact JVP in grad Phi evaluations (studies/race/HVP_COST.md, quickstart row)
+JVP_GRADIENTS = JVP_COST     # one exact JVP in grad Phi evaluations: the one product cost, pdeflow.core.problem
 ETA_MAX = 1e-2               # the loosest relative residual of a Newton step's solve
 MINRES_MAXITER = 500         # products per Newton step at most (the minimal-residual solve)
 MAX_NEWTON = 100             # Newton steps of nearest at most
