@@ -203,12 +203,15 @@ def run_command(argv: list[str], timeout: float) -> str:
 
 
 def answered(err: str, out: str, path: str) -> bool:
-    """Whether a failed command answered in lines: one ``pdeflow: error:`` line on stderr, or (validate's list of
-    departures) none there and one line per departure on stdout, each naming the file."""
+    """Whether a failed command answered in lines: one ``pdeflow: error:`` line on stderr, or none there and on
+    stdout validate's list of departures (one line per departure, each naming the file) or compare's one
+    ``FAIL:`` line naming it."""
     lines = err.strip().splitlines()
     if lines:
         return len(lines) == 1 and lines[0].startswith("pdeflow: error: ")
     listed = out.strip().splitlines()
+    if len(listed) == 1 and listed[0].startswith("FAIL: ") and path in listed[0]:
+        return True
     return bool(listed) and all(line.startswith(f"{path}: ") for line in listed)
 
 

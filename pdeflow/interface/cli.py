@@ -43,11 +43,20 @@ class UsageError(Exception):
 # Commands that read files another code may have written: the arguments naming them, and the exit code of a file that
 # is not readable: 1 for the check commands (the file was read and failed), 2 for the others (bad input).
 UNTRUSTED_FILES: dict[str, tuple[tuple[str, ...], int]] = {
-    "validate": (("file",), EXIT_CHECK_FAILED), "compare": (("a", "b"), EXIT_CHECK_FAILED),
+    "validate": (("file",), EXIT_CHECK_FAILED), "compare": (("files",), EXIT_CHECK_FAILED),
     "info": (("file",), EXIT_BAD_INPUT), "diagnose": (("file",), EXIT_BAD_INPUT)}
 # Datasets of a trajectory that must hold finite numbers (NaN elsewhere means "not computed").
 FINITE = ("/model/embedding", "/model/positions", "/model/unembedding", "/model/theta0", "/model/basis",
           "/data/mask", "/data/weights", "/frames/time", "/frames/omega", "/frames/mass", "/frames/density")
+
+
+def untrusted_paths(args: argparse.Namespace) -> list[str]:
+    """The file arguments of a command of :data:`UNTRUSTED_FILES` (an argument may hold one path or a list)."""
+    paths: list[str] = []
+    for name in UNTRUSTED_FILES[args.command][0]:
+        value = getattr(args, name)
+        paths += [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+    return paths
 
 
 def screen_files(args: argparse.Namespace) -> int:
@@ -56,9 +65,8 @@ def screen_files(args: argparse.Namespace) -> int:
     exit code; else 0 (the command may read the files)."""
     from ..io.untrusted import screen
 
-    names, code = UNTRUSTED_FILES[args.command]
-    for name in names:
-        path = Path(getattr(args, name))
+    _, code = UNTRUSTED_FILES[args.command]
+    for path in map(Path, untrusted_paths(args)):
         if not path.exists():
             raise UsageError(f"{path}: no such file")
         if not path.is_file():
@@ -391,7 +399,7 @@ def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     except Exception as exc:
         if args is not None and args.command in UNTRUSTED_FILES:
             # the last resort for files that read back intact but hold values no reader expected
-            names = ", ".join(str(getattr(args, n)) for n in UNTRUSTED_FILES[args.command][0])
+            names = ", ".join(untrusted_paths(args))
             print(f"pdeflow: error: {args.command} failed on {names} ({exc.__class__.__name__}: "
                   f"{_one_line(str(exc))[:120]}): a damaged or unexpected file", file=sys.stderr)
             return UNTRUSTED_FILES[args.command][1]
