@@ -201,16 +201,21 @@ def snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
             for p in sorted(d.rglob("*"))}
 
 
-def refused(argv: list[str], folder: Path, capsys, code: int = 2) -> str:
-    """Run ``pdeflow argv`` in ``folder``; check ``code``, one line on stderr, no file created or changed."""
-    before = snapshot(folder)
+def run_in(argv: list[str], folder: Path, capsys) -> tuple[int, object]:
+    """``pdeflow argv`` run in ``folder``: its exit code and what it printed."""
     cwd = os.getcwd()
     os.chdir(folder)
     try:
         got = main(argv)
     finally:
         os.chdir(cwd)
-    captured = capsys.readouterr()
+    return got, capsys.readouterr()
+
+
+def refused(argv: list[str], folder: Path, capsys, code: int = 2) -> str:
+    """Run ``pdeflow argv`` in ``folder``; check ``code``, one line on stderr, no file created or changed."""
+    before = snapshot(folder)
+    got, captured = run_in(argv, folder, capsys)
     lines = captured.err.strip().splitlines()
     assert got == code, captured
     assert len(lines) == 1 and lines[0].startswith("pdeflow: error: ") and "Traceback" not in captured.err, captured
@@ -242,13 +247,7 @@ def test_a_check_command_answers_a_bad_file_with_a_failed_check(folder, capsys, 
     """Exit 1 and one line naming the file: on stderr when the screen of untrusted files refuses it, on stdout
     ("FAIL: ...") when the file reads back intact and the check itself fails; no file created or changed."""
     before = snapshot(folder)
-    cwd = os.getcwd()
-    os.chdir(folder)
-    try:
-        got = main(argv)
-    finally:
-        os.chdir(cwd)
-    captured = capsys.readouterr()
+    got, captured = run_in(argv, folder, capsys)
     lines = (captured.out + captured.err).strip().splitlines()
     assert got == 1 and len(lines) == 1 and "Traceback" not in lines[0], captured
     assert lines[0].startswith(("FAIL: ", "pdeflow: error: ")) and expected in lines[0], lines
