@@ -9,7 +9,7 @@ run`` ends with exit code 0, or 2 with exactly one line on stderr; never a trace
 - ``build``: configs whose sizes stay small, also through ``Problem.from_config`` and ``make_stepper``, with the
   time loop replaced by a stand-in (a config the parser accepts must build, or be refused in one line).
 
-tests/test_fuzz_config.py runs both with a bounded number of examples; this script runs many more (hypothesis,
+tests/core/test_fuzz_config.py runs both with a bounded number of examples; this script runs many more (hypothesis,
 derandomized per seed, no example database) and writes ``fuzz_config-<time>.json`` to ``--out`` (default
 ``benchmarks/results``) with the examples tried and every failure found. Needs the ``test`` extra (hypothesis).
 """

@@ -14,7 +14,7 @@ process with a time limit) or an interpreter crash (the child dies of a signal).
   declaring a huge size; NaN or inf written into a stored array; an attribute replaced by one of another kind.
 
 Writes a JSON record of the outcome counts to ``--out`` (default benchmarks/results);
-studies/robustness/FUZZ_FILES.md records a long run. tests/test_untrusted_files.py runs a sample of 25.
+studies/robustness/FUZZ_FILES.md records a long run. tests/io/test_untrusted_files.py runs a sample of 25.
 """
 from __future__ import annotations
 

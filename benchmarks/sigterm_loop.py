@@ -1,7 +1,7 @@
 """``python -m pdeflow.benchmarks.sigterm_loop [--runs 200] [--repo DIR] [--stop-on-failure]``: SIGTERM to
 ``mpiexec -n 2 pdeflow run`` again and again, each at another moment of the time loop.
 
-Each run is tests/test_mpi.py::test_sigterm_stops_every_rank_after_the_same_step: a 2-rank run of the suite's tiny
+Each run is tests/core/test_mpi.py::test_sigterm_stops_every_rank_after_the_same_step: a 2-rank run of the suite's tiny
 problem (N = 11, rk4, dt = 0.01, t_end = 1e4) gets SIGTERM once a frame after t = 0 is committed, plus a random
 delay of up to ``--jitter`` seconds; it passes when the launcher exits with 143 within ``--timeout`` seconds (the
 test's 120 s), rank 0 reports "interrupted by SIGTERM" once and the file says "interrupted". A run that does not end
@@ -38,7 +38,7 @@ from pdeflow.core.parallel import child_environment, find_mpiexec
 
 from .common import RESULTS
 
-# The suite's tiny problem (tests/conftest.py BASE) with tests/test_mpi.py's long rk4 run.
+# The suite's tiny problem (tests/conftest.py BASE) with tests/core/test_mpi.py's long rk4 run.
 CONFIG = """[task]
 name = "markov"
 vocab_size = 3

@@ -12,7 +12,7 @@ combines the four results ``Y_j`` with the weights ``(-1/6, 4, -27/2, 32/3)`` th
 terms of a first-order method's local error (Martin-Vaquero & Kleefeld, ESERK4): order 4, ``10 s - 3`` gradient
 evaluations a step (about ``10 sqrt(1.2 h rho / 0.97)``). The damping is what keeps the extrapolated polynomial
 ``R(z) = sum_j w_j P_s(z / j)^j`` within 1 on ``[-beta(s), 0]`` (``sum_j |w_j| = 28.3``; with RKC's damping 2/13
-``|R|`` reaches 17 there); checked numerically in tests/test_extrapolated.py. Error control by the
+``|R|`` reaches 17 there); checked numerically in tests/methods/test_extrapolated.py. Error control by the
 difference to the order-3 extrapolation ``(1/2, -4, 9/2)`` of ``Y_1..Y_3`` (``O(h^4)``) and the PI controller; the
 spectral radius ``rho`` and its schedule, the Hermite quadrature of the dissipation and the checkpointed carry are
 rkc's (:mod:`pdeflow.solvers.chebyshev`).

@@ -73,7 +73,7 @@ def explicit_stability_function(z: complex) -> complex:
     return complex(1.0 + z * B @ np.linalg.solve(np.eye(s) - z * ALPHA, np.ones(s)))
 
 
-# |R_explicit(-x)| <= 1 for 0 <= x <= EXPLICIT_BOUND (checked in tests/test_stiff.py)
+# |R_explicit(-x)| <= 1 for 0 <= x <= EXPLICIT_BOUND (checked in tests/methods/test_stiff.py)
 EXPLICIT_BOUND = 1.99
 # a Krylov-free step keeps h rho_c below SAFETY * EXPLICIT_BOUND: rho_c is a Rayleigh-Ritz lower bound
 SAFETY = 0.8

@@ -3,7 +3,7 @@
 
 The README's "Solvers" section and docs/solvers.md's "Choosing" section hold this table between the lines
 :data:`START` and :data:`END`; ``python -m pdeflow.solvers.table --write`` rewrites it there after a stepper is
-added or its declaration changes, and ``--check`` (tests/test_which_solver.py) exits 1 when a file holds another
+added or its declaration changes, and ``--check`` (tests/methods/test_which_solver.py) exits 1 when a file holds another
 table.
 """
 from __future__ import annotations

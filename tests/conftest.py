@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,13 +24,19 @@ os.environ.setdefault("PDEFLOW_TUNE", "off")
 # process on one core: one numba thread each (two workers of two threads would fight for two cores), inherited
 # by the processes a test starts. The workers and those processes share numba's cache in the checkout: a kernel
 # is compiled once, by whichever process needs it first, while the others wait for it and load it
-# (pdeflow.core.jit.compile_serially; tests/test_compile_cache.py).
+# (pdeflow.core.jit.compile_serially; tests/core/test_compile_cache.py).
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _XDIST_WORKER:
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 from pdeflow.core.config import Config, dumps_toml, loads_config  # noqa: E402 - after the environment is set
 from pdeflow.core.problem import Problem  # noqa: E402
+
+# The folders mirror the package (tests/README.md); a test module imports another's helpers by its name from any
+# folder, so every folder is importable whichever file pytest is asked to run.
+for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
+    if _folder.is_dir() and _folder.name[0] not in "._" and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 # Small everything (the suite must stay fast): V = 3, T = 3, d = 7, dh = 2, so p = 56.
 BASE: dict[str, dict[str, Any]] = {

@@ -13,7 +13,7 @@ bound constraints, spends more per iteration than the two-loop recursion does wi
 problems that cost is not small beside a gradient. Measured with scipy 1.17.1 on n = 32,768 (the long run's 128
 heads x 256 coordinates) in CPU time per iteration, one thread, AMD EPYC family 25 model 1: 10.5 ms with 30 pairs
 and 21.5 ms with 100 for L-BFGS-B, 6.2 ms and 13.5 ms here; one gradient of that problem takes 21 ms of wall time
-on two threads. The gradients needed are the same method's (tests/test_lbfgs.py compares them on Rosenbrock).
+on two threads. The gradients needed are the same method's (tests/analysis/test_lbfgs.py compares them on Rosenbrock).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ is. The public front door is :mod:`pdeflow.reference` (docs/guide.md, "Checking 
 
 The expected values come from outside pdeflow's model code: ``phi`` and ``energy-step`` from the slow independent
 numpy model of docs/model.md (tests/reference_model.py), ``dirac-*`` in closed form (below); pdeflow's test suite
-asserts that pdeflow reproduces every one of them (tests/test_manufactured.py), and that the independent model
+asserts that pdeflow reproduces every one of them (tests/analysis/test_manufactured.py), and that the independent model
 reproduces the stored numbers.
 
 Closed form of the zero head (``dirac-*``, full coordinates). At ``w = 0`` every head's feature vanishes, so the
@@ -132,7 +132,7 @@ def as_json(value: Any) -> Any:
 
 
 def write_case(path: str | Path, case: ManufacturedCase) -> None:
-    """Write a case file (the generator of the shipped cases, tests/test_manufactured.py)."""
+    """Write a case file (the generator of the shipped cases, tests/analysis/test_manufactured.py)."""
     raw = {"description": case.description, "config": case.config,
            "problem": {k: as_json(v) for k, v in case.problem.items()},
            "inputs": {k: as_json(v) for k, v in case.inputs.items()},

@@ -57,7 +57,7 @@ STATUS_BYTES, MESSAGE_BYTES = 32, 1024
 # checksum, which every HDF5 reader checks: a changed byte in a stored frame is a read error, not a different number
 # (docs/schema.md, "Checksums"). The scalar columns of /frames and /steps do not: their chunks are rewritten in place
 # as rows are appended, and a kill during that write left the chunk failing its checksum, its committed rows
-# unreadable (tests/test_trajectory.py's random kills, 1 run in 3). False only to measure the cost
+# unreadable (tests/io/test_trajectory.py's random kills, 1 run in 3). False only to measure the cost
 # (benchmarks/checksum_cost.py).
 CHECKSUMS = True
 

@@ -1,0 +1,146 @@
+"""Figures fit for a paper: every figure of ``pdeflow plot`` is rendered and the rendered boxes of its texts are
+checked (no two overlap, none leaves the canvas), each legend entry names an artist drawn inside its axes, the
+text task's attention maps read in characters, and ``--format pdf|svg`` / ``--dpi`` reach the files.
+
+The checker itself (:func:`pdeflow.analysis.figures.layout_problems`) is tested on figures made to fail: two
+overlapping titles, a label pushed off the canvas, a legend entry for an empty line.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+from PIL import Image
+
+from pdeflow.analysis import diagnostics as D
+from pdeflow.analysis import plotting as P
+from pdeflow.analysis.figures import figure_output, layout_problems, new_figure
+from pdeflow.core.config import DiagnosticsConfig
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory import open_trajectory
+from test_diagnostics import one_numba_thread, run_config  # noqa: F401 (autouse fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = REPO / "data" / "text" / "tiny.txt"
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    """A short run of the text task (12 characters a sequence, as a researcher's own text would have), analysed
+    with a gap at two frames and a given E* (so that PL and KL are drawn too)."""
+    tmp = tmp_path_factory.mktemp("text")
+    _, path = run_config(tmp, "text", task={"name": "text", "path": str(TEXT), "vocab_size": 0, "seq_len": 12,
+                                            "n_samples": 32},
+                         model={"embedding": "gaussian", "d": 8},
+                         init={"n_particles": 6}, run={"t_end": 0.5, "frame_interval": 0.25})
+    traj = open_trajectory(path)
+    e_star = float(np.min(traj.frames["energy"])) - 1e-2
+    D.write_analysis(path, D.analyse(traj, DiagnosticsConfig(gap_frames=2, n_starts=2, e_star=e_star)))
+    return path
+
+
+@pytest.fixture
+def saved_figures(monkeypatch) -> list[Figure]:
+    """Every Figure saved while the test runs, in order."""
+    figures: list[Figure] = []
+    original = Figure.savefig
+
+    def capture(self, *args, **kwargs):
+        figures.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    return figures
+
+
+def test_the_checker_finds_overlap_clipping_and_undrawn_legend_entries():
+    fig, (a, b) = new_figure(4.0, 3.0, 1, 2)
+    a.set_title("a title long enough to run into its neighbour's")
+    b.set_title("and the neighbour's own long title")
+    assert any("overlap" in p for p in layout_problems(fig))
+    fig, ax = new_figure(4.0, 3.0, constrained=False)
+    ax.text(1.5, 0.5, "pushed off the canvas", transform=ax.transAxes)
+    assert any("clipped" in p for p in layout_problems(fig))
+    fig, ax = new_figure(4.0, 3.0)
+    ax.plot([1, 2], [1, 2], label="drawn")
+    ax.plot([], [], "o", label="nothing")
+    ax.set_yscale("log")
+    ax.plot([1, 2], [-1, -2], "s", label="only negative values on a log axis")
+    ax.legend()
+    problems = layout_problems(fig)
+    assert problems == ["legend entry 'nothing' names nothing drawn",
+                        "legend entry 'only negative values on a log axis' names nothing drawn"]
+
+
+def test_every_figure_of_plot_is_laid_out_for_a_paper(text_file, tmp_path, saved_figures):
+    traj = open_trajectory(text_file)
+    written = P.plot_all(traj, D.read_analysis(traj), tmp_path, movie=False)
+    assert len(saved_figures) == len(written)
+    problems = {path.name: layout_problems(fig) for path, fig in zip(written, saved_figures)}
+    assert {name: p for name, p in problems.items() if p} == {}
+    assert {p.name for p in written} >= {"energy.png", "identity.png", "gap.png", "pl.png", "kl.png",
+                                        "particles.png", "attention.png"}
+
+
+def test_attention_maps_read_in_characters_with_singular_titles(text_file, tmp_path, saved_figures):
+    traj = open_trajectory(text_file)
+    analysis = D.read_analysis(traj)
+    P.plot_attention(traj, analysis, tmp_path / "attention.png")
+    fig = saved_figures[-1]
+    alphabet = "".join(sorted(set(TEXT.read_text(encoding="utf-8"))))
+    expected = [{" ": "\u2423", "\n": "\u21b5"}.get(alphabet[t], alphabet[t]) for t in analysis.clusters.probe]
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == expected
+    titles = [a.get_title() for a in fig.axes if a.get_title()]
+    for title, size in zip(titles, analysis.clusters.size):
+        assert title.endswith(" head" if size == 1 else " heads")
+
+
+@pytest.mark.parametrize("fmt", ["pdf", "svg"])
+def test_plot_writes_the_chosen_format(text_file, tmp_path, capsys, fmt):
+    out = tmp_path / "figs"
+    assert main(["plot", str(text_file), "-o", str(out), "--no-animation", "--format", fmt]) == 0
+    files = sorted(p.suffix for p in out.iterdir())
+    assert set(files) == {f".{fmt}"}
+    head = (out / f"energy.{fmt}").read_bytes()[:200]
+    assert head.startswith(b"%PDF") if fmt == "pdf" else b"<svg" in head or b"<?xml" in head
+
+
+def test_dpi_sets_the_raster_resolution(text_file, tmp_path):
+    traj = open_trajectory(text_file)
+    analysis = D.read_analysis(traj)
+    sizes = {}
+    for dpi in (50, 100):
+        with figure_output(dpi):
+            path = P.plot_energy(traj, analysis, tmp_path / f"e{dpi}.png")
+        with Image.open(path) as im:
+            sizes[dpi] = im.size
+    assert sizes[100] == (2 * sizes[50][0], 2 * sizes[50][1])
+    assert main(["plot", str(text_file), "-o", str(tmp_path / "bad"), "--dpi", "0"]) == 2
+
+
+def test_the_rates_at_a_minimum_figure_is_laid_out_and_draws_each_run(tmp_path, saved_figures):
+    """Synthetic runs decaying exactly at 2 lambda and lambda: every run is drawn with its prediction."""
+    from pdeflow.analysis.minimum_rates import MinimumRates, MinimumRun
+    from pdeflow.analysis.stability_plots import plot_minimum_rates
+
+    lam, t = 0.3, np.linspace(0.0, 5.0, 40)
+    runs = []
+    for name, eps in (("slowest", 1e-4), ("random 1", 1e-3)):
+        excess, distance = eps**2 * np.exp(-2 * lam * t), eps * np.exp(-lam * t)
+        runs.append(MinimumRun(name, eps, t, excess, excess, distance, np.full_like(t, lam), np.ones_like(t, bool),
+                               2 * lam, lam, lam, lam, 0.0, 2 * lam, lam, lam,
+                               excess if name != "slowest" else np.zeros(0),
+                               distance if name != "slowest" else np.zeros(0), 0.0, 0.0, "rk4", 0.1, 10, 0, 50))
+    result = MinimumRates(e_star=1.0, i_star=0.0, lambda_min=lam, lambda_min_residual=1e-9, lambda_max=2.0,
+                          morse_index_lower=0, n_symmetry=0, eps=1e-4, runs=runs, products=0, polish_steps=0)
+    plot_minimum_rates(result, tmp_path / "rates.pdf")
+    fig = saved_figures[-1]
+    assert layout_problems(fig) == []
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    assert labels == ["slowest", "predicted rate 0.6", "random 1"]
+    # the slowest run's prediction is the line of slope 2 lambda through its first sample: here the run itself
+    assert np.allclose(handles[1].get_ydata(), 1e-8 * np.exp(-2 * lam * t), rtol=1e-12)
+    assert (tmp_path / "rates.pdf").read_bytes()[:4] == b"%PDF"
