@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from ..io.resume import check_same_problem, config_difference, open_resumable
 from ..io.trajectory import Trajectory, check_file, open_trajectory
 
 EXIT_CODES = HELP  # the epilog of every command's --help
+DEBUG_VARIABLE = "PDEFLOW_DEBUG"   # set: a file command's unexpected exception is raised with its traceback
 # Modules adding subcommands: each has ``add_command(subparsers)`` setting ``func`` on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "pdeflow.interface.cli_diagnostics",   # diagnose, plot
@@ -354,11 +356,13 @@ def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     except BrokenPipeError:
         raise   # the reader of the output went away (pdeflow info FILE | head): entry() ends quietly
     except Exception as exc:
-        if args is not None and args.command in UNTRUSTED_FILES:
-            # the last resort for files that read back intact but hold values no reader expected
+        if args is not None and args.command in UNTRUSTED_FILES and not os.environ.get(DEBUG_VARIABLE):
+            # the last resort for files that passed the screen but hold values no reader expected; the same line
+            # would hide a bug of pdeflow's, so it names both and how to see the traceback
             names = ", ".join(untrusted_paths(args))
             print(f"pdeflow: error: {args.command} failed on {names} ({exc.__class__.__name__}: "
-                  f"{_one_line(str(exc))[:120]}): a damaged or unexpected file", file=sys.stderr)
+                  f"{_one_line(str(exc))[:120]}): a damaged or unexpected file, or a bug of pdeflow's "
+                  f"({DEBUG_VARIABLE}=1 shows the traceback)", file=sys.stderr)
             return UNTRUSTED_FILES[args.command][1]
         abort_ranks(exc)  # under MPI the other ranks may wait for this one forever: end them all
         raise
