@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from ..core.config import Config, ConfigError
+from ..core.lanczos import krylov_ritz
 from ..core.problem import Problem
 from ..io.result_schema import RATES
 from ..solvers.base import State, Stepper
-from ..solvers.jacobian import krylov_ritz
 from ..solvers.loop import Observer, Step, Stop
 from .certificate import BY_LANCZOS, DENSE_LIMIT, Certificate, certify
 from .spectrum import HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
@@ -80,7 +80,7 @@ class LinearPrediction:
 def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: int) -> LinearPrediction:
     """The linear flow ``dv/dt = -C v`` (``C = Pi S Pi`` = ``op``, positive semi-definite at a minimum) from ``v0``
     [n], by the Lanczos approximation ``v_m(t) = Q exp(-T t) Q^T v0 = sum_j x_j e^(-theta_j t) c_j`` on the Krylov
-    space of ``dims`` vectors from ``v0`` (:func:`pdeflow.solvers.jacobian.krylov_ritz`; Ritz pairs
+    space of ``dims`` vectors from ``v0`` (:func:`pdeflow.core.lanczos.krylov_ritz`; Ritz pairs
     ``(theta_j, x_j)``, ``c_j = x_j^T v0``). Then ``|v_m|^2 = sum c_j^2 e^(-2 theta_j t)``, ``v_m^T C v_m / 2``
     and ``|C v_m|^2`` follow from the Ritz values (``C x_j = theta_j x_j + r_j``, the residual terms bounded by the
     error below). The error ``e = v - v_m`` solves ``e' = -C e - r(t)`` with ``r(t) = (C Q - Q T) exp(-T t) Q^T v0

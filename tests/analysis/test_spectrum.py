@@ -1,5 +1,5 @@
 """The spectrum of the mass-weighted Hessian (:mod:`pdeflow.analysis.spectrum`,
-:func:`pdeflow.solvers.jacobian.krylov_ritz`): the Lanczos Ritz pairs against a dense ``eigh``, the symmetry directions
+:func:`pdeflow.core.lanczos.krylov_ritz`): the Lanczos Ritz pairs against a dense ``eigh``, the symmetry directions
 against their count formula and as null vectors at a stationary measure, the dense Hessian from the exact JVP against
 finite differences of grad Phi, and the reported spectrum ends against the dense projected spectrum
 (docs/experiments.md, "Stationary points")."""
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pdeflow.solvers.jacobian import krylov_ritz, top_ritz
 
 from pdeflow import Problem, loads_config
 from pdeflow.analysis.spectrum import (
@@ -19,6 +18,7 @@ from pdeflow.analysis.spectrum import (
     symmetry_basis,
 )
 from pdeflow.analysis.stability import complement_spectrum, find_stationary_points, one_head_energy
+from pdeflow.core.lanczos import krylov_ritz, top_ritz
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates, 27 sequences exactly
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
