@@ -12,7 +12,7 @@ direction, and at a stationary measure their count is the Morse index of E.
 E is invariant under a change of basis of each head's (WQ, WK) and (WV, WO) pairs that leaves the head's output
 unchanged (orthogonal changes when the weight decay is positive, as it also leaves ``|omega_i|`` unchanged; any
 invertible one when it is zero): per head the tangents of that orbit
-(:func:`pdeflow.analysis.stability.symmetry_tangents`, ``dh (dh - 1)`` or ``2 dh^2`` of them, fewer at
+(:func:`pdeflow.analysis.local_geometry.symmetry_tangents`, ``dh (dh - 1)`` or ``2 dh^2`` of them, fewer at
 degenerate heads, none in reduced coordinates) are directions along which E does not change, exact null vectors of S
 at a stationary measure. :func:`symmetry_basis` collects them head by head (:class:`Symmetry`);
 :func:`hessian_operator` is ``Pi S Pi``, ``Pi = I - Q Q^T``, and :func:`spectrum_ends` the two ends of its spectrum
@@ -31,7 +31,7 @@ import scipy.sparse.linalg
 from ..core.lanczos import RitzPairs, krylov_ritz
 from ..core.problem import Problem
 from ..core.system_jacobian import SystemJacobian
-from .stability import dense_hessian, symmetry_tangents
+from .local_geometry import dense_hessian, symmetry_tangents
 
 KRYLOV_DIM = 300        # Lanczos steps of spectrum_ends: the products of one spectral record
 N_ENDS = 10             # Ritz values reported at each end (the converged ones among them)
@@ -79,7 +79,7 @@ class Symmetry:
 
 
 def head_symmetries(problem: Problem, omega: np.ndarray) -> Symmetry:
-    """The orbit tangents of every head (:func:`pdeflow.analysis.stability.symmetry_tangents` at ``omega_i``), as
+    """The orbit tangents of every head (:func:`pdeflow.analysis.local_geometry.symmetry_tangents` at ``omega_i``), as
     blocks; none for a head with ``|omega_i| <= ORBIT_FLOOR max_j |omega_j|``. Such a head is a dead head left a
     rounding-size distance off the origin (by a Newton step, say), where a stationary point has it exactly at 0 and
     no orbit: its tangents are not null vectors of S there but directions of the origin's curvature block

@@ -19,12 +19,12 @@ import numpy as np
 import scipy.optimize
 
 from ..core.config import Config, ConfigError
-from ..core.model import split_theta
 from ..core.problem import Problem
 from ..io.result_schema import STABILITY
 from ..solvers.base import State, Stepper
 from ..solvers.explicit import RK4
 from ..solvers.loop import Observer, advance
+from .local_geometry import dense_hessian, symmetry_tangents
 
 MEAN, SPREAD = 0, 1                 # axis 1 of the rate arrays: the mean (Htr) mode and the spread (H0) mode
 FIT_SKIP = 0.1                      # fraction of a run left out of the rate fit (start-up transients)
@@ -44,16 +44,6 @@ def one_head_energy(problem: Problem, point: np.ndarray) -> tuple[float, np.ndar
     return ev.energy, ev.grad_phi[0]
 
 
-def dense_hessian(hvp: Callable[[np.ndarray], np.ndarray], k: int) -> np.ndarray:
-    """The symmetric part ``(H + H^T)/2`` of the [k, k] matrix whose columns are ``hvp(e_j)``."""
-    H = np.empty((k, k))
-    for j in range(k):
-        e = np.zeros(k)
-        e[j] = 1.0
-        H[:, j] = hvp(e)
-    return 0.5 * (H + H.T)
-
-
 def frozen_hessian(problem: Problem, point: np.ndarray) -> np.ndarray:
     """``H0 = Hessian_omega Phi(w; delta_w)`` at ``w = point``, the measure frozen: [k, k]."""
     point = np.asarray(point, dtype=float)
@@ -64,36 +54,6 @@ def translation_hessian(problem: Problem, point: np.ndarray) -> np.ndarray:
     """``Htr = Hessian e(w)`` at ``w = point`` (head and measure move together): [k, k]."""
     point = np.asarray(point, dtype=float)
     return dense_hessian(lambda v: problem.translation_hvp(point, v), problem.k)
-
-
-def symmetry_tangents(problem: Problem, point: np.ndarray) -> np.ndarray:
-    """An orthonormal basis [k, r] of the tangent space at ``point`` of its symmetry orbit (module docstring).
-
-    Full coordinates only (``r = 0``, shape [k, 0], in reduced coordinates). Generators: antisymmetric
-    ``A`` (``O(dh)``) when the weight decay is positive, every ``A`` (``GL(dh)``) when it is zero.
-    """
-    k = problem.k
-    if problem.coords.basis is not None:
-        return np.zeros((k, 0))
-    d, dh = problem.d, problem.head_dim
-    wq, wk, wv, wo = (w[0] for w in split_theta(np.asarray(point, dtype=float)[None, :], d, dh))
-    gens = []
-    for a in range(dh):
-        for b in range(dh):
-            if problem.weight_decay > 0 and b <= a:
-                continue
-            A = np.zeros((dh, dh))
-            A[a, b] = 1.0
-            if problem.weight_decay > 0:
-                A[b, a] = -1.0
-            z_in, z_out = np.zeros((dh, d)), np.zeros((d, dh))
-            gens.append(np.concatenate([(A @ wq).ravel(), (-A.T @ wk).ravel(), z_in.ravel(), z_out.ravel()]))
-            gens.append(np.concatenate([z_in.ravel(), z_in.ravel(), (A @ wv).ravel(), (-wo @ A).ravel()]))
-    if not gens:
-        return np.zeros((k, 0))
-    U, s, _ = np.linalg.svd(np.stack(gens, axis=1), full_matrices=False)
-    scale = max(1.0, float(np.linalg.norm(point)))
-    return U[:, s > 1e-10 * scale]
 
 
 def complement_spectrum(H: np.ndarray, tangents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
