@@ -29,8 +29,9 @@ from pdeflow.core.lanczos import StartPolicy
 from pdeflow.core.problem import Problem
 from pdeflow.core.system_jacobian import SystemJacobian
 
-from .base import State, hermite
+from .base import State
 from .controller import CONTROLLER_KEYS, AdaptiveStepper
+from .dissipation import hermite_dissipation, state_jacobian
 
 # the damping of the stability polynomial: |R_s| <= 1 - eps/3 or so inside the interval (a margin against rounding
 # and a slightly wrong rho), at the price of beta(s) ~ 0.65 s^2 instead of 2 s^2
@@ -190,13 +191,7 @@ class RKC(AdaptiveStepper):
 
     def _jacobian(self, state: State, counts: dict[str, float]) -> SystemJacobian:
         """The system Jacobian at the state on difference products (one grad Phi each), counted in ``jvps``."""
-        return SystemJacobian(self.problem, state.fields["omega"], state.fields["mass"], self.evaluate(state).grad_phi,
-                              "difference", lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
-
-    def _slope(self, state: State, counts: dict[str, float]) -> float:
-        """``dI/dt`` at the state (:meth:`pdeflow.core.system_jacobian.SystemJacobian.slope`), one difference
-        product."""
-        return self._jacobian(state, counts).slope()
+        return state_jacobian(self, state, "difference", counts)
 
     def _radius(self, state: State, start: np.ndarray | None, counts: dict[str, float]) -> tuple[float, np.ndarray]:
         """``(rho, x)``: the largest eigenvalue of ``S = M^{1/2} (-J) M^{-1/2}`` at the state by
@@ -226,7 +221,7 @@ class RKC(AdaptiveStepper):
             age = 0
         else:
             rho, vector, age, interval = carry.rho, carry.vector, carry.age, carry.interval
-        slope = carry.slope if carry is not None else self._slope(state, counts)
+        slope = carry.slope if carry is not None else self._jacobian(state, counts).slope()
         self._step_radius = _Radius(rho, vector, age, interval, slope)
         return counts
 
@@ -261,9 +256,7 @@ class RKC(AdaptiveStepper):
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
         """The Hermite quadrature (one product for dI/dt at the new state) and the carried radius."""
         r = self._step_radius
-        new_slope = self._slope(new, counts)
-        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
-                                           r.slope, new_slope)
+        new_slope = hermite_dissipation(self, state, new, h, r.slope, "difference", counts)
         self._carry = _Carry(new, r.rho, r.vector, r.age + 1, r.interval, new_slope)
         return counts
 

@@ -16,7 +16,7 @@ first step, after 50 steps without, after a convergence failure) and reused, wit
 
 One pdeflow step is one CVODE internal step (its one-step mode, with the next frame time as a hard stop, so frames
 are landed on, never interpolated). Each step leaves the Hermite quadrature of the dissipation (``dI/dt`` at both
-ends, one product at the new state, :meth:`pdeflow.core.system_jacobian.SystemJacobian.slope`), so the energy-identity
+ends, one product at the new state, :func:`pdeflow.solvers.dissipation.hermite_dissipation`), so the energy-identity
 defect shows the method's error. CVODE's own counters (order, Newton and GMRES iterations, error-test and
 convergence failures), which scikit-sundae does not report, are read from the SUNDIALS library it ships (ctypes on
 the solver's memory at a byte offset whose layout is checked first, :func:`layout_mismatch`: a SolverError when it
@@ -40,7 +40,8 @@ from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 from pdeflow.core.system_jacobian import SystemJacobian, deflation_inverse
 
-from .base import SolverError, State, Stepper, hermite
+from .base import SolverError, State, Stepper
+from .dissipation import hermite_dissipation, state_jacobian
 
 # GMRES directions per linear solve (CVODE's default 5 is too few once the spectrum spreads: a linear failure each
 # time it is exceeded)
@@ -217,16 +218,11 @@ class Cvode(Stepper):
         result = self._solver.init_step(state.t, omega.ravel().copy())
         self._counters = Counters(self._solver, result.nfev)
 
-    def _slope(self, state: State) -> float:
-        """``dI/dt`` at the state: one product (``solver.jacobian``'s kind)."""
-        return SystemJacobian(self.problem, state.fields["omega"], state.fields["mass"], self.evaluate(state).grad_phi,
-                              self.jacobian, lambda: self._counts.__setitem__("jvps", self._counts["jvps"] + 1)).slope()
-
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         self._counts = counts = {"gradient_evals": 0.0, "jvps": 0.0, "preconditioner_setups": 0.0}
         if self._solver is None or self._current is not state:
             self._start(state)
-            self._slope_value = self._slope(state)
+            self._slope_value = state_jacobian(self, state, self.jacobian, counts).slope()
         target = state.t + dt_limit
         before = self._counters.read()
         result = self._solver.step(target, method="onestep", tstop=target)
@@ -240,10 +236,8 @@ class Cvode(Stepper):
         new.dt = h
         self.evaluate(new)  # the step's diagnostics (CVODE's last f is at a Newton iterate, not at y_{n+1})
         counts["gradient_evals"] += 1
-        new_slope = self._slope(new)
-        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
-                                           self._slope_value, new_slope)
-        self._current, self._slope_value = new, new_slope
+        self._slope_value = hermite_dissipation(self, state, new, h, self._slope_value, self.jacobian, counts)
+        self._current = new
         counts["order"] = after["order"]
         for key in ("rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures"):
             counts[key] = after[key] - before[key]

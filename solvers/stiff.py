@@ -23,8 +23,9 @@ from pdeflow.core.lanczos import StartPolicy
 from pdeflow.core.problem import Problem
 from pdeflow.core.system_jacobian import SystemJacobian, complement_projection
 
-from .base import SolverError, State, controller_factor, hermite
+from .base import SolverError, State, controller_factor
 from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
+from .dissipation import hermite_dissipation, state_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -213,12 +214,7 @@ class Rosenbrock(AdaptiveStepper):
 
     def _jacobian(self, state: State, counts: dict[str, float]) -> SystemJacobian:
         """The system Jacobian at the state (``solver.jacobian``'s products), counted in ``jvps``."""
-        return SystemJacobian(self.problem, state.fields["omega"], state.fields["mass"], self.evaluate(state).grad_phi,
-                              self.jacobian, lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
-
-    def _slope(self, state: State, counts: dict[str, float]) -> float:
-        """``dI/dt`` at the state (:meth:`pdeflow.core.system_jacobian.SystemJacobian.slope`): one product."""
-        return self._jacobian(state, counts).slope()
+        return state_jacobian(self, state, self.jacobian, counts)
 
     def _solve(self, jacobian: SystemJacobian, root: np.ndarray, shift: float, rhs: np.ndarray, target: float,
                counts: dict[str, float], tighten: list[float],
@@ -381,7 +377,7 @@ class Rosenbrock(AdaptiveStepper):
                               "symmetrized with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
         counts = {"rejected": 0.0, "failed_solves": 0.0, "krylov_iters": 0.0, "jvps": 0.0, "gradient_evals": 0.0}
         carry = self._carry if self._carry is not None and self._carry.state is state else None
-        slope = carry.slope if carry is not None else self._slope(state, counts)
+        slope = carry.slope if carry is not None else self._jacobian(state, counts).slope()
         eigen = self._eigenpairs(state, carry, counts)
         pairs = _positive(eigen)
         h_stable, top = math.inf, None
@@ -429,9 +425,7 @@ class Rosenbrock(AdaptiveStepper):
         plan = self._step_plan
         self.evaluate(new)  # the next step's first stage and the step's diagnostics
         counts["gradient_evals"] += 1
-        new_slope = self._slope(new, counts)
-        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
-                                           plan.slope, new_slope)
+        new_slope = hermite_dissipation(self, state, new, h, plan.slope, self.jacobian, counts)
         minres_cost = counts["jvps"] + counts["gradient_evals"] if plan.krylov else plan.minres_cost
         self._carry = _Carry(new, new_slope, top=plan.top, minres_cost=minres_cost)
         if plan.eigen is not None:
