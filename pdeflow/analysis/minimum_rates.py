@@ -29,7 +29,7 @@ from ..solvers.base import State, Stepper
 from ..solvers.loop import Observer, Step, Stop
 from .certificate import BY_LANCZOS, DENSE_LIMIT, Certificate, certify
 from .spectrum import HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
-from .stability import MIN_STEPS, _strings, fit_rate, simulate
+from .stability import MIN_STEPS, fit_rate, simulate
 from .stationary import polish
 
 Progress = Callable[[str], None]
@@ -433,7 +433,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
     ``predicted_distance_rate``, ``predicted_pl_ratio_min``, ``prediction_error``, ``excess_agreement``, ``gradients``,
     ``steps``, ``relative_error`` [R, 3] (energy, distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``,
     ``excess_direct``, ``distance``, ``pl_ratio``, ``trusted``, ``predicted_excess``, ``predicted_distance`` [F]."""
-    from ..io.result_files import new_result_file
+    from ..io.result_files import new_result_file, text_array
 
     with new_result_file(path, SCHEMA_MINIMUM, RATES.version, cfg, problem=problem) as f:
         g = f.create_group("rates")
@@ -446,8 +446,8 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
         g["omega_star"] = np.asarray(result.omega_star, dtype=float)
         g["mass"] = np.asarray(result.mass, dtype=float)
         runs = result.runs
-        g["direction"] = _strings([r.direction for r in runs])
-        g["stepper"] = _strings([r.stepper for r in runs])
+        g["direction"] = text_array([r.direction for r in runs])
+        g["stepper"] = text_array([r.stepper for r in runs])
         for key in ("eps", "energy_rate", "distance_rate", "pl_ratio_min", "pl_ratio_least", "predicted_energy_rate",
                     "predicted_distance_rate", "predicted_pl_ratio_min", "prediction_error", "excess_agreement",
                     "gradients", "steps"):

@@ -515,11 +515,6 @@ def run_stability(cfg: Config, problem: Problem,
 SCHEMA, SCHEMA_VERSION = STABILITY.schema, STABILITY.version  # the table: pdeflow.io.result_schema
 
 
-def _strings(values: list[str]) -> np.ndarray:
-    import h5py
-    return np.array(values, dtype=h5py.string_dtype("utf-8"))
-
-
 def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: int, problem: Problem) -> None:
     """Write ``/stability`` (layout in docs/experiments.md; S points, k coordinates, n = stability.n_modes):
 
@@ -536,7 +531,7 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
     (:func:`pdeflow.io.problem_file.stored_problem`). Written all or nothing
     (:func:`pdeflow.io.result_files.new_result_file`).
     """
-    from ..io.result_files import new_result_file
+    from ..io.result_files import new_result_file, text_array
 
     pts = result.points
     S, n = len(pts), cfg.stability.n_modes
@@ -558,7 +553,7 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
         g["energy"] = stack(lambda a: a.energy, ())
         g["grad_norm"] = stack(lambda a: a.grad_norm, ())
         g["multiplicity"] = np.array([a.multiplicity for a in pts], dtype=np.int64)
-        g["origin"] = _strings([a.origin for a in pts])
+        g["origin"] = text_array([a.origin for a in pts])
         g["h0"] = stack(lambda a: a.h0, (k, k))
         g["htr"] = stack(lambda a: a.htr, (k, k))
         g["h0_eigenvalues"] = stack(lambda a: a.h0_values, (k,))
@@ -568,10 +563,10 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
         g["htr_relevant_min"] = stack(lambda a: a.htr_relevant[0], ())
         g["n_symmetry_modes"] = np.array([a.n_symmetry for a in pts], dtype=np.int64)
         g["symmetry_residual"] = stack(lambda a: a.symmetry_residual, ())
-        g["verdict"] = _strings([a.verdict for a in pts])
+        g["verdict"] = text_array([a.verdict for a in pts])
         g["optimality_gap"] = stack(lambda a: a.gap, ())
         g["min_phi"] = stack(lambda a: a.min_phi, ())
-        g["global_minimizer"] = _strings([a.global_minimizer or global_minimizer(a, cfg.stability.gap_tol)
+        g["global_minimizer"] = text_array([a.global_minimizer or global_minimizer(a, cfg.stability.gap_tol)
                                           for a in pts])
         g["gap_exhaustive"] = np.array([a.gap_exhaustive for a in pts])
         g["gap_bound"] = stack(lambda a: a.gap_bound, ())
@@ -584,7 +579,7 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
         if result.sweep is not None:
             sw, sg = result.sweep, g.create_group("sweep")
             sg["weight_decay"], sg["h0_min"], sg["htr_min"] = sw.weight_decay, sw.h0_min, sw.htr_min
-            sg["verdict"] = _strings(sw.verdicts)
+            sg["verdict"] = text_array(sw.verdicts)
             sg["predicted_rate"], sg["measured_rate"] = sw.predicted, sw.measured
             sg.attrs["lam_c_predicted"] = sw.lam_c_predicted
             sg.attrs["lam_c_measured"] = sw.lam_c_measured
