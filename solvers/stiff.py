@@ -11,12 +11,11 @@ Details: docs/solvers.md, "Stiff particle runs: rosenbrock" and "The ROS34PW2 st
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from scipy.sparse.linalg import LinearOperator, lobpcg, minres
+from scipy.sparse.linalg import LinearOperator, minres
 
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.lanczos import StartPolicy
@@ -346,11 +345,8 @@ class Rosenbrock(AdaptiveStepper):
             return carry.lam, carry.V, carry.age
         jacobian = self._jacobian(state, counts)
         if carry is not None and carry.V is not None and carry.V.shape[1] >= 1:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design
-                lam, V = lobpcg(jacobian.operator(), carry.V, maxiter=REFINE_ITERATIONS, largest=True,
-                                tol=1e-3 * carry.lam.max())
-            return np.asarray(lam, dtype=float), np.asarray(V, dtype=float), 0
+            lam, V = jacobian.refine_pairs(carry.V, REFINE_ITERATIONS, 1e-3 * carry.lam.max())
+            return lam, V, 0
         lam, V = jacobian.top_eigenpairs(m)
         return lam, V, 0
 

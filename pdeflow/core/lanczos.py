@@ -6,15 +6,17 @@ mass-weighted system Jacobian S of :mod:`pdeflow.core.system_jacobian`), optiona
 projection ``Pi`` (``C = Pi A Pi``). :func:`krylov_ritz` is the one Lanczos loop of pdeflow (full
 reorthogonalisation, residuals computed from the stored images); :func:`top_ritz` its largest pair, restarted to a
 tolerance; :func:`warm_or_cold_top` the top pair warm from a nearby estimate's vector or cold from a fixed random
-one, the policy every spectral-radius estimate uses; :func:`top_eigenpairs` the ``m`` largest pairs by ARPACK.
+one, the policy every spectral-radius estimate uses; :func:`top_eigenpairs` the ``m`` largest pairs by ARPACK,
+:func:`refine_top_eigenpairs` nearby ones refined by LOBPCG.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, lobpcg
 
 Product = Callable[[np.ndarray], np.ndarray]
 
@@ -33,6 +35,17 @@ def top_eigenpairs(op: LinearOperator, m: int, tol: float = EIGENPAIR_TOL) -> tu
     except ArpackNoConvergence as exc:
         lam, V = exc.eigenvalues, exc.eigenvectors
     return lam, V
+
+
+def refine_top_eigenpairs(op: LinearOperator, V: np.ndarray, iterations: int,
+                          tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(lam [p], V [n, p])``: approximate top eigenpairs of the symmetric ``op`` refined from nearby ones ``V``
+    [n, p] by ``iterations`` of LOBPCG (scipy's, largest, tolerance ``tol``); a few iterations are the design, so
+    its "did not converge" warning is silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lam, W = lobpcg(op, V, maxiter=iterations, largest=True, tol=tol)
+    return np.asarray(lam, dtype=float), np.asarray(W, dtype=float)
 
 
 @dataclass(frozen=True)
@@ -152,5 +165,5 @@ def warm_or_cold_top(apply: Product, n: int, start: np.ndarray | None, policy: S
     return top_ritz(apply, x, policy.cold, project, tol, max_products)
 
 
-__all__ = ["EIGENPAIR_TOL", "Product", "RitzPairs", "StartPolicy", "krylov_ritz", "top_eigenpairs", "top_ritz",
-           "warm_or_cold_top"]
+__all__ = ["EIGENPAIR_TOL", "Product", "RitzPairs", "StartPolicy", "krylov_ritz", "refine_top_eigenpairs",
+           "top_eigenpairs", "top_ritz", "warm_or_cold_top"]

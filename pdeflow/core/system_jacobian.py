@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse.linalg import LinearOperator
 
-from .lanczos import EIGENPAIR_TOL, Product, StartPolicy, top_eigenpairs, warm_or_cold_top
+from .lanczos import EIGENPAIR_TOL, Product, StartPolicy, refine_top_eigenpairs, top_eigenpairs, warm_or_cold_top
 from .problem import Problem
 
 # forward-difference step relative to 1 + |y|: about sqrt(machine epsilon), balancing truncation and rounding
@@ -92,6 +92,11 @@ class SystemJacobian:
         """``(lam [m], V [N k, m])``: the ``m`` largest eigenpairs of S by ARPACK from a fixed start
         (:func:`pdeflow.core.lanczos.top_eigenpairs`)."""
         return top_eigenpairs(self.operator(), m, tol)
+
+    def refine_pairs(self, V: np.ndarray, iterations: int, tol: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(lam, V)``: the top eigenpairs of S refined from nearby ones ``V`` [N k, p] (carried from an earlier
+        state) by ``iterations`` of LOBPCG (:func:`pdeflow.core.lanczos.refine_top_eigenpairs`)."""
+        return refine_top_eigenpairs(self.operator(), V, iterations, tol)
 
 
 def complement_projection(V: np.ndarray | None) -> Callable[[np.ndarray], np.ndarray]:

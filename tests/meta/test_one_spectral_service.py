@@ -6,8 +6,8 @@ Read with :mod:`ast` over every module of the package (``pdeflow/``, ``solvers/`
   shape of ``M^{1/2} (-J) M^{-1/2}``), only in :data:`S_MODULE`; and a system Jacobian-vector product
   (``system_jvp``, ``system_jvp_difference``) called only there, or in a module of :data:`OTHER_PRODUCTS`, each
   with the reason it is not S;
-- **a Lanczos loop**: a loop that orthogonalises against a basis, ``Q @ (Q.T @ w)``, or a call of ARPACK
-  (``eigsh``), only in :data:`LANCZOS_MODULE`.
+- **a Lanczos loop**: a loop that orthogonalises against a basis it grows, ``Q @ (Q.T @ w)``, or a sparse
+  eigen-solver of scipy (ARPACK's ``eigsh``, ``lobpcg``), only in :data:`LANCZOS_MODULE`.
 
 The planted-copy test shows that a pasted copy of either is caught.
 """
@@ -28,7 +28,7 @@ OTHER_PRODUCTS = {
     "solvers/particle_proximal.py": "the Hessian of the proximal objective at a shifted cloud, not S at a state",
     "benchmarks/suite.py": "times one product against one gradient",
 }
-ARPACK = ("eigsh", "eigs", "ArpackNoConvergence")
+ARPACK = ("eigsh", "eigs", "ArpackNoConvergence", "lobpcg")   # the sparse eigen-solvers, Lanczos-based or not
 
 
 def _same(a: ast.AST, b: ast.AST) -> bool:
