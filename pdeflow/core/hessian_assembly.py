@@ -34,6 +34,8 @@ import numpy as np
 from . import mean_field
 from .problem import Problem
 
+BLOCKS_BYTES = 256 * 2**20  # head_blocks holds W for as many heads at a time as fit in this (at least one)
+
 
 def _theta_directions(problem: Problem, count: int, a: int) -> np.ndarray:
     """The direction of coordinate ``a`` in theta for ``count`` heads: [count, p] (every row ``basis[:, a]``)."""
@@ -113,9 +115,19 @@ def gauss_newton_factor(problem: Problem, omega: np.ndarray, mass: np.ndarray,
 
 def head_blocks(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
     """The diagonal blocks of S, ``H_i + m_i J_i^T A J_i`` [N, k, k] (module docstring), for every head: ``2 k``
-    forward-mode passes over the heads and one batched product, no [n, n] matrix."""
-    W = gauss_newton_factor(problem, omega, mass)
-    return frozen_blocks(problem, omega, mass) + np.matmul(W.transpose(1, 2, 0), W.transpose(1, 0, 2))
+    forward-mode passes over the heads and one batched product, no [n, n] matrix; W is formed for groups of heads
+    of at most :data:`BLOCKS_BYTES` (so ``k`` passes per group)."""
+    omega = np.asarray(omega, dtype=float)
+    N, k = omega.shape
+    blocks = frozen_blocks(problem, omega, mass)
+    data = problem.data64
+    rows = int(np.sum(data.loss_weights > 0)) * data.unembedding.shape[0]
+    group = int(max(1, BLOCKS_BYTES // max(1, rows * k * 8)))
+    for start in range(0, N, group):
+        heads = np.arange(start, min(N, start + group))
+        W = gauss_newton_factor(problem, omega, mass, heads)
+        blocks[heads] += np.matmul(W.transpose(1, 2, 0), W.transpose(1, 0, 2))
+    return blocks
 
 
 def assemble_hessian(problem: Problem, omega: np.ndarray, mass: np.ndarray,

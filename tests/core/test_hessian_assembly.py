@@ -180,3 +180,16 @@ def test_projected_assembly_is_b_transpose_s_b():
     assert rel_err(C, B.T @ reference @ B) < 1e-12
     with pytest.raises(ValueError, match="2 bases for 3 heads"):
         assemble_hessian(problem, omega, mass, heads=[0, 1, 2], bases=bases[:2])
+
+
+def test_head_blocks_in_groups_of_heads(monkeypatch):
+    """head_blocks formed one head at a time (hessian_assembly.BLOCKS_BYTES lowered) equals the diagonal blocks."""
+    from pdeflow.core import hessian_assembly
+
+    problem, omega, mass = case("full")
+    N, k = omega.shape
+    whole = head_blocks(problem, omega, mass)
+    monkeypatch.setattr(hessian_assembly, "BLOCKS_BYTES", 1)
+    assert rel_err(head_blocks(problem, omega, mass), whole) < 1e-14
+    reference = jvp_columns(problem, omega, mass)
+    assert rel_err(whole[2], reference[2 * k:, 2 * k:]) < 1e-12
