@@ -54,7 +54,8 @@ eigenvalue found in m Lanczos steps from a random start"), never "certified".
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.linalg
@@ -235,7 +236,9 @@ def perron_bound(R: np.ndarray, iterations: int = PERRON_STEPS, block: int = 102
 class CholeskyBound:
     """:func:`cholesky_bound`'s bracket of ``lambda_min(A)``: ``lower`` (-inf when no shifted factorisation
     succeeded), ``upper``, the Rayleigh quotient ``theta`` of the unit ``vector`` [n], the ``shift`` of the
-    successful factorisation, its rounding bound ``rounding`` (``shift - lower``) and the factorisations ``tries``."""
+    successful factorisation, its rounding bound ``rounding`` (``shift - lower``), the factorisations ``tries``
+    and ``walls``: seconds spent in the factorisation of A (``factor``), the shift-invert run (``eigsh``) and the
+    shifted factorisations with their bounds (``shifted``)."""
     lower: float
     upper: float
     theta: float
@@ -243,6 +246,7 @@ class CholeskyBound:
     shift: float
     rounding: float
     tries: int
+    walls: dict[str, float] = field(default_factory=dict)
 
 
 def cholesky_bound(A: np.ndarray) -> CholeskyBound | None:
@@ -250,10 +254,13 @@ def cholesky_bound(A: np.ndarray) -> CholeskyBound | None:
     docstring); None when ``A`` has no floating-point Cholesky factor (the dense bound decides then). Memory: two
     [n, n] arrays besides ``A``."""
     n = A.shape[0]
+    t0 = time.perf_counter()
     try:
         factor = scipy.linalg.cho_factor(A, lower=False, check_finite=False)
     except np.linalg.LinAlgError:
         return None
+    walls = {"factor": time.perf_counter() - t0}
+    t0 = time.perf_counter()
     solve = scipy.sparse.linalg.LinearOperator(
         (n, n), matvec=lambda x: scipy.linalg.cho_solve(factor, x, check_finite=False), dtype=float)
     start = np.random.default_rng(CHOLESKY_SEED).standard_normal(n)
@@ -269,15 +276,19 @@ def cholesky_bound(A: np.ndarray) -> CholeskyBound | None:
     absolute = sum(float(ax[i:i + 1024] @ (np.abs(A[i:i + 1024]) @ ax)) for i in range(0, n, 1024))
     upper = theta + _gamma(n + 3) * absolute / xx * (1.0 + _gamma(n + 3))
     work = factor[0]  # the factor's memory, no longer needed
+    walls["eigsh"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     # the first shift 1e-7 below theta: a factorisation's actual rounding is far below its bound r
     margin = max(SHIFT_MARGIN * abs(theta), np.finfo(float).tiny)
     for tries in range(1, SHIFT_TRIES + 1):
         shift = theta - margin
         lower = shifted_cholesky_bound(A, shift, work)
         if lower is not None:
-            return CholeskyBound(lower, upper, theta, x, shift, shift - lower, tries)
+            walls["shifted"] = time.perf_counter() - t0
+            return CholeskyBound(lower, upper, theta, x, shift, shift - lower, tries, walls)
         margin *= 2.0
-    return CholeskyBound(-math.inf, upper, theta, x, math.nan, math.nan, SHIFT_TRIES)
+    walls["shifted"] = time.perf_counter() - t0
+    return CholeskyBound(-math.inf, upper, theta, x, math.nan, math.nan, SHIFT_TRIES, walls)
 
 
 def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: SpectrumEnds, *,
