@@ -342,6 +342,7 @@ def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: Spectru
         o_values, o_vectors, _ = origin_block(problem, omega, mass)
         o_delta = k * np.finfo(float).eps * float(np.linalg.norm(o_values))
         products += k
+    asymmetry = 0.0  # of C as assembled, when symmetrised before eigenvalue_bound sees it
     if method == "cholesky":
         asymmetry = symmetric_part(C)
         bound = cholesky_bound(C)
@@ -352,6 +353,7 @@ def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: Spectru
                                          (o_values, o_vectors, o_delta) if n_dead else None)
         # else the dense bound decides, on the same (now symmetric) C
     values, vectors, delta = eigenvalue_bound(C)
+    delta += asymmetry
     del C
     vectors = embedded(vectors[:, :N_PAIRS], B, k)
     rows = np.repeat(live, k)
