@@ -44,7 +44,10 @@ fails, moves down (the margin doubled, at most :data:`SHIFT_TRIES` times); the c
 [s - r(s) - |C - C^T|_F, upper + |C - C^T|_F]`` (the asymmetry the estimate of the assembly's error, as for the
 dense bound). When ``A`` itself has no Cholesky factor, or the lower bound is not positive, the dense eigenvalue
 bound above is taken on the same ``C`` instead (it counts the negative eigenvalues): a saddle or a nearly singular
-minimum is never certified by Cholesky.
+minimum is never certified by Cholesky. When the Lanczos run has resolved the live block's lowest value to 1e-7,
+that value is the shift's estimate and one factorisation does both: Rump's test at ``estimate (1 - 1e-7)``, and
+inverse iteration with its factor for the Rayleigh vector (:func:`cholesky_bound`, ``estimate``; a wrong estimate
+falls back to the two factorisations).
 
 Dense assembly stops at :data:`DENSE_LIMIT` unknowns on the live heads (``n`` products; S, C, its symmetric part,
 the eigenvectors and LAPACK's workspace: measured 8.6 GB peak at n = 13,594, about ``6 n^2`` doubles;
