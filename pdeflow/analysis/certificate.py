@@ -65,6 +65,7 @@ import scipy.linalg
 import scipy.sparse.linalg
 
 from ..core.hessian_assembly import assemble_hessian
+from ..core.lanczos import lowest_eigenvector_shift_invert
 from ..core.problem import Problem
 from .spectrum import SpectrumEnds, head_symmetries, hessian_operator, origin_block, origin_is_stationary
 
@@ -319,10 +320,7 @@ def cholesky_bound(A: np.ndarray, estimate: float | None = None) -> CholeskyBoun
     solve = scipy.sparse.linalg.LinearOperator(
         (n, n), matvec=lambda x: scipy.linalg.cho_solve(factor, x, check_finite=False), dtype=float)
     start = np.random.default_rng(CHOLESKY_SEED).standard_normal(n)
-    if n > 2:
-        x = scipy.sparse.linalg.eigsh(A, k=1, sigma=0.0, which="LM", OPinv=solve, v0=start)[1][:, 0]
-    else:
-        x = np.linalg.eigh(A)[1][:, 0]
+    x = lowest_eigenvector_shift_invert(A, solve, start)
     x = x / np.linalg.norm(x)
     theta, upper = _rayleigh(A, x)
     work = factor[0]  # the factor's memory, no longer needed

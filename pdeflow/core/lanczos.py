@@ -37,6 +37,15 @@ def top_eigenpairs(op: LinearOperator, m: int, tol: float = EIGENPAIR_TOL) -> tu
     return lam, V
 
 
+def lowest_eigenvector_shift_invert(A: np.ndarray, solve: LinearOperator, start: np.ndarray) -> np.ndarray:
+    """The eigenvector [n] of the symmetric positive definite ``A`` [n, n] of least eigenvalue, by shift-invert
+    Lanczos (ARPACK, ``sigma = 0``: the largest eigenvalue of ``A^-1``, applied by ``solve``, e.g. a Cholesky
+    factor's solves) from ``start`` [n]; a dense eigh below n = 3, where ARPACK does not run."""
+    if A.shape[0] > 2:
+        return eigsh(A, k=1, sigma=0.0, which="LM", OPinv=solve, v0=start)[1][:, 0]
+    return np.linalg.eigh(A)[1][:, 0]
+
+
 def refine_top_eigenpairs(op: LinearOperator, V: np.ndarray, iterations: int,
                           tol: float) -> tuple[np.ndarray, np.ndarray]:
     """``(lam [p], V [n, p])``: approximate top eigenpairs of the symmetric ``op`` refined from nearby ones ``V``
@@ -165,5 +174,6 @@ def warm_or_cold_top(apply: Product, n: int, start: np.ndarray | None, policy: S
     return top_ritz(apply, x, policy.cold, project, tol, max_products)
 
 
-__all__ = ["EIGENPAIR_TOL", "Product", "RitzPairs", "StartPolicy", "krylov_ritz", "refine_top_eigenpairs",
+__all__ = ["EIGENPAIR_TOL", "Product", "RitzPairs", "StartPolicy", "krylov_ritz", "lowest_eigenvector_shift_invert",
+           "refine_top_eigenpairs",
            "top_eigenpairs", "top_ritz", "warm_or_cold_top"]
