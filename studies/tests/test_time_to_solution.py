@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from pdeflow import Problem, loads_config
 from pdeflow.core.problem import JVP_COST
 from studies.race.time_to_solution import MARKS, benchmark, gradient_equivalents, main, markdown, run_stepper
@@ -264,28 +266,44 @@ def test_time_to_solution_counts_what_the_stepper_reports():
     assert gradient_equivalents(legacy, "rosenbrock", "exact") == row["gradient_evals"] + JVP_COST * row["jvps"]
 
 
-def test_any_registered_adaptive_method_races_without_an_entry(tmp_path, capsys):
-    """bs23 has no row of RACE_SOLVERS: it races with the generic settings, its cost read from the base's cost
-    columns (three new evaluations per attempt of the Bogacki-Shampine pair, the tableau's ``len(A) - 1``); a method
-    with no tolerance to race is refused in one line (exit 2)."""
-    from pdeflow.solvers.bogacki_shampine import BogackiShampine
+def _entryless_adaptive_methods() -> list[str]:
+    """The registered error-controlled methods with no row of RACE_SOLVERS (bs23, heun-euler, any added later)."""
+    from pdeflow.solvers import STEPPERS
+    from pdeflow.solvers.controller import AdaptiveStepper
 
-    from studies.race.time_to_solution import RACE_DEFAULT, RACE_SOLVERS, race_solver
+    from studies.race.time_to_solution import RACE_SOLVERS
 
-    assert "bs23" not in RACE_SOLVERS
-    assert race_solver("bs23", 1e-4) == {"method": "bs23", "dt": RACE_DEFAULT["dt"], "rtol": 1e-4,
+    return [name for name, cls in STEPPERS.items() if issubclass(cls, AdaptiveStepper) and name not in RACE_SOLVERS]
+
+
+@pytest.mark.parametrize("method", _entryless_adaptive_methods())
+def test_any_registered_adaptive_method_races_without_an_entry(tmp_path, capsys, method):
+    """A registered error-controlled method without a row of RACE_SOLVERS races with the generic settings, its cost
+    read from the base's cost columns (an embedded pair's new evaluations per attempt, the tableau's ``len(A) - 1``);
+    a method with no tolerance to race is refused in one line (exit 2). Adding a method edits nothing here."""
+    from pdeflow.solvers import STEPPERS
+    from pdeflow.solvers.explicit import EmbeddedRK
+
+    from pdeflow.core.problem import gradient_equivalents
+    from studies.race.time_to_solution import RACE_DEFAULT, race_solver
+
+    assert race_solver(method, 1e-4) == {"method": method, "dt": RACE_DEFAULT["dt"], "rtol": 1e-4,
                                          "atol": 1e-4 * RACE_DEFAULT["atol_over_rtol"]}
     out = tmp_path / "out"
-    for name in ("adaptive:1e-10", "bs23:1e-4"):
+    for name in ("adaptive:1e-10", f"{method}:1e-4"):
         assert main(["--race", name, "--n", "4", "--t-end", "5", "--out", str(out)]) == 0
-    run = json.loads((out / "race" / "bs23-0.0001-t5.json").read_text())
-    assert run["solver"]["method"] == "bs23" and run["final"]["t"] == 5.0
+    run = json.loads((out / "race" / f"{method}-0.0001-t5.json").read_text())
+    assert run["solver"]["method"] == method and run["final"]["t"] == 5.0
     at = run["at"]["5"]
-    attempts = at["steps"] + at["rejected"]
-    assert at["gradient_evals"] == (len(BogackiShampine.A) - 1) * attempts and at["jvps_exact"] == 0
+    cls = STEPPERS[method]
+    if issubclass(cls, EmbeddedRK):
+        attempts = at["steps"] + at["rejected"]
+        assert at["gradient_evals"] == (len(cls.A) - 1) * attempts and at["jvps_exact"] == 0
+    cost = gradient_equivalents({"gradient": at["gradient_evals"], "jvp_exact": at["jvps_exact"],
+                                 "jvp_difference": at["jvps_difference"]})
     assert main(["--race-render", str(out / "race"), "--reference", "adaptive:1e-10", "--out", str(out)]) == 0
     [row] = json.loads((out / "matched_accuracy.json").read_text())["table"]["rows"]
-    assert row["method"] == "bs23" and row["grad_equivalents"] == at["gradient_evals"] + 1.0  # + the initial one
+    assert row["method"] == method and row["grad_equivalents"] == cost + 1.0  # + the initial one
     assert 0 < row["energy_error"] < 1e-2
     capsys.readouterr()
     assert main(["--race", "rk4:1e-4", "--n", "4", "--out", str(out)]) == 2
