@@ -69,6 +69,8 @@ MAX_ITER = {"lbfgs": 100_000, "trust-region": 2000}   # iterations of one search
 LOWEST_DIRECTIONS = 3        # the lowest converged Ritz vectors a result file keeps
 
 Progress = Callable[[str], None]
+# a preconditioner's factory: (omega [h, k], mass [h]) of the live heads -> P^-1 on flat [h k] vectors
+Preconditioning = Callable[[np.ndarray, np.ndarray], Callable[[np.ndarray], np.ndarray]]
 
 
 class Counter:
@@ -83,6 +85,9 @@ class Counter:
         self.max_wall, self.max_cost = max_wall, max_cost
         self.root = np.sqrt(self.mass)[:, None]
         self.gradients = 0
+        # products counted here directly: the forward passes of a structured assembly (one product each, as
+        # pdeflow.analysis.certificate counts them) and exact JVPs of operators not made by hessian()
+        self.direct_products = 0
         self._retired_products = 0
         self._op: HessianOperator | None = None
         self._last: tuple[np.ndarray, float, np.ndarray] | None = None
@@ -114,8 +119,8 @@ class Counter:
 
     @property
     def products(self) -> int:
-        """The JVP products of every operator :meth:`hessian` made."""
-        return self._retired_products + (self._op.products if self._op is not None else 0)
+        """The JVP products of every operator :meth:`hessian` made, and the :attr:`direct_products`."""
+        return self._retired_products + self.direct_products + (self._op.products if self._op is not None else 0)
 
     @property
     def wall(self) -> float:
@@ -167,6 +172,7 @@ class StationaryPoint:
     iterations: int
     message: str
     history: dict[str, np.ndarray] = field(default_factory=dict)
+    route: str = "lbfgs"
 
     @property
     def morse_index_lower(self) -> int:
@@ -324,7 +330,8 @@ def heads_at_origin(omega: np.ndarray) -> np.ndarray:
 
 def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, hist: _History,
                       on_iterate: Callable[[np.ndarray], None] | None, say: Progress,
-                      awake: np.ndarray) -> tuple[LbfgsResult, np.ndarray]:
+                      awake: np.ndarray, precondition: Preconditioning | None = None,
+                      refresh: int = 0) -> tuple[LbfgsResult, np.ndarray]:
     """L-BFGS on E over the live heads only, the others (:func:`heads_at_origin`, except ``awake`` [N]) set to 0
     and left out of the evaluations: a head at the origin stays there (:func:`origin_is_stationary`), its terms
     of E and Phi vanish, and an evaluation costs about a fixed part plus a share per live head (measured on
@@ -332,7 +339,9 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
     fallen below the threshold, the search starts again on the fewer live heads. Stops at ``I <= target``, after
     ``max_iter`` iterations in all, at the limits of ``c`` (:attr:`Counter.exhausted`), or when L-BFGS stalls.
     Whether the origin is a minimum for the dead heads is for the spectrum of the whole point to say (``classify``).
-    Returns the last L-BFGS result and the whole point ``v`` [N k]."""
+    ``precondition(omega_live, mass_live)``: ``P^-1`` for L-BFGS's ``H_0`` on the live heads
+    (:func:`pdeflow.analysis.lbfgs.two_loop`), built at every start and, with ``refresh > 0``, again after that many
+    iterations (the search then starts again). Returns the last L-BFGS result and the whole point ``v`` [N k]."""
     problem, (n_heads, k) = c.problem, c.shape
     hold = origin_is_stationary(problem, c.omega(v), c.mass)
     done = 0
@@ -343,6 +352,8 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
         mass, root = c.mass[live], c.root[live]
         last: list = [None, 0.0, None]
         regrouped = [False]
+        built = len(hist.rows)
+        inverse = None if precondition is None else precondition(v[cols].reshape(-1, k) / root, mass)
 
         def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
             if last[0] is None or not np.array_equal(last[0], x):
@@ -371,9 +382,12 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
                 if hold and np.sum(heads_at_origin(c.omega(whole(x)))[live]) >= FREEZE_GAIN:
                     regrouped[0] = True
                     raise StopIteration
+                if inverse is not None and refresh > 0 and len(hist.rows) - built >= refresh:
+                    regrouped[0] = True  # the blocks have aged: built again where the search is
+                    raise StopIteration
 
         x0 = v[cols]
-        found = lbfgs(fun, x0, memory=LBFGS_MEMORY, max_iter=max_iter - done, callback=record)
+        found = lbfgs(fun, x0, memory=LBFGS_MEMORY, max_iter=max_iter - done, callback=record, precondition=inverse)
         done += found.nit
         v = whole(found.x)
         if not regrouped[0] or done >= max_iter:
