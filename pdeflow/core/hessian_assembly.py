@@ -34,6 +34,8 @@ import numpy as np
 from . import mean_field
 from .problem import Problem
 
+BLOCKS_BYTES = 256 * 2**20  # head_blocks holds W for as many heads at a time as fit in this (at least one)
+
 
 def _theta_directions(problem: Problem, count: int, a: int) -> np.ndarray:
     """The direction of coordinate ``a`` in theta for ``count`` heads: [count, p] (every row ``basis[:, a]``)."""
@@ -113,24 +115,50 @@ def gauss_newton_factor(problem: Problem, omega: np.ndarray, mass: np.ndarray,
 
 def head_blocks(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
     """The diagonal blocks of S, ``H_i + m_i J_i^T A J_i`` [N, k, k] (module docstring), for every head: ``2 k``
-    forward-mode passes over the heads and one batched product, no [n, n] matrix."""
-    W = gauss_newton_factor(problem, omega, mass)
-    return frozen_blocks(problem, omega, mass) + np.matmul(W.transpose(1, 2, 0), W.transpose(1, 0, 2))
+    forward-mode passes over the heads and one batched product, no [n, n] matrix; W is formed for groups of heads
+    of at most :data:`BLOCKS_BYTES` (so ``k`` passes per group)."""
+    omega = np.asarray(omega, dtype=float)
+    N, k = omega.shape
+    blocks = frozen_blocks(problem, omega, mass)
+    data = problem.data64
+    rows = int(np.sum(data.loss_weights > 0)) * data.unembedding.shape[0]
+    group = int(max(1, BLOCKS_BYTES // max(1, rows * k * 8)))
+    for start in range(0, N, group):
+        heads = np.arange(start, min(N, start + group))
+        W = gauss_newton_factor(problem, omega, mass, heads)
+        blocks[heads] += np.matmul(W.transpose(1, 2, 0), W.transpose(1, 0, 2))
+    return blocks
 
 
 def assemble_hessian(problem: Problem, omega: np.ndarray, mass: np.ndarray,
-                     heads: np.ndarray | list[int] | None = None) -> np.ndarray:
+                     heads: np.ndarray | list[int] | None = None,
+                     bases: list[np.ndarray] | None = None) -> np.ndarray:
     """S restricted to the chosen heads (all when None; indices into ``omega`` [N, k]), dense [n, n] with
     ``n = len(heads) k``, head-major (row ``i k + a`` is coordinate a of the i-th chosen head): ``blockdiag(H_i)
-    + W^T W`` (module docstring), the measure being all of ``omega``, ``mass`` [N]."""
+    + W^T W`` (module docstring), the measure being all of ``omega``, ``mass`` [N]. With per-head ``bases``
+    (one [k, c_i] per chosen head) it is ``B^T S B`` [sum c_i, sum c_i] for the block-diagonal ``B`` instead,
+    formed as ``blockdiag(B_i^T H_i B_i) + (W B)^T (W B)`` without S."""
     W = gauss_newton_factor(problem, omega, mass, heads)
     R, h, k = W.shape
-    W = W.reshape(R, h * k)
-    S = W.T @ W  # one symmetric rank-R update (numpy calls syrk for a product with its own transpose)
+    if bases is None:
+        bases = [None] * h
+    elif len(bases) != h:
+        raise ValueError(f"{len(bases)} bases for {h} heads")
+    widths = [k if b is None else b.shape[1] for b in bases]
+    starts = np.concatenate([[0], np.cumsum(widths)]).astype(int)
+    if all(b is None for b in bases):
+        WB = W.reshape(R, h * k)
+    else:
+        WB = np.empty((R, int(starts[-1])))
+        for i, b in enumerate(bases):
+            WB[:, starts[i]:starts[i + 1]] = W[:, i] if b is None else W[:, i] @ b
     del W
+    S = WB.T @ WB  # one symmetric rank-R update (numpy calls syrk for a product with its own transpose)
+    del WB
     blocks = frozen_blocks(problem, omega, mass, heads)
-    for i in range(h):
-        S[i * k:(i + 1) * k, i * k:(i + 1) * k] += blocks[i]
+    for i, b in enumerate(bases):
+        rows = slice(starts[i], starts[i + 1])
+        S[rows, rows] += blocks[i] if b is None else b.T @ blocks[i] @ b
     return S
 
 

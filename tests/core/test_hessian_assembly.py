@@ -161,3 +161,35 @@ def test_head_output_tangents(monkeypatch, heads_per_chunk):
                   - mean_field.aggregate_output(theta - h * dtheta, one, data)) / (2 * h)
     assert rel_err(tangents[i], difference) < 1e-8
 
+
+
+def test_projected_assembly_is_b_transpose_s_b():
+    """With per-head bases (widths k, k - 3 and 2) the assembly is ``B^T S B`` for the block-diagonal B, S from the
+    exact products; a base count that does not match the heads is refused."""
+    problem, omega, mass = case("basis")
+    N, k = omega.shape
+    reference = jvp_columns(problem, omega, mass)[: 3 * k, : 3 * k]
+    rng = np.random.default_rng(7)
+    bases = [np.linalg.qr(rng.standard_normal((k, c)))[0] for c in (k, k - 3, 2)]
+    B = np.zeros((3 * k, sum(b.shape[1] for b in bases)))
+    col = 0
+    for i, b in enumerate(bases):
+        B[i * k:(i + 1) * k, col:col + b.shape[1]] = b
+        col += b.shape[1]
+    C = assemble_hessian(problem, omega, mass, heads=[0, 1, 2], bases=bases)
+    assert rel_err(C, B.T @ reference @ B) < 1e-12
+    with pytest.raises(ValueError, match="2 bases for 3 heads"):
+        assemble_hessian(problem, omega, mass, heads=[0, 1, 2], bases=bases[:2])
+
+
+def test_head_blocks_in_groups_of_heads(monkeypatch):
+    """head_blocks formed one head at a time (hessian_assembly.BLOCKS_BYTES lowered) equals the diagonal blocks."""
+    from pdeflow.core import hessian_assembly
+
+    problem, omega, mass = case("full")
+    N, k = omega.shape
+    whole = head_blocks(problem, omega, mass)
+    monkeypatch.setattr(hessian_assembly, "BLOCKS_BYTES", 1)
+    assert rel_err(head_blocks(problem, omega, mass), whole) < 1e-14
+    reference = jvp_columns(problem, omega, mass)
+    assert rel_err(whole[2], reference[2 * k:, 2 * k:]) < 1e-12
