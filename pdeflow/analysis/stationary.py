@@ -573,11 +573,12 @@ SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_en
            "certificate_text", "lambda_min_lower", "lambda_min_upper", "certificate_size", "certificate_delta",
            "lanczos_steps", "dense_limit", "iterations",
            "gradients", "products", "certify_products", "gradient_equivalents", "jvp_gradients", "wall",
-           "certify_wall", "message")
+           "certify_wall", "message", "route", "start_rule")
+ROUTES = ("structured", "lbfgs")  # minimum's routes: pdeflow.analysis.structured_minimum, or minimum() here
 
 
 def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, problem: Problem, *, source: str,
-                     frame: int, time_of_frame: float, ratio: float) -> None:
+                     frame: int, time_of_frame: float, ratio: float, start_rule: str = "") -> None:
     """Write the result of a search all or nothing (:func:`pdeflow.io.result_files.new_result_file`), root attribute
     ``schema = "pdeflow-stationary"``, the problem in ``/model`` and ``/data`` as in a trajectory, and
     ``/stationary``: ``omega`` [N, k] and ``mass`` [N] (the point), the converged spectrum ends ``lowest``,
@@ -590,7 +591,8 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
     gradients, JVP products and wall seconds, the certification's separately; ``certificate``: its kind,
     :data:`pdeflow.analysis.certificate.PROOFS` the proofs, ``certificate_text`` what it establishes,
     ``lambda_min_lower`` / ``lambda_min_upper`` the bounds on lambda_min, ``certificate_size`` the dense order,
-    ``certificate_delta`` its eigenvalue bound, ``lanczos_steps``, ``dense_limit``)."""
+    ``certificate_delta`` its eigenvalue bound, ``lanczos_steps``, ``dense_limit``; ``route``: the search taken,
+    :data:`ROUTES` (a nearest point's: ``"newton"``); ``start_rule``: what fixed the start frame)."""
     from ..io.result_files import new_result_file
 
     s, cert = point.spectrum, point.certificate
@@ -607,7 +609,8 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
               "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
               "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
               "jvp_gradients": JVP_GRADIENTS, "wall": point.wall, "certify_wall": point.certify_wall,
-              "message": point.message}
+              "message": point.message, "route": point.route if point.kind == "minimum" else "newton",
+              "start_rule": start_rule}
     unstable = (s.lowest + s.lowest_residual) < 0
     with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, problem=problem) as f:
         g = f.create_group("stationary")
@@ -687,9 +690,11 @@ def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
              f"{r['certify_products']} (spectrum) = {r['gradient_equivalents']:.0f} gradient equivalents "
              f"(JVP = {r['jvp_gradients']:g} gradients); wall {r['wall']:.1f} s, spectrum {r['certify_wall']:.1f} s",
              f"status      {r['message']}"]
+    if "route" in r:  # absent in files written before routes were recorded
+        lines.insert(2, f"route       {r['route']}; start: {r.get('start_rule') or 'not recorded'}")
     return "\n".join(lines)
 
 
-__all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "LBFGS_MEMORY", "METHODS", "SCHEMA", "StationaryPoint",
-           "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary", "verdict_of",
-           "write_stationary"]
+__all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "LBFGS_MEMORY", "METHODS", "ROUTES", "SCHEMA",
+           "StationaryPoint", "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary",
+           "verdict_of", "write_stationary"]
