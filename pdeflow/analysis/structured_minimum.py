@@ -105,15 +105,18 @@ def pcg(matvec: Callable[[np.ndarray], np.ndarray], b: np.ndarray, inverse: Call
 
 
 def _newton_pcg(c: Counter, v: np.ndarray, target: float, hist: _History, say: Progress,
-                max_newton: int) -> tuple[np.ndarray, float, np.ndarray, float, int, str]:
+                max_newton: int, eta_max: float = ETA) -> tuple[np.ndarray, float, np.ndarray, float, int, str]:
     """The endgame (module docstring, step 2) from ``v`` until ``I <= target``, ``max_newton`` steps, the limits of
-    ``c`` or a failed line search. Returns the point, E, g, I, the steps and why they stopped."""
+    ``c`` or a failed line search; the block preconditioner is built once per set of live heads (aged: CG's
+    products are exact, so an aged P costs iterations, never accuracy; a build costs 2 k passes). Returns the
+    point, E, g, I, the steps and why they stopped."""
     problem, (n_heads, k) = c.problem, c.shape
     hold = origin_is_stationary(problem, c.omega(v), c.mass)
     E, g = c.energy_and_gradient(v)
     I = float(g @ g)
     g0 = math.sqrt(I)
     it = 0
+    built: tuple[np.ndarray, BlockPreconditioner] | None = None
     while True:
         if I <= target:
             return v, E, g, I, it, f"I = {I:.3g} <= {target:.3g} after {it} Newton-PCG steps"
@@ -125,13 +128,15 @@ def _newton_pcg(c: Counter, v: np.ndarray, target: float, hist: _History, say: P
         live = ~heads_at_origin(c.omega(v)) if hold else np.ones(n_heads, dtype=bool)
         cols = np.repeat(live, k)
         omega_live, mass_live = c.omega(v)[live], c.mass[live]
-        c.direct_products += 2 * k
-        inverse = BlockPreconditioner.from_blocks(head_blocks(problem, omega_live, mass_live))
+        if built is None or not np.array_equal(built[0], live):
+            c.direct_products += 2 * k
+            built = (live, BlockPreconditioner.from_blocks(head_blocks(problem, omega_live, mass_live)))
+        inverse = built[1]
         op = hessian_operator(problem, omega_live, mass_live)
         project = op.symmetry.project
         b = -project(g[cols])
-        eta = min(ETA, math.sqrt(math.sqrt(I) / g0))
-        step, curved, _ = pcg(op.matvec, b, inverse, project, eta, CG_MAXITER)
+        eta = min(eta_max, math.sqrt(math.sqrt(I) / g0))
+        step, curved, cg_steps = pcg(op.matvec, b, inverse, project, eta, CG_MAXITER)
         c.direct_products += op.products  # exact products on the live heads (no operator of the Counter's)
         p = np.zeros(n_heads * k)
         p[cols] = step
@@ -161,12 +166,12 @@ def _newton_pcg(c: Counter, v: np.ndarray, target: float, hist: _History, say: P
         I = float(g @ g)
         hist.add(E, I)
         say(f"Newton-PCG {it}: E = {E:.13g}, I = {I:.3e}, step {alpha:g}{' (curvature)' if curved else ''}, "
-            f"{int(live.sum())} live heads, {c.products} products")
+            f"{cg_steps} CG steps, {int(live.sum())} live heads, {c.products} products")
 
 
 def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
                        ratio: float = DISSIPATION_RATIO, switch: float = SWITCH, max_iter: int = 0,
-                       precondition_search: bool = PRECONDITION_SEARCH,
+                       precondition_search: bool = PRECONDITION_SEARCH, eta: float = ETA,
                        max_restarts: int = 5, max_wall: float = math.inf, max_cost: float = math.inf,
                        dense_limit: int = DENSE_LIMIT, krylov_dim: int = CERTIFY_KRYLOV,
                        progress: Progress | None = None,
@@ -201,7 +206,7 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
         I = float(g @ g)
         if I > target and not c.exhausted:
             say(f"search: I = {I:.3e} after {len(hist.rows) - start} iterations: Newton-PCG")
-            v, E, g, I, taken, newton_message = _newton_pcg(c, v, target, hist, say, MAX_NEWTON)
+            v, E, g, I, taken, newton_message = _newton_pcg(c, v, target, hist, say, MAX_NEWTON, eta)
             message += f"; {taken} Newton-PCG steps: {newton_message}"
         iterations += len(hist.rows) - start
         if I > target and c.exhausted:
