@@ -21,7 +21,8 @@ the origin, as the L-BFGS route does):
    along its direction (:func:`pdeflow.analysis.stationary.descent_direction`), at most ``max_restarts`` times.
 
 Every choice is a function of the state and fixed constants (no clock, no random draw but fixed seeds), so the
-route is deterministic for a given thread count. Costs: gradients, JVP products, and the forward passes of the
+route is deterministic for a given thread count (should Newton-PCG end above the target, L-BFGS goes on to it).
+Costs: gradients, JVP products, and the forward passes of the
 structured assemblies counted as one product each (``2 k`` per :func:`head_blocks`).
 """
 from __future__ import annotations
@@ -52,7 +53,10 @@ from .stationary import (
 )
 
 ROUTE = "structured"
-SWITCH = 1e-6          # the search hands over to the Newton endgame at I <= SWITCH I(0)
+SWITCH = 1e-8          # the search hands over to the Newton endgame at I <= SWITCH I(0): measured on longtime.toml,
+                       # from 8.5e-6 I(0) (99 live heads, still dying) CG meets negative curvature within 5-10
+                       # steps and the steps are cut to 1/16-1/4; from the shipped minimum moved by 1e-4 four full
+                       # steps reach 1e-14 I(0) (studies/minimum/FAST_MINIMUM.md)
 PRECONDITION_SEARCH = False  # measured: block-Jacobi H_0 slows L-BFGS from t = 1 (E = 1.05 vs 0.62 at 200 its)
 REFRESH = 500          # L-BFGS iterations between two builds of the block preconditioner
 ETA = 0.1              # the loosest relative residual of a Newton step's CG solve
@@ -208,6 +212,14 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
             say(f"search: I = {I:.3e} after {len(hist.rows) - start} iterations: Newton-PCG")
             v, E, g, I, taken, newton_message = _newton_pcg(c, v, target, hist, say, MAX_NEWTON, eta)
             message += f"; {taken} Newton-PCG steps: {newton_message}"
+            if I > target and not c.exhausted:
+                # outside Newton's basin after all: the search goes on to the target (the L-BFGS route's way)
+                say(f"Newton-PCG ended at I = {I:.3e} ({newton_message}): L-BFGS to the target")
+                result, v = _lbfgs_live_heads(c, v, target, max_iter or MAX_ITER["lbfgs"], hist, on_iterate, say,
+                                              awake)
+                message += f"; L-BFGS: {result.message}"
+                E, g = c.energy_and_gradient(v)
+                I = float(g @ g)
         iterations += len(hist.rows) - start
         if I > target and c.exhausted:
             message = f"{c.stopped()} ({iterations} iterations) at I = {I:.3g} > {target:.3g}"

@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         m = r["minimum"]
         print(f"threads {r['threads']}: {m['verdict']}, E* = {m['energy']!r}, total {r['total_wall']:.1f} s, "
               f"{r['total_equivalents']:.0f} gradient equivalents (flow {r['flow']['equivalents']:.0f}, search "
-              f"{m['search_equivalents']:.0f}, certification {m['certify_equivalents']:.0f}), peak {m['peak_mb']:.0f} MB")
+              f"{m['search_equivalents']:.0f}, certification {m['certify_equivalents']:.0f}), "
+              f"peak {m['peak_mb']:.0f} MB")
     print(f"E* spread over thread counts: {res['energy_spread']:.3g}")
     return 0
 
