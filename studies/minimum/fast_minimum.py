@@ -38,18 +38,21 @@ SHIPPED = ROOT / "data" / "stationary" / "longtime-minimum-from-t0.h5"
 T_START = 1.0
 
 
-def _child(argv: list[str], threads: int, log) -> tuple[float, float]:
-    """Run ``python -m pdeflow.interface.cli ARGV`` (``pdeflow ARGV``) with NUMBA_NUM_THREADS = ``threads``; its wall
-    seconds and peak resident memory in MB (RUSAGE_CHILDREN after it, the largest child so far)."""
+def _child(argv: list[str], threads: int, log, transcript: Path) -> tuple[float, float]:
+    """Run ``python -m pdeflow ARGV`` (``pdeflow ARGV``) with NUMBA_NUM_THREADS = ``threads``, its output into
+    ``transcript`` as it comes; its wall seconds and peak resident memory in MB (RUSAGE_CHILDREN after it: the
+    largest child so far)."""
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pdeflow", *argv], env=env, cwd=ROOT, capture_output=True,
-                          text=True)
+    with transcript.open("w") as sink:
+        proc = subprocess.run([sys.executable, "-m", "pdeflow", *argv], env=env, cwd=ROOT, stdout=sink,
+                              stderr=subprocess.STDOUT, text=True)
     wall = time.perf_counter() - t0
-    for line in proc.stdout.splitlines()[-14:]:
+    lines = transcript.read_text().splitlines()
+    for line in lines[-14:]:
         log(f"  {line}")
     if proc.returncode != 0:
-        raise RuntimeError(f"pdeflow {' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+        raise RuntimeError(f"pdeflow {' '.join(argv)} failed ({proc.returncode}): {lines[-1:] or ''}")
     return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
@@ -89,10 +92,12 @@ def one_route(threads: int, t_start: float, out: Path, log) -> dict[str, Any]:
     res: dict[str, Any] = {"threads": threads, "load_before": list(os.getloadavg())}
     log(f"threads {threads}: flow to t = {t_start:g}")
     wall, _ = _child(["run", str(LONGTIME), "-o", str(flow), "--force", "--quiet", "--set",
-                      f"run.t_end={t_start!r}", "--set", "run.wall_time_limit=1e9"], threads, log)
+                      f"run.t_end={t_start!r}", "--set", "run.wall_time_limit=1e9"], threads, log,
+                     out / f"flow-t{threads}.log")
     res["flow"] = flow_summary(flow) | {"wall": wall}
     log(f"threads {threads}: pdeflow stationary --kind minimum")
-    wall, peak = _child(["stationary", str(flow), "--kind", "minimum", "-o", str(point), "--force"], threads, log)
+    wall, peak = _child(["stationary", str(flow), "--kind", "minimum", "-o", str(point), "--force"], threads, log,
+                        out / f"minimum-t{threads}.log")
     res["minimum"] = result_summary(point) | {"process_wall": wall, "peak_mb": peak}
     res["total_wall"] = res["flow"]["wall"] + wall
     res["total_equivalents"] = (res["flow"]["equivalents"] + res["minimum"]["search_equivalents"]
@@ -108,7 +113,7 @@ def shipped_check(threads: int, out: Path, log) -> dict[str, Any]:
         path = out / f"shipped-{route}.h5"
         log(f"shipped minimum: pdeflow stationary --route {route}")
         wall, _ = _child(["stationary", str(SHIPPED), "--kind", "minimum", "--route", route, "-o", str(path),
-                          "--force"], threads, log)
+                          "--force"], threads, log, out / f"shipped-{route}.log")
         res[route] = result_summary(path) | {"process_wall": wall}
     from pdeflow.analysis.stationary import read_stationary
 
