@@ -165,3 +165,22 @@ def test_the_command_takes_the_structured_route_by_default_and_says_so(tmp_path,
     assert main(["stationary", str(traj), "--kind", "nearest", "--route", "lbfgs", "-o", str(tmp_path / "y.h5")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("pdeflow: error: ") for line in err), err
+
+
+def test_one_and_two_threads_reach_the_same_minimum(eight_heads):
+    """The kernels' parallel reductions round differently on 1 and 2 threads; the route still ends at the same
+    minimum (E* to 1e-12, the points to 1e-6), each certified."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 numba threads")
+    problem, omega, mass, initial = eight_heads
+    one = structured_minimum(problem, omega, mass, initial, max_restarts=0)
+    numba.set_num_threads(2)
+    try:
+        two = structured_minimum(problem, omega, mass, initial, max_restarts=0)
+    finally:
+        numba.set_num_threads(1)
+    assert one.certified and two.certified
+    assert abs(one.energy - two.energy) <= 1e-12
+    np.testing.assert_allclose(one.omega, two.omega, atol=1e-6)
