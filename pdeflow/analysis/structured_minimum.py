@@ -197,7 +197,7 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
     hist.add(E, I0)
     precondition = block_preconditioning(problem, c) if precondition_search else None
     awake = np.zeros(c.shape[0], dtype=bool)
-    iterations, message = 0, ""
+    iterations, message = 0, (f"I = {I0:.3g} <= {target:.3g} at the start" if I0 <= target else "")
     found = None
     certify_products, certify_wall = 0, 0.0
     for attempt in range(max_restarts + 1):
