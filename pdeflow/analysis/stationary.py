@@ -23,6 +23,10 @@ no information and make S singular.
   a converged negative eigenvalue, it is restarted from that point moved along the eigenvector (both signs tried,
   the lower energy kept): the negative curvature the spectrum finds is what leaves a saddle, whichever search.
 
+This module's :func:`minimum` is the ``lbfgs`` route of :data:`ROUTES`; the ``structured`` route (block-preconditioned
+Newton-PCG endgame, Cholesky certificate) is :func:`pdeflow.analysis.structured_minimum.structured_minimum`, built
+on the same Counter, history, verdict and result file.
+
 Both stop when ``I <= ratio * I(0)`` (``I(0)``: the dissipation of the run's first frame) and report the two ends
 of the spectrum there (:func:`pdeflow.analysis.spectrum.spectrum_ends`) and what they establish
 (:func:`pdeflow.analysis.certificate.certify`, the one rule): every negative Ritz value of a block, converged or
