@@ -12,38 +12,18 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from pdeflow.solvers.driver import run
 
+import pdeflow
 from pdeflow import Problem
 from pdeflow.analysis import diagnostics as D
 from pdeflow.analysis import plotting as P
-from pdeflow.core.config import DiagnosticsConfig, loads_config
+from pdeflow.core.config import DiagnosticsConfig, load_config
 from pdeflow.io.trajectory import open_trajectory
 
-CONFIG = """
-[task]
-name = "markov"
-vocab_size = 3
-seq_len = 3
-exact = true
-concentration = 0.7
-[model]
-d = 7
-head_dim = 2
-weight_decay = 0.05
-family_scale = 3.0
-family_seed = 1
-coordinates = "gain2"
-[init]
-n_particles = 6
-[solver]
-method = "rk4"
-dt = 0.1
-[run]
-t_end = 5.0
-frame_interval = 1.0
-"""
+# the repository's tiny problem: 6 heads, an exactly enumerated 3-token Markov chain, rk4 to t = 5
+CONFIG = Path(pdeflow.__file__).resolve().parent.parent / "data" / "configs" / "tiny.toml"
 
 folder = Path(tempfile.mkdtemp())
-cfg = loads_config(CONFIG)
+cfg = load_config(CONFIG)
 run(cfg, Problem.from_config(cfg), folder / "small.h5", quiet=True)
 traj = open_trajectory(folder / "small.h5")
 

@@ -4,8 +4,9 @@ Along the gradient flow (docs/model.md) ``dE/dt = -I``. After each accepted step
 records in ``/steps``: ``dissipation_integral`` ``Q_n`` (the step's quadrature of ``int I dt``: the RK method's own
 ``h sum_i b_i I(Y_i)``, else the trapezoid), ``identity_defect``
 ``delta_n = |E_{n+1} - E_n + Q_n| / max(|E_{n+1} - E_n|, floor)`` (``O(h^p)``; above ``run.identity_tol`` accuracy
-is lost) and, for fixed-step explicit particle steppers, ``lambda_max_dt`` (:func:`pdeflow.solvers.jacobian.lambda_max`,
-warm-started from the previous check's vector, against :attr:`Stepper.stability_bound`). ``run.accuracy`` = ``"stop"``,
+is lost) and, for fixed-step explicit particle steppers, ``lambda_max_dt``
+(:func:`pdeflow.core.system_jacobian.lambda_max`, warm-started from the previous check's vector, against
+:attr:`Stepper.stability_bound`). ``run.accuracy`` = ``"stop"``,
 ``"warn"`` or ``"off"``. Details, check schedule and costs: docs/solvers.md, "How every run checks its own accuracy".
 """
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pdeflow.core.problem import JVP_COST
+from pdeflow.core.system_jacobian import TopPair, lambda_max
 from pdeflow.io import schema
 
 from .base import DefectSource, SolverError
-from .jacobian import TopPair, lambda_max
 from .loop import Observer, Step, Stop
 
 if TYPE_CHECKING:

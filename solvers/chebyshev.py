@@ -25,11 +25,13 @@ from typing import ClassVar
 import numpy as np
 
 from pdeflow.core.config import Config
+from pdeflow.core.lanczos import StartPolicy
 from pdeflow.core.problem import Problem
+from pdeflow.core.system_jacobian import SystemJacobian
 
-from .base import State, hermite
+from .base import State
 from .controller import CONTROLLER_KEYS, AdaptiveStepper
-from .jacobian import dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
+from .dissipation import hermite_dissipation, state_jacobian
 
 # the damping of the stability polynomial: |R_s| <= 1 - eps/3 or so inside the interval (a margin against rounding
 # and a slightly wrong rho), at the price of beta(s) ~ 0.65 s^2 instead of 2 s^2
@@ -41,6 +43,8 @@ RADIUS_GROWTH = 1.1
 # Krylov dimensions of the radius estimate: warm (from the previous vector) and cold (the first)
 RADIUS_KRYLOV = 8
 RADIUS_COLD = 16
+# the start of an estimate: warm from the previous vector, cold from the fixed random vector of seed 1
+RADIUS_START = StartPolicy(warm=RADIUS_KRYLOV, cold=RADIUS_COLD, seed=1)
 # stages of one step at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 2000
 ORDER = 2  # of y_{n+1}
@@ -185,23 +189,15 @@ class RKC(AdaptiveStepper):
         counts["gradient_evals"] += 1
         return self.problem.velocity(omega, mass)
 
-    def _slope(self, state: State, counts: dict[str, float]) -> float:
-        """``dI/dt`` at the state (:func:`pdeflow.solvers.jacobian.dissipation_slope`), one difference product."""
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        grad = self.evaluate(state).grad_phi
-        counts["jvps"] += 1
-        return dissipation_slope(grad, mass, velocity_jacobian(self.problem, omega, mass, grad, "difference"))
+    def _jacobian(self, state: State, counts: dict[str, float]) -> SystemJacobian:
+        """The system Jacobian at the state on difference products (one grad Phi each), counted in ``jvps``."""
+        return state_jacobian(self, state, "difference", counts)
 
     def _radius(self, state: State, start: np.ndarray | None, counts: dict[str, float]) -> tuple[float, np.ndarray]:
         """``(rho, x)``: the largest eigenvalue of ``S = M^{1/2} (-J) M^{-1/2}`` at the state by
-        :func:`pdeflow.solvers.jacobian.top_ritz` on difference products (one grad Phi each), warm from ``start``
-        or cold from a fixed random vector; a lower bound, at least 0."""
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        product = velocity_jacobian(self.problem, omega, mass, self.evaluate(state).grad_phi, "difference")
-        apply = mass_weighted(product, mass, lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
-        cold = start is None
-        x = np.random.default_rng(1).standard_normal(omega.size) if cold else start
-        value, vector = top_ritz(apply, x, RADIUS_COLD if cold else RADIUS_KRYLOV)
+        :meth:`pdeflow.core.system_jacobian.SystemJacobian.top_pair` on difference products (one grad Phi each),
+        warm from ``start`` or cold from a fixed random vector (:data:`RADIUS_START`); a lower bound, at least 0."""
+        value, vector = self._jacobian(state, counts).top_pair(start, RADIUS_START)
         return max(value, 0.0), vector
 
     def _reestimate(self, state: State, rho: float, vector: np.ndarray, interval: int,
@@ -225,7 +221,7 @@ class RKC(AdaptiveStepper):
             age = 0
         else:
             rho, vector, age, interval = carry.rho, carry.vector, carry.age, carry.interval
-        slope = carry.slope if carry is not None else self._slope(state, counts)
+        slope = carry.slope if carry is not None else self._jacobian(state, counts).slope()
         self._step_radius = _Radius(rho, vector, age, interval, slope)
         return counts
 
@@ -260,9 +256,7 @@ class RKC(AdaptiveStepper):
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
         """The Hermite quadrature (one product for dI/dt at the new state) and the carried radius."""
         r = self._step_radius
-        new_slope = self._slope(new, counts)
-        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
-                                           r.slope, new_slope)
+        new_slope = hermite_dissipation(self, state, new, h, r.slope, "difference", counts)
         self._carry = _Carry(new, r.rho, r.vector, r.age + 1, r.interval, new_slope)
         return counts
 

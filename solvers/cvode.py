@@ -5,18 +5,18 @@ rho_N)`` (masses fixed, docs/model.md). CVODE (Hindmarsh et al., ACM TOMS 2005) 
 with its own error test and order selection; each step's implicit equations are solved by Newton's method with the
 Newton matrix ``I - gamma J`` applied matrix-free by GMRES (SPGMR, :data:`KRYLOV_DIM` directions) on pdeflow's
 Jacobian-vector product ``J v = -Problem.system_jvp(y, m, v)`` (exact forward mode; ``solver.jacobian = "difference"``:
-a forward difference of grad Phi, :func:`pdeflow.solvers.jacobian.velocity_jacobian`).
+a forward difference of grad Phi, :class:`pdeflow.core.system_jacobian.SystemJacobian`).
 
 Preconditioner (``solver.deflate = m > 0``): ``J = -M^{-1/2} S M^{1/2}`` with ``S`` symmetric (``M = diag(m_i)``),
 and the stiffness sits in a few outlying eigenvalues of ``S``. With its ``m`` largest eigenpairs ``(lam, V)``
-(ARPACK, :func:`pdeflow.solvers.jacobian.top_eigenpairs`), ``P = M^{-1/2} (I + gamma V diag(lam) V^T) M^{1/2}``
+(ARPACK, :func:`pdeflow.core.lanczos.top_eigenpairs`), ``P = M^{-1/2} (I + gamma V diag(lam) V^T) M^{1/2}``
 approximates ``I - gamma J`` and ``P^-1 = M^{-1/2} (I + V diag(1 / (1 + gamma lam) - 1) V^T) M^{1/2}`` costs no
 product. The pairs are computed when CVODE asks for a new preconditioner (its setup call with ``jok`` false: the
 first step, after 50 steps without, after a convergence failure) and reused, with CVODE's current ``gamma``, in between.
 
 One pdeflow step is one CVODE internal step (its one-step mode, with the next frame time as a hard stop, so frames
 are landed on, never interpolated). Each step leaves the Hermite quadrature of the dissipation (``dI/dt`` at both
-ends, one product at the new state, :func:`pdeflow.solvers.jacobian.dissipation_slope`), so the energy-identity
+ends, one product at the new state, :func:`pdeflow.solvers.dissipation.hermite_dissipation`), so the energy-identity
 defect shows the method's error. CVODE's own counters (order, Newton and GMRES iterations, error-test and
 convergence failures), which scikit-sundae does not report, are read from the SUNDIALS library it ships (ctypes on
 the solver's memory at a byte offset whose layout is checked first, :func:`layout_mismatch`: a SolverError when it
@@ -38,17 +38,10 @@ import numpy as np
 
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
+from pdeflow.core.system_jacobian import SystemJacobian, deflation_inverse
 
-from .base import SolverError, State, Stepper, hermite
-from .jacobian import (
-    Product,
-    deflation_inverse,
-    dissipation_slope,
-    mass_weighted,
-    operator,
-    top_eigenpairs,
-    velocity_jacobian,
-)
+from .base import SolverError, State, Stepper
+from .dissipation import hermite_dissipation, state_jacobian
 
 # GMRES directions per linear solve (CVODE's default 5 is too few once the spectrum spreads: a linear failure each
 # time it is exceeded)
@@ -180,25 +173,20 @@ class Cvode(Stepper):
         omega = self._omega(y)
         yp[:] = -self.problem.grad_phi(omega, omega, self._mass).ravel()
 
-    def _product(self, y: np.ndarray, fy: np.ndarray) -> Product:
-        """``u -> -J u`` [N, k] at ``y`` (``fy = f(y)``), counted in ``jvps``."""
-        product = velocity_jacobian(self.problem, self._omega(y), self._mass, -self._omega(fy), self.jacobian)
-
-        def counted(u: np.ndarray) -> np.ndarray:
-            self._counts["jvps"] += 1
-            return product(u)
-        return counted
+    def _jacobian_at(self, y: np.ndarray, fy: np.ndarray) -> SystemJacobian:
+        """The system Jacobian at ``y`` (``fy = f(y)``; ``solver.jacobian``'s products), counted in ``jvps``."""
+        return SystemJacobian(self.problem, self._omega(y), self._mass, -self._omega(fy), self.jacobian,
+                              lambda: self._counts.__setitem__("jvps", self._counts["jvps"] + 1))
 
     def _jtimes(self, t: float, y: np.ndarray, fy: np.ndarray, v: np.ndarray, Jv: np.ndarray) -> None:
-        Jv[:] = -self._product(y, fy)(self._omega(v)).ravel()
+        Jv[:] = -self._jacobian_at(y, fy).product(self._omega(v)).ravel()
 
     def _psetup(self, t: float, y: np.ndarray, fy: np.ndarray, jok: bool, jnew: list, gamma: float) -> None:
         if jok and self._pairs is not None:
             jnew[0] = 0
             return
         self._counts["preconditioner_setups"] += 1
-        op = operator(mass_weighted(self._product(y, fy), self._mass), y.size)
-        lam, V = top_eigenpairs(op, self.deflate)
+        lam, V = self._jacobian_at(y, fy).top_eigenpairs(self.deflate)
         keep = lam > 0  # P stays positive definite
         self._pairs = (lam[keep], V[:, keep])
         jnew[0] = 1
@@ -230,18 +218,11 @@ class Cvode(Stepper):
         result = self._solver.init_step(state.t, omega.ravel().copy())
         self._counters = Counters(self._solver, result.nfev)
 
-    def _slope(self, state: State) -> float:
-        """``dI/dt`` at the state: one product (``solver.jacobian``'s kind)."""
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        grad = self.evaluate(state).grad_phi
-        self._counts["jvps"] += 1
-        return dissipation_slope(grad, mass, velocity_jacobian(self.problem, omega, mass, grad, self.jacobian))
-
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
         self._counts = counts = {"gradient_evals": 0.0, "jvps": 0.0, "preconditioner_setups": 0.0}
         if self._solver is None or self._current is not state:
             self._start(state)
-            self._slope_value = self._slope(state)
+            self._slope_value = state_jacobian(self, state, self.jacobian, counts).slope()
         target = state.t + dt_limit
         before = self._counters.read()
         result = self._solver.step(target, method="onestep", tstop=target)
@@ -255,10 +236,8 @@ class Cvode(Stepper):
         new.dt = h
         self.evaluate(new)  # the step's diagnostics (CVODE's last f is at a Newton iterate, not at y_{n+1})
         counts["gradient_evals"] += 1
-        new_slope = self._slope(new)
-        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
-                                           self._slope_value, new_slope)
-        self._current, self._slope_value = new, new_slope
+        self._slope_value = hermite_dissipation(self, state, new, h, self._slope_value, self.jacobian, counts)
+        self._current = new
         counts["order"] = after["order"]
         for key in ("rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures"):
             counts[key] = after[key] - before[key]

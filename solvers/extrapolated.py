@@ -29,6 +29,7 @@ Details: docs/solvers.md, "Long runs at tight tolerances: eserk4".
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -39,11 +40,11 @@ import numpy as np
 
 from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
+from pdeflow.core.system_jacobian import SystemJacobian, complement_projection, deflation_inverse
 
 from .base import State
-from .chebyshev import RADIUS_COLD, RADIUS_KRYLOV, RKC
+from .chebyshev import RADIUS_START, RKC
 from .controller import CONTROLLER_KEYS
-from .jacobian import deflation_inverse, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
 
 # the damping of the first-order Chebyshev polynomials: |P_s| <= 1 / T_s(w0) ~ 0.27 inside [-beta(s), 0], small
 # enough that the extrapolation's weights (sum of moduli 28.3) keep |R| <= 1 there
@@ -58,6 +59,8 @@ ERROR_ORDER = 3  # of the order-3 extrapolation the estimate measures: O(h^4)
 # deflation: the pairs are recomputed when the complement's top eigenvalue exceeds this factor times its value at
 # their computation (they have drifted off the top of the spectrum)
 PAIRS_DRIFT = 1.5
+# the complement's top pair starts as rkc's radius does, and cold also when the warm start lies in span V
+COMPLEMENT_START = dataclasses.replace(RADIUS_START, fall_back=True)
 
 Field = Callable[[np.ndarray], np.ndarray]
 # (r, tau) -> (I - tau A)^{-1} r: the deflated linearly implicit field of a sub-step tau (None: no deflation)
@@ -204,40 +207,28 @@ class ESERK4(RKC):
     # ---- the radius: of the whole spectrum, or of its complement to the deflated pairs ----------------------------
     def _radius(self, state: State, start: np.ndarray | None, counts: dict[str, float]) -> tuple[float, np.ndarray]:
         """Without deflation rkc's ``rho``. With it, the largest eigenvalue of S outside span V (:class:`_Pairs`)
-        and its Ritz vector; the pairs recomputed (ARPACK, :func:`pdeflow.solvers.jacobian.top_eigenpairs`) at a
-        cold start or when that value grew by :data:`PAIRS_DRIFT` since they were computed."""
+        and its Ritz vector; the pairs recomputed (ARPACK,
+        :meth:`pdeflow.core.system_jacobian.SystemJacobian.top_eigenpairs`) at a cold start or when that value grew
+        by :data:`PAIRS_DRIFT` since they were computed."""
         if not self.deflate:
             return super()._radius(state, start, counts)
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        product = velocity_jacobian(self.problem, omega, mass, self.evaluate(state).grad_phi, "difference")
-        apply = mass_weighted(product, mass, lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
+        jacobian = self._jacobian(state, counts)
         pairs = None if start is None else self._pairs
         if pairs is not None:
-            rho, vector = self._complement(apply, pairs.V, start)
+            rho, vector = self._complement(jacobian, pairs.V, start)
             if rho <= PAIRS_DRIFT * pairs.rho:
                 return rho, vector
-        lam, V = top_eigenpairs(operator(apply, omega.size), min(self.deflate, omega.size - 2))
+        lam, V = jacobian.top_eigenpairs(min(self.deflate, jacobian.n - 2))
         keep = lam > 0
-        rho, vector = self._complement(apply, V[:, keep], start)
+        rho, vector = self._complement(jacobian, V[:, keep], start)
         self._pairs = _Pairs(lam[keep], V[:, keep], rho)
         return rho, vector
 
     @staticmethod
-    def _complement(apply: Callable[[np.ndarray], np.ndarray], V: np.ndarray,
-                    start: np.ndarray | None) -> tuple[float, np.ndarray]:
+    def _complement(jacobian: SystemJacobian, V: np.ndarray, start: np.ndarray | None) -> tuple[float, np.ndarray]:
         """``(rho_c, x)``: the top Ritz pair of ``Pi S Pi`` (``Pi = I - V V^T``), warm from ``start`` or cold (a
-        fixed random vector, also when ``start`` lies in span V); at least 0."""
-        def project(x: np.ndarray) -> np.ndarray:
-            return x - V @ (V.T @ x)
-
-        if start is not None:
-            try:
-                value, vector = top_ritz(apply, start, RADIUS_KRYLOV, project)
-                return max(value, 0.0), vector
-            except ValueError:
-                pass
-        x = np.random.default_rng(1).standard_normal(V.shape[0])
-        value, vector = top_ritz(apply, x, RADIUS_COLD, project)
+        fixed random vector, also when ``start`` lies in span V: :data:`COMPLEMENT_START`); at least 0."""
+        value, vector = jacobian.top_pair(start, COMPLEMENT_START, complement_projection(V))
         return max(value, 0.0), vector
 
     # ---- the step ------------------------------------------------------------------------------------------------

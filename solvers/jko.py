@@ -1,7 +1,7 @@
 """JKO (minimizing-movement) steppers: ``rho_{n+1} = argmin_rho E(rho) + W2^2(rho, rho_n) / (2 tau)``.
 
 An implicit, variational time step of the Wasserstein gradient flow (docs/model.md): energy-decreasing at any
-``tau`` (:func:`pdeflow.solvers.jacobian.euler_stability_limit` measures the explicit limit it avoids), first
+``tau`` (:func:`pdeflow.core.system_jacobian.euler_stability_limit` measures the explicit limit it avoids), first
 order; ``tau = solver.tau`` (0: ``solver.dt``).
 :class:`ParticleJKO` moves the cloud ``Y`` [N, k] (masses and labels kept) to the minimizer of
 ``F(Y) = E(rho_Y) + (1/(2 tau)) sum_i m_i |y_i - omega_i|^2`` (L-BFGS-B, then Newton), checking the identity

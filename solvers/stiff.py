@@ -11,19 +11,20 @@ Details: docs/solvers.md, "Stiff particle runs: rosenbrock" and "The ROS34PW2 st
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from scipy.sparse.linalg import LinearOperator, lobpcg, minres
+from scipy.sparse.linalg import LinearOperator, minres
 
 from pdeflow.core.config import Config, ConfigError
+from pdeflow.core.lanczos import StartPolicy
 from pdeflow.core.problem import Problem
+from pdeflow.core.system_jacobian import SystemJacobian, complement_projection
 
-from .base import SolverError, State, controller_factor, hermite
+from .base import SolverError, State, controller_factor
 from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
-from .jacobian import dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
+from .dissipation import hermite_dissipation, state_jacobian
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -84,6 +85,7 @@ DRIFT = 2.0
 # Krylov dimensions of the complement estimate: warm (each step) and cold (the first)
 COMPLEMENT_KRYLOV = 3
 COMPLEMENT_COLD = 12
+COMPLEMENT_START = StartPolicy(warm=COMPLEMENT_KRYLOV, cold=COMPLEMENT_COLD, seed=1)
 # largest ratio of the proposed step to a step cut to the explicit bound
 CAPPED_GROWTH = 10.0
 # what a MINRES step is assumed to cost before one has been measured
@@ -209,17 +211,15 @@ class Rosenbrock(AdaptiveStepper):
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         return self.problem.velocity(omega, mass)
 
-    def _slope(self, state: State, counts: dict[str, float]) -> float:
-        """``dI/dt`` at the state (:func:`pdeflow.solvers.jacobian.dissipation_slope`): one product."""
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        grad = self.evaluate(state).grad_phi
-        counts["jvps"] += 1
-        return dissipation_slope(grad, mass, velocity_jacobian(self.problem, omega, mass, grad, self.jacobian))
+    def _jacobian(self, state: State, counts: dict[str, float]) -> SystemJacobian:
+        """The system Jacobian at the state (``solver.jacobian``'s products), counted in ``jvps``."""
+        return state_jacobian(self, state, self.jacobian, counts)
 
-    def _solve(self, jvp, root: np.ndarray, shift: float, rhs: np.ndarray, target: float,
+    def _solve(self, jacobian: SystemJacobian, root: np.ndarray, shift: float, rhs: np.ndarray, target: float,
                counts: dict[str, float], tighten: list[float],
                basis: list[tuple[np.ndarray, np.ndarray]], precond: LinearOperator | None = None) -> np.ndarray:
-        """``U`` [N, k] with ``(shift I - J) U = rhs``, ``jvp(u) = -J u``: true residual (in ``v = M^{1/2} U``)
+        """``U`` [N, k] with ``(shift I - J) U = rhs`` (``jacobian``: J at the state, its products counted): true
+        residual (in ``v = M^{1/2} U``)
         <= target.
 
         The step's earlier solutions ``v_j`` and their images ``A v_j`` (``basis``, extended here) give the start
@@ -233,9 +233,8 @@ class Rosenbrock(AdaptiveStepper):
         shape, n = rhs.shape, rhs.size
 
         def apply(v: np.ndarray) -> np.ndarray:
-            counts["jvps"] += 1
             # the shift inside the operator: scipy's minres(shift=) leaves it out of the residual of x0
-            return shift * v + (root * jvp(v.reshape(shape) / root)).ravel()
+            return shift * v + jacobian.apply(v)
 
         op = LinearOperator((n, n), matvec=apply, dtype=float)
         b = (root * rhs).ravel()
@@ -294,7 +293,7 @@ class Rosenbrock(AdaptiveStepper):
         rms = float(np.sqrt(np.mean((weights / root) ** 2)))
         target = s.krylov_tol * math.sqrt(omega.size) / (h * GAMMA * rms)
         U: list[np.ndarray] = []
-        jvp = velocity_jacobian(self.problem, omega, mass, self.evaluate(state).grad_phi, self.jacobian)
+        jacobian = self._jacobian(state, counts)
         precond = None
         if pairs is not None:
             lam, V = pairs
@@ -323,7 +322,7 @@ class Rosenbrock(AdaptiveStepper):
                 b = (root * rhs).ravel()
                 U.append((b / shift if precond is None else precond.matvec(b)).reshape(rhs.shape) / root)
                 continue
-            U.append(self._solve(jvp, root, shift, rhs, target, counts, tighten, basis, precond))
+            U.append(self._solve(jacobian, root, shift, rhs, target, counts, tighten, basis, precond))
         y_new, err = omega.copy(), np.zeros_like(omega)
         for i in range(len(B)):
             y_new += M_T[i] * U[i]
@@ -344,36 +343,25 @@ class Rosenbrock(AdaptiveStepper):
             return None
         if carry is not None and carry.V is not None and carry.age < self.deflate_every and not refine:
             return carry.lam, carry.V, carry.age
-        op = self._operator(state, counts)
+        jacobian = self._jacobian(state, counts)
         if carry is not None and carry.V is not None and carry.V.shape[1] >= 1:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "did not converge": a few iterations are the design
-                lam, V = lobpcg(op, carry.V, maxiter=REFINE_ITERATIONS, largest=True, tol=1e-3 * carry.lam.max())
-            return np.asarray(lam, dtype=float), np.asarray(V, dtype=float), 0
-        lam, V = top_eigenpairs(op, m)
+            lam, V = jacobian.refine_pairs(carry.V, REFINE_ITERATIONS, 1e-3 * carry.lam.max())
+            return lam, V, 0
+        lam, V = jacobian.top_eigenpairs(m)
         return lam, V, 0
 
     def _operator(self, state: State, counts: dict[str, float]) -> LinearOperator:
         """``S = M^{1/2} (-J) M^{-1/2}`` at the state as counted products (blocks column by column)."""
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        product = velocity_jacobian(self.problem, omega, mass, self.evaluate(state).grad_phi, self.jacobian)
-        apply = mass_weighted(product, mass, lambda: counts.__setitem__("jvps", counts["jvps"] + 1))
-        return operator(apply, omega.size)
+        return self._jacobian(state, counts).operator()
 
     def _complement_top(self, state: State, V: np.ndarray | None, start: np.ndarray | None,
                         counts: dict[str, float]) -> tuple[float, np.ndarray]:
         """``(rho_c, x)``: the largest eigenvalue of ``S`` on the orthogonal complement of span V (0 if negative)
-        and its Ritz vector: :func:`pdeflow.solvers.jacobian.top_ritz` of ``C = Pi S Pi`` (``Pi = I - V V^T``, V
-        orthonormal; C is zero on span V) with :data:`COMPLEMENT_KRYLOV` products from ``start`` (the previous
-        step's vector) or :data:`COMPLEMENT_COLD` from a fixed random vector. A lower bound of the true value."""
-        op = self._operator(state, counts)
-
-        def project(x: np.ndarray) -> np.ndarray:
-            return x if V is None or V.shape[1] == 0 else x - V @ (V.T @ x)
-
-        cold = start is None
-        x = np.random.default_rng(1).standard_normal(op.shape[0]) if cold else start
-        value, vector = top_ritz(op.matvec, x, COMPLEMENT_COLD if cold else COMPLEMENT_KRYLOV, project)
+        and its Ritz vector: :meth:`pdeflow.core.system_jacobian.SystemJacobian.top_pair` of ``C = Pi S Pi``
+        (``Pi = I - V V^T``, V orthonormal; C is zero on span V) with :data:`COMPLEMENT_KRYLOV` products from
+        ``start`` (the previous step's vector) or :data:`COMPLEMENT_COLD` from a fixed random vector
+        (:data:`COMPLEMENT_START`). A lower bound of the true value."""
+        value, vector = self._jacobian(state, counts).top_pair(start, COMPLEMENT_START, complement_projection(V))
         return max(value, 0.0), vector
 
     def _begin_step(self, state: State) -> dict[str, float]:
@@ -385,7 +373,7 @@ class Rosenbrock(AdaptiveStepper):
                               "symmetrized with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
         counts = {"rejected": 0.0, "failed_solves": 0.0, "krylov_iters": 0.0, "jvps": 0.0, "gradient_evals": 0.0}
         carry = self._carry if self._carry is not None and self._carry.state is state else None
-        slope = carry.slope if carry is not None else self._slope(state, counts)
+        slope = carry.slope if carry is not None else self._jacobian(state, counts).slope()
         eigen = self._eigenpairs(state, carry, counts)
         pairs = _positive(eigen)
         h_stable, top = math.inf, None
@@ -433,9 +421,7 @@ class Rosenbrock(AdaptiveStepper):
         plan = self._step_plan
         self.evaluate(new)  # the next step's first stage and the step's diagnostics
         counts["gradient_evals"] += 1
-        new_slope = self._slope(new, counts)
-        new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
-                                           plan.slope, new_slope)
+        new_slope = hermite_dissipation(self, state, new, h, plan.slope, self.jacobian, counts)
         minres_cost = counts["jvps"] + counts["gradient_evals"] if plan.krylov else plan.minres_cost
         self._carry = _Carry(new, new_slope, top=plan.top, minres_cost=minres_cost)
         if plan.eigen is not None:

@@ -44,7 +44,10 @@ fails, moves down (the margin doubled, at most :data:`SHIFT_TRIES` times); the c
 [s - r(s) - |C - C^T|_F, upper + |C - C^T|_F]`` (the asymmetry the estimate of the assembly's error, as for the
 dense bound). When ``A`` itself has no Cholesky factor, or the lower bound is not positive, the dense eigenvalue
 bound above is taken on the same ``C`` instead (it counts the negative eigenvalues): a saddle or a nearly singular
-minimum is never certified by Cholesky.
+minimum is never certified by Cholesky. When the Lanczos run has resolved the live block's lowest value to 1e-7,
+that value is the shift's estimate and one factorisation does both: Rump's test at ``estimate (1 - 1e-7)``, and
+inverse iteration with its factor for the Rayleigh vector (:func:`cholesky_bound`, ``estimate``; a wrong estimate
+falls back to the two factorisations).
 
 Dense assembly stops at :data:`DENSE_LIMIT` unknowns on the live heads (``n`` products; S, C, its symmetric part,
 the eigenvectors and LAPACK's workspace: measured 8.6 GB peak at n = 13,594, about ``6 n^2`` doubles;
@@ -62,6 +65,7 @@ import scipy.linalg
 import scipy.sparse.linalg
 
 from ..core.hessian_assembly import assemble_hessian
+from ..core.lanczos import lowest_eigenvector_shift_invert
 from ..core.problem import Problem
 from .spectrum import SpectrumEnds, head_symmetries, hessian_operator, origin_block, origin_is_stationary
 
@@ -75,6 +79,8 @@ SHIFT_MARGIN = 1e-7     # the first shift's distance below theta, relative
 UNIT_ROUNDOFF = 2.0 ** -53
 CHOLESKY_SEED = 20261   # the fixed start vector of the shift-invert Lanczos run
 PERRON_STEPS = 8        # power steps before the Collatz-Wielandt bound on the rounding of the factorisation
+INVERSE_STEPS = 3       # inverse-iteration steps with the factor shifted to just below an estimate of lambda_min
+ESTIMATE_SLACK = 10.0   # an estimate's bracket is kept when theta - shift <= this x the first shift's margin
 BY_INTERLACING = "negative Ritz value"       # a saddle, proven by interlacing (no assembly needed)
 BY_LANCZOS = "Lanczos only"                  # above the dense limit: no proof either way when no Ritz value < 0
 LANCZOS_VERDICT = "no negative eigenvalue found in {m} Lanczos steps from a random start (not certified)"
@@ -188,6 +194,12 @@ def shifted_cholesky_bound(A: np.ndarray, shift: float, work: np.ndarray) -> flo
     symmetric ``A`` [n, n], when the floating-point Cholesky factorisation of ``fl(A - shift I)`` runs to
     completion; None when it does not (or a diagonal entry of the shifted matrix is not a positive normal
     number). ``work`` [n, n] is overwritten (the shifted matrix, then its factor)."""
+    found = _shifted_factor(A, shift, work)
+    return None if found is None else found[0]
+
+
+def _shifted_factor(A: np.ndarray, shift: float, work: np.ndarray) -> tuple[float, np.ndarray] | None:
+    """:func:`shifted_cholesky_bound` and the upper factor R [n, n] (a view of ``work``)."""
     n = A.shape[0]
     np.copyto(work, A)
     work.flat[::n + 1] -= shift
@@ -206,7 +218,7 @@ def shifted_cholesky_bound(A: np.ndarray, shift: float, work: np.ndarray) -> flo
                                   check_finite=False)
     except np.linalg.LinAlgError:
         return None
-    return shift - min(trace, g * perron_bound(R)) - rest
+    return shift - min(trace, g * perron_bound(R)) - rest, R
 
 
 def perron_bound(R: np.ndarray, iterations: int = PERRON_STEPS, block: int = 1024) -> float:
@@ -249,10 +261,54 @@ class CholeskyBound:
     walls: dict[str, float] = field(default_factory=dict)
 
 
-def cholesky_bound(A: np.ndarray) -> CholeskyBound | None:
+def _rayleigh(A: np.ndarray, x: np.ndarray) -> tuple[float, float]:
+    """The Rayleigh quotient ``theta`` of ``x`` [n] and the proven upper bound ``theta + gamma_{n+3} |x|^T |A| |x| /
+    x^T x`` on ``lambda_min(A)`` (the rounding of its evaluation; ``|A|`` block by block)."""
+    n = A.shape[0]
+    xx = float(x @ x)
+    theta = float(x @ (A @ x)) / xx
+    ax = np.abs(x)
+    absolute = sum(float(ax[i:i + 1024] @ (np.abs(A[i:i + 1024]) @ ax)) for i in range(0, n, 1024))
+    return theta, theta + _gamma(n + 3) * absolute / xx * (1.0 + _gamma(n + 3))
+
+
+def _bound_from_estimate(A: np.ndarray, estimate: float) -> CholeskyBound | None:
+    """One factorisation instead of two when ``estimate`` is ``lambda_min`` to ~1e-7: Rump's test at ``s =
+    estimate (1 - 1e-7)``; on success a few steps of inverse iteration with that factor (the shift is next to
+    lambda_min, so each step gains the ratio (lambda_1 - s) / (lambda_2 - s)) give the Rayleigh vector. None when
+    the factorisation fails (the estimate is above lambda_min) or the Rayleigh quotient lies more than
+    :data:`ESTIMATE_SLACK` x 1e-7 above the shift (the estimate was too low to make the bracket tight)."""
+    n = A.shape[0]
+    shift = estimate * (1.0 - SHIFT_MARGIN)
+    t0 = time.perf_counter()
+    found = _shifted_factor(A, shift, np.empty((n, n)))
+    if found is None:
+        return None
+    lower, R = found
+    walls = {"shifted": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    x = np.random.default_rng(CHOLESKY_SEED).standard_normal(n)
+    for _ in range(INVERSE_STEPS):
+        x = scipy.linalg.cho_solve((R, False), x, check_finite=False)
+        x /= np.linalg.norm(x)
+    theta, upper = _rayleigh(A, x)
+    walls["inverse"] = time.perf_counter() - t0
+    if theta - shift > ESTIMATE_SLACK * SHIFT_MARGIN * abs(theta):
+        return None
+    return CholeskyBound(lower, upper, theta, x, shift, shift - lower, 1, walls)
+
+
+def cholesky_bound(A: np.ndarray, estimate: float | None = None) -> CholeskyBound | None:
     """``lambda_min`` of the symmetric ``A`` [n, n] bracketed by a Rayleigh quotient and Rump's test (module
     docstring); None when ``A`` has no floating-point Cholesky factor (the dense bound decides then). Memory: two
-    [n, n] arrays besides ``A``."""
+    [n, n] arrays besides ``A``. ``estimate``: a value of lambda_min to ~1e-7 (a converged Lanczos value): tried
+    first, one factorisation at ``estimate (1 - 1e-7)`` then proves the lower bound and gives the vector
+    (:func:`_bound_from_estimate`); else, or when that fails, the factorisation of A, shift-invert Lanczos for theta
+    and the shifted factorisations."""
+    if estimate is not None and estimate > 0:
+        bound = _bound_from_estimate(A, estimate)
+        if bound is not None:
+            return bound
     n = A.shape[0]
     t0 = time.perf_counter()
     try:
@@ -264,17 +320,9 @@ def cholesky_bound(A: np.ndarray) -> CholeskyBound | None:
     solve = scipy.sparse.linalg.LinearOperator(
         (n, n), matvec=lambda x: scipy.linalg.cho_solve(factor, x, check_finite=False), dtype=float)
     start = np.random.default_rng(CHOLESKY_SEED).standard_normal(n)
-    if n > 2:
-        x = scipy.sparse.linalg.eigsh(A, k=1, sigma=0.0, which="LM", OPinv=solve, v0=start)[1][:, 0]
-    else:
-        x = np.linalg.eigh(A)[1][:, 0]
+    x = lowest_eigenvector_shift_invert(A, solve, start)
     x = x / np.linalg.norm(x)
-    Ax = A @ x
-    xx = float(x @ x)
-    theta = float(x @ Ax) / xx
-    ax = np.abs(x)
-    absolute = sum(float(ax[i:i + 1024] @ (np.abs(A[i:i + 1024]) @ ax)) for i in range(0, n, 1024))
-    upper = theta + _gamma(n + 3) * absolute / xx * (1.0 + _gamma(n + 3))
+    theta, upper = _rayleigh(A, x)
     work = factor[0]  # the factor's memory, no longer needed
     walls["eigsh"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -342,9 +390,13 @@ def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: Spectru
         o_values, o_vectors, _ = origin_block(problem, omega, mass)
         o_delta = k * np.finfo(float).eps * float(np.linalg.norm(o_values))
         products += k
+    asymmetry = 0.0  # of C as assembled, when symmetrised before eigenvalue_bound sees it
     if method == "cholesky":
         asymmetry = symmetric_part(C)
-        bound = cholesky_bound(C)
+        # a Lanczos value converged to 1e-7 saves a factorisation, unless it is the origin block's
+        resolved = ends.lowest_ritz_residual <= SHIFT_MARGIN * ends.lowest_ritz
+        estimate = ends.lowest_ritz if resolved and (not n_dead or o_values[0] > ends.lowest_ritz) else None
+        bound = cholesky_bound(C, estimate)
         origin_lower = float(o_values[0]) - o_delta if n_dead else math.inf
         if bound is not None and min(bound.lower - asymmetry, origin_lower) > 0:
             return _cholesky_certificate(bound, asymmetry, C.shape[0], live, dead, B, k, upper, products,
@@ -352,6 +404,7 @@ def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: Spectru
                                          (o_values, o_vectors, o_delta) if n_dead else None)
         # else the dense bound decides, on the same (now symmetric) C
     values, vectors, delta = eigenvalue_bound(C)
+    delta += asymmetry
     del C
     vectors = embedded(vectors[:, :N_PAIRS], B, k)
     rows = np.repeat(live, k)

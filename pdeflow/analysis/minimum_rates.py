@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from ..core.config import Config, ConfigError
+from ..core.lanczos import krylov_ritz
 from ..core.problem import Problem
 from ..io.result_schema import RATES
 from ..solvers.base import State, Stepper
-from ..solvers.jacobian import krylov_ritz
 from ..solvers.loop import Observer, Step, Stop
 from .certificate import BY_LANCZOS, DENSE_LIMIT, Certificate, certify
 from .spectrum import HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
-from .stability import MIN_STEPS, _strings, fit_rate, simulate
+from .stability import MIN_STEPS, fit_rate, simulate
 from .stationary import polish
 
 Progress = Callable[[str], None]
@@ -80,7 +80,7 @@ class LinearPrediction:
 def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: int) -> LinearPrediction:
     """The linear flow ``dv/dt = -C v`` (``C = Pi S Pi`` = ``op``, positive semi-definite at a minimum) from ``v0``
     [n], by the Lanczos approximation ``v_m(t) = Q exp(-T t) Q^T v0 = sum_j x_j e^(-theta_j t) c_j`` on the Krylov
-    space of ``dims`` vectors from ``v0`` (:func:`pdeflow.solvers.jacobian.krylov_ritz`; Ritz pairs
+    space of ``dims`` vectors from ``v0`` (:func:`pdeflow.core.lanczos.krylov_ritz`; Ritz pairs
     ``(theta_j, x_j)``, ``c_j = x_j^T v0``). Then ``|v_m|^2 = sum c_j^2 e^(-2 theta_j t)``, ``v_m^T C v_m / 2``
     and ``|C v_m|^2`` follow from the Ritz values (``C x_j = theta_j x_j + r_j``, the residual terms bounded by the
     error below). The error ``e = v - v_m`` solves ``e' = -C e - r(t)`` with ``r(t) = (C Q - Q T) exp(-T t) Q^T v0
@@ -433,7 +433,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
     ``predicted_distance_rate``, ``predicted_pl_ratio_min``, ``prediction_error``, ``excess_agreement``, ``gradients``,
     ``steps``, ``relative_error`` [R, 3] (energy, distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``,
     ``excess_direct``, ``distance``, ``pl_ratio``, ``trusted``, ``predicted_excess``, ``predicted_distance`` [F]."""
-    from ..io.result_files import new_result_file
+    from ..io.result_files import new_result_file, text_array
 
     with new_result_file(path, SCHEMA_MINIMUM, RATES.version, cfg, problem=problem) as f:
         g = f.create_group("rates")
@@ -446,8 +446,8 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
         g["omega_star"] = np.asarray(result.omega_star, dtype=float)
         g["mass"] = np.asarray(result.mass, dtype=float)
         runs = result.runs
-        g["direction"] = _strings([r.direction for r in runs])
-        g["stepper"] = _strings([r.stepper for r in runs])
+        g["direction"] = text_array([r.direction for r in runs])
+        g["stepper"] = text_array([r.stepper for r in runs])
         for key in ("eps", "energy_rate", "distance_rate", "pl_ratio_min", "pl_ratio_least", "predicted_energy_rate",
                     "predicted_distance_rate", "predicted_pl_ratio_min", "prediction_error", "excess_agreement",
                     "gradients", "steps"):

@@ -12,13 +12,14 @@ direction, and at a stationary measure their count is the Morse index of E.
 E is invariant under a change of basis of each head's (WQ, WK) and (WV, WO) pairs that leaves the head's output
 unchanged (orthogonal changes when the weight decay is positive, as it also leaves ``|omega_i|`` unchanged; any
 invertible one when it is zero): per head the tangents of that orbit
-(:func:`pdeflow.analysis.stability.symmetry_tangents`, ``dh (dh - 1)`` or ``2 dh^2`` of them, fewer at degenerate heads,
-none in reduced coordinates) are directions along which E does not change, exact null vectors of S at a stationary
-measure. :func:`symmetry_basis` collects them head by head (:class:`Symmetry`); :func:`hessian_operator` is
-``Pi S Pi``, ``Pi = I - Q Q^T``, and :func:`spectrum_ends` the two ends of its spectrum by one reorthogonalised
-Lanczos run (:func:`pdeflow.solvers.jacobian.krylov_ritz`), reporting the converged Ritz values, and the index
-proven by interlacing from all of them (:func:`negative_ritz_count`, converged or not). Whether the point is a
-minimum is :mod:`pdeflow.analysis.certificate`'s to say: Lanczos alone proves a negative eigenvalue, never positivity.
+(:func:`pdeflow.analysis.local_geometry.symmetry_tangents`, ``dh (dh - 1)`` or ``2 dh^2`` of them, fewer at
+degenerate heads, none in reduced coordinates) are directions along which E does not change, exact null vectors of S
+at a stationary measure. :func:`symmetry_basis` collects them head by head (:class:`Symmetry`);
+:func:`hessian_operator` is ``Pi S Pi``, ``Pi = I - Q Q^T``, and :func:`spectrum_ends` the two ends of its spectrum
+by one reorthogonalised Lanczos run (:func:`pdeflow.core.lanczos.krylov_ritz`), reporting the converged Ritz values,
+and the index proven by interlacing from all of them (:func:`negative_ritz_count`, converged or not). Whether the
+point is a minimum is :mod:`pdeflow.analysis.certificate`'s to say: Lanczos alone proves a negative eigenvalue,
+never positivity.
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse.linalg
 
+from ..core.lanczos import RitzPairs, krylov_ritz
 from ..core.problem import Problem
-from ..solvers.jacobian import RitzPairs, krylov_ritz, mass_weighted
-from .stability import dense_hessian, symmetry_tangents
+from ..core.system_jacobian import SystemJacobian
+from .local_geometry import dense_hessian, symmetry_tangents
 
 KRYLOV_DIM = 300        # Lanczos steps of spectrum_ends: the products of one spectral record
 N_ENDS = 10             # Ritz values reported at each end (the converged ones among them)
@@ -77,7 +79,7 @@ class Symmetry:
 
 
 def head_symmetries(problem: Problem, omega: np.ndarray) -> Symmetry:
-    """The orbit tangents of every head (:func:`pdeflow.analysis.stability.symmetry_tangents` at ``omega_i``), as
+    """The orbit tangents of every head (:func:`pdeflow.analysis.local_geometry.symmetry_tangents` at ``omega_i``), as
     blocks; none for a head with ``|omega_i| <= ORBIT_FLOOR max_j |omega_j|``. Such a head is a dead head left a
     rounding-size distance off the origin (by a Newton step, say), where a stationary point has it exactly at 0 and
     no orbit: its tangents are not null vectors of S there but directions of the origin's curvature block
@@ -147,7 +149,7 @@ class HessianOperator(scipy.sparse.linalg.LinearOperator):
         def count() -> None:
             self.products += 1
 
-        self._apply = mass_weighted(lambda u: problem.system_jvp(omega, mass, u), mass, count)
+        self._apply = SystemJacobian(problem, omega, mass, kind="exact", counter=count).apply
 
     def _matvec(self, v: np.ndarray) -> np.ndarray:
         v = np.asarray(v, dtype=float).ravel()
@@ -238,7 +240,7 @@ def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
                   symmetry: Symmetry | DenseSymmetry | np.ndarray | None = None,
                   max_dim: int = 0, split_origin: bool = False) -> SpectrumEnds:
     """Both ends of the spectrum of ``Pi S Pi`` at the measure (``omega`` [N, k], ``mass`` [N]) from one Lanczos
-    run of ``krylov_dim`` steps with full reorthogonalisation (:func:`pdeflow.solvers.jacobian.krylov_ritz`) from
+    run of ``krylov_dim`` steps with full reorthogonalisation (:func:`pdeflow.core.lanczos.krylov_ritz`) from
     :func:`start_vector`: ``krylov_dim`` products (capped at ``N k - r``) and one gradient. A Ritz value counts
     as converged when its residual is at most ``tol * max(|theta_max|, |theta_min|)``; only converged values
     among the ``n_ends`` lowest and the ``n_ends`` highest are reported (:class:`SpectrumEnds`). With ``max_dim >

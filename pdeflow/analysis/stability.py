@@ -19,12 +19,12 @@ import numpy as np
 import scipy.optimize
 
 from ..core.config import Config, ConfigError
-from ..core.model import split_theta
 from ..core.problem import Problem
 from ..io.result_schema import STABILITY
 from ..solvers.base import State, Stepper
 from ..solvers.explicit import RK4
 from ..solvers.loop import Observer, advance
+from .local_geometry import dense_hessian, symmetry_tangents
 
 MEAN, SPREAD = 0, 1                 # axis 1 of the rate arrays: the mean (Htr) mode and the spread (H0) mode
 FIT_SKIP = 0.1                      # fraction of a run left out of the rate fit (start-up transients)
@@ -44,16 +44,6 @@ def one_head_energy(problem: Problem, point: np.ndarray) -> tuple[float, np.ndar
     return ev.energy, ev.grad_phi[0]
 
 
-def dense_hessian(hvp: Callable[[np.ndarray], np.ndarray], k: int) -> np.ndarray:
-    """The symmetric part ``(H + H^T)/2`` of the [k, k] matrix whose columns are ``hvp(e_j)``."""
-    H = np.empty((k, k))
-    for j in range(k):
-        e = np.zeros(k)
-        e[j] = 1.0
-        H[:, j] = hvp(e)
-    return 0.5 * (H + H.T)
-
-
 def frozen_hessian(problem: Problem, point: np.ndarray) -> np.ndarray:
     """``H0 = Hessian_omega Phi(w; delta_w)`` at ``w = point``, the measure frozen: [k, k]."""
     point = np.asarray(point, dtype=float)
@@ -64,36 +54,6 @@ def translation_hessian(problem: Problem, point: np.ndarray) -> np.ndarray:
     """``Htr = Hessian e(w)`` at ``w = point`` (head and measure move together): [k, k]."""
     point = np.asarray(point, dtype=float)
     return dense_hessian(lambda v: problem.translation_hvp(point, v), problem.k)
-
-
-def symmetry_tangents(problem: Problem, point: np.ndarray) -> np.ndarray:
-    """An orthonormal basis [k, r] of the tangent space at ``point`` of its symmetry orbit (module docstring).
-
-    Full coordinates only (``r = 0``, shape [k, 0], in reduced coordinates). Generators: antisymmetric
-    ``A`` (``O(dh)``) when the weight decay is positive, every ``A`` (``GL(dh)``) when it is zero.
-    """
-    k = problem.k
-    if problem.coords.basis is not None:
-        return np.zeros((k, 0))
-    d, dh = problem.d, problem.head_dim
-    wq, wk, wv, wo = (w[0] for w in split_theta(np.asarray(point, dtype=float)[None, :], d, dh))
-    gens = []
-    for a in range(dh):
-        for b in range(dh):
-            if problem.weight_decay > 0 and b <= a:
-                continue
-            A = np.zeros((dh, dh))
-            A[a, b] = 1.0
-            if problem.weight_decay > 0:
-                A[b, a] = -1.0
-            z_in, z_out = np.zeros((dh, d)), np.zeros((d, dh))
-            gens.append(np.concatenate([(A @ wq).ravel(), (-A.T @ wk).ravel(), z_in.ravel(), z_out.ravel()]))
-            gens.append(np.concatenate([z_in.ravel(), z_in.ravel(), (A @ wv).ravel(), (-wo @ A).ravel()]))
-    if not gens:
-        return np.zeros((k, 0))
-    U, s, _ = np.linalg.svd(np.stack(gens, axis=1), full_matrices=False)
-    scale = max(1.0, float(np.linalg.norm(point)))
-    return U[:, s > 1e-10 * scale]
 
 
 def complement_spectrum(H: np.ndarray, tangents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -555,11 +515,6 @@ def run_stability(cfg: Config, problem: Problem,
 SCHEMA, SCHEMA_VERSION = STABILITY.schema, STABILITY.version  # the table: pdeflow.io.result_schema
 
 
-def _strings(values: list[str]) -> np.ndarray:
-    import h5py
-    return np.array(values, dtype=h5py.string_dtype("utf-8"))
-
-
 def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: int, problem: Problem) -> None:
     """Write ``/stability`` (layout in docs/experiments.md; S points, k coordinates, n = stability.n_modes):
 
@@ -576,7 +531,7 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
     (:func:`pdeflow.io.problem_file.stored_problem`). Written all or nothing
     (:func:`pdeflow.io.result_files.new_result_file`).
     """
-    from ..io.result_files import new_result_file
+    from ..io.result_files import new_result_file, text_array
 
     pts = result.points
     S, n = len(pts), cfg.stability.n_modes
@@ -598,7 +553,7 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
         g["energy"] = stack(lambda a: a.energy, ())
         g["grad_norm"] = stack(lambda a: a.grad_norm, ())
         g["multiplicity"] = np.array([a.multiplicity for a in pts], dtype=np.int64)
-        g["origin"] = _strings([a.origin for a in pts])
+        g["origin"] = text_array([a.origin for a in pts])
         g["h0"] = stack(lambda a: a.h0, (k, k))
         g["htr"] = stack(lambda a: a.htr, (k, k))
         g["h0_eigenvalues"] = stack(lambda a: a.h0_values, (k,))
@@ -608,10 +563,10 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
         g["htr_relevant_min"] = stack(lambda a: a.htr_relevant[0], ())
         g["n_symmetry_modes"] = np.array([a.n_symmetry for a in pts], dtype=np.int64)
         g["symmetry_residual"] = stack(lambda a: a.symmetry_residual, ())
-        g["verdict"] = _strings([a.verdict for a in pts])
+        g["verdict"] = text_array([a.verdict for a in pts])
         g["optimality_gap"] = stack(lambda a: a.gap, ())
         g["min_phi"] = stack(lambda a: a.min_phi, ())
-        g["global_minimizer"] = _strings([a.global_minimizer or global_minimizer(a, cfg.stability.gap_tol)
+        g["global_minimizer"] = text_array([a.global_minimizer or global_minimizer(a, cfg.stability.gap_tol)
                                           for a in pts])
         g["gap_exhaustive"] = np.array([a.gap_exhaustive for a in pts])
         g["gap_bound"] = stack(lambda a: a.gap_bound, ())
@@ -624,7 +579,7 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
         if result.sweep is not None:
             sw, sg = result.sweep, g.create_group("sweep")
             sg["weight_decay"], sg["h0_min"], sg["htr_min"] = sw.weight_decay, sw.h0_min, sw.htr_min
-            sg["verdict"] = _strings(sw.verdicts)
+            sg["verdict"] = text_array(sw.verdicts)
             sg["predicted_rate"], sg["measured_rate"] = sw.predicted, sw.measured
             sg.attrs["lam_c_predicted"] = sw.lam_c_predicted
             sg.attrs["lam_c_measured"] = sw.lam_c_measured

@@ -85,6 +85,7 @@ def plot_comparison(wfr_path: Path, w2_path: Path, gaps: dict[str, FlowGaps], ou
     from matplotlib.figure import Figure
 
     from ..io.trajectory import open_trajectory
+    from .figures import save_figure
 
     fig = Figure(figsize=(11.0, 8.5))
     FigureCanvasAgg(fig)
@@ -132,9 +133,7 @@ def plot_comparison(wfr_path: Path, w2_path: Path, gaps: dict[str, FlowGaps], ou
     ax_energy.set_xlabel("t")
     ax_energy.set_ylabel("energy E")
     ax_energy.legend(fontsize=7)
-    fig.savefig(out, dpi=100)
-    return out
-
+    return save_figure(fig, out)
 
 
 def write_gaps_csv(gaps: dict[str, FlowGaps], out: Path) -> Path:

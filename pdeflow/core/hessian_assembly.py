@@ -60,7 +60,7 @@ def _select(problem: Problem, omega: np.ndarray, mass: np.ndarray,
 def _logits(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
     """``z = O U^T`` [B, T, V] in float64."""
     data = problem.data64
-    return mean_field.aggregate_output(problem.theta(omega).astype(float, copy=False), mass, data) @ \
+    return mean_field.aggregate_output(np.asarray(problem.coords.theta(omega), dtype=float), mass, data) @ \
         data.unembedding.T
 
 
@@ -74,7 +74,7 @@ def frozen_blocks(problem: Problem, omega: np.ndarray, mass: np.ndarray,
     k = problem.k
     G = mean_field.cross_entropy(_logits(problem, omega, mass), data)[1]
     zero = np.zeros_like(G)
-    theta = problem.theta(omega[index]).astype(float, copy=False)
+    theta = np.asarray(problem.coords.theta(omega[index]), dtype=float)
     blocks = np.empty((len(index), k, k))
     for a in range(k):
         dtheta = _theta_directions(problem, len(index), a)
@@ -99,7 +99,7 @@ def gauss_newton_factor(problem: Problem, omega: np.ndarray, mass: np.ndarray,
     e = np.exp(z - z.max(axis=1, keepdims=True))
     p = e / e.sum(axis=1, keepdims=True)  # [P, V]
     scale = np.sqrt(lw.ravel()[keep][:, None] * p)  # sqrt(lw p_v) [P, V]
-    theta = problem.theta(omega[index]).astype(float, copy=False)
+    theta = np.asarray(problem.coords.theta(omega[index]), dtype=float)
     root = np.sqrt(mass[index])
     h = len(index)
     W = np.empty((z.size, h, k))

@@ -10,7 +10,7 @@ from ..core.exit_codes import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, HELP
 from ..io.file_access import TrajectoryError
 from ..io.recovery import recovery_hint
 from ..io.reference import compare, validate
-from .cli import UsageError, check_output_file
+from .cli import UsageError, check_output_file, result_kind
 
 COMPARE_HELP = """Compare a candidate trajectory A with a reference trajectory B (any code's files of schema version 1).
 
@@ -37,6 +37,22 @@ with --tighter FILE; otherwise the family is refused (exit 2).
 exit codes of compare: 0 pass; 1 a check failed, or a file is not a valid pdeflow trajectory (missing or wrong-shaped
 dataset, damaged data, checksum failure); 2 bad input: a path that does not exist, bad options, or a family
 whose order cannot be judged (the reason in one line on stderr)."""
+
+
+VALIDATE_HELP = """Check a file against its table in docs/schema.md: a trajectory of schema version 1 (written by any
+code) or a result file of pdeflow's analysis commands (stationary, stability, stability --stationary,
+chaos).
+
+What is checked:
+  1. every stored byte reads back (in a child process, with a time limit): each chunk of /frames and /steps
+     passes its Fletcher-32 checksum, no object is unreadable or declares more than half this machine's memory,
+     and /model, /data and the frames' time, omega, mass and density hold finite numbers;
+  2. every group, dataset and attribute the table requires is present, with its rank, type and shape (the sizes
+     V, d, T, B, N, k, ... bound by the file itself; /frames and /steps hold at least their committed rows);
+  3. for a trajectory, the rules on values: tokens and targets in [0, V), at least one 1 in every mask row,
+     weights >= 0 summing to 1 within 1e-9 (|sum - 1| <= 1e-9), frame times non-decreasing.
+Every departure is one line. Exit 0: valid; 1: the file was read and a check failed (also a damaged file or
+one that is not a pdeflow file); 2: bad input (no such file)."""
 
 
 def _existing(paths: list[str]) -> None:
@@ -101,6 +117,20 @@ def _compare_order(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """``pdeflow validate``: a result file checked against its table (:mod:`pdeflow.io.result_schema`), anything
+    else as a trajectory of schema version 1 (:func:`pdeflow.io.reference.validate`)."""
+    kind = result_kind(args.file)
+    if kind is not None:
+        from ..io.file_access import open_for_reading
+        from ..io.result_schema import check_result
+
+        with open_for_reading(args.file) as f:
+            problems = check_result(f, kind)
+        for line in problems:
+            print(f"{args.file}: {line}")
+        if not problems:
+            print(f"{args.file}: valid {kind.schema} file (schema version {kind.version}: {kind.title})")
+        return EXIT_CHECK_FAILED if problems else EXIT_OK
     problems = validate(args.file)
     for line in problems:
         print(f"{args.file}: {line}")
@@ -142,6 +172,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--figure", metavar="PNG", help="--order: write the log-log figure there")
     p.add_argument("--force", action="store_true", help="overwrite an existing --figure file")
     p.set_defaults(func=cmd_compare)
-    p = sub.add_parser("validate", help="check a file written by any code against schema version 1 (exit 0 or 1)")
+    p = sub.add_parser("validate", help="check a file written by any code against schema version 1 (exit 0 or 1)",
+                       description=VALIDATE_HELP, epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file")
     p.set_defaults(func=cmd_validate)

@@ -1,9 +1,9 @@
 """``pdeflow wfr CONFIG -o OUT.h5``: the Wasserstein-Fisher-Rao flow against the Wasserstein flow.
 
 Runs CONFIG (``solver.method = "wfr"``) into OUT.h5 and with ``solver.gamma = 0`` into ``OUT-w2.h5``, computes the
-optimality gap of every frame of both, writes ``OUT-gaps.csv`` and ``OUT.png`` and prints a summary. Only
-``gap_bound <= 1e-6`` certifies ``G <= 1e-6`` at a frame (``gap_found`` is a lower bound on the gap). The experiment
-and its two numbers: docs/design.md, "The Wasserstein-Fisher-Rao experiment".
+optimality gap of every frame of both, writes ``OUT-gaps.csv`` and the figure ``OUT.png`` (``--format pdf|svg``,
+``--dpi``) and prints a summary. Only ``gap_bound <= 1e-6`` certifies ``G <= 1e-6`` at a frame (``gap_found`` is a
+lower bound on the gap). The experiment and its two numbers: docs/design.md, "The Wasserstein-Fisher-Rao experiment".
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..analysis.wfr_comparison import frame_gaps, plot_comparison, summary_line,
 from ..core.config import load_config
 from ..core.exit_codes import EXIT_OK, HELP
 from .cli import UsageError, add_config_arguments
+from .cli_figures import add_figure_arguments, figure_dpi
 
 
 def beside(out: Path, suffix: str) -> Path:
@@ -21,13 +22,14 @@ def beside(out: Path, suffix: str) -> Path:
     return stem.with_name(stem.name + suffix)
 
 
-
 def cmd_wfr(args: argparse.Namespace) -> int:
     from pdeflow.solvers.driver import run
 
+    from ..analysis.figures import figure_output
     from ..core.problem import Problem
     from .cli import check_output_file, new_output_path
 
+    dpi = figure_dpi(args)
     cfg = load_config(args.config, args.set)
     if cfg.solver.method != "wfr" or cfg.solver.gamma <= 0:
         raise UsageError(f"pdeflow wfr compares a Wasserstein-Fisher-Rao run with its Wasserstein limit: the config "
@@ -41,7 +43,8 @@ def cmd_wfr(args: argparse.Namespace) -> int:
     out = new_output_path(cfg, args.config, args.output, args.force)
     w2_out = check_output_file(beside(out, "-w2.h5"), args.config, force=args.force)
     csv_out = check_output_file(beside(out, "-gaps.csv"), args.config, force=args.force)
-    png_out = None if args.no_plots else check_output_file(out.with_suffix(".png"), args.config, force=args.force)
+    png_out = None if args.no_plots else check_output_file(out.with_suffix("." + args.format), args.config,
+                                                               force=args.force)
     w2_cfg = cfg.replace(solver={"gamma": 0.0})
     problem = Problem.from_config(cfg)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"wfr: {msg}", flush=True))
@@ -54,12 +57,12 @@ def cmd_wfr(args: argparse.Namespace) -> int:
     say("optimality gaps at every frame")
     gaps = {"w2": frame_gaps(w2_out, cfg), "wfr": frame_gaps(out, cfg)}
     csv = write_gaps_csv(gaps, csv_out)
-    figure = None if png_out is None else plot_comparison(out, w2_out, gaps, png_out)
+    with figure_output(dpi):
+        figure = None if png_out is None else plot_comparison(out, w2_out, gaps, png_out)
     for key, label in (("w2", "Wasserstein"), ("wfr", "WFR")):
         print(summary_line(label, gaps[key]))
     print(f"pdeflow: wfr: {out}, {w2_out}, {csv}" + (f", {figure}" if figure else ""))
     return EXIT_OK
-
 
 
 def add_command(subparsers) -> None:
@@ -70,5 +73,6 @@ def add_command(subparsers) -> None:
                          "WFR trajectory file (default: output.path, else <config>.h5); the Wasserstein run "
                          "goes to <OUT>-w2.h5")
     p.add_argument("--no-plots", action="store_true", help="do not write the figure")
+    add_figure_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_wfr)

@@ -12,12 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import numpy as np
 
 from .._version import __version__
 from ..core.config import Config
 from .file_access import TrajectoryError, WriterLock, error_reason, partial_path
 from .problem_file import write_problem
 from .trajectory import check_file
+
+
+def text_array(values: list[str]) -> np.ndarray:
+    """``values`` [n] as the array of a text dataset (variable-length UTF-8 strings): how every result file stores
+    a column of words."""
+    return np.array(values, dtype=h5py.string_dtype("utf-8"))
 
 
 @contextlib.contextmanager

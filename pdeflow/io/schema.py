@@ -10,8 +10,10 @@ Shapes are written in symbols bound by the file itself: ``V``, ``d`` (``/model/e
 (``/model/positions``), ``p = 4 d dh`` (``dh`` the ``head_dim`` attribute), ``k`` (the columns of
 ``/model/basis``, else ``p``), ``B`` (``/data/tokens``), ``N`` (``/frames/omega``), ``n...`` (the ``k`` grid axes
 of the ``shape`` attribute of ``/frames``), ``R`` (:data:`RNG_BYTES`), ``H`` (:data:`CHECKSUM_BYTES`), and
-the row axes ``F`` (frames) and ``S`` (steps), which count the committed rows: a dataset may hold more rows
-(written by a run that has not committed them yet), never fewer.
+``/analysis``'s own ``A`` (analysed frames), ``C`` (head clusters), ``h`` (clustered heads), ``Am`` and ``Tp``
+(attention maps and probe tokens), bound by the first entry naming them, and the row axes ``F`` (frames) and ``S``
+(steps), which count the committed rows: a dataset may hold more rows (written by a run that has not committed them
+yet), never fewer.
 """
 from __future__ import annotations
 
@@ -78,6 +80,60 @@ def _data(path: str, shape: tuple[str, ...], dtype: str, need: str, meaning: str
 
 def _attr(path: str, dtype: str, need: str, meaning: str) -> Item:
     return Item("attribute", path, None, dtype, need, meaning)
+
+
+# /analysis (pdeflow.analysis.diagnostics writes and reads it through these names): per-frame arrays [F] (NaN where
+# not computed), name -> (shape, type); the rates and their provenance as attributes, name -> type; the head
+# clusters (``cluster_<name>``: labels [h] of the clustered frame's heads, per cluster [C], attention maps [Am, Tp, Tp]
+# on the probe tokens [Tp]); a particle run's spectral record over the analysed frames [A] (``spectrum_<name>`` for
+# the Ritz columns; absent in older files).
+ANALYSIS_FRAME_ARRAYS: dict[str, tuple[tuple[str, ...], str]] = {
+    **{name: (("F",), "float") for name in ("time", "energy", "dissipation", "gap", "lower_bound", "min_phi",
+                                            "mean_phi", "outside_mass")},
+    "minimizer": (("F", "k"), "float"), "gap_exhaustive": (("F",), "any"),
+    **{name: (("F",), "float") for name in ("pl_mu", "energy_identity_residual", "kl_predicted", "gap_bound")},
+    "gap_certified": (("F",), "bool")}
+ANALYSIS_SCALARS: dict[str, str] = {
+    "e_star": "float", "e_star_source": "text", "e_star_low": "float", "e_star_high": "float", "kl_status": "text",
+    **dict.fromkeys(("kl_fitted", "kl_theta", "kl_constant"), "float"), "kl_points": "int",
+    **dict.fromkeys(("kl_window_start", "kl_window_end", "kl_decay_error", "kl_theta_first", "kl_theta_last",
+                     "kl_t_first", "kl_t_last", "kl_tolerance", "pl_mu_min", "pl_mu_first", "pl_mu_last",
+                     "predicted_theta", "predicted_mu"), "float"),
+    "prediction": "text", "stationary_time": "float", "stationary_tol": "float", "gap_computed": "bool",
+    "gap_is_estimate": "bool", "gap_domain": "text", "gap_radius": "float"}
+ANALYSIS_CLUSTER_ARRAYS: dict[str, tuple[tuple[str, ...], str]] = {
+    "labels": (("h",), "number"), "mass": (("C",), "float"), "size": (("C",), "number"),
+    "centre": (("C", "k"), "float"), "representative": (("C",), "number"), "attention": (("Am", "Tp", "Tp"), "float"),
+    "probe": (("Tp",), "number")}
+SPECTRAL_ARRAYS: dict[str, str] = {
+    "spectrum_frame": "number", "spectrum_time": "float", "lambda_min": "float", "lambda_min_residual": "float",
+    "lambda_max": "float", "lambda_max_residual": "float", "morse_index_lower": "number", "spectrum_products": "number"}
+SPECTRAL_RITZ = ("lowest_ritz", "lowest_ritz_residual")
+SPECTRAL_SCALARS: dict[str, str] = {
+    "spectrum_every": "int", "spectrum_near": "float", "n_symmetry": "int", "jvp_cost": "float",
+    "spectrum_grad_equivalents": "float", "run_grad_equivalents": "float"}
+
+
+def _analysis_items() -> tuple[Item, ...]:
+    """The rows of /analysis, from the declarations above."""
+    rows = [_data(f"/analysis/{name}", shape, dtype, OPTIONAL, "per frame (pdeflow.analysis.diagnostics.Analysis)")
+            for name, (shape, dtype) in ANALYSIS_FRAME_ARRAYS.items()]
+    rows += [_attr(f"/analysis.{name}", dtype, OPTIONAL, "a rate or its provenance (Analysis)")
+             for name, dtype in ANALYSIS_SCALARS.items()]
+    rows += [_attr("/analysis.kl_theta_range", "float", OPTIONAL, "the local exponent's range over the window"),
+             _attr("/analysis.notes", "text", OPTIONAL, "notes, one a line")]
+    rows += [_data(f"/analysis/cluster_{name}", shape, dtype, OPTIONAL, "head clusters (HeadClusters)")
+             for name, (shape, dtype) in ANALYSIS_CLUSTER_ARRAYS.items()]
+    rows += [_attr("/analysis.cluster_threshold", "float", OPTIONAL, "the clusters' linkage distance"),
+             _attr("/analysis.cluster_frame", "int", OPTIONAL, "the clustered frame")]
+    rows += [_data(f"/analysis/{name}", ("A",), dtype, OPTIONAL, "the spectral record per analysed frame")
+             for name, dtype in SPECTRAL_ARRAYS.items()]
+    rows += [_data(f"/analysis/spectrum_{name}", ("A",), "float", OPTIONAL, "the lowest Ritz value, converged or not")
+             for name in SPECTRAL_RITZ]
+    rows += [_data("/analysis/spectrum_phase", ("A",), "text", OPTIONAL, "the phase of each analysed frame")]
+    rows += [_attr(f"/analysis.{name}", dtype, OPTIONAL, "the spectral record's settings and cost")
+             for name, dtype in {"spectrum_i0": "float", **SPECTRAL_SCALARS, "spectrum_cost_fraction": "float"}.items()]
+    return tuple(rows)
 
 
 ITEMS: tuple[Item, ...] = (
@@ -175,7 +231,7 @@ ITEMS: tuple[Item, ...] = (
     _data("/checkpoint/slot#/density", (GRID_AXES,), "float", GRID, "densities of the state"),
 
     _group("/analysis", OPTIONAL, "the diagnostics of a finished run (pdeflow.analysis.diagnostics.Analysis)"),
-    _data("/analysis/*", ("...",), "any", OPTIONAL, "per-frame arrays and head clusters; rates as attributes"),
+    *_analysis_items(),
 )
 SLOTS = ("slot0", "slot1")
 # Groups that files of an earlier pdeflow hold as one dataset: readers accept it (``--resume`` refuses it).

@@ -201,9 +201,8 @@ def benchmark(n: int, wall: float, rosenbrock_rtol: float = 3e-5, deflate: int =
     seconds or ``max_steps`` steps; ``rosenbrock`` (``rosenbrock_rtol``, atol = rtol / 1000, difference Jacobian,
     the deflation given) to t = 200; Dormand-Prince (:data:`ADAPTIVE_TOLERANCE`) to t = 200; particle JKO (tau = 2)
     to t = 40."""
-    from pdeflow.solvers.jacobian import euler_stability_limit
-
     from pdeflow.core.config import load_config
+    from pdeflow.core.system_jacobian import euler_stability_limit
 
     cfg, problem = setup(n)
     res: dict[str, Any] = {"problem": f"quickstart task/model, N = {n} particles, B = {n} sequences",

@@ -176,6 +176,30 @@ def test_rump_test_brackets_a_known_spectrum_and_refuses_singular_matrices():
     assert whole is None or whole.lower <= 0
 
 
+def test_an_estimate_of_lambda_min_saves_a_factorisation_and_a_wrong_one_does_not_mislead():
+    """With lambda_min itself as the estimate one shifted factorisation and inverse iteration give the same bracket
+    (theta to 1e-12); an estimate above lambda_min (the factorisation fails) or far below it (a loose bracket) falls
+    back to the two factorisations and the same bracket; an exactly singular matrix with a tiny positive estimate
+    is still not proven positive definite."""
+    rng = np.random.default_rng(0)
+    n = 60
+    q = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    A = (q * np.concatenate([[1e-3], np.geomspace(1e-2, 10.0, n - 1)])) @ q.T
+    symmetric_part(A)
+    plain = cholesky_bound(A)
+    fast = cholesky_bound(A, estimate=plain.theta)
+    assert "inverse" in fast.walls and "factor" not in fast.walls and "factor" in plain.walls
+    assert abs(fast.theta - plain.theta) <= 1e-12 * plain.theta and fast.lower <= 1e-3 <= fast.upper
+    assert fast.upper - fast.lower <= 1e-9
+    for wrong in (2e-3, 5e-4):
+        again = cholesky_bound(A, estimate=wrong)
+        assert "factor" in again.walls and again.lower == plain.lower and again.upper == plain.upper
+    X = np.random.default_rng(2).integers(-3, 4, size=(40, 39)).astype(float)
+    singular = X @ X.T
+    whole = cholesky_bound(singular, estimate=1e-15)
+    assert whole is None or whole.lower <= 0
+
+
 def test_perron_bound_is_an_upper_bound_below_the_trace():
     """The Collatz-Wielandt bound on rho(|R|^T |R|) of a Cholesky factor with mixed signs lies above the Perron root
     (eigvalsh of the nonnegative matrix), within 10 % of it, and below the trace bound it replaces."""

@@ -1,6 +1,7 @@
-"""Figures fit for a paper: every figure of ``pdeflow plot`` is rendered and the rendered boxes of its texts are
-checked (no two overlap, none leaves the canvas), each legend entry names an artist drawn inside its axes, the
-text task's attention maps read in characters, and ``--format pdf|svg`` / ``--dpi`` reach the files.
+"""Figures fit for a paper: every figure of ``pdeflow plot``, ``pdeflow stability`` and ``pdeflow chaos`` is rendered
+and the rendered boxes of its texts are checked (no two overlap, none leaves the canvas), each legend entry names an
+artist drawn inside its axes, the text task's attention maps read in characters, and ``--format pdf|svg`` /
+``--dpi`` reach the files.
 
 The checker itself (:func:`pdeflow.analysis.figures.layout_problems`) is tested on figures made to fail: two
 overlapping titles, a label pushed off the canvas, a legend entry for an empty line.
@@ -144,3 +145,21 @@ def test_the_rates_at_a_minimum_figure_is_laid_out_and_draws_each_run(tmp_path, 
     # the slowest run's prediction is the line of slope 2 lambda through its first sample: here the run itself
     assert np.allclose(handles[1].get_ydata(), 1e-8 * np.exp(-2 * lam * t), rtol=1e-12)
     assert (tmp_path / "rates.pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_the_dirac_and_chaos_figures_are_laid_out(tmp_path, saved_figures):
+    """``pdeflow stability`` and ``pdeflow chaos`` on their tests' tiny problems: every figure they save passes the
+    layout check, in the vector format a paper takes."""
+    from test_chaos import tiny_config, write_config
+    from test_stability import TINY
+
+    stability = tmp_path / "stability.toml"
+    stability.write_text(TINY)
+    assert main(["stability", str(stability), "-o", str(tmp_path / "s.h5"), "--quiet", "--format", "pdf"]) == 0
+    assert main(["chaos", str(write_config(tmp_path, tiny_config())), "-o", str(tmp_path / "c.h5"), "--quiet",
+                 "--format", "pdf"]) == 0
+    assert len(saved_figures) >= 3 and all(p.suffix == ".pdf" for p in tmp_path.glob("*.*") if p.suffix in
+                                           (".png", ".svg", ".pdf"))
+    problems = {f"figure {i} ({fig.axes[0].get_title() if fig.axes else ''})": layout_problems(fig)
+                for i, fig in enumerate(saved_figures)}
+    assert {name: p for name, p in problems.items() if p} == {}

@@ -21,29 +21,8 @@ from pdeflow.io.trajectory import open_trajectory
 # about a minute on an idle machine (six pdeflow commands in subprocesses): scheduled first (conftest.py)
 pytestmark = pytest.mark.slow
 
-TINY = """
-[task]
-name = "markov"
-vocab_size = 3
-seq_len = 3
-exact = true
-concentration = 0.7
-[model]
-d = 7
-head_dim = 2
-weight_decay = 0.05
-family_scale = 3.0
-family_seed = 1
-coordinates = "gain2"
-[init]
-n_particles = 6
-[solver]
-method = "rk4"
-dt = 0.1
-[run]
-t_end = 5.0
-frame_interval = 1.0
-"""
+# the documentation examples' tiny problem (6 heads, an exactly enumerated 3-token chain, rk4 to t = 5)
+TINY = (Path(__file__).resolve().parents[2] / "data" / "configs" / "tiny.toml").read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,9 @@ from pdeflow.analysis.diagnostics.spectral import (
     run_gradient_equivalents,
     spectrum_frame_indices,
 )
+from pdeflow.analysis.local_geometry import symmetry_tangents
 from pdeflow.analysis.plotting import plot_spectrum
-from pdeflow.analysis.stability import complement_spectrum, symmetry_tangents
+from pdeflow.analysis.stability import complement_spectrum
 from pdeflow.core.problem import Problem
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
@@ -68,7 +69,7 @@ def dense_s(problem: Problem, omega: np.ndarray, mass: np.ndarray, h: float = 1e
 
 def head_symmetries(problem: Problem, omega: np.ndarray) -> np.ndarray:
     """Orthonormal [N k, r]: every head's own symmetry tangents
-    (:func:`pdeflow.analysis.stability.symmetry_tangents`)."""
+    (:func:`pdeflow.analysis.local_geometry.symmetry_tangents`)."""
     N, k = omega.shape
     blocks = []
     for i in range(N):

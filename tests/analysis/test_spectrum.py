@@ -1,5 +1,5 @@
-"""The spectrum of the mass-weighted Hessian (:mod:`pdeflow.analysis.spectrum`,
-:func:`pdeflow.solvers.jacobian.krylov_ritz`): the Lanczos Ritz pairs against a dense ``eigh``, the symmetry directions
+"""The spectrum of the mass-weighted Hessian (:mod:`pdeflow.analysis.spectrum`; its Lanczos,
+:func:`pdeflow.core.lanczos.krylov_ritz`, is tested in tests/core/test_lanczos.py): the symmetry directions
 against their count formula and as null vectors at a stationary measure, the dense Hessian from the exact JVP against
 finite differences of grad Phi, and the reported spectrum ends against the dense projected spectrum
 (docs/experiments.md, "Stationary points")."""
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pdeflow.solvers.jacobian import krylov_ritz, top_ritz
 
 from pdeflow import Problem, loads_config
 from pdeflow.analysis.spectrum import (
@@ -35,71 +34,6 @@ def random_state(problem: Problem, n: int, seed: int) -> tuple[np.ndarray, np.nd
 def dense(op) -> np.ndarray:
     n = op.shape[0]
     return np.stack([op.matvec(e) for e in np.eye(n)], axis=1)
-
-
-# ---- the Lanczos core ---------------------------------------------------------------------------
-def test_krylov_ritz_equals_eigh_of_the_projected_matrix():
-    """On a full Krylov space the Ritz pairs are the eigenpairs of Pi A Pi on the complement of the projected
-    directions, with residuals at rounding; on a short one the ends converge first and every residual is the
-    true |C x - theta x|; top_ritz is its last pair."""
-    rng = np.random.default_rng(0)
-    n, r = 40, 3
-    A = rng.standard_normal((n, n))
-    A = A + A.T
-    Q = np.linalg.qr(rng.standard_normal((n, r)))[0]
-
-    def project(x):
-        return x - Q @ (Q.T @ x)
-
-    calls = []
-
-    def apply(x):
-        calls.append(1)
-        return A @ x
-
-    pairs = krylov_ritz(apply, rng.standard_normal(n), n - r, project)
-    assert len(calls) == n - r
-    expected = complement_spectrum(A, Q)[0]
-    np.testing.assert_allclose(pairs.values, expected, atol=1e-11 * np.abs(expected).max())
-    assert pairs.residuals.max() <= 1e-10 * np.abs(expected).max()
-    np.testing.assert_allclose(pairs.vectors.T @ pairs.vectors, np.eye(n - r), atol=1e-12)
-    assert np.abs(Q.T @ pairs.vectors).max() <= 1e-12
-
-    short = krylov_ritz(A.__matmul__, rng.standard_normal(n), 15, project)
-    C = A - Q @ (Q.T @ A) - (A @ Q) @ Q.T + Q @ (Q.T @ A @ Q) @ Q.T
-    true = np.linalg.norm(C @ short.vectors - short.vectors * short.values, axis=0)
-    np.testing.assert_allclose(short.residuals, true, rtol=1e-8, atol=1e-12)
-    assert short.values[0] >= expected[0] - 1e-12 and short.values[-1] <= expected[-1] + 1e-12  # interlacing
-    theta, x = top_ritz(A.__matmul__, np.arange(n, dtype=float), 12, project)
-    again = krylov_ritz(A.__matmul__, np.arange(n, dtype=float), 12, project)
-    assert theta == again.values[-1] and np.array_equal(x, again.vectors[:, -1])
-
-
-def test_krylov_ritz_grows_until_enough_and_stops_there():
-    """With check_every and enough, the run offers its Ritz pairs every check_every steps and ends at the first
-    accepted: the products stop there, and the pairs are those of a run asked for that many steps from the same
-    start (the same Lanczos basis), so the lowest Ritz value is the interlacing bound it would be."""
-    rng = np.random.default_rng(1)
-    n = 60
-    A = np.diag(np.concatenate([[1e-3, 2e-3], np.linspace(1.0, 100.0, n - 2)]))
-    start = rng.standard_normal(n)
-    offered, calls = [], []
-
-    def apply(x):
-        calls.append(1)
-        return A @ x
-
-    def enough(pairs):
-        offered.append(pairs.values.size)
-        return bool(pairs.residuals[0] <= 1e-6 * pairs.values[-1])
-
-    grown = krylov_ritz(apply, start, n, check_every=5, enough=enough)
-    assert offered == list(range(5, len(calls) + 1, 5)) and len(calls) < n and grown.values.size == len(calls)
-    assert grown.residuals[0] <= 1e-6 * 100.0 and abs(grown.values[0] - 1e-3) <= grown.residuals[0]
-    fixed = krylov_ritz(A.__matmul__, start, len(calls))
-    np.testing.assert_allclose(grown.values, fixed.values, rtol=0, atol=1e-12)
-    ignored = krylov_ritz(A.__matmul__, start, 12, check_every=0, enough=lambda pairs: True)
-    assert ignored.values.size == 12
 
 
 # ---- the symmetry directions ---------------------------------------------------------------------
@@ -223,18 +157,3 @@ def test_no_negative_found_needs_every_block_converged_and_no_ritz_value_negativ
     assert ends([2.0], [1e-9], -0.1, 1e-2).morse_index_lower == 1     # unconverged, negative: index >= 1
     assert negative_ritz_count([-1e-14, 1.0, 3.0]) == 0               # rounding of a null direction
     assert negative_ritz_count([-0.5, -1e-3, 2.0]) == 2
-
-
-def test_krylov_ritz_refuses_a_start_with_nothing_left_after_the_projection():
-    """A start vector inside the projected-out space leaves no Krylov space: a ValueError, not NaN Ritz values."""
-    n = 6
-    A = np.diag(np.arange(1.0, n + 1))
-    e0 = np.eye(n)[:, 0]
-
-    def project(v: np.ndarray) -> np.ndarray:
-        return v - e0 * (e0 @ v)
-
-    with pytest.raises(ValueError, match="no \\(finite\\) component"):
-        krylov_ritz(A.__matmul__, e0, 3, project)
-    with pytest.raises(ValueError):
-        krylov_ritz(A.__matmul__, np.full(n, np.nan), 3)

@@ -10,6 +10,7 @@ import pytest
 import scipy.linalg
 
 from pdeflow import Problem, loads_config
+from pdeflow.analysis.local_geometry import symmetry_tangents
 from pdeflow.analysis.stability import (
     MEAN,
     NOT_ESTABLISHED,
@@ -23,7 +24,6 @@ from pdeflow.analysis.stability import (
     one_head_energy,
     relevant_modes,
     simulate_point,
-    symmetry_tangents,
     translation_hessian,
     verdict,
     zero_head_sweep,

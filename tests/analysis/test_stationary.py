@@ -313,7 +313,7 @@ def test_the_shipped_minimum_reached_from_t0_is_stationary_and_its_dead_heads_ar
     docs state, and the stored verdict (a dense certificate, proven with a raised ``--dense-limit``) is checked by what
     could refute it (:func:`lowest_end_rederived`)."""
     from pdeflow.analysis.certificate import eigenvalue_bound
-    from pdeflow.analysis.stability import dense_hessian
+    from pdeflow.analysis.local_geometry import dense_hessian
 
     _, r, problem = shipped("longtime-minimum-from-t0.h5")
     omega, mass = np.asarray(r["omega"]), np.asarray(r["mass"])

@@ -193,3 +193,11 @@ def test_head_blocks_in_groups_of_heads(monkeypatch):
     assert rel_err(head_blocks(problem, omega, mass), whole) < 1e-14
     reference = jvp_columns(problem, omega, mass)
     assert rel_err(whole[2], reference[2 * k:, 2 * k:]) < 1e-12
+
+
+def test_a_float32_problem_is_assembled_in_float64():
+    """The assembly runs in float64 whatever the problem's precision: a float32 problem's S is the float64 problem's
+    (the point not rounded to float32 on the way: that would move S by ~1e-7)."""
+    problem, omega, mass = case("basis")
+    single = Problem(problem.arrays(), precision="float32")
+    assert rel_err(assemble_hessian(single, omega, mass), assemble_hessian(problem, omega, mass)) < 1e-14

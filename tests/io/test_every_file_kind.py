@@ -1,7 +1,7 @@
 """Every file pdeflow writes is readable by pdeflow: one of each kind written by the real commands on tiny configs
 (a trajectory with /analysis, the WFR pair, a stationary point, rates at a minimum, Dirac stability, chaos), each
 summarised by ``pdeflow info`` and called valid by ``pdeflow validate``; a file missing an entry of its table
-(pdeflow.io.result_schema) is not."""
+(pdeflow.io.result_schema), or whose /analysis departs from its declared layout (pdeflow.io.schema), is not."""
 from __future__ import annotations
 
 import shutil
@@ -57,6 +57,21 @@ def test_info_and_validate_accept_every_kind_of_file_pdeflow_writes(tmp_path, ca
     assert main(["wfr", str(wfr), "-o", str(tmp_path / "wfr.h5"), "--quiet", "--no-plots", *RUN]) == 0
     for path in (tmp_path / "wfr.h5", tmp_path / "wfr-w2.h5"):
         info_and_validate(path, capsys, "frames")
+
+    # /analysis has a declared layout: a per-frame array of another rank, or an attribute of another type, is caught
+    for path, edit in (("/analysis/energy", "reshape"), ("/analysis.kl_points", "retype")):
+        copy = tmp_path / f"analysis-{edit}.h5"
+        shutil.copy(traj, copy)
+        with h5py.File(copy, "r+") as f:
+            if edit == "reshape":
+                values = f["analysis/energy"][()]
+                del f["analysis/energy"]
+                f["analysis/energy"] = values.reshape(values.shape + (1,))
+            else:
+                f["analysis"].attrs["kl_points"] = "three"
+        capsys.readouterr()
+        assert main(["validate", str(copy)]) == 1
+        assert path in capsys.readouterr().out
 
     # validate checks each table: a required dataset removed, or one of another shape, is one line and exit 1
     for kind in (STATIONARY, RATES, STABILITY, CHAOS):

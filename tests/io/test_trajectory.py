@@ -465,7 +465,7 @@ if mode == "finish":                        # killed after the status is set, be
 
 def run_script(tmp_path: Path, mode: str, path: Path, arg: int = 0, delay: float | None = None) -> int:
     script = tmp_path / "writer.py"
-    script.write_text(SCRIPT.format(repo=str(REPO), tests=str(Path(__file__).resolve().parents[1])))
+    script.write_text(SCRIPT.format(repo=str(REPO), tests=str(Path(__file__).resolve().parent)))
     proc = subprocess.Popen([sys.executable, str(script), mode, str(path), str(arg)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     if delay is not None:

@@ -140,3 +140,25 @@ def test_a_closed_pipe_ends_the_command_quietly():
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=600) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_the_last_resort_names_a_possible_bug_and_the_debug_switch_shows_it(tmp_path, capsys, monkeypatch):
+    """A screened file on which a reader still fails unexpectedly: one line that names the file, the exception, both
+    causes (the file, or pdeflow) and PDEFLOW_DEBUG; with PDEFLOW_DEBUG=1 the exception propagates (a bug is not
+    hidden)."""
+    import pdeflow.interface.cli as cli
+
+    path = written(tmp_path / "t.h5", None)
+
+    def broken(traj):
+        raise ZeroDivisionError("a reader's bug")
+
+    monkeypatch.setattr(cli, "format_info", broken)
+    monkeypatch.delenv("PDEFLOW_DEBUG", raising=False)
+    assert main(["info", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "t.h5" in err[0] and "ZeroDivisionError: a reader's bug" in err[0]
+    assert "bug of pdeflow's" in err[0] and "PDEFLOW_DEBUG=1" in err[0]
+    monkeypatch.setenv("PDEFLOW_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        main(["info", str(path)])

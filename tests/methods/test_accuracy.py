@@ -11,11 +11,11 @@ import pytest
 from pdeflow.solvers import make_stepper
 from pdeflow.solvers.accuracy import identity_defect
 from pdeflow.solvers.driver import run
-from pdeflow.solvers.jacobian import lambda_max
 
 from conftest import build_config, symmetric_particle_jacobian
 from pdeflow import Problem, load_config
 from pdeflow.core.config import dumps_toml
+from pdeflow.core.system_jacobian import lambda_max
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
 

@@ -8,8 +8,8 @@ from numpy.polynomial import chebyshev as cheb
 from pdeflow.solvers import make_stepper
 from pdeflow.solvers.base import State
 from pdeflow.solvers.chebyshev import MAX_STAGES, RADIUS_SAFETY, chebyshev, rkc_step, stages_for
-from pdeflow.solvers.jacobian import mass_weighted, velocity_jacobian
 
+from pdeflow.core.system_jacobian import SystemJacobian
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
 from test_stiff import build, energy_identity_residual_simpson, integrate, resumed_run_matches, write_config
@@ -160,7 +160,7 @@ def true_top(problem, state) -> float:
     from scipy.sparse.linalg import LinearOperator, eigsh
 
     omega, mass = state.fields["omega"], state.fields["mass"]
-    apply = mass_weighted(velocity_jacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass), "exact"), mass)
+    apply = SystemJacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass), "exact").apply
     op = LinearOperator((omega.size, omega.size), matvec=apply, dtype=float)
     return float(eigsh(op, k=1, which="LA", tol=1e-8, v0=np.ones(omega.size))[0][0])
 
@@ -199,7 +199,7 @@ def test_radius_estimate_against_the_dense_spectrum():
     cfg, problem = build()
     final, _, stepper, _ = integrate(cfg, problem, 1.0, **fixed(0.05))
     omega, mass = final.fields["omega"], final.fields["mass"]
-    apply = mass_weighted(velocity_jacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass)), mass)
+    apply = SystemJacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass)).apply
     dense = np.column_stack([apply(e) for e in np.eye(omega.size)])
     top = np.linalg.eigvalsh(0.5 * (dense + dense.T))[-1]
     counts = {"jvps": 0.0}

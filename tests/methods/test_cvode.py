@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
 from pdeflow.solvers.base import State
-from pdeflow.solvers.jacobian import mass_weighted, velocity_jacobian
 
+from pdeflow.core.system_jacobian import SystemJacobian, deflation_inverse
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
 from test_stiff import build, integrate, write_config
@@ -68,16 +68,14 @@ def test_difference_products_keep_the_steps_and_the_accuracy(sundials, reference
 def test_deflation_inverse_with_every_pair_inverts_the_newton_matrix(sundials):
     """With all eigenpairs of the dense mass-weighted Jacobian S, ``deflation_inverse`` is the inverse of CVODE's
     Newton matrix ``I - gamma J`` (J assembled column by column from the exact product)."""
-    from pdeflow.solvers.jacobian import deflation_inverse
-
     cfg, problem = build("init.n_particles=3", "model.d=4", "task.seq_len=3", "task.vocab_size=3")
     stepper = make_stepper(problem, cfg)
     omega, mass = stepper.initial_state().fields.values()
     mass = mass * np.array([0.5, 1.0, 1.5])  # unequal masses: the symmetrization matters
-    product = velocity_jacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass))
+    jacobian = SystemJacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass))
     n = omega.size
-    minus_J = np.column_stack([product(e.reshape(omega.shape)).ravel() for e in np.eye(n)])
-    S = np.column_stack([mass_weighted(product, mass)(e) for e in np.eye(n)])
+    minus_J = np.column_stack([jacobian.product(e.reshape(omega.shape)).ravel() for e in np.eye(n)])
+    S = np.column_stack([jacobian.apply(e) for e in np.eye(n)])
     lam, V = np.linalg.eigh(0.5 * (S + S.T))
     root = np.repeat(np.sqrt(mass), omega.shape[1])
     x = np.random.default_rng(3).standard_normal(n)

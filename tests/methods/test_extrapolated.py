@@ -17,8 +17,8 @@ from pdeflow.solvers.extrapolated import (
     serk_substep,
     stages_for,
 )
-from pdeflow.solvers.jacobian import deflation_inverse, mass_weighted, operator, top_eigenpairs, velocity_jacobian
 
+from pdeflow.core.system_jacobian import SystemJacobian, deflation_inverse
 from test_stiff import build, integrate, resumed_run_matches
 
 
@@ -100,8 +100,7 @@ def errors_of(reference, s: int, steps: tuple[int, ...], deflate: int = 0) -> np
 
     precondition = None
     if deflate:
-        apply = mass_weighted(velocity_jacobian(problem, omega, mass, -velocity(omega)), mass)
-        lam, V = top_eigenpairs(operator(apply, omega.size), deflate)
+        lam, V = SystemJacobian(problem, omega, mass, -velocity(omega)).top_eigenpairs(deflate)
         root = np.repeat(np.sqrt(mass), omega.shape[1])
 
         def precondition(r: np.ndarray, tau: float) -> np.ndarray:
@@ -187,7 +186,7 @@ def test_complement_radius_against_the_dense_spectrum(reference):
 
     stepper = make_stepper(problem, cfg.replace(solver={"method": "eserk4", "deflate": 3}))
     omega, mass = start.fields["omega"], start.fields["mass"]
-    apply = mass_weighted(velocity_jacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass)), mass)
+    apply = SystemJacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass)).apply
     dense = np.column_stack([apply(e) for e in np.eye(omega.size)])
     eigenvalues = np.linalg.eigvalsh(0.5 * (dense + dense.T))
     rho, _ = stepper._radius(start, None, {"jvps": 0.0})

@@ -23,13 +23,13 @@ import pytest
 from pdeflow.solvers import make_stepper
 from pdeflow.solvers.driver import run
 from pdeflow.solvers.entropic_ot import entropic_plan, entropic_prox
-from pdeflow.solvers.jacobian import euler_stability_limit
 from pdeflow.solvers.particle_proximal import coupling_gap, proximal_step
 
 from conftest import build_config, symmetric_particle_jacobian
 from pdeflow.core.config import ConfigError, load_config
 from pdeflow.core.measure import Grid, l1_distance
 from pdeflow.core.problem import Problem
+from pdeflow.core.system_jacobian import euler_stability_limit
 from pdeflow.io.trajectory import open_trajectory
 
 CONFIGS = Path(__file__).resolve().parents[2] / "data" / "configs"

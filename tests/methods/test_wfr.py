@@ -259,6 +259,10 @@ def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):
     masses = open_trajectory(out).frames["mass"]
     assert np.ptp(masses[-1]) > 0 and abs(masses[-1].sum() - 1) < 1e-14
     assert main(["wfr", str(config), "-o", str(tmp_path / "x.h5"), "--set", "solver.gamma=0"]) == 2
+    assert main(["wfr", str(config), "-o", str(tmp_path / "x.h5"), "--dpi", "0"]) == 2
+    assert not (tmp_path / "x.h5").exists()   # refused before any run
+    assert main([*args, "--force", "--format", "pdf", "--dpi", "72"]) == 0
+    assert (tmp_path / "w.pdf").read_bytes().startswith(b"%PDF")
     assert main(["wfr", str(config), "-o", str(tmp_path / "x.h5"), "--set", "solver.total_mass=free"]) == 2
     assert not (tmp_path / "x.h5").exists()
 

@@ -11,6 +11,7 @@ import numpy as np
 from ...core.clock import time_tolerance
 from ...core.config import ConfigError, DiagnosticsConfig
 from ...core.problem import Problem
+from ...io import schema
 from ...io.trajectory import Trajectory
 from .clusters import HeadClusters, frame_measure, head_clusters, trajectory_grid
 from .gap import entropic_gap, optimality_gap
@@ -106,15 +107,10 @@ class Analysis:
         return np.flatnonzero(np.isfinite(self.gap))
 
 
-FRAME_ARRAYS = ("time", "energy", "dissipation", "gap", "lower_bound", "min_phi", "mean_phi", "outside_mass",
-                "minimizer", "gap_exhaustive", "pl_mu", "energy_identity_residual", "kl_predicted", "gap_bound",
-                "gap_certified")
-SCALARS = ("e_star", "e_star_source", "e_star_low", "e_star_high", "kl_status", "kl_fitted", "kl_theta", "kl_constant",
-           "kl_points", "kl_window_start", "kl_window_end", "kl_decay_error", "kl_theta_first", "kl_theta_last",
-           "kl_t_first", "kl_t_last", "kl_tolerance", "pl_mu_min", "pl_mu_first", "pl_mu_last", "predicted_theta",
-           "predicted_mu", "prediction", "stationary_time", "stationary_tol", "gap_computed", "gap_is_estimate",
-           "gap_domain", "gap_radius")
-CLUSTER_ARRAYS = ("labels", "mass", "size", "centre", "representative", "attention", "probe")
+# the names of /analysis, declared with their shapes and types in the trajectory's table (pdeflow.io.schema)
+FRAME_ARRAYS = tuple(schema.ANALYSIS_FRAME_ARRAYS)
+SCALARS = tuple(schema.ANALYSIS_SCALARS)
+CLUSTER_ARRAYS = tuple(schema.ANALYSIS_CLUSTER_ARRAYS)
 
 
 def gap_frame_indices(n_frames: int, gap_frames: int) -> np.ndarray:

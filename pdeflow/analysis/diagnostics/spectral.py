@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ...core.problem import JVP_COST, Problem, gradient_equivalents
+from ...io import schema
 from ...io.trajectory import Trajectory
 from ...solvers.base import COST_COLUMN
 
@@ -44,11 +45,11 @@ DEGENERATE = "near a degenerate point"
 SADDLE = "near a saddle of index >= {n}"
 
 # /analysis datasets of the record, one row per analysed frame [A]
-SPECTRAL_ARRAYS = ("spectrum_frame", "spectrum_time", "lambda_min", "lambda_min_residual", "lambda_max",
-                   "lambda_max_residual", "morse_index_lower", "spectrum_products")
-SPECTRAL_RITZ = ("lowest_ritz", "lowest_ritz_residual")   # /analysis "spectrum_<name>" [A], absent in older files
-SPECTRAL_SCALARS = ("spectrum_every", "spectrum_near", "n_symmetry", "jvp_cost", "spectrum_grad_equivalents",
-                    "run_grad_equivalents")
+# the record's names in /analysis, declared with their types in the trajectory's table (pdeflow.io.schema); the
+# Ritz columns are stored as "spectrum_<name>" [A] and are absent in older files
+SPECTRAL_ARRAYS = tuple(schema.SPECTRAL_ARRAYS)
+SPECTRAL_RITZ = schema.SPECTRAL_RITZ
+SPECTRAL_SCALARS = tuple(schema.SPECTRAL_SCALARS)
 
 
 @dataclass

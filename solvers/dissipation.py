@@ -1,0 +1,38 @@
+"""The system Jacobian at a stepper's state and the step's Hermite quadrature of the dissipation: what rkc, eserk4,
+rosenbrock and cvode share to close the energy identity.
+
+Along the flow ``dE/dt = -I``, ``I = sum_i m_i |grad Phi(omega_i)|^2``. A stepper that knows ``dI/dt`` at both ends
+of a step (:meth:`pdeflow.core.system_jacobian.SystemJacobian.slope`, one product each) leaves on the new state
+``Q_n = int_0^h I dt`` by the Hermite rule (:func:`pdeflow.solvers.base.hermite`, error ``O(h^5)``) and carries the
+new end's slope to the next step, so each step costs one product more than its own.
+"""
+from __future__ import annotations
+
+from pdeflow.core.system_jacobian import SystemJacobian
+
+from .base import State, Stepper, hermite
+
+
+def state_jacobian(stepper: Stepper, state: State, kind: str, counts: dict[str, float]) -> SystemJacobian:
+    """The system Jacobian at ``state`` (grad Phi from the stepper's evaluation cache) on ``kind`` products
+    ("exact" or "difference"), each counted in ``counts["jvps"]``."""
+    grad = stepper.evaluate(state).grad_phi
+
+    def count() -> None:
+        counts["jvps"] += 1
+
+    return SystemJacobian(stepper.problem, state.fields["omega"], state.fields["mass"], grad, kind, count)
+
+
+def hermite_dissipation(stepper: Stepper, state: State, new: State, h: float, slope0: float, kind: str,
+                        counts: dict[str, float]) -> float:
+    """Leaves on ``new`` (``h`` after ``state``) the step's ``dissipation_integral`` by the Hermite rule from ``I``
+    at both ends and the slopes ``slope0`` (``dI/dt`` at ``state``, carried) and ``dI/dt`` at ``new`` (one product of
+    ``kind``, counted in ``counts["jvps"]``); returns the latter, the next step's ``slope0``."""
+    slope1 = state_jacobian(stepper, new, kind, counts).slope()
+    new.dissipation_integral = hermite(h, stepper.evaluate(state).dissipation, stepper.evaluate(new).dissipation,
+                                       slope0, slope1)
+    return slope1
+
+
+__all__ = ["hermite_dissipation", "state_jacobian"]
