@@ -159,6 +159,8 @@ def test_the_command_takes_the_structured_route_by_default_and_says_so(tmp_path,
     assert main(["stationary", str(fast), "--kind", "minimum", "--route", "lbfgs", "-o", str(old), "--quiet"]) == 0
     s = read_stationary(old)
     assert s["route"] == "lbfgs" and s["certified"] and s["energy"] == r["energy"] and s["iterations"] == 0
+    # the rates command takes the structured route's result as a certified minimum
+    assert main(["stability", "--stationary", str(fast), "-o", str(tmp_path / "rates.h5")]) == 0
     capsys.readouterr()
     assert main(["stationary", str(traj), "--kind", "minimum", "--route", "structured", "--method", "lbfgs",
                  "-o", str(tmp_path / "x.h5")]) == 2
