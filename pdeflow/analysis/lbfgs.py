@@ -47,16 +47,25 @@ class LbfgsResult:
     stalled: bool = False
 
 
-def two_loop(g: np.ndarray, pairs: deque[tuple[np.ndarray, np.ndarray, float]]) -> np.ndarray:
+def two_loop(g: np.ndarray, pairs: deque[tuple[np.ndarray, np.ndarray, float]],
+             precondition: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """``H g`` [n] for the L-BFGS inverse Hessian of ``pairs`` (``(s, y, 1 / s^T y)``, oldest first) with
-    ``H_0 = (s^T y / y^T y) I`` from the newest pair (the identity when there is none)."""
+    ``H_0 = (s^T y / y^T y) I`` from the newest pair (the identity when there is none), or, given
+    ``precondition`` (``P^-1`` applied to a vector [n], P symmetric positive definite), ``H_0 = gamma P^-1`` with
+    ``gamma = s^T y / y^T P^-1 y`` (``P^-1`` alone when there is no pair): the same recursion in the metric of P
+    (Nocedal & Wright, section 7.2, the choice of ``H_0``)."""
     q = np.array(g, dtype=float)
     alphas = []
     for s, y, rho in reversed(pairs):
         a = rho * float(s @ q)
         q -= a * y
         alphas.append(a)
-    if pairs:
+    if precondition is not None:
+        q = precondition(q)
+        if pairs:
+            s, y, rho = pairs[-1]
+            q *= 1.0 / (rho * float(y @ precondition(y)))
+    elif pairs:
         s, y, rho = pairs[-1]
         q *= 1.0 / (rho * float(y @ y))
     for (s, y, rho), a in zip(pairs, reversed(alphas)):
@@ -66,9 +75,11 @@ def two_loop(g: np.ndarray, pairs: deque[tuple[np.ndarray, np.ndarray, float]]) 
 
 
 def lbfgs(fun: Callable[[np.ndarray], tuple[float, np.ndarray]], x0: np.ndarray, *, memory: int = 30,
-          max_iter: int = 1000, callback: Callable[[np.ndarray], None] | None = None) -> LbfgsResult:
+          max_iter: int = 1000, callback: Callable[[np.ndarray], None] | None = None,
+          precondition: Callable[[np.ndarray], np.ndarray] | None = None) -> LbfgsResult:
     """Minimise ``fun(x) -> (f, grad f)`` from ``x0`` [n] by L-BFGS with ``memory`` pairs (module docstring), for at
-    most ``max_iter`` iterations. ``callback(x)`` is called with every accepted iterate and may raise
+    most ``max_iter`` iterations; ``precondition``: ``P^-1`` for ``H_0`` (:func:`two_loop`; the first step is then
+    ``-P^-1 g``, unscaled). ``callback(x)`` is called with every accepted iterate and may raise
     ``StopIteration`` to end the search there. When the line search fails along an L-BFGS direction the memory is
     cleared and steepest descent is tried once; a second failure, or :data:`FLAT_STEPS` steps in a row that change
     f by no more than its rounding, end the search (at the last iterate, ``stalled``): near a minimum, once f's
@@ -94,8 +105,8 @@ def lbfgs(fun: Callable[[np.ndarray], tuple[float, np.ndarray]], x0: np.ndarray,
         if not np.all(np.isfinite(g)) or not math.isfinite(f):
             message = "a non-finite value or gradient"
             break
-        d = -two_loop(g, pairs)
-        if not pairs:
+        d = -two_loop(g, pairs, precondition)
+        if not pairs and precondition is None:
             d *= min(1.0, 1.0 / max(float(np.linalg.norm(g)), np.finfo(float).tiny))
         slope = float(g @ d)
         if not slope < 0.0:

@@ -23,6 +23,10 @@ no information and make S singular.
   a converged negative eigenvalue, it is restarted from that point moved along the eigenvector (both signs tried,
   the lower energy kept): the negative curvature the spectrum finds is what leaves a saddle, whichever search.
 
+This module's :func:`minimum` is the ``lbfgs`` route of :data:`ROUTES`; the ``structured`` route (block-preconditioned
+Newton-PCG endgame, Cholesky certificate) is :func:`pdeflow.analysis.structured_minimum.structured_minimum`, built
+on the same Counter, history, verdict and result file.
+
 Both stop when ``I <= ratio * I(0)`` (``I(0)``: the dissipation of the run's first frame) and report the two ends
 of the spectrum there (:func:`pdeflow.analysis.spectrum.spectrum_ends`) and what they establish
 (:func:`pdeflow.analysis.certificate.certify`, the one rule): every negative Ritz value of a block, converged or
@@ -69,6 +73,8 @@ MAX_ITER = {"lbfgs": 100_000, "trust-region": 2000}   # iterations of one search
 LOWEST_DIRECTIONS = 3        # the lowest converged Ritz vectors a result file keeps
 
 Progress = Callable[[str], None]
+# a preconditioner's factory: (omega [h, k], mass [h]) of the live heads -> P^-1 on flat [h k] vectors
+Preconditioning = Callable[[np.ndarray, np.ndarray], Callable[[np.ndarray], np.ndarray]]
 
 
 class Counter:
@@ -83,6 +89,9 @@ class Counter:
         self.max_wall, self.max_cost = max_wall, max_cost
         self.root = np.sqrt(self.mass)[:, None]
         self.gradients = 0
+        # products counted here directly: the forward passes of a structured assembly (one product each, as
+        # pdeflow.analysis.certificate counts them) and exact JVPs of operators not made by hessian()
+        self.direct_products = 0
         self._retired_products = 0
         self._op: HessianOperator | None = None
         self._last: tuple[np.ndarray, float, np.ndarray] | None = None
@@ -114,8 +123,8 @@ class Counter:
 
     @property
     def products(self) -> int:
-        """The JVP products of every operator :meth:`hessian` made."""
-        return self._retired_products + (self._op.products if self._op is not None else 0)
+        """The JVP products of every operator :meth:`hessian` made, and the :attr:`direct_products`."""
+        return self._retired_products + self.direct_products + (self._op.products if self._op is not None else 0)
 
     @property
     def wall(self) -> float:
@@ -167,6 +176,7 @@ class StationaryPoint:
     iterations: int
     message: str
     history: dict[str, np.ndarray] = field(default_factory=dict)
+    route: str = "lbfgs"
 
     @property
     def morse_index_lower(self) -> int:
@@ -324,7 +334,8 @@ def heads_at_origin(omega: np.ndarray) -> np.ndarray:
 
 def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, hist: _History,
                       on_iterate: Callable[[np.ndarray], None] | None, say: Progress,
-                      awake: np.ndarray) -> tuple[LbfgsResult, np.ndarray]:
+                      awake: np.ndarray, precondition: Preconditioning | None = None,
+                      refresh: int = 0) -> tuple[LbfgsResult, np.ndarray]:
     """L-BFGS on E over the live heads only, the others (:func:`heads_at_origin`, except ``awake`` [N]) set to 0
     and left out of the evaluations: a head at the origin stays there (:func:`origin_is_stationary`), its terms
     of E and Phi vanish, and an evaluation costs about a fixed part plus a share per live head (measured on
@@ -332,7 +343,9 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
     fallen below the threshold, the search starts again on the fewer live heads. Stops at ``I <= target``, after
     ``max_iter`` iterations in all, at the limits of ``c`` (:attr:`Counter.exhausted`), or when L-BFGS stalls.
     Whether the origin is a minimum for the dead heads is for the spectrum of the whole point to say (``classify``).
-    Returns the last L-BFGS result and the whole point ``v`` [N k]."""
+    ``precondition(omega_live, mass_live)``: ``P^-1`` for L-BFGS's ``H_0`` on the live heads
+    (:func:`pdeflow.analysis.lbfgs.two_loop`), built at every start and, with ``refresh > 0``, again after that many
+    iterations (the search then starts again). Returns the last L-BFGS result and the whole point ``v`` [N k]."""
     problem, (n_heads, k) = c.problem, c.shape
     hold = origin_is_stationary(problem, c.omega(v), c.mass)
     done = 0
@@ -343,6 +356,8 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
         mass, root = c.mass[live], c.root[live]
         last: list = [None, 0.0, None]
         regrouped = [False]
+        built = len(hist.rows)
+        inverse = None if precondition is None else precondition(v[cols].reshape(-1, k) / root, mass)
 
         def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
             if last[0] is None or not np.array_equal(last[0], x):
@@ -371,9 +386,12 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
                 if hold and np.sum(heads_at_origin(c.omega(whole(x)))[live]) >= FREEZE_GAIN:
                     regrouped[0] = True
                     raise StopIteration
+                if inverse is not None and refresh > 0 and len(hist.rows) - built >= refresh:
+                    regrouped[0] = True  # the blocks have aged: built again where the search is
+                    raise StopIteration
 
         x0 = v[cols]
-        found = lbfgs(fun, x0, memory=LBFGS_MEMORY, max_iter=max_iter - done, callback=record)
+        found = lbfgs(fun, x0, memory=LBFGS_MEMORY, max_iter=max_iter - done, callback=record, precondition=inverse)
         done += found.nit
         v = whole(found.x)
         if not regrouped[0] or done >= max_iter:
@@ -559,11 +577,12 @@ SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_en
            "certificate_text", "lambda_min_lower", "lambda_min_upper", "certificate_size", "certificate_delta",
            "lanczos_steps", "dense_limit", "iterations",
            "gradients", "products", "certify_products", "gradient_equivalents", "jvp_gradients", "wall",
-           "certify_wall", "message")
+           "certify_wall", "message", "route", "start_rule")
+ROUTES = ("structured", "lbfgs")  # minimum's routes: pdeflow.analysis.structured_minimum, or minimum() here
 
 
 def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, problem: Problem, *, source: str,
-                     frame: int, time_of_frame: float, ratio: float) -> None:
+                     frame: int, time_of_frame: float, ratio: float, start_rule: str = "") -> None:
     """Write the result of a search all or nothing (:func:`pdeflow.io.result_files.new_result_file`), root attribute
     ``schema = "pdeflow-stationary"``, the problem in ``/model`` and ``/data`` as in a trajectory, and
     ``/stationary``: ``omega`` [N, k] and ``mass`` [N] (the point), the converged spectrum ends ``lowest``,
@@ -576,7 +595,8 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
     gradients, JVP products and wall seconds, the certification's separately; ``certificate``: its kind,
     :data:`pdeflow.analysis.certificate.PROOFS` the proofs, ``certificate_text`` what it establishes,
     ``lambda_min_lower`` / ``lambda_min_upper`` the bounds on lambda_min, ``certificate_size`` the dense order,
-    ``certificate_delta`` its eigenvalue bound, ``lanczos_steps``, ``dense_limit``)."""
+    ``certificate_delta`` its eigenvalue bound, ``lanczos_steps``, ``dense_limit``; ``route``: the search taken,
+    :data:`ROUTES` (a nearest point's: ``"newton"``); ``start_rule``: what fixed the start frame)."""
     from ..io.result_files import new_result_file
 
     s, cert = point.spectrum, point.certificate
@@ -593,7 +613,8 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
               "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
               "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
               "jvp_gradients": JVP_GRADIENTS, "wall": point.wall, "certify_wall": point.certify_wall,
-              "message": point.message}
+              "message": point.message, "route": point.route if point.kind == "minimum" else "newton",
+              "start_rule": start_rule}
     unstable = (s.lowest + s.lowest_residual) < 0
     with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, problem=problem) as f:
         g = f.create_group("stationary")
@@ -673,9 +694,11 @@ def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
              f"{r['certify_products']} (spectrum) = {r['gradient_equivalents']:.0f} gradient equivalents "
              f"(JVP = {r['jvp_gradients']:g} gradients); wall {r['wall']:.1f} s, spectrum {r['certify_wall']:.1f} s",
              f"status      {r['message']}"]
+    if "route" in r:  # absent in files written before routes were recorded
+        lines.insert(2, f"route       {r['route']}; start: {r.get('start_rule') or 'not recorded'}")
     return "\n".join(lines)
 
 
-__all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "LBFGS_MEMORY", "METHODS", "SCHEMA", "StationaryPoint",
-           "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary", "verdict_of",
-           "write_stationary"]
+__all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "LBFGS_MEMORY", "METHODS", "ROUTES", "SCHEMA",
+           "StationaryPoint", "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary",
+           "verdict_of", "write_stationary"]
