@@ -158,12 +158,13 @@ def cmd_stationary(args: argparse.Namespace) -> int:
         say(f"route structured; start: {start.rule}")
         point = structured_minimum(start.problem, start.omega, start.mass, start.initial,
                                    krylov_dim=args.krylov_dim or CERTIFY_KRYLOV,
-                                   dense_limit=args.dense_limit or STRUCTURED_LIMIT, **limits)
+                                   dense_limit=STRUCTURED_LIMIT if args.dense_limit is None else args.dense_limit,
+                                   **limits)
     else:
         options = {"method": args.method or METHODS[0]} if args.kind == "minimum" else {}
         search = nearest if args.kind == "nearest" else minimum
         point = search(start.problem, start.omega, start.mass, start.initial, krylov_dim=args.krylov_dim or KRYLOV_DIM,
-                       dense_limit=args.dense_limit or DENSE_LIMIT, **limits, **options)
+                       dense_limit=DENSE_LIMIT if args.dense_limit is None else args.dense_limit, **limits, **options)
     write_stationary(out, point, start.config, start.problem, frame=start.frame,
                      source=f"{start.origin} via {start.source}" if start.origin else str(start.source),
                      time_of_frame=start.time, ratio=args.ratio, start_rule=start.rule)
