@@ -88,7 +88,8 @@ class Stepper(abc.ABC):
     3. :meth:`step` (abstract: a class without it cannot be instantiated): advance a :class:`State` by at most
        ``dt_limit``, returning the new state (``state.advanced``) and its /steps columns. An error-controlled method
        subclasses :class:`pdeflow.solvers.controller.AdaptiveStepper` instead and defines ``order``,
-       ``error_estimator_order`` and ``_step_impl`` (checked when a named class is defined).
+       ``error_estimator_order`` and ``_step_impl`` (checked when a named class is defined); its step sizes are
+       chosen by its own :class:`pdeflow.solvers.controller.StepSizeController` (``stepper.step_size``).
 
     It MAY override:
 

@@ -44,6 +44,64 @@ class StageFailed(Exception):
     retries the step at :data:`FAILED_STAGE_SHRINK` of its size (the message says what failed)."""
 
 
+class StepSizeController:
+    """The step-size controller of an error-controlled method, one object per stepper (as diffrax's
+    ``PIDController`` is separate from its solver): the method's ``order`` p, its error estimate's order
+    ``error_order`` q (the estimate is ``O(h^(q+1))``, the exponent ``1 / (q + 1)``), the tolerances, the step's
+    bounds and growth, and the PI memory (the previous accepted step's error, kept with the state it produced).
+
+    - :meth:`error_norm`: ``err = rms_i (e_i / (atol + rtol max(|y_i|, |y_new,i|)))`` over all entries of all ranks;
+    - :meth:`factor`: the next step over this one, :func:`pdeflow.solvers.base.controller_factor` (PI with the
+      previous error when ``pi`` and it is known, else elementary);
+    - :meth:`proposal`: the next step after an accepted one, within ``[dt_min, dt_max]``;
+    - :meth:`previous_error` / :meth:`remember`: the memory, checkpointed as the stepper's ``err``."""
+
+    def __init__(self, order: int, error_order: int, *, rtol: float, atol: float, dt_min: float, dt_max: float,
+                 max_growth: float, pi: bool = True) -> None:
+        self.order, self.error_order, self.pi = int(order), int(error_order), bool(pi)
+        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
+        self.max_growth = float(max_growth)
+        # (the state an accepted step produced, its error): the PI memory for the step from it
+        self._memory: tuple[State, float] | None = None
+
+    @property
+    def exponent(self) -> int:
+        """``k = q + 1``, the power of h in the local error estimate (``err ~ h^k``)."""
+        return self.error_order + 1
+
+    def error_norm(self, error: np.ndarray, y: np.ndarray, y_new: np.ndarray, comm) -> float:
+        """``rms(error / (atol + rtol max(|y|, |y_new|)))`` over all entries of all ranks of ``comm`` (every rank
+        takes the same step); ``inf`` when not finite."""
+        scale = self.atol + self.rtol * np.maximum(np.abs(y), np.abs(y_new))
+        squares, count = comm.sum_over_ranks(float(np.sum((error / scale) ** 2)), error.size)
+        err = math.sqrt(squares / count) if count else 0.0
+        return err if np.isfinite(err) else np.inf
+
+    def previous_error(self, state: State) -> float:
+        """The error of the accepted step that produced ``state`` (nan: not known, or no PI control)."""
+        if not self.pi or self._memory is None or self._memory[0] is not state:
+            return math.nan
+        return self._memory[1]
+
+    def remember(self, state: State, err: float) -> None:
+        """The memory for the step from ``state`` (an accepted step's error, floored; nan: none)."""
+        self._memory = (state, float(err)) if math.isfinite(err) else None
+
+    def factor(self, err: float, previous: float) -> float:
+        """The next step's size over this one's (:func:`~pdeflow.solvers.base.controller_factor`)."""
+        return controller_factor(err, previous, self.exponent, self.max_growth)
+
+    def proposal(self, dt: float, h_taken: float, factor: float) -> float:
+        """The next step after an accepted step of ``h_taken`` (``dt`` the controller's own step): ``dt factor``; a
+        step cut short (by a frame time, or by the method) does not shrink the proposal: ``max(dt, h_taken
+        factor)``."""
+        return dt * factor if h_taken >= dt else max(dt, h_taken * factor)
+
+    def clipped(self, dt: float) -> float:
+        """``dt`` within ``[dt_min, dt_max]``."""
+        return float(np.clip(dt, self.dt_min, self.dt_max))
+
+
 class AdaptiveStepper(Stepper):
     """A stepper with error control (module docstring). Subclasses set :attr:`order` (of the solution they advance)
     and :attr:`error_estimator_order` ``q`` (of the solution their estimate measures: the estimate is ``O(h^(q+1))``,
@@ -67,10 +125,15 @@ class AdaptiveStepper(Stepper):
         and growing by at most ``max_growth`` per step (``solver.*`` of the same names)."""
         Stepper.__init__(self, problem)
         self.dt = float(dt)
-        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
-        self.max_growth = float(max_growth)
-        # (the state an accepted step produced, its error): the PI controller's memory for the step from it
-        self._memory: tuple[State, float] | None = None
+        self.step_size = StepSizeController(self.order, self.error_estimator_order, rtol=rtol, atol=atol,
+                                            dt_min=dt_min, dt_max=dt_max, max_growth=max_growth, pi=self.pi_control)
+
+    # the controller's settings, read by the methods' messages and the accuracy monitor's advice
+    rtol = property(lambda self: self.step_size.rtol)
+    atol = property(lambda self: self.step_size.atol)
+    dt_min = property(lambda self: self.step_size.dt_min)
+    dt_max = property(lambda self: self.step_size.dt_max)
+    max_growth = property(lambda self: self.step_size.max_growth)
 
     @classmethod
     def controller(cls, cfg: Config) -> dict[str, float]:
@@ -82,26 +145,20 @@ class AdaptiveStepper(Stepper):
     def error_exponent(self) -> int:
         """``k = q + 1``, the power of h in the local error estimate (``err ~ h^k``): the controller's factor is
         ``0.9 err^(-1/k)`` (:func:`~pdeflow.solvers.base.controller_factor`)."""
-        return self.error_estimator_order + 1
+        return self.step_size.exponent
 
     # ---- the error norm and the controller's memory --------------------------------------------------------------
     def error_norm(self, error: np.ndarray, y: np.ndarray, y_new: np.ndarray) -> float:
-        """``rms(error / (atol + rtol max(|y|, |y_new|)))`` over all entries of all ranks (every rank takes the
-        same step); ``inf`` when not finite."""
-        scale = self.atol + self.rtol * np.maximum(np.abs(y), np.abs(y_new))
-        squares, count = self.problem.comm.sum_over_ranks(float(np.sum((error / scale) ** 2)), error.size)
-        err = math.sqrt(squares / count) if count else 0.0
-        return err if np.isfinite(err) else np.inf
+        """The controller's error norm (:meth:`StepSizeController.error_norm`) over this problem's ranks."""
+        return self.step_size.error_norm(error, y, y_new, self.problem.comm)
 
     def previous_error(self, state: State) -> float:
         """The error of the accepted step that produced ``state`` (nan: not known, or no PI control)."""
-        if not self.pi_control or self._memory is None or self._memory[0] is not state:
-            return math.nan
-        return self._memory[1]
+        return self.step_size.previous_error(state)
 
     def remember_error(self, state: State, err: float) -> None:
         """Set the controller's memory for the step from ``state`` (a restored checkpoint's; nan: none)."""
-        self._memory = (state, float(err)) if math.isfinite(err) else None
+        self.step_size.remember(state, err)
 
     def extra_state(self, state: State) -> dict[str, np.ndarray]:
         """``err``: the PI controller's memory for the step from ``state`` (nan: none); nothing without PI."""
@@ -130,11 +187,10 @@ class AdaptiveStepper(Stepper):
                     raise SolverError(f"a stage solve failed ({exc}) and the step fell below solver.dt_min = "
                                       f"{self.dt_min:g} at t = {state.t:.6g}; {self.failure_fix}") from None
                 continue
-            factor = controller_factor(err, previous if counts["rejected"] == 0 else math.nan,
-                                       self.error_exponent, self.max_growth)
+            factor = self.step_size.factor(err, previous if counts["rejected"] == 0 else math.nan)
             if err <= 1.0:
-                new.dt = float(np.clip(self._proposal(dt, h, h_taken, err, factor), self.dt_min, self.dt_max))
-                self._memory = (new, max(err, ERROR_MEMORY_FLOOR))
+                new.dt = self.step_size.clipped(self._proposal(dt, h, h_taken, err, factor))
+                self.step_size.remember(new, max(err, ERROR_MEMORY_FLOOR))
                 return new, self._accept_step(state, new, h_taken, counts)
             counts["rejected"] += 1
             dt = h_taken * factor
@@ -146,9 +202,8 @@ class AdaptiveStepper(Stepper):
 
     def _proposal(self, dt: float, h: float, h_taken: float, err: float, factor: float) -> float:
         """The next step after an accepted step of ``h_taken`` (asked: ``h = min(dt, dt_limit)``, ``dt`` the
-        controller's own): ``dt factor``; a step cut short (by a frame time, or by the method) does not shrink the
-        controller's proposal: ``max(dt, h_taken factor)``."""
-        return dt * factor if h_taken >= dt else max(dt, h_taken * factor)
+        controller's own): :meth:`StepSizeController.proposal` (a method may cap it)."""
+        return self.step_size.proposal(dt, h_taken, factor)
 
     def likely_cause(self, state: State) -> str:
         return (f"the {self.name} stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) "
@@ -173,4 +228,5 @@ class AdaptiveStepper(Stepper):
         """Called after a rejected attempt, before the next (a method renews what the rejection put in doubt)."""
 
 
-__all__ = ["AdaptiveStepper", "StageFailed", "CONTROLLER_KEYS", "FAILED_STAGE_SHRINK", "ERROR_MEMORY_FLOOR"]
+__all__ = ["AdaptiveStepper", "StepSizeController", "StageFailed", "CONTROLLER_KEYS", "FAILED_STAGE_SHRINK",
+           "ERROR_MEMORY_FLOOR"]

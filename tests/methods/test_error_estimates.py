@@ -6,6 +6,8 @@ rtol 1e-13; the embedded solutions from published coefficients), and its power o
 the slope test, as does a controller whose exponent is not ``1 / (q + 1)``."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
@@ -137,6 +139,29 @@ def test_estimate_has_the_declared_order(small, method):
     slope = np.log2(errs[0] / errs[1])
     assert abs(slope - (stepper.error_estimator_order + 1)) < 0.35, (method, errs, slope)
     assert stepper.error_exponent == stepper.error_estimator_order + 1
+    assert (stepper.step_size.order, stepper.step_size.error_order) == (stepper.order, stepper.error_estimator_order)
+
+
+def test_the_step_size_controller_is_an_object_of_its_own():
+    """:class:`pdeflow.solvers.controller.StepSizeController` without a stepper: its norm is the weighted rms of
+    the formula, its factor 0.9 err^(-1/(q+1)) without memory and the PI form with it, its proposal not shrunk by a
+    step cut short, and its memory tied to the state it was left with."""
+    from pdeflow.solvers.base import State
+    from pdeflow.solvers.controller import StepSizeController
+
+    from pdeflow.core.parallel import SerialComm
+
+    c = StepSizeController(3, 2, rtol=1e-3, atol=1e-6, dt_min=1e-9, dt_max=1.0, max_growth=5.0)
+    y, y_new, e = np.array([1.0, -2.0]), np.array([1.5, -1.0]), np.array([3e-4, -1e-3])
+    scale = 1e-6 + 1e-3 * np.array([1.5, 2.0])
+    assert c.error_norm(e, y, y_new, SerialComm()) == pytest.approx(np.sqrt(np.mean((e / scale) ** 2)), rel=1e-15)
+    assert c.exponent == 3 and c.factor(0.5, math.nan) == pytest.approx(0.9 * 0.5 ** (-1 / 3), rel=1e-15)
+    assert c.factor(0.5, 0.25) == pytest.approx(0.9 * 0.5 ** (-0.7 / 3) * 0.25 ** (0.4 / 3), rel=1e-15)
+    assert c.proposal(0.1, 0.1, 2.0) == pytest.approx(0.2) and c.proposal(0.1, 0.01, 2.0) == 0.1
+    assert c.clipped(3.0) == 1.0
+    a, b = State(t=0.0, step=0, dt=0.1, fields={}), State(t=0.0, step=0, dt=0.1, fields={})
+    c.remember(a, 0.3)
+    assert c.previous_error(a) == 0.3 and math.isnan(c.previous_error(b))
 
 
 def reversals(states) -> int:
