@@ -55,6 +55,22 @@ def config_text(**overrides: dict[str, Any]) -> str:
     return dumps_toml(data)
 
 
+# the lookback problem of the stability, rates-at-a-minimum and Hessian tests: V = T = 3, lag 1, exact data, d = 4,
+# dh = 2, sinusoidal positions, weight decay 0.05
+LOOKBACK: dict[str, dict[str, Any]] = {
+    "task": {"name": "lookback", "vocab_size": 3, "seq_len": 3, "lag": 1, "exact": True},
+    "model": {"d": 4, "head_dim": 2, "positions": "sinusoidal", "weight_decay": 0.05},
+}
+
+
+def lookback_text(**overrides: dict[str, Any]) -> str:
+    """TOML text of LOOKBACK updated with ``section={key: value}`` overrides."""
+    data = {name: dict(values) for name, values in LOOKBACK.items()}
+    for name, values in overrides.items():
+        data.setdefault(name, {}).update(values)
+    return dumps_toml(data)
+
+
 def build_config(**overrides: dict[str, Any]) -> Config:
     return loads_config(config_text(**overrides))
 

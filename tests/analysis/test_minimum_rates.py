@@ -11,6 +11,7 @@ import pytest
 import scipy.linalg
 import scipy.optimize
 
+from conftest import lookback_text
 from pdeflow import Problem, loads_config
 from pdeflow.analysis.minimum_rates import SLOWEST, SLOWEST_HALF, linear_flow, minimum_rates
 from pdeflow.analysis.spectrum import hessian_operator, symmetry_basis
@@ -21,19 +22,7 @@ from test_spectral_record import dense_s, head_symmetries
 
 # two heads of the lookback problem at weight decay 0.1: a strict local minimum with lambda_min ~ 0.008, the next
 # eigenvalue ~ 2 lambda_min and lambda_max ~ 1.1 (RK4 with dt = 0.2 / lambda_max: a few thousand steps)
-PROBLEM = """
-[task]
-name = "lookback"
-vocab_size = 3
-seq_len = 3
-lag = 1
-exact = true
-[model]
-d = 4
-head_dim = 2
-positions = "sinusoidal"
-weight_decay = 0.1
-"""
+PROBLEM = lookback_text(model={"weight_decay": 0.1})
 N_HEADS = 2
 TOLERANCE = 0.05
 

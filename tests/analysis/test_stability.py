@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
+from conftest import lookback_text
 from pdeflow import Problem, loads_config
 from pdeflow.analysis.local_geometry import symmetry_tangents
 from pdeflow.analysis.stability import (
@@ -32,25 +33,8 @@ from pdeflow.core.model import join_theta, split_theta
 from pdeflow.interface.cli import main
 
 # Tiny problem: V = T = 3, d = 4, dh = 2, full coordinates k = 32; exact enumeration (27 sequences).
-TINY = """
-[task]
-name = "lookback"
-vocab_size = 3
-seq_len = 3
-lag = 1
-exact = true
-[model]
-d = 4
-head_dim = 2
-positions = "sinusoidal"
-weight_decay = 0.05
-[diagnostics]
-n_starts = 8
-[stability]
-n_starts = 1
-n_modes = 1
-weight_decays = [0.05, 0.25]
-"""
+TINY = lookback_text(diagnostics={"n_starts": 8},
+                     stability={"n_starts": 1, "n_modes": 1, "weight_decays": [0.05, 0.25]})
 
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")

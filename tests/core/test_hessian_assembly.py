@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import random_arrays, rel_err
+from conftest import lookback_text, random_arrays, rel_err
 from pdeflow import loads_config
 from pdeflow.core import mean_field
 from pdeflow.core.hessian_assembly import assemble_hessian, frozen_blocks, gauss_newton_factor, head_blocks
@@ -18,20 +18,7 @@ from pdeflow.core.problem import Problem
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
-CONFIG = """
-[task]
-name = "lookback"
-vocab_size = 3
-seq_len = 3
-lag = 1
-exact = true
-[model]
-d = 4
-head_dim = 2
-positions = "sinusoidal"
-coordinates = "gain3"
-weight_decay = 0.05
-"""
+CONFIG = lookback_text(model={"coordinates": "gain3"})
 
 CASES = ("full", "basis", "family")
 
