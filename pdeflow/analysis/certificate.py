@@ -19,6 +19,29 @@
   same way. ``lambda_min`` then lies in ``[lowest - delta, min(lowest, lowest Ritz value) + delta]``, and the point
   is a **certified** local minimum when that lower bound is positive.
 
+**By Cholesky** (:data:`BY_CHOLESKY`, the default where it applies: ``method="auto"``): ``C`` is assembled from
+S's structure (:func:`pdeflow.core.hessian_assembly.assemble_hessian` with the bases: ``2 k`` forward passes over
+the live heads and one symmetric rank update, no ``n`` products) and :func:`cholesky_bound` brackets the lowest
+eigenvalue of its symmetric part ``A``. Upper: the Rayleigh quotient ``theta`` of the vector that shift-invert
+Lanczos (``scipy.sparse.linalg.eigsh`` with ``sigma = 0``, the solves by the Cholesky factor of ``A``) returns, plus
+the rounding of its evaluation, ``gamma_{n+1} |x|^T |A| |x|`` (``gamma_m = m u / (1 - m u)``, ``u = 2^-53``; Higham,
+*Accuracy and Stability of Numerical Algorithms*, 2nd ed., Lemma 3.4 / (3.11)). Lower: Rump's verified positive
+definiteness (S. M. Rump, "Verification of positive definiteness", BIT 46 (2006) 433-452; the theorem behind it is
+Demmel's, Higham Theorem 10.5): if the floating-point Cholesky factorisation of ``Ã = fl(A - s I)`` runs to
+completion, its factor R satisfies ``R^T R = Ã + Delta`` with ``|Delta| <= gamma_{n+1} |R^T| |R|`` (any order of
+the inner products, so blocked LAPACK potrf too), hence ``|Delta|_2 <= gamma_{n+1} / (1 - gamma_{n+1}) tr(Ã)``
+and, ``R^T R`` being positive semidefinite,
+
+    ``lambda_min(A) >= s - r(s)``,  ``r(s) = gamma_{n+1} / (1 - gamma_{n+1}) tr(Ã) + u max_i |ã_ii| + u |A|_F``
+
+(the second term the rounding of the shift, the third that of forming the symmetric part; underflow does not
+occur at these magnitudes: every diagonal entry of ``Ã`` is checked to be a normal number). The shift starts at
+``s = theta - max(1e-7 theta, r)`` and, while the factorisation fails, moves down (the margin doubled, at most
+:data:`SHIFT_TRIES` times); the certificate is ``lambda_min in [s - r(s) - |C - C^T|_F, upper + |C - C^T|_F]``
+(the asymmetry the estimate of the assembly's error, as for the dense bound). When ``A`` itself has no Cholesky
+factor, or the lower bound is not positive, the dense eigenvalue bound above is taken on the same ``C`` instead
+(it counts the negative eigenvalues): a saddle or a nearly singular minimum is never certified by Cholesky.
+
 Dense assembly stops at :data:`DENSE_LIMIT` unknowns on the live heads (``n`` products; S, C, its symmetric part,
 the eigenvectors and LAPACK's workspace: measured 8.6 GB peak at n = 13,594, about ``6 n^2`` doubles;
 ``dense_limit`` raises it). Above, the verdict is what Lanczos shows: :data:`LANCZOS_VERDICT` ("no negative
@@ -30,12 +53,22 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
+import scipy.sparse.linalg
 
+from ..core.hessian_assembly import assemble_hessian
 from ..core.problem import Problem
 from .spectrum import SpectrumEnds, head_symmetries, hessian_operator, origin_block, origin_is_stationary
 
 DENSE_LIMIT = 4096      # unknowns on the live heads assembled densely at most: 4,096 products, ~6 n^2 doubles
 BY_DENSE = "dense eigenvalue bound"          # the proof: eigh of the assembled C with the Weyl bound
+BY_CHOLESKY = "Cholesky bound"               # the proof: Rump's test on C assembled from S's structure
+PROOFS = (BY_DENSE, BY_CHOLESKY)             # the kinds that prove a minimum when their lower bound is positive
+METHODS = ("auto", "cholesky", "dense")      # certify's routes: auto = Cholesky where S's structure is known
+SHIFT_TRIES = 12        # shifted factorisations tried below theta, the margin doubled each time
+SHIFT_MARGIN = 1e-7     # the first shift's distance below theta, relative
+UNIT_ROUNDOFF = 2.0 ** -53
+CHOLESKY_SEED = 20261   # the fixed start vector of the shift-invert Lanczos run
 BY_INTERLACING = "negative Ritz value"       # a saddle, proven by interlacing (no assembly needed)
 BY_LANCZOS = "Lanczos only"                  # above the dense limit: no proof either way when no Ritz value < 0
 LANCZOS_VERDICT = "no negative eigenvalue found in {m} Lanczos steps from a random start (not certified)"
@@ -45,12 +78,14 @@ N_PAIRS = 10            # the lowest dense eigenpairs kept
 @dataclass(frozen=True)
 class Certificate:
     """What is established about the sign of S at a measure (module docstring). ``kind``: :data:`BY_DENSE`,
-    :data:`BY_INTERLACING` or :data:`BY_LANCZOS`; ``lower`` / ``upper``: bounds on ``lambda_min`` (``lower`` is
-    -inf unless dense); ``index_lower``: negative eigenvalues proven; ``size``: the dense matrix's order (live
-    complement plus k per origin block, 0 when not assembled); ``delta``: the eigenvalue error bound; ``products``:
-    JVPs of the assembly; ``lanczos_steps``: of the spectrum it started from; ``values`` [a] and ``vectors``
-    [N k, a]: the lowest dense eigenpairs (unit, v-coordinates; empty unless dense); ``dense_limit``: the limit in
-    force."""
+    :data:`BY_CHOLESKY`, :data:`BY_INTERLACING` or :data:`BY_LANCZOS`; ``lower`` / ``upper``: bounds on
+    ``lambda_min`` (``lower`` is -inf unless dense or Cholesky); ``index_lower``: negative eigenvalues proven;
+    ``size``: the dense matrix's order (live complement plus k per origin block, 0 when not assembled); ``delta``:
+    the eigenvalue error bound (Cholesky: the rounding bound r of the shifted factorisation plus the asymmetry);
+    ``products``: JVPs of the assembly (Cholesky: its 2 k forward passes over the live heads; plus k for the origin
+    block); ``lanczos_steps``: of the spectrum it started from; ``values`` [a] and ``vectors`` [N k, a]: the lowest
+    dense eigenpairs (unit, v-coordinates; empty unless dense; Cholesky: the Rayleigh pair and the origin block's);
+    ``dense_limit``: the limit in force."""
     kind: str
     lower: float
     upper: float
@@ -65,8 +100,8 @@ class Certificate:
 
     @property
     def proven_minimum(self) -> bool:
-        """Every eigenvalue of S off the symmetry directions is positive, by the dense bound."""
-        return bool(self.kind == BY_DENSE and self.lower > 0)
+        """Every eigenvalue of S off the symmetry directions is positive, by the dense or the Cholesky bound."""
+        return bool(self.kind in PROOFS and self.lower > 0)
 
     def describe(self) -> str:
         """One line: the verdict on the sign of S and what establishes it."""
@@ -77,6 +112,9 @@ class Certificate:
         if self.kind == BY_LANCZOS:
             return (LANCZOS_VERDICT.format(m=self.lanczos_steps) + f": the live heads' {self.size} unknowns exceed "
                     f"the dense limit {self.dense_limit}; lambda_min <= {self.upper:.6g} (lowest Ritz value)")
+        if self.proven_minimum and self.kind == BY_CHOLESKY:
+            return (f"certified by the Cholesky bound: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] "
+                    f"(Rump's test on S off the symmetry directions, n = {self.size}, delta = {self.delta:.1e})")
         if self.proven_minimum:
             return (f"certified by the dense eigenvalue bound: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] "
                     f"(eigh of S off the symmetry directions, n = {self.size}, delta = {self.delta:.1e})")
@@ -118,12 +156,114 @@ def embedded(y: np.ndarray, bases: list[np.ndarray], k: int) -> np.ndarray:
     return np.concatenate([b @ y[starts[i]:starts[i + 1]] for i, b in enumerate(bases)], axis=0)
 
 
+def symmetric_part(C: np.ndarray, block: int = 512) -> float:
+    """Replace ``C`` [n, n] by ``(C + C^T) / 2`` in place, block by block (no second [n, n] array), and return the
+    asymmetry ``|C - C^T|_F`` it had."""
+    n = C.shape[0]
+    squares = 0.0
+    for i in range(0, n, block):
+        for j in range(i, n, block):
+            upper, lower = C[i:i + block, j:j + block], C[j:j + block, i:i + block].T
+            diff = upper - lower
+            squares += (1.0 if i == j else 2.0) * float(np.sum(diff * diff))  # the mirrored block counts too
+            mean = 0.5 * (upper + lower)
+            C[i:i + block, j:j + block] = mean
+            C[j:j + block, i:i + block] = mean.T
+    return math.sqrt(squares)
+
+
+def _gamma(m: int) -> float:
+    """``gamma_m = m u / (1 - m u)`` (Higham's constant of m roundings)."""
+    return m * UNIT_ROUNDOFF / (1.0 - m * UNIT_ROUNDOFF)
+
+
+def shifted_cholesky_bound(A: np.ndarray, shift: float, work: np.ndarray) -> float | None:
+    """Rump's test (module docstring): ``shift - r(shift)``, a proven lower bound on ``lambda_min(A)`` for the
+    symmetric ``A`` [n, n], when the floating-point Cholesky factorisation of ``fl(A - shift I)`` runs to
+    completion; None when it does not (or a diagonal entry of the shifted matrix is not a positive normal
+    number). ``work`` [n, n] is overwritten (the shifted matrix, then its factor)."""
+    n = A.shape[0]
+    np.copyto(work, A)
+    work.flat[::n + 1] -= shift
+    diagonal = work.diagonal()
+    if not np.all(diagonal >= np.finfo(float).tiny):
+        return None
+    g = _gamma(n + 1)
+    # the rounding bound, each computed sum rounded up by its own gamma
+    r = (g / (1.0 - g) * float(np.sum(diagonal)) * (1.0 + _gamma(n))
+         + UNIT_ROUNDOFF * float(np.max(diagonal))
+         + UNIT_ROUNDOFF * float(np.linalg.norm(A)) * (1.0 + _gamma(n * n)))
+    try:
+        scipy.linalg.cholesky(work, lower=False, overwrite_a=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        return None
+    return shift - r
+
+
+@dataclass(frozen=True)
+class CholeskyBound:
+    """:func:`cholesky_bound`'s bracket of ``lambda_min(A)``: ``lower`` (-inf when no shifted factorisation
+    succeeded), ``upper``, the Rayleigh quotient ``theta`` of the unit ``vector`` [n], the ``shift`` of the
+    successful factorisation, its rounding bound ``rounding`` (``shift - lower``) and the factorisations ``tries``."""
+    lower: float
+    upper: float
+    theta: float
+    vector: np.ndarray
+    shift: float
+    rounding: float
+    tries: int
+
+
+def cholesky_bound(A: np.ndarray) -> CholeskyBound | None:
+    """``lambda_min`` of the symmetric ``A`` [n, n] bracketed by a Rayleigh quotient and Rump's test (module
+    docstring); None when ``A`` has no floating-point Cholesky factor (the dense bound decides then). Memory: two
+    [n, n] arrays besides ``A``."""
+    n = A.shape[0]
+    try:
+        factor = scipy.linalg.cho_factor(A, lower=False, check_finite=False)
+    except np.linalg.LinAlgError:
+        return None
+    solve = scipy.sparse.linalg.LinearOperator(
+        (n, n), matvec=lambda x: scipy.linalg.cho_solve(factor, x, check_finite=False), dtype=float)
+    start = np.random.default_rng(CHOLESKY_SEED).standard_normal(n)
+    if n > 2:
+        x = scipy.sparse.linalg.eigsh(A, k=1, sigma=0.0, which="LM", OPinv=solve, v0=start)[1][:, 0]
+    else:
+        x = np.linalg.eigh(A)[1][:, 0]
+    x = x / np.linalg.norm(x)
+    Ax = A @ x
+    xx = float(x @ x)
+    theta = float(x @ Ax) / xx
+    ax = np.abs(x)
+    absolute = sum(float(ax[i:i + 1024] @ (np.abs(A[i:i + 1024]) @ ax)) for i in range(0, n, 1024))
+    upper = theta + _gamma(n + 3) * absolute / xx * (1.0 + _gamma(n + 3))
+    work = factor[0]  # the factor's memory, no longer needed
+    g = _gamma(n + 1)
+    margin = max(SHIFT_MARGIN * abs(theta),
+                 g / (1.0 - g) * max(float(np.trace(A)) - n * theta, 0.0) + UNIT_ROUNDOFF * float(np.linalg.norm(A)))
+    for tries in range(1, SHIFT_TRIES + 1):
+        shift = theta - margin
+        lower = shifted_cholesky_bound(A, shift, work)
+        if lower is not None:
+            return CholeskyBound(lower, upper, theta, x, shift, shift - lower, tries)
+        margin *= 2.0
+    return CholeskyBound(-math.inf, upper, theta, x, math.nan, math.nan, SHIFT_TRIES)
+
+
 def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: SpectrumEnds, *,
-            dense_limit: int = DENSE_LIMIT) -> Certificate:
+            dense_limit: int = DENSE_LIMIT, method: str = "auto") -> Certificate:
     """The verdict on the sign of S at ``omega`` [N, k] (``mass`` [N]) from its Lanczos ends ``ends``
     (:func:`pdeflow.analysis.spectrum.spectrum_ends`) and, when no Ritz value is negative and the live heads have at
-    most ``dense_limit`` unknowns, the dense bound (module docstring; heads exactly at the origin split off when the
-    origin is stationary for every head)."""
+    most ``dense_limit`` unknowns, a bound from the assembled ``C`` (module docstring; heads exactly at the origin
+    split off when the origin is stationary for every head). ``method`` (:data:`METHODS`): ``"dense"`` assembles C
+    from ``n`` exact products and takes the dense eigenvalue bound; ``"cholesky"`` assembles C from S's structure
+    (:func:`pdeflow.core.hessian_assembly.assemble_hessian`) and proves by Cholesky, falling back to the dense bound
+    on the same C when that proves nothing; ``"auto"`` is ``"cholesky"`` for a serial problem (S's structure is
+    known for every particle measure of the attention model), else ``"dense"``."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "auto":
+        method = "cholesky" if problem.comm.size == 1 else "dense"
     omega = np.asarray(omega, dtype=float)
     mass = np.asarray(mass, dtype=float)
     N, k = omega.shape
@@ -142,28 +282,44 @@ def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: Spectru
                            np.zeros(0), empty, dense_limit)
     sym = head_symmetries(problem, omega[live])
     B = [complement_basis(sym.blocks[i], int(sym.counts[i])) for i in range(int(live.sum()))]
-    op = hessian_operator(problem, omega[live], mass[live], np.zeros((n_live, 0)))
-    S = np.empty((n_live, n_live))
-    unit = np.zeros(n_live)
-    for j in range(n_live):
-        unit[j] = 1.0
-        S[:, j] = op.matvec(unit)
-        unit[j] = 0.0
-    C = projected(S, B, k)
-    del S  # the dense matrices of a large certificate are what its memory is
+    if method == "cholesky":
+        C = assemble_hessian(problem, omega, mass, heads=np.flatnonzero(live), bases=B)
+        products = 2 * k
+    else:
+        op = hessian_operator(problem, omega[live], mass[live], np.zeros((n_live, 0)))
+        S = np.empty((n_live, n_live))
+        unit = np.zeros(n_live)
+        for j in range(n_live):
+            unit[j] = 1.0
+            S[:, j] = op.matvec(unit)
+            unit[j] = 0.0
+        C = projected(S, B, k)
+        del S  # the dense matrices of a large certificate are what its memory is
+        products = op.products
+    n_dead = int(dead.sum())
+    if n_dead:
+        o_values, o_vectors, _ = origin_block(problem, omega, mass)
+        o_delta = k * np.finfo(float).eps * float(np.linalg.norm(o_values))
+        products += k
+    if method == "cholesky":
+        asymmetry = symmetric_part(C)
+        bound = cholesky_bound(C)
+        origin_lower = float(o_values[0]) - o_delta if n_dead else math.inf
+        if bound is not None and min(bound.lower - asymmetry, origin_lower) > 0:
+            return _cholesky_certificate(bound, asymmetry, C.shape[0], live, dead, B, k, upper, products,
+                                         ends.lanczos_steps, dense_limit,
+                                         (o_values, o_vectors, o_delta) if n_dead else None)
+        # else the dense bound decides, on the same (now symmetric) C
     values, vectors, delta = eigenvalue_bound(C)
     del C
     vectors = embedded(vectors[:, :N_PAIRS], B, k)
     rows = np.repeat(live, k)
     full = np.zeros((N * k, vectors.shape[1]))
     full[rows] = vectors
-    n_dead = int(dead.sum())
     index = int(np.sum(values < -delta))
     size = values.size
     values = values[:N_PAIRS]  # every eigenvalue counted in the index above; the lowest kept with their vectors
     if n_dead:
-        o_values, o_vectors, _ = origin_block(problem, omega, mass)
-        o_delta = k * np.finfo(float).eps * float(np.linalg.norm(o_values))
         first = int(np.flatnonzero(dead)[0])
         o_full = np.zeros((N * k, k))
         o_full[first * k:(first + 1) * k] = o_vectors  # one copy: the same block sits at every dead head
@@ -174,9 +330,32 @@ def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: Spectru
     lowest = float(values[order[0]])
     # the Ritz value is an upper bound in exact arithmetic; computed, it carries rounding of the order of delta
     return Certificate(BY_DENSE, lowest - delta, min(lowest, upper) + delta, index, size, float(delta),
-                       op.products + (k if n_dead else 0), ends.lanczos_steps, values[order], full[:, order],
-                       dense_limit)
+                       products, ends.lanczos_steps, values[order], full[:, order], dense_limit)
 
 
-__all__ = ["BY_DENSE", "BY_INTERLACING", "BY_LANCZOS", "DENSE_LIMIT", "LANCZOS_VERDICT", "Certificate", "certify",
-           "complement_basis", "eigenvalue_bound", "embedded", "projected"]
+def _cholesky_certificate(bound: CholeskyBound, asymmetry: float, size: int, live: np.ndarray, dead: np.ndarray,
+                          B: list[np.ndarray], k: int, ritz: float, products: int, lanczos_steps: int,
+                          dense_limit: int, origin: tuple[np.ndarray, np.ndarray, float] | None) -> Certificate:
+    """The :data:`BY_CHOLESKY` certificate from the live heads' bound and the origin block's eigenpairs."""
+    N = live.size
+    full = np.zeros((N * k, 1))
+    full[np.repeat(live, k)] = embedded(bound.vector[:, None], B, k)
+    values = np.array([bound.theta])
+    lower, upper = bound.lower - asymmetry, min(bound.upper, ritz + bound.rounding) + asymmetry
+    delta = bound.rounding + asymmetry
+    if origin is not None:
+        o_values, o_vectors, o_delta = origin
+        first = int(np.flatnonzero(dead)[0])
+        o_full = np.zeros((N * k, k))
+        o_full[first * k:(first + 1) * k] = o_vectors
+        values, full = np.concatenate([values, o_values]), np.concatenate([full, o_full], axis=1)
+        lower, upper = min(lower, float(o_values[0]) - o_delta), min(upper, float(o_values[0]) + o_delta)
+        size += k
+    order = np.argsort(values, kind="stable")[:N_PAIRS]
+    return Certificate(BY_CHOLESKY, lower, upper, 0, size, float(delta), products, lanczos_steps, values[order],
+                       full[:, order], dense_limit)
+
+
+__all__ = ["BY_CHOLESKY", "BY_DENSE", "BY_INTERLACING", "BY_LANCZOS", "DENSE_LIMIT", "LANCZOS_VERDICT", "METHODS",
+           "PROOFS", "Certificate", "CholeskyBound", "certify", "cholesky_bound", "complement_basis",
+           "eigenvalue_bound", "embedded", "projected", "shifted_cholesky_bound", "symmetric_part"]

@@ -46,7 +46,7 @@ import scipy.sparse.linalg
 from ..core.config import Config
 from ..core.problem import JVP_COST, Problem
 from ..io.result_schema import STATIONARY
-from .certificate import BY_DENSE, BY_LANCZOS, DENSE_LIMIT, LANCZOS_VERDICT, Certificate, certify
+from .certificate import BY_DENSE, BY_LANCZOS, DENSE_LIMIT, LANCZOS_VERDICT, PROOFS, Certificate, certify
 from .lbfgs import LbfgsResult, lbfgs
 from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
 
@@ -201,7 +201,7 @@ def verdict_of(converged: bool, spectrum: SpectrumEnds, certificate: Certificate
     index = max(spectrum.morse_index_lower, certificate.index_lower)
     if index > 0:
         return f"saddle of index >= {index}"
-    if certificate.kind != BY_DENSE and spectrum.no_negative_found:
+    if certificate.kind not in PROOFS and spectrum.no_negative_found:
         return LANCZOS_VERDICT.format(m=certificate.lanczos_steps)
     return "stationary, index not established (lowest eigenvalue not converged or not resolved from 0)"
 
@@ -574,7 +574,7 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
     ``history/{energy, dissipation, products, gradients, wall}`` per iteration, and the attributes
     :data:`SCALARS` (``source``, ``frame``, ``time``: the trajectory and frame the search started from; costs in
     gradients, JVP products and wall seconds, the certification's separately; ``certificate``: its kind,
-    :data:`pdeflow.analysis.certificate.BY_DENSE` the only proof, ``certificate_text`` what it establishes,
+    :data:`pdeflow.analysis.certificate.PROOFS` the proofs, ``certificate_text`` what it establishes,
     ``lambda_min_lower`` / ``lambda_min_upper`` the bounds on lambda_min, ``certificate_size`` the dense order,
     ``certificate_delta`` its eigenvalue bound, ``lanczos_steps``, ``dense_limit``)."""
     from ..io.result_files import new_result_file

@@ -276,6 +276,46 @@ def _aggregate(theta: np.ndarray, mass: np.ndarray, data: AttentionData, dtheta:
     return out.reshape(B, T, d), (dout.reshape(B, T, d) if tangent else None)
 
 
+def head_outputs_jvp(theta: np.ndarray, dtheta: np.ndarray, data: AttentionData) -> np.ndarray:
+    """Each head's output tangent ``o'_i[b, l] = WO'_i c_l + WO_i c'_l`` (not summed over the heads, unlike
+    :func:`aggregate_output_jvp`) along head directions dtheta [N, p] (forward mode,
+    :func:`pdeflow.core.kernels_jvp.causal_attention_jvp`): theta, dtheta [N, p] -> [N, B, T, d]. One pass over
+    the heads in chunks and the sequences in blocks, as :func:`aggregate_output_jvp` (the kernel on numba's
+    threads); what the structured Hessian (:mod:`pdeflow.core.hessian_assembly`) takes each head's output
+    Jacobian from, one coordinate for every head per call."""
+    B, T, d = data.shape
+    dh = data.head_dim
+    dtype = _dtype(theta, data)
+    x = data.inputs.reshape(B * T, d).astype(dtype, copy=False)
+    N = theta.shape[0]
+    n, bc = _blocks(data, np.dtype(dtype).itemsize, N, variant(data, dtype, N)[0])
+    tile = _tile(dtype, variant(data, dtype, N)[0])
+    out = np.empty((N, B * T, d), dtype=dtype)
+    proj, dproj = _Projections(data, x, n, bc, dtype), _Projections(data, x, n, bc, dtype)
+    wcat_buf, dwcat_buf = np.empty(d * 3 * dh * n, dtype=dtype), np.empty(d * 3 * dh * n, dtype=dtype)
+    c_buf, dc_buf = np.empty(bc * T * dh * n, dtype=dtype), np.empty(bc * T * dh * n, dtype=dtype)
+    for start in range(0, N, n):
+        stop = min(N, start + n)
+        m = stop - start
+        th = theta[start:stop].astype(dtype, copy=False)
+        dth = dtheta[start:stop].astype(dtype, copy=False)
+        proj.chunk(_qkv_weights(th, d, dh, wcat_buf))
+        dproj.chunk(_qkv_weights(dth, d, dh, dwcat_buf))
+        wo, dwo = split_theta(th, d, dh)[3], split_theta(dth, d, dh)[3]  # [m, d, dh]
+        for b0 in range(0, B, bc):
+            nb = min(B, b0 + bc) - b0
+            c = c_buf[:nb * T * dh * m].reshape(nb, T, dh, m)
+            dc = dc_buf[:nb * T * dh * m].reshape(nb, T, dh, m)
+            kernels_jvp.causal_attention_jvp(*proj.block(b0, nb)[:2], *dproj.block(b0, nb), data.score_scale, c,
+                                             dc, tile, num_threads())
+            # per head [nb T, dh] @ [dh, d]: WO' c + WO c'
+            ci = c.reshape(nb * T, dh, m).transpose(2, 0, 1)
+            dci = dc.reshape(nb * T, dh, m).transpose(2, 0, 1)
+            rows = slice(b0 * T, (b0 + nb) * T)
+            out[start:stop, rows] = np.matmul(ci, dwo.transpose(0, 2, 1)) + np.matmul(dci, wo.transpose(0, 2, 1))
+    return out.reshape(N, B, T, d)
+
+
 def _scaled_output_weights(theta: np.ndarray, mass: np.ndarray, d: int, dh: int, out: np.ndarray) -> np.ndarray:
     """Rows (h, i) of WO_i^T scaled by the head's mass [dh m, d], so the mass-weighted sum over heads is one
     product."""

@@ -194,6 +194,12 @@ class Problem:
     def _data_for(self, omega: np.ndarray) -> AttentionData:
         return self._data64 if np.iscomplexobj(omega) else self._data
 
+    @property
+    def data64(self) -> AttentionData:
+        """The data set and fixed tables in float64, whatever the problem's precision (what a second-order analysis
+        assembles with, :mod:`pdeflow.core.hessian_assembly`)."""
+        return self._data64
+
     def theta(self, omega: np.ndarray) -> np.ndarray:
         """Head parameters ``theta0 + basis @ omega``: [N, k] -> [N, p]."""
         omega = self._cast(omega)

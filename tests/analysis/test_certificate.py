@@ -1,15 +1,28 @@
 """The one rule on the sign of S (:mod:`pdeflow.analysis.certificate`): a negative Ritz value of any block, converged
 or not, is index >= 1 for the spectral record's phases, ``pdeflow stationary`` and the rate check; a minimum is
-certified only by the dense eigenvalue bound, checked here against ``numpy.linalg.eigh`` of S built independently
-from central differences of grad Phi (:func:`test_spectral_record.dense_s`) with the symmetry tangents removed; and a
+certified only by the dense eigenvalue bound or the Cholesky bound (Rump's test on S assembled from its structure),
+checked here against ``numpy.linalg.eigh`` of S built independently from central differences of grad Phi
+(:func:`test_spectral_record.dense_s`) with the symmetry tangents removed, and against each other (the dense bound's S
+from n exact JVPs); Rump's test refuses an exactly singular matrix that floating-point Cholesky factorises; and a
 point ``stationary`` certifies is one ``stability --stationary`` accepts."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.linalg
 
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.certificate import BY_DENSE, BY_LANCZOS, LANCZOS_VERDICT, certify
+from pdeflow.analysis.certificate import (
+    BY_CHOLESKY,
+    BY_DENSE,
+    BY_LANCZOS,
+    LANCZOS_VERDICT,
+    PROOFS,
+    certify,
+    cholesky_bound,
+    shifted_cholesky_bound,
+    symmetric_part,
+)
 from pdeflow.analysis.diagnostics.spectral import MINIMUM, SADDLE, phase_of
 from pdeflow.analysis.minimum_rates import lowest_certified
 from pdeflow.analysis.spectrum import origin_block, spectrum_ends, symmetry_basis
@@ -103,7 +116,7 @@ def test_the_certificate_brackets_lambda_min_of_an_independent_dense_s(known_min
     reference = reference_spectrum(problem, omega, mass)
     np.testing.assert_allclose(reference[:values.size], values, atol=1e-9)
     ends = spectrum_ends(problem, omega, mass, krylov_dim=5)
-    cert = certify(problem, omega, mass, ends)
+    cert = certify(problem, omega, mass, ends, method="dense")
     assert cert.kind == BY_DENSE and cert.proven_minimum and cert.lower > 0
     assert cert.size == omega.size - symmetry_basis(problem, omega, mass).shape[1] == reference.size
     assert cert.lower - 1e-8 <= reference[0] <= cert.upper + 1e-8
@@ -113,6 +126,62 @@ def test_the_certificate_brackets_lambda_min_of_an_independent_dense_s(known_min
     lanczos = certify(problem, omega, mass, ends, dense_limit=omega.size - 1)
     assert lanczos.kind == BY_LANCZOS and not lanczos.proven_minimum and lanczos.products == 0
     assert LANCZOS_VERDICT.format(m=ends.lanczos_steps) in lanczos.describe()
+
+
+def test_the_cholesky_certificate_agrees_with_the_dense_one(known_minimum):  # noqa: F811
+    """At a strict minimum the default certificate is the Cholesky bound on S assembled from its structure (2 k
+    forward passes, not n products): its interval holds the lowest eigenvalue of the dense bound's C (eigh of C
+    from n exact JVPs, an independent assembly) and of S from central differences, is no wider than 1e-6 of it,
+    and its Rayleigh value is that eigenvalue to 1e-6."""
+    problem, omega, mass, _ = known_minimum
+    reference = reference_spectrum(problem, omega, mass)
+    ends = spectrum_ends(problem, omega, mass, krylov_dim=5)
+    chol = certify(problem, omega, mass, ends)
+    dense = certify(problem, omega, mass, ends, method="dense")
+    assert chol.kind == BY_CHOLESKY and chol.proven_minimum and dense.kind == BY_DENSE
+    lam = float(dense.values[0])
+    assert chol.lower <= lam <= chol.upper and chol.upper - chol.lower <= 1e-6 * lam
+    assert abs(float(chol.values[0]) - lam) <= 1e-6 * lam and chol.size == dense.size
+    assert chol.lower - 1e-8 <= reference[0] <= chol.upper + 1e-8
+    assert chol.products == 2 * problem.k and dense.products == omega.size
+    assert "certified by the Cholesky bound" in chol.describe()
+    with pytest.raises(ValueError, match="method must be one of"):
+        certify(problem, omega, mass, ends, method="lu")
+
+
+def test_rump_test_brackets_a_known_spectrum_and_refuses_singular_matrices():
+    """Rump's test: on Q diag(lambda) Q^T the bracket holds lambda_min = 1e-3 within 1e-6 of it, and an indefinite
+    matrix has no bound; an exactly singular integer matrix X X^T (lambda_min = 0) whose shifted floating-point
+    Cholesky factorisation succeeds at the shift 2^-50 is not proven positive definite (without the rounding bound
+    it would be), nor certified by the whole bracket."""
+    rng = np.random.default_rng(0)
+    n = 60
+    q = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    values = np.concatenate([[1e-3], np.geomspace(1e-2, 10.0, n - 1)])
+    A = (q * values) @ q.T
+    symmetric_part(A)
+    bound = cholesky_bound(A)
+    assert bound.lower <= 1e-3 <= bound.upper and bound.upper - bound.lower <= 1e-9 and bound.lower > 0
+    values[0] = -1e-3
+    indefinite = (q * values) @ q.T
+    symmetric_part(indefinite)
+    assert cholesky_bound(indefinite) is None
+    X = np.random.default_rng(2).integers(-3, 4, size=(40, 39)).astype(float)
+    singular = X @ X.T  # integers, exact: singular
+    work = singular - 2.0 ** -50 * np.eye(40)
+    scipy.linalg.cholesky(work)  # the premise: floating point factorises it
+    assert shifted_cholesky_bound(singular, 2.0 ** -50, work) <= 0
+    whole = cholesky_bound(singular)
+    assert whole is None or whole.lower <= 0
+
+
+def test_symmetric_part_in_blocks():
+    """The blockwise symmetrisation gives (C + C^T) / 2 and the asymmetry |C - C^T|_F, blocks not dividing n."""
+    C = np.random.default_rng(1).standard_normal((37, 37))
+    expected = 0.5 * (C + C.T)
+    asymmetry = float(np.linalg.norm(C - C.T))
+    assert symmetric_part(C, block=8) == pytest.approx(asymmetry, rel=1e-12)
+    assert np.array_equal(C, C.T) and np.allclose(C, expected, rtol=0, atol=1e-15)
 
 
 def test_stationary_certifies_what_stability_accepts(known_minimum, tmp_path, capsys):  # noqa: F811
@@ -129,14 +198,14 @@ def test_stationary_certifies_what_stability_accepts(known_minimum, tmp_path, ca
     assert main(["stationary", str(start), "--kind", "nearest", "-o", str(lanczos), "--quiet",
                  "--dense-limit", "0"]) == 0
     p, q = read_stationary(proven), read_stationary(lanczos)
-    assert p["certified"] and p["verdict"] == "local minimum" and p["certificate"] == BY_DENSE
+    assert p["certified"] and p["verdict"] == "local minimum" and p["certificate"] in PROOFS
     assert 0 < p["lambda_min_lower"] <= p["lambda_min_upper"]
     assert not q["certified"] and q["certificate"] == BY_LANCZOS
     assert q["verdict"] == LANCZOS_VERDICT.format(m=q["lanczos_steps"])
     capsys.readouterr()
     assert main(["stability", "--stationary", str(proven), "-o", str(tmp_path / "rates.h5"), "--random", "0",
                  "--no-linearity", "--quiet"]) == 0
-    assert "certificate: certified by the dense eigenvalue bound" in capsys.readouterr().out
+    assert "certificate: certified by the Cholesky bound" in capsys.readouterr().out
     assert main(["stability", "--stationary", str(lanczos), "-o", str(tmp_path / "x.h5"), "--quiet"]) == 2
     assert main(["stability", "--stationary", str(proven), "-o", str(tmp_path / "y.h5"), "--quiet",
                  "--dense-limit", "0"]) == 2

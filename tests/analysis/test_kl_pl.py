@@ -174,9 +174,10 @@ def test_finding_2_small_a_kl_fit_over_saddle_phases_is_refused(saddle_run, caps
 
 # ---- predictions at a stationary point ----------------------------------------------------------------------------
 def test_predictions_are_claimed_only_at_a_proven_nondegenerate_minimum():
-    """Only the certificate that proves a minimum (the dense eigenvalue bound) with a positive proven lower bound on
-    lambda_min lets the theory's rates be claimed; a Lanczos-only verdict, a saddle or a degenerate point does not."""
-    from pdeflow.analysis.certificate import BY_DENSE, BY_INTERLACING, BY_LANCZOS
+    """Only a certificate that proves a minimum (the dense eigenvalue bound or the Cholesky bound) with a positive
+    proven lower bound on lambda_min lets the theory's rates be claimed; a Lanczos-only verdict, a saddle or a
+    degenerate point does not."""
+    from pdeflow.analysis.certificate import BY_CHOLESKY, BY_DENSE, BY_INTERLACING, BY_LANCZOS
 
     base = {"energy": 1.25, "verdict": "local minimum", "certified": True, "lambda_min": 0.02,
             "lowest_residual": np.array([1e-9])}
@@ -184,6 +185,7 @@ def test_predictions_are_claimed_only_at_a_proven_nondegenerate_minimum():
     assert not unproven.claimed and "does not state a proven certificate" in unproven.basis
     p = prediction_at({**base, "certificate": BY_DENSE, "lambda_min_lower": 0.0199})
     assert p.claimed and p.theta == 0.5 and p.mu == 0.02 and p.energy == 1.25 and BY_DENSE in p.basis
+    assert prediction_at({**base, "certificate": BY_CHOLESKY, "lambda_min_lower": 0.0199}).claimed
     for kind in (BY_LANCZOS, BY_INTERLACING, "inertia of LDL^T", "none"):
         assert not prediction_at({**base, "certificate": kind}).claimed
     assert "degenerate" in prediction_at({**base, "certificate": BY_DENSE, "lambda_min": 1e-10,
@@ -244,11 +246,11 @@ def test_finding_1_small_reports_pre_asymptotic_or_an_interval_holding_one_half(
         a.kl_theta_range[0] <= 0.5 <= a.kl_theta_range[1]), kl
     # stationary proved the minimum (a problem this small is below the dense limit): an independent dense
     # eigendecomposition of S agrees, and the predictions are printed beside the measurement
-    from pdeflow.analysis.certificate import BY_DENSE, BY_LANCZOS
+    from pdeflow.analysis.certificate import BY_LANCZOS, PROOFS
     from pdeflow.analysis.stationary import read_stationary
 
     result = read_stationary(minimum)
-    assert result["certified"] and result["certificate"] == BY_DENSE
+    assert result["certified"] and result["certificate"] in PROOFS
     problem = open_trajectory(path).problem()
     values = np.linalg.eigvalsh(dense_s(problem, result["omega"], result["mass"]))
     assert values[0] > 0 and abs(values[0] - result["lambda_min"]) < 1e-6 * values[-1]

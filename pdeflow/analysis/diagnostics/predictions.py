@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..certificate import BY_DENSE
+from ..certificate import PROOFS
 
 KL_AT_MINIMUM = 0.5   # the Lojasiewicz exponent of E at a nondegenerate local minimum
 
@@ -38,10 +38,11 @@ class PointPrediction:
 
 def stated_proof(result: dict[str, Any]) -> str:
     """The proof a result states for its minimum verdict ("" when it states none): its ``certificate`` when that is
-    the one :mod:`pdeflow.analysis.certificate` proves a minimum with (:data:`BY_DENSE`, the dense eigenvalue bound
-    on S off the symmetry directions); a Lanczos-only verdict or a saddle's interlacing proves no minimum."""
+    one of those :mod:`pdeflow.analysis.certificate` proves a minimum with (:data:`PROOFS`: the dense eigenvalue bound
+    or the Cholesky bound on S off the symmetry directions); a Lanczos-only verdict or a saddle's interlacing proves
+    no minimum."""
     certificate = str(result.get("certificate", ""))
-    return certificate if certificate == BY_DENSE else ""
+    return certificate if certificate in PROOFS else ""
 
 
 def prediction_at(result: dict[str, Any]) -> PointPrediction:
