@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.lapack
 
 from ..core.problem import Problem
 from .spectrum import hessian_operator, origin_block, origin_is_stationary
@@ -79,63 +80,100 @@ def _structured_assembly():
     return gauss_newton_factor, frozen_blocks
 
 
+def _put_packed(packed: np.ndarray, r0: int, c0: int, block: np.ndarray) -> None:
+    """Write the upper part (columns >= rows) of ``block``, the entries ``A[r0:, c0:]`` of a symmetric A [n, n] with
+    ``r0 <= c0``, into its rectangular full packed form (LAPACK's RFP, ``TRANSR='N'``, ``UPLO='L'``, n even, ``h =
+    n / 2``): ``packed`` [n + 1, h] (Fortran order) holds ``A[c, r]`` (c >= r, r < h) at ``[1 + c, r]`` and ``A[r,
+    c]`` (c >= r >= h) at ``[r - h, c - h]``."""
+    h = packed.shape[1]
+    width = block.shape[1]
+    for i in range(block.shape[0]):
+        r = r0 + i
+        lo = max(r, c0)
+        if lo >= c0 + width:
+            continue
+        values = block[i, lo - c0:]
+        if r < h:
+            packed[1 + lo:1 + c0 + width, r] = values
+        else:
+            packed[r - h, lo - h:c0 + width - h] = values
+
+
+def packed_from_full(K: np.ndarray) -> np.ndarray:
+    """The RFP form [n (n + 1) / 2] (:func:`_put_packed`) of a symmetric ``K`` [n, n], n even."""
+    n = K.shape[0]
+    flat = np.empty(n * (n + 1) // 2, dtype=K.dtype)
+    _put_packed(flat.reshape((n + 1, n // 2), order="F"), 0, 0, K)
+    return flat
+
+
 def shifted_hessian(problem: Problem, omega: np.ndarray, mass: np.ndarray, c: float, *,
-                    dtype=np.float32, structured: bool | None = None) -> np.ndarray:
-    """``K = I + c S`` [n, n] (``n = N k``, head-major, ``dtype``) for the measure ``omega`` [N, k], ``mass`` [N]
-    (all of it: pass the live heads). ``structured`` (None: when available): S from ``blockdiag(H_i) + W^T W``, W
-    computed in panels of :data:`PANEL_HEADS` heads, each written once to a scratch file in float32, then ``K[I, J] =
-    c W_I^T W_J`` panel pair by panel pair (peak: K plus two panels); otherwise :func:`hessian_by_products`."""
+                    dtype=np.float32, structured: bool | None = None, packed: bool = False) -> np.ndarray:
+    """``K = I + c S`` for the measure ``omega`` [N, k], ``mass`` [N] (all of it: pass the live heads), head-major,
+    in ``dtype``: dense [n, n] (``n = N k``), or with ``packed`` (n even) its RFP form [n (n + 1) / 2]
+    (:func:`_put_packed`: half the memory, what LAPACK's ``?pftrf`` factorises). ``structured`` (None: when
+    available): S from ``blockdiag(H_i) + W^T W``, W computed in panels of :data:`PANEL_HEADS` heads, each written
+    once to a scratch file in ``dtype``, then ``c W_I^T W_J`` panel pair by panel pair (I <= J; peak: K plus two
+    panels); otherwise :func:`hessian_by_products`."""
     omega = np.asarray(omega, dtype=float)
     mass = np.asarray(mass, dtype=float)
     N, k = omega.shape
+    n = N * k
+    if packed and n % 2:
+        raise ValueError(f"the packed form needs an even order, got {n}")
     parts = _structured_assembly() if structured in (None, True) else None
     if structured and parts is None:
         raise ImportError("pdeflow.core.hessian_assembly is not available")
     if parts is None:
         K = hessian_by_products(problem, omega, mass, dtype=dtype)
         K *= c
-        K[np.diag_indices(N * k)] += 1.0
-        return K
+        K[np.diag_indices(n)] += 1.0
+        return packed_from_full(K) if packed else K
     gauss_newton_factor, frozen_blocks = parts
+    blocks = frozen_blocks(problem, omega, mass, None)
+    blocks = 0.5 * (blocks + blocks.transpose(0, 2, 1))  # the forward mode's rounding asymmetry, not S's
     panels = [np.arange(s, min(s + PANEL_HEADS, N)) for s in range(0, N, PANEL_HEADS)]
+    flat = np.empty(n * (n + 1) // 2, dtype=dtype) if packed else None
+    K = flat.reshape((n + 1, n // 2), order="F") if packed else np.empty((n, n), dtype=dtype)
     with tempfile.TemporaryDirectory(prefix="pdeflow-hessian-") as scratch:
         shapes = []
         for p, heads in enumerate(panels):
             W = gauss_newton_factor(problem, omega, mass, heads)
             shapes.append((W.shape[0], W.shape[1] * W.shape[2]))
-            W.reshape(shapes[-1]).astype(np.float32).tofile(os.path.join(scratch, f"w{p}"))
+            W.reshape(shapes[-1]).astype(dtype).tofile(os.path.join(scratch, f"w{p}"))
             del W
 
         def panel(p: int) -> np.ndarray:
-            return np.fromfile(os.path.join(scratch, f"w{p}"), dtype=np.float32).reshape(shapes[p])
+            return np.fromfile(os.path.join(scratch, f"w{p}"), dtype=dtype).reshape(shapes[p])
 
-        K = np.empty((N * k, N * k), dtype=dtype)
         for p, rows in enumerate(panels):
             A = panel(p)
-            r0, r1 = rows[0] * k, (rows[-1] + 1) * k
+            r0 = int(rows[0]) * k
             for q in range(p, len(panels)):
                 B = A if q == p else panel(q)
-                c0, c1 = panels[q][0] * k, (panels[q][-1] + 1) * k
-                block = A.T @ B
-                K[r0:r1, c0:c1] = block
-                if q != p:
-                    K[c0:c1, r0:r1] = block.T
+                c0 = int(panels[q][0]) * k
+                block = (A.T @ B).astype(dtype, copy=False)
+                block *= c
+                if q == p:
+                    for i, head in enumerate(rows):
+                        block[i * k:(i + 1) * k, i * k:(i + 1) * k] += (c * blocks[head]).astype(dtype)
+                    block[np.diag_indices(block.shape[0])] += 1.0
+                if packed:
+                    _put_packed(K, r0, c0, block)
+                else:
+                    K[r0:r0 + block.shape[0], c0:c0 + block.shape[1]] = block
+                    K[c0:c0 + block.shape[1], r0:r0 + block.shape[0]] = block.T
                 del B
             del A
-    blocks = frozen_blocks(problem, omega, mass, None)
-    blocks = 0.5 * (blocks + blocks.transpose(0, 2, 1))  # the forward mode's rounding asymmetry, not S's
-    K *= c
-    for i in range(N):
-        K[i * k:(i + 1) * k, i * k:(i + 1) * k] += (c * blocks[i]).astype(dtype)
-    K[np.diag_indices(N * k)] += 1.0
-    return K
+    return flat if packed else K
 
 
 @dataclass
 class FrozenSolver:
-    """``(I + c S)^(-1)`` on mass-weighted vectors [N k] or batches [N k, r]: the Cholesky factor ``factor`` (upper,
-    Fortran order, float32 or float64) of the live heads' block, and for the heads at the origin (``live`` [N]
-    false) the origin block's eigenpairs ``origin_values`` [k], ``origin_vectors`` [k, k]."""
+    """``(I + c S)^(-1)`` on mass-weighted vectors [N k] or batches [N k, r]: the Cholesky factor ``factor`` of the
+    live heads' block (float32 or float64; RFP [n (n + 1) / 2] from ``?pftrf``, or upper [n, n] in Fortran order
+    where n is odd), and for the heads at the origin (``live`` [N] false) the origin block's eigenpairs
+    ``origin_values`` [k], ``origin_vectors`` [k, k]."""
     factor: np.ndarray
     live: np.ndarray
     k: int
@@ -143,13 +181,22 @@ class FrozenSolver:
     origin_values: np.ndarray
     origin_vectors: np.ndarray
 
+    def _solve_live(self, B: np.ndarray) -> np.ndarray:
+        B = B.astype(self.factor.dtype)
+        if self.factor.ndim == 2:
+            return scipy.linalg.cho_solve((self.factor, False), B, check_finite=False)
+        solve = scipy.linalg.lapack.get_lapack_funcs("pftrs", dtype=self.factor.dtype)
+        X, info = solve(B.shape[0], self.factor, np.asfortranarray(B), transr="N", uplo="L")
+        if info != 0:
+            raise ValueError(f"?pftrs failed (info {info})")
+        return X
+
     def solve(self, B: np.ndarray) -> np.ndarray:
         """``(I + c S)^(-1) B`` for B [N k] or [N k, r] (float64 in, float64 out)."""
         one = B.ndim == 1
         X = np.asarray(B, dtype=float).reshape(len(self.live), self.k, -1)
         out = np.empty_like(X)
-        live = X[self.live].reshape(-1, X.shape[2])
-        solved = scipy.linalg.cho_solve((self.factor, False), live.astype(self.factor.dtype), check_finite=False)
+        solved = self._solve_live(X[self.live].reshape(-1, X.shape[2]))
         out[self.live] = solved.astype(float).reshape(-1, self.k, X.shape[2])
         if not self.live.all():
             dead = X[~self.live]                                 # [d, k, r]
@@ -164,20 +211,28 @@ def frozen_solver(problem: Problem, omega: np.ndarray, mass: np.ndarray, c: floa
                   structured: bool | None = None,
                   origin: tuple[np.ndarray, np.ndarray] | None = None) -> FrozenSolver:
     """The factorised ``I + c S`` at the measure (``omega`` [N, k], ``mass`` [N]; S at this point frozen): the live
-    heads' block by :func:`shifted_hessian` and an in-place Cholesky, the origin block by its eigendecomposition
-    (``origin``: its (values [k], vectors [k, k]) when already computed, :func:`pdeflow.analysis.spectrum.
-    origin_block`). ValueError when ``I + c S`` is not positive definite (a saddle, or c past a negative
-    eigenvalue's reach)."""
+    heads' block by :func:`shifted_hessian` (packed where its order is even) and a Cholesky in place, the origin
+    block by its eigendecomposition (``origin``: its (values [k], vectors [k, k]) when already computed,
+    :func:`pdeflow.analysis.spectrum.origin_block`). ValueError when ``I + c S`` is not positive definite (a saddle,
+    or c past a negative eigenvalue's reach)."""
     omega = np.asarray(omega, dtype=float)
     mass = np.asarray(mass, dtype=float)
     live = live_heads(problem, omega, mass)
     k = omega.shape[1]
-    K = shifted_hessian(problem, omega[live], mass[live], c, dtype=dtype, structured=structured)
-    try:
-        # K is symmetric: its C-order buffer is K^T in Fortran order, factorised in place (no second n x n array)
-        factor = scipy.linalg.cho_factor(K.T, lower=False, overwrite_a=True, check_finite=False)[0]
-    except np.linalg.LinAlgError as exc:
-        raise ValueError(f"I + c S is not positive definite at c = {c:g} ({exc})") from None
+    n = int(live.sum()) * k
+    packed = n % 2 == 0
+    K = shifted_hessian(problem, omega[live], mass[live], c, dtype=dtype, structured=structured, packed=packed)
+    if packed:
+        factorise = scipy.linalg.lapack.get_lapack_funcs("pftrf", dtype=K.dtype)
+        factor, info = factorise(n, K, transr="N", uplo="L", overwrite_a=1)
+        if info != 0:
+            raise ValueError(f"I + c S is not positive definite at c = {c:g} (?pftrf info {info})")
+    else:
+        try:
+            # K is symmetric: its C-order buffer is K^T in Fortran order, factorised in place
+            factor = scipy.linalg.cho_factor(K.T, lower=False, overwrite_a=True, check_finite=False)[0]
+        except np.linalg.LinAlgError as exc:
+            raise ValueError(f"I + c S is not positive definite at c = {c:g} ({exc})") from None
     if live.all():
         values, vectors = np.zeros(k), np.eye(k)
     else:
@@ -259,4 +314,4 @@ def ros2_paths(field: Callable[[np.ndarray], np.ndarray], solve: Callable[[np.nd
 
 
 __all__ = ["GAMMA", "PANEL_HEADS", "STEP_FRACTION", "FrozenSolver", "WPaths", "frozen_solver", "hessian_by_products",
-           "live_heads", "mass_weighted_field", "ros2_paths", "shifted_hessian"]
+           "live_heads", "mass_weighted_field", "packed_from_full", "ros2_paths", "shifted_hessian"]

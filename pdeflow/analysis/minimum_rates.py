@@ -76,6 +76,10 @@ EXCESS_FLOOR = 1e-12                   # E - E* compared (direct vs gradient for
 TRUST_FACTOR = 100.0
 POLISH_OFFSET = 1e-3                   # the point is polished until sqrt(I) / lambda_min <= this x the smallest eps
 PREDICTION_FACTOR = 2.0                # Lanczos steps of a linear prediction: this x sqrt(lambda_max T), + 50
+# the frozen engine's predictions stop growing once the Krylov error bound is this share of the distance (checked
+# every PREDICTION_CHECK steps): far below the 5 % the rates are checked to, and below the runs' own error
+PREDICTION_TOL = 1e-6
+PREDICTION_CHECK = 100
 EXCESS_CHECK_SIZES = (1.0, 10.0, 100.0, 1000.0)   # multiples of eps where both forms of E - E* are compared
 
 
@@ -92,7 +96,8 @@ class LinearPrediction:
     products: int
 
 
-def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: int) -> LinearPrediction:
+def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: int, tol: float = 0.0,
+                check_every: int = 0) -> LinearPrediction:
     """The linear flow ``dv/dt = -C v`` (``C = Pi S Pi`` = ``op``, positive semi-definite at a minimum) from ``v0``
     [n], by the Lanczos approximation ``v_m(t) = Q exp(-T t) Q^T v0 = sum_j x_j e^(-theta_j t) c_j`` on the Krylov
     space of ``dims`` vectors from ``v0`` (:func:`pdeflow.solvers.jacobian.krylov_ritz`; Ritz pairs
@@ -100,12 +105,25 @@ def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: in
     and ``|C v_m|^2`` follow from the Ritz values (``C x_j = theta_j x_j + r_j``, the residual terms bounded by the
     error below). The error ``e = v - v_m`` solves ``e' = -C e - r(t)`` with ``r(t) = (C Q - Q T) exp(-T t) Q^T v0
     = beta q_(m+1) sum_j y_(m,j) c_j e^(-theta_j t)``, so ``|e(t)| <= int_0^t |r(s)| ds`` (``C >= 0``): computed
-    by quadrature from the residuals and the signs of ``last_row``."""
+    by quadrature from the residuals and the signs of ``last_row``. With ``tol > 0`` and ``check_every`` the space
+    grows ``check_every`` vectors at a time and stops, before ``dims``, once that bound is at most ``tol`` of the
+    distance at every time (fewer products, and memory for fewer vectors)."""
     v0 = np.asarray(v0, dtype=float)
-    products0 = op.products
-    pairs = krylov_ritz(op.matvec, v0, dims, op.symmetry.project)
-    theta, c = pairs.values, pairs.vectors.T @ v0
     times = np.asarray(times, dtype=float)
+    products0 = op.products
+
+    def enough(pairs) -> bool:
+        pred = _krylov_prediction(pairs, v0, times, 0)
+        return bool(np.all(pred.error_bound <= tol * pred.distance))
+
+    pairs = krylov_ritz(op.matvec, v0, dims, op.symmetry.project, check_every=check_every if tol > 0 else 0,
+                        enough=enough if tol > 0 else None)
+    return _krylov_prediction(pairs, v0, times, op.products - products0)
+
+
+def _krylov_prediction(pairs, v0: np.ndarray, times: np.ndarray, products: int) -> LinearPrediction:
+    """:func:`linear_flow`'s curves and error bound from its Ritz pairs."""
+    theta, c = pairs.values, pairs.vectors.T @ v0
     decay = np.exp(-np.outer(times, np.maximum(theta, 0.0)))           # [F, m]
     weight = (c ** 2)[None, :] * decay ** 2
     distance = np.sqrt(weight.sum(axis=1))
@@ -120,7 +138,7 @@ def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: in
     cumulative = np.concatenate([[0.0], np.cumsum(0.5 * (r[1:] + r[:-1]) * np.diff(fine))])
     bound = np.interp(times, fine, cumulative)
     return LinearPrediction(times=times, distance=distance, excess=excess, dissipation=dissipation,
-                            error_bound=bound, products=op.products - products0)
+                            error_bound=bound, products=products)
 
 
 @dataclass
@@ -417,16 +435,17 @@ def _excess_check(problem: Problem, omega: np.ndarray, mass: np.ndarray, slowest
 
 
 def split_linear_flow(problem: Problem, omega: np.ndarray, mass: np.ndarray, live: np.ndarray, v0: np.ndarray,
-                      times: np.ndarray, dims: int,
-                      origin: tuple[np.ndarray, np.ndarray] | None = None) -> LinearPrediction:
+                      times: np.ndarray, dims: int, origin: tuple[np.ndarray, np.ndarray] | None = None,
+                      tol: float = PREDICTION_TOL) -> LinearPrediction:
     """:func:`linear_flow` where S decouples (``live`` [N] from :func:`pdeflow.analysis.frozen_jacobian.live_heads`):
     on the live heads by Lanczos on their exact products (their symmetry directions projected), on each head at the
     origin exactly, ``exp(-H0 t)`` from the eigendecomposition of the origin block ``H0 = Hess Phi(0; rho)``
     (:func:`pdeflow.analysis.spectrum.origin_block`; ``origin``: its (values, vectors) when computed). The squared
-    distances, excesses and dissipations add; so do the error bounds (the origin part has none)."""
+    distances, excesses and dissipations add; so do the error bounds (the origin part has none). The Lanczos run
+    stops before ``dims`` once its error bound is ``tol`` of the live part's distance (:func:`linear_flow`)."""
     V0 = np.asarray(v0, dtype=float).reshape(omega.shape)
     op = hessian_operator(problem, omega[live], mass[live], head_symmetries(problem, omega[live]))
-    part = linear_flow(op, V0[live].ravel(), times, dims)
+    part = linear_flow(op, V0[live].ravel(), times, dims, tol, PREDICTION_CHECK)
     if live.all():
         return part
     values, vectors = origin if origin is not None else origin_block(problem, omega, mass)[:2]

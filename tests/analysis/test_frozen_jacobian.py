@@ -151,7 +151,7 @@ def test_the_frozen_engine_measures_the_rates_of_the_dense_references(with_dead_
     lam = float(np.linalg.eigvalsh(C + 10.0 * np.abs(C).max() * Q @ Q.T)[0])
     eps = 1e-4
     result = minimum_rates(problem, omega, mass, eps=eps, n_random=1, seed=0, engine=FROZEN)
-    assert result.engine == FROZEN and result.certificate.startswith("certified by the dense")
+    assert result.engine == FROZEN and result.certificate.startswith("certified")
     assert abs(result.lambda_min / lam - 1) < 1e-6
     assert [r.direction for r in result.runs] == [SLOWEST, SLOWEST_HALF, "random 1"]
     assert all(r.stepper == "ros2-w" for r in result.runs)

@@ -12,7 +12,7 @@ import scipy.linalg
 import scipy.optimize
 
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.minimum_rates import SLOWEST, SLOWEST_HALF, linear_flow, minimum_rates
+from pdeflow.analysis.minimum_rates import PRODUCTS, SLOWEST, SLOWEST_HALF, linear_flow, minimum_rates
 from pdeflow.analysis.spectrum import hessian_operator, symmetry_basis
 from pdeflow.analysis.stability import complement_spectrum, fit_rate
 from pdeflow.analysis.stationary import minimum, write_stationary
@@ -119,7 +119,7 @@ def test_rates_by_the_stiff_stepper_match_the_dense_references(known_minimum):
     C, Q = dense_reference(problem, omega, mass)
     u = np.linalg.eigh(C + 10.0 * values[-1] * Q @ Q.T)[1][:, 0]
     start = omega + (10 * eps * u).reshape(omega.shape) / np.sqrt(mass)[:, None]
-    result = minimum_rates(problem, start, mass, eps=eps, n_random=1, seed=0, method="rkc")
+    result = minimum_rates(problem, start, mass, eps=eps, n_random=1, seed=0, method="rkc", engine=PRODUCTS)
     assert result.polish_steps >= 1 and result.offset_bound <= 1e-3 * eps / 2
     assert abs(result.e_star - problem.evaluate(omega, mass).energy) < 1e-15
     assert abs(result.lambda_min - lam) <= result.lambda_min_residual + 1e-6 * values[-1]
