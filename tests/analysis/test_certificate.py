@@ -20,6 +20,7 @@ from pdeflow.analysis.certificate import (
     PROOFS,
     certify,
     cholesky_bound,
+    perron_bound,
     shifted_cholesky_bound,
     symmetric_part,
 )
@@ -173,6 +174,18 @@ def test_rump_test_brackets_a_known_spectrum_and_refuses_singular_matrices():
     assert shifted_cholesky_bound(singular, 2.0 ** -50, work) <= 0
     whole = cholesky_bound(singular)
     assert whole is None or whole.lower <= 0
+
+
+def test_perron_bound_is_an_upper_bound_below_the_trace():
+    """The Collatz-Wielandt bound on rho(|R|^T |R|) of a Cholesky factor with mixed signs lies above the Perron root
+    (eigvalsh of the nonnegative matrix), within 10 % of it, and below the trace bound it replaces."""
+    rng = np.random.default_rng(4)
+    G = rng.standard_normal((50, 50))
+    R = scipy.linalg.cholesky(G @ G.T + 0.1 * np.eye(50))
+    M = np.abs(R).T @ np.abs(R)
+    rho = float(np.linalg.eigvalsh(M)[-1])
+    bound = perron_bound(R, block=16)
+    assert rho <= bound <= 1.1 * rho and bound < float(np.trace(M))
 
 
 def test_symmetric_part_in_blocks():
