@@ -176,13 +176,14 @@ def test_stability_command_on_a_stationary_result(known_minimum, tmp_path, capsy
     out = tmp_path / "rates.h5"
     assert main(["stability", "--stationary", str(result), "-o", str(out), "--random", "0", "--quiet"]) == 0
     table = capsys.readouterr().out
-    assert "E - E* rate" in table and "slowest" in table
+    assert "E - E* rate" in table and "slowest" in table and "engine: frozen; runs by ros2-w" in table
     with h5py.File(out, "r") as f:
         g = f["rates"]
         assert f.attrs["schema"] == "pdeflow-minimum-rates"
         assert abs(g.attrs["lambda_min"] / values[0] - 1) < 1e-6
         assert np.all(np.abs(g["relative_error"][()]) < TOLERANCE)
         assert g["runs/r0/times"].shape == g["runs/r0/excess"].shape
+        assert g.attrs["engine"] == "frozen"
     for argv in (["stability", "cfg.toml", "--stationary", str(result), "-o", str(tmp_path / "x.h5")],
                  ["stability", "--stationary", str(result)],
                  ["stability", "--stationary", str(result), "-o", str(out)],          # exists, no --force
