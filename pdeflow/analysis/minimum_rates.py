@@ -80,11 +80,6 @@ PREDICTION_FACTOR = 2.0                # Lanczos steps of a linear prediction: t
 # every PREDICTION_CHECK steps): far below the 5 % the rates are checked to, and below the runs' own error
 PREDICTION_TOL = 1e-6
 PREDICTION_CHECK = 100
-# the frozen engine's slow end from the source's slowest direction: this many Lanczos steps from it on the live heads,
-# accepted when the lowest Ritz residual is at most HINT_RESIDUAL x its value (then its value is within ~residual^2 /
-# gap and its vector within residual / gap of the eigenpair's), else the full spectrum (krylov_dim steps)
-HINT_DIMS = 200
-HINT_RESIDUAL = 1e-3
 EXCESS_CHECK_SIZES = (1.0, 10.0, 100.0, 1000.0)   # multiples of eps where both forms of E - E* are compared
 
 
@@ -313,7 +308,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                   method: str = "auto", linearity: bool = True, prediction_dims: int = 0,
                   progress: Progress | None = None, dense_limit: int = DENSE_LIMIT, engine: str = FROZEN,
                   lambda_hint: float = 0.0, source_certificate: str = "", factor_dtype: str = "float32",
-                  direction_hint: np.ndarray | None = None, **ends) -> MinimumRates:
+                  **ends) -> MinimumRates:
     """Perturb the stationary measure ``(omega [N, k], mass [N])`` by ``eps`` (mass-weighted norm) along the slowest
     eigenvector of S (and, with ``linearity``, by ``eps / 2`` too: the rates agree in the linear regime) and by
     ``eps_random`` (0: eps) along ``n_random`` random directions (seeded, off the symmetry directions), integrate
@@ -331,15 +326,14 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     polished one, with their certificate (:func:`lowest_certified`, ``dense_limit``): ConfigError unless it proves
     every eigenvalue off the symmetry directions positive. lambda_min and the slowest direction are the dense
     eigenpair of the certificate. That is the :data:`PRODUCTS` engine; ``engine`` :data:`FROZEN` (the default) is
-    :func:`frozen_minimum_rates` (with ``lambda_hint``, ``direction_hint``, ``source_certificate`` and
-    ``factor_dtype``; ``method`` and ``prediction_dims`` as here)."""
+    :func:`frozen_minimum_rates` (with ``lambda_hint``, ``source_certificate`` and ``factor_dtype``; ``method`` and
+    ``prediction_dims`` as here)."""
     if engine == FROZEN:
         return frozen_minimum_rates(problem, omega, mass, eps=eps, n_random=n_random, seed=seed,
                                     eps_random=eps_random, log_change=log_change, samples=samples,
                                     linearity=linearity, prediction_dims=prediction_dims, progress=progress,
                                     dense_limit=dense_limit, lambda_hint=lambda_hint,
-                                    source_certificate=source_certificate, factor_dtype=factor_dtype,
-                                    direction_hint=direction_hint, **ends)
+                                    source_certificate=source_certificate, factor_dtype=factor_dtype, **ends)
     if engine != PRODUCTS:
         raise ConfigError(f"unknown engine {engine!r} for the rate check: {' or '.join(ENGINES)}")
     say = progress or (lambda msg: None)
@@ -463,39 +457,12 @@ def split_linear_flow(problem: Problem, omega: np.ndarray, mass: np.ndarray, liv
                             error_bound=part.error_bound, products=part.products)
 
 
-def slow_end_from_hint(problem: Problem, omega: np.ndarray, mass: np.ndarray, live: np.ndarray,
-                       hint: np.ndarray, origin: tuple[np.ndarray, np.ndarray] | None,
-                       dims: int = HINT_DIMS) -> tuple[float, float, np.ndarray, float, int]:
-    """The slow end of S from a direction near its slowest eigenvector (``hint`` [N k], e.g. the source's at a
-    nearby point): ``dims`` Lanczos steps (:func:`pdeflow.solvers.jacobian.krylov_ritz`) from the hint's live part
-    on the live heads' exact products (their symmetry directions projected), beside the origin block's eigenpairs
-    ``origin`` for the heads at the origin (``live`` [N] false). A start close to the eigenvector needs no long
-    run for the low end (the Rayleigh quotient's error is ``sum_j (lambda_j - lambda_1) c_j^2``, and the steps
-    remove the high end's share); the residual says whether it is close enough. Returns (lambda_min, its residual,
-    unit vector [N k], lambda_max, products)."""
-    N, k = omega.shape
-    H = np.asarray(hint, dtype=float).reshape(N, k)
-    op = hessian_operator(problem, omega[live], mass[live], head_symmetries(problem, omega[live]))
-    pairs = krylov_ritz(op.matvec, H[live].ravel(), dims, op.symmetry.project)
-    lam, residual, lam_max = float(pairs.values[0]), float(pairs.residuals[0]), float(pairs.values[-1])
-    vector = np.zeros((N, k))
-    vector[live] = pairs.vectors[:, 0].reshape(-1, k)
-    if origin is not None:
-        values, vectors = origin
-        lam_max = max(lam_max, float(values[-1]))
-        if values[0] < lam:
-            lam, residual = float(values[0]), 0.0
-            vector = np.zeros((N, k))
-            vector[int(np.flatnonzero(~live)[0])] = vectors[:, 0]
-    return lam, residual, vector.ravel(), lam_max, int(op.products)
-
-
 def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps: float, n_random: int,
                          seed: int, eps_random: float = 0.0, log_change: float = LOG_CHANGE_AT_MINIMUM,
                          samples: int = SAMPLES_AT_MINIMUM, linearity: bool = True, prediction_dims: int = 0,
                          progress: Progress | None = None, dense_limit: int = DENSE_LIMIT,
                          lambda_hint: float = 0.0, source_certificate: str = "", factor_dtype: str = "float32",
-                         direction_hint: np.ndarray | None = None, **ends) -> MinimumRates:
+                         **ends) -> MinimumRates:
     """:func:`minimum_rates` by the :data:`FROZEN` engine, the same runs, fits and predictions:
 
     - the heads exactly at the origin (where it is stationary) are split off
@@ -506,9 +473,7 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
       point), and a random direction's prediction is :func:`split_linear_flow`;
     - the point is certified by the dense bound (:func:`lowest_certified`) when its live unknowns are at most
       ``dense_limit``; above it the certificate is the source's (``source_certificate``, at the unpolished point;
-      ConfigError when empty), named as such; there, with ``direction_hint`` [N k] (the source's slowest direction,
-      unit, mass-weighted), lambda_min, its vector and lambda_max are :func:`slow_end_from_hint`'s when its residual
-      is small enough, else the spectrum's;
+      ConfigError when empty), named as such;
     - the runs are integrated together by ROS2 on S frozen at the polished point
       (:func:`pdeflow.analysis.frozen_jacobian.ros2_paths`, :func:`~pdeflow.analysis.frozen_jacobian.frozen_solver`
       with its live block factorised in ``factor_dtype``), the step ``STEP_FRACTION x`` the earliest fitted time of
@@ -534,22 +499,13 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
     products += newton_products
     say(f"{int((~live).sum())} of {len(live)} heads at the origin split off; polished on the live heads by {taken} "
         f"Newton step(s) ({why}): E* = {e_star:.12g}, I = {i_star:.3e} (target {target:.1e}); {products} JVPs")
-    n_live = int(live.sum()) * omega.shape[1]
-    origin = None if live.all() else origin_block(problem, omega, mass)[:2]   # once: k products of the measure
-    hinted = None
-    if n_live > dense_limit and direction_hint is not None and np.any(np.reshape(direction_hint, omega.shape)[live]):
-        hinted = slow_end_from_hint(problem, omega, mass, live, direction_hint, origin)
-        products += hinted[4]
-        if not (hinted[0] > 0 and hinted[1] <= HINT_RESIDUAL * hinted[0]):
-            say(f"the slow end from the source's direction is not resolved in {HINT_DIMS} steps (lambda_min "
-                f"{hinted[0]:.6g}, residual {hinted[1]:.1e}): the spectrum's ends instead")
-            hinted = None
-    if hinted is None and (found is None or taken):
+    if found is None or taken:
         found = spectrum_ends(problem, omega, mass, split_origin=True, **ends)
         products += found.products
-    if hinted is None and not (found.lowest.size and found.morse_index_lower == 0 and found.lowest[0] > 0):
+    if not (found.lowest.size and found.morse_index_lower == 0 and found.lowest[0] > 0):
         raise ConfigError(f"the spectrum at the polished point shows no converged positive lambda_min (index >= "
                           f"{found.morse_index_lower}; raise --krylov-dim)")
+    n_live = int(live.sum()) * omega.shape[1]
     if n_live <= dense_limit:
         cert = certify(problem, omega, mass, found, dense_limit=dense_limit)
         if not cert.proven_minimum:
@@ -565,13 +521,9 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
         certificate = (f"the source's, at the point before the polish (not re-proven here: {n_live} live unknowns "
                        f"> --dense-limit {dense_limit}): {source_certificate}")
         lower = math.nan
-        if hinted is not None:
-            lam, lam_residual, slowest, lam_max = hinted[:4]
-        else:
-            lam, lam_residual, slowest = (float(found.lowest[0]), float(found.lowest_residual[0]),
-                                          found.lowest_vectors[:, 0])
-    if hinted is None:
-        lam_max = float(found.highest[-1])
+        lam, lam_residual, slowest = (float(found.lowest[0]), float(found.lowest_residual[0]),
+                                      found.lowest_vectors[:, 0])
+    lam_max = float(found.highest[-1])
     slowest = slowest / np.linalg.norm(slowest)
     root = np.sqrt(mass)[:, None]
     grad_star = problem.grad_phi(omega, omega, mass)
@@ -582,6 +534,7 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
         f"{symmetry.size} symmetry directions; certificate: {certificate}; off by {offset:.1e} along the slowest "
         f"direction, at most {offset_bound:.1e} in all; {products} JVPs")
     check = _excess_check(problem, omega, mass, slowest, eps, e_star)
+    origin = None if live.all() else origin_block(problem, omega, mass)[:2]   # once: k products of the measure
     directions = _directions(omega, slowest, symmetry.project, eps, eps_random, n_random, seed, linearity)
     duration = log_change / lam
     times = np.linspace(0.0, duration, samples)

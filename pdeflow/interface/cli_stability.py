@@ -104,15 +104,12 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
     problem = stored_problem(args.stationary)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
     hint = float(r.get("lambda_min", float("nan")))
-    stored = r.get("lowest_directions")
-    hint_direction = np.asarray(stored[0]).ravel() if stored is not None and len(stored) else None
     result = minimum_rates(problem, np.asarray(r["omega"]), np.asarray(r["mass"]), eps=args.eps,
                            eps_random=args.eps_random, n_random=args.random, seed=args.seed,
                            log_change=args.log_change, samples=args.samples, method=args.stepper,
                            linearity=not args.no_linearity, progress=say, dense_limit=args.dense_limit,
                            engine=args.engine, lambda_hint=hint if np.isfinite(hint) and hint > 0 else 0.0,
                            source_certificate=str(r.get("certificate_text", "")), factor_dtype=args.factor_dtype,
-                           direction_hint=hint_direction,
                            krylov_dim=args.krylov_dim)
     write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
     if not args.no_plots:

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     result = minimum_rates(problem, np.asarray(r["omega"]), np.asarray(r["mass"]), eps=1e-4, eps_random=1e-3,
                            n_random=args.random, seed=0, progress=say, engine=args.engine,
                            lambda_hint=float(r["lambda_min"]), source_certificate=str(r["certificate_text"]),
-                           direction_hint=np.asarray(r["lowest_directions"][0]).ravel(), krylov_dim=args.krylov_dim)
+                           krylov_dim=args.krylov_dim)
     wall = time.perf_counter() - start
     peak = peak_mib()
     load_after = os.getloadavg()

@@ -19,15 +19,7 @@ from pdeflow.analysis.frozen_jacobian import (
     ros2_paths,
     shifted_hessian,
 )
-from pdeflow.analysis.minimum_rates import (
-    FROZEN,
-    PRODUCTS,
-    SLOWEST,
-    SLOWEST_HALF,
-    minimum_rates,
-    slow_end_from_hint,
-    split_linear_flow,
-)
+from pdeflow.analysis.minimum_rates import FROZEN, PRODUCTS, SLOWEST, SLOWEST_HALF, minimum_rates, split_linear_flow
 from pdeflow.analysis.stability import fit_rate
 from test_minimum_rates import dense_reference, expm_flow, known_minimum  # noqa: F401  (the fixture)
 from test_spectral_record import dense_s
@@ -182,26 +174,3 @@ def test_the_frozen_engine_measures_the_rates_of_the_dense_references(with_dead_
     np.testing.assert_allclose([r.energy_rate, r.distance_rate, r.pl_ratio_min],
                                [first.runs[2].energy_rate, first.runs[2].distance_rate, first.runs[2].pl_ratio_min],
                                rtol=1e-2)
-
-
-def test_the_slow_end_from_a_nearby_direction(with_dead_head):
-    """From the dense slowest eigenvector perturbed by 1e-2, :func:`slow_end_from_hint` finds lambda_min (dense, of
-    the whole measure with its head at the origin) to 1e-6 and the vector within twice its residual over the gap;
-    above the dense limit the frozen engine takes it (the source's certificate named), with the same lambda_min."""
-    problem, omega, mass = with_dead_head
-    C, Q = dense_reference(problem, omega, mass)
-    values, vectors = np.linalg.eigh(C + 10.0 * np.abs(C).max() * Q @ Q.T)
-    hint = vectors[:, 0] + 1e-2 * np.random.default_rng(7).standard_normal(C.shape[0]) / np.sqrt(C.shape[0])
-    hint[2 * problem.k:] = 0.0                        # as stored: the slowest direction lies on the live heads
-    live = live_heads(problem, omega, mass)
-    lam, residual, vector, lam_max, products = slow_end_from_hint(problem, omega, mass, live, hint, None, dims=30)
-    assert abs(lam / values[0] - 1) < 1e-6 and residual < 1e-3 * lam and products == 30
-    gap = values[1] - values[0]
-    # the vector is within ~ residual / gap of the eigenvector (and the start was 1e-2 off)
-    off = min(np.linalg.norm(vector - vectors[:, 0]), np.linalg.norm(vector + vectors[:, 0]))
-    assert off < 2 * residual / gap + 1e-6
-    result = minimum_rates(problem, omega, mass, eps=1e-4, n_random=0, seed=0, engine=FROZEN, dense_limit=0,
-                           source_certificate="given", direction_hint=hint, linearity=False)
-    assert result.certificate.endswith("given") and abs(result.lambda_min / values[0] - 1) < 1e-6
-    with pytest.raises(Exception, match="certificate"):
-        minimum_rates(problem, omega, mass, eps=1e-4, n_random=0, seed=0, engine=FROZEN, dense_limit=0)
