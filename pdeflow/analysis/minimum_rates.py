@@ -28,7 +28,15 @@ from ..io.result_schema import RATES
 from ..solvers.base import State, Stepper
 from ..solvers.loop import Observer, Step, Stop
 from .certificate import BY_LANCZOS, DENSE_LIMIT, Certificate, certify
-from .spectrum import HessianOperator, SpectrumEnds, hessian_operator, spectrum_ends, symmetry_basis
+from .spectrum import (
+    HessianOperator,
+    SpectrumEnds,
+    head_symmetries,
+    hessian_operator,
+    origin_block,
+    spectrum_ends,
+    symmetry_basis,
+)
 from .stability import MIN_STEPS, fit_rate, simulate
 from .stationary import polish
 
@@ -36,6 +44,13 @@ Progress = Callable[[str], None]
 
 
 SLOWEST = "slowest"
+# the engines (MinimumRates.engine): "frozen" polishes, resolves the spectrum and predicts on the live heads by exact
+# products, with the heads at the origin by their dense block, and integrates the runs with ROS2 on S frozen at the
+# minimum (pdeflow.analysis.frozen_jacobian); "products" (the first engine) does all of it on the whole measure by
+# exact products, proves the point by the dense certificate, and integrates with rkc or RK4
+FROZEN = "frozen"
+PRODUCTS = "products"
+ENGINES = (FROZEN, PRODUCTS)
 SLOWEST_HALF = "slowest, eps/2"        # the same direction at half the size: the linear regime's check
 # a run lasts LOG_CHANGE_AT_MINIMUM / lambda_min: the slowest mode's distance falls by e^-0.1, its E - E* by e^-0.2.
 # Along an eigenvector the linear solution is exactly exponential, and the samples are smooth to ~1e-10 relative
@@ -61,6 +76,10 @@ EXCESS_FLOOR = 1e-12                   # E - E* compared (direct vs gradient for
 TRUST_FACTOR = 100.0
 POLISH_OFFSET = 1e-3                   # the point is polished until sqrt(I) / lambda_min <= this x the smallest eps
 PREDICTION_FACTOR = 2.0                # Lanczos steps of a linear prediction: this x sqrt(lambda_max T), + 50
+# the frozen engine's predictions stop growing once the Krylov error bound is this share of the distance (checked
+# every PREDICTION_CHECK steps): far below the 5 % the rates are checked to, and below the runs' own error
+PREDICTION_TOL = 1e-6
+PREDICTION_CHECK = 100
 EXCESS_CHECK_SIZES = (1.0, 10.0, 100.0, 1000.0)   # multiples of eps where both forms of E - E* are compared
 
 
@@ -77,7 +96,8 @@ class LinearPrediction:
     products: int
 
 
-def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: int) -> LinearPrediction:
+def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: int, tol: float = 0.0,
+                check_every: int = 0) -> LinearPrediction:
     """The linear flow ``dv/dt = -C v`` (``C = Pi S Pi`` = ``op``, positive semi-definite at a minimum) from ``v0``
     [n], by the Lanczos approximation ``v_m(t) = Q exp(-T t) Q^T v0 = sum_j x_j e^(-theta_j t) c_j`` on the Krylov
     space of ``dims`` vectors from ``v0`` (:func:`pdeflow.core.lanczos.krylov_ritz`; Ritz pairs
@@ -85,12 +105,25 @@ def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: in
     and ``|C v_m|^2`` follow from the Ritz values (``C x_j = theta_j x_j + r_j``, the residual terms bounded by the
     error below). The error ``e = v - v_m`` solves ``e' = -C e - r(t)`` with ``r(t) = (C Q - Q T) exp(-T t) Q^T v0
     = beta q_(m+1) sum_j y_(m,j) c_j e^(-theta_j t)``, so ``|e(t)| <= int_0^t |r(s)| ds`` (``C >= 0``): computed
-    by quadrature from the residuals and the signs of ``last_row``."""
+    by quadrature from the residuals and the signs of ``last_row``. With ``tol > 0`` and ``check_every`` the space
+    grows ``check_every`` vectors at a time and stops, before ``dims``, once that bound is at most ``tol`` of the
+    distance at every time (fewer products, and memory for fewer vectors)."""
     v0 = np.asarray(v0, dtype=float)
-    products0 = op.products
-    pairs = krylov_ritz(op.matvec, v0, dims, op.symmetry.project)
-    theta, c = pairs.values, pairs.vectors.T @ v0
     times = np.asarray(times, dtype=float)
+    products0 = op.products
+
+    def enough(pairs) -> bool:
+        pred = _krylov_prediction(pairs, v0, times, 0)
+        return bool(np.all(pred.error_bound <= tol * pred.distance))
+
+    pairs = krylov_ritz(op.matvec, v0, dims, op.symmetry.project, check_every=check_every if tol > 0 else 0,
+                        enough=enough if tol > 0 else None)
+    return _krylov_prediction(pairs, v0, times, op.products - products0)
+
+
+def _krylov_prediction(pairs, v0: np.ndarray, times: np.ndarray, products: int) -> LinearPrediction:
+    """:func:`linear_flow`'s curves and error bound from its Ritz pairs."""
+    theta, c = pairs.values, pairs.vectors.T @ v0
     decay = np.exp(-np.outer(times, np.maximum(theta, 0.0)))           # [F, m]
     weight = (c ** 2)[None, :] * decay ** 2
     distance = np.sqrt(weight.sum(axis=1))
@@ -105,7 +138,7 @@ def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: in
     cumulative = np.concatenate([[0.0], np.cumsum(0.5 * (r[1:] + r[:-1]) * np.diff(fine))])
     bound = np.interp(times, fine, cumulative)
     return LinearPrediction(times=times, distance=distance, excess=excess, dissipation=dissipation,
-                            error_bound=bound, products=op.products - products0)
+                            error_bound=bound, products=products)
 
 
 @dataclass
@@ -168,7 +201,7 @@ class MinimumRates:
     mass-weighted), the polished point ``omega_star`` [N, k] with its ``mass`` [N], and ``excess_check`` [S, 3]: at
     perturbations of sizes ``EXCESS_CHECK_SIZES x eps`` along the slowest direction, (size, direct E - E*, gradient
     form); ``certificate``: what proves the point a minimum (:meth:`pdeflow.analysis.certificate.Certificate.describe`),
-    ``lambda_min_lower`` its lower bound on lambda_min."""
+    ``lambda_min_lower`` its lower bound on lambda_min; ``engine``: :data:`FROZEN` or :data:`PRODUCTS`."""
     e_star: float
     i_star: float
     lambda_min: float
@@ -188,6 +221,7 @@ class MinimumRates:
     excess_check: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     certificate: str = ""
     lambda_min_lower: float = math.nan
+    engine: str = PRODUCTS
 
     @property
     def gradients(self) -> int:
@@ -272,7 +306,8 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                   eps_random: float = 0.0,
                   log_change: float = LOG_CHANGE_AT_MINIMUM, samples: int = SAMPLES_AT_MINIMUM,
                   method: str = "auto", linearity: bool = True, prediction_dims: int = 0,
-                  progress: Progress | None = None, dense_limit: int = DENSE_LIMIT,
+                  progress: Progress | None = None, dense_limit: int = DENSE_LIMIT, engine: str = FROZEN,
+                  lambda_hint: float = 0.0, source_certificate: str = "", factor_dtype: str = "float32",
                   **ends) -> MinimumRates:
     """Perturb the stationary measure ``(omega [N, k], mass [N])`` by ``eps`` (mass-weighted norm) along the slowest
     eigenvector of S (and, with ``linearity``, by ``eps / 2`` too: the rates agree in the linear regime) and by
@@ -290,7 +325,17 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     :func:`pdeflow.analysis.spectrum.spectrum_ends`, once at the given point (for lambda_min) and again at the
     polished one, with their certificate (:func:`lowest_certified`, ``dense_limit``): ConfigError unless it proves
     every eigenvalue off the symmetry directions positive. lambda_min and the slowest direction are the dense
-    eigenpair of the certificate."""
+    eigenpair of the certificate. That is the :data:`PRODUCTS` engine; ``engine`` :data:`FROZEN` (the default) is
+    :func:`frozen_minimum_rates` (with ``lambda_hint``, ``source_certificate`` and ``factor_dtype``; ``method`` and
+    ``prediction_dims`` as here)."""
+    if engine == FROZEN:
+        return frozen_minimum_rates(problem, omega, mass, eps=eps, n_random=n_random, seed=seed,
+                                    eps_random=eps_random, log_change=log_change, samples=samples,
+                                    linearity=linearity, prediction_dims=prediction_dims, progress=progress,
+                                    dense_limit=dense_limit, lambda_hint=lambda_hint,
+                                    source_certificate=source_certificate, factor_dtype=factor_dtype, **ends)
+    if engine != PRODUCTS:
+        raise ConfigError(f"unknown engine {engine!r} for the rate check: {' or '.join(ENGINES)}")
     say = progress or (lambda msg: None)
     mass = np.asarray(mass, dtype=float)
     omega = np.array(omega, dtype=float)
@@ -322,20 +367,12 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     root = np.sqrt(mass)[:, None]
     grad_star = problem.grad_phi(omega, omega, mass)
     slowest = vectors[:, 0] / np.linalg.norm(vectors[:, 0])
-    check = []
-    for size in EXCESS_CHECK_SIZES:
-        w = omega + size * eps * slowest.reshape(omega.shape) / root
-        e = problem.evaluate(w, mass)
-        check.append((size * eps, float(e.energy) - e_star, excess_from_gradient(w, omega, mass, e.grad_phi)))
-    rng = np.random.default_rng(seed)
-    directions = [(SLOWEST, slowest, eps)] + ([(SLOWEST_HALF, slowest, 0.5 * eps)] if linearity else [])
-    for j in range(n_random):
-        d = rng.standard_normal(omega.size)
-        d -= basis @ (basis.T @ d)
-        directions.append((f"random {j + 1}", d / np.linalg.norm(d), eps_random or eps))
+    check = _excess_check(problem, omega, mass, slowest, eps, e_star)
+    op = hessian_operator(problem, omega, mass, symmetry=basis)
+    project = op.symmetry.project
+    directions = _directions(omega, slowest, project, eps, eps_random, n_random, seed, linearity)
     duration = log_change / lam
     times = np.linspace(0.0, duration, samples)
-    op = hessian_operator(problem, omega, mass, symmetry=basis)
     dims = prediction_dims or int(PREDICTION_FACTOR * math.sqrt(lam_max * duration)) + 50
     runs = []
     for name, d, size in directions:
@@ -355,7 +392,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
         counter = _StepCount(RUN_MAX_GRADIENTS)
         path = simulate(problem, start, mass, times, dt, stepper, [counter])
         skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
-        runs.append(_minimum_run(problem, name, size, path, mass, omega, basis, e_star, grad_star, times, skip,
+        runs.append(_minimum_run(problem, name, size, path, mass, omega, project, e_star, grad_star, times, skip,
                                  pred,
                                  lam, stepper_name, dt, counter))
         r = runs[-1]
@@ -369,7 +406,178 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                         eps=float(eps), runs=runs, products=int(products), polish_steps=taken, offset=offset,
                         offset_bound=offset_bound, omega_star=omega, mass=mass, certificate=cert.describe(),
                         lambda_min_lower=cert.lower,
-                        prediction_products=int(op.products), excess_check=np.array(check))
+                        prediction_products=int(op.products), excess_check=check, engine=PRODUCTS)
+
+
+def _directions(omega: np.ndarray, slowest: np.ndarray, project: Callable[[np.ndarray], np.ndarray], eps: float,
+                eps_random: float, n_random: int, seed: int, linearity: bool) -> list[tuple[str, np.ndarray, float]]:
+    """The perturbations (name, unit direction [N k], size): the slowest direction at eps (and eps / 2 with
+    ``linearity``), then ``n_random`` seeded random directions off the symmetry directions (``project``) at
+    ``eps_random`` (0: eps)."""
+    rng = np.random.default_rng(seed)
+    directions = [(SLOWEST, slowest, eps)] + ([(SLOWEST_HALF, slowest, 0.5 * eps)] if linearity else [])
+    for j in range(n_random):
+        d = project(rng.standard_normal(omega.size))
+        directions.append((f"random {j + 1}", d / np.linalg.norm(d), eps_random or eps))
+    return directions
+
+
+def _excess_check(problem: Problem, omega: np.ndarray, mass: np.ndarray, slowest: np.ndarray, eps: float,
+                  e_star: float) -> np.ndarray:
+    """[S, 3]: (size, direct E - E*, gradient form) at ``EXCESS_CHECK_SIZES x eps`` along ``slowest`` [N k]."""
+    root = np.sqrt(mass)[:, None]
+    check = []
+    for size in EXCESS_CHECK_SIZES:
+        w = omega + size * eps * slowest.reshape(omega.shape) / root
+        e = problem.evaluate(w, mass)
+        check.append((size * eps, float(e.energy) - e_star, excess_from_gradient(w, omega, mass, e.grad_phi)))
+    return np.array(check)
+
+
+def split_linear_flow(problem: Problem, omega: np.ndarray, mass: np.ndarray, live: np.ndarray, v0: np.ndarray,
+                      times: np.ndarray, dims: int, origin: tuple[np.ndarray, np.ndarray] | None = None,
+                      tol: float = PREDICTION_TOL) -> LinearPrediction:
+    """:func:`linear_flow` where S decouples (``live`` [N] from :func:`pdeflow.analysis.frozen_jacobian.live_heads`):
+    on the live heads by Lanczos on their exact products (their symmetry directions projected), on each head at the
+    origin exactly, ``exp(-H0 t)`` from the eigendecomposition of the origin block ``H0 = Hess Phi(0; rho)``
+    (:func:`pdeflow.analysis.spectrum.origin_block`; ``origin``: its (values, vectors) when computed). The squared
+    distances, excesses and dissipations add; so do the error bounds (the origin part has none). The Lanczos run
+    stops before ``dims`` once its error bound is ``tol`` of the live part's distance (:func:`linear_flow`)."""
+    V0 = np.asarray(v0, dtype=float).reshape(omega.shape)
+    op = hessian_operator(problem, omega[live], mass[live], head_symmetries(problem, omega[live]))
+    part = linear_flow(op, V0[live].ravel(), times, dims, tol, PREDICTION_CHECK)
+    if live.all():
+        return part
+    values, vectors = origin if origin is not None else origin_block(problem, omega, mass)[:2]
+    coeffs = V0[~live] @ vectors                                           # [d, k]
+    weight = np.sum(coeffs ** 2, axis=0)[None, :] * np.exp(-2.0 * np.outer(times, values))   # [F, k]
+    return LinearPrediction(times=part.times, distance=np.sqrt(part.distance ** 2 + weight.sum(axis=1)),
+                            excess=part.excess + 0.5 * (weight * values[None, :]).sum(axis=1),
+                            dissipation=part.dissipation + (weight * values[None, :] ** 2).sum(axis=1),
+                            error_bound=part.error_bound, products=part.products)
+
+
+def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps: float, n_random: int,
+                         seed: int, eps_random: float = 0.0, log_change: float = LOG_CHANGE_AT_MINIMUM,
+                         samples: int = SAMPLES_AT_MINIMUM, linearity: bool = True, prediction_dims: int = 0,
+                         progress: Progress | None = None, dense_limit: int = DENSE_LIMIT,
+                         lambda_hint: float = 0.0, source_certificate: str = "", factor_dtype: str = "float32",
+                         **ends) -> MinimumRates:
+    """:func:`minimum_rates` by the :data:`FROZEN` engine, the same runs, fits and predictions:
+
+    - the heads exactly at the origin (where it is stationary) are split off
+      (:func:`pdeflow.analysis.frozen_jacobian.live_heads`): the polish (:func:`pdeflow.analysis.stationary.polish`)
+      runs on the live heads, the spectrum's ends are those of the live heads' Lanczos run plus the origin block
+      (:func:`pdeflow.analysis.spectrum.spectrum_ends` with ``split_origin``), computed once, at the polished point
+      (the polish's target from ``lambda_hint``, the source's lambda_min; without it a first spectrum at the given
+      point), and a random direction's prediction is :func:`split_linear_flow`;
+    - the point is certified by the dense bound (:func:`lowest_certified`) when its live unknowns are at most
+      ``dense_limit``; above it the certificate is the source's (``source_certificate``, at the unpolished point;
+      ConfigError when empty), named as such;
+    - the runs are integrated together by ROS2 on S frozen at the polished point
+      (:func:`pdeflow.analysis.frozen_jacobian.ros2_paths`, :func:`~pdeflow.analysis.frozen_jacobian.frozen_solver`
+      with its live block factorised in ``factor_dtype``), the step ``STEP_FRACTION x`` the earliest fitted time of
+      a random run (``RANDOM_FIT_SKIP x`` the duration), cut to divide the sample spacing."""
+    from .frozen_jacobian import GAMMA, STEP_FRACTION, frozen_solver, live_heads, mass_weighted_field, ros2_paths
+
+    say = progress or (lambda msg: None)
+    mass = np.asarray(mass, dtype=float)
+    omega = np.array(omega, dtype=float)
+    live = live_heads(problem, omega, mass)
+    smallest = min(0.5 * eps if linearity else eps, (eps_random or eps) if n_random else math.inf)
+    products = 0
+    found = None
+    if not (lambda_hint > 0):
+        found = spectrum_ends(problem, omega, mass, split_origin=True, **ends)
+        products += found.products
+        if not (found.lowest.size and found.lowest[0] > 0):
+            raise ConfigError("no converged positive lowest eigenvalue at the given point (raise --krylov-dim)")
+        lambda_hint = float(found.lowest[0])
+    target = (POLISH_OFFSET * lambda_hint * smallest) ** 2
+    polished, e_star, i_star, taken, newton_products, why = polish(problem, omega[live], mass[live], target)
+    omega[live] = polished
+    products += newton_products
+    say(f"{int((~live).sum())} of {len(live)} heads at the origin split off; polished on the live heads by {taken} "
+        f"Newton step(s) ({why}): E* = {e_star:.12g}, I = {i_star:.3e} (target {target:.1e}); {products} JVPs")
+    if found is None or taken:
+        found = spectrum_ends(problem, omega, mass, split_origin=True, **ends)
+        products += found.products
+    if not (found.lowest.size and found.morse_index_lower == 0 and found.lowest[0] > 0):
+        raise ConfigError(f"the spectrum at the polished point shows no converged positive lambda_min (index >= "
+                          f"{found.morse_index_lower}; raise --krylov-dim)")
+    n_live = int(live.sum()) * omega.shape[1]
+    if n_live <= dense_limit:
+        cert = certify(problem, omega, mass, found, dense_limit=dense_limit)
+        if not cert.proven_minimum:
+            raise ConfigError(f"not a certified local minimum: {cert.describe()}; its rates are those of a minimum "
+                              "only with a proof")
+        products += cert.products
+        certificate, lower = cert.describe(), cert.lower
+        lam, lam_residual, slowest = float(cert.values[0]), float(cert.delta), cert.vectors[:, 0]
+    else:
+        if not source_certificate:
+            raise ConfigError(f"the live heads' {n_live} unknowns exceed the dense limit {dense_limit} and no "
+                              "certificate was given (raise --dense-limit, or start from a certified result)")
+        certificate = (f"the source's, at the point before the polish (not re-proven here: {n_live} live unknowns "
+                       f"> --dense-limit {dense_limit}): {source_certificate}")
+        lower = math.nan
+        lam, lam_residual, slowest = (float(found.lowest[0]), float(found.lowest_residual[0]),
+                                      found.lowest_vectors[:, 0])
+    lam_max = float(found.highest[-1])
+    slowest = slowest / np.linalg.norm(slowest)
+    root = np.sqrt(mass)[:, None]
+    grad_star = problem.grad_phi(omega, omega, mass)
+    offset = float(slowest @ (root * grad_star).ravel()) / lam
+    offset_bound = math.sqrt(i_star) / lam
+    symmetry = head_symmetries(problem, omega)
+    say(f"at the polished point: lambda_min = {lam:.6g} (residual {lam_residual:.1e}), lambda_max = {lam_max:.6g}, "
+        f"{symmetry.size} symmetry directions; certificate: {certificate}; off by {offset:.1e} along the slowest "
+        f"direction, at most {offset_bound:.1e} in all; {products} JVPs")
+    check = _excess_check(problem, omega, mass, slowest, eps, e_star)
+    origin = None if live.all() else origin_block(problem, omega, mass)[:2]   # once: k products of the measure
+    directions = _directions(omega, slowest, symmetry.project, eps, eps_random, n_random, seed, linearity)
+    duration = log_change / lam
+    times = np.linspace(0.0, duration, samples)
+    dims = prediction_dims or int(PREDICTION_FACTOR * math.sqrt(lam_max * duration)) + 50
+    predictions, prediction_products = [], 0
+    for name, d, size in directions:
+        if name.startswith("random"):
+            pred = split_linear_flow(problem, omega, mass, live, size * d, times, dims, origin)
+            prediction_products += pred.products
+            say(f"{name}: linear flow predicted by {pred.products} Lanczos steps on the live heads (Krylov error "
+                f"bound {np.max(pred.error_bound / pred.distance):.1e} of the distance)")
+        else:
+            pred = LinearPrediction(times=times, distance=size * np.exp(-lam * times),
+                                    excess=0.5 * lam * size ** 2 * np.exp(-2 * lam * times),
+                                    dissipation=(lam * size) ** 2 * np.exp(-2 * lam * times),
+                                    error_bound=np.zeros_like(times), products=0)
+        predictions.append(pred)
+    spacing = duration / max(samples - 1, 1)
+    h = spacing / math.ceil(spacing / (STEP_FRACTION * RANDOM_FIT_SKIP * duration) - 1e-9)
+    solver = frozen_solver(problem, omega, mass, GAMMA * h, dtype=np.dtype(factor_dtype), origin=origin)
+    say(f"I + {GAMMA * h:.4g} S factorised ({factor_dtype}, {n_live} live unknowns); ROS2 steps of {h:.6g} for "
+        f"{len(directions)} runs together")
+    paths = ros2_paths(mass_weighted_field(problem, omega, mass), solver.solve,
+                       np.stack([size * d for _, d, size in directions]), times, h)
+    del solver
+    runs = []
+    for j, ((name, d, size), pred) in enumerate(zip(directions, predictions)):
+        counter = _StepCount()
+        counter.steps, counter.gradient_evals = paths.steps, float(paths.gradients)
+        path = omega[None] + paths.samples[j].reshape(len(times), *omega.shape) / root[None]
+        skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
+        runs.append(_minimum_run(problem, name, size, path, mass, omega, symmetry.project, e_star, grad_star, times,
+                                 skip, pred, lam, "ros2-w", h, counter))
+        r = runs[-1]
+        say(f"{name}: E - E* decays at {r.energy_rate:.6g} (predicted {r.predicted_energy_rate:.6g}), distance at "
+            f"{r.distance_rate:.6g} (predicted {r.predicted_distance_rate:.6g}), PL ratio >= {r.pl_ratio_min:.6g} "
+            f"(predicted {r.predicted_pl_ratio_min:.6g}); ros2-w, {r.steps} steps, {r.gradients} gradients, error "
+            f"estimate {paths.error_estimate[j]:.1e} per step")
+    return MinimumRates(e_star=e_star, i_star=i_star, lambda_min=lam, lambda_min_residual=lam_residual,
+                        lambda_max=lam_max, morse_index_lower=0, n_symmetry=symmetry.size, eps=float(eps), runs=runs,
+                        products=int(products), polish_steps=taken, prediction_products=int(prediction_products),
+                        offset=offset, offset_bound=offset_bound, omega_star=omega, mass=mass, excess_check=check,
+                        certificate=certificate, lambda_min_lower=lower, engine=FROZEN)
 
 
 def _fit_or_nan(times: np.ndarray, values: np.ndarray, select: np.ndarray) -> float:
@@ -378,9 +586,11 @@ def _fit_or_nan(times: np.ndarray, values: np.ndarray, select: np.ndarray) -> fl
 
 
 def _minimum_run(problem: Problem, name: str, eps: float, path: np.ndarray, mass: np.ndarray, omega: np.ndarray,
-                 basis: np.ndarray, e_star: float, grad_star: np.ndarray, times: np.ndarray, skip: float,
-                 pred: LinearPrediction, lam: float, stepper: str, dt: float, counter: _StepCount) -> MinimumRun:
-    """The excess energy (both forms), distance and PL ratio along one simulated path [F, N, k], their fits over
+                 project: Callable[[np.ndarray], np.ndarray], e_star: float, grad_star: np.ndarray, times: np.ndarray,
+                 skip: float, pred: LinearPrediction, lam: float, stepper: str, dt: float,
+                 counter: _StepCount) -> MinimumRun:
+    """The excess energy (both forms), distance (off the symmetry directions: ``project`` on flat [N k] vectors) and
+    PL ratio along one simulated path [F, N, k], their fits over
     the last ``1 - skip`` of the run (E - E* and the PL ratio only where the gradient form is trusted: above
     :data:`TRUST_FACTOR` times the first-order term ``|<g*, v>| / 2`` of the gradient ``grad_star`` [N, k] left at
     the point), and the same fits of the prediction ``pred``."""
@@ -395,7 +605,7 @@ def _minimum_run(problem: Problem, name: str, eps: float, path: np.ndarray, mass
         first_order[f] = abs(excess_from_gradient(w, omega, mass, grad_star))
         difference = ev.energy - e_star
         direct[f] = difference if difference > EXCESS_FLOOR * max(1.0, abs(e_star)) else np.nan
-        distance[f] = np.linalg.norm(v - basis @ (basis.T @ v))
+        distance[f] = np.linalg.norm(project(v))
         pl[f] = ev.dissipation / (2.0 * excess[f]) if excess[f] > 0 else np.nan
     window = times >= times[0] + skip * (times[-1] - times[0])
     trusted = np.isfinite(excess) & (excess > TRUST_FACTOR * first_order)
@@ -426,7 +636,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
     """Write ``/rates`` (one result file, all or nothing, with ``/model`` and ``/data``): attributes ``e_star``,
     ``i_star``, ``lambda_min``, ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``, ``n_symmetry``, ``eps``,
     ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``offset_bound``,
-    ``certificate`` and ``lambda_min_lower`` (what proves the point a minimum), ``source``
+    ``certificate`` and ``lambda_min_lower`` (what proves the point a minimum), ``engine``, ``source``
     (the stationary result); ``omega_star`` [N, k] and ``mass`` [N], the polished point; ``excess_check`` [S, 3] (size,
     direct E - E*, gradient form); datasets over runs [R]: ``direction`` (str), ``stepper`` (str), ``eps``,
     ``energy_rate``, ``distance_rate``, ``pl_ratio_min``, ``pl_ratio_least``, ``predicted_energy_rate``,
@@ -439,7 +649,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
         g = f.create_group("rates")
         for key in ("e_star", "i_star", "lambda_min", "lambda_min_residual", "lambda_max", "morse_index_lower",
                     "n_symmetry", "eps", "products", "prediction_products", "gradients", "polish_steps", "offset",
-                    "offset_bound", "certificate", "lambda_min_lower"):
+                    "offset_bound", "certificate", "lambda_min_lower", "engine"):
             g.attrs[key] = getattr(result, key)
         g.attrs["source"] = source
         g["excess_check"] = np.asarray(result.excess_check, dtype=float).reshape(-1, 3)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..analysis.certificate import DENSE_LIMIT
 from ..analysis.figures import figure_output
-from ..analysis.minimum_rates import LOG_CHANGE_AT_MINIMUM, RK4_MAX_STEPS, SAMPLES_AT_MINIMUM
+from ..analysis.minimum_rates import ENGINES, FROZEN, LOG_CHANGE_AT_MINIMUM, RK4_MAX_STEPS, SAMPLES_AT_MINIMUM
 from ..analysis.spectrum import KRYLOV_DIM
 from ..analysis.stability import MEAN, SPREAD, StabilityResult, run_stability, write_stability
 from ..analysis.stability_plots import figure_paths, plot_minimum_rates, plot_stability
@@ -103,10 +103,13 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
     cfg = loads_config(r["config"])
     problem = stored_problem(args.stationary)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
+    hint = float(r.get("lambda_min", float("nan")))
     result = minimum_rates(problem, np.asarray(r["omega"]), np.asarray(r["mass"]), eps=args.eps,
                            eps_random=args.eps_random, n_random=args.random, seed=args.seed,
                            log_change=args.log_change, samples=args.samples, method=args.stepper,
                            linearity=not args.no_linearity, progress=say, dense_limit=args.dense_limit,
+                           engine=args.engine, lambda_hint=hint if np.isfinite(hint) and hint > 0 else 0.0,
+                           source_certificate=str(r.get("certificate_text", "")), factor_dtype=args.factor_dtype,
                            krylov_dim=args.krylov_dim)
     write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
     if not args.no_plots:
@@ -129,6 +132,7 @@ def rates_table(result) -> str:
              f"and spectrum), {result.prediction_products} JVPs (linear predictions), {result.gradients} gradients "
              "(runs)",
              f"certificate: {result.certificate}",
+             f"engine: {result.engine}; runs by {', '.join(sorted({r.stepper for r in result.runs}))}",
              f"{'direction':<15} {'E - E* rate':>12} {'predicted':>12} {'distance rate':>14} {'predicted':>12} "
              f"{'min PL ratio':>13} {'predicted':>12} {'least PL / lambda_min':>22} {'max rel. error':>15}"]
     for r in result.runs:
@@ -163,9 +167,17 @@ def add_command(subparsers) -> None:
                         f"e^-this; default {LOG_CHANGE_AT_MINIMUM})")
     p.add_argument("--samples", type=int, default=SAMPLES_AT_MINIMUM,
                    help=f"--stationary: samples per run (default {SAMPLES_AT_MINIMUM})")
+    p.add_argument("--engine", choices=ENGINES, default=FROZEN,
+                   help=f"--stationary: {FROZEN} (default): the heads at the origin split off, the runs by ROS2 on S "
+                        "frozen at the minimum (I + gamma h S factorised once), the certificate the source's above "
+                        "--dense-limit; products: exact products on the whole measure, the dense certificate, "
+                        "rkc or RK4 runs (--stepper)")
+    p.add_argument("--factor-dtype", choices=("float32", "float64"), default="float32",
+                   help="--stationary, --engine frozen: the precision of the factor of I + gamma h S (float32: "
+                        "half the memory, n^2 x 4 bytes)")
     p.add_argument("--stepper", choices=("auto", "rk4", "rkc"), default="auto",
-                   help="--stationary: the runs' stepper (auto: rkc when RK4 at dt = 1 / lambda_max would take more "
-                        f"than {RK4_MAX_STEPS:,} steps)")
+                   help="--stationary, --engine products: the runs' stepper (auto: rkc when RK4 at dt = 1 / "
+                        f"lambda_max would take more than {RK4_MAX_STEPS:,} steps)")
     p.add_argument("--krylov-dim", type=int, default=KRYLOV_DIM,
                    help=f"--stationary: Lanczos steps for the spectrum's ends (default {KRYLOV_DIM}; the slow end of "
                         "a stiff minimum may need more)")

@@ -244,11 +244,16 @@ def test_stationary_certifies_what_stability_accepts(known_minimum, tmp_path, ca
                  "--no-linearity", "--quiet"]) == 0
     assert "certificate: certified by the Cholesky bound" in capsys.readouterr().out
     assert main(["stability", "--stationary", str(lanczos), "-o", str(tmp_path / "x.h5"), "--quiet"]) == 2
+    # the products engine re-proves the point where it measures: above the dense limit it refuses
     assert main(["stability", "--stationary", str(proven), "-o", str(tmp_path / "y.h5"), "--quiet",
-                 "--dense-limit", "0"]) == 2
+                 "--dense-limit", "0", "--engine", "products"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "not a certified local minimum" in err[0] and "no negative eigenvalue found" in err[1]
     assert not (tmp_path / "x.h5").exists() and not (tmp_path / "y.h5").exists()
+    # the frozen engine (the default) takes the source's proof there, and says so
+    assert main(["stability", "--stationary", str(proven), "-o", str(tmp_path / "z.h5"), "--random", "0",
+                 "--no-linearity", "--dense-limit", "0"]) == 0
+    assert "certificate: the source's, at the point before the polish" in capsys.readouterr().out
 
 
 def test_minimum_leaves_the_dead_head_saddle_for_a_proven_minimum(dead_head_saddle):

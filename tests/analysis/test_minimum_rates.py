@@ -13,7 +13,7 @@ import scipy.optimize
 
 from conftest import lookback_text
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.minimum_rates import SLOWEST, SLOWEST_HALF, linear_flow, minimum_rates
+from pdeflow.analysis.minimum_rates import PRODUCTS, SLOWEST, SLOWEST_HALF, linear_flow, minimum_rates
 from pdeflow.analysis.spectrum import hessian_operator, symmetry_basis
 from pdeflow.analysis.stability import complement_spectrum, fit_rate
 from pdeflow.analysis.stationary import minimum, write_stationary
@@ -108,7 +108,7 @@ def test_rates_by_the_stiff_stepper_match_the_dense_references(known_minimum):
     C, Q = dense_reference(problem, omega, mass)
     u = np.linalg.eigh(C + 10.0 * values[-1] * Q @ Q.T)[1][:, 0]
     start = omega + (10 * eps * u).reshape(omega.shape) / np.sqrt(mass)[:, None]
-    result = minimum_rates(problem, start, mass, eps=eps, n_random=1, seed=0, method="rkc")
+    result = minimum_rates(problem, start, mass, eps=eps, n_random=1, seed=0, method="rkc", engine=PRODUCTS)
     assert result.polish_steps >= 1 and result.offset_bound <= 1e-3 * eps / 2
     assert abs(result.e_star - problem.evaluate(omega, mass).energy) < 1e-15
     assert abs(result.lambda_min - lam) <= result.lambda_min_residual + 1e-6 * values[-1]
@@ -165,13 +165,14 @@ def test_stability_command_on_a_stationary_result(known_minimum, tmp_path, capsy
     out = tmp_path / "rates.h5"
     assert main(["stability", "--stationary", str(result), "-o", str(out), "--random", "0", "--quiet"]) == 0
     table = capsys.readouterr().out
-    assert "E - E* rate" in table and "slowest" in table
+    assert "E - E* rate" in table and "slowest" in table and "engine: frozen; runs by ros2-w" in table
     with h5py.File(out, "r") as f:
         g = f["rates"]
         assert f.attrs["schema"] == "pdeflow-minimum-rates"
         assert abs(g.attrs["lambda_min"] / values[0] - 1) < 1e-6
         assert np.all(np.abs(g["relative_error"][()]) < TOLERANCE)
         assert g["runs/r0/times"].shape == g["runs/r0/excess"].shape
+        assert g.attrs["engine"] == "frozen"
     for argv in (["stability", "cfg.toml", "--stationary", str(result), "-o", str(tmp_path / "x.h5")],
                  ["stability", "--stationary", str(result)],
                  ["stability", "--stationary", str(result), "-o", str(out)],          # exists, no --force
