@@ -40,6 +40,33 @@ def velocity_jacobian(problem: Problem, omega: np.ndarray, mass: np.ndarray, gra
     return difference
 
 
+def head_blocks(problem: Problem, omega: np.ndarray, mass: np.ndarray, grad0: np.ndarray) -> np.ndarray:
+    """``H`` [N, k, k]: the per-head blocks ``H_i = Hess_omega Phi(omega_i; rho)`` with the measure frozen (the
+    diagonal blocks of ``S``, and of ``-J``, without the head's own O(m_i) share of the measure's response),
+    symmetrised. Column j of every block at once: ``(grad Phi(omega + eps e_j; rho) - grad0) / eps`` moves every
+    head along coordinate j with rho held, and head i's gradient depends on head i's position only; ``k`` counted
+    grad Phi evaluations in all (``grad0`` [N, k], grad Phi at ``omega``; ``eps = DIFFERENCE_STEP (1 + max|omega|)``,
+    relative accuracy about sqrt(machine epsilon))."""
+    G = problem.residual_features(omega, mass)
+    n, k = omega.shape
+    eps = DIFFERENCE_STEP * (1.0 + float(np.max(np.abs(omega))))
+    blocks = np.empty((n, k, k))
+    for j in range(k):
+        moved = omega.copy()
+        moved[:, j] += eps
+        blocks[:, :, j] = (problem.grad_phi_field(moved, G)[1] - grad0) / eps
+    return 0.5 * (blocks + blocks.transpose(0, 2, 1))
+
+
+def block_inverse(r: np.ndarray, values: np.ndarray, vectors: np.ndarray, gamma: float) -> np.ndarray:
+    """``P^-1 r`` [N k] for the block-diagonal ``P = diag_i(I + gamma H_i)`` with ``H_i = Q_i diag(values_i) Q_i^T``
+    (``values`` [N, k] >= 0, ``vectors`` [N, k, k], :func:`head_blocks` decomposed): ``Q_i diag(1 / (1 + gamma
+    values_i)) Q_i^T r_i`` per head, no product; a new ``gamma`` needs no new factorisation."""
+    n, k = values.shape
+    c = np.einsum("nji,nj->ni", vectors, r.reshape(n, k)) / (1.0 + gamma * values)
+    return np.einsum("nij,nj->ni", vectors, c).ravel()
+
+
 def dissipation_slope(grad: np.ndarray, mass: np.ndarray, product: Product) -> float:
     """``dI/dt = -2 sum_i m_i f_i . (-J f)_i`` along the flow, ``f = -grad Phi`` (``grad`` [N, k], ``mass`` [N]),
     ``I = sum_i m_i |f_i|^2``; ``product`` is ``u -> -J u`` (one product)."""
