@@ -5,7 +5,9 @@ rho_N)`` (masses fixed, docs/model.md). CVODE (Hindmarsh et al., ACM TOMS 2005) 
 with its own error test and order selection; each step's implicit equations are solved by Newton's method with the
 Newton matrix ``I - gamma J`` applied matrix-free by GMRES (SPGMR, :data:`KRYLOV_DIM` directions) on pdeflow's
 Jacobian-vector product ``J v = -Problem.system_jvp(y, m, v)`` (exact forward mode; ``solver.jacobian = "difference"``:
-a forward difference of grad Phi, :class:`pdeflow.core.system_jacobian.SystemJacobian`).
+a forward difference of grad Phi, :class:`pdeflow.core.system_jacobian.SystemJacobian`; ``"cvode"``: no product of
+pdeflow's, CVODE's own difference quotients of the right-hand side, so SUNDIALS used plainly, each quotient a counted
+gradient evaluation).
 
 Preconditioner (``solver.deflate = m > 0``): ``J = -M^{-1/2} S M^{1/2}`` with ``S`` symmetric (``M = diag(m_i)``),
 and the stiffness sits in a few outlying eigenvalues of ``S``. With its ``m`` largest eigenpairs ``(lam, V)``
@@ -13,6 +15,9 @@ and the stiffness sits in a few outlying eigenvalues of ``S``. With its ``m`` la
 approximates ``I - gamma J`` and ``P^-1 = M^{-1/2} (I + V diag(1 / (1 + gamma lam) - 1) V^T) M^{1/2}`` costs no
 product. The pairs are computed when CVODE asks for a new preconditioner (its setup call with ``jok`` false: the
 first step, after 50 steps without, after a convergence failure) and reused, with CVODE's current ``gamma``, in between.
+``solver.preconditioner = "heads"``: ``P = diag_i(I + gamma H_i)`` with the per-head blocks ``H_i`` of the Hessian with
+the measure frozen (:func:`pdeflow.core.hessian_assembly.frozen_blocks`, k forward-mode passes, each counted as an exact
+product), eigen-decomposed at the same setups so that a new ``gamma`` costs nothing (:func:`block_inverse`).
 
 One pdeflow step is one CVODE internal step (its one-step mode, with the next frame time as a hard stop, so frames
 are landed on, never interpolated). Each step leaves the Hermite quadrature of the dissipation (``dI/dt`` at both
@@ -37,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from pdeflow.core.config import Config, ConfigError
+from pdeflow.core.hessian_assembly import frozen_blocks
 from pdeflow.core.problem import Problem
 from pdeflow.core.system_jacobian import SystemJacobian, deflation_inverse
 
@@ -60,7 +66,8 @@ SOLVER_SIZE = 128
 # CVODE's cumulative counters (long int) of the /steps columns, by the SUNDIALS getter reading each
 COUNTERS = {"steps": "CVodeGetNumSteps", "rhs": "CVodeGetNumRhsEvals", "nonlinear_iters": "CVodeGetNumNonlinSolvIters",
             "nonlinear_failures": "CVodeGetNumNonlinSolvConvFails", "linear_iters": "CVodeGetNumLinIters",
-            "linear_failures": "CVodeGetNumLinConvFails", "rejected": "CVodeGetNumErrTestFails"}
+            "linear_failures": "CVodeGetNumLinConvFails", "rejected": "CVodeGetNumErrTestFails",
+            "linear_rhs": "CVodeGetNumLinRhsEvals"}
 INSTALL = 'pip install -e ".[sundials]"'
 
 
@@ -130,6 +137,15 @@ def layout_mismatch(inner: Any, libraries: list[str], nfev: int) -> str:
     return ""
 
 
+def block_inverse(r: np.ndarray, values: np.ndarray, vectors: np.ndarray, gamma: float) -> np.ndarray:
+    """``P^-1 r`` [N k] for the block-diagonal ``P = diag_i(I + gamma H_i)`` with ``H_i = Q_i diag(values_i) Q_i^T``
+    (``values`` [N, k] >= 0, ``vectors`` [N, k, k]): ``Q_i diag(1 / (1 + gamma values_i)) Q_i^T r_i`` per head, no
+    product; a new ``gamma`` needs no new factorisation."""
+    n, k = values.shape
+    c = np.einsum("nji,nj->ni", vectors, r.reshape(n, k)) / (1.0 + gamma * values)
+    return np.einsum("nij,nj->ni", vectors, c).ravel()
+
+
 class Cvode(Stepper):
     """``solver.method = "cvode"``: SUNDIALS CVODE, BDF with preconditioned matrix-free GMRES (module docstring)."""
     name = "cvode"
@@ -137,20 +153,24 @@ class Cvode(Stepper):
                "`sundials`)")
     use_when = "an independent reference at tight tolerances"
     sharded = False
-    reads = ("rtol", "atol", "dt_min", "dt_max", "jacobian", "deflate")
+    reads = ("rtol", "atol", "dt_min", "dt_max", "jacobian", "deflate", "preconditioner")
     step_columns = ("order", "rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures",
-                    "jvps", "preconditioner_setups")
+                    "jvps", "preconditioner_setups", "rhs_evals", "linear_rhs_evals")
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
-                 jacobian: str, deflate: int) -> None:
+                 jacobian: str, deflate: int, preconditioner: str = "deflation") -> None:
         """``dt`` the first step of a run from t = 0 (a restart lets CVODE choose its own); ``rtol``, ``atol``
-        CVODE's tolerances; ``dt_min``, ``dt_max`` its step bounds; ``jacobian`` "exact" or "difference" products;
-        ``deflate`` eigenpairs in the preconditioner (0: none) (``solver.*`` of the same names)."""
+        CVODE's tolerances; ``dt_min``, ``dt_max`` its step bounds; ``jacobian`` "exact" or "difference" products
+        for GMRES, or "cvode": CVODE's own difference quotients on the right-hand side (no user product; pdeflow's
+        own products, dI/dt's and the eigenpairs', are then differences); ``preconditioner`` "deflation" with
+        ``deflate`` eigenpairs (0: none) or "heads", the per-head blocks (``solver.*`` of the same names)."""
         super().__init__(problem)
         self.module = sundials()
         self.dt, self.rtol, self.atol = float(dt), float(rtol), float(atol)
         self.dt_min, self.dt_max = float(dt_min), float(dt_max)
-        self.jacobian, self.deflate = jacobian, int(deflate)
+        self.jacobian, self.deflate, self.preconditioner = jacobian, int(deflate), preconditioner
+        # the kind of pdeflow's own products (dI/dt, eigenpairs): CVODE's quotients are no product of pdeflow's
+        self._kind = "difference" if jacobian == "cvode" else jacobian
         self._solver: Any = None
         self._current: State | None = None
 
@@ -158,7 +178,12 @@ class Cvode(Stepper):
     def from_config(cls, problem: Problem, cfg: Config) -> Cvode:
         s = cfg.solver
         return cls(problem, s.dt, rtol=s.rtol, atol=s.atol, dt_min=s.dt_min, dt_max=s.dt_max, jacobian=s.jacobian,
-                   deflate=s.deflate)
+                   deflate=s.deflate, preconditioner=s.preconditioner)
+
+    @classmethod
+    def check_keys(cls, cfg: Config) -> None:
+        if cfg.solver.preconditioner == "heads" and cfg.solver.deflate > 0:
+            raise ConfigError("solver.preconditioner = 'heads' takes no solver.deflate (the blocks alone)")
 
     def restore(self, state: State, extra: np.ndarray | None = None) -> State:
         self._solver, self._current = None, None  # the next step restarts CVODE from the state
@@ -174,8 +199,9 @@ class Cvode(Stepper):
         yp[:] = -self.problem.grad_phi(omega, omega, self._mass).ravel()
 
     def _jacobian_at(self, y: np.ndarray, fy: np.ndarray) -> SystemJacobian:
-        """The system Jacobian at ``y`` (``fy = f(y)``; ``solver.jacobian``'s products), counted in ``jvps``."""
-        return SystemJacobian(self.problem, self._omega(y), self._mass, -self._omega(fy), self.jacobian,
+        """The system Jacobian at ``y`` (``fy = f(y)``; pdeflow's own products of ``solver.jacobian``'s kind),
+        counted in ``jvps``."""
+        return SystemJacobian(self.problem, self._omega(y), self._mass, -self._omega(fy), self._kind,
                               lambda: self._counts.__setitem__("jvps", self._counts["jvps"] + 1))
 
     def _jtimes(self, t: float, y: np.ndarray, fy: np.ndarray, v: np.ndarray, Jv: np.ndarray) -> None:
@@ -191,6 +217,25 @@ class Cvode(Stepper):
         self._pairs = (lam[keep], V[:, keep])
         jnew[0] = 1
 
+    def _psetup_heads(self, t: float, y: np.ndarray, fy: np.ndarray, jok: bool, jnew: list, gamma: float) -> None:
+        """The per-head blocks ``H_i`` (:func:`pdeflow.core.hessian_assembly.frozen_blocks`: k forward-mode passes,
+        counted as k exact products) and their eigen-decompositions when CVODE asks for new Jacobian data; ``gamma``
+        enters only at the solve."""
+        if jok and self._blocks is not None:
+            jnew[0] = 0
+            return
+        self._counts["preconditioner_setups"] += 1
+        blocks = frozen_blocks(self.problem, self._omega(y), self._mass)
+        self.problem.counts["jvp_exact"] += self.problem.k
+        self._counts["jvps"] += self.problem.k
+        values, vectors = np.linalg.eigh(0.5 * (blocks + blocks.transpose(0, 2, 1)))
+        self._blocks = (np.maximum(values, 0.0), vectors)  # P stays positive definite
+        jnew[0] = 1
+
+    def _psolve_heads(self, t: float, y: np.ndarray, fy: np.ndarray, r: np.ndarray, z: np.ndarray, gamma: float,
+                      delta: float, lr: int) -> None:
+        z[:] = block_inverse(np.asarray(r), *self._blocks, gamma)
+
     def _psolve(self, t: float, y: np.ndarray, fy: np.ndarray, r: np.ndarray, z: np.ndarray, gamma: float,
                 delta: float, lr: int) -> None:
         lam, V = self._pairs
@@ -205,14 +250,17 @@ class Cvode(Stepper):
                               "with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
         self._shape, self._mass = omega.shape, mass
         self._root = np.repeat(np.sqrt(mass), omega.shape[1])
-        self._pairs = None
+        self._pairs, self._blocks = None, None
         module = self.module
         options: dict[str, Any] = {
             "method": "BDF", "linsolver": "gmres", "krylov_dim": KRYLOV_DIM, "rtol": self.rtol, "atol": self.atol,
             "first_step": self.dt if state.step == 0 else 0.0, "min_step": self.dt_min,
-            "max_step": min(self.dt_max, np.finfo(float).max),
-            "jactimes": module.CVODEJacTimes(None, self._jtimes)}
-        if self.deflate > 0 and self.deflate < omega.size - 1:
+            "max_step": min(self.dt_max, np.finfo(float).max)}
+        if self.jacobian != "cvode":
+            options["jactimes"] = module.CVODEJacTimes(None, self._jtimes)
+        if self.preconditioner == "heads":
+            options["precond"] = module.CVODEPrecond(self._psetup_heads, self._psolve_heads)
+        elif self.deflate > 0 and self.deflate < omega.size - 1:
             options["precond"] = module.CVODEPrecond(self._psetup, self._psolve)
         self._solver = module.CVODE(self._rhs, **options)
         result = self._solver.init_step(state.t, omega.ravel().copy())
@@ -222,7 +270,7 @@ class Cvode(Stepper):
         self._counts = counts = {"gradient_evals": 0.0, "jvps": 0.0, "preconditioner_setups": 0.0}
         if self._solver is None or self._current is not state:
             self._start(state)
-            self._slope_value = state_jacobian(self, state, self.jacobian, counts).slope()
+            self._slope_value = state_jacobian(self, state, self._kind, counts).slope()
         target = state.t + dt_limit
         before = self._counters.read()
         result = self._solver.step(target, method="onestep", tstop=target)
@@ -236,11 +284,14 @@ class Cvode(Stepper):
         new.dt = h
         self.evaluate(new)  # the step's diagnostics (CVODE's last f is at a Newton iterate, not at y_{n+1})
         counts["gradient_evals"] += 1
-        self._slope_value = hermite_dissipation(self, state, new, h, self._slope_value, self.jacobian, counts)
+        self._slope_value = hermite_dissipation(self, state, new, h, self._slope_value, self._kind, counts)
         self._current = new
         counts["order"] = after["order"]
         for key in ("rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures"):
             counts[key] = after[key] - before[key]
+        # CVODE's right-hand-side calls: its Newton iterations' and its difference quotients' (jacobian = "cvode")
+        counts["rhs_evals"] = after["rhs"] - before["rhs"]
+        counts["linear_rhs_evals"] = after["linear_rhs"] - before["linear_rhs"]
         return new, counts
 
     def likely_cause(self, state: State) -> str:

@@ -165,6 +165,9 @@ class Rosenbrock(AdaptiveStepper):
 
     @classmethod
     def check_keys(cls, cfg: Config) -> None:
+        if cfg.solver.jacobian == "cvode":
+            raise ConfigError("solver.jacobian = 'cvode' (CVODE's own difference quotients) is cvode's alone: "
+                              "use 'exact' or 'difference'")
         if cfg.solver.stage_solve == "auto" and cfg.solver.deflate == 0:
             raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
 

@@ -137,8 +137,12 @@ class SolverConfig:
                                       "take W = the Jacobian on the eigenpairs, no products)",
                             choices=("minres", "auto"))
     jacobian: str = spec("exact", "Jacobian-vector products in forward mode (exact) or by a forward "
-                                  "difference of grad Phi (one real evaluation; the W-method keeps its order)",
-                         choices=("exact", "difference"))
+                                  "difference of grad Phi (one real evaluation; the W-method keeps its order); "
+                                  "cvode only: 'cvode', CVODE's own difference quotients on its right-hand side",
+                         choices=("exact", "difference", "cvode"))
+    preconditioner: str = spec("deflation", "cvode's GMRES preconditioner: 'deflation' (the solver.deflate top "
+                                            "eigenpairs; 0: none) or 'heads' (the per-head blocks of the Jacobian)",
+                               choices=("deflation", "heads"))
     radius_every: int = spec(25, "the most steps between estimates of the Jacobian's spectral radius (fewer "
                                  "while it grows; and after every rejected step)", ge=1)
 

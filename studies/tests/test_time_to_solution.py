@@ -185,30 +185,30 @@ def test_unreached_cells_say_what_came_closest():
 
 
 def test_race_verdict_compares_the_cheapest_runs_reaching_each_target():
-    """The verdict at a time: per target, cvode's cheapest run at or below it against the cheapest run of every
-    other method, and their cost ratio; a target no run of a side reached says so; no verdict where cvode has no run
-    at that time."""
-    from studies.race.time_to_solution import race_verdict
+    """The verdict at a time: per target, the rival entry's (cvode-plain's) cheapest run at or below it against the
+    cheapest run of every other entry, pdeflow's own cvode configurations among them, and their cost ratio; a target
+    no run of a side reached says so; no verdict where the rival has no run at that time."""
+    from studies.race.time_to_solution import RACE_RIVAL, race_verdict
 
     def row(method, rtol, t, err, cost):
         return {"method": method, "rtol": rtol, "t": t, "energy_error": err, "grad_equivalents": cost}
 
-    rows = [row("cvode", 1e-4, 200.0, 5e-5, 1000.0), row("cvode", 1e-6, 200.0, 5e-7, 3000.0),
+    assert RACE_RIVAL == "cvode-plain"
+    rows = [row("cvode-plain", 1e-4, 200.0, 5e-5, 1000.0), row("cvode-plain", 1e-6, 200.0, 5e-7, 3000.0),
             row("rkc", 1e-4, 200.0, 8e-5, 800.0), row("rkc", 1e-5, 200.0, 9e-5, 700.0),
-            row("eserk4", 1e-6, 200.0, 9e-7, 6000.0), row("rosenbrock", 1e-6, 200.0, 2e-7, 6600.0),
-            row("rkc", 1e-4, 40.0, 1e-5, 100.0)]
+            row("eserk4", 1e-6, 200.0, 9e-7, 6000.0), row("cvode", 1e-6, 200.0, 2e-7, 6600.0),
+            row("rkc", 1e-4, 40.0, 1e-5, 100.0), row("cvode", 1e-4, 40.0, 1e-5, 50.0)]
     lines = race_verdict(rows, 200.0)
-    assert "| 0.0001 | 1000 (cvode rtol 0.0001) | 700 (rkc rtol 1e-05) | 0.70 |" in lines
-    assert "| 1e-06 | 3000 (cvode rtol 1e-06) | 6000 (eserk4 rtol 1e-06) | 2.00 |" in lines
+    assert "| 0.0001 | 1000 (cvode-plain rtol 0.0001) | 700 (rkc rtol 1e-05) | 0.70 |" in lines
+    assert "| 1e-06 | 3000 (cvode-plain rtol 1e-06) | 6000 (eserk4 rtol 1e-06) | 2.00 |" in lines
     assert "| 1e-08 | no run reached it | no run reached it | - |" in lines
     assert race_verdict(rows, 40.0) == []
 
 
-def test_cvode_with_difference_products_is_a_race_entry_on_cvodes_side():
+def test_cvode_with_difference_products_is_a_race_entry_on_pdeflows_side():
     """``cvode-difference`` runs cvode with ``solver.jacobian = "difference"``, its products counted at one gradient
     each (the exact ones at pdeflow.core.problem.JVP_COST, not their measured cost), its cost
-    broken down as cvode's, and in the verdict it stands on
-    cvode's side: the cheaper of the two cvode entries is the rival."""
+    broken down as cvode's, and in the verdict it stands on pdeflow's side against cvode-plain."""
     from studies.race.time_to_solution import cost_breakdown, race_cost, race_solver, race_verdict
 
     solver = race_solver("cvode-difference", 1e-5)
@@ -223,26 +223,34 @@ def test_cvode_with_difference_products_is_a_race_entry_on_cvodes_side():
     def row(method, rtol, err, cost):
         return {"method": method, "rtol": rtol, "t": 200.0, "energy_error": err, "grad_equivalents": cost}
 
-    lines = race_verdict([row("cvode", 1e-5, 9e-5, 1000.0), row("cvode-difference", 1e-5, 8e-5, 600.0),
+    lines = race_verdict([row("cvode-plain", 1e-5, 9e-5, 1000.0), row("cvode-difference", 1e-5, 8e-5, 600.0),
                           row("rkc", 1e-4, 7e-5, 900.0)], 200.0)
-    assert "| 0.0001 | 600 (cvode-difference rtol 1e-05) | 900 (rkc rtol 0.0001) | 1.50 |" in lines
+    assert "| 0.0001 | 1000 (cvode-plain rtol 1e-05) | 600 (cvode-difference rtol 1e-05) | 0.60 |" in lines
 
 
 def test_cvode_difference_race_run_through_the_command_line(tmp_path):
-    """``--race cvode-difference:RTOL`` end to end: the saved run ran cvode with difference products, and the render
-    counts each of its products as one gradient (its cost is its f calls plus its products)."""
+    """``--race cvode-difference:RTOL`` and ``--race cvode-plain:RTOL`` end to end: the saved run ran cvode with
+    difference products, and the render counts each of its products as one gradient (its cost is its f calls plus
+    its products); cvode-plain's cost is the right-hand-side calls SUNDIALS made."""
     import pytest
 
     pytest.importorskip("sksundae", reason='scikit-sundae is not installed (pip install -e ".[sundials]")')
     out = tmp_path / "out"
-    for name in ("adaptive:1e-10", "cvode-difference:1e-5"):
+    for name in ("adaptive:1e-10", "cvode-difference:1e-5", "cvode-plain:1e-5"):
         assert main(["--race", name, "--n", "4", "--t-end", "5", "--out", str(out)]) == 0
     run = json.loads((out / "race" / "cvode-difference-1e-05-t5.json").read_text())
     assert run["method"] == "cvode-difference" and run["solver"]["method"] == "cvode"
     assert run["solver"]["jacobian"] == "difference" and run["final"]["t"] == 5.0
     assert main(["--race-render", str(out / "race"), "--reference", "adaptive:1e-10", "--out", str(out)]) == 0
-    [row] = json.loads((out / "matched_accuracy.json").read_text())["table"]["rows"]
-    assert row["method"] == "cvode-difference"
+    rows = {r["method"]: r for r in json.loads((out / "matched_accuracy.json").read_text())["table"]["rows"]}
+    row, plain = rows["cvode-difference"], rows["cvode-plain"]
+    # cvode-plain: GMRES on CVODE's own quotients (none of pdeflow's products but dI/dt's), its cost the
+    # right-hand-side calls SUNDIALS made, pdeflow's energy identity (f at each new state, dI/dt) shown apart
+    at = json.loads((out / "race" / "cvode-plain-1e-05-t5.json").read_text())["at"]["5"]
+    assert at["linear_rhs_evals"] == at["linear_iters"] > 0 and at["jvps_difference"] == at["steps"] + 1
+    assert plain["grad_equivalents"] == at["rhs_evals"] + at["linear_rhs_evals"]
+    assert at["gradient_evals"] == at["rhs_evals"] + at["linear_rhs_evals"] + at["steps"]
+    assert plain["breakdown"]["GMRES products"] == at["linear_iters"]
     at = run["at"]["5"]
     # the Problem counted every product of cvode's (its own tally) as a difference, none exact
     assert at["jvps_difference"] == at["jvps"] > 0 and at["jvps_exact"] == 0

@@ -65,6 +65,75 @@ def test_difference_products_keep_the_steps_and_the_accuracy(sundials, reference
         assert totals["jvps"] > 0 and totals["linear_iters"] > 0
 
 
+def test_plain_cvode_agrees_and_its_cost_is_cvodes_rhs_calls(sundials, reference):
+    """``solver.jacobian = "cvode"`` with no preconditioner is SUNDIALS set up plainly (BDF, GMRES on CVODE's own
+    difference quotients): at rtol 1e-8 the global error at t = 1 stays within 10 x rtol of Dormand-Prince at rtol
+    1e-12, and every gradient evaluation the Problem counts is a right-hand-side call SUNDIALS reports (Newton's,
+    its quotients' - one per GMRES iteration -, the initial one) or one of pdeflow's energy identity (f at each new
+    state, and the start's); pdeflow's own products are dI/dt's alone, differences."""
+    cfg, problem, ref = reference
+    before = dict(problem.counts)
+    final, states, _, totals = integrate(cfg, problem, 1.0, method="cvode", dt=0.01, rtol=1e-8, atol=1e-11,
+                                         jacobian="cvode")
+    spent = {kind: problem.counts[kind] - before[kind] for kind in before}
+    steps = len(states) - 1
+    scale = np.max(np.abs(ref.fields["omega"]))
+    assert np.max(np.abs(final.fields["omega"] - ref.fields["omega"])) / scale < 1e-7
+    assert totals["linear_rhs_evals"] == totals["linear_iters"] > 0
+    assert spent["gradient"] == totals["rhs_evals"] + totals["linear_rhs_evals"] + steps + 1
+    assert spent["jvp_exact"] == 0 and spent["jvp_difference"] == steps + 1 == totals["jvps"]
+    assert totals["preconditioner_setups"] == 0
+
+
+def test_head_blocks_are_the_frozen_measure_hessian_and_precondition_cvode(sundials, reference):
+    """The blocks cvode's "heads" preconditioner takes (``frozen_blocks``) against the complex-step Hessian of Phi
+    with the measure frozen (``Problem.hvp``) on random vectors, head by head; ``block_inverse`` inverts
+    ``diag_i(I + gamma H_i)``; and cvode with ``solver.preconditioner = "heads"`` agrees with Dormand-Prince at rtol
+    1e-12 within 10 x rtol, its setups counted as k exact products each."""
+    from pdeflow.solvers.cvode import block_inverse
+
+    from pdeflow.core.hessian_assembly import frozen_blocks
+
+    cfg, problem, ref = reference
+    stepper = make_stepper(problem, cfg.replace(solver={"method": "cvode"}))
+    omega, mass = stepper.initial_state().fields.values()
+    blocks = frozen_blocks(problem, omega, mass)
+    n, k = omega.shape
+    rng = np.random.default_rng(1)
+    for i in range(n):
+        v = rng.standard_normal(k)
+        exact = problem.hvp(omega[i], v, omega, mass)
+        np.testing.assert_allclose(blocks[i] @ v, exact, rtol=0, atol=1e-6 * np.max(np.abs(exact)))
+    values, vectors = np.linalg.eigh(blocks)
+    shifted = np.maximum(values, 0.0)
+    x = rng.standard_normal(n * k)
+    gamma = 0.2
+    newton = np.einsum("nij,nj,nkj->nik", vectors, 1.0 + gamma * shifted, vectors)
+    np.testing.assert_allclose(block_inverse(np.einsum("nij,nj->ni", newton, x.reshape(n, k)).ravel(), shifted,
+                                             vectors, gamma), x, rtol=0, atol=1e-10)
+    before = dict(problem.counts)
+    final, states, _, totals = integrate(cfg, problem, 1.0, method="cvode", dt=0.01, rtol=1e-7, atol=1e-10,
+                                         jacobian="difference", preconditioner="heads")
+    scale = np.max(np.abs(ref.fields["omega"]))
+    assert np.max(np.abs(final.fields["omega"] - ref.fields["omega"])) / scale < 1e-6
+    setups = totals["preconditioner_setups"]
+    assert setups > 0
+    assert problem.counts["gradient"] - before["gradient"] == totals["rhs_evals"] + len(states)
+    assert problem.counts["jvp_exact"] - before["jvp_exact"] == k * setups
+
+
+def test_cvode_only_keys_are_refused_elsewhere_and_together(reference):
+    """``jacobian = "cvode"`` is refused by rosenbrock (it has no CVODE quotients); ``preconditioner = "heads"``
+    takes no deflated pairs."""
+    from pdeflow.core.config import ConfigError
+
+    cfg, problem, _ = reference
+    with pytest.raises(ConfigError, match="cvode's alone"):
+        make_stepper(problem, cfg.replace(solver={"method": "rosenbrock", "jacobian": "cvode"}))
+    with pytest.raises(ConfigError, match="no solver.deflate"):
+        make_stepper(problem, cfg.replace(solver={"method": "cvode", "preconditioner": "heads", "deflate": 4}))
+
+
 def test_deflation_inverse_with_every_pair_inverts_the_newton_matrix(sundials):
     """With all eigenpairs of the dense mass-weighted Jacobian S, ``deflation_inverse`` is the inverse of CVODE's
     Newton matrix ``I - gamma J`` (J assembled column by column from the exact product)."""
