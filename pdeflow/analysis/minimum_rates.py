@@ -96,6 +96,16 @@ class LinearPrediction:
     products: int
 
 
+def eigenvector_prediction(times: np.ndarray, lam: float, size: float) -> LinearPrediction:
+    """The linear flow from ``size`` times a unit eigenvector of S with eigenvalue ``lam``, exactly, at ``times`` [T]:
+    distance ``size e^(-lam t)``, ``E - E* = lam size^2 e^(-2 lam t) / 2``, dissipation ``(lam size)^2 e^(-2 lam t)``
+    (no product)."""
+    return LinearPrediction(times=times, distance=size * np.exp(-lam * times),
+                            excess=0.5 * lam * size ** 2 * np.exp(-2 * lam * times),
+                            dissipation=(lam * size) ** 2 * np.exp(-2 * lam * times),
+                            error_bound=np.zeros_like(times), products=0)
+
+
 def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: int, tol: float = 0.0,
                 check_every: int = 0) -> LinearPrediction:
     """The linear flow ``dv/dt = -C v`` (``C = Pi S Pi`` = ``op``, positive semi-definite at a minimum) from ``v0``
@@ -382,10 +392,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
             say(f"{name}: linear flow predicted by {pred.products} Lanczos steps (Krylov error bound "
                 f"{np.max(pred.error_bound / pred.distance):.1e} of the distance)")
         else:
-            pred = LinearPrediction(times=times, distance=size * np.exp(-lam * times),
-                                    excess=0.5 * lam * size ** 2 * np.exp(-2 * lam * times),
-                                    dissipation=(lam * size) ** 2 * np.exp(-2 * lam * times),
-                                    error_bound=np.zeros_like(times), products=0)
+            pred = eigenvector_prediction(times, lam, size)
         start = omega + v0.reshape(omega.shape) / root
         scale = float(np.sqrt(np.mean((v0.reshape(omega.shape) / root) ** 2)))
         stepper, dt, stepper_name = run_stepper(problem, method, duration, lam_max, samples, scale)
@@ -547,10 +554,7 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
             say(f"{name}: linear flow predicted by {pred.products} Lanczos steps on the live heads (Krylov error "
                 f"bound {np.max(pred.error_bound / pred.distance):.1e} of the distance)")
         else:
-            pred = LinearPrediction(times=times, distance=size * np.exp(-lam * times),
-                                    excess=0.5 * lam * size ** 2 * np.exp(-2 * lam * times),
-                                    dissipation=(lam * size) ** 2 * np.exp(-2 * lam * times),
-                                    error_bound=np.zeros_like(times), products=0)
+            pred = eigenvector_prediction(times, lam, size)
         predictions.append(pred)
     spacing = duration / max(samples - 1, 1)
     h = spacing / math.ceil(spacing / (STEP_FRACTION * RANDOM_FIT_SKIP * duration) - 1e-9)
