@@ -24,25 +24,6 @@ from pdeflow.core.state import State, rng_from_state, rng_state
 
 from .methods import Method, declare
 
-# the PI step-size controller's exponents times the power k of h in the error estimate (err ~ h^k; Hairer & Wanner
-# II, IV.2: 0.7 / k and 0.4 / k), and the factor's safety and lower clip
-PI_ALPHA, PI_BETA, SAFETY_FACTOR, SHRINK_FLOOR = 0.7, 0.4, 0.9, 0.2
-
-
-def controller_factor(err: float, previous: float, k: int, max_growth: float) -> float:
-    """The next step's size over this one's from the error estimate ``err`` (its norm; <= 1 accepted) of a local
-    error ``~ h^k`` (``k = q + 1``, q the order of the solution the estimate measures, not necessarily the method's
-    order: :attr:`pdeflow.solvers.controller.AdaptiveStepper.error_exponent`): the PI controller
-    ``0.9 err^(-0.7/k) previous^(0.4/k)`` when the previous accepted step's estimate ``previous`` is known and
-    ``err <= 1``, else ``0.9 err^(-1/k)``; clipped to ``[0.2, max_growth]`` (``max_growth`` when ``err = 0``)."""
-    if err == 0.0:
-        return max_growth
-    if math.isfinite(previous) and previous > 0.0 and err <= 1.0:
-        factor = SAFETY_FACTOR * err ** (-PI_ALPHA / k) * previous ** (PI_BETA / k)
-    else:
-        factor = SAFETY_FACTOR * err ** (-1.0 / k)
-    return min(max_growth, max(SHRINK_FLOOR, factor))
-
 
 def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> float:
     """``int_0^h I dt`` by the Hermite rule ``h (I0 + I1) / 2 + h^2 (I0' - I1') / 12`` (exact for cubics): a step's
@@ -88,7 +69,9 @@ class Stepper(abc.ABC):
     3. :meth:`step` (abstract: a class without it cannot be instantiated): advance a :class:`State` by at most
        ``dt_limit``, returning the new state (``state.advanced``) and its /steps columns. An error-controlled method
        subclasses :class:`pdeflow.solvers.controller.AdaptiveStepper` instead and defines ``order``,
-       ``error_estimator_order`` and ``_step_impl`` (checked when a named class is defined).
+       ``error_order`` (of its error estimate: the exponent of its
+       :class:`~pdeflow.solvers.step_size.StepSizeController`) and ``_step_impl`` (checked when a named class is
+       defined).
 
     It MAY override:
 
@@ -266,5 +249,5 @@ class Stepper(abc.ABC):
 
 
 __all__ = ["COST_COLUMN", "COST_COLUMNS",
-           "STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state",
+           "STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "hermite", "rng_state",
            "rng_from_state"]

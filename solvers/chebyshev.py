@@ -143,7 +143,7 @@ class RKC(AdaptiveStepper):
                 "(`data/configs/longtime.toml`)")
     sharded = False
     order: ClassVar[int] = ORDER
-    error_estimator_order: ClassVar[int] = ERROR_ORDER
+    error_order: ClassVar[int] = ERROR_ORDER
     step_columns = ("rejected", "stages", "jvps", "spectral_radius", "stability_margin")
     stability_column = "stability_margin"
     reads = (*CONTROLLER_KEYS, "radius_every")
@@ -160,7 +160,7 @@ class RKC(AdaptiveStepper):
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> RKC:
-        return cls(problem, cfg.solver.dt, **cls.controller(cfg), radius_every=cfg.solver.radius_every)
+        return cls(problem, cfg.solver.dt, **cls.tolerances(cfg), radius_every=cfg.solver.radius_every)
 
     def extra_state(self, state: State) -> dict[str, np.ndarray]:
         """The controller's ``err`` and the carry of :class:`_Carry`: ``rho``, its Ritz ``vector`` [N k], its

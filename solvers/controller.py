@@ -8,9 +8,10 @@ written with :meth:`AdaptiveStepper.error_norm`:
 
     ``err = rms_i (e_i / (atol + rtol max(|y_i|, |y_new,i|)))``, over all entries of all MPI ranks.
 
-The controller accepts a step with ``err <= 1``; the next step is the PI controller's
-:func:`pdeflow.solvers.base.controller_factor` times this one (with the previous accepted step's ``err`` when
-:attr:`AdaptiveStepper.pi_control`), within ``[solver.dt_min, solver.dt_max]``. A rejected step is retried at
+The controller accepts a step with ``err <= 1``; the next step is this one times the factor of the stepper's
+:class:`~pdeflow.solvers.step_size.StepSizeController` (:attr:`AdaptiveStepper.controller`: the PI controller, with the
+previous accepted step's ``err`` when :attr:`AdaptiveStepper.pi_control`, its exponent from the estimate's order),
+within ``[solver.dt_min, solver.dt_max]``. A rejected step is retried at
 ``h factor``; below ``solver.dt_min`` the step fails (:class:`~pdeflow.solvers.base.SolverError`). A stage that cannot
 be computed (an inner solve that misses its tolerance) raises :class:`StageFailed`: the step is retried at
 :data:`FAILED_STAGE_SHRINK` of its size. A step cut short by a frame time does not shrink the controller's proposal.
@@ -29,14 +30,13 @@ import numpy as np
 from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
-from .base import SolverError, State, Stepper, controller_factor
+from .base import SolverError, State, Stepper
+from .step_size import StepSizeController
 
 # the [solver] keys of the controller, read by every adaptive method
 CONTROLLER_KEYS = ("rtol", "atol", "dt_min", "dt_max", "max_growth")
 # a failed stage solve retries the step at this fraction of its size
 FAILED_STAGE_SHRINK = 0.25
-# the PI controller's memory of an accepted step's error is at least this (an err of 0 would freeze the step size)
-ERROR_MEMORY_FLOOR = 1e-4
 
 
 class StageFailed(Exception):
@@ -46,18 +46,18 @@ class StageFailed(Exception):
 
 class AdaptiveStepper(Stepper):
     """A stepper with error control (module docstring). Subclasses set :attr:`order` (of the solution they advance)
-    and :attr:`error_estimator_order` ``q`` (of the solution their estimate measures: the estimate is ``O(h^(q+1))``,
-    the controller's exponent ``1 / (q + 1)``, as scipy's ``OdeSolver`` separates them), implement
-    :meth:`_step_impl` and may override the hooks."""
+    and :attr:`error_order` ``q`` (of the solution their estimate measures: the estimate is ``O(h^(q+1))``), from
+    which :attr:`controller`, their :class:`~pdeflow.solvers.step_size.StepSizeController`, takes its exponent
+    ``1 / (q + 1)``; they implement :meth:`_step_impl` and may override the hooks."""
     # the order p of the solution y_{n+1} the method advances
     order: ClassVar[int]
     # the order q of the solution whose local error the estimate measures: err ~ h^(q+1) (q = p - 1 for a pair that
     # advances its higher-order solution, q = p when the estimate measures the error of y_{n+1} itself, as rkc's)
-    error_estimator_order: ClassVar[int]
+    error_order: ClassVar[int]
     reads = CONTROLLER_KEYS
     # the PI controller (the previous accepted step's error enters the factor), or the elementary one 0.9 err^(-1/k)
     pi_control: ClassVar[bool] = True
-    required = ("from_config", "order", "error_estimator_order", "_step_impl")
+    required = ("from_config", "order", "error_order", "_step_impl")
     # what to change when a stage fails, for the message of a failed step (a method raising StageFailed sets it)
     failure_fix: ClassVar[str] = "loosen solver.rtol/atol"
 
@@ -67,31 +67,29 @@ class AdaptiveStepper(Stepper):
         and growing by at most ``max_growth`` per step (``solver.*`` of the same names)."""
         Stepper.__init__(self, problem)
         self.dt = float(dt)
-        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
-        self.max_growth = float(max_growth)
+        self.controller = StepSizeController(self.order, self.error_order, float(rtol), float(atol), float(dt_min),
+                                             float(dt_max), float(max_growth), self.pi_control)
         # (the state an accepted step produced, its error): the PI controller's memory for the step from it
         self._memory: tuple[State, float] | None = None
 
     @classmethod
-    def controller(cls, cfg: Config) -> dict[str, float]:
+    def tolerances(cls, cfg: Config) -> dict[str, float]:
         """The error controller's parameters in ``cfg.solver``."""
         s = cfg.solver
         return {"rtol": s.rtol, "atol": s.atol, "dt_min": s.dt_min, "dt_max": s.dt_max, "max_growth": s.max_growth}
 
-    @property
-    def error_exponent(self) -> int:
-        """``k = q + 1``, the power of h in the local error estimate (``err ~ h^k``): the controller's factor is
-        ``0.9 err^(-1/k)`` (:func:`~pdeflow.solvers.base.controller_factor`)."""
-        return self.error_estimator_order + 1
+    # the controller's settings, read where a message names them
+    rtol = property(lambda self: self.controller.rtol, doc="``solver.rtol``")
+    atol = property(lambda self: self.controller.atol, doc="``solver.atol``")
+    dt_min = property(lambda self: self.controller.dt_min, doc="``solver.dt_min``")
+    dt_max = property(lambda self: self.controller.dt_max, doc="``solver.dt_max``")
+    max_growth = property(lambda self: self.controller.max_growth, doc="``solver.max_growth``")
 
     # ---- the error norm and the controller's memory --------------------------------------------------------------
     def error_norm(self, error: np.ndarray, y: np.ndarray, y_new: np.ndarray) -> float:
         """``rms(error / (atol + rtol max(|y|, |y_new|)))`` over all entries of all ranks (every rank takes the
         same step); ``inf`` when not finite."""
-        scale = self.atol + self.rtol * np.maximum(np.abs(y), np.abs(y_new))
-        squares, count = self.problem.comm.sum_over_ranks(float(np.sum((error / scale) ** 2)), error.size)
-        err = math.sqrt(squares / count) if count else 0.0
-        return err if np.isfinite(err) else np.inf
+        return self.controller.norm(error, y, y_new, self.problem.comm.sum_over_ranks)
 
     def previous_error(self, state: State) -> float:
         """The error of the accepted step that produced ``state`` (nan: not known, or no PI control)."""
@@ -130,11 +128,10 @@ class AdaptiveStepper(Stepper):
                     raise SolverError(f"a stage solve failed ({exc}) and the step fell below solver.dt_min = "
                                       f"{self.dt_min:g} at t = {state.t:.6g}; {self.failure_fix}") from None
                 continue
-            factor = controller_factor(err, previous if counts["rejected"] == 0 else math.nan,
-                                       self.error_exponent, self.max_growth)
+            factor = self.controller.factor(err, previous if counts["rejected"] == 0 else math.nan)
             if err <= 1.0:
-                new.dt = float(np.clip(self._proposal(dt, h, h_taken, err, factor), self.dt_min, self.dt_max))
-                self._memory = (new, max(err, ERROR_MEMORY_FLOOR))
+                new.dt = self.controller.bounded(self._proposal(dt, h, h_taken, err, factor))
+                self._memory = (new, self.controller.remembered(err))
                 return new, self._accept_step(state, new, h_taken, counts)
             counts["rejected"] += 1
             dt = h_taken * factor
@@ -147,8 +144,9 @@ class AdaptiveStepper(Stepper):
     def _proposal(self, dt: float, h: float, h_taken: float, err: float, factor: float) -> float:
         """The next step after an accepted step of ``h_taken`` (asked: ``h = min(dt, dt_limit)``, ``dt`` the
         controller's own): ``dt factor``; a step cut short (by a frame time, or by the method) does not shrink the
-        controller's proposal: ``max(dt, h_taken factor)``."""
-        return dt * factor if h_taken >= dt else max(dt, h_taken * factor)
+        controller's proposal: ``max(dt, h_taken factor)`` (:meth:`StepSizeController.proposal
+        <pdeflow.solvers.step_size.StepSizeController.proposal>`)."""
+        return self.controller.proposal(dt, h_taken, factor)
 
     def likely_cause(self, state: State) -> str:
         return (f"the {self.name} stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) "
@@ -173,4 +171,4 @@ class AdaptiveStepper(Stepper):
         """Called after a rejected attempt, before the next (a method renews what the rejection put in doubt)."""
 
 
-__all__ = ["AdaptiveStepper", "StageFailed", "CONTROLLER_KEYS", "FAILED_STAGE_SHRINK", "ERROR_MEMORY_FLOOR"]
+__all__ = ["AdaptiveStepper", "StageFailed", "CONTROLLER_KEYS", "FAILED_STAGE_SHRINK"]

@@ -160,7 +160,7 @@ class ESERK4(RKC):
     summary = "ESERK4, extrapolated Chebyshev, order 4, stabilized explicit, error control, optional deflation"
     use_when = "long stiff particle runs at tight tolerances without linear solves or the `sundials` extra"
     order: ClassVar[int] = ORDER
-    error_estimator_order: ClassVar[int] = ERROR_ORDER
+    error_order: ClassVar[int] = ERROR_ORDER
     reads = (*CONTROLLER_KEYS, "radius_every", "deflate")
 
     _pairs: _Pairs | None = None
@@ -175,7 +175,7 @@ class ESERK4(RKC):
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> ESERK4:
-        return cls(problem, cfg.solver.dt, **cls.controller(cfg), radius_every=cfg.solver.radius_every,
+        return cls(problem, cfg.solver.dt, **cls.tolerances(cfg), radius_every=cfg.solver.radius_every,
                    deflate=cfg.solver.deflate)
 
     # ---- the carry: rkc's, and the deflated pairs ---------------------------------------------------------------

@@ -21,7 +21,7 @@ from scipy.sparse.linalg import LinearOperator, lobpcg, minres
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
-from .base import SolverError, State, controller_factor, hermite
+from .base import SolverError, State, hermite
 from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
 from .jacobian import dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
 
@@ -141,7 +141,7 @@ class Rosenbrock(AdaptiveStepper):
     use_when = "stiffness far beyond the motion's own time scales, where an L-stable method of order 3 is wanted"
     sharded = False
     order: ClassVar[int] = ORDER
-    error_estimator_order: ClassVar[int] = ERROR_ORDER
+    error_order: ClassVar[int] = ERROR_ORDER
     step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "explicit_margin")
     stability_column = "explicit_margin"
     failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
@@ -169,7 +169,7 @@ class Rosenbrock(AdaptiveStepper):
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Rosenbrock:
         s = cfg.solver
-        return cls(problem, s.dt, **cls.controller(cfg),
+        return cls(problem, s.dt, **cls.tolerances(cfg),
                    jacobian=s.jacobian, krylov_tol=s.krylov_tol, krylov_maxiter=s.krylov_maxiter, deflate=s.deflate,
                    deflate_every=s.deflate_every, stage_solve=s.stage_solve)
 
@@ -425,7 +425,7 @@ class Rosenbrock(AdaptiveStepper):
         """A step cut to the explicit bound: the error of the short step says how long an accurate step could be
         (err ~ h^3), the choice against a MINRES step of that size needs it (growth up to CAPPED_GROWTH)."""
         if h_taken < h:
-            return max(dt, h_taken * controller_factor(err, math.nan, self.error_exponent, CAPPED_GROWTH))
+            return max(dt, h_taken * self.controller.factor(err, math.nan, CAPPED_GROWTH))
         return super()._proposal(dt, h, h_taken, err, factor)
 
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:

@@ -54,7 +54,7 @@ class WassersteinFisherRao(DormandPrince):
     def from_config(cls, problem: Problem, cfg: Config) -> WassersteinFisherRao:
         s = cfg.solver
         return cls(problem, s.dt, alpha=s.alpha, gamma=s.gamma, mass_floor=s.mass_floor, total_mass=s.total_mass,
-                   **cls.controller(cfg))
+                   **cls.tolerances(cfg))
 
     # ---- the vector field ---------------------------------------------------------------------
     def mean_phi(self, phi: np.ndarray, mass: np.ndarray) -> float:

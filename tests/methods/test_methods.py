@@ -88,7 +88,7 @@ def test_a_stepper_class_that_breaks_the_contract_is_refused_when_defined() -> N
                                         r"from_config"):
         class Unconfigured(Stepper):
             name = "unconfigured"
-    with pytest.raises(TypeError, match="does not define error_estimator_order, _step_impl"):
+    with pytest.raises(TypeError, match="does not define error_order, _step_impl"):
         class Unestimated(AdaptiveStepper):
             name = "unestimated"
             order = 2
