@@ -23,6 +23,7 @@ from pdeflow.core.problem import COST_KINDS, Evaluation, Problem
 from pdeflow.core.state import State, rng_from_state, rng_state
 
 from .methods import Method, declare
+from .parameters import Param
 
 
 def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> float:
@@ -60,7 +61,7 @@ class Stepper(abc.ABC):
     The contract of a stepper (as scipy's ``OdeSolver`` states its own). A stepper class MUST define:
 
     1. ``name``: the ``solver.method`` it answers to; setting it registers the class (:data:`STEPPERS`) and declares
-       its row of :data:`pdeflow.solvers.methods.METHODS` from :attr:`measures`, :attr:`explicit_flow`, :attr:`reads`,
+       its row of :data:`pdeflow.solvers.methods.METHODS` from :attr:`measures`, :attr:`explicit_flow`, :attr:`params`,
        :attr:`summary` and :attr:`use_when` (:meth:`__init_subclass__`; the "which solver" table renders the last
        two). A class without a name is a base for others and registers nothing.
     2. :meth:`from_config` (a named class; checked when it is defined): the stepper a config's ``[solver]`` (and
@@ -76,7 +77,10 @@ class Stepper(abc.ABC):
     It MAY override:
 
     4. :attr:`measure`, :attr:`measures`: what it evolves (``particles`` or ``grid``; the ``init.measure`` values).
-    5. :attr:`reads`, :meth:`check_keys`: the method-specific ``[solver]`` keys it reads, and whether they go together.
+    5. :attr:`params`, :meth:`check_keys`: the method-specific ``[solver]`` keys it reads
+       (:class:`~pdeflow.solvers.parameters.Param`: name, type, default, doc, allowed values; the ``[solver]`` schema
+       and ``pdeflow config`` are generated from them, :mod:`pdeflow.solvers.parameters`), and whether they go
+       together; :meth:`key_values` reads them from a config by name.
     6. :attr:`explicit_flow`: True for an explicit Runge-Kutta step of the particles' Wasserstein flow.
     7. :attr:`step_columns`: the extra /steps columns :meth:`step` returns. The cost columns (:data:`COST_COLUMNS`:
        grad Phi evaluations, exact and difference products) are the base's, counted by the Problem around each
@@ -96,10 +100,10 @@ class Stepper(abc.ABC):
     measure: ClassVar[str] = "particles"
     # the method's declaration: the values of init.measure it evolves (empty: its own measure), whether it is an
     # explicit Runge-Kutta step of the particles' Wasserstein flow (a reference flow of the chaos experiment), and
-    # the method-specific [solver] keys it reads (a non-default value of any other is refused)
+    # the method-specific [solver] keys it reads, declared (a non-default value of any other is refused)
     measures: ClassVar[tuple[str, ...]] = ()
     explicit_flow: ClassVar[bool] = False
-    reads: ClassVar[tuple[str, ...]] = ()
+    params: ClassVar[tuple[Param, ...]] = ()
     # one line each: what the method is and when to choose it (the "which solver" table, solvers/table.py)
     summary: ClassVar[str] = ""
     use_when: ClassVar[str] = ""
@@ -132,7 +136,7 @@ class Stepper(abc.ABC):
                                 f"{', '.join(missing)}: see the contract in pdeflow.solvers.base.Stepper")
             STEPPERS[cls.name] = cls
             # summary and use_when describe this class, not its parent: a subclass that leaves them out declares ""
-            declare(Method(cls.name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads),
+            declare(Method(cls.name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.params),
                            cls.__dict__.get("summary", ""), cls.__dict__.get("use_when", "")))
 
     def __init__(self, problem: Problem) -> None:
@@ -144,8 +148,14 @@ class Stepper(abc.ABC):
         self.initial_fields: Callable[[], dict[str, np.ndarray]] | None = None
 
     @classmethod
+    def key_values(cls, cfg: Config) -> dict[str, Any]:
+        """The values ``cfg.solver`` gives the keys of :attr:`params`, by name (the keyword arguments of a stepper
+        whose ``__init__`` names its parameters after its keys)."""
+        return {p.name: getattr(cfg.solver, p.name) for p in cls.params}
+
+    @classmethod
     def check_keys(cls, cfg: Config) -> None:
-        """ConfigError (one line) when the keys the method reads (:attr:`reads`) do not go together; checked by
+        """ConfigError (one line) when the keys the method reads (:attr:`params`) do not go together; checked by
         :func:`pdeflow.solvers.check_config` (their ranges: by the config)."""
 
     @classmethod

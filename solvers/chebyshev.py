@@ -24,12 +24,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
 from .base import State, hermite
-from .controller import CONTROLLER_KEYS, AdaptiveStepper
+from .controller import CONTROLLER_PARAMS, AdaptiveStepper
 from .jacobian import dissipation_slope, mass_weighted, top_ritz, velocity_jacobian
+from .parameters import Param
 
 # the damping of the stability polynomial: |R_s| <= 1 - eps/3 or so inside the interval (a margin against rounding
 # and a slightly wrong rho), at the price of beta(s) ~ 0.65 s^2 instead of 2 s^2
@@ -43,6 +43,8 @@ RADIUS_KRYLOV = 8
 RADIUS_COLD = 16
 # stages of one step at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 2000
+RADIUS_EVERY = Param("radius_every", int, 25, "the most steps between estimates of the Jacobian's spectral radius "
+                     "(fewer while it grows; and after every rejected step)", ge=1)
 ORDER = 2  # of y_{n+1}
 # the estimate measures the local error of y_{n+1} itself: O(h^3), so the controller's exponent is 1/3
 ERROR_ORDER = 2
@@ -146,7 +148,7 @@ class RKC(AdaptiveStepper):
     error_order: ClassVar[int] = ERROR_ORDER
     step_columns = ("rejected", "stages", "jvps", "spectral_radius", "stability_margin")
     stability_column = "stability_margin"
-    reads = (*CONTROLLER_KEYS, "radius_every")
+    params = (*CONTROLLER_PARAMS, RADIUS_EVERY)
 
     _carry: _Carry | None = None
     _step_radius: _Radius  # the radius estimate of the step being taken (_begin_step), renewed by a rejection
@@ -157,10 +159,6 @@ class RKC(AdaptiveStepper):
         estimates of the spectral radius (``solver.*`` of the same names)."""
         super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
         self.radius_every = int(radius_every)
-
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> RKC:
-        return cls(problem, cfg.solver.dt, **cls.tolerances(cfg), radius_every=cfg.solver.radius_every)
 
     def extra_state(self, state: State) -> dict[str, np.ndarray]:
         """The controller's ``err`` and the carry of :class:`_Carry`: ``rho``, its Ritz ``vector`` [N k], its

@@ -31,10 +31,16 @@ from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
 from .base import SolverError, State, Stepper
+from .parameters import Param
 from .step_size import StepSizeController
 
 # the [solver] keys of the controller, read by every adaptive method
-CONTROLLER_KEYS = ("rtol", "atol", "dt_min", "dt_max", "max_growth")
+RTOL = Param("rtol", float, 1e-6, "relative tolerance", gt=0)
+ATOL = Param("atol", float, 1e-9, "absolute tolerance", gt=0)
+DT_MIN = Param("dt_min", float, 1e-10, "smallest allowed step", gt=0)
+DT_MAX = Param("dt_max", float, math.inf, "largest allowed step", gt=0)
+MAX_GROWTH = Param("max_growth", float, 5.0, "largest step growth factor per step", gt=1)
+CONTROLLER_PARAMS = (RTOL, ATOL, DT_MIN, DT_MAX, MAX_GROWTH)
 # a failed stage solve retries the step at this fraction of its size
 FAILED_STAGE_SHRINK = 0.25
 
@@ -54,7 +60,7 @@ class AdaptiveStepper(Stepper):
     # the order q of the solution whose local error the estimate measures: err ~ h^(q+1) (q = p - 1 for a pair that
     # advances its higher-order solution, q = p when the estimate measures the error of y_{n+1} itself, as rkc's)
     error_order: ClassVar[int]
-    reads = CONTROLLER_KEYS
+    params = CONTROLLER_PARAMS
     # the PI controller (the previous accepted step's error enters the factor), or the elementary one 0.9 err^(-1/k)
     pi_control: ClassVar[bool] = True
     required = ("from_config", "order", "error_order", "_step_impl")
@@ -73,10 +79,9 @@ class AdaptiveStepper(Stepper):
         self._memory: tuple[State, float] | None = None
 
     @classmethod
-    def tolerances(cls, cfg: Config) -> dict[str, float]:
-        """The error controller's parameters in ``cfg.solver``."""
-        s = cfg.solver
-        return {"rtol": s.rtol, "atol": s.atol, "dt_min": s.dt_min, "dt_max": s.dt_max, "max_growth": s.max_growth}
+    def from_config(cls, problem: Problem, cfg: Config) -> AdaptiveStepper:
+        """The stepper from ``solver.dt`` and the keys it declares (:attr:`params`), passed to ``__init__`` by name."""
+        return cls(problem, cfg.solver.dt, **cls.key_values(cfg))
 
     # the controller's settings, read where a message names them
     rtol = property(lambda self: self.controller.rtol, doc="``solver.rtol``")
@@ -171,4 +176,5 @@ class AdaptiveStepper(Stepper):
         """Called after a rejected attempt, before the next (a method renews what the rejection put in doubt)."""
 
 
-__all__ = ["AdaptiveStepper", "StageFailed", "CONTROLLER_KEYS", "FAILED_STAGE_SHRINK"]
+__all__ = ["AdaptiveStepper", "StageFailed", "CONTROLLER_PARAMS", "RTOL", "ATOL", "DT_MIN", "DT_MAX", "MAX_GROWTH",
+           "FAILED_STAGE_SHRINK"]

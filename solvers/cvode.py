@@ -40,7 +40,9 @@ from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
 from .base import SolverError, State, Stepper, hermite
+from .controller import ATOL, DT_MAX, DT_MIN, RTOL
 from .jacobian import (
+    JACOBIAN,
     Product,
     deflation_inverse,
     dissipation_slope,
@@ -49,6 +51,7 @@ from .jacobian import (
     top_eigenpairs,
     velocity_jacobian,
 )
+from .parameters import Param
 
 # GMRES directions per linear solve (CVODE's default 5 is too few once the spectrum spreads: a linear failure each
 # time it is exceeded)
@@ -144,7 +147,9 @@ class Cvode(Stepper):
                "`sundials`)")
     use_when = "an independent reference at tight tolerances"
     sharded = False
-    reads = ("rtol", "atol", "dt_min", "dt_max", "jacobian", "deflate")
+    params = (RTOL, ATOL, DT_MIN, DT_MAX, JACOBIAN,
+              Param("deflate", int, 0, "largest eigenpairs of the Jacobian in the preconditioner of CVODE's GMRES "
+                    "solves (0: none)", ge=0, le=1000))
     step_columns = ("order", "rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures",
                     "jvps", "preconditioner_setups")
 

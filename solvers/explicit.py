@@ -135,10 +135,6 @@ class EmbeddedRK(AdaptiveStepper, ExplicitRK):
     step_columns = ("rejected",)
     e: ClassVar[tuple[float, ...]] = ()
 
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> EmbeddedRK:
-        return cls(problem, cfg.solver.dt, **cls.tolerances(cfg))
-
     def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
         y = self._solution(state)
         n = len(self.A) - 1  # stages before the last, which is the rate at the new state

@@ -37,13 +37,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
 from .base import State
-from .chebyshev import RADIUS_COLD, RADIUS_KRYLOV, RKC
-from .controller import CONTROLLER_KEYS
+from .chebyshev import RADIUS_COLD, RADIUS_EVERY, RADIUS_KRYLOV, RKC
+from .controller import CONTROLLER_PARAMS
 from .jacobian import deflation_inverse, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
+from .parameters import Param
 
 # the damping of the first-order Chebyshev polynomials: |P_s| <= 1 / T_s(w0) ~ 0.27 inside [-beta(s), 0], small
 # enough that the extrapolation's weights (sum of moduli 28.3) keep |R| <= 1 there
@@ -53,6 +53,8 @@ WEIGHTS = (-1.0 / 6.0, 4.0, -27.0 / 2.0, 32.0 / 3.0)
 WEIGHTS_THIRD = (0.5, -4.0, 4.5)
 # stages of one sub-integration at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 500
+DEFLATE = Param("deflate", int, 0, "largest eigenpairs of the Jacobian treated linearly implicitly, the stages "
+                "chosen for the rest of the spectrum (0: none)", ge=0, le=1000)
 ORDER = 4  # of the extrapolated y_{n+1}
 ERROR_ORDER = 3  # of the order-3 extrapolation the estimate measures: O(h^4)
 # deflation: the pairs are recomputed when the complement's top eigenvalue exceeds this factor times its value at
@@ -161,7 +163,7 @@ class ESERK4(RKC):
     use_when = "long stiff particle runs at tight tolerances without linear solves or the `sundials` extra"
     order: ClassVar[int] = ORDER
     error_order: ClassVar[int] = ERROR_ORDER
-    reads = (*CONTROLLER_KEYS, "radius_every", "deflate")
+    params = (*CONTROLLER_PARAMS, RADIUS_EVERY, DEFLATE)
 
     _pairs: _Pairs | None = None
 
@@ -172,11 +174,6 @@ class ESERK4(RKC):
         super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth,
                          radius_every=radius_every)
         self.deflate = int(deflate)
-
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> ESERK4:
-        return cls(problem, cfg.solver.dt, **cls.tolerances(cfg), radius_every=cfg.solver.radius_every,
-                   deflate=cfg.solver.deflate)
 
     # ---- the carry: rkc's, and the deflated pairs ---------------------------------------------------------------
     def extra_state(self, state: State) -> dict[str, np.ndarray]:

@@ -17,8 +17,14 @@ from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
 from pdeflow.core.problem import Problem
 
+from .parameters import Param
+
 # forward-difference step relative to 1 + |y|: about sqrt(machine epsilon), balancing truncation and rounding
 DIFFERENCE_STEP = 1.5e-8
+# the [solver] key of the steppers that take Jacobian-vector products of a kind the user chooses (rosenbrock, cvode)
+JACOBIAN = Param("jacobian", str, "exact", "Jacobian-vector products in forward mode (exact) or by a forward "
+                 "difference of grad Phi (one real evaluation; the W-method keeps its order)",
+                 choices=("exact", "difference"))
 
 Product = Callable[[np.ndarray], np.ndarray]
 

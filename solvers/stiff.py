@@ -22,8 +22,9 @@ from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
 from .base import SolverError, State, hermite
-from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
-from .jacobian import dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
+from .controller import CONTROLLER_PARAMS, AdaptiveStepper, StageFailed
+from .jacobian import JACOBIAN, dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
+from .parameters import Param
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -37,6 +38,18 @@ GAMMA_TABLE = np.array([[GAMMA, 0.0, 0.0, 0.0],
                         [0.24212380706095346, -1.2232505839045147, 0.54526025533510214, GAMMA]])
 B = np.array([0.24212380706095346, -1.2232505839045147, 1.5452602553351020, 0.435866521508459])
 B_HAT = np.array([0.37810903145819369, -0.096042292212423178, 0.5, 0.2179332607542295])
+# the [solver] keys rosenbrock reads besides the controller's and solver.jacobian
+KRYLOV_TOL = Param("krylov_tol", float, 0.01, "stage-solve accuracy, as a fraction of the local error tolerance", gt=0,
+                   le=1)
+KRYLOV_MAXITER = Param("krylov_maxiter", int, 1000, "MINRES iterations per stage solve (more: a failed solve, the "
+                       "step is retried at a quarter of its size)", ge=1)
+DEFLATE = Param("deflate", int, 0, "largest eigenpairs of the Jacobian removed from the stage solves by a "
+                "preconditioner, carried from step to step (0: none)", ge=0, le=1000)
+DEFLATE_EVERY = Param("deflate_every", int, 1, "steps between refinements of the deflated eigenpairs (warm-started "
+                      "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
+STAGE_SOLVE = Param("stage_solve", str, "minres", "'minres' (MINRES with the current Jacobian) or 'auto' (needs "
+                    "solver.deflate: steps within the explicit bound of the rest of the spectrum take W = the "
+                    "Jacobian on the eigenpairs, no products)", choices=("minres", "auto"))
 ORDER = 3  # of y_{n+1}
 ERROR_ORDER = 2  # of the embedded solution, so err ~ h^3
 
@@ -145,7 +158,7 @@ class Rosenbrock(AdaptiveStepper):
     step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "explicit_margin")
     stability_column = "explicit_margin"
     failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
-    reads = (*CONTROLLER_KEYS, "jacobian", "krylov_tol", "krylov_maxiter", "deflate", "deflate_every", "stage_solve")
+    params = (*CONTROLLER_PARAMS, JACOBIAN, KRYLOV_TOL, KRYLOV_MAXITER, DEFLATE, DEFLATE_EVERY, STAGE_SOLVE)
 
     _carry: _Carry | None = None
     _step_plan: _Plan
@@ -165,13 +178,6 @@ class Rosenbrock(AdaptiveStepper):
     def check_keys(cls, cfg: Config) -> None:
         if cfg.solver.stage_solve == "auto" and cfg.solver.deflate == 0:
             raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
-
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> Rosenbrock:
-        s = cfg.solver
-        return cls(problem, s.dt, **cls.tolerances(cfg),
-                   jacobian=s.jacobian, krylov_tol=s.krylov_tol, krylov_maxiter=s.krylov_maxiter, deflate=s.deflate,
-                   deflate_every=s.deflate_every, stage_solve=s.stage_solve)
 
     def extra_state(self, state: State) -> dict[str, np.ndarray]:
         """The controller's ``err`` and the carry of :class:`_Carry`: ``slope = dI/dt``, ``minres_cost``; with
