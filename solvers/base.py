@@ -51,6 +51,65 @@ class DefectSource:
     remedy: str
 
 
+def _always(stepper: Stepper) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A value an accepted step hands to the next step (beyond the :class:`State`), kept in checkpoints under its
+    ``name``. Its ``shape``: ``"scalar"`` (a float), ``"int"``, ``"vector"`` ([n], n the measure's size,
+    ``omega.size``), ``"values"`` ([m] at most) or ``"columns"`` ([n, m] at most), m the stepper's attribute named
+    ``count``; ``like``: the ``"values"`` item whose held entries say which columns of a ``"columns"`` item are held
+    (eigenvalues and their vectors); ``order``: the memory order (``"C"`` or ``"F"``) a ``"columns"`` item has
+    while the stepper runs, given back by :meth:`unpack` (BLAS sums the products on it in an order that depends on
+    it: a resumed run repeats the uninterrupted one bit for bit only with the same); ``when(stepper)``: whether this
+    stepper carries it at all (its settings). A
+    checkpoint holds it as a float array of the declared shape, nan where nothing is known (past the held entries,
+    or no value): None in the carry it is restored to."""
+    name: str
+    shape: str = "scalar"
+    count: str = ""
+    like: str = ""
+    order: str = "C"
+    when: Callable[[Stepper], bool] = _always
+
+    def size(self, stepper: Stepper, state: State) -> tuple[int, ...]:
+        """The array shape of the checkpoint's dataset."""
+        n = state.fields["omega"].size if "omega" in state.fields else 0
+        m = int(getattr(stepper, self.count)) if self.count else 0
+        return {"scalar": (), "int": (), "vector": (n,), "values": (m,), "columns": (n, m)}[self.shape]
+
+    def pack(self, value: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """``value`` (None: not known) as the float array of ``shape``, nan-padded."""
+        out = np.full(shape, math.nan)
+        if value is None:
+            return out
+        if self.shape in ("scalar", "int", "vector"):
+            out[...] = value
+        elif self.shape == "values":
+            out[:np.size(value)] = value
+        else:
+            out[:, :np.shape(value)[1]] = value
+        return out
+
+    def unpack(self, array: np.ndarray, held: np.ndarray | None = None) -> Any:
+        """The value a checkpoint's ``array`` holds (None: not known): a float, an int, the vector, the finite
+        entries of ``"values"``, the columns of ``"columns"`` that ``held`` marks (those of its ``like`` item)."""
+        a = np.asarray(array, dtype=float)
+        if self.shape in ("scalar", "int"):
+            if not math.isfinite(float(a)):
+                return None
+            return int(a) if self.shape == "int" else float(a)
+        if self.shape == "vector":
+            return np.array(a) if np.all(np.isfinite(a)) else None
+        if self.shape == "values":
+            keep = np.isfinite(a)
+            return np.array(a[keep]) if np.any(keep) else None
+        keep = np.all(np.isfinite(a), axis=0) if held is None else held
+        return np.array(a[:, keep], order=self.order) if np.any(keep) else None
+
+
 class SolverError(RuntimeError):
     """A step could not be completed (a failed inner solve, a step size below its floor, ...)."""
 
@@ -86,7 +145,10 @@ class Stepper(abc.ABC):
        grad Phi evaluations, exact and difference products) are the base's, counted by the Problem around each
        step (:meth:`cost_since`), for every stepper alike; a stepper's own tallies (``jvps`` of rkc, rosenbrock,
        cvode: what its decisions or its breakdown use) are columns of its own, not its cost.
-    8. :meth:`extra_state`, :meth:`restore`: what a checkpoint keeps beyond the :class:`State`, and reading it back.
+    8. :attr:`carried`: what an accepted step hands to the next beyond the :class:`State` (:class:`Carried`: names
+       and shapes), handed on by :meth:`hand_on` and read back by :meth:`carry`; the base keeps it in checkpoints
+       (:meth:`extra_state`) and restores it (:meth:`restore`), so a resumed run repeats the uninterrupted one bit
+       for bit. A stepper whose carry cannot be restored (cvode's solver memory) overrides :meth:`restore`.
     9. :meth:`evaluate`, :meth:`diagnostics`, :meth:`frame_attrs`: how its measure is evaluated and described (grids).
     10. :attr:`energy_identity`, :meth:`identity_note`, :attr:`quadrature`, :meth:`dissipation_integral`,
         :meth:`defect_sources`: its energy-identity check (:mod:`pdeflow.solvers.accuracy`); a stepper whose
@@ -108,6 +170,8 @@ class Stepper(abc.ABC):
     summary: ClassVar[str] = ""
     use_when: ClassVar[str] = ""
     step_columns: ClassVar[tuple[str, ...]] = ()
+    # what an accepted step hands to the next beyond the State, checkpointed by the base (item 8)
+    carried: ClassVar[tuple[Carried, ...]] = ()
     # True when a step needs of the other ranks' particles only what Problem sums over ranks (the aggregate
     # output, confinement, dissipation) and sum_over_ranks: the stepper runs split across MPI ranks
     sharded: ClassVar[bool] = False
@@ -146,6 +210,8 @@ class Stepper(abc.ABC):
         self.dt = math.nan
         # the initial measure's fields when initial_state() is called without (make_stepper: the config's)
         self.initial_fields: Callable[[], dict[str, np.ndarray]] | None = None
+        # (the state an accepted step produced, the values of carried it handed on to the step from it)
+        self._carry: tuple[State, dict[str, Any]] | None = None
 
     @classmethod
     def key_values(cls, cfg: Config) -> dict[str, Any]:
@@ -177,16 +243,42 @@ class Stepper(abc.ABC):
         """Attributes of ``/frames`` describing the measure (a grid's box and shape)."""
         return {}
 
+    # ---- the carry ----------------------------------------------------------------------------
+    def hand_on(self, state: State, **values: Any) -> None:
+        """Hand ``values`` (names of :attr:`carried`; None: not known) on to the step from ``state``, with what was
+        already handed on to it (a new state's carry starts empty)."""
+        if self._carry is None or self._carry[0] is not state:
+            self._carry = (state, {})
+        self._carry[1].update(values)
+
+    def carry(self, state: State) -> dict[str, Any] | None:
+        """What was handed on to the step from ``state`` (:meth:`hand_on`, or a restored checkpoint's), by name;
+        None when nothing was: ``state`` is not the one the last accepted step produced (the step starts afresh)."""
+        return self._carry[1] if self._carry is not None and self._carry[0] is state else None
+
+    def kept(self) -> tuple[Carried, ...]:
+        """The items of :attr:`carried` this stepper carries (its settings: :attr:`Carried.when`)."""
+        return tuple(c for c in self.carried if c.when(self))
+
     def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """The controller state beyond ``State`` that a checkpoint keeps at ``state``: named float arrays (a
-        subclass adds its own to its base's). Their names and shapes depend only on the stepper's parameters and
-        the measure's shape, so those at the start fix the file's datasets; a value not known at ``state`` is nan
-        (what :meth:`restore` then recomputes)."""
-        return {}
+        """What a checkpoint keeps at ``state`` beyond the ``State``: each kept item of :attr:`carried` as a float
+        array of its declared shape (:meth:`Carried.pack`), nan where not known at ``state``. The names and shapes
+        depend only on the stepper's parameters and the measure's shape, so those at the start fix the file's
+        datasets."""
+        values = self.carry(state) or {}
+        return {c.name: c.pack(values.get(c.name), c.size(self, state)) for c in self.kept()}
 
     def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
         """Continue from ``state`` (a resumed file's, :func:`pdeflow.io.resume.state_of`) with the named arrays
-        ``extra`` of :meth:`extra_state`; the default stepper keeps nothing beyond the state."""
+        ``extra`` of :meth:`extra_state`: the carry handed on to the step from it (nothing when no value is
+        known)."""
+        self._carry = None
+        if extra:
+            values = {c.name: c.unpack(extra[c.name], np.isfinite(np.asarray(extra[c.like], dtype=float))
+                                       if c.like else None)
+                      for c in self.kept() if c.name in extra}
+            if any(v is not None for v in values.values()):
+                self._carry = (state, values)
         return state
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -258,6 +350,6 @@ class Stepper(abc.ABC):
                 f"reduce solver.dt or use solver.method = 'adaptive'")
 
 
-__all__ = ["COST_COLUMN", "COST_COLUMNS",
+__all__ = ["COST_COLUMN", "COST_COLUMNS", "Carried",
            "STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "hermite", "rng_state",
            "rng_from_state"]

@@ -30,7 +30,7 @@ import numpy as np
 from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
-from .base import SolverError, State, Stepper
+from .base import Carried, SolverError, State, Stepper
 from .parameters import Param
 from .step_size import StepSizeController
 
@@ -66,6 +66,8 @@ class AdaptiveStepper(Stepper):
     required = ("from_config", "order", "error_order", "_step_impl")
     # what to change when a stage fails, for the message of a failed step (a method raising StageFailed sets it)
     failure_fix: ClassVar[str] = "loosen solver.rtol/atol"
+    # the PI controller's memory: the error of the accepted step that produced the state (with PI control)
+    carried = (Carried("err", when=lambda stepper: stepper.pi_control),)
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
                  max_growth: float) -> None:
@@ -75,8 +77,6 @@ class AdaptiveStepper(Stepper):
         self.dt = float(dt)
         self.controller = StepSizeController(self.order, self.error_order, float(rtol), float(atol), float(dt_min),
                                              float(dt_max), float(max_growth), self.pi_control)
-        # (the state an accepted step produced, its error): the PI controller's memory for the step from it
-        self._memory: tuple[State, float] | None = None
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> AdaptiveStepper:
@@ -97,23 +97,9 @@ class AdaptiveStepper(Stepper):
         return self.controller.norm(error, y, y_new, self.problem.comm.sum_over_ranks)
 
     def previous_error(self, state: State) -> float:
-        """The error of the accepted step that produced ``state`` (nan: not known, or no PI control)."""
-        if not self.pi_control or self._memory is None or self._memory[0] is not state:
-            return math.nan
-        return self._memory[1]
-
-    def remember_error(self, state: State, err: float) -> None:
-        """Set the controller's memory for the step from ``state`` (a restored checkpoint's; nan: none)."""
-        self._memory = (state, float(err)) if math.isfinite(err) else None
-
-    def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """``err``: the PI controller's memory for the step from ``state`` (nan: none); nothing without PI."""
-        return {"err": np.array(self.previous_error(state))} if self.pi_control else {}
-
-    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
-        if self.pi_control and extra and "err" in extra:
-            self.remember_error(state, float(extra["err"]))
-        return state
+        """The error of the accepted step that produced ``state``, carried (nan: not known, or no PI control)."""
+        err = (self.carry(state) or {}).get("err") if self.pi_control else None
+        return math.nan if err is None else err
 
     # ---- the step ------------------------------------------------------------------------------------------------
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
@@ -136,7 +122,8 @@ class AdaptiveStepper(Stepper):
             factor = self.controller.factor(err, previous if counts["rejected"] == 0 else math.nan)
             if err <= 1.0:
                 new.dt = self.controller.bounded(self._proposal(dt, h, h_taken, err, factor))
-                self._memory = (new, self.controller.remembered(err))
+                if self.pi_control:
+                    self.hand_on(new, err=self.controller.remembered(err))
                 return new, self._accept_step(state, new, h_taken, counts)
             counts["rejected"] += 1
             dt = h_taken * factor

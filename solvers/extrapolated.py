@@ -39,7 +39,7 @@ import numpy as np
 
 from pdeflow.core.problem import Problem
 
-from .base import State
+from .base import Carried, State
 from .chebyshev import RADIUS_COLD, RADIUS_EVERY, RADIUS_KRYLOV, RKC
 from .controller import CONTROLLER_PARAMS
 from .jacobian import deflation_inverse, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
@@ -164,8 +164,15 @@ class ESERK4(RKC):
     order: ClassVar[int] = ORDER
     error_order: ClassVar[int] = ERROR_ORDER
     params = (*CONTROLLER_PARAMS, RADIUS_EVERY, DEFLATE)
+    # rkc's carry and, with solver.deflate = m > 0, the pairs: ``lam`` [m at most], ``V`` [N k, m at most] and
+    # ``rho_pairs``, the complement's top eigenvalue when they were computed (:class:`_Pairs`)
+    carried = (*RKC.carried, Carried("lam", "values", count="deflate", when=lambda stepper: stepper.deflate > 0),
+               # in Fortran order, as the live pairs (a column subset of ARPACK's vectors)
+               Carried("V", "columns", count="deflate", like="lam", order="F",
+                       when=lambda stepper: stepper.deflate > 0),
+               Carried("rho_pairs", when=lambda stepper: stepper.deflate > 0))
 
-    _pairs: _Pairs | None = None
+    _pairs: _Pairs | None = None  # those of the step being taken (_begin_step), renewed by the radius estimates
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
                  max_growth: float, radius_every: int, deflate: int) -> None:
@@ -176,27 +183,15 @@ class ESERK4(RKC):
         self.deflate = int(deflate)
 
     # ---- the carry: rkc's, and the deflated pairs ---------------------------------------------------------------
-    def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """rkc's carry; with ``solver.deflate = m``: the pairs ``lam`` [m] (nan past those held), ``V`` [N k, m]
-        and ``rho_pairs``, the complement's top eigenvalue when they were computed."""
-        extra = super().extra_state(state)
-        if self.deflate:
-            n, m = state.fields["omega"].size, self.deflate
-            lam, V, rho = np.full(m, np.nan), np.zeros((n, m)), math.nan
-            if self._pairs is not None:
-                p = self._pairs.lam.size
-                lam[:p], V[:, :p], rho = self._pairs.lam, self._pairs.V, self._pairs.rho
-            extra.update(lam=lam, V=V, rho_pairs=np.array(rho))
-        return extra
-
-    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
-        super().restore(state, extra)
+    def _begin_step(self, state: State) -> dict[str, float]:
+        """The pairs handed on to the step from ``state`` (none held: empty), then rkc's radius and dI/dt."""
+        carry = self.carry(state)
         self._pairs = None
-        if self.deflate and extra and "lam" in extra and math.isfinite(float(extra["rho_pairs"])):
-            lam = np.asarray(extra["lam"], dtype=float)
-            held = np.isfinite(lam)
-            self._pairs = _Pairs(lam[held], np.asarray(extra["V"], dtype=float)[:, held], float(extra["rho_pairs"]))
-        return state
+        if self.deflate and carry is not None and carry.get("rho_pairs") is not None:
+            lam, V = carry["lam"], carry["V"]
+            self._pairs = _Pairs(np.zeros(0) if lam is None else lam,
+                                 np.zeros((state.fields["omega"].size, 0)) if V is None else V, carry["rho_pairs"])
+        return super()._begin_step(state)
 
     # ---- the radius: of the whole spectrum, or of its complement to the deflated pairs ----------------------------
     def _radius(self, state: State, start: np.ndarray | None, counts: dict[str, float]) -> tuple[float, np.ndarray]:
@@ -263,10 +258,13 @@ class ESERK4(RKC):
 
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
         """The new state's evaluation (the next step's first stage and the step's diagnostics), then rkc's
-        Hermite quadrature and carry."""
+        Hermite quadrature and carry, and the pairs handed on."""
         self.evaluate(new)
         counts["gradient_evals"] += 1
-        return super()._accept_step(state, new, h, counts)
+        counts = super()._accept_step(state, new, h, counts)
+        if self._pairs is not None:
+            self.hand_on(new, lam=self._pairs.lam, V=self._pairs.V, rho_pairs=self._pairs.rho)
+        return counts
 
     def likely_cause(self, state: State) -> str:
         return (f"the eserk4 stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) are "

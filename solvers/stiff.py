@@ -21,7 +21,7 @@ from scipy.sparse.linalg import LinearOperator, lobpcg, minres
 from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
-from .base import SolverError, State, hermite
+from .base import Carried, SolverError, State, hermite
 from .controller import CONTROLLER_PARAMS, AdaptiveStepper, StageFailed
 from .jacobian import JACOBIAN, dissipation_slope, mass_weighted, operator, top_eigenpairs, top_ritz, velocity_jacobian
 from .parameters import Param
@@ -117,18 +117,27 @@ class _SolveFailed(StageFailed):
 
 @dataclass
 class _Carry:
-    """What an accepted step hands to the next besides the measure (and what a checkpoint keeps of it):
-    ``slope = dI/dt`` at ``state``, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none yet)
-    and ``age``, the steps since they were computed or refined; ``top`` [n] the complement's top eigenvector
+    """What an accepted step hands to the next besides the measure (:attr:`Rosenbrock.carried`, checkpointed by the
+    base): ``slope = dI/dt`` at the state, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none
+    yet) and ``age``, the steps since they were computed or refined; ``top`` [n] the complement's top eigenvector
     (Krylov-free steps) and ``minres_cost`` the products of the last MINRES step. The PI controller's memory is
     the controller's (:meth:`~pdeflow.solvers.controller.AdaptiveStepper.previous_error`)."""
-    state: State
     slope: float
     lam: np.ndarray | None = None
     V: np.ndarray | None = None
     age: int = 0
     top: np.ndarray | None = None
     minres_cost: float = DEFAULT_MINRES_COST
+
+    @classmethod
+    def handed_on(cls, values: dict | None) -> _Carry | None:
+        """The carry of the values handed on to a step (:meth:`~pdeflow.solvers.base.Stepper.carry`); None when
+        dI/dt is not among them (the step starts afresh)."""
+        if values is None or values.get("slope") is None:
+            return None
+        age = values.get("age")
+        return cls(values["slope"], values.get("lam"), values.get("V"), 0 if age is None else age, values.get("top"),
+                   values["minres_cost"])
 
 
 @dataclass
@@ -160,7 +169,14 @@ class Rosenbrock(AdaptiveStepper):
     failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
     params = (*CONTROLLER_PARAMS, JACOBIAN, KRYLOV_TOL, KRYLOV_MAXITER, DEFLATE, DEFLATE_EVERY, STAGE_SOLVE)
 
-    _carry: _Carry | None = None
+    # what an accepted step hands to the next besides the controller's memory (:class:`_Carry`): with solver.deflate
+    # the eigenpairs and their age, with solver.stage_solve = "auto" the complement's top vector
+    carried = (*AdaptiveStepper.carried, Carried("slope"), Carried("minres_cost"),
+               Carried("lam", "values", count="deflate", when=lambda stepper: stepper.deflate > 0),
+               Carried("V", "columns", count="deflate", like="lam", when=lambda stepper: stepper.deflate > 0),
+               Carried("age", "int", when=lambda stepper: stepper.deflate > 0),
+               Carried("top", "vector", when=lambda stepper: stepper.stage_solve == "auto"))
+
     _step_plan: _Plan
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
@@ -178,39 +194,6 @@ class Rosenbrock(AdaptiveStepper):
     def check_keys(cls, cfg: Config) -> None:
         if cfg.solver.stage_solve == "auto" and cfg.solver.deflate == 0:
             raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
-
-    def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """The controller's ``err`` and the carry of :class:`_Carry`: ``slope = dI/dt``, ``minres_cost``; with
-        ``solver.deflate = m > 0`` the eigenpairs ``lam`` [m] and ``V`` [N k, m] (nan past the pairs held) and their
-        ``age``; with ``solver.stage_solve = "auto"`` the complement's ``top`` vector [N k]. nan where not known
-        (the next step computes them afresh)."""
-        carry = self._carry if self._carry is not None and self._carry.state is state else None
-        if carry is None:
-            carry = _Carry(state, math.nan, minres_cost=math.nan)
-        n, m = state.fields["omega"].size, self.deflate
-        out = {**super().extra_state(state), "slope": np.array(carry.slope), "minres_cost": np.array(carry.minres_cost)}
-        if m:
-            lam, V = np.full(m, math.nan), np.full((n, m), math.nan)
-            if carry.V is not None:
-                lam[:carry.lam.size], V[:, :carry.V.shape[1]] = carry.lam, carry.V
-            out.update(lam=lam, V=V, age=np.array(float(carry.age)))
-        if self.stage_solve == "auto":
-            out["top"] = np.full(n, math.nan) if carry.top is None else np.array(carry.top)
-        return out
-
-    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
-        super().restore(state, extra)
-        self._carry = None
-        if extra and math.isfinite(float(extra.get("slope", math.nan))):
-            self._carry = _Carry(state, float(extra["slope"]), minres_cost=float(extra["minres_cost"]))
-            count = int(np.count_nonzero(np.isfinite(extra["lam"]))) if "lam" in extra else 0
-            if count:
-                self._carry.lam = np.array(extra["lam"][:count], dtype=float)
-                self._carry.V = np.array(extra["V"][:, :count], dtype=float)
-                self._carry.age = int(extra["age"])
-            if "top" in extra and np.all(np.isfinite(extra["top"])):
-                self._carry.top = np.array(extra["top"], dtype=float)
-        return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         return self.problem.velocity(omega, mass)
@@ -390,7 +373,7 @@ class Rosenbrock(AdaptiveStepper):
             raise SolverError("solver.method = 'rosenbrock' needs positive masses (its stage systems are "
                               "symmetrized with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
         counts = {"rejected": 0.0, "failed_solves": 0.0, "krylov_iters": 0.0, "jvps": 0.0, "gradient_evals": 0.0}
-        carry = self._carry if self._carry is not None and self._carry.state is state else None
+        carry = _Carry.handed_on(self.carry(state))
         slope = carry.slope if carry is not None else self._slope(state, counts)
         eigen = self._eigenpairs(state, carry, counts)
         pairs = _positive(eigen)
@@ -443,9 +426,8 @@ class Rosenbrock(AdaptiveStepper):
         new.dissipation_integral = hermite(h, self.evaluate(state).dissipation, self.evaluate(new).dissipation,
                                            plan.slope, new_slope)
         minres_cost = counts["jvps"] + counts["gradient_evals"] if plan.krylov else plan.minres_cost
-        self._carry = _Carry(new, new_slope, top=plan.top, minres_cost=minres_cost)
-        if plan.eigen is not None:
-            self._carry.lam, self._carry.V, self._carry.age = plan.eigen[0], plan.eigen[1], plan.eigen[2] + 1
+        lam, V, age = (plan.eigen[0], plan.eigen[1], plan.eigen[2] + 1) if plan.eigen is not None else (None, None, 0)
+        self.hand_on(new, slope=new_slope, minres_cost=minres_cost, lam=lam, V=V, age=age, top=plan.top)
         counts["explicit_margin"] = plan.margin
         return counts
 

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
 import pdeflow.solvers
 import pytest
 from pdeflow.solvers import STEPPERS, check_config
@@ -289,3 +290,48 @@ def test_declarations_of_one_key_that_disagree_are_refused() -> None:
             schema_keys([("a", [tau]), ("b", [other])])
     with pytest.raises(ValueError, match="declares solver.dt, a key of every method"):
         schema_keys([("a", [DT])])
+
+
+def test_a_declared_carry_is_checkpointed_and_restored_by_the_base() -> None:
+    """Item 8 of the contract: a stepper declares what it carries (:class:`pdeflow.solvers.base.Carried`) and hands
+    it on; the base writes it as nan-padded float arrays of the declared shapes (only what the stepper's settings
+    keep) and restores the same values, in the declared memory order, to the same state; a state the carry was not
+    handed on to has none, and a checkpoint that knows nothing restores none."""
+    from pdeflow.solvers.base import Carried, State
+
+    class Carrying(Stepper):  # no name: a base, not a method
+        m = 3
+        carried = (Carried("rho"), Carried("age", "int"), Carried("vector", "vector"),
+                   Carried("lam", "values", count="m"), Carried("V", "columns", count="m", like="lam", order="F"),
+                   Carried("off", when=lambda stepper: stepper.m > 5))
+
+        @classmethod
+        def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
+            return cls(problem)
+
+        def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+            return state, {}
+
+    fields = {"omega": np.zeros((2, 2)), "mass": np.ones(2)}
+    state, other = State(0.0, 0, 0.1, dict(fields)), State(0.0, 0, 0.1, dict(fields))
+    stepper = Carrying(None)
+    V = np.arange(8.0).reshape(4, 2)
+    stepper.hand_on(state, rho=2.5, age=4, vector=np.arange(4.0))
+    stepper.hand_on(state, lam=np.array([3.0, 1.0]), V=V)  # adds to what the step from `state` carries
+    assert stepper.carry(other) is None and stepper.carry(state)["rho"] == 2.5
+    extra = stepper.extra_state(state)
+    assert list(extra) == ["rho", "age", "vector", "lam", "V"]  # "off": not kept with these settings
+    assert extra["lam"].shape == (3,) and np.isnan(extra["lam"][2]) and extra["V"].shape == (4, 3)
+    assert np.all(np.isnan(extra["V"][:, 2])) and np.array_equal(extra["V"][:, :2], V)
+    assert all(np.all(np.isnan(a)) for a in stepper.extra_state(other).values())  # nothing known at `other`
+
+    fresh = Carrying(None)
+    assert fresh.restore(other, extra) is other
+    back = fresh.carry(other)
+    assert back["rho"] == 2.5 and back["age"] == 4 and isinstance(back["age"], int)
+    np.testing.assert_array_equal(back["vector"], np.arange(4.0))
+    np.testing.assert_array_equal(back["lam"], [3.0, 1.0])
+    np.testing.assert_array_equal(back["V"], V)
+    assert back["V"].flags["F_CONTIGUOUS"]
+    fresh.restore(other, stepper.extra_state(other))
+    assert fresh.carry(other) is None
