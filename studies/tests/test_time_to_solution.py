@@ -265,28 +265,41 @@ def test_time_to_solution_counts_what_the_stepper_reports():
 
 
 def test_any_registered_adaptive_method_races_without_an_entry(tmp_path, capsys):
-    """bs23 has no row of RACE_SOLVERS: it races with the generic settings, its cost read from the base's cost
-    columns (three new evaluations per attempt of the Bogacki-Shampine pair, the tableau's ``len(A) - 1``); a method
-    with no tolerance to race is refused in one line (exit 2)."""
-    from pdeflow.solvers.bogacki_shampine import BogackiShampine
+    """Every registered error-controlled method without a row of RACE_SOLVERS (found in the registry: bs23, wfr, and
+    any added since) races with the generic settings from data, no edit of the benchmark: each run reaches the end,
+    its cost is read through the one gradient-equivalent formula from the base's cost columns (for an embedded pair
+    the tableau's ``len(A) - 1`` new evaluations per attempt, no products), and its row of the rendered table is
+    measured against the reference; a method with no tolerance to race is refused in one line (exit 2)."""
+    from pdeflow.solvers import STEPPERS
+    from pdeflow.solvers.controller import AdaptiveStepper
+    from pdeflow.solvers.explicit import EmbeddedRK
 
+    from pdeflow.core.problem import gradient_equivalents as cost
     from studies.race.time_to_solution import RACE_DEFAULT, RACE_SOLVERS, race_solver
 
-    assert "bs23" not in RACE_SOLVERS
-    assert race_solver("bs23", 1e-4) == {"method": "bs23", "dt": RACE_DEFAULT["dt"], "rtol": 1e-4,
-                                         "atol": 1e-4 * RACE_DEFAULT["atol_over_rtol"]}
+    entries = [name for name, cls in STEPPERS.items() if issubclass(cls, AdaptiveStepper) and name not in RACE_SOLVERS]
+    assert "bs23" in entries
     out = tmp_path / "out"
-    for name in ("adaptive:1e-10", "bs23:1e-4"):
-        assert main(["--race", name, "--n", "4", "--t-end", "5", "--out", str(out)]) == 0
-    run = json.loads((out / "race" / "bs23-0.0001-t5.json").read_text())
-    assert run["solver"]["method"] == "bs23" and run["final"]["t"] == 5.0
-    at = run["at"]["5"]
-    attempts = at["steps"] + at["rejected"]
-    assert at["gradient_evals"] == (len(BogackiShampine.A) - 1) * attempts and at["jvps_exact"] == 0
+    assert main(["--race", "adaptive:1e-10", "--n", "4", "--t-end", "5", "--out", str(out)]) == 0
+    for name in entries:
+        assert race_solver(name, 1e-4) == {"method": name, "dt": RACE_DEFAULT["dt"], "rtol": 1e-4,
+                                           "atol": 1e-4 * RACE_DEFAULT["atol_over_rtol"]}
+        assert main(["--race", f"{name}:1e-4", "--n", "4", "--t-end", "5", "--out", str(out)]) == 0
     assert main(["--race-render", str(out / "race"), "--reference", "adaptive:1e-10", "--out", str(out)]) == 0
-    [row] = json.loads((out / "matched_accuracy.json").read_text())["table"]["rows"]
-    assert row["method"] == "bs23" and row["grad_equivalents"] == at["gradient_evals"] + 1.0  # + the initial one
-    assert 0 < row["energy_error"] < 1e-2
+    rows = {row["method"]: row for row in json.loads((out / "matched_accuracy.json").read_text())["table"]["rows"]}
+    assert set(rows) == set(entries)
+    for name in entries:
+        run = json.loads((out / "race" / f"{name}-0.0001-t5.json").read_text())
+        assert run["solver"]["method"] == name and run["final"]["t"] == 5.0
+        at = run["at"]["5"]
+        counted = {"gradient": at["gradient_evals"], "jvp_exact": at["jvps_exact"],
+                   "jvp_difference": at["jvps_difference"]}
+        assert rows[name]["grad_equivalents"] == cost(counted) + 1.0  # + the initial state's evaluation
+        cls = STEPPERS[name]
+        if issubclass(cls, EmbeddedRK):
+            attempts = at["steps"] + at["rejected"]
+            assert at["gradient_evals"] == (len(cls.A) - 1) * attempts and at["jvps_exact"] == 0, name
+        assert 0 < rows[name]["energy_error"] < 1e-2, name
     capsys.readouterr()
     assert main(["--race", "rk4:1e-4", "--n", "4", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
