@@ -125,7 +125,8 @@ class Stepper(abc.ABC):
        two). A class without a name is a base for others and registers nothing.
     2. :meth:`from_config` (a named class; checked when it is defined): the stepper a config's ``[solver]`` (and
        related) keys describe; its ``__init__`` takes the parameters explicitly, calls ``Stepper.__init__`` and
-       sets ``dt``.
+       sets ``dt``. An error-controlled stepper inherits :class:`~pdeflow.solvers.controller.AdaptiveStepper`'s:
+       ``solver.dt`` and its declared keys (item 5), passed by name.
     3. :meth:`step` (abstract: a class without it cannot be instantiated): advance a :class:`State` by at most
        ``dt_limit``, returning the new state (``state.advanced``) and its /steps columns. An error-controlled method
        subclasses :class:`pdeflow.solvers.controller.AdaptiveStepper` instead and defines ``order``,
