@@ -22,6 +22,7 @@ from pdeflow.core.problem import Problem
 
 from .base import STEPPERS, SolverError, State, Stepper
 from .methods import METHODS, measure_mismatch, method_keys, unread_key
+from .parameters import SCHEMA_FILE
 
 
 def stepper_class(method: str) -> type[Stepper]:
@@ -41,6 +42,11 @@ def check_config(cfg: Config) -> None:
     if mismatch is not None:
         raise ConfigError(mismatch)
     defaults = SolverConfig()
+    missing = [key for key in method_keys() if not hasattr(defaults, key)]
+    if missing:
+        # a stepper class declares a key the generated schema does not have yet: a developer's step, not the user's
+        raise RuntimeError(f"the [solver] schema ({SCHEMA_FILE}) lacks solver.{', solver.'.join(missing)}, declared "
+                           f"by a stepper class: run python -m pdeflow.solvers.table --write")
     for key in method_keys():
         unread = unread_key(s.method, key) if getattr(s, key) != getattr(defaults, key) else None
         if unread is not None:

@@ -23,25 +23,7 @@ from pdeflow.core.problem import COST_KINDS, Evaluation, Problem
 from pdeflow.core.state import State, rng_from_state, rng_state
 
 from .methods import Method, declare
-
-# the PI step-size controller's exponents times the power k of h in the error estimate (err ~ h^k; Hairer & Wanner
-# II, IV.2: 0.7 / k and 0.4 / k), and the factor's safety and lower clip
-PI_ALPHA, PI_BETA, SAFETY_FACTOR, SHRINK_FLOOR = 0.7, 0.4, 0.9, 0.2
-
-
-def controller_factor(err: float, previous: float, k: int, max_growth: float) -> float:
-    """The next step's size over this one's from the error estimate ``err`` (its norm; <= 1 accepted) of a local
-    error ``~ h^k`` (``k = q + 1``, q the order of the solution the estimate measures, not necessarily the method's
-    order: :attr:`pdeflow.solvers.controller.AdaptiveStepper.error_exponent`): the PI controller
-    ``0.9 err^(-0.7/k) previous^(0.4/k)`` when the previous accepted step's estimate ``previous`` is known and
-    ``err <= 1``, else ``0.9 err^(-1/k)``; clipped to ``[0.2, max_growth]`` (``max_growth`` when ``err = 0``)."""
-    if err == 0.0:
-        return max_growth
-    if math.isfinite(previous) and previous > 0.0 and err <= 1.0:
-        factor = SAFETY_FACTOR * err ** (-PI_ALPHA / k) * previous ** (PI_BETA / k)
-    else:
-        factor = SAFETY_FACTOR * err ** (-1.0 / k)
-    return min(max_growth, max(SHRINK_FLOOR, factor))
+from .parameters import Param
 
 
 def hermite(h: float, i0: float, i1: float, slope0: float, slope1: float) -> float:
@@ -69,6 +51,65 @@ class DefectSource:
     remedy: str
 
 
+def _always(stepper: Stepper) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A value an accepted step hands to the next step (beyond the :class:`State`), kept in checkpoints under its
+    ``name``. Its ``shape``: ``"scalar"`` (a float), ``"int"``, ``"vector"`` ([n], n the measure's size,
+    ``omega.size``), ``"values"`` ([m] at most) or ``"columns"`` ([n, m] at most), m the stepper's attribute named
+    ``count``; ``like``: the ``"values"`` item whose held entries say which columns of a ``"columns"`` item are held
+    (eigenvalues and their vectors); ``order``: the memory order (``"C"`` or ``"F"``) a ``"columns"`` item has
+    while the stepper runs, given back by :meth:`unpack` (BLAS sums the products on it in an order that depends on
+    it: a resumed run repeats the uninterrupted one bit for bit only with the same); ``when(stepper)``: whether this
+    stepper carries it at all (its settings). A
+    checkpoint holds it as a float array of the declared shape, nan where nothing is known (past the held entries,
+    or no value): None in the carry it is restored to."""
+    name: str
+    shape: str = "scalar"
+    count: str = ""
+    like: str = ""
+    order: str = "C"
+    when: Callable[[Stepper], bool] = _always
+
+    def size(self, stepper: Stepper, state: State) -> tuple[int, ...]:
+        """The array shape of the checkpoint's dataset."""
+        n = state.fields["omega"].size if "omega" in state.fields else 0
+        m = int(getattr(stepper, self.count)) if self.count else 0
+        return {"scalar": (), "int": (), "vector": (n,), "values": (m,), "columns": (n, m)}[self.shape]
+
+    def pack(self, value: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """``value`` (None: not known) as the float array of ``shape``, nan-padded."""
+        out = np.full(shape, math.nan)
+        if value is None:
+            return out
+        if self.shape in ("scalar", "int", "vector"):
+            out[...] = value
+        elif self.shape == "values":
+            out[:np.size(value)] = value
+        else:
+            out[:, :np.shape(value)[1]] = value
+        return out
+
+    def unpack(self, array: np.ndarray, held: np.ndarray | None = None) -> Any:
+        """The value a checkpoint's ``array`` holds (None: not known): a float, an int, the vector, the finite
+        entries of ``"values"``, the columns of ``"columns"`` that ``held`` marks (those of its ``like`` item)."""
+        a = np.asarray(array, dtype=float)
+        if self.shape in ("scalar", "int"):
+            if not math.isfinite(float(a)):
+                return None
+            return int(a) if self.shape == "int" else float(a)
+        if self.shape == "vector":
+            return np.array(a) if np.all(np.isfinite(a)) else None
+        if self.shape == "values":
+            keep = np.isfinite(a)
+            return np.array(a[keep]) if np.any(keep) else None
+        keep = np.all(np.isfinite(a), axis=0) if held is None else held
+        return np.array(a[:, keep], order=self.order) if np.any(keep) else None
+
+
 class SolverError(RuntimeError):
     """A step could not be completed (a failed inner solve, a step size below its floor, ...)."""
 
@@ -79,28 +120,36 @@ class Stepper(abc.ABC):
     The contract of a stepper (as scipy's ``OdeSolver`` states its own). A stepper class MUST define:
 
     1. ``name``: the ``solver.method`` it answers to; setting it registers the class (:data:`STEPPERS`) and declares
-       its row of :data:`pdeflow.solvers.methods.METHODS` from :attr:`measures`, :attr:`explicit_flow`, :attr:`reads`,
+       its row of :data:`pdeflow.solvers.methods.METHODS` from :attr:`measures`, :attr:`explicit_flow`, :attr:`params`,
        :attr:`summary` and :attr:`use_when` (:meth:`__init_subclass__`; the "which solver" table renders the last
        two). A class without a name is a base for others and registers nothing.
     2. :meth:`from_config` (a named class; checked when it is defined): the stepper a config's ``[solver]`` (and
        related) keys describe; its ``__init__`` takes the parameters explicitly, calls ``Stepper.__init__`` and
-       sets ``dt``.
+       sets ``dt``. An error-controlled stepper inherits :class:`~pdeflow.solvers.controller.AdaptiveStepper`'s:
+       ``solver.dt`` and its declared keys (item 5), passed by name.
     3. :meth:`step` (abstract: a class without it cannot be instantiated): advance a :class:`State` by at most
        ``dt_limit``, returning the new state (``state.advanced``) and its /steps columns. An error-controlled method
        subclasses :class:`pdeflow.solvers.controller.AdaptiveStepper` instead and defines ``order``,
-       ``error_estimator_order`` and ``_step_impl`` (checked when a named class is defined); its step sizes are
-       chosen by its own :class:`pdeflow.solvers.controller.StepSizeController` (``stepper.step_size``).
+       ``error_order`` (of its error estimate: the exponent of its
+       :class:`~pdeflow.solvers.step_size.StepSizeController`) and ``_step_impl`` (checked when a named class is
+       defined).
 
     It MAY override:
 
     4. :attr:`measure`, :attr:`measures`: what it evolves (``particles`` or ``grid``; the ``init.measure`` values).
-    5. :attr:`reads`, :meth:`check_keys`: the method-specific ``[solver]`` keys it reads, and whether they go together.
+    5. :attr:`params`, :meth:`check_keys`: the method-specific ``[solver]`` keys it reads
+       (:class:`~pdeflow.solvers.parameters.Param`: name, type, default, doc, allowed values; the ``[solver]`` schema
+       and ``pdeflow config`` are generated from them, :mod:`pdeflow.solvers.parameters`), and whether they go
+       together; :meth:`key_values` reads them from a config by name.
     6. :attr:`explicit_flow`: True for an explicit Runge-Kutta step of the particles' Wasserstein flow.
     7. :attr:`step_columns`: the extra /steps columns :meth:`step` returns. The cost columns (:data:`COST_COLUMNS`:
        grad Phi evaluations, exact and difference products) are the base's, counted by the Problem around each
        step (:meth:`cost_since`), for every stepper alike; a stepper's own tallies (``jvps`` of rkc, rosenbrock,
        cvode: what its decisions or its breakdown use) are columns of its own, not its cost.
-    8. :meth:`extra_state`, :meth:`restore`: what a checkpoint keeps beyond the :class:`State`, and reading it back.
+    8. :attr:`carried`: what an accepted step hands to the next beyond the :class:`State` (:class:`Carried`: names
+       and shapes), handed on by :meth:`hand_on` and read back by :meth:`carry`; the base keeps it in checkpoints
+       (:meth:`extra_state`) and restores it (:meth:`restore`), so a resumed run repeats the uninterrupted one bit
+       for bit. A stepper whose carry cannot be restored (cvode's solver memory) overrides :meth:`restore`.
     9. :meth:`evaluate`, :meth:`diagnostics`, :meth:`frame_attrs`: how its measure is evaluated and described (grids).
     10. :attr:`energy_identity`, :meth:`identity_note`, :attr:`quadrature`, :meth:`dissipation_integral`,
         :meth:`defect_sources`: its energy-identity check (:mod:`pdeflow.solvers.accuracy`); a stepper whose
@@ -114,14 +163,16 @@ class Stepper(abc.ABC):
     measure: ClassVar[str] = "particles"
     # the method's declaration: the values of init.measure it evolves (empty: its own measure), whether it is an
     # explicit Runge-Kutta step of the particles' Wasserstein flow (a reference flow of the chaos experiment), and
-    # the method-specific [solver] keys it reads (a non-default value of any other is refused)
+    # the method-specific [solver] keys it reads, declared (a non-default value of any other is refused)
     measures: ClassVar[tuple[str, ...]] = ()
     explicit_flow: ClassVar[bool] = False
-    reads: ClassVar[tuple[str, ...]] = ()
+    params: ClassVar[tuple[Param, ...]] = ()
     # one line each: what the method is and when to choose it (the "which solver" table, solvers/table.py)
     summary: ClassVar[str] = ""
     use_when: ClassVar[str] = ""
     step_columns: ClassVar[tuple[str, ...]] = ()
+    # what an accepted step hands to the next beyond the State, checkpointed by the base (item 8)
+    carried: ClassVar[tuple[Carried, ...]] = ()
     # True when a step needs of the other ranks' particles only what Problem sums over ranks (the aggregate
     # output, confinement, dissipation) and sum_over_ranks: the stepper runs split across MPI ranks
     sharded: ClassVar[bool] = False
@@ -150,7 +201,7 @@ class Stepper(abc.ABC):
                                 f"{', '.join(missing)}: see the contract in pdeflow.solvers.base.Stepper")
             STEPPERS[cls.name] = cls
             # summary and use_when describe this class, not its parent: a subclass that leaves them out declares ""
-            declare(Method(cls.name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads),
+            declare(Method(cls.name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.params),
                            cls.__dict__.get("summary", ""), cls.__dict__.get("use_when", "")))
 
     def __init__(self, problem: Problem) -> None:
@@ -160,10 +211,18 @@ class Stepper(abc.ABC):
         self.dt = math.nan
         # the initial measure's fields when initial_state() is called without (make_stepper: the config's)
         self.initial_fields: Callable[[], dict[str, np.ndarray]] | None = None
+        # (the state an accepted step produced, the values of carried it handed on to the step from it)
+        self._carry: tuple[State, dict[str, Any]] | None = None
+
+    @classmethod
+    def key_values(cls, cfg: Config) -> dict[str, Any]:
+        """The values ``cfg.solver`` gives the keys of :attr:`params`, by name (the keyword arguments of a stepper
+        whose ``__init__`` names its parameters after its keys)."""
+        return {p.name: getattr(cfg.solver, p.name) for p in cls.params}
 
     @classmethod
     def check_keys(cls, cfg: Config) -> None:
-        """ConfigError (one line) when the keys the method reads (:attr:`reads`) do not go together; checked by
+        """ConfigError (one line) when the keys the method reads (:attr:`params`) do not go together; checked by
         :func:`pdeflow.solvers.check_config` (their ranges: by the config)."""
 
     @classmethod
@@ -185,16 +244,42 @@ class Stepper(abc.ABC):
         """Attributes of ``/frames`` describing the measure (a grid's box and shape)."""
         return {}
 
+    # ---- the carry ----------------------------------------------------------------------------
+    def hand_on(self, state: State, **values: Any) -> None:
+        """Hand ``values`` (names of :attr:`carried`; None: not known) on to the step from ``state``, with what was
+        already handed on to it (a new state's carry starts empty)."""
+        if self._carry is None or self._carry[0] is not state:
+            self._carry = (state, {})
+        self._carry[1].update(values)
+
+    def carry(self, state: State) -> dict[str, Any] | None:
+        """What was handed on to the step from ``state`` (:meth:`hand_on`, or a restored checkpoint's), by name;
+        None when nothing was: ``state`` is not the one the last accepted step produced (the step starts afresh)."""
+        return self._carry[1] if self._carry is not None and self._carry[0] is state else None
+
+    def kept(self) -> tuple[Carried, ...]:
+        """The items of :attr:`carried` this stepper carries (its settings: :attr:`Carried.when`)."""
+        return tuple(c for c in self.carried if c.when(self))
+
     def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """The controller state beyond ``State`` that a checkpoint keeps at ``state``: named float arrays (a
-        subclass adds its own to its base's). Their names and shapes depend only on the stepper's parameters and
-        the measure's shape, so those at the start fix the file's datasets; a value not known at ``state`` is nan
-        (what :meth:`restore` then recomputes)."""
-        return {}
+        """What a checkpoint keeps at ``state`` beyond the ``State``: each kept item of :attr:`carried` as a float
+        array of its declared shape (:meth:`Carried.pack`), nan where not known at ``state``. The names and shapes
+        depend only on the stepper's parameters and the measure's shape, so those at the start fix the file's
+        datasets."""
+        values = self.carry(state) or {}
+        return {c.name: c.pack(values.get(c.name), c.size(self, state)) for c in self.kept()}
 
     def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
         """Continue from ``state`` (a resumed file's, :func:`pdeflow.io.resume.state_of`) with the named arrays
-        ``extra`` of :meth:`extra_state`; the default stepper keeps nothing beyond the state."""
+        ``extra`` of :meth:`extra_state`: the carry handed on to the step from it (nothing when no value is
+        known)."""
+        self._carry = None
+        if extra:
+            values = {c.name: c.unpack(extra[c.name], np.isfinite(np.asarray(extra[c.like], dtype=float))
+                                       if c.like else None)
+                      for c in self.kept() if c.name in extra}
+            if any(v is not None for v in values.values()):
+                self._carry = (state, values)
         return state
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -266,6 +351,6 @@ class Stepper(abc.ABC):
                 f"reduce solver.dt or use solver.method = 'adaptive'")
 
 
-__all__ = ["COST_COLUMN", "COST_COLUMNS",
-           "STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "controller_factor", "hermite", "rng_state",
+__all__ = ["COST_COLUMN", "COST_COLUMNS", "Carried",
+           "STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "hermite", "rng_state",
            "rng_from_state"]

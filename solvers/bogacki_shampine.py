@@ -16,7 +16,7 @@ class BogackiShampine(EmbeddedRK):
     summary = "Bogacki-Shampine 3(2) (scipy's RK23) with error control"
     use_when = "as `adaptive` at loose tolerances: order 3, three new evaluations a step against six"
     order = 3
-    error_estimator_order = 2  # the embedded second-order solution's error: err ~ h^3
+    error_order = 2  # the embedded second-order solution's error: err ~ h^3
     stages = 3  # new evaluations per accepted attempt (first-same-as-last)
     A = ((),
          (1 / 2,),

@@ -24,14 +24,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from pdeflow.core.config import Config
 from pdeflow.core.lanczos import StartPolicy
 from pdeflow.core.problem import Problem
 from pdeflow.core.system_jacobian import SystemJacobian
 
-from .base import State
-from .controller import CONTROLLER_KEYS, AdaptiveStepper
+from .base import Carried, State
+from .controller import CONTROLLER_PARAMS, AdaptiveStepper
 from .dissipation import hermite_dissipation, state_jacobian
+from .parameters import Param
 
 # the damping of the stability polynomial: |R_s| <= 1 - eps/3 or so inside the interval (a margin against rounding
 # and a slightly wrong rho), at the price of beta(s) ~ 0.65 s^2 instead of 2 s^2
@@ -47,6 +47,8 @@ RADIUS_COLD = 16
 RADIUS_START = StartPolicy(warm=RADIUS_KRYLOV, cold=RADIUS_COLD, seed=1)
 # stages of one step at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 2000
+RADIUS_EVERY = Param("radius_every", int, 25, "the most steps between estimates of the Jacobian's spectral radius "
+                     "(fewer while it grows; and after every rejected step)", ge=1)
 ORDER = 2  # of y_{n+1}
 # the estimate measures the local error of y_{n+1} itself: O(h^3), so the controller's exponent is 1/3
 ERROR_ORDER = 2
@@ -127,18 +129,6 @@ class _Radius:
     slope: float
 
 
-@dataclass
-class _Carry:
-    """What an accepted step hands to the next (and a checkpoint keeps, with the controller's memory): the radius
-    estimate of :class:`_Radius` and ``slope = dI/dt`` at ``state``."""
-    state: State
-    rho: float
-    vector: np.ndarray
-    age: int
-    interval: int
-    slope: float
-
-
 class RKC(AdaptiveStepper):
     """``solver.method = "rkc"``: the Runge-Kutta-Chebyshev method (see the module docstring)."""
     name = "rkc"
@@ -147,12 +137,16 @@ class RKC(AdaptiveStepper):
                 "(`data/configs/longtime.toml`)")
     sharded = False
     order: ClassVar[int] = ORDER
-    error_estimator_order: ClassVar[int] = ERROR_ORDER
+    error_order: ClassVar[int] = ERROR_ORDER
     step_columns = ("rejected", "stages", "jvps", "spectral_radius", "stability_margin")
+    # what an accepted step hands to the next besides the controller's memory: the radius estimate ``rho``, its Ritz
+    # ``vector`` [N k], its ``age`` and the ``interval`` to the next estimate in steps (:class:`_Radius`), and
+    # ``slope = dI/dt`` at the new state
+    carried = (*AdaptiveStepper.carried, Carried("rho"), Carried("vector", "vector"), Carried("age", "int"),
+               Carried("interval", "int"), Carried("slope"))
     stability_column = "stability_margin"
-    reads = (*CONTROLLER_KEYS, "radius_every")
+    params = (*CONTROLLER_PARAMS, RADIUS_EVERY)
 
-    _carry: _Carry | None = None
     _step_radius: _Radius  # the radius estimate of the step being taken (_begin_step), renewed by a rejection
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
@@ -161,29 +155,6 @@ class RKC(AdaptiveStepper):
         estimates of the spectral radius (``solver.*`` of the same names)."""
         super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
         self.radius_every = int(radius_every)
-
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> RKC:
-        return cls(problem, cfg.solver.dt, **cls.controller(cfg), radius_every=cfg.solver.radius_every)
-
-    def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """The controller's ``err`` and the carry of :class:`_Carry`: ``rho``, its Ritz ``vector`` [N k], its
-        ``age`` and ``interval`` in steps, ``slope = dI/dt`` (nan, and a zero vector, when the next step starts
-        afresh)."""
-        carry = self._carry if self._carry is not None and self._carry.state is state else None
-        if carry is None:
-            carry = _Carry(state, math.nan, np.zeros(state.fields["omega"].size), 0, 0, math.nan)
-        return {**super().extra_state(state), "rho": np.array(carry.rho), "vector": np.array(carry.vector),
-                "age": np.array(float(carry.age)), "interval": np.array(float(carry.interval)),
-                "slope": np.array(carry.slope)}
-
-    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
-        super().restore(state, extra)
-        self._carry = None
-        if extra and math.isfinite(float(extra.get("rho", math.nan))):
-            self._carry = _Carry(state, float(extra["rho"]), np.array(extra["vector"], dtype=float),
-                                 int(extra["age"]), int(extra["interval"]), float(extra["slope"]))
-        return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray, counts: dict[str, float]) -> np.ndarray:
         counts["gradient_evals"] += 1
@@ -212,16 +183,17 @@ class RKC(AdaptiveStepper):
     def _begin_step(self, state: State) -> dict[str, float]:
         """The radius estimate for the step (carried, renewed when its interval is up, or cold) and dI/dt."""
         counts = {"rejected": 0.0, "gradient_evals": 0.0, "jvps": 0.0}
-        carry = self._carry if self._carry is not None and self._carry.state is state else None
-        if carry is None:
+        carry = self.carry(state)
+        if carry is None or carry.get("rho") is None:
+            carry = None
             rho, vector = self._radius(state, None, counts)
             age, interval = 0, 1
-        elif carry.age >= carry.interval:
-            rho, vector, interval = self._reestimate(state, carry.rho, carry.vector, carry.interval, counts)
+        elif carry["age"] >= carry["interval"]:
+            rho, vector, interval = self._reestimate(state, carry["rho"], carry["vector"], carry["interval"], counts)
             age = 0
         else:
-            rho, vector, age, interval = carry.rho, carry.vector, carry.age, carry.interval
-        slope = carry.slope if carry is not None else self._jacobian(state, counts).slope()
+            rho, vector, age, interval = carry["rho"], carry["vector"], carry["age"], carry["interval"]
+        slope = carry["slope"] if carry is not None else self._jacobian(state, counts).slope()
         self._step_radius = _Radius(rho, vector, age, interval, slope)
         return counts
 
@@ -257,7 +229,7 @@ class RKC(AdaptiveStepper):
         """The Hermite quadrature (one product for dI/dt at the new state) and the carried radius."""
         r = self._step_radius
         new_slope = hermite_dissipation(self, state, new, h, r.slope, "difference", counts)
-        self._carry = _Carry(new, r.rho, r.vector, r.age + 1, r.interval, new_slope)
+        self.hand_on(new, rho=r.rho, vector=r.vector, age=r.age + 1, interval=r.interval, slope=new_slope)
         return counts
 
     def _reject_step(self, state: State, counts: dict[str, float]) -> None:

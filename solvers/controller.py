@@ -8,9 +8,10 @@ written with :meth:`AdaptiveStepper.error_norm`:
 
     ``err = rms_i (e_i / (atol + rtol max(|y_i|, |y_new,i|)))``, over all entries of all MPI ranks.
 
-The controller accepts a step with ``err <= 1``; the next step is the PI controller's
-:func:`pdeflow.solvers.base.controller_factor` times this one (with the previous accepted step's ``err`` when
-:attr:`AdaptiveStepper.pi_control`), within ``[solver.dt_min, solver.dt_max]``. A rejected step is retried at
+The controller accepts a step with ``err <= 1``; the next step is this one times the factor of the stepper's
+:class:`~pdeflow.solvers.step_size.StepSizeController` (:attr:`AdaptiveStepper.controller`: the PI controller, with the
+previous accepted step's ``err`` when :attr:`AdaptiveStepper.pi_control`, its exponent from the estimate's order),
+within ``[solver.dt_min, solver.dt_max]``. A rejected step is retried at
 ``h factor``; below ``solver.dt_min`` the step fails (:class:`~pdeflow.solvers.base.SolverError`). A stage that cannot
 be computed (an inner solve that misses its tolerance) raises :class:`StageFailed`: the step is retried at
 :data:`FAILED_STAGE_SHRINK` of its size. A step cut short by a frame time does not shrink the controller's proposal.
@@ -29,14 +30,19 @@ import numpy as np
 from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 
-from .base import SolverError, State, Stepper, controller_factor
+from .base import Carried, SolverError, State, Stepper
+from .parameters import Param
+from .step_size import StepSizeController
 
 # the [solver] keys of the controller, read by every adaptive method
-CONTROLLER_KEYS = ("rtol", "atol", "dt_min", "dt_max", "max_growth")
+RTOL = Param("rtol", float, 1e-6, "relative tolerance", gt=0)
+ATOL = Param("atol", float, 1e-9, "absolute tolerance", gt=0)
+DT_MIN = Param("dt_min", float, 1e-10, "smallest allowed step", gt=0)
+DT_MAX = Param("dt_max", float, math.inf, "largest allowed step", gt=0)
+MAX_GROWTH = Param("max_growth", float, 5.0, "largest step growth factor per step", gt=1)
+CONTROLLER_PARAMS = (RTOL, ATOL, DT_MIN, DT_MAX, MAX_GROWTH)
 # a failed stage solve retries the step at this fraction of its size
 FAILED_STAGE_SHRINK = 0.25
-# the PI controller's memory of an accepted step's error is at least this (an err of 0 would freeze the step size)
-ERROR_MEMORY_FLOOR = 1e-4
 
 
 class StageFailed(Exception):
@@ -44,80 +50,24 @@ class StageFailed(Exception):
     retries the step at :data:`FAILED_STAGE_SHRINK` of its size (the message says what failed)."""
 
 
-class StepSizeController:
-    """The step-size controller of an error-controlled method, one object per stepper (as diffrax's
-    ``PIDController`` is separate from its solver): the method's ``order`` p, its error estimate's order
-    ``error_order`` q (the estimate is ``O(h^(q+1))``, the exponent ``1 / (q + 1)``), the tolerances, the step's
-    bounds and growth, and the PI memory (the previous accepted step's error, kept with the state it produced).
-
-    - :meth:`error_norm`: ``err = rms_i (e_i / (atol + rtol max(|y_i|, |y_new,i|)))`` over all entries of all ranks;
-    - :meth:`factor`: the next step over this one, :func:`pdeflow.solvers.base.controller_factor` (PI with the
-      previous error when ``pi`` and it is known, else elementary);
-    - :meth:`proposal`: the next step after an accepted one, within ``[dt_min, dt_max]``;
-    - :meth:`previous_error` / :meth:`remember`: the memory, checkpointed as the stepper's ``err``."""
-
-    def __init__(self, order: int, error_order: int, *, rtol: float, atol: float, dt_min: float, dt_max: float,
-                 max_growth: float, pi: bool = True) -> None:
-        self.order, self.error_order, self.pi = int(order), int(error_order), bool(pi)
-        self.rtol, self.atol, self.dt_min, self.dt_max = float(rtol), float(atol), float(dt_min), float(dt_max)
-        self.max_growth = float(max_growth)
-        # (the state an accepted step produced, its error): the PI memory for the step from it
-        self._memory: tuple[State, float] | None = None
-
-    @property
-    def exponent(self) -> int:
-        """``k = q + 1``, the power of h in the local error estimate (``err ~ h^k``)."""
-        return self.error_order + 1
-
-    def error_norm(self, error: np.ndarray, y: np.ndarray, y_new: np.ndarray, comm) -> float:
-        """``rms(error / (atol + rtol max(|y|, |y_new|)))`` over all entries of all ranks of ``comm`` (every rank
-        takes the same step); ``inf`` when not finite."""
-        scale = self.atol + self.rtol * np.maximum(np.abs(y), np.abs(y_new))
-        squares, count = comm.sum_over_ranks(float(np.sum((error / scale) ** 2)), error.size)
-        err = math.sqrt(squares / count) if count else 0.0
-        return err if np.isfinite(err) else np.inf
-
-    def previous_error(self, state: State) -> float:
-        """The error of the accepted step that produced ``state`` (nan: not known, or no PI control)."""
-        if not self.pi or self._memory is None or self._memory[0] is not state:
-            return math.nan
-        return self._memory[1]
-
-    def remember(self, state: State, err: float) -> None:
-        """The memory for the step from ``state`` (an accepted step's error, floored; nan: none)."""
-        self._memory = (state, float(err)) if math.isfinite(err) else None
-
-    def factor(self, err: float, previous: float) -> float:
-        """The next step's size over this one's (:func:`~pdeflow.solvers.base.controller_factor`)."""
-        return controller_factor(err, previous, self.exponent, self.max_growth)
-
-    def proposal(self, dt: float, h_taken: float, factor: float) -> float:
-        """The next step after an accepted step of ``h_taken`` (``dt`` the controller's own step): ``dt factor``; a
-        step cut short (by a frame time, or by the method) does not shrink the proposal: ``max(dt, h_taken
-        factor)``."""
-        return dt * factor if h_taken >= dt else max(dt, h_taken * factor)
-
-    def clipped(self, dt: float) -> float:
-        """``dt`` within ``[dt_min, dt_max]``."""
-        return float(np.clip(dt, self.dt_min, self.dt_max))
-
-
 class AdaptiveStepper(Stepper):
     """A stepper with error control (module docstring). Subclasses set :attr:`order` (of the solution they advance)
-    and :attr:`error_estimator_order` ``q`` (of the solution their estimate measures: the estimate is ``O(h^(q+1))``,
-    the controller's exponent ``1 / (q + 1)``, as scipy's ``OdeSolver`` separates them), implement
-    :meth:`_step_impl` and may override the hooks."""
+    and :attr:`error_order` ``q`` (of the solution their estimate measures: the estimate is ``O(h^(q+1))``), from
+    which :attr:`controller`, their :class:`~pdeflow.solvers.step_size.StepSizeController`, takes its exponent
+    ``1 / (q + 1)``; they implement :meth:`_step_impl` and may override the hooks."""
     # the order p of the solution y_{n+1} the method advances
     order: ClassVar[int]
     # the order q of the solution whose local error the estimate measures: err ~ h^(q+1) (q = p - 1 for a pair that
     # advances its higher-order solution, q = p when the estimate measures the error of y_{n+1} itself, as rkc's)
-    error_estimator_order: ClassVar[int]
-    reads = CONTROLLER_KEYS
+    error_order: ClassVar[int]
+    params = CONTROLLER_PARAMS
     # the PI controller (the previous accepted step's error enters the factor), or the elementary one 0.9 err^(-1/k)
     pi_control: ClassVar[bool] = True
-    required = ("from_config", "order", "error_estimator_order", "_step_impl")
+    required = ("from_config", "order", "error_order", "_step_impl")
     # what to change when a stage fails, for the message of a failed step (a method raising StageFailed sets it)
     failure_fix: ClassVar[str] = "loosen solver.rtol/atol"
+    # the PI controller's memory: the error of the accepted step that produced the state (with PI control)
+    carried = (Carried("err", when=lambda stepper: stepper.pi_control),)
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
                  max_growth: float) -> None:
@@ -125,49 +75,31 @@ class AdaptiveStepper(Stepper):
         and growing by at most ``max_growth`` per step (``solver.*`` of the same names)."""
         Stepper.__init__(self, problem)
         self.dt = float(dt)
-        self.step_size = StepSizeController(self.order, self.error_estimator_order, rtol=rtol, atol=atol,
-                                            dt_min=dt_min, dt_max=dt_max, max_growth=max_growth, pi=self.pi_control)
-
-    # the controller's settings, read by the methods' messages and the accuracy monitor's advice
-    rtol = property(lambda self: self.step_size.rtol)
-    atol = property(lambda self: self.step_size.atol)
-    dt_min = property(lambda self: self.step_size.dt_min)
-    dt_max = property(lambda self: self.step_size.dt_max)
-    max_growth = property(lambda self: self.step_size.max_growth)
+        self.controller = StepSizeController(self.order, self.error_order, float(rtol), float(atol), float(dt_min),
+                                             float(dt_max), float(max_growth), self.pi_control)
 
     @classmethod
-    def controller(cls, cfg: Config) -> dict[str, float]:
-        """The error controller's parameters in ``cfg.solver``."""
-        s = cfg.solver
-        return {"rtol": s.rtol, "atol": s.atol, "dt_min": s.dt_min, "dt_max": s.dt_max, "max_growth": s.max_growth}
+    def from_config(cls, problem: Problem, cfg: Config) -> AdaptiveStepper:
+        """The stepper from ``solver.dt`` and the keys it declares (:attr:`params`), passed to ``__init__`` by name."""
+        return cls(problem, cfg.solver.dt, **cls.key_values(cfg))
 
-    @property
-    def error_exponent(self) -> int:
-        """``k = q + 1``, the power of h in the local error estimate (``err ~ h^k``): the controller's factor is
-        ``0.9 err^(-1/k)`` (:func:`~pdeflow.solvers.base.controller_factor`)."""
-        return self.step_size.exponent
+    # the controller's settings, read where a message names them
+    rtol = property(lambda self: self.controller.rtol, doc="``solver.rtol``")
+    atol = property(lambda self: self.controller.atol, doc="``solver.atol``")
+    dt_min = property(lambda self: self.controller.dt_min, doc="``solver.dt_min``")
+    dt_max = property(lambda self: self.controller.dt_max, doc="``solver.dt_max``")
+    max_growth = property(lambda self: self.controller.max_growth, doc="``solver.max_growth``")
 
     # ---- the error norm and the controller's memory --------------------------------------------------------------
     def error_norm(self, error: np.ndarray, y: np.ndarray, y_new: np.ndarray) -> float:
-        """The controller's error norm (:meth:`StepSizeController.error_norm`) over this problem's ranks."""
-        return self.step_size.error_norm(error, y, y_new, self.problem.comm)
+        """``rms(error / (atol + rtol max(|y|, |y_new|)))`` over all entries of all ranks (every rank takes the
+        same step); ``inf`` when not finite."""
+        return self.controller.norm(error, y, y_new, self.problem.comm.sum_over_ranks)
 
     def previous_error(self, state: State) -> float:
-        """The error of the accepted step that produced ``state`` (nan: not known, or no PI control)."""
-        return self.step_size.previous_error(state)
-
-    def remember_error(self, state: State, err: float) -> None:
-        """Set the controller's memory for the step from ``state`` (a restored checkpoint's; nan: none)."""
-        self.step_size.remember(state, err)
-
-    def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """``err``: the PI controller's memory for the step from ``state`` (nan: none); nothing without PI."""
-        return {"err": np.array(self.previous_error(state))} if self.pi_control else {}
-
-    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
-        if self.pi_control and extra and "err" in extra:
-            self.remember_error(state, float(extra["err"]))
-        return state
+        """The error of the accepted step that produced ``state``, carried (nan: not known, or no PI control)."""
+        err = (self.carry(state) or {}).get("err") if self.pi_control else None
+        return math.nan if err is None else err
 
     # ---- the step ------------------------------------------------------------------------------------------------
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
@@ -187,10 +119,11 @@ class AdaptiveStepper(Stepper):
                     raise SolverError(f"a stage solve failed ({exc}) and the step fell below solver.dt_min = "
                                       f"{self.dt_min:g} at t = {state.t:.6g}; {self.failure_fix}") from None
                 continue
-            factor = self.step_size.factor(err, previous if counts["rejected"] == 0 else math.nan)
+            factor = self.controller.factor(err, previous if counts["rejected"] == 0 else math.nan)
             if err <= 1.0:
-                new.dt = self.step_size.clipped(self._proposal(dt, h, h_taken, err, factor))
-                self.step_size.remember(new, max(err, ERROR_MEMORY_FLOOR))
+                new.dt = self.controller.bounded(self._proposal(dt, h, h_taken, err, factor))
+                if self.pi_control:
+                    self.hand_on(new, err=self.controller.remembered(err))
                 return new, self._accept_step(state, new, h_taken, counts)
             counts["rejected"] += 1
             dt = h_taken * factor
@@ -202,8 +135,10 @@ class AdaptiveStepper(Stepper):
 
     def _proposal(self, dt: float, h: float, h_taken: float, err: float, factor: float) -> float:
         """The next step after an accepted step of ``h_taken`` (asked: ``h = min(dt, dt_limit)``, ``dt`` the
-        controller's own): :meth:`StepSizeController.proposal` (a method may cap it)."""
-        return self.step_size.proposal(dt, h_taken, factor)
+        controller's own): ``dt factor``; a step cut short (by a frame time, or by the method) does not shrink the
+        controller's proposal: ``max(dt, h_taken factor)`` (:meth:`StepSizeController.proposal
+        <pdeflow.solvers.step_size.StepSizeController.proposal>`)."""
+        return self.controller.proposal(dt, h_taken, factor)
 
     def likely_cause(self, state: State) -> str:
         return (f"the {self.name} stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) "
@@ -228,5 +163,5 @@ class AdaptiveStepper(Stepper):
         """Called after a rejected attempt, before the next (a method renews what the rejection put in doubt)."""
 
 
-__all__ = ["AdaptiveStepper", "StepSizeController", "StageFailed", "CONTROLLER_KEYS", "FAILED_STAGE_SHRINK",
-           "ERROR_MEMORY_FLOOR"]
+__all__ = ["AdaptiveStepper", "StageFailed", "CONTROLLER_PARAMS", "RTOL", "ATOL", "DT_MIN", "DT_MAX", "MAX_GROWTH",
+           "FAILED_STAGE_SHRINK"]

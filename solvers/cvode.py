@@ -47,7 +47,9 @@ from pdeflow.core.problem import Problem
 from pdeflow.core.system_jacobian import SystemJacobian, deflation_inverse
 
 from .base import SolverError, State, Stepper
-from .dissipation import hermite_dissipation, state_jacobian
+from .controller import ATOL, DT_MAX, DT_MIN, RTOL
+from .dissipation import JACOBIAN, hermite_dissipation, state_jacobian
+from .parameters import Param
 
 # GMRES directions per linear solve (CVODE's default 5 is too few once the spectrum spreads: a linear failure each
 # time it is exceeded)
@@ -153,7 +155,12 @@ class Cvode(Stepper):
                "`sundials`)")
     use_when = "an independent reference at tight tolerances"
     sharded = False
-    reads = ("rtol", "atol", "dt_min", "dt_max", "jacobian", "deflate", "preconditioner")
+    params = (RTOL, ATOL, DT_MIN, DT_MAX, JACOBIAN,
+              Param("deflate", int, 0, "largest eigenpairs of the Jacobian in the preconditioner of CVODE's GMRES "
+                    "solves (0: none)", ge=0, le=1000),
+              Param("preconditioner", str, "deflation", "cvode's GMRES preconditioner: 'deflation' (the "
+                    "solver.deflate top eigenpairs; 0: none) or 'heads' (the per-head blocks of the Jacobian)",
+                    choices=("deflation", "heads")))
     step_columns = ("order", "rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures",
                     "jvps", "preconditioner_setups", "rhs_evals", "linear_rhs_evals")
 

@@ -11,6 +11,13 @@ from __future__ import annotations
 from pdeflow.core.system_jacobian import SystemJacobian
 
 from .base import State, Stepper, hermite
+from .parameters import Param
+
+# the [solver] key of the steppers whose Jacobian-vector products are of a kind the user chooses (rosenbrock, cvode);
+# "cvode" (CVODE's own difference quotients) is cvode's alone, refused by rosenbrock
+JACOBIAN = Param("jacobian", str, "exact", "Jacobian-vector products in forward mode (exact) or by a forward "
+                 "difference of grad Phi (one real evaluation; the W-method keeps its order); cvode only: 'cvode', "
+                 "CVODE's own difference quotients on its right-hand side", choices=("exact", "difference", "cvode"))
 
 
 def state_jacobian(stepper: Stepper, state: State, kind: str, counts: dict[str, float]) -> SystemJacobian:
@@ -35,4 +42,4 @@ def hermite_dissipation(stepper: Stepper, state: State, new: State, h: float, sl
     return slope1
 
 
-__all__ = ["hermite_dissipation", "state_jacobian"]
+__all__ = ["JACOBIAN", "hermite_dissipation", "state_jacobian"]

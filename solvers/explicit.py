@@ -128,16 +128,12 @@ class EmbeddedRK(AdaptiveStepper, ExplicitRK):
     """An embedded explicit Runge-Kutta pair with first-same-as-last reuse, given by its tableau: ``A`` (its last
     row is ``b``, the stage at the new state), ``b`` (last weight 0) and ``e = b - b_hat`` (the embedded solution's
     difference); error control by :class:`~pdeflow.solvers.controller.AdaptiveStepper` with the estimate's order
-    :attr:`error_estimator_order` (that of ``b_hat``).
+    :attr:`error_order` (that of ``b_hat``).
 
     The integrated vector ``y`` is the particles' positions with velocity ``-grad Phi``; a flow of more variables
     (wfr: ``(omega, m)``) overrides :meth:`_solution`, :meth:`_rate_at`, :meth:`_velocity` and :meth:`_fields`."""
     step_columns = ("rejected",)
     e: ClassVar[tuple[float, ...]] = ()
-
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> EmbeddedRK:
-        return cls(problem, cfg.solver.dt, **cls.controller(cfg))
 
     def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
         y = self._solution(state)
@@ -164,7 +160,7 @@ class DormandPrince(EmbeddedRK):
     summary = "Dormand-Prince 5(4) with error control (`solver.rtol`, `solver.atol`)"
     use_when = "the particle flow accurately without tuning a step, while the step is set by accuracy, not stability"
     order = 5
-    error_estimator_order = 4  # the embedded fourth-order solution's error: err ~ h^5
+    error_order = 4  # the embedded fourth-order solution's error: err ~ h^5
     pi_control = False
     stages = 6  # new evaluations per accepted attempt (first-same-as-last)
     A = ((),

@@ -38,13 +38,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from pdeflow.core.config import Config
 from pdeflow.core.problem import Problem
 from pdeflow.core.system_jacobian import SystemJacobian, complement_projection, deflation_inverse
 
-from .base import State
-from .chebyshev import RADIUS_START, RKC
-from .controller import CONTROLLER_KEYS
+from .base import Carried, State
+from .chebyshev import RADIUS_EVERY, RADIUS_START, RKC
+from .controller import CONTROLLER_PARAMS
+from .parameters import Param
 
 # the damping of the first-order Chebyshev polynomials: |P_s| <= 1 / T_s(w0) ~ 0.27 inside [-beta(s), 0], small
 # enough that the extrapolation's weights (sum of moduli 28.3) keep |R| <= 1 there
@@ -54,6 +54,8 @@ WEIGHTS = (-1.0 / 6.0, 4.0, -27.0 / 2.0, 32.0 / 3.0)
 WEIGHTS_THIRD = (0.5, -4.0, 4.5)
 # stages of one sub-integration at most; a longer step is cut to beta(MAX_STAGES) / (RADIUS_SAFETY rho)
 MAX_STAGES = 500
+DEFLATE = Param("deflate", int, 0, "largest eigenpairs of the Jacobian treated linearly implicitly, the stages "
+                "chosen for the rest of the spectrum (0: none)", ge=0, le=1000)
 ORDER = 4  # of the extrapolated y_{n+1}
 ERROR_ORDER = 3  # of the order-3 extrapolation the estimate measures: O(h^4)
 # deflation: the pairs are recomputed when the complement's top eigenvalue exceeds this factor times its value at
@@ -163,10 +165,17 @@ class ESERK4(RKC):
     summary = "ESERK4, extrapolated Chebyshev, order 4, stabilized explicit, error control, optional deflation"
     use_when = "long stiff particle runs at tight tolerances without linear solves or the `sundials` extra"
     order: ClassVar[int] = ORDER
-    error_estimator_order: ClassVar[int] = ERROR_ORDER
-    reads = (*CONTROLLER_KEYS, "radius_every", "deflate")
+    error_order: ClassVar[int] = ERROR_ORDER
+    params = (*CONTROLLER_PARAMS, RADIUS_EVERY, DEFLATE)
+    # rkc's carry and, with solver.deflate = m > 0, the pairs: ``lam`` [m at most], ``V`` [N k, m at most] and
+    # ``rho_pairs``, the complement's top eigenvalue when they were computed (:class:`_Pairs`)
+    carried = (*RKC.carried, Carried("lam", "values", count="deflate", when=lambda stepper: stepper.deflate > 0),
+               # in Fortran order, as the live pairs (a column subset of ARPACK's vectors)
+               Carried("V", "columns", count="deflate", like="lam", order="F",
+                       when=lambda stepper: stepper.deflate > 0),
+               Carried("rho_pairs", when=lambda stepper: stepper.deflate > 0))
 
-    _pairs: _Pairs | None = None
+    _pairs: _Pairs | None = None  # those of the step being taken (_begin_step), renewed by the radius estimates
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
                  max_growth: float, radius_every: int, deflate: int) -> None:
@@ -176,33 +185,16 @@ class ESERK4(RKC):
                          radius_every=radius_every)
         self.deflate = int(deflate)
 
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> ESERK4:
-        return cls(problem, cfg.solver.dt, **cls.controller(cfg), radius_every=cfg.solver.radius_every,
-                   deflate=cfg.solver.deflate)
-
     # ---- the carry: rkc's, and the deflated pairs ---------------------------------------------------------------
-    def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """rkc's carry; with ``solver.deflate = m``: the pairs ``lam`` [m] (nan past those held), ``V`` [N k, m]
-        and ``rho_pairs``, the complement's top eigenvalue when they were computed."""
-        extra = super().extra_state(state)
-        if self.deflate:
-            n, m = state.fields["omega"].size, self.deflate
-            lam, V, rho = np.full(m, np.nan), np.zeros((n, m)), math.nan
-            if self._pairs is not None:
-                p = self._pairs.lam.size
-                lam[:p], V[:, :p], rho = self._pairs.lam, self._pairs.V, self._pairs.rho
-            extra.update(lam=lam, V=V, rho_pairs=np.array(rho))
-        return extra
-
-    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
-        super().restore(state, extra)
+    def _begin_step(self, state: State) -> dict[str, float]:
+        """The pairs handed on to the step from ``state`` (none held: empty), then rkc's radius and dI/dt."""
+        carry = self.carry(state)
         self._pairs = None
-        if self.deflate and extra and "lam" in extra and math.isfinite(float(extra["rho_pairs"])):
-            lam = np.asarray(extra["lam"], dtype=float)
-            held = np.isfinite(lam)
-            self._pairs = _Pairs(lam[held], np.asarray(extra["V"], dtype=float)[:, held], float(extra["rho_pairs"]))
-        return state
+        if self.deflate and carry is not None and carry.get("rho_pairs") is not None:
+            lam, V = carry["lam"], carry["V"]
+            self._pairs = _Pairs(np.zeros(0) if lam is None else lam,
+                                 np.zeros((state.fields["omega"].size, 0)) if V is None else V, carry["rho_pairs"])
+        return super()._begin_step(state)
 
     # ---- the radius: of the whole spectrum, or of its complement to the deflated pairs ----------------------------
     def _radius(self, state: State, start: np.ndarray | None, counts: dict[str, float]) -> tuple[float, np.ndarray]:
@@ -257,10 +249,13 @@ class ESERK4(RKC):
 
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
         """The new state's evaluation (the next step's first stage and the step's diagnostics), then rkc's
-        Hermite quadrature and carry."""
+        Hermite quadrature and carry, and the pairs handed on."""
         self.evaluate(new)
         counts["gradient_evals"] += 1
-        return super()._accept_step(state, new, h, counts)
+        counts = super()._accept_step(state, new, h, counts)
+        if self._pairs is not None:
+            self.hand_on(new, lam=self._pairs.lam, V=self._pairs.V, rho_pairs=self._pairs.rho)
+        return counts
 
     def likely_cause(self, state: State) -> str:
         return (f"the eserk4 stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) are "

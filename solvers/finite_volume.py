@@ -21,7 +21,14 @@ from pdeflow.core.measure import Grid, entropy
 from pdeflow.core.problem import Problem
 
 from .base import SolverError, State, Stepper
+from .controller import DT_MIN
+from .parameters import Param
+from .wfr import GAMMA
 
+# the [solver] keys of the flux and the step on a grid (also of jko and wfr_jko)
+SCHEME = Param("scheme", str, "muscl", "flux scheme", choices=("upwind", "muscl"))
+LIMITER = Param("limiter", str, "minmod", "slope limiter", choices=("minmod", "vanleer"))
+CFL = Param("cfl", float, 0.4, "CFL number", gt=0, le=1)
 # Density (times the box volume) below which log rho is clamped in the entropy potential.
 DENSITY_FLOOR = 1e-12
 # Shu-Osher coefficients of SSP-RK2 and SSP-RK3: stage i is alpha * rho_n + (1 - alpha) * Euler(stage i-1).
@@ -207,7 +214,7 @@ class FiniteVolume(Stepper):
     summary = "finite volumes on a grid (`k <= 3`), SSP Runge-Kutta, entropy and an optional Fisher-Rao reaction"
     use_when = "the density itself without particle noise, or an entropy term (`beta < inf`)"
     measure: ClassVar[str] = "grid"
-    reads = ("cfl", "dt_min", "scheme", "limiter", "gamma")
+    params = (CFL, DT_MIN, SCHEME, LIMITER, GAMMA)
     step_columns = ("mass", "min_density", "rejected")
 
     def __init__(self, problem: Problem, grid: Grid, dt: float, *, cfl: float = 0.4, dt_min: float = 0.0,

@@ -24,7 +24,8 @@ from pdeflow.core.problem import Problem
 from .anderson import Anderson
 from .base import DefectSource, SolverError, State, Stepper
 from .entropic_ot import blur_source, entropic_epsilon, entropic_prox, finer_blur
-from .finite_volume import GridEvaluator
+from .finite_volume import LIMITER, SCHEME, GridEvaluator
+from .parameters import Param
 from .particle_proximal import coupling_gap, proximal_step
 
 # A coupling counts as optimal when the identity's cost exceeds W2^2 by at most this (relative) amount:
@@ -62,6 +63,18 @@ def implied_diffusion(cfg: Config, cell_widths) -> float:
 
 
 # ---- steppers -------------------------------------------------------------------------------------
+# the [solver] keys of the minimizing movements (tau, outer_maxiter: also of wfr_jko)
+TAU = Param("tau", float, 0.0, "proximal time step (0: solver.dt)", ge=0)
+EPSILON = Param("epsilon", float, 0.0, "entropic regularization eps (0: h^2, h the smallest cell width - the smallest "
+                "eps whose blur resolves the grid; below it sub-cell motion is pinned); adds diffusion eps/(4 tau), "
+                "printed by pdeflow info (raise solver.tau or grid.n to shrink it)", ge=0)
+INNER_TOL = Param("inner_tol", float, 1e-10, "tolerance of the inner solve (particles: Euler-Lagrange residual in "
+                  "velocity units; grid: L1 marginal violation and linearization change)", gt=0)
+INNER_MAXITER = Param("inner_maxiter", int, 500, "iteration limit of the inner solve (particles: L-BFGS-B and "
+                      "Newton; grid: Newton per linearization)", ge=1)
+OUTER_MAXITER = Param("outer_maxiter", int, 50, "linearizations of the risk per step (fixed-point iteration)", ge=1)
+
+
 class JKO(Stepper):
     """``solver.method = "jko"``: :meth:`from_config` builds :class:`ParticleJKO` or :class:`GridJKO` after
     ``init.measure``."""
@@ -70,7 +83,7 @@ class JKO(Stepper):
     use_when = "steps far beyond the explicit stability limit, or an energy that must decrease every step"
     measures = ("particles", "grid")
     # scheme, limiter: the flux of the grid evaluation (energy, dissipation) that grid JKO shares with fv
-    reads = ("tau", "epsilon", "inner_tol", "inner_maxiter", "outer_maxiter", "scheme", "limiter")
+    params = (TAU, EPSILON, INNER_TOL, INNER_MAXITER, OUTER_MAXITER, SCHEME, LIMITER)
     quadrature = "right"  # the energy-identity check's quadrature of a minimizing movement (pdeflow.solvers.accuracy)
     tau: float
 

@@ -1,5 +1,7 @@
 """The time steppers ``solver.method`` may name, as their classes declare them: the measures (``init.measure``) each
-evolves, whether it is an explicit reference flow, and the method-specific ``[solver]`` keys it reads.
+evolves, whether it is an explicit reference flow, and the method-specific ``[solver]`` keys it reads (their
+declarations, :class:`~pdeflow.solvers.parameters.Param`, from which :func:`solver_schema` builds the ``[solver]``
+schema).
 
 A stepper class of :mod:`pdeflow.solvers` that sets a ``name`` declares its row here when it is defined
 (:meth:`pdeflow.solvers.base.Stepper.__init_subclass__`, the way py-pde registers its solvers by subclassing):
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 from pdeflow.core.config import describe_schema
 
+from .parameters import Param, schema_keys
+
 PARTICLES, GRID = "particles", "grid"
 
 
@@ -21,15 +25,21 @@ PARTICLES, GRID = "particles", "grid"
 class Method:
     """``name`` (``solver.method``); ``measures``: the values of ``init.measure`` it evolves; ``explicit``: an
     explicit Runge-Kutta step (fixed or embedded) of the Wasserstein flow of particles, velocity ``-grad Phi`` alone
-    (the reference flows of the chaos experiment); ``reads``: the method-specific ``[solver]`` keys it reads;
+    (the reference flows of the chaos experiment); ``params``: the method-specific ``[solver]`` keys it reads, as
+    declared (:attr:`reads`: their names);
     ``summary``: what the method is, and ``use_when``: when to choose it, one line each (the rows of the "which
     solver" table, :func:`pdeflow.solvers.table.which_solver_table`)."""
     name: str
     measures: tuple[str, ...]
     explicit: bool = False
-    reads: tuple[str, ...] = ()
+    params: tuple[Param, ...] = ()
     summary: str = ""
     use_when: str = ""
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The names of the method-specific ``[solver]`` keys the method reads."""
+        return tuple(p.name for p in self.params)
 
 
 # solver.method -> its declaration, in the order the stepper classes were defined
@@ -75,11 +85,17 @@ def unread_key(method: str, key: str) -> str | None:
     return f"solver.{key} is read by solver.method {listed}, not {method!r}"
 
 
+def solver_schema() -> tuple[Param, ...]:
+    """The ``[solver]`` keys the declared methods read, merged (:func:`pdeflow.solvers.parameters.schema_keys`): the
+    source of :class:`pdeflow.core.solver_config.SolverConfig` (``python -m pdeflow.solvers.table --write``)."""
+    return schema_keys((name, m.params) for name, m in METHODS.items())
+
+
 def schema_text() -> str:
     """``pdeflow config``'s text: :func:`pdeflow.core.config.describe_schema` with the declared methods as the
     choices of ``solver.method`` and, for each method-specific ``[solver]`` key, the methods that read it."""
     return describe_schema(tuple(METHODS), readers)
 
 
-__all__ = ["schema_text", "Method", "METHODS", "declare", "explicit_flows", "method_keys", "readers", "unread_key",
-           "PARTICLES", "GRID", "measure_mismatch"]
+__all__ = ["schema_text", "solver_schema", "Method", "METHODS", "declare", "explicit_flows", "method_keys", "readers",
+           "unread_key", "PARTICLES", "GRID", "measure_mismatch"]

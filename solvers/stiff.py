@@ -22,9 +22,10 @@ from pdeflow.core.lanczos import StartPolicy
 from pdeflow.core.problem import Problem
 from pdeflow.core.system_jacobian import SystemJacobian, complement_projection
 
-from .base import SolverError, State, controller_factor
-from .controller import CONTROLLER_KEYS, AdaptiveStepper, StageFailed
-from .dissipation import hermite_dissipation, state_jacobian
+from .base import Carried, SolverError, State
+from .controller import CONTROLLER_PARAMS, AdaptiveStepper, StageFailed
+from .dissipation import JACOBIAN, hermite_dissipation, state_jacobian
+from .parameters import Param
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -38,6 +39,18 @@ GAMMA_TABLE = np.array([[GAMMA, 0.0, 0.0, 0.0],
                         [0.24212380706095346, -1.2232505839045147, 0.54526025533510214, GAMMA]])
 B = np.array([0.24212380706095346, -1.2232505839045147, 1.5452602553351020, 0.435866521508459])
 B_HAT = np.array([0.37810903145819369, -0.096042292212423178, 0.5, 0.2179332607542295])
+# the [solver] keys rosenbrock reads besides the controller's and solver.jacobian
+KRYLOV_TOL = Param("krylov_tol", float, 0.01, "stage-solve accuracy, as a fraction of the local error tolerance", gt=0,
+                   le=1)
+KRYLOV_MAXITER = Param("krylov_maxiter", int, 1000, "MINRES iterations per stage solve (more: a failed solve, the "
+                       "step is retried at a quarter of its size)", ge=1)
+DEFLATE = Param("deflate", int, 0, "largest eigenpairs of the Jacobian removed from the stage solves by a "
+                "preconditioner, carried from step to step (0: none)", ge=0, le=1000)
+DEFLATE_EVERY = Param("deflate_every", int, 1, "steps between refinements of the deflated eigenpairs (warm-started "
+                      "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
+STAGE_SOLVE = Param("stage_solve", str, "minres", "'minres' (MINRES with the current Jacobian) or 'auto' (needs "
+                    "solver.deflate: steps within the explicit bound of the rest of the spectrum take W = the "
+                    "Jacobian on the eigenpairs, no products)", choices=("minres", "auto"))
 ORDER = 3  # of y_{n+1}
 ERROR_ORDER = 2  # of the embedded solution, so err ~ h^3
 
@@ -106,18 +119,27 @@ class _SolveFailed(StageFailed):
 
 @dataclass
 class _Carry:
-    """What an accepted step hands to the next besides the measure (and what a checkpoint keeps of it):
-    ``slope = dI/dt`` at ``state``, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none yet)
-    and ``age``, the steps since they were computed or refined; ``top`` [n] the complement's top eigenvector
+    """What an accepted step hands to the next besides the measure (:attr:`Rosenbrock.carried`, checkpointed by the
+    base): ``slope = dI/dt`` at the state, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none
+    yet) and ``age``, the steps since they were computed or refined; ``top`` [n] the complement's top eigenvector
     (Krylov-free steps) and ``minres_cost`` the products of the last MINRES step. The PI controller's memory is
     the controller's (:meth:`~pdeflow.solvers.controller.AdaptiveStepper.previous_error`)."""
-    state: State
     slope: float
     lam: np.ndarray | None = None
     V: np.ndarray | None = None
     age: int = 0
     top: np.ndarray | None = None
     minres_cost: float = DEFAULT_MINRES_COST
+
+    @classmethod
+    def handed_on(cls, values: dict | None) -> _Carry | None:
+        """The carry of the values handed on to a step (:meth:`~pdeflow.solvers.base.Stepper.carry`); None when
+        dI/dt is not among them (the step starts afresh)."""
+        if values is None or values.get("slope") is None:
+            return None
+        age = values.get("age")
+        return cls(values["slope"], values.get("lam"), values.get("V"), 0 if age is None else age, values.get("top"),
+                   values["minres_cost"])
 
 
 @dataclass
@@ -143,13 +165,20 @@ class Rosenbrock(AdaptiveStepper):
     use_when = "stiffness far beyond the motion's own time scales, where an L-stable method of order 3 is wanted"
     sharded = False
     order: ClassVar[int] = ORDER
-    error_estimator_order: ClassVar[int] = ERROR_ORDER
+    error_order: ClassVar[int] = ERROR_ORDER
     step_columns = ("rejected", "failed_solves", "krylov_iters", "jvps", "explicit_margin")
     stability_column = "explicit_margin"
     failure_fix = "raise solver.krylov_maxiter or solver.krylov_tol"
-    reads = (*CONTROLLER_KEYS, "jacobian", "krylov_tol", "krylov_maxiter", "deflate", "deflate_every", "stage_solve")
+    params = (*CONTROLLER_PARAMS, JACOBIAN, KRYLOV_TOL, KRYLOV_MAXITER, DEFLATE, DEFLATE_EVERY, STAGE_SOLVE)
 
-    _carry: _Carry | None = None
+    # what an accepted step hands to the next besides the controller's memory (:class:`_Carry`): with solver.deflate
+    # the eigenpairs and their age, with solver.stage_solve = "auto" the complement's top vector
+    carried = (*AdaptiveStepper.carried, Carried("slope"), Carried("minres_cost"),
+               Carried("lam", "values", count="deflate", when=lambda stepper: stepper.deflate > 0),
+               Carried("V", "columns", count="deflate", like="lam", when=lambda stepper: stepper.deflate > 0),
+               Carried("age", "int", when=lambda stepper: stepper.deflate > 0),
+               Carried("top", "vector", when=lambda stepper: stepper.stage_solve == "auto"))
+
     _step_plan: _Plan
 
     def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
@@ -170,46 +199,6 @@ class Rosenbrock(AdaptiveStepper):
                               "use 'exact' or 'difference'")
         if cfg.solver.stage_solve == "auto" and cfg.solver.deflate == 0:
             raise ConfigError("solver.stage_solve = 'auto' needs solver.deflate > 0 (the eigenpairs W is made of)")
-
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> Rosenbrock:
-        s = cfg.solver
-        return cls(problem, s.dt, **cls.controller(cfg),
-                   jacobian=s.jacobian, krylov_tol=s.krylov_tol, krylov_maxiter=s.krylov_maxiter, deflate=s.deflate,
-                   deflate_every=s.deflate_every, stage_solve=s.stage_solve)
-
-    def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """The controller's ``err`` and the carry of :class:`_Carry`: ``slope = dI/dt``, ``minres_cost``; with
-        ``solver.deflate = m > 0`` the eigenpairs ``lam`` [m] and ``V`` [N k, m] (nan past the pairs held) and their
-        ``age``; with ``solver.stage_solve = "auto"`` the complement's ``top`` vector [N k]. nan where not known
-        (the next step computes them afresh)."""
-        carry = self._carry if self._carry is not None and self._carry.state is state else None
-        if carry is None:
-            carry = _Carry(state, math.nan, minres_cost=math.nan)
-        n, m = state.fields["omega"].size, self.deflate
-        out = {**super().extra_state(state), "slope": np.array(carry.slope), "minres_cost": np.array(carry.minres_cost)}
-        if m:
-            lam, V = np.full(m, math.nan), np.full((n, m), math.nan)
-            if carry.V is not None:
-                lam[:carry.lam.size], V[:, :carry.V.shape[1]] = carry.lam, carry.V
-            out.update(lam=lam, V=V, age=np.array(float(carry.age)))
-        if self.stage_solve == "auto":
-            out["top"] = np.full(n, math.nan) if carry.top is None else np.array(carry.top)
-        return out
-
-    def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
-        super().restore(state, extra)
-        self._carry = None
-        if extra and math.isfinite(float(extra.get("slope", math.nan))):
-            self._carry = _Carry(state, float(extra["slope"]), minres_cost=float(extra["minres_cost"]))
-            count = int(np.count_nonzero(np.isfinite(extra["lam"]))) if "lam" in extra else 0
-            if count:
-                self._carry.lam = np.array(extra["lam"][:count], dtype=float)
-                self._carry.V = np.array(extra["V"][:, :count], dtype=float)
-                self._carry.age = int(extra["age"])
-            if "top" in extra and np.all(np.isfinite(extra["top"])):
-                self._carry.top = np.array(extra["top"], dtype=float)
-        return state
 
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         return self.problem.velocity(omega, mass)
@@ -375,7 +364,7 @@ class Rosenbrock(AdaptiveStepper):
             raise SolverError("solver.method = 'rosenbrock' needs positive masses (its stage systems are "
                               "symmetrized with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
         counts = {"rejected": 0.0, "failed_solves": 0.0, "krylov_iters": 0.0, "jvps": 0.0, "gradient_evals": 0.0}
-        carry = self._carry if self._carry is not None and self._carry.state is state else None
+        carry = _Carry.handed_on(self.carry(state))
         slope = carry.slope if carry is not None else self._jacobian(state, counts).slope()
         eigen = self._eigenpairs(state, carry, counts)
         pairs = _positive(eigen)
@@ -416,7 +405,7 @@ class Rosenbrock(AdaptiveStepper):
         """A step cut to the explicit bound: the error of the short step says how long an accurate step could be
         (err ~ h^3), the choice against a MINRES step of that size needs it (growth up to CAPPED_GROWTH)."""
         if h_taken < h:
-            return max(dt, h_taken * controller_factor(err, math.nan, self.error_exponent, CAPPED_GROWTH))
+            return max(dt, h_taken * self.controller.factor(err, math.nan, CAPPED_GROWTH))
         return super()._proposal(dt, h, h_taken, err, factor)
 
     def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
@@ -426,9 +415,8 @@ class Rosenbrock(AdaptiveStepper):
         counts["gradient_evals"] += 1
         new_slope = hermite_dissipation(self, state, new, h, plan.slope, self.jacobian, counts)
         minres_cost = counts["jvps"] + counts["gradient_evals"] if plan.krylov else plan.minres_cost
-        self._carry = _Carry(new, new_slope, top=plan.top, minres_cost=minres_cost)
-        if plan.eigen is not None:
-            self._carry.lam, self._carry.V, self._carry.age = plan.eigen[0], plan.eigen[1], plan.eigen[2] + 1
+        lam, V, age = (plan.eigen[0], plan.eigen[1], plan.eigen[2] + 1) if plan.eigen is not None else (None, None, 0)
+        self.hand_on(new, slope=new_slope, minres_cost=minres_cost, lam=lam, V=V, age=age, top=plan.top)
         counts["explicit_margin"] = plan.margin
         return counts
 

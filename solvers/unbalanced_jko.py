@@ -23,8 +23,12 @@ from pdeflow.core.measure import Grid
 from pdeflow.core.problem import Problem
 
 from .base import DefectSource, SolverError, State
+from .controller import DT_MIN
 from .entropic_ot import blur_source, finer_blur
-from .finite_volume import FiniteVolume
+from .finite_volume import CFL, LIMITER, SCHEME, FiniteVolume
+from .jko import OUTER_MAXITER, TAU
+from .parameters import Param
+from .wfr import ALPHA, GAMMA
 
 MAX_CELLS = 4096
 # the plan's shifted cost is capped at COST_CAP eps: exp(-500) ~ 7e-218 of a row's largest entry, far below rounding,
@@ -90,12 +94,19 @@ def jko_masses(a: np.ndarray, cost: np.ndarray, xi: np.ndarray, c: float, eps: f
     return b * (total / float(np.sum(b)))
 
 
+# what solver.epsilon and solver.inner_tol mean to wfr_jko
+EPSILON = Param("epsilon", float, 0.0, "entropic regularization eps of the plan, kernel width "
+                "sqrt(2 eps alpha / gamma) (0: h^2 gamma / (2 alpha), a kernel one cell wide)", ge=0)
+INNER_TOL = Param("inner_tol", float, 1e-10, "tolerance of the linearization: L1 change of the masses between "
+                  "linearizations, over the mass", gt=0)
+
+
 class UnbalancedJKO(FiniteVolume):
     """JKO steps for the Wasserstein-Fisher-Rao metric on a grid (see the module docstring)."""
     name = "wfr_jko"
     summary = "implicit Wasserstein-Fisher-Rao (Hellinger-Kantorovich) steps on a grid, entropic, first order"
     use_when = "the Wasserstein-Fisher-Rao flow of a density at steps beyond the explicit limit"
-    reads = ("alpha", "gamma", "tau", "epsilon", "inner_tol", "outer_maxiter", "cfl", "dt_min", "scheme", "limiter")
+    params = (ALPHA, GAMMA, TAU, EPSILON, INNER_TOL, OUTER_MAXITER, CFL, DT_MIN, SCHEME, LIMITER)
     step_columns = ("mass", "min_density", "outer_iterations")
     # a minimizing movement carries the right-point rule h I(b) (as jko): pdeflow.solvers.accuracy
     quadrature = "right"

@@ -19,8 +19,18 @@ from pdeflow.core.config import Config, ConfigError
 from pdeflow.core.problem import Problem
 
 from .base import SolverError, State
-from .controller import CONTROLLER_KEYS
+from .controller import CONTROLLER_PARAMS
 from .explicit import DormandPrince
+from .parameters import Param
+
+# the [solver] keys of the Wasserstein-Fisher-Rao flow (alpha, gamma: also of fv and wfr_jko)
+ALPHA = Param("alpha", float, 1.0, "transport speed alpha in d omega/dt = -alpha grad Phi", ge=0)
+GAMMA = Param("gamma", float, 0.0, "Fisher-Rao rate gamma in d m/dt = -gamma m (Phi - <Phi>) (0: Wasserstein flow)",
+              ge=0)
+TOTAL_MASS = Param("total_mass", str, "fixed", "'fixed' (d m/dt = -gamma m (Phi - <Phi>), probability measures) or "
+                   "'free' (d m/dt = -gamma m Phi, the unbalanced/conic flow)", choices=("fixed", "free"))
+MASS_FLOOR = Param("mass_floor", float, 1e-12, "a particle whose mass falls below this fraction of the total is "
+                   "removed (mass set to 0, counted in /steps/removed)", ge=0, le=1e-3)
 
 
 class WassersteinFisherRao(DormandPrince):
@@ -30,7 +40,7 @@ class WassersteinFisherRao(DormandPrince):
     use_when = "heads that gain and lose mass: leaving stationary points that are not global minimizers"
     step_columns = ("rejected", "removed", "removed_mass")
     explicit_flow = False  # its own vector field on (omega, m)
-    reads = (*CONTROLLER_KEYS, "alpha", "gamma", "total_mass", "mass_floor")
+    params = (*CONTROLLER_PARAMS, ALPHA, GAMMA, TOTAL_MASS, MASS_FLOOR)
     sharded = True  # the rho-averages are sums over ranks, like the energy
 
     def __init__(self, problem: Problem, dt: float, *, alpha: float, gamma: float, mass_floor: float,
@@ -49,12 +59,6 @@ class WassersteinFisherRao(DormandPrince):
     def check_keys(cls, cfg: Config) -> None:
         if cfg.solver.alpha == 0.0 and cfg.solver.gamma == 0.0:
             raise ConfigError("solver.alpha and solver.gamma are both 0: the wfr flow would not move")
-
-    @classmethod
-    def from_config(cls, problem: Problem, cfg: Config) -> WassersteinFisherRao:
-        s = cfg.solver
-        return cls(problem, s.dt, alpha=s.alpha, gamma=s.gamma, mass_floor=s.mass_floor, total_mass=s.total_mass,
-                   **cls.controller(cfg))
 
     # ---- the vector field ---------------------------------------------------------------------
     def mean_phi(self, phi: np.ndarray, mass: np.ndarray) -> float:

@@ -23,9 +23,9 @@ import numpy as np
 
 from ..core.config import Config, ConfigError
 from ..core.lanczos import krylov_ritz
-from ..core.problem import Problem
+from ..core.problem import Problem, gradient_equivalents
 from ..io.result_schema import RATES
-from ..solvers.base import State, Stepper
+from ..solvers.base import COST_COLUMN, State, Stepper
 from ..solvers.loop import Observer, Step, Stop
 from .certificate import BY_LANCZOS, DENSE_LIMIT, Certificate, certify
 from .spectrum import (
@@ -165,7 +165,8 @@ class MinimumRun:
     ``predicted_excess``, ``predicted_distance`` and ``prediction_error`` the relative Krylov error bound on the
     distance); ``excess_agreement``: the largest relative difference of the two forms of E - E* where the direct
     one is above :data:`EXCESS_FLOOR`; the ``stepper`` (``rk4`` or ``rkc``), its first step ``dt``, the
-    ``gradients`` and difference products (``jvps``) it spent, its ``steps``."""
+    ``gradients`` it spent (the gradient equivalents of its counted calls, and one evaluation per sample), its
+    products (``jvps``, exact and difference) and its ``steps``."""
     direction: str
     eps: float
     times: np.ndarray
@@ -271,14 +272,27 @@ def excess_from_gradient(omega: np.ndarray, omega_star: np.ndarray, mass: np.nda
 
 
 class _StepCount(Observer):
-    """Counts a run's steps and the stepper's grad Phi evaluations and difference products (rkc's columns), and stops
-    the run once they exceed ``budget`` (its later samples are then NaN, its rates not measured)."""
+    """Counts a run's steps and its calls by kind, the cost columns the Problem counts around each step of any
+    stepper (:data:`pdeflow.solvers.base.COST_COLUMNS`), and stops the run once their gradient equivalents
+    (:func:`pdeflow.core.problem.gradient_equivalents`, the one formula) exceed ``budget`` (its later samples are then
+    NaN, its rates not measured)."""
 
     def __init__(self, budget: float = math.inf) -> None:
-        self.steps, self.gradient_evals, self.jvps, self.budget = 0, 0.0, 0.0, budget
+        self.steps, self.budget = 0, budget
+        self.counts = dict.fromkeys(COST_COLUMN, 0.0)
+
+    @property
+    def gradients(self) -> float:
+        """The run's gradient equivalents so far."""
+        return gradient_equivalents(self.counts)
+
+    @property
+    def products(self) -> float:
+        """The run's Jacobian-vector products so far, exact and difference."""
+        return sum(value for kind, value in self.counts.items() if kind != "gradient")
 
     def check(self, state: State) -> Stop | None:
-        if self.gradient_evals + self.jvps > self.budget:
+        if self.gradients > self.budget:
             return Stop("max_steps", f"the run's budget of {self.budget:.0f} gradients is spent")
         return None
 
@@ -286,8 +300,8 @@ class _StepCount(Observer):
         if step.old is step.new:
             return
         self.steps += 1
-        self.gradient_evals += step.stepper_columns.get("gradient_evals", 0.0)
-        self.jvps += step.stepper_columns.get("jvps", 0.0)
+        for kind, column in COST_COLUMN.items():
+            self.counts[kind] += step.stepper_columns[column]
 
 
 def run_stepper(problem: Problem, method: str, duration: float, lam_max: float, samples: int,
@@ -567,7 +581,7 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
     runs = []
     for j, ((name, d, size), pred) in enumerate(zip(directions, predictions)):
         counter = _StepCount()
-        counter.steps, counter.gradient_evals = paths.steps, float(paths.gradients)
+        counter.steps, counter.counts["gradient"] = paths.steps, float(paths.gradients)
         path = omega[None] + paths.samples[j].reshape(len(times), *omega.shape) / root[None]
         skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
         runs.append(_minimum_run(problem, name, size, path, mass, omega, symmetry.project, e_star, grad_star, times,
@@ -628,8 +642,7 @@ def _minimum_run(problem: Problem, name: str, eps: float, path: np.ndarray, mass
         predicted_distance=pred.distance, prediction_error=float(np.max(pred.error_bound / pred.distance)),
         excess_agreement=float(np.nanmax(agreement)) if np.isfinite(agreement).any() else math.nan,
         stepper=stepper, dt=float(dt),
-        gradients=int(4 * counter.steps if stepper == "rk4" else counter.gradient_evals + counter.jvps) + len(times),
-        jvps=int(counter.jvps), steps=counter.steps)
+        gradients=int(counter.gradients) + len(times), jvps=int(counter.products), steps=counter.steps)
 
 
 SCHEMA_MINIMUM = RATES.schema  # the table: pdeflow.io.result_schema

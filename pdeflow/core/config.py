@@ -1,9 +1,11 @@
 """TOML configuration: parsed with :mod:`tomllib`, validated into frozen dataclasses.
 
 A config has the sections ``[task]``, ``[model]``, ``[init]``, ``[solver]``, ``[run]``, ``[output]``,
-``[diagnostics]``, ``[grid]``, ``[sgd]``, ``[chaos]`` and ``[stability]``. Every key is declared once,
-below, as a dataclass field with its type, default and allowed range; that declaration is the whole
-schema (``pdeflow config`` prints it). Any problem - unknown key, wrong type, value out of
+``[diagnostics]``, ``[grid]``, ``[sgd]``, ``[chaos]`` and ``[stability]``. Every key is declared once, as a
+dataclass field with its type, default and allowed range (:func:`pdeflow.core.keys.spec`); that declaration is the
+whole schema (``pdeflow config`` prints it). The keys are declared below, but for ``[solver]``'s: each stepper class
+declares the keys it reads, and :class:`~pdeflow.core.solver_config.SolverConfig` is generated from those
+declarations (:mod:`pdeflow.solvers.parameters`). Any problem - unknown key, wrong type, value out of
 range, inconsistent shapes - raises :class:`ConfigError` with one line naming ``section.key`` and what
 is allowed.
 """
@@ -18,21 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .keys import spec
+from .solver_config import SolverConfig
 from .tasks import TASK_NAMES, TASKS
 
 
 class ConfigError(ValueError):
     """A configuration problem; the message is one line naming the key and what is allowed."""
-
-
-def spec(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
-         le: float | None = None, choices: Iterable[Any] | None = None) -> Any:
-    """Declare a config key: its default, a one-line description and its allowed values."""
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le,
-            "choices": tuple(choices) if choices is not None else None}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 # Keys of [task] that only some tasks read (pdeflow.core.tasks.TASKS); a key given for a task that ignores it is an
@@ -89,62 +83,6 @@ class InitConfig:
 # the relative tolerances an error-controlled stepper can deliver in float64: from 100 machine epsilons (below it the
 # error estimate is rounding noise and the steps shrink without end) to 1 (an error as large as the solution)
 RTOL_RANGE = (100.0 * sys.float_info.epsilon, 1.0)
-
-
-@dataclass(frozen=True)
-class SolverConfig:
-    method: str = spec("rk4", "time stepper (the methods, and the keys below each reads: pdeflow config)")
-    dt: float = spec(0.01, "time step (initial step for adaptive methods)", gt=0)
-    rtol: float = spec(1e-6, "relative tolerance", gt=0)
-    atol: float = spec(1e-9, "absolute tolerance", gt=0)
-    dt_min: float = spec(1e-10, "smallest allowed step", gt=0)
-    dt_max: float = spec(math.inf, "largest allowed step", gt=0)
-    max_growth: float = spec(5.0, "largest step growth factor per step", gt=1)
-    tau: float = spec(0.0, "proximal time step (0: solver.dt)", ge=0)
-    inner_tol: float = spec(1e-10, "tolerance of the inner solve (particles: Euler-Lagrange residual in "
-                                   "velocity units; grid: L1 marginal violation and linearization change); "
-                                   "wfr_jko: L1 change of the masses between linearizations, over the mass", gt=0)
-    inner_maxiter: int = spec(500, "iteration limit of the inner solve (particles: L-BFGS-B and Newton; "
-                                   "grid: Newton per linearization)", ge=1)
-    outer_maxiter: int = spec(50, "linearizations of the risk per step (fixed-point iteration)",
-                              ge=1)
-    scheme: str = spec("muscl", "flux scheme", choices=("upwind", "muscl"))
-    limiter: str = spec("minmod", "slope limiter", choices=("minmod", "vanleer"))
-    cfl: float = spec(0.4, "CFL number", gt=0, le=1)
-    epsilon: float = spec(0.0, "entropic regularization eps (0: h^2, h the smallest cell width - the "
-                                "smallest eps whose blur resolves the grid; below it sub-cell motion is pinned); "
-                                "adds diffusion eps/(4 tau), printed by pdeflow info (raise solver.tau or grid.n "
-                                "to shrink it); wfr_jko: of the plan, kernel width sqrt(2 eps alpha / gamma) (0: "
-                                "h^2 gamma / (2 alpha), a kernel one cell wide)", ge=0)
-    alpha: float = spec(1.0, "transport speed alpha in d omega/dt = -alpha grad Phi", ge=0)
-    gamma: float = spec(0.0, "Fisher-Rao rate gamma in d m/dt = -gamma m (Phi - <Phi>) (0: Wasserstein "
-                             "flow)", ge=0)
-    total_mass: str = spec("fixed", "'fixed' (d m/dt = -gamma m (Phi - <Phi>), probability measures) or 'free' "
-                                    "(d m/dt = -gamma m Phi, the unbalanced/conic flow)", choices=("fixed", "free"))
-    mass_floor: float = spec(1e-12, "a particle whose mass falls below this fraction of the total is removed "
-                                    "(mass set to 0, counted in /steps/removed)", ge=0, le=1e-3)
-    krylov_tol: float = spec(0.01, "stage-solve accuracy, as a fraction of the local error tolerance", gt=0,
-                             le=1)
-    krylov_maxiter: int = spec(1000, "MINRES iterations per stage solve (more: a failed solve, the "
-                                     "step is retried at a quarter of its size)", ge=1)
-    deflate: int = spec(0, "largest eigenpairs of the Jacobian removed from the stage solves by a "
-                           "preconditioner (rosenbrock, cvode) or treated linearly implicitly (eserk4) (0: none)",
-                        ge=0, le=1000)
-    deflate_every: int = spec(1, "steps between refinements of the deflated eigenpairs (warm-started "
-                                 "LOBPCG from the previous ones, kept in the checkpoint; 1: every step)", ge=1)
-    stage_solve: str = spec("minres", "'minres' (MINRES with the current Jacobian) or 'auto' (needs "
-                                      "solver.deflate: steps within the explicit bound of the rest of the spectrum "
-                                      "take W = the Jacobian on the eigenpairs, no products)",
-                            choices=("minres", "auto"))
-    jacobian: str = spec("exact", "Jacobian-vector products in forward mode (exact) or by a forward "
-                                  "difference of grad Phi (one real evaluation; the W-method keeps its order); "
-                                  "cvode only: 'cvode', CVODE's own difference quotients on its right-hand side",
-                         choices=("exact", "difference", "cvode"))
-    preconditioner: str = spec("deflation", "cvode's GMRES preconditioner: 'deflation' (the solver.deflate top "
-                                            "eigenpairs; 0: none) or 'heads' (the per-head blocks of the Jacobian)",
-                               choices=("deflation", "heads"))
-    radius_every: int = spec(25, "the most steps between estimates of the Jacobian's spectral radius (fewer "
-                                 "while it grows; and after every rejected step)", ge=1)
 
 
 @dataclass(frozen=True)

@@ -275,7 +275,7 @@ def test_time_to_solution_counts_what_the_stepper_reports():
 
 
 def _entryless_adaptive_methods() -> list[str]:
-    """The registered error-controlled methods with no row of RACE_SOLVERS (bs23, heun-euler, any added later)."""
+    """The registered error-controlled methods with no row of RACE_SOLVERS (bs23, heun_euler, any added later)."""
     from pdeflow.solvers import STEPPERS
     from pdeflow.solvers.controller import AdaptiveStepper
 

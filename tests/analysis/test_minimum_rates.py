@@ -223,3 +223,35 @@ def test_the_shipped_rates_at_the_long_runs_minimum():
         assert directions == [SLOWEST, SLOWEST_HALF, "random 1", "random 2"]
         assert np.all(np.abs(errors) <= TOLERANCE), errors
         assert np.all(g["pl_ratio_least"][()] >= (1 - TOLERANCE) * lam)
+
+
+def test_a_runs_gradients_are_its_counted_calls_through_the_one_formula():
+    """A rate run's cost is the Problem's count of its calls by kind through the one gradient-equivalent formula,
+    whatever the stepper: for RK4 the tableau's four evaluations per step (the count the check used to hard-code),
+    for rkc its own tallies of evaluations and difference products."""
+    from pdeflow.solvers import make_stepper
+    from pdeflow.solvers.loop import Observer
+
+    from pdeflow.analysis.minimum_rates import _StepCount, run_stepper
+    from pdeflow.analysis.stability import simulate
+    from test_explicit import build
+
+    cfg, problem = build()
+    state = make_stepper(problem, cfg).initial_state()
+    times = np.linspace(0.0, 1.0, 11)
+    for method in ("rk4", "rkc"):
+        stepper, dt, name = run_stepper(problem, method, 1.0, 10.0, len(times), 0.1)
+        own = []
+
+        class Own(Observer):
+            def accept(self, step):
+                if step.old is not step.new:
+                    own.append(step.stepper_columns)
+        counter = _StepCount()
+        simulate(problem, state.fields["omega"], state.fields["mass"], times, dt, stepper, [counter, Own()])
+        assert name == method and counter.steps == len(own) > 10
+        if method == "rk4":
+            assert counter.gradients == 4 * counter.steps and counter.products == 0
+        else:
+            assert counter.products == sum(c["jvps"] for c in own) > 0
+            assert counter.gradients == sum(c["gradient_evals"] + c["jvps"] for c in own)

@@ -75,7 +75,7 @@ def test_every_test_the_documents_cite_exists() -> None:
     """README.md and docs/*.md name the tests that assert their figures: each named test function and test file
     must exist, so a renamed or deleted test cannot leave a figure pointing at nothing."""
     defined = set()
-    for path in (ROOT / "tests").rglob("test_*.py"):
+    for path in [*(ROOT / "tests").rglob("test_*.py"), *(ROOT / "studies" / "tests").rglob("test_*.py")]:
         defined.update(re.findall(r"^def (test_\w+)\(", path.read_text(encoding="utf-8"), flags=re.M))
     documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     cited, missing = 0, []

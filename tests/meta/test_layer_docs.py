@@ -1,6 +1,7 @@
 """docs/layers.md and the README's tour show the layers as the tree holds them (tests/meta/test_layers.py): the page has
 one section per layer, bottom up, and names every module in the section of its layer (a row of its own, or by its
-short name in the row of a pattern such as ``pdeflow.solvers.*``); every row names modules that exist; each module
+short name in the row of a pattern such as ``pdeflow.solvers.*``; a module defining a registered method is named by
+the generated which-solver table instead); every row names modules that exist; each module
 of the README's tour sits in the layer the tour gives it."""
 from __future__ import annotations
 
@@ -39,9 +40,11 @@ def test_the_layers_page_names_every_module_in_its_layer():
 
     sections = _page()
     missing = []
-    steppers = {cls.__module__ for cls in STEPPERS.values()}
+    # a module that defines a registered method (a stepper class with a name) is named by the which-solver table,
+    # generated from the registry: adding a method is its module and its test, with no row here
+    methods = {cls.__module__ for cls in STEPPERS.values()}
     for module in module_files(PACKAGES, ROOT):
-        if module in steppers:
+        if module in methods:
             continue
         if module in FOLDERS and module.count(".") == 1 and module not in ("pdeflow.solvers", "pdeflow.benchmarks"):
             continue   # a layer package itself (pdeflow.core, ...): its folder is its section

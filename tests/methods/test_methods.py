@@ -10,12 +10,16 @@ import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
 import pdeflow.solvers
 import pytest
 from pdeflow.solvers import STEPPERS, check_config
 from pdeflow.solvers.base import Stepper
+from pdeflow.solvers.chebyshev import RADIUS_EVERY
 from pdeflow.solvers.explicit import ExplicitRK
 from pdeflow.solvers.methods import GRID, METHODS, PARTICLES, Method, method_keys, readers, schema_text
+from pdeflow.solvers.parameters import Param
+from pdeflow.solvers.wfr import GAMMA
 
 from conftest import build_config, config_text
 from pdeflow.core.config import Config, ConfigError, SolverConfig
@@ -33,7 +37,7 @@ def test_every_registered_stepper_declares_its_row() -> None:
     assert list(STEPPERS) == list(METHODS)
     for name, method in METHODS.items():
         cls = pdeflow.solvers.stepper_class(name)
-        assert method == Method(name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.reads),
+        assert method == Method(name, cls.measures or (cls.measure,), cls.explicit_flow, tuple(cls.params),
                                 cls.__dict__["summary"], cls.__dict__["use_when"])
         assert _built_measures(cls) == set(method.measures), name
         # explicit: an explicit Runge-Kutta step of the Wasserstein velocity -grad Phi alone (wfr integrates
@@ -48,14 +52,15 @@ def test_a_new_stepper_class_declares_itself() -> None:
     """Defining a class with a name is all it takes to add a method (py-pde's registration by subclassing)."""
     class Planted(Stepper):
         name = "planted_method"
-        reads: ClassVar[tuple[str, ...]] = ("radius_every",)
+        params: ClassVar[tuple[Param, ...]] = (RADIUS_EVERY,)
 
         @classmethod
         def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
             return cls(problem)
     try:
         assert STEPPERS["planted_method"] is Planted
-        assert METHODS["planted_method"] == Method("planted_method", (PARTICLES,), False, ("radius_every",))
+        assert METHODS["planted_method"] == Method("planted_method", (PARTICLES,), False, (RADIUS_EVERY,))
+        assert METHODS["planted_method"].reads == ("radius_every",)
         assert "planted_method" in readers("radius_every")
         check_config(Config().replace(solver={"method": "planted_method", "radius_every": 3}))
     finally:
@@ -88,7 +93,7 @@ def test_a_stepper_class_that_breaks_the_contract_is_refused_when_defined() -> N
                                         r"from_config"):
         class Unconfigured(Stepper):
             name = "unconfigured"
-    with pytest.raises(TypeError, match="does not define error_estimator_order, _step_impl"):
+    with pytest.raises(TypeError, match="does not define error_order, _step_impl"):
         class Unestimated(AdaptiveStepper):
             name = "unestimated"
             order = 2
@@ -183,7 +188,7 @@ def test_a_stepper_reading_an_undeclared_key_is_caught() -> None:
     read = method_keys_read(lambda c: c.solver.gamma * c.solver.dt, Config())
     assert read == {"gamma"}
     assert _declaration_disagreement("planted", Method("planted", (PARTICLES,)), read) is not None
-    assert _declaration_disagreement("planted", Method("planted", (PARTICLES,), reads=("gamma",)), read) is None
+    assert _declaration_disagreement("planted", Method("planted", (PARTICLES,), params=(GAMMA,)), read) is None
 
 
 def other_value(key: str) -> Any:
@@ -245,3 +250,88 @@ def test_keys_that_do_not_go_together_are_refused_by_their_method(solver: dict, 
     cfg = Config().replace(model={"coordinates": "output_gain"}, solver=solver, init={"measure": measure})
     with pytest.raises(ConfigError, match=message):
         check_config(cfg)
+
+
+# ---- the [solver] schema, built from the declarations -----------------------------------------------------------
+def test_the_solver_schema_is_the_declarations_of_the_classes() -> None:
+    """Every field of the config's ``[solver]`` section is a declared key: the common ``method`` and ``dt``, then each
+    key as the classes declare it (type, default, allowed values); a key several methods read with different docs
+    says what it means to each (``deflate``: a preconditioner for rosenbrock and cvode, linearly implicit pairs for
+    eserk4), and ``pdeflow config`` prints it so."""
+    from pdeflow.solvers.methods import solver_schema
+    from pdeflow.solvers.parameters import COMMON
+
+    fields = {f.name: f for f in dataclasses.fields(SolverConfig)}
+    keys = solver_schema()
+    assert [p.name for p in keys] == list(fields) and keys[:2] == COMMON
+    for p in keys:
+        f = fields[p.name]
+        assert (f.type, f.default, f.metadata["doc"]) == (p.type.__name__, p.default, p.doc), p.name
+        assert all(f.metadata[k] == getattr(p, k) for k in ("ge", "gt", "le", "choices")), p.name
+        for name in readers(p.name):
+            declared = next(q for q in METHODS[name].params if q.name == p.name)
+            assert declared.agrees_with(p) and declared.doc in p.doc, (name, p.name)
+    deflate = next(line for line in schema_text().splitlines() if line.startswith("  deflate = "))
+    for name in ("rosenbrock", "cvode", "eserk4"):
+        assert f"{name}: largest eigenpairs" in deflate or f"{name}, " in deflate, deflate
+    assert "treated linearly implicitly" in deflate and "preconditioner" in deflate
+
+
+def test_declarations_of_one_key_that_disagree_are_refused() -> None:
+    """Two methods may say different things about a key, but not give it two defaults, types or ranges."""
+    from pdeflow.solvers.parameters import DT, schema_keys
+
+    tau = Param("tau", float, 0.0, "a step", ge=0)
+    merged = schema_keys([("a", [tau]), ("b", [Param("tau", float, 0.0, "another step", ge=0)]), ("c", [tau])])
+    assert merged[-1] == Param("tau", float, 0.0, "a, c: a step; b: another step", ge=0)
+    for other in (Param("tau", float, 1.0, "a step", ge=0), Param("tau", int, 0, "a step", ge=0),
+                  Param("tau", float, 0.0, "a step", gt=0)):
+        with pytest.raises(ValueError, match=r"solver.tau is declared differently by solver.method 'a' .* and 'b'"):
+            schema_keys([("a", [tau]), ("b", [other])])
+    with pytest.raises(ValueError, match="declares solver.dt, a key of every method"):
+        schema_keys([("a", [DT])])
+
+
+def test_a_declared_carry_is_checkpointed_and_restored_by_the_base() -> None:
+    """Item 8 of the contract: a stepper declares what it carries (:class:`pdeflow.solvers.base.Carried`) and hands
+    it on; the base writes it as nan-padded float arrays of the declared shapes (only what the stepper's settings
+    keep) and restores the same values, in the declared memory order, to the same state; a state the carry was not
+    handed on to has none, and a checkpoint that knows nothing restores none."""
+    from pdeflow.solvers.base import Carried, State
+
+    class Carrying(Stepper):  # no name: a base, not a method
+        m = 3
+        carried = (Carried("rho"), Carried("age", "int"), Carried("vector", "vector"),
+                   Carried("lam", "values", count="m"), Carried("V", "columns", count="m", like="lam", order="F"),
+                   Carried("off", when=lambda stepper: stepper.m > 5))
+
+        @classmethod
+        def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
+            return cls(problem)
+
+        def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
+            return state, {}
+
+    fields = {"omega": np.zeros((2, 2)), "mass": np.ones(2)}
+    state, other = State(0.0, 0, 0.1, dict(fields)), State(0.0, 0, 0.1, dict(fields))
+    stepper = Carrying(None)
+    V = np.arange(8.0).reshape(4, 2)
+    stepper.hand_on(state, rho=2.5, age=4, vector=np.arange(4.0))
+    stepper.hand_on(state, lam=np.array([3.0, 1.0]), V=V)  # adds to what the step from `state` carries
+    assert stepper.carry(other) is None and stepper.carry(state)["rho"] == 2.5
+    extra = stepper.extra_state(state)
+    assert list(extra) == ["rho", "age", "vector", "lam", "V"]  # "off": not kept with these settings
+    assert extra["lam"].shape == (3,) and np.isnan(extra["lam"][2]) and extra["V"].shape == (4, 3)
+    assert np.all(np.isnan(extra["V"][:, 2])) and np.array_equal(extra["V"][:, :2], V)
+    assert all(np.all(np.isnan(a)) for a in stepper.extra_state(other).values())  # nothing known at `other`
+
+    fresh = Carrying(None)
+    assert fresh.restore(other, extra) is other
+    back = fresh.carry(other)
+    assert back["rho"] == 2.5 and back["age"] == 4 and isinstance(back["age"], int)
+    np.testing.assert_array_equal(back["vector"], np.arange(4.0))
+    np.testing.assert_array_equal(back["lam"], [3.0, 1.0])
+    np.testing.assert_array_equal(back["V"], V)
+    assert back["V"].flags["F_CONTIGUOUS"]
+    fresh.restore(other, stepper.extra_state(other))
+    assert fresh.carry(other) is None

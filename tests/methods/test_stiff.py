@@ -299,7 +299,7 @@ def test_krylov_free_step_keeps_the_explicit_bound_on_a_known_spectrum():
         if krylov_free:
             assert abs(h - h_bound) < 1e-3 * h_bound and abs(extra["explicit_margin"] - SAFETY) < 1e-3
             assert extra["krylov_iters"] == 0
-            V = stepper._carry.V  # the carried eigenpairs: orthonormal, in sqrt(m) omega coordinates
+            V = stepper.carry(new)["V"]  # the carried eigenpairs: orthonormal, in sqrt(m) omega coordinates
             root = np.sqrt(state.fields["mass"])[:, None]
             v = (root * omega).ravel()
             on_v = V @ (V.T @ v)

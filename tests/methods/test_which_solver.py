@@ -48,3 +48,39 @@ def test_a_method_without_a_summary_is_refused_and_a_stale_file_is_found(tmp_pat
     (tmp_path / FILES[1]).write_text("no markers\n", encoding="utf-8")
     assert main(["--check", "--root", str(tmp_path)]) == 2
     assert "which-solver:start" in capsys.readouterr().err
+
+
+def test_a_new_key_declared_on_a_class_goes_into_the_schema_by_regeneration(tmp_path, monkeypatch, capsys):
+    """A stepper class declaring a key the config does not know yet: building it says to regenerate, ``--check``
+    finds the schema stale, and ``--write`` puts the key, with its doc, into the generated [solver] section."""
+    from pdeflow.solvers import check_config
+    from pdeflow.solvers.base import Stepper
+    from pdeflow.solvers.parameters import SCHEMA_FILE, Param
+
+    from pdeflow.core.config import Config
+
+    for name in FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text(encoding="utf-8"), encoding="utf-8")
+    assert main(["--check", "--root", str(tmp_path)]) == 1  # no schema file there yet
+    assert main(["--write", "--root", str(tmp_path)]) == 0
+    assert main(["--check", "--root", str(tmp_path)]) == 0
+    assert (tmp_path / SCHEMA_FILE).read_text() == (ROOT / SCHEMA_FILE).read_text()
+    try:
+        class Planted(Stepper):
+            name = "planted_schema"
+            summary, use_when = "a planted method", "never"
+            params = (Param("planted_knob", int, 3, "a planted knob", ge=1),)
+
+            @classmethod
+            def from_config(cls, problem, cfg):
+                return cls(problem)
+        with pytest.raises(RuntimeError, match="lacks solver.planted_knob.*table --write"):
+            check_config(Config())
+        capsys.readouterr()
+        assert main(["--check", "--root", str(tmp_path)]) == 1
+        assert SCHEMA_FILE in capsys.readouterr().err
+        assert main(["--write", "--root", str(tmp_path)]) == 0
+        assert '    planted_knob: int = spec(3, "a planted knob", ge=1)\n' in (tmp_path / SCHEMA_FILE).read_text()
+    finally:
+        del STEPPERS["planted_schema"], METHODS["planted_schema"]
