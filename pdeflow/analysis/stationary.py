@@ -48,14 +48,13 @@ import scipy.optimize
 import scipy.sparse.linalg
 
 from ..core.config import Config
-from ..core.problem import JVP_COST, Problem
+from ..core.problem import JVP_COST, Problem, gradient_equivalents
 from ..io.result_schema import STATIONARY
 from .certificate import BY_DENSE, BY_LANCZOS, DENSE_LIMIT, LANCZOS_VERDICT, PROOFS, Certificate, certify
 from .lbfgs import LbfgsResult, lbfgs
 from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
 
 DISSIPATION_RATIO = 1e-12   # converged: I <= DISSIPATION_RATIO * I(0)
-JVP_GRADIENTS = JVP_COST     # one exact JVP in grad Phi evaluations: the one product cost, pdeflow.core.problem
 ETA_MAX = 1e-2               # the loosest relative residual of a Newton step's solve
 MINRES_MAXITER = 500         # products per Newton step at most (the minimal-residual solve)
 MAX_NEWTON = 100             # Newton steps of nearest at most
@@ -132,8 +131,9 @@ class Counter:
 
     @property
     def cost(self) -> float:
-        """The search's cost so far in grad Phi evaluations: ``gradients + JVP_GRADIENTS * products``."""
-        return self.gradients + JVP_GRADIENTS * self.products
+        """The search's cost so far in grad Phi evaluations (:func:`pdeflow.core.problem.gradient_equivalents` of
+        its gradients and exact products)."""
+        return gradient_equivalents({"gradient": self.gradients, "jvp_exact": self.products})
 
     @property
     def exhausted(self) -> bool:
@@ -191,8 +191,9 @@ class StationaryPoint:
 
     @property
     def gradient_equivalents(self) -> float:
-        """The whole cost (search and certification) in grad Phi evaluations (:data:`JVP_GRADIENTS` per product)."""
-        return self.gradients + JVP_GRADIENTS * (self.products + self.certify_products)
+        """The whole cost (search and certification) in grad Phi evaluations
+        (:func:`pdeflow.core.problem.gradient_equivalents`; every product exact)."""
+        return gradient_equivalents({"gradient": self.gradients, "jvp_exact": self.products + self.certify_products})
 
     @property
     def verdict(self) -> str:
@@ -612,7 +613,7 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
               "lanczos_steps": cert.lanczos_steps, "dense_limit": cert.dense_limit,
               "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
               "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
-              "jvp_gradients": JVP_GRADIENTS, "wall": point.wall, "certify_wall": point.certify_wall,
+              "jvp_gradients": JVP_COST, "wall": point.wall, "certify_wall": point.certify_wall,
               "message": point.message, "route": point.route if point.kind == "minimum" else "newton",
               "start_rule": start_rule}
     unstable = (s.lowest + s.lowest_residual) < 0
@@ -699,6 +700,6 @@ def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DISSIPATION_RATIO", "JVP_GRADIENTS", "KINDS", "LBFGS_MEMORY", "METHODS", "ROUTES", "SCHEMA",
+__all__ = ["DISSIPATION_RATIO", "KINDS", "LBFGS_MEMORY", "METHODS", "ROUTES", "SCHEMA",
            "StationaryPoint", "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary",
            "verdict_of", "write_stationary"]

@@ -240,13 +240,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ..analysis.diagnostics.spectral import run_gradient_equivalents
-    from ..analysis.stationary import JVP_GRADIENTS
     from ..benchmarks.common import cpu_model
+    from ..core.problem import gradient_equivalents
 
     costs = {"run": run_gradient_equivalents(traj.steps),
              "stationary": float(stationary["gradient_equivalents"]) if stationary else float("nan"),
-             "minimum": (float(np.sum(rates["gradients"]))   # per run [R], products of the polish and spectrum
-                         + JVP_GRADIENTS * float(np.sum(rates["products"]) + np.sum(rates["prediction_products"]))
+             # per run [R], and the exact products of the polish, the spectrum and the predictions
+             "minimum": (gradient_equivalents({"gradient": float(np.sum(rates["gradients"])),
+                                               "jvp_exact": float(np.sum(rates["products"])
+                                                                  + np.sum(rates["prediction_products"]))})
                          if rates else float("nan"))}
     for name, cost in costs.items():
         if name in stages.done and cost == cost:

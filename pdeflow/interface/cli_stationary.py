@@ -23,7 +23,6 @@ from ..analysis.certificate import DENSE_LIMIT
 from ..analysis.spectrum import KRYLOV_DIM
 from ..analysis.stationary import (
     DISSIPATION_RATIO,
-    JVP_GRADIENTS,
     KINDS,
     METHODS,
     ROUTES,
@@ -36,7 +35,7 @@ from ..analysis.stationary import (
 )
 from ..core.config import Config, loads_config
 from ..core.exit_codes import EXIT_OK, HELP
-from ..core.problem import Problem
+from ..core.problem import JVP_COST, Problem
 from ..io.problem_file import stored_problem
 from ..io.trajectory import open_trajectory
 
@@ -203,6 +202,6 @@ def add_command(subparsers) -> None:
                         "machine-dependent: --max-cost stops at the same point on every machine)")
     p.add_argument("--max-cost", type=float, default=0.0, metavar="GRADIENTS",
                    help="stop the search once it has cost this many gradient equivalents (grad Phi evaluations + "
-                        f"{JVP_GRADIENTS:g} per Hessian product) and report the point reached (default: no limit)")
+                        f"{JVP_COST:g} per Hessian product) and report the point reached (default: no limit)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_stationary)

@@ -45,8 +45,9 @@ def test_phase_rule_on_constructed_values():
     assert list(spectrum_frame_indices(10, 4)) == [0, 4, 8, 9]
     assert list(spectrum_frame_indices(9, 4)) == [0, 4, 8]
     assert spectrum_frame_indices(10, 0).size == 0
-    assert run_gradient_equivalents({"gradient_evals": np.array([np.nan, 2.0, 3.0]), "jvps": np.array([0, 1, 1.0])},
-                                    2.5) == 10.0
+    # a file from before the cost columns: its products exact, at the one product cost (2.5 gradients)
+    assert run_gradient_equivalents({"gradient_evals": np.array([np.nan, 2.0, 3.0]),
+                                     "jvps": np.array([0, 1, 1.0])}) == 10.0
     assert math.isnan(run_gradient_equivalents({"rejected": np.zeros(3)}))
     # explicit Runge-Kutta: stages per attempted step (the first row is the initial state)
     assert run_gradient_equivalents({"time": np.arange(5.0), "rejected": np.array([0, 1, 0, 2, 0.0])}, stages=6) == 42

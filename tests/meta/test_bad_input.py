@@ -254,13 +254,17 @@ def test_a_check_command_answers_a_bad_file_with_a_failed_check(folder, capsys, 
     assert snapshot(folder) == before
 
 
-@pytest.mark.parametrize("argv,expected", [
-    (["run", "case-malformed-toml.toml", "-o", "new.h5"], "malformed TOML"),
-    (["info", "half.h5"], "half.h5"),
-    (["run", "case-resume-other-config.toml", "-o", "existing.h5", "--resume"], "solver.dt differs"),
+@pytest.mark.parametrize("case,argv,expected", [
+    ("malformed-toml", ["run", "case-malformed-toml.toml", "-o", "new.h5"], "malformed TOML"),
+    (None, ["info", "half.h5"], "half.h5"),
+    ("resume-other-config", ["run", "case-resume-other-config.toml", "-o", "existing.h5", "--resume"],
+     "solver.dt differs"),
 ], ids=["malformed", "truncated", "resume-other-config"])
-def test_the_real_process_prints_one_line(folder, argv, expected):
-    """The same through ``python -m pdeflow`` (warnings, imports and interpreter exit included)."""
+def test_the_real_process_prints_one_line(folder, case, argv, expected):
+    """The same through ``python -m pdeflow`` (warnings, imports and interpreter exit included). The config of the
+    case is written here, so the test does not depend on which test of the module ran before it (pytest-xdist)."""
+    if case is not None:
+        (folder / f"case-{case}.toml").write_text(next(c[1] for c in RUN_CASES if c[0] == case))
     before = snapshot(folder)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "pdeflow", *argv], cwd=folder, env=env, capture_output=True,

@@ -86,8 +86,9 @@ class SpectralRecord:
 
     @property
     def spectrum_grad_equivalents(self) -> float:
-        """Gradient evaluations the record cost: its JVPs times :data:`jvp_cost`."""
-        return float(self.jvp_cost * np.sum(self.spectrum_products))
+        """Gradient evaluations the record cost: :func:`pdeflow.core.problem.gradient_equivalents` of its exact
+        JVPs."""
+        return gradient_equivalents({"jvp_exact": float(np.sum(self.spectrum_products))})
 
     @property
     def cost_fraction(self) -> float:
@@ -141,18 +142,19 @@ def spectrum_frame_indices(n_frames: int, every: int) -> np.ndarray:
     return np.unique(np.append(np.arange(0, n_frames, every), n_frames - 1)).astype(np.int64)
 
 
-def run_gradient_equivalents(steps: dict[str, Any], jvp_cost: float = JVP_COST, stages: int | None = None) -> float:
+def run_gradient_equivalents(steps: dict[str, Any], stages: int | None = None) -> float:
     """Gradient evaluations of a run from its ``/steps`` rows: :func:`pdeflow.core.problem.gradient_equivalents` of
     the summed cost columns (:data:`pdeflow.solvers.base.COST_COLUMNS`, which every stepper writes). A file written
-    before them: ``sum gradient_evals + jvp_cost sum jvps`` when the stepper counted them, else ``stages`` per
-    attempted step (the rows after the first, plus ``rejected``); nan when neither is known."""
+    before them: the same formula of ``sum gradient_evals`` and ``sum jvps`` (counted exact) when the stepper counted
+    them, else ``stages`` per attempted step (the rows after the first, plus ``rejected``); nan when neither
+    is known."""
     if all(column in steps for column in COST_COLUMN.values()):
         return gradient_equivalents({kind: float(np.nansum(np.asarray(steps[column], dtype=float)))
                                      for kind, column in COST_COLUMN.items()})
     if "gradient_evals" in steps:
         evals = np.nansum(np.asarray(steps["gradient_evals"], dtype=float))
         jvps = np.nansum(np.asarray(steps["jvps"], dtype=float)) if "jvps" in steps else 0.0
-        return float(evals + jvp_cost * jvps)
+        return gradient_equivalents({"gradient": float(evals), "jvp_exact": float(jvps)})
     if stages is None or "time" not in steps:
         return math.nan
     rejected = np.nansum(np.asarray(steps["rejected"], dtype=float)) if "rejected" in steps else 0.0
