@@ -7,7 +7,7 @@ records in ``/steps``: ``dissipation_integral`` ``Q_n`` (the step's quadrature o
 is lost) and, for fixed-step explicit particle steppers, ``lambda_max_dt``
 (:func:`pdeflow.core.system_jacobian.lambda_max`, warm-started from the previous check's vector, against
 :attr:`Stepper.stability_bound`). ``run.accuracy`` = ``"stop"``,
-``"warn"`` or ``"off"``. Details, check schedule and costs: docs/solvers.md, "How every run checks its own accuracy".
+``"warn"`` or ``"off"``. Details, check schedule and costs: docs/accuracy.md.
 """
 from __future__ import annotations
 
