@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine(), "load_before": load_before, "load_after": list(os.getloadavg()),
             "threads": os.environ.get("NUMBA_NUM_THREADS", "default")}
     (out / "dense_check.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
+    verdict = "certified" if res["certified"] else "not certified"
     print(f"dense lambda_min {res['lambda_min']:.10g} ({res['dense_verdict']}); certificate "
-          f"[{res['certificate_lower']:.10g}, {res['certificate_upper']:.10g}] ({'certified' if res['certified'] else 'not certified'}); "
+          f"[{res['certificate_lower']:.10g}, {res['certificate_upper']:.10g}] ({verdict}); "
           f"inside: {res['inside_bracket']}; relative to its upper end {res['relative_to_upper']:.2e}")
     return 0 if math.isfinite(res["lambda_min"]) else 1
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 from pdeflow.interface.cli import main as pdeflow
-
 from studies.minimum.dense_check import main
 
 TINY = Path(__file__).resolve().parents[2] / "data" / "configs" / "tiny.toml"
