@@ -111,6 +111,14 @@ class Certificate:
     dense_limit: int = DENSE_LIMIT
 
     @property
+    def estimate(self) -> float:
+        """The value of ``lambda_min`` this certificate computed (NaN when it computed none): the lowest dense
+        eigenvalue (:data:`BY_DENSE`), or the Rayleigh quotient ``theta`` of the shift-invert vector, or the origin
+        block's lowest when lower (:data:`BY_CHOLESKY`: the bracket's upper end). A Lanczos run's converged Ritz
+        values need not include it: a short run on the live heads may resolve only higher ones."""
+        return float(self.values[0]) if self.kind in PROOFS and self.values.size else math.nan
+
+    @property
     def proven_minimum(self) -> bool:
         """Every eigenvalue of S off the symmetry directions is positive, by the dense or the Cholesky bound."""
         return bool(self.kind in PROOFS and self.lower > 0)

@@ -23,6 +23,7 @@ from .diagnostics import Analysis
 from .diagnostics.spectral import phase_spans
 from .figures import figure_output
 from .plotting import _steps, plot_energy, plot_energy_identity, plot_gap, plot_kl, plot_pl, plot_spectrum
+from .stationary import index_text, lambda_min_text
 
 HOLDS, CONTRADICTED, NOT_ESTABLISHED = "holds", "contradicted", "not established"
 VERDICTS = (HOLDS, CONTRADICTED, NOT_ESTABLISHED)
@@ -131,13 +132,13 @@ def stationary_section(traj: Trajectory, analysis: Analysis, stationary: dict[st
                ("energy E of the point", _g(float(stationary.get("energy", math.nan)), 12), "evaluated at the point"),
                ("dissipation of the point", _g(float(stationary.get("dissipation", math.nan)), 3),
                 f"target {_g(float(stationary.get('ratio', math.nan)), 3)} I(0)"),
-               ("lowest eigenvalues of S", ", ".join(f"{x:+.4g} ± {r:.1e}" for x, r in
-                                                    zip(stationary["lowest"][:4], stationary["lowest_residual"][:4]))
-                or "none converged", "Lanczos Ritz values with their residuals"),
-               ("Morse index", f"≥ {stationary.get('morse_index_lower', '?')}", "converged negative eigenvalues")]
+               ("λ_min of S", lambda_min_text(stationary),
+                "the lowest eigenvalue off the symmetry directions (pdeflow stationary's certificate)"),
+               ("Morse index", index_text(stationary), "pdeflow stationary's certificate")]
     verdict = str(stationary.get("verdict", ""))
     if bool(stationary.get("certified", False)):
-        s.verdict, s.reason = HOLDS, f"pdeflow stationary: {verdict}, certified (λ_min > its residual)"
+        s.verdict, s.reason = HOLDS, (f"pdeflow stationary: {verdict}, "
+                                      f"{stationary.get('certificate_text', 'certified')}")
     else:
         s.reason = (f"pdeflow stationary: {verdict or 'no verdict'}, not certified ({stationary.get('message', '')})"
                     + reached)

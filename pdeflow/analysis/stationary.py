@@ -184,6 +184,15 @@ class StationaryPoint:
         return max(self.spectrum.morse_index_lower, self.certificate.index_lower)
 
     @property
+    def lambda_min(self) -> float:
+        """The lowest eigenvalue of S off the symmetry directions, as computed: the certificate's
+        (:attr:`pdeflow.analysis.certificate.Certificate.estimate`, inside its bracket) when it computed one, else
+        the lowest converged Ritz value (NaN when none converged). The spectrum's lowest converged value alone can
+        be a higher eigenvalue: a short Lanczos run on the live heads beside the origin block's exact values."""
+        estimate = self.certificate.estimate
+        return estimate if math.isfinite(estimate) else self.spectrum.lambda_min
+
+    @property
     def certified(self) -> bool:
         """A local minimum: converged, and every eigenvalue of S off the symmetry directions proven positive
         (:attr:`pdeflow.analysis.certificate.Certificate.proven_minimum`)."""
@@ -605,8 +614,8 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
               "energy": point.energy, "dissipation": point.dissipation, "start_energy": point.start_energy,
               "start_dissipation": point.start_dissipation, "initial_dissipation": point.initial_dissipation,
               "ratio": float(ratio), "target": point.target, "converged": point.converged,
-              "certified": point.certified, "verdict": point.verdict, "morse_index_lower": s.morse_index_lower,
-              "n_symmetry": s.n_symmetry, "lambda_min": s.lambda_min, "lambda_max": s.lambda_max,
+              "certified": point.certified, "verdict": point.verdict, "morse_index_lower": point.morse_index_lower,
+              "n_symmetry": s.n_symmetry, "lambda_min": point.lambda_min, "lambda_max": s.lambda_max,
               "lowest_ritz": s.lowest_ritz, "lowest_ritz_residual": s.lowest_ritz_residual,
               "certificate": cert.kind, "certificate_text": cert.describe(), "lambda_min_lower": cert.lower,
               "lambda_min_upper": cert.upper, "certificate_size": cert.size, "certificate_delta": cert.delta,
@@ -673,6 +682,29 @@ def read_stationary(path: str | Path) -> dict[str, Any]:
     return out
 
 
+def index_text(r: dict[str, Any]) -> str:
+    """The Morse index a result file ``r`` (:func:`read_stationary`) establishes: ``0`` when its certificate proves
+    every eigenvalue off the symmetry directions positive (lower bound on lambda_min > 0), else ``>= m``, the
+    negative eigenvalues proven."""
+    if bool(r.get("certified")) and float(r.get("lambda_min_lower", math.nan)) > 0:
+        return f"0 (proven: lambda_min >= {float(r['lambda_min_lower']):.6g} > 0)"
+    return f">= {int(r['morse_index_lower'])} (negative eigenvalues proven)"
+
+
+def lambda_min_text(r: dict[str, Any]) -> str:
+    """``lambda_min`` of a result file ``r`` with what it is: inside the certificate's bracket, or an upper bound
+    (a converged Ritz value), or not computed."""
+    lam, lower, upper = (float(r.get(key, math.nan)) for key in ("lambda_min", "lambda_min_lower", "lambda_min_upper"))
+    if not math.isfinite(lam):
+        return "not computed (no Ritz value converged)"
+    if math.isfinite(lower) and lower <= lam <= upper:
+        return f"{lam:.10g}, in the certificate's bracket [{lower:.10g}, {upper:.10g}]"
+    if math.isfinite(lower):  # a file written before the certificate's value was stored as lambda_min
+        return (f"in [{lower:.10g}, {upper:.10g}] (the certificate's bracket; the file's lambda_min {lam:.6g} is a "
+                "higher converged Ritz value)")
+    return f"{lam:.10g} (the lowest converged Ritz value: an upper bound)"
+
+
 def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
     """A short human summary of a result file (``pdeflow info``)."""
     def values(v: np.ndarray, res: np.ndarray) -> str:
@@ -686,10 +718,10 @@ def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
              f"dissipation {r['dissipation']:.4g} = {r['dissipation'] / r['initial_dissipation']:.3g} I(0) "
              f"(target {r['ratio']:.3g} I(0), I(0) = {r['initial_dissipation']:.6g}; "
              f"start {r['start_dissipation']:.4g})",
-             f"index       >= {r['morse_index_lower']} (negative eigenvalues proven; {r['n_symmetry']} symmetry "
-             f"directions removed)",
+             f"index       {index_text(r)}; {r['n_symmetry']} symmetry directions removed",
              f"certificate {r.get('certificate_text', 'none stored (a file from before certificates)')}",
-             f"lowest      {values(r['lowest'][:6], r['lowest_residual'][:6])}",
+             f"lambda_min  {lambda_min_text(r)}",
+             f"low Ritz    {values(r['lowest'][:6], r['lowest_residual'][:6])}",
              f"highest     {values(r['highest'][-3:], r['highest_residual'][-3:])}",
              f"cost        {r['gradients']} gradients + {r['products']} JVP products (search) + "
              f"{r['certify_products']} (spectrum) = {r['gradient_equivalents']:.0f} gradient equivalents "
@@ -701,5 +733,5 @@ def format_stationary(path: str | Path, r: dict[str, Any]) -> str:
 
 
 __all__ = ["DISSIPATION_RATIO", "KINDS", "LBFGS_MEMORY", "METHODS", "ROUTES", "SCHEMA",
-           "StationaryPoint", "format_stationary", "is_stationary_file", "minimum", "nearest", "read_stationary",
-           "verdict_of", "write_stationary"]
+           "StationaryPoint", "format_stationary", "index_text", "is_stationary_file", "lambda_min_text", "minimum",
+           "nearest", "read_stationary", "verdict_of", "write_stationary"]

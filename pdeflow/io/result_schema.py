@@ -52,14 +52,19 @@ STATIONARY = ResultKind("pdeflow-stationary", 1, "pdeflow stationary", "a statio
     *_attrs("/stationary", "text", "kind source verdict message", "the kind searched, the trajectory searched from, "
            "the verdict on the point, how the search ended"),
     *_attrs("/stationary", "int", "frame iterations gradients products certify_products morse_index_lower n_symmetry",
-           "the start frame, the search's cost, the converged negative eigenvalues, the symmetry directions removed"),
+           "the start frame, the search's cost, the negative eigenvalues proven (interlacing or the dense bound), "
+           "the symmetry directions removed"),
     *_attrs("/stationary", "float", "time energy dissipation start_energy start_dissipation initial_dissipation ratio "
-           "target lambda_min lambda_max lowest_ritz lowest_ritz_residual gradient_equivalents jvp_gradients wall "
+           "target lambda_max lowest_ritz lowest_ritz_residual gradient_equivalents jvp_gradients wall "
            "certify_wall", "values at the point and the start, the target I <= ratio I(0), the spectrum's ends, costs"),
+    _attr("/stationary.lambda_min", "float", WRITTEN, "the lowest eigenvalue of S off the symmetry directions: the "
+          "certificate's value when it computed one (inside [lambda_min_lower, lambda_min_upper]), else the lowest "
+          "converged Ritz value (an upper bound)"),
     *_attrs("/stationary", "bool", "converged certified", "whether the target was reached and the spectrum certified"),
     _data("/stationary/omega", ("N", "k"), "float", REQUIRED, "the point's particle positions"),
     _data("/stationary/mass", ("N",), "float", REQUIRED, "its masses"),
-    *_floats("/stationary", "lowest lowest_residual", ("L",), "converged lowest Hessian eigenvalues, residuals"),
+    *_floats("/stationary", "lowest lowest_residual", ("L",), "converged Ritz values at the low end and "
+             "residuals (Lanczos, the origin block): not necessarily the lowest eigenvalues, see lambda_min"),
     *_floats("/stationary", "highest highest_residual", ("M",), "converged highest eigenvalues, residuals"),
     _data("/stationary/unstable_directions", ("U", "N", "k"), "float", WRITTEN,
           "unit Ritz vectors of the negative eigenvalues (mass-weighted coordinates)"),

@@ -150,6 +150,35 @@ def test_the_cholesky_certificate_agrees_with_the_dense_one(known_minimum):  # n
         certify(problem, omega, mass, ends, method="lu")
 
 
+def test_the_result_file_stores_the_certificates_lambda_min_not_a_higher_ritz_value(known_minimum, tmp_path):  # noqa: F811
+    """A certified point whose Lanczos run resolved only higher Ritz values (as a short run on the live heads beside
+    the origin block's exact values does: the structured route at longtime.toml's minimum stored 6.8e-4 where its
+    certificate proved lambda_min in [8.19998e-5, 8.20008e-5]): the file's ``lambda_min`` is the certificate's
+    value, inside its bracket and the eigenvalue of S from central differences to 1e-6; ``pdeflow info``'s text
+    says so, the index is 0 and proven, and the higher value is shown as a Ritz value, not as lambda_min."""
+    import dataclasses
+
+    from pdeflow.analysis.stationary import format_stationary
+
+    problem, omega, mass, _ = known_minimum
+    reference = reference_spectrum(problem, omega, mass)
+    point = minimum(problem, omega, mass, 1.0)
+    assert point.certified and point.certificate.kind in PROOFS
+    lam = float(reference[0])
+    higher = np.random.default_rng(3).standard_normal((omega.size, 1))
+    ends = dataclasses.replace(point.spectrum, lowest=np.array([2.0 * lam]), lowest_residual=np.array([1e-14]),
+                               lowest_vectors=higher / np.linalg.norm(higher))
+    path = tmp_path / "point.h5"
+    write_stationary(path, dataclasses.replace(point, spectrum=ends), loads_config(PROBLEM), problem, source="test",
+                     frame=0, time_of_frame=0.0, ratio=1e-12)
+    r = read_stationary(path)
+    assert r["lambda_min_lower"] <= r["lambda_min"] <= r["lambda_min_upper"]
+    assert abs(r["lambda_min"] / lam - 1) < 1e-6 and r["morse_index_lower"] == 0
+    text = format_stationary(path, r)
+    assert f"lambda_min  {r['lambda_min']:.10g}, in the certificate's bracket" in text
+    assert "index       0 (proven: lambda_min >= " in text and f"low Ritz    {2.0 * lam:+.6g}" in text
+
+
 def test_rump_test_brackets_a_known_spectrum_and_refuses_singular_matrices():
     """Rump's test: on Q diag(lambda) Q^T the bracket holds lambda_min = 1e-3 within 1e-6 of it, and an indefinite
     matrix has no bound; an exactly singular integer matrix X X^T (lambda_min = 0) whose shifted floating-point
