@@ -20,7 +20,9 @@ directions on the live heads, plus the origin block.
 The dense verdict is "minimum" when the lowest value minus delta is positive. Compared with the file's
 certificate: the dense lambda_min inside the certificate's bracket ``[lambda_min_lower, lambda_min_upper]`` (a proof,
 as wide as its worst-case rounding bound), and its relative distance from the file's ``lambda_min`` estimate (the
-converged lowest Ritz value of the spectrum) and from the bracket's ends.
+certificate's computed value, :attr:`pdeflow.analysis.stationary.StationaryPoint.lambda_min`; files written before
+2026-12-05 stored the lowest converged Ritz value there, which the structured route's short Lanczos run could leave
+above lambda_min) and from the bracket's ends.
 Writes ``dense_check.json`` into DIR with the CPU model and load before and after.
 """
 from __future__ import annotations
