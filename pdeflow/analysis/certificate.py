@@ -114,9 +114,12 @@ class Certificate:
     def estimate(self) -> float:
         """The value of ``lambda_min`` this certificate computed (NaN when it computed none): the lowest dense
         eigenvalue (:data:`BY_DENSE`), or the Rayleigh quotient ``theta`` of the shift-invert vector, or the origin
-        block's lowest when lower (:data:`BY_CHOLESKY`: the bracket's upper end). A Lanczos run's converged Ritz
-        values need not include it: a short run on the live heads may resolve only higher ones."""
-        return float(self.values[0]) if self.kind in PROOFS and self.values.size else math.nan
+        block's lowest when lower (:data:`BY_CHOLESKY`), kept inside the bracket ``[lower, upper]`` (a converged
+        Ritz value below theta sets the upper end). A Lanczos run's converged Ritz values need not include it: a
+        short run on the live heads may resolve only higher ones."""
+        if self.kind not in PROOFS or not self.values.size:
+            return math.nan
+        return min(max(float(self.values[0]), self.lower), self.upper)
 
     @property
     def proven_minimum(self) -> bool:
@@ -140,6 +143,19 @@ class Certificate:
                     f"(eigh of S off the symmetry directions, n = {self.size}, delta = {self.delta:.1e})")
         return (f"not established: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] contains 0 (dense, n = "
                 f"{self.size}, delta = {self.delta:.1e})")
+
+
+def stored_lambda_min(result: dict) -> tuple[float, bool]:
+    """``lambda_min`` of a stationary result (:func:`pdeflow.analysis.stationary.read_stationary`'s dict) and
+    whether it had to be taken from the certificate: the stored value when it lies in the certificate's bracket
+    ``[lambda_min_lower, lambda_min_upper]`` (or there is no finite bracket), else the bracket's upper end, the
+    certificate's Rayleigh value. Files written before the certificate's value was stored as ``lambda_min`` hold
+    the lowest *converged* Ritz value there, which a short Lanczos run can leave far above lambda_min."""
+    lam = float(result.get("lambda_min", math.nan))
+    lower, upper = float(result.get("lambda_min_lower", math.nan)), float(result.get("lambda_min_upper", math.nan))
+    if math.isfinite(lower) and math.isfinite(upper) and not lower <= lam <= upper:
+        return upper, True
+    return lam, False
 
 
 def complement_basis(tangents: np.ndarray, count: int) -> np.ndarray:
@@ -460,4 +476,5 @@ def _cholesky_certificate(bound: CholeskyBound, asymmetry: float, size: int, liv
 
 __all__ = ["BY_CHOLESKY", "BY_DENSE", "BY_INTERLACING", "BY_LANCZOS", "DENSE_LIMIT", "LANCZOS_VERDICT", "METHODS",
            "PROOFS", "Certificate", "CholeskyBound", "certify", "cholesky_bound", "complement_basis",
-           "eigenvalue_bound", "embedded", "perron_bound", "projected", "shifted_cholesky_bound", "symmetric_part"]
+           "eigenvalue_bound", "embedded", "perron_bound", "projected", "shifted_cholesky_bound", "stored_lambda_min",
+           "symmetric_part"]

@@ -50,7 +50,16 @@ import scipy.sparse.linalg
 from ..core.config import Config
 from ..core.problem import JVP_COST, Problem, gradient_equivalents
 from ..io.result_schema import STATIONARY
-from .certificate import BY_DENSE, BY_LANCZOS, DENSE_LIMIT, LANCZOS_VERDICT, PROOFS, Certificate, certify
+from .certificate import (
+    BY_DENSE,
+    BY_LANCZOS,
+    DENSE_LIMIT,
+    LANCZOS_VERDICT,
+    PROOFS,
+    Certificate,
+    certify,
+    stored_lambda_min,
+)
 from .lbfgs import LbfgsResult, lbfgs
 from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
 
@@ -695,13 +704,13 @@ def lambda_min_text(r: dict[str, Any]) -> str:
     """``lambda_min`` of a result file ``r`` with what it is: inside the certificate's bracket, or an upper bound
     (a converged Ritz value), or not computed."""
     lam, lower, upper = (float(r.get(key, math.nan)) for key in ("lambda_min", "lambda_min_lower", "lambda_min_upper"))
+    if stored_lambda_min(r)[1]:  # a file written before the certificate's value was stored as lambda_min
+        return (f"in [{lower:.10g}, {upper:.10g}] (the certificate's bracket; the file's lambda_min, {lam:.6g}, lies "
+                "outside it: the lowest converged Ritz value, stored by files before 2026-12-05)")
     if not math.isfinite(lam):
         return "not computed (no Ritz value converged)"
-    if math.isfinite(lower) and lower <= lam <= upper:
+    if math.isfinite(lower):
         return f"{lam:.10g}, in the certificate's bracket [{lower:.10g}, {upper:.10g}]"
-    if math.isfinite(lower):  # a file written before the certificate's value was stored as lambda_min
-        return (f"in [{lower:.10g}, {upper:.10g}] (the certificate's bracket; the file's lambda_min {lam:.6g} is a "
-                "higher converged Ritz value)")
     return f"{lam:.10g} (the lowest converged Ritz value: an upper bound)"
 
 

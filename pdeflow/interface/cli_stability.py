@@ -73,6 +73,7 @@ def summary(result: StabilityResult) -> str:
 def cmd_minimum_rates(args: argparse.Namespace) -> int:
     """``--stationary RESULT``: the rates at a certified local minimum
     (:func:`pdeflow.analysis.minimum_rates.minimum_rates`)."""
+    from ..analysis.certificate import stored_lambda_min
     from ..analysis.minimum_rates import minimum_rates, write_minimum_rates
     from ..analysis.stationary import read_stationary
     from ..core.config import loads_config
@@ -103,7 +104,7 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
     cfg = loads_config(r["config"])
     problem = stored_problem(args.stationary)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
-    hint = float(r.get("lambda_min", float("nan")))
+    hint = stored_lambda_min(r)[0]
     result = minimum_rates(problem, np.asarray(r["omega"]), np.asarray(r["mass"]), eps=args.eps,
                            eps_random=args.eps_random, n_random=args.random, seed=args.seed,
                            log_change=args.log_change, samples=args.samples, method=args.stepper,

@@ -192,6 +192,14 @@ def test_predictions_are_claimed_only_at_a_proven_nondegenerate_minimum():
                                           "lambda_min_lower": -1e-9}).basis
     saddle = prediction_at({**base, "certified": False, "verdict": "saddle of index >= 1", "certificate": BY_DENSE})
     assert not saddle.claimed and "saddle of index >= 1" in saddle.basis
+    # a file whose lambda_min lies above its certificate's bracket (written before the certificate's value was
+    # stored there: the lowest converged Ritz value, 8x lambda_min at longtime.toml's structured minimum): the
+    # predicted PL constant is the bracket's upper end, the certificate's Rayleigh value, not the stored number
+    stale = prediction_at({**base, "certificate": BY_CHOLESKY, "lambda_min": 6.8e-4, "lambda_min_lower": 8.19998e-5,
+                           "lambda_min_upper": 8.20008e-5})
+    assert stale.claimed and stale.mu == 8.20008e-5 and "outside its bracket" in stale.basis
+    inside = prediction_at({**base, "certificate": BY_CHOLESKY, "lambda_min_lower": 0.0199, "lambda_min_upper": 0.0201})
+    assert inside.mu == 0.02 and "outside" not in inside.basis
 
 
 SMALL_TEXT = """

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..certificate import PROOFS
+from ..certificate import PROOFS, stored_lambda_min
 
 KL_AT_MINIMUM = 0.5   # the Lojasiewicz exponent of E at a nondegenerate local minimum
 
@@ -65,10 +65,13 @@ def prediction_at(result: dict[str, Any]) -> PointPrediction:
     residuals = np.asarray(result.get("lowest_residual", ()), dtype=float)
     r = float(residuals[0]) if residuals.size else 0.0
     lower = float(result.get("lambda_min_lower", lam - r))   # the certificate's proven lower bound
+    lam, stale = stored_lambda_min({**result, "lambda_min_lower": lower})
+    source = (f" (the certificate's upper end: the file's lambda_min {float(result['lambda_min']):.4g} lies outside "
+              "its bracket)") if stale else ""
     if not (math.isfinite(lam) and math.isfinite(lower) and lower > 0):
         return PointPrediction(energy, nan, nan, f"none claimed: a degenerate point (lambda_min = {lam:.4g} is not "
                                                  f"proven away from 0: its lower bound is {lower:.2g})")
-    return PointPrediction(energy, KL_AT_MINIMUM, lam, f"nondegenerate local minimum, lambda_min = {lam:.6g} "
+    return PointPrediction(energy, KL_AT_MINIMUM, lam, f"nondegenerate local minimum, lambda_min = {lam:.6g}{source} "
                                                        f"(proven >= {lower:.6g}), certificate: {proof}")
 
 
