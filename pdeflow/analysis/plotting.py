@@ -501,13 +501,24 @@ def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Pat
     axes[1].set_ylabel("dissipation $I$")
     axes[1].legend(fontsize=7)
     ts, lo = rec.spectrum_time, rec.lambda_min
-    ok = np.isfinite(lo)
-    axes[2].errorbar(ts[ok], lo[ok], yerr=rec.lambda_min_residual[ok], fmt="o-", ms=3, lw=1.0, capsize=2)
-    for x, y, n in zip(ts[ok], lo[ok], rec.morse_index_lower[ok]):
+    ritz = np.full_like(lo, np.nan) if rec.lowest_ritz is None else np.asarray(rec.lowest_ritz, dtype=float)
+    # the lowest converged value is lambda_min only when no Ritz value lies below it; else the lowest Ritz value
+    # (unconverged: an upper bound on lambda_min) is drawn, marked as such
+    unresolved = np.isfinite(ritz) & (ritz < np.where(np.isfinite(lo), lo, np.inf))
+    ok = np.isfinite(lo) & ~unresolved
+    axes[2].errorbar(ts[ok], lo[ok], yerr=rec.lambda_min_residual[ok], fmt="o-", ms=3, lw=1.0, capsize=2,
+                     label=r"$\lambda_{\min}$ (converged)")
+    if unresolved.any():
+        axes[2].plot(ts[unresolved], ritz[unresolved], "v", ms=4, mfc="none", color="C1",
+                     label="lowest Ritz value (not converged: an upper bound)")
+        axes[2].legend(fontsize=7)
+    drawn = np.where(unresolved, ritz, lo)
+    shown = ok | unresolved
+    for x, y, n in zip(ts[shown], drawn[shown], rec.morse_index_lower[shown]):
         if n > 0:
             axes[2].annotate(f"{n}", (x, y), textcoords="offset points", xytext=(0, -10), fontsize=6, ha="center")
     axes[2].axhline(0.0, color="k", lw=0.6)
-    axes[2].set_yscale("symlog", linthresh=max(1e-8, float(np.nanmin(np.abs(lo[ok])))) if ok.any() else 1e-3)
+    axes[2].set_yscale("symlog", linthresh=max(1e-8, float(np.nanmin(np.abs(drawn[shown])))) if shown.any() else 1e-3)
     axes[2].set_ylabel(r"$\lambda_{\min}(S)$ (Morse index $\geq n$ marked)")
     spans = phase_spans(ts, rec.phases)
     edges = _span_edges(ts, float(t[-1]))

@@ -146,3 +146,30 @@ def test_plot_draws_the_spectrum(record_run, tmp_path):
     cfg, path, traj, a = record_run
     out = plot_spectrum(traj, a, tmp_path / "spectrum.png")
     assert out.stat().st_size > 1000
+
+
+def test_the_plot_draws_no_unresolved_value_as_lambda_min(record_run, tmp_path, monkeypatch):
+    """Where a Ritz value below the lowest converged one did not converge (the converged one is then a higher
+    eigenvalue, not lambda_min), the spectrum panel draws that frame's lowest Ritz value as an upper bound, apart,
+    and leaves it out of the lambda_min line."""
+    import dataclasses
+
+    import matplotlib.figure
+
+    cfg, path, traj, a = record_run
+    rec = a.spectrum
+    lo = rec.lambda_min.copy()
+    j = int(np.flatnonzero(np.isfinite(lo))[-1])
+    ritz = np.array(lo if rec.lowest_ritz is None else rec.lowest_ritz, dtype=float)
+    ritz[j] = lo[j] - 0.5 * abs(lo[j]) - 1.0
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kw: figures.append(fig))
+    plot_spectrum(traj, dataclasses.replace(a, spectrum=dataclasses.replace(rec, lowest_ritz=ritz)),
+                  tmp_path / "spectrum.png")
+    panel = figures[0].axes[2]
+    drawn = {line.get_label(): (line.get_xdata(), line.get_ydata()) for line in panel.get_lines()}
+    bound = drawn["lowest Ritz value (not converged: an upper bound)"]
+    assert list(bound[0]) == [rec.spectrum_time[j]] and list(bound[1]) == [ritz[j]]
+    assert ritz[j] not in set(np.concatenate([np.asarray(y, dtype=float) for _, y in drawn.values()
+                                              if not np.array_equal(y, bound[1])] or [np.zeros(0)]))
+    assert lo[j] not in set(np.concatenate([np.asarray(y, dtype=float) for _, y in drawn.values()]))
