@@ -259,7 +259,9 @@ def format_spectral_record(rec: SpectralRecord | None) -> list[str]:
         when = f"t = {first:.4g}" if n == 1 else f"t = {first:.4g} .. {last:.4g}"
         lines.append(f"phase         {when}: {phase} ({n} analysed frame{'s' if n > 1 else ''})")
     lines.append("")
-    lines.append(f"{'t':>10} {'I / I(0)':>10} {'lambda_min':>12} {'residual':>9} {'lowest Ritz':>12} {'index >=':>8} "
+    lines.append("lowest conv: the lowest converged Ritz value, lambda_min when no Ritz value lies below it; "
+                 "lowest Ritz: converged or not, an upper bound on lambda_min")
+    lines.append(f"{'t':>10} {'I / I(0)':>10} {'lowest conv':>12} {'residual':>9} {'lowest Ritz':>12} {'index >=':>8} "
                  f"{'lambda_max':>11} {'residual':>9}  phase")
     for a, phase in enumerate(rec.phases):
         lines.append(f"{rec.spectrum_time[a]:>10.4g} {rec.dissipation[a] / rec.i0:>10.3e} "
