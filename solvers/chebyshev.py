@@ -133,8 +133,8 @@ class RKC(AdaptiveStepper):
     """``solver.method = "rkc"``: the Runge-Kutta-Chebyshev method (see the module docstring)."""
     name = "rkc"
     summary = "Runge-Kutta-Chebyshev, order 2, stabilized explicit: stages from the spectral radius, error control"
-    use_when = ("long particle runs once an explicit step is pinned at its stability bound "
-                "(`data/configs/longtime.toml`)")
+    use_when = ("long particle runs once an explicit step is pinned at its stability bound, at loose tolerances "
+                "and without the `sundials` extra (`data/configs/longtime.toml`)")
     sharded = False
     order: ClassVar[int] = ORDER
     error_order: ClassVar[int] = ERROR_ORDER

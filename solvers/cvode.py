@@ -151,9 +151,11 @@ def block_inverse(r: np.ndarray, values: np.ndarray, vectors: np.ndarray, gamma:
 class Cvode(Stepper):
     """``solver.method = "cvode"``: SUNDIALS CVODE, BDF with preconditioned matrix-free GMRES (module docstring)."""
     name = "cvode"
-    summary = ("SUNDIALS CVODE: variable-order BDF, GMRES on Jacobian-vector products, deflation preconditioner (extra "
-               "`sundials`)")
-    use_when = "an independent reference at tight tolerances"
+    summary = ("SUNDIALS CVODE: variable-order BDF, GMRES on Jacobian-vector products (pdeflow's or CVODE's own), "
+               "optional preconditioners (extra `sundials`)")
+    use_when = ("long stiff particle runs at any tolerance: with `solver.jacobian = \"cvode\"` the cheapest entry of "
+                "the race to t = 40 and 200 (studies/race/MATCHED_ACCURACY.md); an independent reference at tight "
+                "tolerances")
     sharded = False
     params = (RTOL, ATOL, DT_MIN, DT_MAX, JACOBIAN,
               Param("deflate", int, 0, "largest eigenpairs of the Jacobian in the preconditioner of CVODE's GMRES "
