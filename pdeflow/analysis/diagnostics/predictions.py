@@ -61,11 +61,10 @@ def prediction_at(result: dict[str, Any]) -> PointPrediction:
         return PointPrediction(energy, nan, nan, "none claimed: the result does not state a proven certificate (its "
                                                  f"verdict {verdict!r} may rest on Ritz values alone, which bound "
                                                  "lambda_min from above, not below)")
-    lam = float(result.get("lambda_min", nan))
+    lam, stale = stored_lambda_min(result)
     residuals = np.asarray(result.get("lowest_residual", ()), dtype=float)
     r = float(residuals[0]) if residuals.size else 0.0
     lower = float(result.get("lambda_min_lower", lam - r))   # the certificate's proven lower bound
-    lam, stale = stored_lambda_min({**result, "lambda_min_lower": lower})
     source = (f" (the certificate's upper end: the file's lambda_min {float(result['lambda_min']):.4g} lies outside "
               "its bracket)") if stale else ""
     if not (math.isfinite(lam) and math.isfinite(lower) and lower > 0):
