@@ -83,6 +83,7 @@ INVERSE_STEPS = 3       # inverse-iteration steps with the factor shifted to jus
 ESTIMATE_SLACK = 10.0   # an estimate's bracket is kept when theta - shift <= this x the first shift's margin
 BY_INTERLACING = "negative Ritz value"       # a saddle, proven by interlacing (no assembly needed)
 BY_LANCZOS = "Lanczos only"                  # above the dense limit: no proof either way when no Ritz value < 0
+NOT_STATIONARY = "none: not stationary"      # a search stopped short of I <= target: the sign of S decides nothing
 LANCZOS_VERDICT = "no negative eigenvalue found in {m} Lanczos steps from a random start (not certified)"
 N_PAIRS = 10            # the lowest dense eigenpairs kept
 
@@ -90,7 +91,8 @@ N_PAIRS = 10            # the lowest dense eigenpairs kept
 @dataclass(frozen=True)
 class Certificate:
     """What is established about the sign of S at a measure (module docstring). ``kind``: :data:`BY_DENSE`,
-    :data:`BY_CHOLESKY`, :data:`BY_INTERLACING` or :data:`BY_LANCZOS`; ``lower`` / ``upper``: bounds on
+    :data:`BY_CHOLESKY`, :data:`BY_INTERLACING`, :data:`BY_LANCZOS` or :data:`NOT_STATIONARY`
+    (:func:`not_stationary`); ``lower`` / ``upper``: bounds on
     ``lambda_min`` (``lower`` is -inf unless dense or Cholesky); ``index_lower``: negative eigenvalues proven;
     ``size``: the dense matrix's order (live complement plus k per origin block, 0 when not assembled); ``delta``:
     the eigenvalue error bound (Cholesky: the rounding bound r of the shifted factorisation plus the asymmetry);
@@ -128,6 +130,10 @@ class Certificate:
 
     def describe(self) -> str:
         """One line: the verdict on the sign of S and what establishes it."""
+        if self.kind == NOT_STATIONARY:
+            bound = f"; lambda_min <= {self.upper:.6g} there (lowest Ritz value)" if math.isfinite(self.upper) else ""
+            return ("none: the point is not stationary (I above the target), so the sign of S there proves nothing "
+                    f"about a minimum and no dense certificate is computed{bound}")
         if self.index_lower >= 1:
             how = ("a negative Ritz value (Cauchy interlacing)" if self.kind == BY_INTERLACING
                    else f"the dense eigenvalue bound (n = {self.size})")
@@ -143,6 +149,16 @@ class Certificate:
                     f"(eigh of S off the symmetry directions, n = {self.size}, delta = {self.delta:.1e})")
         return (f"not established: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] contains 0 (dense, n = "
                 f"{self.size}, delta = {self.delta:.1e})")
+
+
+def not_stationary(ends: SpectrumEnds | None, n: int, dense_limit: int = DENSE_LIMIT) -> Certificate:
+    """The certificate of a point a search stopped at before ``I <= target`` (``n`` unknowns in all): none
+    (:data:`NOT_STATIONARY`). The lowest Ritz value of its spectrum ``ends``, when one was computed, stays an upper
+    bound on ``lambda_min`` there; no dense matrix is assembled (on 10^4 live unknowns that takes minutes and
+    gigabytes, for a verdict the dissipation has already given: not converged)."""
+    upper = math.inf if ends is None else float(ends.lowest_ritz)
+    return Certificate(NOT_STATIONARY, -math.inf, upper, 0, 0, math.nan, 0, 0 if ends is None else ends.lanczos_steps,
+                       np.zeros(0), np.zeros((n, 0)), dense_limit)
 
 
 def stored_lambda_min(result: dict) -> tuple[float, bool]:
@@ -475,6 +491,6 @@ def _cholesky_certificate(bound: CholeskyBound, asymmetry: float, size: int, liv
 
 
 __all__ = ["BY_CHOLESKY", "BY_DENSE", "BY_INTERLACING", "BY_LANCZOS", "DENSE_LIMIT", "LANCZOS_VERDICT", "METHODS",
-           "PROOFS", "Certificate", "CholeskyBound", "certify", "cholesky_bound", "complement_basis",
-           "eigenvalue_bound", "embedded", "perron_bound", "projected", "shifted_cholesky_bound", "stored_lambda_min",
-           "symmetric_part"]
+           "NOT_STATIONARY", "PROOFS", "Certificate", "CholeskyBound", "certify", "cholesky_bound", "complement_basis",
+           "eigenvalue_bound", "embedded", "not_stationary", "perron_bound", "projected", "shifted_cholesky_bound",
+           "stored_lambda_min", "symmetric_part"]

@@ -23,9 +23,10 @@ no information and make S singular.
   a converged negative eigenvalue, it is restarted from that point moved along the eigenvector (both signs tried,
   the lower energy kept): the negative curvature the spectrum finds is what leaves a saddle, whichever search.
 
-This module's :func:`minimum` is the ``lbfgs`` route of :data:`ROUTES`; the ``structured`` route (block-preconditioned
-Newton-PCG endgame, Cholesky certificate) is :func:`pdeflow.analysis.structured_minimum.structured_minimum`, built
-on the same Counter, history, verdict and result file.
+This module's :func:`minimum` is the ``lbfgs`` route of :data:`ROUTES`; the ``structured`` route (L-BFGS, a
+block-preconditioned Newton-PCG endgame, Cholesky certificate) is
+:func:`pdeflow.analysis.structured_minimum.structured_minimum`, built on the same Counter, history, verdict and
+result file.
 
 Both stop when ``I <= ratio * I(0)`` (``I(0)``: the dissipation of the run's first frame) and report the two ends
 of the spectrum there (:func:`pdeflow.analysis.spectrum.spectrum_ends`) and what they establish
@@ -52,12 +53,12 @@ from ..core.problem import JVP_COST, Problem, gradient_equivalents
 from ..io.result_schema import STATIONARY
 from .certificate import (
     BY_DENSE,
-    BY_LANCZOS,
     DENSE_LIMIT,
     LANCZOS_VERDICT,
     PROOFS,
     Certificate,
     certify,
+    not_stationary,
     stored_lambda_min,
 )
 from .lbfgs import LbfgsResult, lbfgs
@@ -563,15 +564,20 @@ def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I:
     """The point of a search with its spectrum and certificate (``found``, else computed with ``spectral`` =
     (Lanczos steps, dense limit))."""
     certify_products, certify_wall = certify
+    n = c.shape[0] * c.shape[1]
     if found is None and I > target and c.cost > c.max_cost:
         # the budget bounds the whole search: a point it stopped is "not converged" whatever its spectrum, so none
         # is computed (at k = 256 the 300 Lanczos products would cost 750 gradients more)
-        n = c.shape[0] * c.shape[1]
         spectrum = no_spectrum(n)
-        certificate = Certificate(kind=BY_LANCZOS, lower=-math.inf, upper=math.inf, index_lower=0, size=0,
-                                  delta=math.nan, products=0, lanczos_steps=0, values=np.empty(0),
-                                  vectors=np.empty((n, 0)), dense_limit=spectral[1])
+        certificate = not_stationary(None, n, spectral[1])
         message += "; spectrum not computed (the budget is spent)"
+    elif found is None and I > target:
+        # the Lanczos ends still say whether the search stopped near a saddle; a dense certificate would only
+        # restate "not converged" (measured on longtime.toml's 58 live heads: minutes of eigh and 8 GB)
+        spectrum, _, products, wall = classify(problem, c, v, spectral[0], say, dense_limit=0)
+        certificate = not_stationary(spectrum, n, spectral[1])
+        certify_products += products
+        certify_wall += wall
     elif found is None:
         spectrum, certificate, products, wall = classify(problem, c, v, spectral[0], say, spectral[1])
         certify_products += products
@@ -694,10 +700,16 @@ def read_stationary(path: str | Path) -> dict[str, Any]:
 def index_text(r: dict[str, Any]) -> str:
     """The Morse index a result file ``r`` (:func:`read_stationary`) establishes: ``0`` when its certificate proves
     every eigenvalue off the symmetry directions positive (lower bound on lambda_min > 0), else ``>= m``, the
-    negative eigenvalues proven."""
+    negative eigenvalues proven (m > 0), or that it is not established; none at a point that is not stationary."""
     if bool(r.get("certified")) and float(r.get("lambda_min_lower", math.nan)) > 0:
         return f"0 (proven: lambda_min >= {float(r['lambda_min_lower']):.6g} > 0)"
-    return f">= {int(r['morse_index_lower'])} (negative eigenvalues proven)"
+    index = int(r["morse_index_lower"])
+    if not bool(r.get("converged", True)):
+        there = f"; S has >= {index} negative eigenvalues there (proven)" if index else ""
+        return f"none: the point is not stationary{there}"
+    if index == 0:
+        return "not established (no negative eigenvalue proven, none excluded)"
+    return f">= {index} (negative eigenvalues proven)"
 
 
 def lambda_min_text(r: dict[str, Any]) -> str:

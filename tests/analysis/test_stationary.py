@@ -9,6 +9,7 @@ import pytest
 import scipy.sparse.linalg
 
 from pdeflow import Problem, loads_config
+from pdeflow.analysis.certificate import NOT_STATIONARY
 from pdeflow.analysis.spectrum import hessian_operator, origin_block, spectrum_ends, symmetry_basis
 from pdeflow.analysis.stability import analyse_point, complement_spectrum, find_stationary_points
 from pdeflow.analysis.stationary import METHODS, SCHEMA, minimum, nearest, newton_step, read_stationary
@@ -206,6 +207,13 @@ def test_the_command_writes_a_result_that_info_and_diagnose_read(tmp_path, capsy
                  str(stopped), "--quiet"]) == 0
     s = read_stationary(stopped)
     assert not s["converged"] and s["verdict"] == "not converged" and "stopped after" in s["message"]
+    # no certificate at a point that is not stationary: its Lanczos ends only, no dense matrix assembled
+    assert s["certificate"] == NOT_STATIONARY and s["certificate_size"] == 0 and not s["certified"]
+    assert s["lambda_min_upper"] == pytest.approx(s["lowest_ritz"]) and s["lanczos_steps"] > 0
+    capsys.readouterr()
+    assert main(["info", str(stopped)]) == 0
+    text = capsys.readouterr().out
+    assert "index       none: the point is not stationary" in text and "certified" not in text
     # ... and a search continues from a result's point, with its I(0), source frame and time
     polished = tmp_path / "polished.h5"
     assert main(["stationary", str(stopped), "--kind", "nearest", "-o", str(polished), "--quiet"]) == 0
