@@ -1,14 +1,16 @@
-"""The structured route to a certified local minimum: block-preconditioned L-BFGS, a Newton-PCG endgame and a
-Cholesky certificate, all built on the per-head structure of S (:mod:`pdeflow.core.hessian_assembly`).
+"""The structured route to a certified local minimum: L-BFGS, a Newton-PCG endgame preconditioned by the per-head
+blocks of S and a Cholesky certificate, the last two built on the structure of S (:mod:`pdeflow.core.hessian_assembly`).
 
 On the mass-weighted coordinates ``v = M^(1/2) omega`` of :mod:`pdeflow.analysis.stationary` (the same Counter,
 history, verdict and result file), :func:`structured_minimum` runs, on the live heads (dead heads held exactly at
 the origin, as the L-BFGS route does):
 
-1. **search**: L-BFGS with ``H_0 = gamma P^-1``, ``P`` the per-head block preconditioner
+1. **search**: L-BFGS (:func:`pdeflow.analysis.stationary._lbfgs_live_heads`) until ``I <= SWITCH x I(0)``; with
+   ``precondition_search`` (off by default, :data:`PRECONDITION_SEARCH`: it slowed the search where measured) its
+   ``H_0 = gamma P^-1``, ``P`` the per-head block preconditioner
    (:class:`pdeflow.analysis.block_preconditioner.BlockPreconditioner` of
    :func:`pdeflow.core.hessian_assembly.head_blocks`, eigenvalues modified to be positive), built again every
-   :data:`REFRESH` iterations and whenever heads die, until ``I <= SWITCH x I(0)``;
+   :data:`REFRESH` iterations and whenever heads die;
 2. **endgame**: inexact Newton on the live heads: each step solves ``Pi S Pi p = -Pi g`` by conjugate gradients
    preconditioned by the same ``P`` (rebuilt at every step) with exact Hessian-vector products (counted products), to
    a relative residual ``eta = min(ETA, sqrt(|g| / |g_0|))`` (superlinear convergence); a direction of non-positive

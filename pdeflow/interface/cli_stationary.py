@@ -42,10 +42,10 @@ from ..io.trajectory import open_trajectory
 STATIONARY_HELP = """Find a stationary point of the particle flow from a frame of a trajectory and classify it by
 the spectrum of the mass-weighted Hessian (symmetry directions removed): --kind nearest (Newton-Krylov on the
 velocity field: the saddle or minimum next to the frame) or --kind minimum (--route structured, the default:
-L-BFGS preconditioned by the per-head blocks of S, a Newton-PCG endgame and a Cholesky certificate of S assembled
-from its structure; --route lbfgs: L-BFGS, or trust-region Newton with --method trust-region, certified by a dense
-eigendecomposition on at most --dense-limit unknowns of the live heads; both restart along the negative curvature
-of each saddle they stop at, and a negative Ritz value of any block is a saddle).
+L-BFGS, then a Newton-PCG endgame preconditioned by the per-head blocks of S and a Cholesky certificate of S
+assembled from its structure; --route lbfgs: L-BFGS, or trust-region Newton with --method trust-region, certified
+by a dense eigendecomposition on at most --dense-limit unknowns of the live heads; both restart along the negative
+curvature of each saddle they stop at, and a negative Ritz value of any block is a saddle).
 Converged when the dissipation I <= ratio x I(0), I(0) the dissipation of the run's first frame. Writes the point,
 its energy, index, converged eigenvalues with residuals, unstable directions and the cost to RESULT (HDF5)."""
 
@@ -181,7 +181,8 @@ def add_command(subparsers) -> None:
     p.add_argument("--kind", choices=KINDS, required=True, help="nearest: Newton-Krylov; minimum: a local minimum")
     p.add_argument("--route", choices=ROUTES, default=None,
                    help="the route of --kind minimum (default structured; lbfgs when --method is given): structured "
-                        "= block-preconditioned L-BFGS, Newton-PCG and a Cholesky certificate from S's structure; "
+                        "= L-BFGS, Newton-PCG preconditioned by S's per-head blocks and a Cholesky certificate "
+                        "from S's structure; "
                         "lbfgs = the descent search of --method with a Lanczos run and a dense certificate")
     p.add_argument("--method", choices=METHODS, default=None,
                    help=f"the descent search of --route lbfgs (default {METHODS[0]})")
