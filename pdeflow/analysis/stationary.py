@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -368,7 +368,7 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
     iterations (the search then starts again). Returns the last L-BFGS result and the whole point ``v`` [N k]."""
     problem, (n_heads, k) = c.problem, c.shape
     hold = origin_is_stationary(problem, c.omega(v), c.mass)
-    done = 0
+    done, starts = 0, 1
     while True:
         frozen = heads_at_origin(c.omega(v)) & ~awake if hold else np.zeros(n_heads, dtype=bool)
         live = ~frozen
@@ -415,7 +415,11 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
         done += found.nit
         v = whole(found.x)
         if not regrouped[0] or done >= max_iter:
+            if found.message == f"{found.nit} iterations":  # the limit: it counts the iterations of every start
+                found = replace(found, message=f"{done} iterations (the limit, over {starts} starts)" if starts > 1
+                                else found.message)
             return found, v
+        starts += 1
         say(f"{int(np.sum(heads_at_origin(c.omega(v))))} heads at the origin: L-BFGS again on the others")
 
 

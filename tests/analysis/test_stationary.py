@@ -334,3 +334,20 @@ def test_the_shipped_minimum_reached_from_t0_is_stationary_and_its_dead_heads_ar
     assert values[0] - delta > 0
     lowest_end_rederived(problem, r)
     assert r["lowest"][0] == pytest.approx(5.016e-5, rel=1e-3) and r["lowest_residual"][0] <= 1e-3 * r["lowest"][0]
+
+
+def test_an_iteration_limit_over_several_starts_is_reported_whole(monkeypatch):
+    """L-BFGS starts again on the live heads whenever heads die (here: at every check, FREEZE_GAIN = 0); the limit
+    of ``max_iter`` iterations counts every start, and the message says so, not the last start's share."""
+    from pathlib import Path
+
+    import pdeflow.analysis.stationary as st
+
+    quickstart = Path(__file__).resolve().parents[2] / "data" / "configs" / "quickstart.toml"
+    problem = Problem.from_config(loads_config(quickstart.read_text()))
+    omega = np.random.default_rng(0).standard_normal((16, problem.k)) * 0.5
+    mass = np.full(16, 1.0 / 16.0)
+    monkeypatch.setattr(st, "FREEZE_GAIN", 0)
+    point = minimum(problem, omega, mass, problem.evaluate(omega, mass).dissipation, ratio=1e-300, max_iter=150,
+                    max_restarts=0, max_cost=400)
+    assert point.iterations == 150 and "150 iterations (the limit, over 2 starts)" in point.message
