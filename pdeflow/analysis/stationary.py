@@ -368,7 +368,8 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
     iterations (the search then starts again). Returns the last L-BFGS result and the whole point ``v`` [N k]."""
     problem, (n_heads, k) = c.problem, c.shape
     hold = origin_is_stationary(problem, c.omega(v), c.mass)
-    done, starts = 0, 1
+    done, starts, entry = 0, 1, len(hist.rows)
+    reason = [""]  # why the callback ended the search, for its message
     while True:
         frozen = heads_at_origin(c.omega(v)) & ~awake if hold else np.zeros(n_heads, dtype=bool)
         live = ~frozen
@@ -398,7 +399,11 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
             hist.add(e, dissipation)
             if on_iterate is not None:
                 on_iterate(c.omega(whole(x)))
-            if dissipation <= target or c.exhausted:
+            if dissipation <= target:
+                reason[0] = f"I = {dissipation:.3g} <= {target:.3g} after {len(hist.rows) - entry} iterations"
+                raise StopIteration
+            if c.exhausted:
+                reason[0] = c.stopped()
                 raise StopIteration
             if len(hist.rows) % 100 == 0:
                 say(f"iteration {len(hist.rows) - 1}: E = {e:.12g}, I = {dissipation:.3e}, {int(live.sum())} live "
@@ -418,6 +423,8 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
             if found.message == f"{found.nit} iterations":  # the limit: it counts the iterations of every start
                 found = replace(found, message=f"{done} iterations (the limit, over {starts} starts)" if starts > 1
                                 else found.message)
+            elif reason[0]:
+                found = replace(found, message=reason[0])
             return found, v
         starts += 1
         say(f"{int(np.sum(heads_at_origin(c.omega(v))))} heads at the origin: L-BFGS again on the others")
