@@ -60,6 +60,12 @@ LOG_CHANGE_AT_MINIMUM = 0.1
 SAMPLES_AT_MINIMUM = 21                # samples per run (the stepper lands on each: fewer allow longer rkc steps)
 FIT_SKIP_AT_MINIMUM = 0.1              # slowest direction: the first tenth is left out of the fits
 RANDOM_FIT_SKIP = 0.5                  # random directions: the second half of the run is fitted
+# the frozen engine halves its ROS2 step until the measured rates (energy, distance, PL ratio) move by at most
+# 3 x INTEGRATION_TOL between two steps: Richardson's estimate of the finer one's error (order 2) is then at most
+# INTEGRATION_TOL. Measured on majority.toml's minimum (16 heads): the random directions' rates are off their
+# exact linear-flow predictions by 3.1e-2 at the first step, 8.6e-3, 2.3e-3 and 5.8e-4 at its halves
+INTEGRATION_TOL = 1e-3
+MAX_HALVINGS = 4                       # at most 2^4 x the first step's work; the estimate is reported either way
 # RK4 step 1 / lambda_max: inside its stability bound (2.785 / lambda_max), the fast modes damped (R(-1) = 0.375 vs
 # e^-1 = 0.368), the slow ones measured with a relative rate error ~ (lambda_min dt)^4 / 120
 STEPS_PER_FASTEST_AT_MINIMUM = 1.0
@@ -166,7 +172,9 @@ class MinimumRun:
     distance); ``excess_agreement``: the largest relative difference of the two forms of E - E* where the direct
     one is above :data:`EXCESS_FLOOR`; the ``stepper`` (``rk4`` or ``rkc``), its first step ``dt``, the
     ``gradients`` it spent (the gradient equivalents of its counted calls, and one evaluation per sample), its
-    products (``jvps``, exact and difference) and its ``steps``."""
+    products (``jvps``, exact and difference) and its ``steps``; ``integration_error``: the estimated relative error
+    of the measured rates from the integration (:func:`integration_error`; NaN where not estimated: rk4 and rkc
+    control their own error against the perturbation)."""
     direction: str
     eps: float
     times: np.ndarray
@@ -192,6 +200,7 @@ class MinimumRun:
     gradients: int
     jvps: int
     steps: int
+    integration_error: float = math.nan
 
     def errors(self) -> np.ndarray:
         """Relative errors of the measured against the predicted: energy rate, distance rate, the PL ratio's least
@@ -199,6 +208,16 @@ class MinimumRun:
         return np.array([self.energy_rate / self.predicted_energy_rate - 1.0,
                          self.distance_rate / self.predicted_distance_rate - 1.0,
                          self.pl_ratio_min / self.predicted_pl_ratio_min - 1.0])
+
+
+def integration_error(fine: MinimumRun, coarse: MinimumRun) -> float:
+    """Richardson's estimate of the relative error of ``fine``'s measured rates (energy, distance, the PL ratio's
+    least value), integrated with half of ``coarse``'s step by a method of order 2: ``max |q_fine - q_coarse| / (3
+    |q_fine|)`` over the three (NaN where one is not measured)."""
+    pairs = [(fine.energy_rate, coarse.energy_rate), (fine.distance_rate, coarse.distance_rate),
+             (fine.pl_ratio_min, coarse.pl_ratio_min)]
+    errors = [abs(f - c) / (3.0 * abs(f)) for f, c in pairs if math.isfinite(f) and math.isfinite(c) and f != 0]
+    return max(errors) if errors else math.nan
 
 
 @dataclass
@@ -498,7 +517,10 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
     - the runs are integrated together by ROS2 on S frozen at the polished point
       (:func:`pdeflow.analysis.frozen_jacobian.ros2_paths`, :func:`~pdeflow.analysis.frozen_jacobian.frozen_solver`
       with its live block factorised in ``factor_dtype``), the step ``STEP_FRACTION x`` the earliest fitted time of
-      a random run (``RANDOM_FIT_SKIP x`` the duration), cut to divide the sample spacing."""
+      a random run (``RANDOM_FIT_SKIP x`` the duration), cut to divide the sample spacing, then halved (all runs
+      again, at most :data:`MAX_HALVINGS` times) until Richardson's estimate of the measured rates' relative error,
+      :func:`integration_error`, is at most :data:`INTEGRATION_TOL`; each run reports its estimate and the
+      gradients of every pass."""
     from .frozen_jacobian import GAMMA, STEP_FRACTION, frozen_solver, live_heads, mass_weighted_field, ros2_paths
 
     say = progress or (lambda msg: None)
@@ -572,25 +594,41 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
         predictions.append(pred)
     spacing = duration / max(samples - 1, 1)
     h = spacing / math.ceil(spacing / (STEP_FRACTION * RANDOM_FIT_SKIP * duration) - 1e-9)
-    solver = frozen_solver(problem, omega, mass, GAMMA * h, dtype=np.dtype(factor_dtype), origin=origin)
-    say(f"I + {GAMMA * h:.4g} S factorised ({factor_dtype}, {n_live} live unknowns); ROS2 steps of {h:.6g} for "
-        f"{len(directions)} runs together")
-    paths = ros2_paths(mass_weighted_field(problem, omega, mass), solver.solve,
-                       np.stack([size * d for _, d, size in directions]), times, h)
-    del solver
-    runs = []
-    for j, ((name, d, size), pred) in enumerate(zip(directions, predictions)):
-        counter = _StepCount()
-        counter.steps, counter.counts["gradient"] = paths.steps, float(paths.gradients)
-        path = omega[None] + paths.samples[j].reshape(len(times), *omega.shape) / root[None]
-        skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
-        runs.append(_minimum_run(problem, name, size, path, mass, omega, symmetry.project, e_star, grad_star, times,
-                                 skip, pred, lam, "ros2-w", h, counter))
-        r = runs[-1]
+    field = mass_weighted_field(problem, omega, mass)
+    starts = np.stack([size * d for _, d, size in directions])
+    coarse: list[MinimumRun] | None = None
+    spent_steps = spent_gradients = 0
+    for halving in range(MAX_HALVINGS + 1):
+        solver = frozen_solver(problem, omega, mass, GAMMA * h, dtype=np.dtype(factor_dtype), origin=origin)
+        say(f"I + {GAMMA * h:.4g} S factorised ({factor_dtype}, {n_live} live unknowns); ROS2 steps of {h:.6g} for "
+            f"{len(directions)} runs together")
+        paths = ros2_paths(field, solver.solve, starts, times, h)
+        del solver
+        spent_steps += paths.steps
+        spent_gradients += paths.gradients
+        runs = []
+        for j, ((name, d, size), pred) in enumerate(zip(directions, predictions)):
+            counter = _StepCount()
+            counter.steps, counter.counts["gradient"] = paths.steps, float(spent_gradients)
+            path = omega[None] + paths.samples[j].reshape(len(times), *omega.shape) / root[None]
+            skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
+            runs.append(_minimum_run(problem, name, size, path, mass, omega, symmetry.project, e_star, grad_star,
+                                     times, skip, pred, lam, "ros2-w", h, counter))
+        if coarse is not None:
+            for r, c in zip(runs, coarse):
+                r.integration_error = integration_error(r, c)
+            worst = max(r.integration_error for r in runs)
+            say(f"step {h:.6g}: the measured rates moved by at most {3 * worst:.1e} (relative) from step {2 * h:.6g}: "
+                f"their error here {worst:.1e} (Richardson, order 2)")
+            if not worst > INTEGRATION_TOL:
+                break
+        if halving < MAX_HALVINGS:
+            coarse, h = runs, h / 2
+    for r, (name, _, _) in zip(runs, directions):
         say(f"{name}: E - E* decays at {r.energy_rate:.6g} (predicted {r.predicted_energy_rate:.6g}), distance at "
             f"{r.distance_rate:.6g} (predicted {r.predicted_distance_rate:.6g}), PL ratio >= {r.pl_ratio_min:.6g} "
-            f"(predicted {r.predicted_pl_ratio_min:.6g}); ros2-w, {r.steps} steps, {r.gradients} gradients, error "
-            f"estimate {paths.error_estimate[j]:.1e} per step")
+            f"(predicted {r.predicted_pl_ratio_min:.6g}); ros2-w, step {r.dt:.6g}, integration error "
+            f"{r.integration_error:.1e}; {spent_steps} steps and {r.gradients} gradients in all")
     return MinimumRates(e_star=e_star, i_star=i_star, lambda_min=lam, lambda_min_residual=lam_residual,
                         lambda_max=lam_max, morse_index_lower=0, n_symmetry=symmetry.size, eps=float(eps), runs=runs,
                         products=int(products), polish_steps=taken, prediction_products=int(prediction_products),
@@ -658,8 +696,9 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
     direct E - E*, gradient form); datasets over runs [R]: ``direction`` (str), ``stepper`` (str), ``eps``,
     ``energy_rate``, ``distance_rate``, ``pl_ratio_min``, ``pl_ratio_least``, ``predicted_energy_rate``,
     ``predicted_distance_rate``, ``predicted_pl_ratio_min``, ``prediction_error``, ``excess_agreement``, ``gradients``,
-    ``steps``, ``relative_error`` [R, 3] (energy, distance, PL ratio); ``runs/r<j>``: ``times``, ``excess``,
-    ``excess_direct``, ``distance``, ``pl_ratio``, ``trusted``, ``predicted_excess``, ``predicted_distance`` [F]."""
+    ``steps``, ``integration_error``, ``relative_error`` [R, 3] (energy, distance, PL ratio); ``runs/r<j>``:
+    ``times``, ``excess``, ``excess_direct``, ``distance``, ``pl_ratio``, ``trusted``, ``predicted_excess``,
+    ``predicted_distance`` [F]."""
     from ..io.result_files import new_result_file, text_array
 
     with new_result_file(path, SCHEMA_MINIMUM, RATES.version, cfg, problem=problem) as f:
@@ -677,7 +716,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
         g["stepper"] = text_array([r.stepper for r in runs])
         for key in ("eps", "energy_rate", "distance_rate", "pl_ratio_min", "pl_ratio_least", "predicted_energy_rate",
                     "predicted_distance_rate", "predicted_pl_ratio_min", "prediction_error", "excess_agreement",
-                    "gradients", "steps"):
+                    "gradients", "steps", "integration_error"):
             g[key] = np.array([getattr(r, key) for r in runs], dtype=float)
         g["relative_error"] = np.array([r.errors() for r in runs]).reshape(len(runs), 3)
         rg = g.create_group("runs")

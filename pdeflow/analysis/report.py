@@ -235,10 +235,12 @@ def minimum_section(rates: dict[str, Any] | None, figure_stems: list[str]) -> Se
     for j, direction in enumerate(rates.get("direction", [])):
         measured = {k: _g(float(rates[k][j])) for k in ("energy_rate", "predicted_energy_rate", "distance_rate",
                                                          "predicted_distance_rate")}
+        integration = float(rates["integration_error"][j]) if "integration_error" in rates else math.nan
         s.rows.append((f"run {j} ({direction})",
                        f"energy {measured['energy_rate']} (predicted 2λ_min: {measured['predicted_energy_rate']}), "
                        f"distance {measured['distance_rate']} (predicted λ_min: {measured['predicted_distance_rate']})",
-                       "measured exponential rates"))
+                       "measured exponential rates" + (f"; their integration error ≈ {_g(integration, 2)} (relative, "
+                                                       "Richardson)" if math.isfinite(integration) else "")))
     _rate_verdict(s, np.asarray(rates.get("relative_error", np.zeros((0, 3))), dtype=float))
     return s
 

@@ -10,6 +10,7 @@ figures beside it: ``<OUT>-spectra.png``, ``<OUT>-rates.png`` and (with a sweep)
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -135,13 +136,20 @@ def rates_table(result) -> str:
              f"certificate: {result.certificate}",
              f"engine: {result.engine}; runs by {', '.join(sorted({r.stepper for r in result.runs}))}",
              f"{'direction':<15} {'E - E* rate':>12} {'predicted':>12} {'distance rate':>14} {'predicted':>12} "
-             f"{'min PL ratio':>13} {'predicted':>12} {'least PL / lambda_min':>22} {'max rel. error':>15}"]
+             f"{'min PL ratio':>13} {'predicted':>12} {'least PL / lambda_min':>22} {'max rel. error':>15} "
+             f"{'integration error':>18}"]
     for r in result.runs:
         lines.append(f"{r.direction:<15} {r.energy_rate:>12.6g} {r.predicted_energy_rate:>12.6g} "
                      f"{r.distance_rate:>14.6g} {r.predicted_distance_rate:>12.6g} {r.pl_ratio_min:>13.6g} "
                      f"{r.predicted_pl_ratio_min:>12.6g} {r.pl_ratio_least / lam:>22.6g} "
-                     f"{np.max(np.abs(r.errors())):>15.2e}")
+                     f"{np.max(np.abs(r.errors())):>15.2e} {_estimate(r.integration_error):>18}")
+    lines.append("max rel. error: measured against predicted; integration error: the estimated relative error of the "
+                 "measured rates from the time integration (Richardson; '-': controlled by the stepper, not estimated)")
     return "\n".join(lines)
+
+
+def _estimate(value: float) -> str:
+    return f"{value:.2e}" if math.isfinite(value) else "-"
 
 
 

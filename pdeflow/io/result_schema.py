@@ -88,6 +88,8 @@ RATES = ResultKind("pdeflow-minimum-rates", 2, "pdeflow stability --stationary",
     *_floats("/rates", "eps energy_rate distance_rate pl_ratio_min pl_ratio_least predicted_energy_rate "
              "predicted_distance_rate predicted_pl_ratio_min prediction_error excess_agreement gradients steps",
              ("J",), "per run: measured and predicted rates, costs"),
+    _data("/rates/integration_error", ("J",), "float", OPTIONAL, "per run: the estimated relative error of its "
+          "measured rates from the integration (NaN: not estimated; absent in files before 2026-12-05)"),
     _data("/rates/relative_error", ("J", "3"), "float", WRITTEN, "energy, distance, PL ratio"),
     _group("/rates/runs", WRITTEN, "one group r<j> per run: times, excess, excess_direct, distance, pl_ratio, "
            "trusted, predicted_excess, predicted_distance"),
