@@ -169,6 +169,10 @@ def optimality_section(traj: Trajectory, analysis: Analysis, figure_dir: Path) -
         s.verdict, s.reason = HOLDS, f"certified G = {_g(g)} ≤ {tol:g}: the last frame is optimal on Ω"
     elif certified:
         s.verdict, s.reason = NOT_ESTABLISHED, f"certified G = {_g(g)} > {tol:g}: the last frame is not yet optimal"
+    elif g > tol:
+        # a point the search found with Phi below its mean on rho is a witness: G >= g whatever was not searched
+        s.verdict, s.reason = NOT_ESTABLISHED, (f"G ≥ {_g(g)} (the search found Φ that far below its mean on ρ, a "
+                                                "witness): the last frame is not optimal on Ω")
     else:
         s.reason = (f"G ≈ {_g(g)} is an estimate (a lower bound from a non-exhaustive search): min Φ is certified for "
                     f"k ≤ 3, here k = {traj.frames['omega'].shape[-1] if 'omega' in traj.frames else '?'}")

@@ -326,6 +326,25 @@ def test_lower_bound_never_exceeds_the_energy_of_any_run(tmp_path):
     assert max(final) <= min(random_energies)
 
 
+def test_omega_is_enlarged_to_hold_the_support_so_the_gap_is_never_negative(tmp_path):
+    """The gap compares Phi off the support with its mean on it: with diagnostics.radius far inside the particles,
+    Omega grows to SUPPORT_MARGIN x the farthest particle analysed (noted), every particle lies in it, and G >= 0
+    at every analysed frame (the particles are among the search's starts: min Phi <= its mean on rho). With the
+    configured ball alone every particle lay outside it (outside mass 1 at every frame); on majority.toml's 16-head
+    minimum (heads up to |omega| = 18.3, ball 5) G came out -0.022 there."""
+    common = {"model": {"coordinates": "gain2", "weight_decay": 0.2},
+              "run": {"t_end": 4.0, "frame_interval": 1.0},
+              "diagnostics": {"gap_frames": 3, "n_starts": 4, "grid_points": 16, "radius": 0.05}}
+    _, path = run_config(tmp_path, "small", on_finish=D.analyse_run, **common,
+                         init={"n_particles": 8, "seed": 0, "scale": 0.8}, solver={"method": "rk4", "dt": 0.2})
+    traj = open_trajectory(path)
+    a = D.read_analysis(traj)
+    reach = max(float(np.linalg.norm(traj.frames["omega"][f], axis=1).max()) for f in a.gap_frames)
+    assert a.gap_radius == pytest.approx(D.SUPPORT_MARGIN * reach) and a.gap_radius > 0.05
+    assert np.all(a.outside_mass[a.gap_frames] == 0) and np.all(a.gap[a.gap_frames] >= -1e-12)
+    assert any(note.startswith("Omega enlarged from the ball 0.05") for note in a.notes)
+
+
 # ---- attention maps and head clusters ----------------------------------------------------------
 def test_attention_pattern_reproduces_the_problem_logits():
     """z[l] = U WO sum_j a[l, j] WV x_j for one head of mass one: the attention helper and Problem.logits agree."""

@@ -3,6 +3,7 @@ command it wraps, read back from that command's own file; the page, the JSON, th
 a rerun reuses what was computed; bad input is one line and exit 2."""
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import re
@@ -13,7 +14,14 @@ import numpy as np
 import pytest
 
 from pdeflow.analysis.diagnostics import read_analysis
-from pdeflow.analysis.report import CONTRADICTED, HOLDS, NOT_ESTABLISHED, RATE_TOLERANCE, energy_section
+from pdeflow.analysis.report import (
+    CONTRADICTED,
+    HOLDS,
+    NOT_ESTABLISHED,
+    RATE_TOLERANCE,
+    energy_section,
+    optimality_section,
+)
 from pdeflow.analysis.stationary import read_stationary
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
@@ -60,7 +68,7 @@ def test_every_file_of_the_report_is_written_and_the_page_needs_no_network(repor
     assert data["provenance"]["cpu"] and data["provenance"]["pdeflow_version"]
 
 
-def test_each_verdict_is_the_wrapped_commands(report):
+def test_each_verdict_is_the_wrapped_commands(report, tmp_path):
     out, data = report
     traj = open_trajectory(out / "run.h5")
     # energy: the run's accuracy record; and the table's largest rise of E is the steps' own (read with h5py)
@@ -80,6 +88,11 @@ def test_each_verdict_is_the_wrapped_commands(report):
     opt = _section(data, "optimality")
     assert (opt["verdict"] == HOLDS) == bool(analysis.gap_certified[last] and analysis.gap[last] <= 1e-6)
     assert float(opt["table"][0]["value"]) == pytest.approx(float(analysis.gap[last]), rel=1e-3)
+    # an uncertified gap above 0 is still a witness: the search found Phi that far below its mean on rho
+    found = copy.deepcopy(analysis)
+    found.gap[last], found.gap_certified[last] = 0.5, False
+    witness = optimality_section(traj, found, tmp_path)
+    assert witness.verdict == NOT_ESTABLISHED and "G ≥ 0.5" in witness.reason and "witness" in witness.reason
     # E* of the rates section is the certified point's energy (diagnose --stationary), and only a certified one's
     rates = _section(data, "rates")
     if bool(point["certified"]):

@@ -11,7 +11,7 @@ docs/design.md, "Diagnostics".
 """
 from __future__ import annotations
 
-from .analysis import ENTROPY_MISSING, Analysis, analyse, gap_frame_indices
+from .analysis import ENTROPY_MISSING, SUPPORT_MARGIN, Analysis, analyse, gap_frame_indices, support_reach
 from .analysis_file import analyse_run, check_editable, read_analysis, write_analysis
 from .certify import certified_min_phi, grad_phi_bound, hess_phi_bound
 from .clusters import HeadClusters, attention_pattern, frame_measure, head_clusters, probe_sequence, trajectory_grid
@@ -38,4 +38,4 @@ __all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "certi
            "kl_exponent", "kl_fit", "KLFit", "fit_e_star", "attention_pattern", "probe_sequence", "HeadClusters",
            "head_clusters", "frame_measure", "trajectory_grid", "Analysis", "analyse", "analyse_run", "write_analysis",
            "read_analysis", "check_editable", "gap_frame_indices", "LocalExponent", "local_exponent", "e_star_refusal",
-           "PointPrediction", "prediction_at"]
+           "PointPrediction", "prediction_at", "SUPPORT_MARGIN", "support_reach"]

@@ -29,6 +29,7 @@ from .spectral import SADDLE, SpectralRecord, analysed_spectrum
 
 UNIT_MASS_TOL = 1e-9         # a total mass this close to 1 is a probability measure's
 GRID_CLUSTER_MASS = 1e-2     # grid cells lighter than this times the heaviest belong to no cluster
+SUPPORT_MARGIN = 1.25        # a ball or box Omega reaches at least this times past the farthest particle analysed
 ENTROPY_MISSING = ("refused: beta < inf with particles, whose stored energy has no entropy term; the energy "
                    "identity, E*, PL and KL analyses would be those of another functional")
 
@@ -270,12 +271,22 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
     known = [] if previous is None else [previous.minimizer[np.all(np.isfinite(previous.minimizer), axis=1)]]
     known = [m for m in known if m.shape[-1] == problem.k]
     entropic = grid is not None and not math.isinf(problem.beta)
-    for f in gap_frame_indices(a.time.size, settings.gap_frames):
+    frames = gap_frame_indices(a.time.size, settings.gap_frames)
+    radius = settings.radius
+    if not entropic and settings.domain in ("ball", "box"):
+        reach = support_reach(traj, frames, settings.domain)
+        if SUPPORT_MARGIN * reach > radius:
+            radius = SUPPORT_MARGIN * reach
+            a.notes.append(f"Omega enlarged from the {settings.domain} {settings.radius:g} (diagnostics.radius) to "
+                           f"{radius:.4g}, {SUPPORT_MARGIN:g} x the farthest particle analysed ({reach:.4g}): the "
+                           "support condition compares Phi off the support with its mean on it, so Omega holds the "
+                           "support")
+    for f in frames:
         if entropic:
             res = entropic_gap(problem, grid, traj.frames["density"][f])
         else:
             omega, mass = frame_measure(traj, int(f))
-            res = optimality_gap(problem, omega, mass, domain=settings.domain, radius=settings.radius,
+            res = optimality_gap(problem, omega, mass, domain=settings.domain, radius=radius,
                                  n_starts=settings.n_starts, grid_points=settings.grid_points,
                                  seed=settings.seed + int(f), extra_starts=np.concatenate(known) if known else None,
                                  bounds=bounds)
@@ -287,7 +298,7 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
     a.gap_computed = bool(computed.any())
     a.gap_is_estimate = bool(a.gap_computed and not a.gap_certified[computed].all())
     a.gap_domain = "grid, entropic" if entropic else settings.domain
-    a.gap_radius = settings.radius if settings.domain in ("ball", "box") and not entropic else math.nan
+    a.gap_radius = radius if settings.domain in ("ball", "box") and not entropic else math.nan
     if entropic:
         a.notes.append("beta < inf on a grid: G = E_h - min E_h over grid densities (relative entropy to the Gibbs "
                        "density of Phi, divided by beta)")
@@ -305,6 +316,19 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
     if np.any(a.outside_mass[computed] > 0):
         a.notes.append("part of rho lies outside Omega: the gap may be negative there (a certified E - G bound "
                        "stays a bound)")
+
+
+def support_reach(traj: Trajectory, frames: np.ndarray, domain: str) -> float:
+    """How far from 0 the particles of positive mass reach over ``frames``: the largest norm (``domain`` "ball")
+    or the largest absolute coordinate ("box")."""
+    reach = 0.0
+    for f in frames:
+        omega, mass = frame_measure(traj, int(f))
+        held = np.asarray(omega)[np.asarray(mass) > 0]
+        if held.size:
+            size = np.linalg.norm(held, axis=1) if domain == "ball" else np.max(np.abs(held), axis=1)
+            reach = max(reach, float(np.max(size)))
+    return reach
 
 
 def bound_refusal(traj: Trajectory, frames: np.ndarray) -> str:
