@@ -420,11 +420,10 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
         done += found.nit
         v = whole(found.x)
         if not regrouped[0] or done >= max_iter:
-            if found.message == f"{found.nit} iterations":  # the limit: it counts the iterations of every start
-                found = replace(found, message=f"{done} iterations (the limit, over {starts} starts)" if starts > 1
-                                else found.message)
-            elif reason[0]:
+            if reason[0]:
                 found = replace(found, message=reason[0])
+            elif done >= max_iter and starts > 1:  # the limit counts the iterations of every start
+                found = replace(found, message=f"{done} iterations (the limit, over {starts} starts)")
             return found, v
         starts += 1
         say(f"{int(np.sum(heads_at_origin(c.omega(v))))} heads at the origin: L-BFGS again on the others")

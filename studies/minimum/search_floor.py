@@ -36,17 +36,10 @@ from typing import Any
 import numpy as np
 
 
-def _median_wall(call, repeats: int) -> float:
-    walls = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        walls.append(time.perf_counter() - t0)
-    return float(np.median(walls))
-
-
 def costs(point: Path) -> dict[str, Any]:
     """The per-operation walls of the module docstring at the point of ``point``."""
+    from pdeflow.benchmarks.common import median, timed
+
     from pdeflow.analysis.certificate import cholesky_bound, complement_basis, head_symmetries, symmetric_part
     from pdeflow.analysis.lbfgs import two_loop
     from pdeflow.analysis.stationary import LBFGS_MEMORY, Counter, _History, _lbfgs_live_heads
@@ -59,7 +52,7 @@ def costs(point: Path) -> dict[str, Any]:
     heads = np.flatnonzero(live)
     n = int(live.sum()) * problem.k
     res: dict[str, Any] = {"point": str(point), "live_heads": int(live.sum()), "unknowns": n}
-    res["gradient"] = _median_wall(lambda: problem.evaluate(omega[live], mass[live]), 30)
+    res["gradient"] = median([timed(lambda: problem.evaluate(omega[live], mass[live])) for _ in range(30)])
     rng = np.random.default_rng(0)
     pairs: deque = deque(maxlen=LBFGS_MEMORY)
     for _ in range(LBFGS_MEMORY):
@@ -67,7 +60,7 @@ def costs(point: Path) -> dict[str, Any]:
         y += s
         pairs.append((s, y, 1.0 / float(s @ y)))
     g = rng.standard_normal(n)
-    res["two_loop"] = _median_wall(lambda: two_loop(g, pairs), 30)
+    res["two_loop"] = median([timed(lambda: two_loop(g, pairs)) for _ in range(30)])
 
     moved = omega.copy()
     moved[live] += 1e-3 * rng.standard_normal(moved[live].shape)
