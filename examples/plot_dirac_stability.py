@@ -16,8 +16,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from pdeflow import Problem
-from pdeflow.analysis.stability import run_stability
-from pdeflow.analysis.stability_plots import plot_stability
+from pdeflow.analysis.dirac.stability import run_stability
+from pdeflow.analysis.dirac.stability_plots import plot_stability
 from pdeflow.core.config import loads_config
 
 CONFIG = """

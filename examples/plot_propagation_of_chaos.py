@@ -16,8 +16,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from pdeflow import Problem
-from pdeflow.analysis.chaos import run_chaos, summary
-from pdeflow.analysis.chaos_plots import plot_result
+from pdeflow.analysis.finite_heads.chaos import run_chaos, summary
+from pdeflow.analysis.finite_heads.chaos_plots import plot_result
 from pdeflow.core.config import loads_config
 
 CONFIG = """

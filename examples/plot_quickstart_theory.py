@@ -15,7 +15,7 @@ from pdeflow.solvers.driver import run
 import pdeflow
 from pdeflow import Problem
 from pdeflow.analysis import diagnostics as D
-from pdeflow.analysis import plotting as P
+from pdeflow.analysis.plots import plotting as P
 from pdeflow.core.config import DiagnosticsConfig, load_config
 from pdeflow.io.trajectory import open_trajectory
 

@@ -17,7 +17,7 @@ from pdeflow.solvers.driver import run
 
 import pdeflow
 from pdeflow import Problem
-from pdeflow.analysis.wfr_comparison import frame_gaps, plot_comparison, summary_line
+from pdeflow.analysis.comparison.wfr_comparison import frame_gaps, plot_comparison, summary_line
 from pdeflow.core.config import load_config
 
 # the config (and the basis file it names) of the repository's data/configs

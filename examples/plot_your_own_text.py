@@ -13,7 +13,7 @@ from pdeflow.solvers.driver import run
 
 from pdeflow import Problem
 from pdeflow.analysis import diagnostics as D
-from pdeflow.analysis import plotting as P
+from pdeflow.analysis.plots import plotting as P
 from pdeflow.core.config import DiagnosticsConfig, loads_config
 from pdeflow.io.trajectory import open_trajectory
 

@@ -19,6 +19,6 @@ the same problem; ``case.meaning`` says what every input and expected value is.
 """
 from __future__ import annotations
 
-from .analysis.manufactured import ManufacturedCase, Tolerance, case_names, load_case, load_cases
+from .analysis.comparison.manufactured import ManufacturedCase, Tolerance, case_names, load_case, load_cases
 
 __all__ = ["ManufacturedCase", "Tolerance", "case_names", "load_case", "load_cases"]

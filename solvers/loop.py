@@ -2,7 +2,8 @@
 
 :class:`Loop` steps a :class:`~pdeflow.solvers.base.Stepper` from a state through increasing target times
 (the frames of a run, the sample times of an experiment). Its rules, the same for every caller
-(:func:`pdeflow.solvers.driver.run`, :mod:`pdeflow.analysis.chaos`, :mod:`pdeflow.analysis.stability`):
+(:func:`pdeflow.solvers.driver.run`, :mod:`pdeflow.analysis.finite_heads.chaos`,
+:mod:`pdeflow.analysis.dirac.stability`):
 
 - **Landing.** Each step is asked for at most the time left to the next target (``stepper.step(state,
   target - t)``: steps are shortened to land on it); a step that ends within :func:`pdeflow.core.clock.same_time` of

@@ -22,7 +22,7 @@ For ``rho = sum_i m_i delta_{omega_i}`` (``omega`` [N, k], ``mass`` [N]) the ene
 numpy computes as a symmetric rank-R update, exactly symmetric); :func:`head_blocks` gives the diagonal blocks
 ``H_i + W_i^T W_i`` alone. The cost is ``2 k`` passes over the chosen heads plus the ``[R, n] x [n, n]`` product
 (``n`` = heads x k, ``R`` = positions x V), against ``n`` whole-system products column by column
-(:class:`pdeflow.analysis.spectrum.HessianOperator`); memory: S [n, n] and W [R, n]. Everything in float64
+(:class:`pdeflow.analysis.hessian.spectrum.HessianOperator`); memory: S [n, n] and W [R, n]. Everything in float64
 (:attr:`pdeflow.core.problem.Problem.data64`), serial (the measure whole on one rank). The GN part is exactly
 symmetric; the blocks ``H_i`` are assembled column by column and their asymmetry is the forward mode's rounding
 (not symmetrised, so that a certificate can measure it).

@@ -193,7 +193,7 @@ def result_kind(path: str | Path):
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ..analysis.stationary import format_stationary, read_stationary
+    from ..analysis.stationary.stationary import format_stationary, read_stationary
     from ..io.file_access import open_for_reading
     from ..io.result_schema import STATIONARY, summary
 

@@ -1,6 +1,7 @@
 """``pdeflow chaos CONFIG -o OUT.h5 [--quick]``: propagation of chaos and the static approximation.
 
-Runs the experiment of pdeflow.analysis.chaos (N heads, their SGD training and the mean-field characteristics from
+Runs the experiment of pdeflow.analysis.finite_heads.chaos (N heads, their SGD training and the mean-field
+characteristics from
 the same initial points; the static approximation), writes the measurements and fitted rates to OUT.h5
 (group /chaos), the figure to OUT.png beside it, and prints one line per rate. Every finished (N, seed)
 block is kept in OUT.h5.work until the end: after a kill, --resume continues from there.
@@ -20,9 +21,9 @@ from .cli_figures import add_figure_arguments, figure_dpi
 def cmd_chaos(args: argparse.Namespace) -> int:
     from pdeflow.solvers import make_stepper
 
-    from ..analysis import chaos
-    from ..analysis.chaos_plots import plot_result
-    from ..analysis.figures import figure_output
+    from ..analysis.finite_heads import chaos
+    from ..analysis.finite_heads.chaos_plots import plot_result
+    from ..analysis.plots.figures import figure_output
     from ..core.problem import Problem
 
     dpi = figure_dpi(args)

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.convergence.predictions import PointPrediction, prediction_at
+from ..analysis.convergence.rates import THETA_TOL, e_star_refusal
+from ..analysis.convergence.spectral import format_spectral_record
 from ..analysis.diagnostics import Analysis, analyse, check_editable, read_analysis, write_analysis
 from ..analysis.diagnostics.analysis import lowest_energy
-from ..analysis.diagnostics.predictions import PointPrediction, prediction_at
-from ..analysis.diagnostics.rates import THETA_TOL, e_star_refusal
-from ..analysis.diagnostics.spectral import format_spectral_record
 from ..core.config import Config, parse_override
 from ..core.exit_codes import EXIT_OK, HELP
 from ..io.trajectory import Trajectory, open_trajectory
@@ -75,7 +75,7 @@ def settings_from_args(traj: Trajectory, args: argparse.Namespace) -> Config:
 def stationary_point(traj: Trajectory, path: str) -> tuple[PointPrediction, str]:
     """The theory's prediction at the point of a ``pdeflow stationary`` result (its energy included) and the
     label of that energy as E*; UsageError when the result belongs to another problem."""
-    from ..analysis.stationary import read_stationary
+    from ..analysis.stationary.stationary import read_stationary
     from ..io.problem_file import stored_problem
     from ..io.resume import array_difference
 
@@ -256,7 +256,7 @@ def _coords(text: str | None, k: int) -> list[int] | None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from ..analysis.plotting import plot_all  # matplotlib only for this command
+    from ..analysis.plots.plotting import plot_all  # matplotlib only for this command
 
     traj = open_trajectory(args.file)
     if len(traj.time) == 0:

@@ -1,10 +1,10 @@
 """The figure options every command that draws shares: ``--format pdf|png|svg`` and ``--dpi``
-(:mod:`pdeflow.analysis.figures` is the one saving path they set)."""
+(:mod:`pdeflow.analysis.plots.figures` is the one saving path they set)."""
 from __future__ import annotations
 
 import argparse
 
-from ..analysis.figures import DEFAULT_DPI, FORMATS
+from ..analysis.plots.figures import DEFAULT_DPI, FORMATS
 
 
 def add_figure_arguments(p: argparse.ArgumentParser) -> None:

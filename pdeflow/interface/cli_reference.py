@@ -94,7 +94,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _compare_order(args: argparse.Namespace) -> int:
-    from ..analysis.convergence_order import OrderRefused, order_study, plot_order
+    from ..analysis.comparison.convergence_order import OrderRefused, order_study, plot_order
 
     if args.expect is None:
         raise UsageError("--order needs --expect P, the order the candidate's method should have")

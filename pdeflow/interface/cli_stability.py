@@ -2,9 +2,10 @@
 ``pdeflow stability --stationary RESULT -o RATES.h5``: the rates at a certified local minimum (any measure).
 
 Finds the stationary Diracs of the config's problem, computes ``H0``, ``Htr``, verdicts and optimality gaps,
-integrates perturbed particle systems (:func:`pdeflow.analysis.stability.simulate`: RK4 through the shared time loop)
+integrates perturbed particle systems (:func:`pdeflow.analysis.dirac.stability.simulate`: RK4 through the shared time
+loop)
 and compares the measured exponential rates with the predicted ones, then sweeps the zero head over
-``stability.weight_decays`` (:mod:`pdeflow.analysis.stability`). Writes ``/stability`` into OUT.h5 and three PNG
+``stability.weight_decays`` (:mod:`pdeflow.analysis.dirac.stability`). Writes ``/stability`` into OUT.h5 and three PNG
 figures beside it: ``<OUT>-spectra.png``, ``<OUT>-rates.png`` and (with a sweep) ``<OUT>-sweep.png``.
 """
 from __future__ import annotations
@@ -16,12 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.certificate import DENSE_LIMIT
-from ..analysis.figures import figure_output
-from ..analysis.minimum_rates import ENGINES, FROZEN, LOG_CHANGE_AT_MINIMUM, RK4_MAX_STEPS, SAMPLES_AT_MINIMUM
-from ..analysis.spectrum import KRYLOV_DIM
-from ..analysis.stability import MEAN, SPREAD, StabilityResult, run_stability, write_stability
-from ..analysis.stability_plots import figure_paths, plot_minimum_rates, plot_stability
+from ..analysis.certificate.certificate import DENSE_LIMIT
+from ..analysis.dirac.stability import MEAN, SPREAD, StabilityResult, run_stability, write_stability
+from ..analysis.dirac.stability_plots import figure_paths, plot_minimum_rates, plot_stability
+from ..analysis.hessian.spectrum import KRYLOV_DIM
+from ..analysis.linearised.minimum_rates import (
+    ENGINES,
+    FROZEN,
+    LOG_CHANGE_AT_MINIMUM,
+    RK4_MAX_STEPS,
+    SAMPLES_AT_MINIMUM,
+)
+from ..analysis.plots.figures import figure_output
 from ..core.config import load_config
 from ..core.exit_codes import EXIT_OK, HELP
 from ..core.problem import Problem
@@ -73,10 +80,10 @@ def summary(result: StabilityResult) -> str:
 
 def cmd_minimum_rates(args: argparse.Namespace) -> int:
     """``--stationary RESULT``: the rates at a certified local minimum
-    (:func:`pdeflow.analysis.minimum_rates.minimum_rates`)."""
-    from ..analysis.certificate import stored_lambda_min
-    from ..analysis.minimum_rates import minimum_rates, write_minimum_rates
-    from ..analysis.stationary import read_stationary
+    (:func:`pdeflow.analysis.linearised.minimum_rates.minimum_rates`)."""
+    from ..analysis.certificate.certificate import stored_lambda_min
+    from ..analysis.linearised.minimum_rates import minimum_rates, write_minimum_rates
+    from ..analysis.stationary.stationary import read_stationary
     from ..core.config import loads_config
     from ..io.problem_file import stored_problem
     from .cli import UsageError, check_output_file

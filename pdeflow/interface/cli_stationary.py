@@ -1,9 +1,10 @@
 """``pdeflow stationary FILE [--frame F] --kind nearest|minimum -o RESULT``: a stationary point of the flow from a
-frame of a particle trajectory, classified by its spectrum (:mod:`pdeflow.analysis.stationary`).
+frame of a particle trajectory, classified by its spectrum (:mod:`pdeflow.analysis.stationary.stationary`).
 
 ``nearest``: Newton-Krylov on the velocity field (the stationary point next to the frame, saddle or minimum);
 ``minimum``: a descent search (L-BFGS, or trust-region Newton with ``--method trust-region``) restarted along
-the negative curvature of every saddle it stops at). The verdict (:mod:`pdeflow.analysis.certificate`): a saddle
+the negative curvature of every saddle it stops at). The verdict (:mod:`pdeflow.analysis.certificate.certificate`): a
+saddle
 when any Ritz value is negative; a local minimum only when a dense eigendecomposition of S off the symmetry
 directions (up to ``--dense-limit`` unknowns on the live heads) bounds every eigenvalue above 0; above the limit,
 "no negative eigenvalue found in m Lanczos steps from a random start (not certified)".
@@ -19,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.certificate import DENSE_LIMIT
-from ..analysis.spectrum import KRYLOV_DIM
-from ..analysis.stationary import (
+from ..analysis.certificate.certificate import DENSE_LIMIT
+from ..analysis.hessian.spectrum import KRYLOV_DIM
+from ..analysis.stationary.stationary import (
     DISSIPATION_RATIO,
     KINDS,
     METHODS,
@@ -151,8 +152,8 @@ def cmd_stationary(args: argparse.Namespace) -> int:
     limits = {"ratio": args.ratio, "max_wall": args.max_wall if args.max_wall > 0 else math.inf,
               "max_cost": args.max_cost if args.max_cost > 0 else math.inf, "progress": say}
     if args.kind == "minimum" and route == "structured":
-        from ..analysis.structured_minimum import CERTIFY_KRYLOV, structured_minimum
-        from ..analysis.structured_minimum import DENSE_LIMIT as STRUCTURED_LIMIT
+        from ..analysis.search.structured_minimum import CERTIFY_KRYLOV, structured_minimum
+        from ..analysis.search.structured_minimum import DENSE_LIMIT as STRUCTURED_LIMIT
 
         say(f"route structured; start: {start.rule}")
         point = structured_minimum(start.problem, start.omega, start.mass, start.initial,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..analysis.wfr_comparison import frame_gaps, plot_comparison, summary_line, write_gaps_csv
+from ..analysis.comparison.wfr_comparison import frame_gaps, plot_comparison, summary_line, write_gaps_csv
 from ..core.config import load_config
 from ..core.exit_codes import EXIT_OK, HELP
 from .cli import UsageError, add_config_arguments
@@ -25,7 +25,7 @@ def beside(out: Path, suffix: str) -> Path:
 def cmd_wfr(args: argparse.Namespace) -> int:
     from pdeflow.solvers.driver import run
 
-    from ..analysis.figures import figure_output
+    from ..analysis.plots.figures import figure_output
     from ..core.problem import Problem
     from .cli import check_output_file, new_output_path
 

@@ -7,20 +7,24 @@ directions on the live heads, plus the origin block.
 1. ``C = B^T S B`` on the live heads (``B`` the per-head orthonormal complements of the symmetry tangents, as the
    certificate takes them), assembled from S's structure (:func:`pdeflow.core.hessian_assembly.assemble_hessian`),
    and checked against S itself: for ``--products`` random coordinate vectors ``y``, ``B^T (S (B y))`` with ``S x``
-   the exact forward-mode product (:func:`pdeflow.analysis.spectrum.hessian_operator`, no assembly) equals ``C y``
+   the exact forward-mode product (:func:`pdeflow.analysis.hessian.spectrum.hessian_operator`, no assembly) equals ``C
+   y``
    (the largest relative difference is reported);
 2. LAPACK's symmetric eigensolver (``scipy.linalg.eigh``, driver ``evr``, the lowest :data:`PAIRS` eigenvalues) on
    the symmetric part ``A`` of ``C``: backward stable, so each computed value lies within ``delta = n eps |A|_F +
    |C - C^T|_F`` of an eigenvalue of the exact matrix (Weyl; the bound of
-   :func:`pdeflow.analysis.certificate.eigenvalue_bound`). No Cholesky factorisation, no Rump bound, no Lanczos:
+   :func:`pdeflow.analysis.certificate.certificate.eigenvalue_bound`). No Cholesky factorisation, no Rump bound, no
+   Lanczos:
    nothing of the certificate's proof;
-3. the heads at the origin: the block ``Hess Phi(0; rho)`` [k, k] (:func:`pdeflow.analysis.spectrum.origin_block`,
+3. the heads at the origin: the block ``Hess Phi(0; rho)`` [k, k]
+  (:func:`pdeflow.analysis.hessian.spectrum.origin_block`,
    k exact products) and its eigenvalues.
 
 The dense verdict is "minimum" when the lowest value minus delta is positive. Compared with the file's
 certificate: the dense lambda_min inside the certificate's bracket ``[lambda_min_lower, lambda_min_upper]`` (a proof,
 as wide as its worst-case rounding bound), and its relative distance from the file's ``lambda_min`` estimate (the
-certificate's computed value, :attr:`pdeflow.analysis.stationary.StationaryPoint.lambda_min`; files written before
+certificate's computed value, :attr:`pdeflow.analysis.stationary.stationary.StationaryPoint.lambda_min`; files written
+before
 2026-12-05 stored the lowest converged Ritz value there, which the structured route's short Lanczos run could leave
 above lambda_min) and from the bracket's ends.
 Writes ``dense_check.json`` into DIR with the CPU model and load before and after.
@@ -47,9 +51,9 @@ def dense_check(path: str | Path, products: int = 3, log=print) -> dict[str, Any
     the comparison with the file's certificate."""
     import scipy.linalg
 
-    from pdeflow.analysis.certificate import complement_basis, embedded, symmetric_part
-    from pdeflow.analysis.spectrum import head_symmetries, hessian_operator, origin_block, origin_is_stationary
-    from pdeflow.analysis.stationary import read_stationary
+    from pdeflow.analysis.certificate.certificate import complement_basis, embedded, symmetric_part
+    from pdeflow.analysis.hessian.spectrum import head_symmetries, hessian_operator, origin_block, origin_is_stationary
+    from pdeflow.analysis.stationary.stationary import read_stationary
     from pdeflow.core.hessian_assembly import assemble_hessian
     from pdeflow.io.problem_file import stored_problem
 

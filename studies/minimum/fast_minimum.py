@@ -58,7 +58,7 @@ def _child(argv: list[str], threads: int, log, transcript: Path) -> tuple[float,
 
 def result_summary(path: Path) -> dict[str, Any]:
     """The counts and the verdict of a ``pdeflow stationary`` result file."""
-    from pdeflow.analysis.stationary import read_stationary
+    from pdeflow.analysis.stationary.stationary import read_stationary
     from pdeflow.core.problem import gradient_equivalents
 
     r = read_stationary(path)
@@ -76,7 +76,7 @@ def result_summary(path: Path) -> dict[str, Any]:
 
 def flow_summary(path: Path) -> dict[str, Any]:
     """Status, reach and cost of the flow's trajectory."""
-    from pdeflow.analysis.diagnostics.spectral import run_gradient_equivalents
+    from pdeflow.analysis.convergence.spectral import run_gradient_equivalents
     from pdeflow.io.trajectory import open_trajectory
 
     traj = open_trajectory(path)
@@ -115,7 +115,7 @@ def shipped_check(threads: int, out: Path, log) -> dict[str, Any]:
         wall, _ = _child(["stationary", str(SHIPPED), "--kind", "minimum", "--route", route, "-o", str(path),
                           "--force"], threads, log, out / f"shipped-{route}.log")
         res[route] = result_summary(path) | {"process_wall": wall}
-    from pdeflow.analysis.stationary import read_stationary
+    from pdeflow.analysis.stationary.stationary import read_stationary
 
     res["shipped_energy"] = float(read_stationary(SHIPPED)["energy"])
     res["load_after"] = list(os.getloadavg())

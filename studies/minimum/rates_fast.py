@@ -2,7 +2,7 @@
 
 ``python -m studies.minimum.rates_fast [--out DIR] [--engine frozen|products] [--krylov-dim 900] [--random 2]``
 
-Runs :func:`pdeflow.analysis.minimum_rates.minimum_rates` as ``pdeflow stability --stationary
+Runs :func:`pdeflow.analysis.linearised.minimum_rates.minimum_rates` as ``pdeflow stability --stationary
 data/stationary/longtime-minimum-from-t0.h5 --krylov-dim 900 --random 2`` does (its defaults: eps 1e-4 and eps/2 along
 the slowest direction, eps-random 1e-3, a tenth of an e-fold of the slowest mode, 21 samples), writes the rates file
 ``DIR/longtime-rates-fast.h5`` and ``DIR/rates_fast.json``, and prints a Markdown table: each rate against its
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random", type=int, default=2)
     args = ap.parse_args(argv)
 
-    from pdeflow.analysis.minimum_rates import minimum_rates, write_minimum_rates
-    from pdeflow.analysis.stationary import read_stationary
+    from pdeflow.analysis.linearised.minimum_rates import minimum_rates, write_minimum_rates
+    from pdeflow.analysis.stationary.stationary import read_stationary
     from pdeflow.core.config import loads_config
     from pdeflow.core.problem import gradient_equivalents
     from pdeflow.io.problem_file import stored_problem

@@ -4,19 +4,21 @@
 result): at POINT, the median wall time of
 
 - one gradient (``Problem.evaluate``) on the live heads;
-- one two-loop recursion (:func:`pdeflow.analysis.lbfgs.two_loop`) over
-  :data:`pdeflow.analysis.stationary.LBFGS_MEMORY` pairs of the live heads' size;
-- one L-BFGS iteration of the route's search (:func:`pdeflow.analysis.stationary._lbfgs_live_heads`, 400
+- one two-loop recursion (:func:`pdeflow.analysis.search.lbfgs.two_loop`) over
+  :data:`pdeflow.analysis.stationary.stationary.LBFGS_MEMORY` pairs of the live heads' size;
+- one L-BFGS iteration of the route's search (:func:`pdeflow.analysis.stationary.stationary._lbfgs_live_heads`, 400
   iterations from POINT moved by 1e-3 at random on its live heads, after 50 to warm up);
 
 and one pass of each part of the Cholesky certificate there, timed apart: the Gauss-Newton factor W (``2 k``
 forward passes are ``k`` of these), the whole structured assembly of C (W, its symmetric rank-R product, the frozen
-blocks), and :func:`pdeflow.analysis.certificate.cholesky_bound` with its own walls (the factorisation of C, the
+blocks), and :func:`pdeflow.analysis.certificate.certificate.cholesky_bound` with its own walls (the factorisation of
+C, the
 shift-invert run, the shifted factorisation with its rounding bound).
 
 ``python -m studies.minimum.search_floor variant FLOW [--freeze F] [--handover N] [--out DIR]``: the structured
-route (:func:`pdeflow.analysis.structured_minimum.structured_minimum`) from FLOW's last frame with the dead-head
-threshold :data:`pdeflow.analysis.stationary.FREEZE` set to F, or with the search handing over to Newton-PCG after
+route (:func:`pdeflow.analysis.search.structured_minimum.structured_minimum`) from FLOW's last frame with the dead-head
+threshold :data:`pdeflow.analysis.stationary.stationary.FREEZE` set to F, or with the search handing over to
+Newton-PCG after
 N L-BFGS iterations instead of at ``I <= SWITCH I(0)``: its transcript, E*, the verdict, counts and wall.
 
 Both write JSON into DIR (default benchmarks/results) with the CPU model and the load average before and after.
@@ -40,9 +42,14 @@ def costs(point: Path) -> dict[str, Any]:
     """The per-operation walls of the module docstring at the point of ``point``."""
     from pdeflow.benchmarks.common import median, timed
 
-    from pdeflow.analysis.certificate import cholesky_bound, complement_basis, head_symmetries, symmetric_part
-    from pdeflow.analysis.lbfgs import two_loop
-    from pdeflow.analysis.stationary import LBFGS_MEMORY, Counter, _History, _lbfgs_live_heads
+    from pdeflow.analysis.certificate.certificate import (
+        cholesky_bound,
+        complement_basis,
+        head_symmetries,
+        symmetric_part,
+    )
+    from pdeflow.analysis.search.lbfgs import two_loop
+    from pdeflow.analysis.stationary.stationary import LBFGS_MEMORY, Counter, _History, _lbfgs_live_heads
     from pdeflow.core.hessian_assembly import assemble_hessian, gauss_newton_factor
     from pdeflow.interface.cli_stationary import start_of
 
@@ -98,7 +105,7 @@ def costs(point: Path) -> dict[str, Any]:
 def variant(flow: Path, freeze: float | None, handover: int) -> dict[str, Any]:
     """The structured route from ``flow``'s last frame with FREEZE = ``freeze`` (None: the package's) and, with
     ``handover > 0``, Newton-PCG after that many L-BFGS iterations."""
-    import pdeflow.analysis.stationary as stationary
+    import pdeflow.analysis.stationary.stationary as stationary
 
     package_freeze = stationary.FREEZE
     if freeze is not None:
@@ -110,7 +117,7 @@ def variant(flow: Path, freeze: float | None, handover: int) -> dict[str, Any]:
 
 
 def _variant(flow: Path, freeze: float, handover: int) -> dict[str, Any]:
-    from pdeflow.analysis.structured_minimum import structured_minimum
+    from pdeflow.analysis.search.structured_minimum import structured_minimum
     from pdeflow.core.problem import gradient_equivalents
     from pdeflow.interface.cli_stationary import start_of
 

@@ -4,8 +4,9 @@
 
 At data/stationary/longtime-minimum-from-t0.h5 (N = 128 heads, k = 256, the live heads those not exactly at 0):
 times :func:`pdeflow.core.hessian_assembly.assemble_hessian` on the live heads, checks ``S v`` against the exact
-whole-system product (:func:`pdeflow.analysis.spectrum.hessian_operator`, no projection) for 3 seeded random v,
-then times the Cholesky certificate (:func:`pdeflow.analysis.certificate.certify`, default route, from a 20-step
+whole-system product (:func:`pdeflow.analysis.hessian.spectrum.hessian_operator`, no projection) for 3 seeded random v,
+then times the Cholesky certificate (:func:`pdeflow.analysis.certificate.certificate.certify`, default route, from a
+20-step
 Lanczos run on the live heads) and compares its bracket with the shipped dense certificate's; then its stages one
 by one, and the bound with the shipped converged Lanczos value as the estimate (one factorisation). Peak memory is the
 process's ``ru_maxrss`` after each stage; the load is ``os.getloadavg`` before and after.
@@ -22,9 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from pdeflow.analysis.certificate import certify, cholesky_bound, complement_basis, symmetric_part
-from pdeflow.analysis.spectrum import head_symmetries, hessian_operator, spectrum_ends
-from pdeflow.analysis.stationary import read_stationary
+from pdeflow.analysis.certificate.certificate import (
+    certify,
+    cholesky_bound,
+    complement_basis,
+    symmetric_part,
+)
+from pdeflow.analysis.hessian.spectrum import head_symmetries, hessian_operator, spectrum_ends
+from pdeflow.analysis.stationary.stationary import read_stationary
 from pdeflow.core.hessian_assembly import assemble_hessian
 from pdeflow.core.jit import num_threads
 from pdeflow.core.tuner import cpu_model

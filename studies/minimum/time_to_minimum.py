@@ -5,10 +5,11 @@
 1. **flow**: the shipped long run (rkc) from t = 0 with ``run.wall_time_limit = --wall`` (default 300 s; ``--t-end``
    bounds it in time instead, for a toy run), written to ``DIR/flow.h5``; or ``--flow FILE``, such a run made
    before (its own wall time and counts are this step's);
-2. **solve**: :func:`pdeflow.analysis.stationary.minimum` (``--method``: L-BFGS by default, or trust-region
+2. **solve**: :func:`pdeflow.analysis.stationary.stationary.minimum` (``--method``: L-BFGS by default, or trust-region
    Newton-Krylov; restarted along negative curvature) from its last frame, until ``I <= 1e-12 I(0)``, at most
    ``--max-iter`` iterations per attempt;
-3. **certification**: the spectrum ends there (:func:`pdeflow.analysis.spectrum.spectrum_ends`), part of step 2's
+3. **certification**: the spectrum ends there (:func:`pdeflow.analysis.hessian.spectrum.spectrum_ends`), part of step
+  2's
    result, reported separately: certified when the lowest Ritz value off the symmetry directions has converged and
    is positive by more than its residual;
 4. **the flow at the same wall time**: the run continued (``--resume`` on a copy) for the wall time the solve and the
@@ -16,7 +17,7 @@
 
 Costs in gradient evaluations (the one formula :func:`pdeflow.core.problem.gradient_equivalents`: an exact JVP at
 :data:`pdeflow.core.problem.JVP_COST`, a difference product at 1; the flow's from its /steps cost columns:
-:func:`pdeflow.analysis.diagnostics.spectral.run_gradient_equivalents`) and wall seconds, with the CPU
+:func:`pdeflow.analysis.convergence.spectral.run_gradient_equivalents`) and wall seconds, with the CPU
 model and the load average before and after. Writes ``time_to_minimum.json`` and ``time_to_minimum.md`` into DIR
 (default benchmarks/results). ``--n`` sets the particles and the sequences (``init.n_particles``, ``task.n_samples``),
 ``--set`` any other key (toy runs).
@@ -48,7 +49,7 @@ def flow(cfg, problem, path: Path, *, resume: bool = False, run_it: bool = True)
     reach, energy and cost (``wall``: this call's, or the file's own wall time of a run read)."""
     from pdeflow.solvers.driver import run
 
-    from pdeflow.analysis.diagnostics.spectral import run_gradient_equivalents
+    from pdeflow.analysis.convergence.spectral import run_gradient_equivalents
     from pdeflow.io.trajectory import open_trajectory
 
     t0 = time.perf_counter()
@@ -71,7 +72,7 @@ def benchmark(n: int | None = None, *, wall: float = 300.0, t_end: float | None 
     """The four steps of the module docstring; the result as a JSON-able dict. ``flow_file``: a run of the same
     config from t = 0 already made (its own wall time and counts are step 1's). ``save(res)`` is called after the
     solve and again at the end (a killed comparison keeps the rest)."""
-    from pdeflow.analysis.stationary import minimum, write_stationary
+    from pdeflow.analysis.stationary.stationary import minimum, write_stationary
     from pdeflow.core.config import load_config
     from pdeflow.core.problem import JVP_COST, Problem, gradient_equivalents
     from pdeflow.io.trajectory import open_trajectory
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--t-end", type=float, help="stop the flow at this time instead (toy runs)")
     p.add_argument("--n", type=int, help="particles and sequences (default: longtime.toml's 128)")
     p.add_argument("--max-iter", type=int, default=0,
-                   help="iterations of each search at most (default: MAX_ITER of pdeflow.analysis.stationary)")
+                   help="iterations of each search at most "
+                        "(default: MAX_ITER of pdeflow.analysis.stationary.stationary)")
     p.add_argument("--method", choices=("lbfgs", "trust-region"), default="lbfgs",
                    help="the descent search of the minimum (default lbfgs)")
     p.add_argument("--solve-wall", type=float, default=0.0, metavar="SECONDS",

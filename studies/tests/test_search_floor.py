@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import pdeflow.analysis.stationary as stationary
-from pdeflow.analysis.stationary import read_stationary
+import pdeflow.analysis.stationary.stationary as stationary
+from pdeflow.analysis.stationary.stationary import read_stationary
 from pdeflow.interface.cli import main as pdeflow
 from studies.minimum.search_floor import main
 

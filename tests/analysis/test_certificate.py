@@ -1,4 +1,5 @@
-"""The one rule on the sign of S (:mod:`pdeflow.analysis.certificate`): a negative Ritz value of any block, converged
+"""The one rule on the sign of S (:mod:`pdeflow.analysis.certificate.certificate`): a negative Ritz value of any
+block, converged
 or not, is index >= 1 for the spectral record's phases, ``pdeflow stationary`` and the rate check; a minimum is
 certified only by the dense eigenvalue bound or the Cholesky bound (Rump's test on S assembled from its structure),
 checked here against ``numpy.linalg.eigh`` of S built independently from central differences of grad Phi
@@ -12,7 +13,7 @@ import pytest
 import scipy.linalg
 
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.certificate import (
+from pdeflow.analysis.certificate.certificate import (
     BY_CHOLESKY,
     BY_DENSE,
     BY_LANCZOS,
@@ -24,11 +25,11 @@ from pdeflow.analysis.certificate import (
     shifted_cholesky_bound,
     symmetric_part,
 )
-from pdeflow.analysis.diagnostics.spectral import MINIMUM, SADDLE, phase_of
-from pdeflow.analysis.minimum_rates import lowest_certified
-from pdeflow.analysis.spectrum import origin_block, spectrum_ends, symmetry_basis
-from pdeflow.analysis.stability import complement_spectrum
-from pdeflow.analysis.stationary import minimum, nearest, read_stationary, write_stationary
+from pdeflow.analysis.convergence.spectral import MINIMUM, SADDLE, phase_of
+from pdeflow.analysis.dirac.stability import complement_spectrum
+from pdeflow.analysis.hessian.spectrum import origin_block, spectrum_ends, symmetry_basis
+from pdeflow.analysis.linearised.minimum_rates import lowest_certified
+from pdeflow.analysis.stationary.stationary import minimum, nearest, read_stationary, write_stationary
 from pdeflow.core.config import ConfigError
 from pdeflow.interface.cli import main
 from test_minimum_rates import PROBLEM, known_minimum  # noqa: F401  (the fixture: a strict minimum, dense spectrum)
@@ -158,7 +159,7 @@ def test_the_result_file_stores_the_certificates_lambda_min_not_a_higher_ritz_va
     says so, the index is 0 and proven, and the higher value is shown as a Ritz value, not as lambda_min."""
     import dataclasses
 
-    from pdeflow.analysis.stationary import format_stationary
+    from pdeflow.analysis.stationary.stationary import format_stationary
 
     problem, omega, mass, _ = known_minimum
     reference = reference_spectrum(problem, omega, mass)
@@ -290,7 +291,7 @@ def test_minimum_leaves_the_dead_head_saddle_for_a_proven_minimum(dead_head_sadd
     curvature, measured on S built by central differences, is the negative eigenvalue, and E falls along it. The
     search itself (2 steps per spectrum, grown to 6) leaves the saddle and ends at a lower point the certificate
     proves a minimum; the independent dense reference agrees."""
-    from pdeflow.analysis.stationary import descent_direction
+    from pdeflow.analysis.stationary.stationary import descent_direction
 
     problem, point = dead_head_saddle
     omega, mass = point.omega, point.mass

@@ -1,4 +1,5 @@
-"""Propagation of chaos (pdeflow/analysis/chaos.py, ``pdeflow chaos``): the synchronous coupling, the rate fitter,
+"""Propagation of chaos (pdeflow/analysis/finite_heads/chaos.py, ``pdeflow chaos``): the synchronous coupling, the
+rate fitter,
 the static approximation's sampling law, and the command end to end on a tiny config."""
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pdeflow.solvers.loop import frame_times
 
 from conftest import build_config
 from pdeflow import Problem
-from pdeflow.analysis import chaos
+from pdeflow.analysis.finite_heads import chaos
 from pdeflow.core.config import ConfigError
 from pdeflow.interface.cli import main
 

@@ -13,7 +13,7 @@ import pytest
 from pdeflow.solvers.driver import run
 
 from pdeflow import Problem
-from pdeflow.analysis.convergence_order import OrderRefused, order_study, successive_orders, tighter_config
+from pdeflow.analysis.comparison.convergence_order import OrderRefused, order_study, successive_orders, tighter_config
 from pdeflow.interface.cli import main
 from pdeflow.io.reference import validate
 from reference_model import ReferenceModel

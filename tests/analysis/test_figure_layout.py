@@ -3,7 +3,7 @@ and the rendered boxes of its texts are checked (no two overlap, none leaves the
 artist drawn inside its axes, the text task's attention maps read in characters, and ``--format pdf|svg`` /
 ``--dpi`` reach the files.
 
-The checker itself (:func:`pdeflow.analysis.figures.layout_problems`) is tested on figures made to fail: two
+The checker itself (:func:`pdeflow.analysis.plots.figures.layout_problems`) is tested on figures made to fail: two
 overlapping titles, a label pushed off the canvas, a legend entry for an empty line.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from pdeflow.analysis import diagnostics as D
-from pdeflow.analysis import plotting as P
-from pdeflow.analysis.figures import figure_output, layout_problems, new_figure
+from pdeflow.analysis.plots import plotting as P
+from pdeflow.analysis.plots.figures import figure_output, layout_problems, new_figure
 from pdeflow.core.config import DiagnosticsConfig
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
@@ -124,8 +124,8 @@ def test_dpi_sets_the_raster_resolution(text_file, tmp_path):
 
 def test_the_rates_at_a_minimum_figure_is_laid_out_and_draws_each_run(tmp_path, saved_figures):
     """Synthetic runs decaying exactly at 2 lambda and lambda: every run is drawn with its prediction."""
-    from pdeflow.analysis.minimum_rates import MinimumRates, MinimumRun
-    from pdeflow.analysis.stability_plots import plot_minimum_rates
+    from pdeflow.analysis.dirac.stability_plots import plot_minimum_rates
+    from pdeflow.analysis.linearised.minimum_rates import MinimumRates, MinimumRun
 
     lam, t = 0.3, np.linspace(0.0, 5.0, 40)
     runs = []

@@ -1,5 +1,6 @@
-"""The frozen-Jacobian engine of the rate check (:mod:`pdeflow.analysis.frozen_jacobian`, ``engine="frozen"`` of
-:func:`pdeflow.analysis.minimum_rates.minimum_rates`), against independent references: ROS2 on a linear flow against
+"""The frozen-Jacobian engine of the rate check (:mod:`pdeflow.analysis.hessian.frozen_jacobian`, ``engine="frozen"`` of
+:func:`pdeflow.analysis.linearised.minimum_rates.minimum_rates`), against independent references: ROS2 on a linear
+flow against
 ``expm(-S t) v0`` (order 2, L-stable, the error bound ``1.3 (h / t)^2`` the step rule rests on); the factorised ``I + c
 S`` against a dense solve with S from central differences of grad Phi (a head at the origin split off); the engine's
 rates on a known minimum with a head at the origin against the dense lambda_min and the dense exponential, and
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from pdeflow.analysis.frozen_jacobian import (
+from pdeflow.analysis.dirac.stability import fit_rate
+from pdeflow.analysis.hessian.frozen_jacobian import (
     GAMMA,
     FrozenSolver,
     frozen_solver,
@@ -19,7 +21,7 @@ from pdeflow.analysis.frozen_jacobian import (
     ros2_paths,
     shifted_hessian,
 )
-from pdeflow.analysis.minimum_rates import (
+from pdeflow.analysis.linearised.minimum_rates import (
     FROZEN,
     INTEGRATION_TOL,
     PRODUCTS,
@@ -28,7 +30,6 @@ from pdeflow.analysis.minimum_rates import (
     minimum_rates,
     split_linear_flow,
 )
-from pdeflow.analysis.stability import fit_rate
 from test_minimum_rates import dense_reference, expm_flow, known_minimum  # noqa: F401  (the fixture)
 from test_spectral_record import dense_s
 

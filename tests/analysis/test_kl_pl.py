@@ -23,10 +23,10 @@ from pdeflow.solvers.driver import run
 
 from conftest import build_config
 from pdeflow.analysis import diagnostics as D
+from pdeflow.analysis.convergence.predictions import KL_AT_MINIMUM, prediction_at
+from pdeflow.analysis.convergence.rates import PRE_ASYMPTOTIC, THETA_TOL
+from pdeflow.analysis.convergence.spectral import SpectralRecord
 from pdeflow.analysis.diagnostics.analysis import Analysis, _rates
-from pdeflow.analysis.diagnostics.predictions import KL_AT_MINIMUM, prediction_at
-from pdeflow.analysis.diagnostics.rates import PRE_ASYMPTOTIC, THETA_TOL
-from pdeflow.analysis.diagnostics.spectral import SpectralRecord
 from pdeflow.core.config import DiagnosticsConfig
 from pdeflow.core.problem import Problem
 from pdeflow.interface.cli import main
@@ -85,7 +85,7 @@ def test_the_stated_range_holds_the_exact_local_exponent_of_a_two_mode_flow(a1, 
 def test_both_verdicts_occur_on_the_two_mode_flows():
     """The flows above exercise both branches (else the test above would check one rule only); the README and
     docs/experiments.md quote the tolerances the code uses."""
-    from pdeflow.analysis.diagnostics.rates import LOCAL_SECANTS
+    from pdeflow.analysis.convergence.rates import LOCAL_SECANTS
     from pdeflow.interface.cli_diagnostics import PL_TOL
 
     root = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def test_finding_2_small_a_kl_fit_over_saddle_phases_is_refused(saddle_run, caps
     """``diagnose`` refuses the window (t >= 100) with the saddle-phase reason, whether E* comes from the run or is
     given; a frame the record calls near a saddle has a negative eigenvalue of S off the symmetry directions in a
     dense eigendecomposition (central differences of grad Phi), so the refusal rests on a true saddle."""
-    from pdeflow.analysis.stability import complement_spectrum
+    from pdeflow.analysis.dirac.stability import complement_spectrum
 
     for extra in (["--e-star", "0.5", "--no-write"], []):
         assert main(["diagnose", str(saddle_run), "--no-gap", *extra]) == 0
@@ -177,7 +177,7 @@ def test_predictions_are_claimed_only_at_a_proven_nondegenerate_minimum():
     """Only a certificate that proves a minimum (the dense eigenvalue bound or the Cholesky bound) with a positive
     proven lower bound on lambda_min lets the theory's rates be claimed; a Lanczos-only verdict, a saddle or a
     degenerate point does not."""
-    from pdeflow.analysis.certificate import BY_CHOLESKY, BY_DENSE, BY_INTERLACING, BY_LANCZOS
+    from pdeflow.analysis.certificate.certificate import BY_CHOLESKY, BY_DENSE, BY_INTERLACING, BY_LANCZOS
 
     base = {"energy": 1.25, "verdict": "local minimum", "certified": True, "lambda_min": 0.02,
             "lowest_residual": np.array([1e-9])}
@@ -254,8 +254,8 @@ def test_finding_1_small_reports_pre_asymptotic_or_an_interval_holding_one_half(
         a.kl_theta_range[0] <= 0.5 <= a.kl_theta_range[1]), kl
     # stationary proved the minimum (a problem this small is below the dense limit): an independent dense
     # eigendecomposition of S agrees, and the predictions are printed beside the measurement
-    from pdeflow.analysis.certificate import BY_LANCZOS, PROOFS
-    from pdeflow.analysis.stationary import read_stationary
+    from pdeflow.analysis.certificate.certificate import BY_LANCZOS, PROOFS
+    from pdeflow.analysis.stationary.stationary import read_stationary
 
     result = read_stationary(minimum)
     assert result["certified"] and result["certificate"] in PROOFS
@@ -269,7 +269,7 @@ def test_finding_1_small_reports_pre_asymptotic_or_an_interval_holding_one_half(
     a = D.analyse(open_trajectory(path), DiagnosticsConfig(gap=False, e_star=float(result["energy"])))
     assert f"(ratio {a.pl_mu_last / result['lambda_min']:.4g})" in mu
     # stored with the prediction, kl.png and pl.png draw it
-    from pdeflow.analysis.plotting import plot_kl, plot_pl
+    from pdeflow.analysis.plots.plotting import plot_kl, plot_pl
 
     assert main(["diagnose", str(path), "--stationary", str(minimum)]) == 0
     stored = D.read_analysis(open_trajectory(path))

@@ -59,7 +59,7 @@ def test_derivative_bounds_hold_at_random_points(seed, k):
 def test_data_terms_equal_a_direct_computation():
     """The maxima and sums behind certify._data_bounds, recomputed one input pair and one (b, l) at a time from
     theta(omega) (scores by exact central differences: s is quadratic in omega), equal _DataTerms to 1e-10."""
-    from pdeflow.analysis.diagnostics.certify import _DataTerms
+    from pdeflow.analysis.optimality.certify import _DataTerms
     from pdeflow.core.model import split_theta
 
     problem = random_problem(9, 2)
@@ -104,7 +104,7 @@ def test_data_bounds_hold_against_exact_derivatives(seed, k):
     |e^T H e| (exact complex-step Hessian-vector products) at 200 points of balls of radius 0.5 about random
     centres, on random problems (random tables, positions, masks, nonzero theta0, random bases), stay below
     them; the largest ratio found is reported by the assertion message."""
-    from pdeflow.analysis.diagnostics.certify import _BoundTerms, _data_bounds
+    from pdeflow.analysis.optimality.certify import _BoundTerms, _data_bounds
 
     problem = random_problem(seed, k)
     rng = np.random.default_rng(20 + seed)

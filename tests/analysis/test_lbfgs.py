@@ -1,4 +1,5 @@
-"""pdeflow.analysis.lbfgs: the two-loop recursion against the dense BFGS inverse-Hessian update it stands for, and
+"""pdeflow.analysis.search.lbfgs: the two-loop recursion against the dense BFGS inverse-Hessian update it stands for,
+and
 the search against known minima (a quadratic, scipy's Rosenbrock function) and against scipy's L-BFGS-B."""
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import deque
 import numpy as np
 import scipy.optimize
 
-from pdeflow.analysis.lbfgs import lbfgs, two_loop
+from pdeflow.analysis.search.lbfgs import lbfgs, two_loop
 
 
 def test_two_loop_equals_the_dense_bfgs_update():

@@ -4,7 +4,8 @@ closed form of the zero head (itself checked against the independent model's Hes
 expected value; a code with a plausible mistake fails; and another project's test suite runs the checks from a folder
 outside the checkout through the documented API.
 
-``python tests/analysis/test_manufactured.py`` regenerates the shipped cases (pdeflow/analysis/manufactured_cases/)."""
+``python tests/analysis/test_manufactured.py`` regenerates the shipped cases
+(pdeflow/analysis/comparison/manufactured_cases/)."""
 from __future__ import annotations
 
 import shutil
@@ -18,8 +19,14 @@ import pytest
 
 import pdeflow.reference as ref
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.manufactured import CASES_FOLDER, ManufacturedCase, Tolerance, write_case, zero_head_spectrum
-from pdeflow.analysis.stability import analyse_point
+from pdeflow.analysis.comparison.manufactured import (
+    CASES_FOLDER,
+    ManufacturedCase,
+    Tolerance,
+    write_case,
+    zero_head_spectrum,
+)
+from pdeflow.analysis.dirac.stability import analyse_point
 from reference_model import ReferenceModel
 from test_every_method import TINY
 

@@ -1,4 +1,5 @@
-"""The rates at a local minimum (:mod:`pdeflow.analysis.minimum_rates`, ``pdeflow stability --stationary``): on a
+"""The rates at a local minimum (:mod:`pdeflow.analysis.linearised.minimum_rates`, ``pdeflow stability
+--stationary``): on a
 problem whose minimum and spectrum are known independently (two heads of a tiny lookback problem, the minimum by L-BFGS
 and dense Newton, lambda_min from a dense eigendecomposition of S built from central differences of grad Phi with the
 symmetry directions removed), the flow's measured rates of E - E* (2 lambda_min), of the distance (lambda_min) and
@@ -13,10 +14,10 @@ import scipy.optimize
 
 from conftest import lookback_text
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.minimum_rates import PRODUCTS, SLOWEST, SLOWEST_HALF, linear_flow, minimum_rates
-from pdeflow.analysis.spectrum import hessian_operator, symmetry_basis
-from pdeflow.analysis.stability import complement_spectrum, fit_rate
-from pdeflow.analysis.stationary import minimum, write_stationary
+from pdeflow.analysis.dirac.stability import complement_spectrum, fit_rate
+from pdeflow.analysis.hessian.spectrum import hessian_operator, symmetry_basis
+from pdeflow.analysis.linearised.minimum_rates import PRODUCTS, SLOWEST, SLOWEST_HALF, linear_flow, minimum_rates
+from pdeflow.analysis.stationary.stationary import minimum, write_stationary
 from pdeflow.interface.cli import main
 from test_spectral_record import dense_s, head_symmetries
 
@@ -193,7 +194,7 @@ def test_the_shipped_rates_at_the_long_runs_minimum():
     above lambda_min within the same 5 % (along the slowest direction it equals lambda_min to first order)."""
     from pathlib import Path
 
-    from pdeflow.analysis.stationary import read_stationary
+    from pdeflow.analysis.stationary.stationary import read_stationary
     from pdeflow.io.problem_file import stored_problem
 
     data = Path(__file__).resolve().parents[2] / "data" / "stationary"
@@ -232,8 +233,8 @@ def test_a_runs_gradients_are_its_counted_calls_through_the_one_formula():
     from pdeflow.solvers import make_stepper
     from pdeflow.solvers.loop import Observer
 
-    from pdeflow.analysis.minimum_rates import _StepCount, run_stepper
-    from pdeflow.analysis.stability import simulate
+    from pdeflow.analysis.dirac.stability import simulate
+    from pdeflow.analysis.linearised.minimum_rates import _StepCount, run_stepper
     from test_explicit import build
 
     cfg, problem = build()

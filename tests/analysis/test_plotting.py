@@ -1,4 +1,4 @@
-"""Every figure and the animation of pdeflow.analysis.plotting are written, headless, as non-blank images, for
+"""Every figure and the animation of pdeflow.analysis.plots.plotting are written, headless, as non-blank images, for
 particle runs (k = 1, 2 and 56) and grid runs (k = 1, 2, 3); the ``pdeflow plot`` command and its bad input."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from matplotlib import animation
 from PIL import Image
 
 from pdeflow.analysis import diagnostics as D
-from pdeflow.analysis import plotting as P
+from pdeflow.analysis.plots import plotting as P
 from pdeflow.core.config import DiagnosticsConfig
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
@@ -126,7 +126,8 @@ def test_plot_command_headless_and_bad_input(particle_file, tmp_path, capsys):
 
 
 def test_no_module_switches_the_matplotlib_backend():
-    """Figures are drawn on a matplotlib ``Figure`` with its own Agg canvas (as in pdeflow.analysis.plotting): no module
+    """Figures are drawn on a matplotlib ``Figure`` with its own Agg canvas (as in pdeflow.analysis.plots.plotting):
+    no module
     of pdeflow calls ``matplotlib.use`` or imports pyplot, so a caller's backend and pyplot's figures are left alone."""
     found = []
     for folder in ("pdeflow", "solvers", "benchmarks"):
@@ -145,7 +146,7 @@ def test_no_module_switches_the_matplotlib_backend():
 def test_a_run_over_decades_gets_a_log_time_axis():
     from matplotlib.figure import Figure
 
-    from pdeflow.analysis.plotting import time_axis
+    from pdeflow.analysis.plots.plotting import time_axis
 
     ax = Figure().subplots()
     assert time_axis(ax, np.array([0.0, 0.01, 1.0, 1e4])) == "symlog" and ax.get_xscale() == "symlog"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pdeflow.analysis.diagnostics import read_analysis
-from pdeflow.analysis.report import (
+from pdeflow.analysis.report.sections import (
     CONTRADICTED,
     HOLDS,
     NOT_ESTABLISHED,
@@ -22,7 +22,7 @@ from pdeflow.analysis.report import (
     energy_section,
     optimality_section,
 )
-from pdeflow.analysis.stationary import read_stationary
+from pdeflow.analysis.stationary.stationary import read_stationary
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
 

@@ -1,4 +1,4 @@
-"""The spectral record of a run (:mod:`pdeflow.analysis.diagnostics.spectral`, ``diagnose`` and ``plot``): the ends of
+"""The spectral record of a run (:mod:`pdeflow.analysis.convergence.spectral`, ``diagnose`` and ``plot``): the ends of
 the spectrum of S at analysed frames against a dense eigendecomposition of S built from central differences of grad Phi
 (not from the JVP the record uses), with the symmetry directions of every head removed; the phase rule on
 constructed values; the stored record read back; the command's report and figure."""
@@ -13,7 +13,7 @@ from pdeflow.solvers.driver import run
 
 from conftest import build_config
 from pdeflow.analysis import diagnostics as D
-from pdeflow.analysis.diagnostics.spectral import (
+from pdeflow.analysis.convergence.spectral import (
     DEGENERATE,
     DESCENT,
     MINIMUM,
@@ -22,9 +22,9 @@ from pdeflow.analysis.diagnostics.spectral import (
     run_gradient_equivalents,
     spectrum_frame_indices,
 )
-from pdeflow.analysis.local_geometry import symmetry_tangents
-from pdeflow.analysis.plotting import plot_spectrum
-from pdeflow.analysis.stability import complement_spectrum
+from pdeflow.analysis.dirac.stability import complement_spectrum
+from pdeflow.analysis.hessian.local_geometry import symmetry_tangents
+from pdeflow.analysis.plots.plotting import plot_spectrum
 from pdeflow.core.problem import Problem
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
@@ -70,7 +70,7 @@ def dense_s(problem: Problem, omega: np.ndarray, mass: np.ndarray, h: float = 1e
 
 def head_symmetries(problem: Problem, omega: np.ndarray) -> np.ndarray:
     """Orthonormal [N k, r]: every head's own symmetry tangents
-    (:func:`pdeflow.analysis.local_geometry.symmetry_tangents`)."""
+    (:func:`pdeflow.analysis.hessian.local_geometry.symmetry_tangents`)."""
     N, k = omega.shape
     blocks = []
     for i in range(N):

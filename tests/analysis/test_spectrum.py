@@ -1,4 +1,4 @@
-"""The spectrum of the mass-weighted Hessian (:mod:`pdeflow.analysis.spectrum`; its Lanczos,
+"""The spectrum of the mass-weighted Hessian (:mod:`pdeflow.analysis.hessian.spectrum`; its Lanczos,
 :func:`pdeflow.core.lanczos.krylov_ritz`, is tested in tests/core/test_lanczos.py): the symmetry directions
 against their count formula and as null vectors at a stationary measure, the dense Hessian from the exact JVP against
 finite differences of grad Phi, and the reported spectrum ends against the dense projected spectrum
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.spectrum import (
+from pdeflow.analysis.dirac.stability import complement_spectrum, find_stationary_points, one_head_energy
+from pdeflow.analysis.hessian.spectrum import (
     SpectrumEnds,
     head_symmetries,
     hessian_operator,
@@ -17,7 +18,6 @@ from pdeflow.analysis.spectrum import (
     spectrum_ends,
     symmetry_basis,
 )
-from pdeflow.analysis.stability import complement_spectrum, find_stationary_points, one_head_energy
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates, 27 sequences exactly
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")

@@ -1,4 +1,4 @@
-"""Dirac stationary measures (:mod:`pdeflow.analysis.stability`, ``pdeflow stability``): the verdict logic on
+"""Dirac stationary measures (:mod:`pdeflow.analysis.dirac.stability`, ``pdeflow stability``): the verdict logic on
 constructed spectra, the dense Hessians against central differences, the zero head against its closed form, the symmetry
 directions, and the predicted rates against the particle flow itself
 (docs/model.md, "Dirac stationary measures and their stability")."""
@@ -11,8 +11,7 @@ import scipy.linalg
 
 from conftest import lookback_text
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.local_geometry import symmetry_tangents
-from pdeflow.analysis.stability import (
+from pdeflow.analysis.dirac.stability import (
     MEAN,
     NOT_ESTABLISHED,
     SPREAD,
@@ -29,6 +28,7 @@ from pdeflow.analysis.stability import (
     verdict,
     zero_head_sweep,
 )
+from pdeflow.analysis.hessian.local_geometry import symmetry_tangents
 from pdeflow.core.model import join_theta, split_theta
 from pdeflow.interface.cli import main
 
@@ -266,7 +266,7 @@ def test_global_minimizer_is_yes_only_with_a_certificate(one_numba_thread):
     minimizer of E in full coordinates (k = 32): the search finds gap 0, but without a certificate the label
     is "not established". A stationary Dirac of the 1-D output gain family (Phi(.; delta_w*) is a convex
     quadratic, so w* is its global minimizer) is certified (k = 1): "yes". A found positive gap proves "no"."""
-    from pdeflow.analysis.diagnostics.certify import _BoundTerms
+    from pdeflow.analysis.optimality.certify import _BoundTerms
 
     cfg, problem = build("model.weight_decay=0.05")
     zero = np.zeros(problem.k)

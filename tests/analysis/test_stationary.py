@@ -1,4 +1,5 @@
-"""Stationary points of the particle flow (:mod:`pdeflow.analysis.stationary`, ``pdeflow stationary``): Newton-Krylov
+"""Stationary points of the particle flow (:mod:`pdeflow.analysis.stationary.stationary`, ``pdeflow stationary``):
+Newton-Krylov
 returns to a perturbed known saddle with its index, each minimum search escapes it to a certified minimum (checked by a
 dense eigendecomposition), and the result file is read back by ``info`` and ``diagnose --stationary``."""
 from __future__ import annotations
@@ -9,10 +10,17 @@ import pytest
 import scipy.sparse.linalg
 
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.certificate import NOT_STATIONARY
-from pdeflow.analysis.spectrum import hessian_operator, origin_block, spectrum_ends, symmetry_basis
-from pdeflow.analysis.stability import analyse_point, complement_spectrum, find_stationary_points
-from pdeflow.analysis.stationary import METHODS, SCHEMA, minimum, nearest, newton_step, read_stationary
+from pdeflow.analysis.certificate.certificate import NOT_STATIONARY
+from pdeflow.analysis.dirac.stability import analyse_point, complement_spectrum, find_stationary_points
+from pdeflow.analysis.hessian.spectrum import hessian_operator, origin_block, spectrum_ends, symmetry_basis
+from pdeflow.analysis.stationary.stationary import (
+    METHODS,
+    SCHEMA,
+    minimum,
+    nearest,
+    newton_step,
+    read_stationary,
+)
 from pdeflow.core.model import split_theta
 from pdeflow.interface.cli import main
 from pdeflow.io.trajectory import open_trajectory
@@ -105,7 +113,7 @@ def test_minimum_holds_dead_heads_at_the_origin_and_leaves_them_out(monkeypatch)
     """Six heads, two exactly at the origin (a stationary point of every head in full coordinates, not in reduced
     ones): the L-BFGS search evaluates only the four live heads, and ends at the same certified minimum, the dead
     heads still at 0, as the search over all six heads (which keeps them at 0 too: their gradient vanishes)."""
-    import pdeflow.analysis.stationary as st
+    import pdeflow.analysis.stationary.stationary as st
 
     problem = Problem.from_config(loads_config(TINY))
     omega = np.random.default_rng(0).standard_normal((6, problem.k)) * 0.7
@@ -238,7 +246,7 @@ def test_classify_grows_one_lanczos_run_until_the_lowest_end_converges(saddle):
     """Near a minimum the lowest eigenvalues converge last: classify's Lanczos run goes on past krylov_dim steps (up
     to KRYLOV_GROWTH times) until the lowest Ritz value converges, in one run (no products repeated), and
     what it reports equals a dense eigendecomposition of S off the symmetry directions."""
-    import pdeflow.analysis.stationary as st
+    import pdeflow.analysis.stationary.stationary as st
 
     problem, omega, _, _ = saddle
     dense = dense_spectrum(problem, omega, MASS)
@@ -272,7 +280,13 @@ def lowest_end_rederived(problem: Problem, r: dict, krylov_dim: int = 20) -> Non
     stored lowest vector bound lambda_min from above, so neither may fall below the stored lower bound. Either way the
     fresh run finds no negative Ritz value, none below the stored lowest value, and one product gives the stored
     lowest vector's Rayleigh quotient and residual, the stored lowest value within that residual."""
-    from pdeflow.analysis.certificate import BY_DENSE, BY_LANCZOS, DENSE_LIMIT, LANCZOS_VERDICT, certify
+    from pdeflow.analysis.certificate.certificate import (
+        BY_DENSE,
+        BY_LANCZOS,
+        DENSE_LIMIT,
+        LANCZOS_VERDICT,
+        certify,
+    )
 
     omega, mass = np.asarray(r["omega"]), np.asarray(r["mass"])
     ends = spectrum_ends(problem, omega, mass, krylov_dim=krylov_dim, split_origin=True)
@@ -320,8 +334,8 @@ def test_the_shipped_minimum_reached_from_t0_is_stationary_and_its_dead_heads_ar
     Lanczos); the live part's lowest Ritz value, re-derived from the stored vector by one product, is the one the
     docs state, and the stored verdict (a dense certificate, proven with a raised ``--dense-limit``) is checked by what
     could refute it (:func:`lowest_end_rederived`)."""
-    from pdeflow.analysis.certificate import eigenvalue_bound
-    from pdeflow.analysis.local_geometry import dense_hessian
+    from pdeflow.analysis.certificate.certificate import eigenvalue_bound
+    from pdeflow.analysis.hessian.local_geometry import dense_hessian
 
     _, r, problem = shipped("longtime-minimum-from-t0.h5")
     omega, mass = np.asarray(r["omega"]), np.asarray(r["mass"])
@@ -341,7 +355,7 @@ def test_an_iteration_limit_over_several_starts_is_reported_whole(monkeypatch):
     of ``max_iter`` iterations counts every start, and the message says so, not the last start's share."""
     from pathlib import Path
 
-    import pdeflow.analysis.stationary as st
+    import pdeflow.analysis.stationary.stationary as st
 
     quickstart = Path(__file__).resolve().parents[2] / "data" / "configs" / "quickstart.toml"
     problem = Problem.from_config(loads_config(quickstart.read_text()))

@@ -1,4 +1,4 @@
-"""The structured route to a certified minimum (:mod:`pdeflow.analysis.structured_minimum`, ``pdeflow stationary
+"""The structured route to a certified minimum (:mod:`pdeflow.analysis.search.structured_minimum`, ``pdeflow stationary
 --route structured``): on a tiny problem it reaches a point that the L-BFGS route accepts as stationary and an
 independent dense eigendecomposition of S (exact JVP columns) confirms as a minimum; it escapes a saddle; two runs
 are bit-identical; its pieces (the block preconditioner, preconditioned CG) agree with dense linear algebra."""
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pdeflow.analysis.stationary.stationary.block_preconditioner import BlockPreconditioner
 
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.block_preconditioner import BlockPreconditioner
-from pdeflow.analysis.lbfgs import lbfgs
-from pdeflow.analysis.stationary import minimum, read_stationary
-from pdeflow.analysis.structured_minimum import ROUTE, pcg, structured_minimum
+from pdeflow.analysis.search.lbfgs import lbfgs
+from pdeflow.analysis.search.structured_minimum import ROUTE, pcg, structured_minimum
+from pdeflow.analysis.stationary.stationary import minimum, read_stationary
 from pdeflow.interface.cli import main
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates
 from test_stationary import MASS, RUN, dense_spectrum, saddle  # noqa: F401  (saddle: the shared fixture)
@@ -175,7 +175,7 @@ TWO_THREADS = """
 import sys
 import numpy as np
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.structured_minimum import structured_minimum
+from pdeflow.analysis.search.structured_minimum import structured_minimum
 import numba
 assert numba.get_num_threads() == 2
 problem = Problem.from_config(loads_config({toml!r}))

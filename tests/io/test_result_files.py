@@ -9,7 +9,7 @@ import pytest
 import scipy.linalg
 
 from pdeflow import Problem, loads_config
-from pdeflow.analysis.stability import frozen_hessian
+from pdeflow.analysis.dirac.stability import frozen_hessian
 from pdeflow.interface.cli import main
 from pdeflow.io.file_access import TrajectoryError
 from pdeflow.io.problem_file import stored_problem

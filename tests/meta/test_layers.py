@@ -229,3 +229,20 @@ def test_a_command_starts_without_loading_optimal_transport_or_statistics() -> N
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "", f"imported at start: {proc.stdout.strip()}"
+
+
+# a room of the analysis layer: one sub-package by concern, small enough to read whole
+ROOM_LINES = 1000
+
+
+def test_the_analysis_layer_is_rooms_by_concern_each_under_a_thousand_lines():
+    """pdeflow/analysis/ holds sub-packages only (its own __init__ aside), each under ROOM_LINES lines of Python in
+    total: a flat room of every concern, or one room that grows past what a maintainer reads whole, fails."""
+    analysis = ROOT / "pdeflow" / "analysis"
+    loose = sorted(p.name for p in analysis.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules outside a sub-package of pdeflow/analysis: {loose}"
+    sizes = {room.name: sum(len(p.read_text(encoding="utf-8").splitlines()) for p in room.rglob("*.py"))
+             for room in analysis.iterdir() if room.is_dir() and (room / "__init__.py").exists()}
+    assert len(sizes) >= 8, sizes
+    too_big = {name: n for name, n in sizes.items() if n >= ROOM_LINES}
+    assert not too_big, f"rooms of {ROOM_LINES} lines or more: {too_big}"

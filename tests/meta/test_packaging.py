@@ -87,7 +87,7 @@ def test_the_wheel_holds_one_top_level_package(installed) -> None:
     assert {t for t in top if not t.endswith(".dist-info")} == {"pdeflow"}, sorted(top)
     assert "pdeflow/solvers/stiff.py" in names and "pdeflow/benchmarks/suite.py" in names
     assert "pdeflow/benchmarks/bench-reference.toml" in names
-    assert "pdeflow/analysis/manufactured_cases/phi.json" in names and "pdeflow/reference.py" in names
+    assert "pdeflow/analysis/comparison/manufactured_cases/phi.json" in names and "pdeflow/reference.py" in names
     # the lab notebook (studies/: dated records and the code that made them) stays in the checkout
     records = [n for n in names if n.endswith((".md", ".png")) or "studies" in n or "time_to_" in n]
     assert not records, records
@@ -101,7 +101,7 @@ def test_only_pdeflow_is_importable_from_the_install(installed) -> None:
              "'benchmarks': importlib.util.find_spec('benchmarks') is not None, "
              "'files': [pdeflow.__file__, pdeflow.solvers.__file__, str(c.REFERENCE_CONFIG)], "
              "'config_exists': c.REFERENCE_CONFIG.is_file(), 'manufactured': len(ref.load_cases()), "
-             "'cases_file': str(pdeflow.analysis.manufactured.CASES_FOLDER)}))")
+             "'cases_file': str(pdeflow.analysis.comparison.manufactured.CASES_FOLDER)}))")
     proc = subprocess.run([str(python), "-c", probe], cwd=work, env=_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -114,7 +114,7 @@ def test_every_method_runs_holds_its_accuracy_and_its_file_answers_every_command
     # its products by kind (a grid stepper's Phi on its cells is not a counted kind: 0); one formula sums them
     from pdeflow.solvers.base import COST_COLUMNS
 
-    from pdeflow.analysis.diagnostics.spectral import run_gradient_equivalents
+    from pdeflow.analysis.convergence.spectral import run_gradient_equivalents
 
     cost = np.array([steps[column][1:] for column in COST_COLUMNS])
     assert np.all(cost >= 0) and np.all(cost == np.round(cost)), method

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
 
-from pdeflow.analysis.diagnostics.spectral import run_gradient_equivalents
+from pdeflow.analysis.convergence.spectral import run_gradient_equivalents
 from test_explicit import build, integrate
 from test_stiff import resumed_run_matches
 

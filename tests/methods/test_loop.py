@@ -18,7 +18,8 @@ from pdeflow.solvers.wfr import WassersteinFisherRao
 
 from conftest import build_config
 from pdeflow import Problem
-from pdeflow.analysis import chaos, stability
+from pdeflow.analysis.dirac import stability
+from pdeflow.analysis.finite_heads import chaos
 from pdeflow.core.clock import TIME_RTOL, landed, same_time
 from pdeflow.core.measure import Grid
 from pdeflow.io.resume import checkpoint_of, state_of

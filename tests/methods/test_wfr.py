@@ -285,7 +285,7 @@ def test_wfr1d_basis_is_the_gain2_slice_at_output_gain_minus_one():
 def test_wfr_summary_calls_only_the_bound_certified():
     """The summary line: G found is a lower bound; "certified G <= x" states gap_bound, and "from t" follows the
     bound's own crossing of 1e-6, not the gap found's; an uncertified flow says so."""
-    from pdeflow.analysis.wfr_comparison import FlowGaps, first_below, summary_line
+    from pdeflow.analysis.comparison.wfr_comparison import FlowGaps, first_below, summary_line
 
     t = np.array([0.0, 1.0, 2.0, 3.0])
     g = FlowGaps(time=t, gap=np.array([1.0, 1e-3, 1e-9, 1e-10]), gap_bound=np.array([2.0, 0.1, 1e-5, 5e-7]),

@@ -2,23 +2,17 @@
 
 The quantities of docs/model.md ("Dissipation and the energy identity" to "Convergence rates: PL and KL"), one module
 per concern, the public names imported here (``pdeflow.analysis.diagnostics.X``):
-:mod:`~pdeflow.analysis.diagnostics.rates`, :mod:`~pdeflow.analysis.diagnostics.predictions`,
-:mod:`~pdeflow.analysis.diagnostics.domain`, :mod:`~pdeflow.analysis.diagnostics.certify`,
-:mod:`~pdeflow.analysis.diagnostics.gap`,
+:mod:`~pdeflow.analysis.convergence.rates`, :mod:`~pdeflow.analysis.convergence.predictions`,
+:mod:`~pdeflow.analysis.optimality.domain`, :mod:`~pdeflow.analysis.optimality.certify`,
+:mod:`~pdeflow.analysis.optimality.gap`,
 :mod:`~pdeflow.analysis.diagnostics.clusters`, :mod:`~pdeflow.analysis.diagnostics.analysis`,
 :mod:`~pdeflow.analysis.diagnostics.analysis_file`. What each number means and when it is a bound or only an estimate:
 docs/design.md, "Diagnostics".
 """
 from __future__ import annotations
 
-from .analysis import ENTROPY_MISSING, SUPPORT_MARGIN, Analysis, analyse, gap_frame_indices, support_reach
-from .analysis_file import analyse_run, check_editable, read_analysis, write_analysis
-from .certify import certified_min_phi, grad_phi_bound, hess_phi_bound
-from .clusters import HeadClusters, attention_pattern, frame_measure, head_clusters, probe_sequence, trajectory_grid
-from .domain import Domain
-from .gap import GapResult, entropic_gap, minimize_phi, optimality_gap
-from .predictions import PointPrediction, prediction_at
-from .rates import (
+from ..convergence.predictions import PointPrediction, prediction_at
+from ..convergence.rates import (
                     KLFit,
                     LocalExponent,
                     e_star_refusal,
@@ -31,6 +25,12 @@ from .rates import (
                     pl_constant,
                     trusted_excess,
 )
+from ..optimality.certify import certified_min_phi, grad_phi_bound, hess_phi_bound
+from ..optimality.domain import Domain
+from ..optimality.gap import GapResult, entropic_gap, minimize_phi, optimality_gap
+from .analysis import ENTROPY_MISSING, SUPPORT_MARGIN, Analysis, analyse, gap_frame_indices, support_reach
+from .analysis_file import analyse_run, check_editable, read_analysis, write_analysis
+from .clusters import HeadClusters, attention_pattern, frame_measure, head_clusters, probe_sequence, trajectory_grid
 
 __all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "certified_min_phi", "grad_phi_bound",
            "hess_phi_bound", "trusted_excess", "fit_e_star_interval", "ENTROPY_MISSING", "Domain",

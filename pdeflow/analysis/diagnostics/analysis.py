@@ -13,10 +13,8 @@ from ...core.config import ConfigError, DiagnosticsConfig
 from ...core.problem import Problem
 from ...io import schema
 from ...io.trajectory import Trajectory
-from .clusters import HeadClusters, frame_measure, head_clusters, trajectory_grid
-from .gap import entropic_gap, optimality_gap
-from .predictions import PointPrediction
-from .rates import (
+from ..convergence.predictions import PointPrediction
+from ..convergence.rates import (
     THETA_TOL,
     e_star_refusal,
     energy_identity_residual,
@@ -25,7 +23,9 @@ from .rates import (
     pl_constant,
     trusted_excess,
 )
-from .spectral import SADDLE, SpectralRecord, analysed_spectrum
+from ..convergence.spectral import SADDLE, SpectralRecord, analysed_spectrum
+from ..optimality.gap import entropic_gap, optimality_gap
+from .clusters import HeadClusters, frame_measure, head_clusters, trajectory_grid
 
 UNIT_MASS_TOL = 1e-9         # a total mass this close to 1 is a probability measure's
 GRID_CLUSTER_MASS = 1e-2     # grid cells lighter than this times the heaviest belong to no cluster
@@ -46,9 +46,9 @@ class Analysis:
     ``e_star``, where it came from and the interval ``[e_star_low, e_star_high]`` known (given, certified) or
     estimated (fit) to hold it; ``kl_status``: "KL regime", "pre-asymptotic: ..." or why the window shows no KL
     regime, in one line; the local exponent theta(t) over the window ``[kl_window_start, kl_window_end]``
-    (:func:`pdeflow.analysis.diagnostics.rates.local_exponent`, on its trusted samples from ``kl_t_first`` to
+    (:func:`pdeflow.analysis.convergence.rates.local_exponent`, on its trusted samples from ``kl_t_first`` to
     ``kl_t_last``): its first and last secants ``kl_theta_first``, ``kl_theta_last``, the interval
-    ``kl_theta_range`` (:attr:`~pdeflow.analysis.diagnostics.rates.LocalExponent.extended`), ``kl_theta`` (only
+    ``kl_theta_range`` (:attr:`~pdeflow.analysis.convergence.rates.LocalExponent.extended`), ``kl_theta`` (only
     where theta(t) is constant within ``kl_tolerance``); the PL ratio over the same samples: first, last and least
     (``pl_mu_first``, ``pl_mu_last``, ``pl_mu_min``); the theory's ``predicted_theta`` and ``predicted_mu`` at a
     given stationary point and ``prediction`` (on what they rest, or why none is claimed); the stationary time,
@@ -171,7 +171,7 @@ def analyse(traj: Trajectory, settings: DiagnosticsConfig, *, previous: Analysis
     only improves the minimum found), and whose gap (certified or not) is kept, with a note, when these settings do
     not recompute it (``gap = false``): a rerun never silently drops a certified gap. ``run_stationary_tol``: the
     run's ``run.stationary_tol``. ``point``: the theory's prediction at a stationary point
-    (:func:`pdeflow.analysis.diagnostics.predictions.prediction_at`), printed beside the measured rates.
+    (:func:`pdeflow.analysis.convergence.predictions.prediction_at`), printed beside the measured rates.
     """
     span, note = accurate_span(traj)
     if not note:

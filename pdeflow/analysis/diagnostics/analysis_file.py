@@ -11,9 +11,9 @@ from ...core.config import Config
 from ...io.file_access import TrajectoryError, open_by_swmr_writer
 from ...io.result_files import edit_trajectory
 from ...io.trajectory import Trajectory, check_file, open_trajectory
+from ..convergence.spectral import read_spectral_record, write_spectral_record
 from .analysis import CLUSTER_ARRAYS, FRAME_ARRAYS, SCALARS, Analysis, analyse
 from .clusters import HeadClusters
-from .spectral import read_spectral_record, write_spectral_record
 
 ANALYSIS_GROUP = "analysis"
 

@@ -1,14 +1,16 @@
 """The structured route to a certified local minimum: L-BFGS, a Newton-PCG endgame preconditioned by the per-head
 blocks of S and a Cholesky certificate, the last two built on the structure of S (:mod:`pdeflow.core.hessian_assembly`).
 
-On the mass-weighted coordinates ``v = M^(1/2) omega`` of :mod:`pdeflow.analysis.stationary` (the same Counter,
+On the mass-weighted coordinates ``v = M^(1/2) omega`` of :mod:`pdeflow.analysis.stationary.stationary` (the same
+Counter,
 history, verdict and result file), :func:`structured_minimum` runs, on the live heads (dead heads held exactly at
 the origin, as the L-BFGS route does):
 
-1. **search**: L-BFGS (:func:`pdeflow.analysis.stationary._lbfgs_live_heads`) until ``I <= SWITCH x I(0)``; with
+1. **search**: L-BFGS (:func:`pdeflow.analysis.stationary.stationary._lbfgs_live_heads`) until ``I <= SWITCH x I(0)``;
+  with
    ``precondition_search`` (off by default, :data:`PRECONDITION_SEARCH`: it slowed the search where measured) its
    ``H_0 = gamma P^-1``, ``P`` the per-head block preconditioner
-   (:class:`pdeflow.analysis.block_preconditioner.BlockPreconditioner` of
+   (:class:`pdeflow.analysis.stationary.block_preconditioner.BlockPreconditioner` of
    :func:`pdeflow.core.hessian_assembly.head_blocks`, eigenvalues modified to be positive), built again every
    :data:`REFRESH` iterations and whenever heads die;
 2. **endgame**: inexact Newton on the live heads: each step solves ``Pi S Pi p = -Pi g`` by conjugate gradients
@@ -18,9 +20,11 @@ the origin, as the L-BFGS route does):
    saddle escape inside the iteration (Steihaug's rule). Each step is globalised by backtracking on E (Armijo),
    or on I where E's decrease has reached E's rounding;
 3. **certificate**: a short Lanczos run (:data:`CERTIFY_KRYLOV` steps: ``lambda_max`` and the index by
-   interlacing) and :func:`pdeflow.analysis.certificate.certify` with ``method="cholesky"`` (C assembled from S's
+   interlacing) and :func:`pdeflow.analysis.certificate.certificate.certify` with ``method="cholesky"`` (C assembled
+   from S's
    structure, Rump's test), up to :data:`DENSE_LIMIT` unknowns. A proven negative eigenvalue restarts from 1.
-   along its direction (:func:`pdeflow.analysis.stationary.descent_direction`), at most ``max_restarts`` times.
+   along its direction (:func:`pdeflow.analysis.stationary.stationary.descent_direction`), at most ``max_restarts``
+   times.
 
 Every choice is a function of the state and fixed constants (no clock, no random draw but fixed seeds), so the
 route is deterministic for a given thread count (should Newton-PCG end above the target, L-BFGS goes on to it).
@@ -35,12 +39,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..core.hessian_assembly import head_blocks
-from ..core.problem import Problem
-from .block_preconditioner import BlockPreconditioner
-from .certificate import certify
-from .spectrum import hessian_operator, origin_is_stationary, spectrum_ends
-from .stationary import (
+from ...core.hessian_assembly import head_blocks
+from ...core.problem import Problem
+from ..certificate.certificate import certify
+from ..hessian.spectrum import hessian_operator, origin_is_stationary, spectrum_ends
+from ..stationary.block_preconditioner import BlockPreconditioner
+from ..stationary.stationary import (
     AWAKE,
     DISSIPATION_RATIO,
     MAX_ITER,
@@ -185,7 +189,8 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
     """A certified local minimum of E from ``omega`` [N, k] (``mass`` [N]) by the structured route (module
     docstring) until ``I <= ratio * initial_dissipation``; the search hands over to Newton-PCG at ``I <= switch *
     initial_dissipation``. ``max_iter``: L-BFGS iterations of each search (0: the L-BFGS route's); ``max_wall``,
-    ``max_cost``: the limits of :class:`pdeflow.analysis.stationary.Counter`; ``dense_limit``: the live unknowns
+    ``max_cost``: the limits of :class:`pdeflow.analysis.stationary.stationary.Counter`; ``dense_limit``: the live
+    unknowns
     the certificate assembles at most; ``krylov_dim``: the Lanczos steps before it. The point's ``route`` is
     :data:`ROUTE`."""
     say = progress or (lambda msg: None)

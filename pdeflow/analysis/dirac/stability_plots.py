@@ -1,4 +1,5 @@
-"""The figures of ``pdeflow stability`` (:mod:`pdeflow.analysis.stability`): the spectra of H0 and Htr per point, the
+"""The figures of ``pdeflow stability`` (:mod:`pdeflow.analysis.dirac.stability`): the spectra of H0 and Htr per
+point, the
 predicted against the measured rates, and the weight-decay sweep, drawn on matplotlib's Agg canvas (no pyplot).
 """
 from __future__ import annotations
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.config import Config
-from .figures import check_format, new_figure, save_figure
-from .minimum_rates import MinimumRates
+from ...core.config import Config
+from ..linearised.minimum_rates import MinimumRates
+from ..plots.figures import check_format, new_figure, save_figure
 from .stability import MEAN, SPREAD, StabilityResult
 
 

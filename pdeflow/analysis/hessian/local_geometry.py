@@ -5,8 +5,8 @@ change of basis of each of its (WQ, WK) and (WV, WO) pairs, ``(A WQ, A^-T WK)`` 
 ``A`` (``O(dh)``) when the weight decay is positive, as it also leaves ``|w|`` unchanged, any invertible one
 (``GL(dh)``) when it is zero (reduced coordinates have no such orbit). So E does not change along the orbit: its
 tangents (:func:`symmetry_tangents`) are exact null directions of every Hessian of E at a stationary point, what the
-spectra of :mod:`pdeflow.analysis.spectrum`, :mod:`pdeflow.analysis.certificate` and
-:mod:`pdeflow.analysis.stability` project out. :func:`dense_hessian` assembles a small symmetric [k, k] Hessian
+spectra of :mod:`pdeflow.analysis.hessian.spectrum`, :mod:`pdeflow.analysis.certificate.certificate` and
+:mod:`pdeflow.analysis.dirac.stability` project out. :func:`dense_hessian` assembles a small symmetric [k, k] Hessian
 column by column from its product, the dense reference of those spectra.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..core.model import split_theta
-from ..core.problem import Problem
+from ...core.model import split_theta
+from ...core.problem import Problem
 
 
 def dense_hessian(hvp: Callable[[np.ndarray], np.ndarray], k: int) -> np.ndarray:

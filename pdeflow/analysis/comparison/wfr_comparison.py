@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.config import Config
+from ...core.config import Config
 
 TARGET_GAP = 1e-6
 
@@ -36,8 +36,8 @@ class FlowGaps:
 
 def frame_gaps(path: Path, cfg: Config) -> FlowGaps:
     """``G`` at every frame of the trajectory file ``path`` with the ``[diagnostics]`` search of ``cfg``."""
-    from ..io.trajectory import open_trajectory
-    from .diagnostics import frame_measure, optimality_gap
+    from ...io.trajectory import open_trajectory
+    from ..diagnostics import frame_measure, optimality_gap
 
     traj = open_trajectory(path)
     problem, d = traj.problem(), cfg.diagnostics
@@ -84,8 +84,8 @@ def plot_comparison(wfr_path: Path, w2_path: Path, gaps: dict[str, FlowGaps], ou
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from ..io.trajectory import open_trajectory
-    from .figures import save_figure
+    from ...io.trajectory import open_trajectory
+    from ..plots.figures import save_figure
 
     fig = Figure(figsize=(11.0, 8.5))
     FigureCanvasAgg(fig)

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import scipy.optimize
 
-from ..core.config import Config, ConfigError
-from ..core.problem import Problem
-from ..io.result_schema import STABILITY
-from ..solvers.base import State, Stepper
-from ..solvers.explicit import RK4
-from ..solvers.loop import Observer, advance
-from .local_geometry import dense_hessian, symmetry_tangents
+from ...core.config import Config, ConfigError
+from ...core.problem import Problem
+from ...io.result_schema import STABILITY
+from ...solvers.base import State, Stepper
+from ...solvers.explicit import RK4
+from ...solvers.loop import Observer, advance
+from ..hessian.local_geometry import dense_hessian, symmetry_tangents
 
 MEAN, SPREAD = 0, 1                 # axis 1 of the rate arrays: the mean (Htr) mode and the spread (H0) mode
 FIT_SKIP = 0.1                      # fraction of a run left out of the rate fit (start-up transients)
@@ -252,7 +252,7 @@ def attach_gap(problem: Problem, a: DiracAnalysis, cfg: Config) -> str | None:
     E over measures on Omega) with ``diagnostics.optimality_gap`` on the Omega of ``[diagnostics]``.
     Returns a one-line reason when the gap cannot be computed (then it stays NaN)."""
     try:
-        from .diagnostics.gap import optimality_gap
+        from ..optimality.gap import optimality_gap
     except ImportError:
         return "pdeflow.analysis.diagnostics.optimality_gap is not available in this pdeflow"
     dg = cfg.diagnostics
@@ -531,7 +531,7 @@ def write_stability(path: str | Path, result: StabilityResult, cfg: Config, k: i
     (:func:`pdeflow.io.problem_file.stored_problem`). Written all or nothing
     (:func:`pdeflow.io.result_files.new_result_file`).
     """
-    from ..io.result_files import new_result_file, text_array
+    from ...io.result_files import new_result_file, text_array
 
     pts = result.points
     S, n = len(pts), cfg.stability.n_modes

@@ -1,8 +1,8 @@
 """The one figure-saving path of pdeflow: a headless figure with constrained layout, saved as PDF, PNG or SVG at a
 chosen resolution, and the layout checks a figure fit for a paper passes.
 
-Every figure of :mod:`pdeflow.analysis.plotting`, :mod:`pdeflow.analysis.chaos_plots`,
-:mod:`pdeflow.analysis.stability_plots` and the report is made by :func:`new_figure` and written by
+Every figure of :mod:`pdeflow.analysis.plots.plotting`, :mod:`pdeflow.analysis.finite_heads.chaos_plots`,
+:mod:`pdeflow.analysis.dirac.stability_plots` and the report is made by :func:`new_figure` and written by
 :func:`save_figure`. The format is the file's suffix; the resolution of raster output is :func:`current_dpi`, set for
 a block of figures by :func:`figure_output` (``pdeflow plot --format pdf --dpi 300``).
 

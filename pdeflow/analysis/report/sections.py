@@ -7,7 +7,7 @@ verdicts, the chaos fits) and maps it to one of :data:`VERDICTS`: ``holds`` (the
 predicts), ``contradicted`` (it measured the opposite) or ``not established`` (with the reason: not run, not
 converged, an estimate without a certificate).
 
-Every section is a :class:`Section`; :mod:`pdeflow.analysis.report_page` writes them as HTML, JSON, CSV and LaTeX.
+Every section is a :class:`Section`; :mod:`pdeflow.analysis.report.page` writes them as HTML, JSON, CSV and LaTeX.
 """
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from ..io.trajectory import Trajectory
-from .diagnostics import Analysis
-from .diagnostics.spectral import phase_spans
-from .figures import figure_output
-from .plotting import _steps, plot_energy, plot_energy_identity, plot_gap, plot_kl, plot_pl, plot_spectrum
-from .stationary import index_text, lambda_min_text
+from ...io.trajectory import Trajectory
+from ..convergence.spectral import phase_spans
+from ..diagnostics import Analysis
+from ..plots.figures import figure_output
+from ..plots.plotting import _steps, plot_energy, plot_energy_identity, plot_gap, plot_kl, plot_pl, plot_spectrum
+from ..stationary.stationary import index_text, lambda_min_text
 
 HOLDS, CONTRADICTED, NOT_ESTABLISHED = "holds", "contradicted", "not established"
 VERDICTS = (HOLDS, CONTRADICTED, NOT_ESTABLISHED)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..certificate import PROOFS, stored_lambda_min
+from ..certificate.certificate import PROOFS, stored_lambda_min
 
 KL_AT_MINIMUM = 0.5   # the Lojasiewicz exponent of E at a nondegenerate local minimum
 
@@ -38,7 +38,8 @@ class PointPrediction:
 
 def stated_proof(result: dict[str, Any]) -> str:
     """The proof a result states for its minimum verdict ("" when it states none): its ``certificate`` when that is
-    one of those :mod:`pdeflow.analysis.certificate` proves a minimum with (:data:`PROOFS`: the dense eigenvalue bound
+    one of those :mod:`pdeflow.analysis.certificate.certificate` proves a minimum with (:data:`PROOFS`: the dense
+    eigenvalue bound
     or the Cholesky bound on S off the symmetry directions); a Lanczos-only verdict or a saddle's interlacing proves
     no minimum."""
     certificate = str(result.get("certificate", ""))
@@ -46,7 +47,8 @@ def stated_proof(result: dict[str, Any]) -> str:
 
 
 def prediction_at(result: dict[str, Any]) -> PointPrediction:
-    """The prediction at the point of a stationary result (:func:`pdeflow.analysis.stationary.read_stationary`'s
+    """The prediction at the point of a stationary result
+    (:func:`pdeflow.analysis.stationary.stationary.read_stationary`'s
     dict): claimed only when the result is ``certified``, states a proof (:func:`stated_proof`) and its
     proven lower bound ``lambda_min_lower`` (or, without one, ``lambda_min`` less the residual of the lowest Ritz
     value) is positive (nondegenerate)."""

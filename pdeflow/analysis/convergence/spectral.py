@@ -2,12 +2,13 @@
 
 At every ``diagnostics.spectrum_every``-th frame (and the last) of a particle run whose dissipation is at most
 ``diagnostics.spectrum_near * I(0)`` (farther from any stationary point the phase is descent whatever the
-spectrum, so no product is spent there), :func:`pdeflow.analysis.spectrum.spectrum_ends` gives the converged Ritz values
+spectrum, so no product is spent there), :func:`pdeflow.analysis.hessian.spectrum.spectrum_ends` gives the converged
+Ritz values
 at both ends of the spectrum of the mass-weighted Hessian ``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` [N k, N k] with
 the model's continuous symmetries projected out (Lanczos with reorthogonalisation on the exact JVP):
 ``lambda_min``, ``lambda_max`` with their residuals ``|S x - lambda x|``, ``lowest_ritz`` (the lowest Ritz value,
 converged or not: an upper bound on the lowest eigenvalue) and ``morse_index_lower``, the number of negative Ritz
-values, converged or not (:func:`pdeflow.analysis.spectrum.negative_ritz_count`: by Cauchy interlacing each is a
+values, converged or not (:func:`pdeflow.analysis.hessian.spectrum.negative_ritz_count`: by Cauchy interlacing each is a
 negative eigenvalue; a lower bound on the Morse index of the stationary points the flow passes).
 
 Phases (:func:`phase_of`), from ``lambda_min``, its residual ``r``, ``lowest_ritz``, the index and ``I``:
@@ -18,7 +19,7 @@ Phases (:func:`phase_of`), from ``lambda_min``, its residual ``r``, ``lowest_rit
   values (a negative lowest Ritz value is index >= 1, converged or not, whatever a converged value says);
 - ``near a minimum``: ``I <= spectrum_near * I(0)``, no negative Ritz value, the lowest Ritz value converged and
   ``lambda_min - r > 0``: no negative eigenvalue found by the run's Lanczos steps. Evidence, not a certificate (a
-  certified minimum is ``pdeflow stationary``'s dense bound, :mod:`pdeflow.analysis.certificate`);
+  certified minimum is ``pdeflow stationary``'s dense bound, :mod:`pdeflow.analysis.certificate.certificate`);
 - ``near a degenerate point``: ``I <= spectrum_near * I(0)`` otherwise (the sign is not resolved, or the lowest Ritz
   value has not converged).
 
@@ -175,8 +176,8 @@ def _stepper_stages(method: str) -> int | None:
 def spectral_record(traj: Trajectory, problem: Problem, every: int, near: float, **ends: Any) -> SpectralRecord:
     """The record of a particle trajectory at :func:`spectrum_frame_indices` (module docstring): the spectrum ends
     at those of its frames with ``I <= near I(0)``, nan (and no products) at the others, which are in descent;
-    ``ends`` go to :func:`pdeflow.analysis.spectrum.spectrum_ends` (``krylov_dim``, ``n_ends``, ``tol``)."""
-    from ..spectrum import spectrum_ends
+    ``ends`` go to :func:`pdeflow.analysis.hessian.spectrum.spectrum_ends` (``krylov_dim``, ``n_ends``, ``tol``)."""
+    from ..hessian.spectrum import spectrum_ends
 
     frames = spectrum_frame_indices(len(traj.time), every)
     A = frames.size

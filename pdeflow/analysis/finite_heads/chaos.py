@@ -21,15 +21,15 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..core.config import Config, ConfigError
-from ..core.mean_field import loss_weights
-from ..core.problem import Problem, task_params
-from ..io.result_schema import CHAOS, CHAOS_WORK
-from ..solvers import make_stepper
-from ..solvers.base import State, Stepper
-from ..solvers.loop import advance, frame_times
-from ..solvers.methods import explicit_flows
-from ..solvers.sgd import SGD
+from ...core.config import Config, ConfigError
+from ...core.mean_field import loss_weights
+from ...core.problem import Problem, task_params
+from ...io.result_schema import CHAOS, CHAOS_WORK
+from ...solvers import make_stepper
+from ...solvers.base import State, Stepper
+from ...solvers.loop import advance, frame_times
+from ...solvers.methods import explicit_flows
+from ...solvers.sgd import SGD
 
 SEED_KEYS = {"initial": 1, "sgd": 2, "probe": 3, "static": 4, "sliced": 5}
 
@@ -248,7 +248,7 @@ def characteristics(stepper, omega_ref: np.ndarray, mass_ref: np.ndarray, tracer
 
 def probe_problem(problem: Problem, cfg: Config) -> Problem:
     """The layer on ``chaos.probe_size`` fresh task sequences (seed: the ``probe`` stream)."""
-    from ..core.tasks import TaskError, sample_task
+    from ...core.tasks import TaskError, sample_task
 
     t = cfg.task
     try:
@@ -453,7 +453,7 @@ def write_work(path: str | Path, cfg: Config, data: dict[str, np.ndarray], done:
     """The finished (N, seed) blocks of an unfinished experiment, all or nothing: ``done`` [nN, S] (bool) and
     the per-block measurements ``data`` (BLOCK_DATA, named as in ``/chaos``; NaN where not done),
     with the config as TOML in the root attributes."""
-    from ..io.result_files import new_result_file
+    from ...io.result_files import new_result_file
 
     with new_result_file(path, WORK_SCHEMA, SCHEMA_VERSION, cfg) as f:
         f["done"] = done
@@ -491,7 +491,7 @@ def write_result(path: str | Path, result: ChaosResult, cfg: Config, problem: Pr
     ``confidence``, ``converged_energy``, ``converged_dissipation``, ``converged_phi_spread``, ``wall_time``.
     ``/model`` and ``/data`` hold ``problem`` as in a trajectory (:func:`pdeflow.io.problem_file.stored_problem`
     rebuilds it from the file alone). Written all or nothing (:func:`pdeflow.io.result_files.new_result_file`)."""
-    from ..io.result_files import new_result_file
+    from ...io.result_files import new_result_file
 
     with new_result_file(path, SCHEMA, SCHEMA_VERSION, cfg, problem=problem, quick=bool(quick)) as f:
         g = f.create_group("chaos")

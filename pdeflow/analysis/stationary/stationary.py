@@ -5,7 +5,7 @@ mass-weighted Hessian.
 The particles ``omega`` [N, k] with fixed masses ``mass`` [N] are written in the mass-weighted coordinates
 ``v = M^(1/2) omega`` (flat [N k]). There the energy's gradient is ``g = M^(1/2) grad Phi`` (``grad Phi`` at the
 particles), its squared norm is the dissipation ``I = sum_i m_i |grad Phi(omega_i)|^2``, and its Hessian is
-``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` (:mod:`pdeflow.analysis.spectrum`), applied by the exact JVP. Each head's
+``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` (:mod:`pdeflow.analysis.hessian.spectrum`), applied by the exact JVP. Each head's
 symmetry directions (orbit tangents) are projected out of every Newton system: E is flat along them, so they carry
 no information and make S singular.
 
@@ -15,7 +15,7 @@ no information and make S singular.
   backtracking line search on I (the step is a descent direction of I when the solve is accurate:
   ``d/da I(v + a p) = 2 g^T S p ~ -2 I``). It converges to the stationary point, saddle or minimum, whose basin of
   Newton's method holds the start.
-- :func:`minimum`: a descent search on E, by default L-BFGS (:func:`pdeflow.analysis.lbfgs.lbfgs`,
+- :func:`minimum`: a descent search on E, by default L-BFGS (:func:`pdeflow.analysis.search.lbfgs.lbfgs`,
   :data:`LBFGS_MEMORY` pairs; measured on longtime.toml it lowers E several times faster per gradient
   equivalent than the flow or the trust-region search, docs/experiments.md), or ``method="trust-region"``:
   ``trust-krylov`` with ``hessp = Pi S Pi`` (the Lanczos-based GLTR subproblem solver follows directions of
@@ -25,15 +25,16 @@ no information and make S singular.
 
 This module's :func:`minimum` is the ``lbfgs`` route of :data:`ROUTES`; the ``structured`` route (L-BFGS, a
 block-preconditioned Newton-PCG endgame, Cholesky certificate) is
-:func:`pdeflow.analysis.structured_minimum.structured_minimum`, built on the same Counter, history, verdict and
+:func:`pdeflow.analysis.search.structured_minimum.structured_minimum`, built on the same Counter, history, verdict and
 result file.
 
 Both stop when ``I <= ratio * I(0)`` (``I(0)``: the dissipation of the run's first frame) and report the two ends
-of the spectrum there (:func:`pdeflow.analysis.spectrum.spectrum_ends`) and what they establish
-(:func:`pdeflow.analysis.certificate.certify`, the one rule): every negative Ritz value of a block, converged or
+of the spectrum there (:func:`pdeflow.analysis.hessian.spectrum.spectrum_ends`) and what they establish
+(:func:`pdeflow.analysis.certificate.certificate.certify`, the one rule): every negative Ritz value of a block,
+converged or
 not, is a negative eigenvalue (interlacing: a saddle); a minimum is certified only by the dense eigenvalue bound
 on S off the symmetry directions (up to ``dense_limit`` unknowns on the live heads); above that limit the verdict
-is :data:`pdeflow.analysis.certificate.LANCZOS_VERDICT`, not a certificate.
+is :data:`pdeflow.analysis.certificate.certificate.LANCZOS_VERDICT`, not a certificate.
 """
 from __future__ import annotations
 
@@ -48,10 +49,10 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse.linalg
 
-from ..core.config import Config
-from ..core.problem import JVP_COST, Problem, gradient_equivalents
-from ..io.result_schema import STATIONARY
-from .certificate import (
+from ...core.config import Config
+from ...core.problem import JVP_COST, Problem, gradient_equivalents
+from ...io.result_schema import STATIONARY
+from ..certificate.certificate import (
     BY_DENSE,
     DENSE_LIMIT,
     LANCZOS_VERDICT,
@@ -61,8 +62,15 @@ from .certificate import (
     not_stationary,
     stored_lambda_min,
 )
-from .lbfgs import LbfgsResult, lbfgs
-from .spectrum import KRYLOV_DIM, HessianOperator, SpectrumEnds, hessian_operator, origin_is_stationary, spectrum_ends
+from ..hessian.spectrum import (
+    KRYLOV_DIM,
+    HessianOperator,
+    SpectrumEnds,
+    hessian_operator,
+    origin_is_stationary,
+    spectrum_ends,
+)
+from ..search.lbfgs import LbfgsResult, lbfgs
 
 DISSIPATION_RATIO = 1e-12   # converged: I <= DISSIPATION_RATIO * I(0)
 ETA_MAX = 1e-2               # the loosest relative residual of a Newton step's solve
@@ -99,7 +107,7 @@ class Counter:
         self.root = np.sqrt(self.mass)[:, None]
         self.gradients = 0
         # products counted here directly: the forward passes of a structured assembly (one product each, as
-        # pdeflow.analysis.certificate counts them) and exact JVPs of operators not made by hessian()
+        # pdeflow.analysis.certificate.certificate counts them) and exact JVPs of operators not made by hessian()
         self.direct_products = 0
         self._retired_products = 0
         self._op: HessianOperator | None = None
@@ -125,7 +133,8 @@ class Counter:
         return ev.energy, g
 
     def hessian(self, v: np.ndarray) -> HessianOperator:
-        """``Pi S Pi`` at ``v`` (:func:`pdeflow.analysis.spectrum.hessian_operator`; its products are counted here)."""
+        """``Pi S Pi`` at ``v`` (:func:`pdeflow.analysis.hessian.spectrum.hessian_operator`; its products are counted
+        here)."""
         self._retired_products = self.products
         self._op = hessian_operator(self.problem, self.omega(v), self.mass)
         return self._op
@@ -162,7 +171,7 @@ class StationaryPoint:
     """What a search found: the point ``omega`` [N, k] (masses ``mass`` [N]), its energy and dissipation, the
     dissipation ``initial_dissipation`` I(0) the target is relative to (``target = ratio * I(0)``), whether it
     ``converged`` (I <= target) and, for a minimum, is ``certified``; the spectrum ends there and the
-    ``certificate`` of its sign (:class:`pdeflow.analysis.certificate.Certificate`); the cost
+    ``certificate`` of its sign (:class:`pdeflow.analysis.certificate.certificate.Certificate`); the cost
     (``gradients`` in all, JVP ``products`` of the search and ``certify_products`` of the spectrum, ``wall``
     seconds in all of which ``certify_wall`` for the spectrum); the history per iteration
     (``energy``, ``dissipation``, cumulative ``products`` and ``gradients``) and a ``message``."""
@@ -196,7 +205,8 @@ class StationaryPoint:
     @property
     def lambda_min(self) -> float:
         """The lowest eigenvalue of S off the symmetry directions, as computed: the certificate's
-        (:attr:`pdeflow.analysis.certificate.Certificate.estimate`, inside its bracket) when it computed one, else
+        (:attr:`pdeflow.analysis.certificate.certificate.Certificate.estimate`, inside its bracket) when it computed
+        one, else
         the lowest converged Ritz value (NaN when none converged). The spectrum's lowest converged value alone can
         be a higher eigenvalue: a short Lanczos run on the live heads beside the origin block's exact values."""
         estimate = self.certificate.estimate
@@ -205,7 +215,7 @@ class StationaryPoint:
     @property
     def certified(self) -> bool:
         """A local minimum: converged, and every eigenvalue of S off the symmetry directions proven positive
-        (:attr:`pdeflow.analysis.certificate.Certificate.proven_minimum`)."""
+        (:attr:`pdeflow.analysis.certificate.certificate.Certificate.proven_minimum`)."""
         return bool(self.converged and self.certificate.proven_minimum)
 
     @property
@@ -222,7 +232,8 @@ class StationaryPoint:
 
 def verdict_of(converged: bool, spectrum: SpectrumEnds, certificate: Certificate) -> str:
     """``not converged``, ``local minimum`` (proven by the certificate), ``saddle of index >= n`` (proven, by
-    interlacing or the dense bound), :data:`pdeflow.analysis.certificate.LANCZOS_VERDICT` (no dense proof, no Ritz
+    interlacing or the dense bound), :data:`pdeflow.analysis.certificate.certificate.LANCZOS_VERDICT` (no dense proof,
+    no Ritz
     value negative and every block's lowest converged positive), or why none is established."""
     if not converged:
         return "not converged"
@@ -313,7 +324,7 @@ def nearest(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
     """The stationary point next to ``omega`` [N, k] by Newton-Krylov on the velocity field (module docstring),
     until ``I <= ratio * initial_dissipation`` (or ``max_newton`` steps, ``max_wall`` seconds or ``max_cost``
     gradient equivalents: then the point reached is reported, not converged), then the spectrum there
-    (``krylov_dim`` Lanczos steps) and its certificate (:func:`pdeflow.analysis.certificate.certify` with
+    (``krylov_dim`` Lanczos steps) and its certificate (:func:`pdeflow.analysis.certificate.certificate.certify` with
     ``dense_limit``)."""
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega), max_wall=max_wall, max_cost=max_cost)
@@ -364,7 +375,8 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
     ``max_iter`` iterations in all, at the limits of ``c`` (:attr:`Counter.exhausted`), or when L-BFGS stalls.
     Whether the origin is a minimum for the dead heads is for the spectrum of the whole point to say (``classify``).
     ``precondition(omega_live, mass_live)``: ``P^-1`` for L-BFGS's ``H_0`` on the live heads
-    (:func:`pdeflow.analysis.lbfgs.two_loop`), built at every start and, with ``refresh > 0``, again after that many
+    (:func:`pdeflow.analysis.search.lbfgs.two_loop`), built at every start and, with ``refresh > 0``, again after that
+    many
     iterations (the search then starts again). Returns the last L-BFGS result and the whole point ``v`` [N k]."""
     problem, (n_heads, k) = c.problem, c.shape
     hold = origin_is_stationary(problem, c.omega(v), c.mass)
@@ -435,7 +447,7 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
             max_cost: float = math.inf, dense_limit: int = DENSE_LIMIT, progress: Progress | None = None,
             on_iterate: Callable[[np.ndarray], None] | None = None) -> StationaryPoint:
     """A local minimum of E from ``omega`` [N, k] (module docstring): a descent search (``method``: ``"lbfgs"``,
-    :func:`pdeflow.analysis.lbfgs.lbfgs` with :data:`LBFGS_MEMORY` pairs, finished by Newton steps on I if it
+    :func:`pdeflow.analysis.search.lbfgs.lbfgs` with :data:`LBFGS_MEMORY` pairs, finished by Newton steps on I if it
     stalls, or ``"trust-region"``, trust-region Newton-Krylov with ``hessp`` the projected S) until ``I <= ratio
     * initial_dissipation``, then the spectrum and its certificate (``dense_limit``); while a negative
     eigenvalue is proven (at most ``max_restarts`` times) the search restarts from the point moved along a direction
@@ -544,12 +556,15 @@ def descent_direction(spectrum: SpectrumEnds, certificate: Certificate) -> tuple
 
 def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int, say: Progress,
              dense_limit: int = DENSE_LIMIT) -> tuple[SpectrumEnds, Certificate, int, float]:
-    """The spectrum ends at ``v`` (:func:`pdeflow.analysis.spectrum.spectrum_ends`, ``krylov_dim`` Lanczos steps), the
+    """The spectrum ends at ``v`` (:func:`pdeflow.analysis.hessian.spectrum.spectrum_ends`, ``krylov_dim`` Lanczos
+    steps), the
     run continued up to :data:`KRYLOV_GROWTH` times the steps until the lowest Ritz value has converged and is
-    resolved from 0 (:data:`pdeflow.analysis.spectrum.RESOLVED`; certification rests on its sign): near a minimum
+    resolved from 0 (:data:`pdeflow.analysis.hessian.spectrum.RESOLVED`; certification rests on its sign): near a
+    minimum
     the lowest eigenvalues sit at 1e-6 of lambda_max and converge last (measured on longtime.toml: none of them
     in 300 steps, 7.4e-5 with residual 1e-14 in 900); then its certificate
-    (:func:`pdeflow.analysis.certificate.certify`, ``dense_limit``). Returns the spectrum, the certificate, the
+    (:func:`pdeflow.analysis.certificate.certificate.certify`, ``dense_limit``). Returns the spectrum, the
+    certificate, the
     products of both and the wall seconds."""
     t0 = time.perf_counter()
     spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim,
@@ -613,7 +628,7 @@ SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_en
            "lanczos_steps", "dense_limit", "iterations",
            "gradients", "products", "certify_products", "gradient_equivalents", "jvp_gradients", "wall",
            "certify_wall", "message", "route", "start_rule")
-ROUTES = ("structured", "lbfgs")  # minimum's routes: pdeflow.analysis.structured_minimum, or minimum() here
+ROUTES = ("structured", "lbfgs")  # minimum's routes: pdeflow.analysis.search.structured_minimum, or minimum() here
 
 
 def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, problem: Problem, *, source: str,
@@ -628,11 +643,11 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
     ``history/{energy, dissipation, products, gradients, wall}`` per iteration, and the attributes
     :data:`SCALARS` (``source``, ``frame``, ``time``: the trajectory and frame the search started from; costs in
     gradients, JVP products and wall seconds, the certification's separately; ``certificate``: its kind,
-    :data:`pdeflow.analysis.certificate.PROOFS` the proofs, ``certificate_text`` what it establishes,
+    :data:`pdeflow.analysis.certificate.certificate.PROOFS` the proofs, ``certificate_text`` what it establishes,
     ``lambda_min_lower`` / ``lambda_min_upper`` the bounds on lambda_min, ``certificate_size`` the dense order,
     ``certificate_delta`` its eigenvalue bound, ``lanczos_steps``, ``dense_limit``; ``route``: the search taken,
     :data:`ROUTES` (a nearest point's: ``"newton"``); ``start_rule``: what fixed the start frame)."""
-    from ..io.result_files import new_result_file
+    from ...io.result_files import new_result_file
 
     s, cert = point.spectrum, point.certificate
     values = {"kind": point.kind, "source": source, "frame": int(frame), "time": float(time_of_frame),
@@ -684,8 +699,8 @@ def read_stationary(path: str | Path) -> dict[str, Any]:
     TrajectoryError (one line) if it is not one."""
     import h5py
 
-    from ..io.file_access import TrajectoryError
-    from ..io.file_access import plain as _plain
+    from ...io.file_access import TrajectoryError
+    from ...io.file_access import plain as _plain
 
     try:
         with h5py.File(path, "r") as f:

@@ -2,7 +2,8 @@
 
 Near a stationary measure ``(omega*, m)`` the flow in mass-weighted coordinates ``v = M^(1/2) (omega - omega*)`` is
 ``dv/dt = F(v) = -M^(1/2) grad Phi(omega* + M^(-1/2) v)``, with Jacobian ``-S`` at ``v = 0``
-(:mod:`pdeflow.analysis.spectrum`). ROS2 (Verwer, Spee, Blom, Hundsdorfer, SIAM J. Sci. Comput. 20 (1999) 1456) takes
+(:mod:`pdeflow.analysis.hessian.spectrum`). ROS2 (Verwer, Spee, Blom, Hundsdorfer, SIAM J. Sci. Comput. 20 (1999)
+1456) takes
 a step h from ``v_n`` with one matrix ``K = I + gamma h A``:
 
     ``K k1 = F(v_n)``,   ``K k2 = F(v_n + h k1) - 2 k1``,   ``v_(n+1) = v_n + (3/2) h k1 + (1/2) h k2``,
@@ -17,7 +18,8 @@ spectrum (:data:`STEP_FRACTION`).
 ``K`` is factorised once (Cholesky), block by block as S decouples: the live heads' block ``I + c S_live`` (``c =
 gamma h``), dense in float32 (``n^2`` 4-byte entries: 0.76 GB at n = 13,824; the W-method's order does not depend on
 A, so the factor's rounding ~1e-7 relative only perturbs its stability, not its accuracy), and for the heads exactly at
-the origin (where the origin is stationary for every head, :func:`pdeflow.analysis.spectrum.origin_is_stationary`)
+the origin (where the origin is stationary for every head,
+:func:`pdeflow.analysis.hessian.spectrum.origin_is_stationary`)
 the one [k, k] block ``I + c Hess Phi(0; rho)`` by its eigendecomposition. S on the live heads comes from its
 structure (:mod:`pdeflow.core.hessian_assembly`: head blocks plus a Gauss-Newton part ``W^T W``, assembled in head
 panels through a scratch file so that ``W`` and S are never both in memory) or, where that module is absent, from
@@ -35,7 +37,7 @@ import numpy as np
 import scipy.linalg
 import scipy.linalg.lapack
 
-from ..core.problem import Problem
+from ...core.problem import Problem
 from .spectrum import hessian_operator, origin_block, origin_is_stationary
 
 GAMMA = 1.0 + 1.0 / math.sqrt(2.0)   # ROS2's L-stable choice
@@ -56,7 +58,7 @@ def live_heads(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> np.ndar
 
 
 def hessian_by_products(problem: Problem, omega: np.ndarray, mass: np.ndarray, dtype=np.float64) -> np.ndarray:
-    """S [n, n] (``n = N k``, no projection) from ``n`` exact products (:func:`pdeflow.analysis.spectrum.
+    """S [n, n] (``n = N k``, no projection) from ``n`` exact products (:func:`pdeflow.analysis.hessian.spectrum.
     hessian_operator`), symmetrised: the stand-in where the structured assembly is absent."""
     op = hessian_operator(problem, omega, mass, np.zeros((np.size(omega), 0)))
     n = np.size(omega)
@@ -74,7 +76,7 @@ def hessian_by_products(problem: Problem, omega: np.ndarray, mass: np.ndarray, d
 def _structured_assembly():
     """The structured assembly's (``gauss_newton_factor``, ``frozen_blocks``), or None where the module is absent."""
     try:
-        from ..core.hessian_assembly import frozen_blocks, gauss_newton_factor
+        from ...core.hessian_assembly import frozen_blocks, gauss_newton_factor
     except ImportError:
         return None
     return gauss_newton_factor, frozen_blocks
@@ -213,7 +215,8 @@ def frozen_solver(problem: Problem, omega: np.ndarray, mass: np.ndarray, c: floa
     """The factorised ``I + c S`` at the measure (``omega`` [N, k], ``mass`` [N]; S at this point frozen): the live
     heads' block by :func:`shifted_hessian` (packed where its order is even) and a Cholesky in place, the origin
     block by its eigendecomposition (``origin``: its (values [k], vectors [k, k]) when already computed,
-    :func:`pdeflow.analysis.spectrum.origin_block`). ValueError when ``I + c S`` is not positive definite (a saddle,
+    :func:`pdeflow.analysis.hessian.spectrum.origin_block`). ValueError when ``I + c S`` is not positive definite (a
+    saddle,
     or c past a negative eigenvalue's reach)."""
     omega = np.asarray(omega, dtype=float)
     mass = np.asarray(mass, dtype=float)

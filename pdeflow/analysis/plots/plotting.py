@@ -1,7 +1,7 @@
 """Figures and movies of a trajectory and its analysis, headless (matplotlib's Agg canvas, no pyplot).
 
 One function per figure, each ``(traj, analysis, path, ...) -> Path`` writing one file in the format of the path's
-suffix (PDF, PNG or SVG; :mod:`pdeflow.analysis.figures`, the one saving path, also sets the resolution):
+suffix (PDF, PNG or SVG; :mod:`pdeflow.analysis.plots.figures`, the one saving path, also sets the resolution):
 
 - :func:`plot_energy`: ``E - E*`` and the dissipation ``I`` against time (log scale), with the lower bound;
 - :func:`plot_energy_identity`: the residual of the energy identity ``E(t) - E(0) + int_0^t I ds`` against time;
@@ -16,7 +16,7 @@ suffix (PDF, PNG or SVG; :mod:`pdeflow.analysis.figures`, the one saving path, a
 - :func:`plot_attention`: attention maps of the representative heads of the heaviest clusters;
 - :func:`animate_measure`: the measure over the frames, a GIF (Pillow) and an MP4 where ffmpeg exists;
 - :func:`plot_spectrum`: E, I and ``lambda_min`` of S over a log time axis, the phases near saddles shaded
-  (:mod:`pdeflow.analysis.diagnostics.spectral`).
+  (:mod:`pdeflow.analysis.convergence.spectral`).
 
 :func:`plot_all` writes every figure the file supports into a folder.
 """
@@ -30,10 +30,11 @@ import numpy as np
 from matplotlib import animation
 from matplotlib.figure import Figure
 
-from ..core.problem import task_params
-from ..core.tasks import TaskError, make_task
-from ..io.trajectory import Trajectory
-from .diagnostics import (
+from ...core.problem import task_params
+from ...core.tasks import TaskError, make_task
+from ...io.trajectory import Trajectory
+from ..convergence.spectral import DEGENERATE, DESCENT, MINIMUM, phase_spans
+from ..diagnostics import (
     Analysis,
     attention_pattern,
     energy_identity_residual,
@@ -43,7 +44,6 @@ from .diagnostics import (
     trajectory_grid,
     trusted_excess,
 )
-from .diagnostics.spectral import DEGENERATE, DESCENT, MINIMUM, phase_spans
 from .figures import check_format, current_dpi, figure_output, new_figure, save_figure
 
 MAX_ANIMATION_FRAMES = 120
@@ -221,7 +221,7 @@ def plot_pl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
 def plot_kl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     """Left: ``I`` against ``E - E*`` on log-log axes, the window highlighted, the line ``C (E - E*)^(2 (1 - theta))``
     where one theta is established. Right: the local exponent ``theta(t) = 1 - (1/2) d ln I / d ln(E - E*)`` over the
-    window (its secants, :func:`pdeflow.analysis.diagnostics.rates.local_exponent`), the range that holds it, and the
+    window (its secants, :func:`pdeflow.analysis.convergence.rates.local_exponent`), the range that holds it, and the
     theory's 1/2 at a given stationary point."""
     t, e, i, win = _window_samples(traj, analysis)
     fig, (ax, ax_t) = _figure(11, 4.2, 2)
@@ -489,7 +489,7 @@ def _span_edges(times: np.ndarray, end: float) -> np.ndarray:
 def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     """E, I and ``lambda_min`` of S (error bars: its residual; the lower bound on the Morse index beside each
     negative one) against time on a log axis, the spans of analysed frames near a saddle shaded and near a
-    minimum shaded green (:func:`pdeflow.analysis.diagnostics.spectral.phase_of`)."""
+    minimum shaded green (:func:`pdeflow.analysis.convergence.spectral.phase_of`)."""
     rec = analysis.spectrum
     t, e, i = _steps(traj)
     fig, axes = _figure(15, 4, 3)

@@ -1,4 +1,5 @@
-"""The figure of ``pdeflow chaos`` (:mod:`pdeflow.analysis.chaos`): the measured distances against N and t with their
+"""The figure of ``pdeflow chaos`` (:mod:`pdeflow.analysis.finite_heads.chaos`): the measured distances against N and
+t with their
 fitted rates, drawn on matplotlib's Agg canvas (no pyplot).
 """
 from __future__ import annotations
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..plots.figures import new_figure, save_figure
 from .chaos import ChaosResult
-from .figures import new_figure, save_figure
 
 # propagation of chaos and the static approximation: distances of order N^(-1/2) (docs/model.md)
 PREDICTED_SLOPE = -0.5

@@ -12,13 +12,14 @@ direction, and at a stationary measure their count is the Morse index of E.
 E is invariant under a change of basis of each head's (WQ, WK) and (WV, WO) pairs that leaves the head's output
 unchanged (orthogonal changes when the weight decay is positive, as it also leaves ``|omega_i|`` unchanged; any
 invertible one when it is zero): per head the tangents of that orbit
-(:func:`pdeflow.analysis.local_geometry.symmetry_tangents`, ``dh (dh - 1)`` or ``2 dh^2`` of them, fewer at
+(:func:`pdeflow.analysis.hessian.local_geometry.symmetry_tangents`, ``dh (dh - 1)`` or ``2 dh^2`` of them, fewer at
 degenerate heads, none in reduced coordinates) are directions along which E does not change, exact null vectors of S
 at a stationary measure. :func:`symmetry_basis` collects them head by head (:class:`Symmetry`);
 :func:`hessian_operator` is ``Pi S Pi``, ``Pi = I - Q Q^T``, and :func:`spectrum_ends` the two ends of its spectrum
 by one reorthogonalised Lanczos run (:func:`pdeflow.core.lanczos.krylov_ritz`), reporting the converged Ritz values,
 and the index proven by interlacing from all of them (:func:`negative_ritz_count`, converged or not). Whether the
-point is a minimum is :mod:`pdeflow.analysis.certificate`'s to say: Lanczos alone proves a negative eigenvalue,
+point is a minimum is :mod:`pdeflow.analysis.certificate.certificate`'s to say: Lanczos alone proves a negative
+eigenvalue,
 never positivity.
 """
 from __future__ import annotations
@@ -28,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse.linalg
 
-from ..core.lanczos import RitzPairs, krylov_ritz
-from ..core.problem import Problem
-from ..core.system_jacobian import SystemJacobian
+from ...core.lanczos import RitzPairs, krylov_ritz
+from ...core.problem import Problem
+from ...core.system_jacobian import SystemJacobian
 from .local_geometry import dense_hessian, symmetry_tangents
 
 KRYLOV_DIM = 300        # Lanczos steps of spectrum_ends: the products of one spectral record
@@ -79,7 +80,8 @@ class Symmetry:
 
 
 def head_symmetries(problem: Problem, omega: np.ndarray) -> Symmetry:
-    """The orbit tangents of every head (:func:`pdeflow.analysis.local_geometry.symmetry_tangents` at ``omega_i``), as
+    """The orbit tangents of every head (:func:`pdeflow.analysis.hessian.local_geometry.symmetry_tangents` at
+    ``omega_i``), as
     blocks; none for a head with ``|omega_i| <= ORBIT_FLOOR max_j |omega_j|``. Such a head is a dead head left a
     rounding-size distance off the origin (by a Newton step, say), where a stationary point has it exactly at 0 and
     no orbit: its tangents are not null vectors of S there but directions of the origin's curvature block
@@ -203,7 +205,7 @@ class SpectrumEnds:
     def no_negative_found(self) -> bool:
         """No Ritz value of any block is negative, every block's lowest converged, and the lowest positive beyond
         its residual: what Lanczos can show for a minimum. Evidence, not a proof
-        (:mod:`pdeflow.analysis.certificate`)."""
+        (:mod:`pdeflow.analysis.certificate.certificate`)."""
         return bool(self.morse_index_lower == 0 and self.unresolved_blocks == 0 and self.lowest.size
                     and self.lowest[0] == self.lowest_ritz and self.lowest_ritz - self.lowest_ritz_residual > 0)
 

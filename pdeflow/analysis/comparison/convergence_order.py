@@ -11,7 +11,8 @@ successive differences): the largest step (``step = "max"``, the fixed ``dt`` of
 
 Orders. With the runs sorted by decreasing ``h``, the successive orders are
 ``p_i = log(e_i / e_{i+1}) / log(h_i / h_{i+1})``; the least-squares slope of ``log e`` on ``log h`` comes with its
-standard error (:func:`pdeflow.analysis.chaos.fit_power_law`; three runs or more). The *observed order* is that of
+standard error (:func:`pdeflow.analysis.finite_heads.chaos.fit_power_law`; three runs or more). The *observed order*
+is that of
 the finest pair, the one nearest the asymptotic regime, and a quantity passes when
 ``|p_observed - P| <= order_tol``; the family passes when every quantity does.
 
@@ -33,12 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.config import RTOL_RANGE, Config, ConfigError, loads_config
-from ..io.checkpoint import row_counts
-from ..io.file_access import open_for_reading
-from ..io.reference import Comparison, compare
-from ..solvers.methods import METHODS
-from .chaos import fit_power_law
+from ...core.config import RTOL_RANGE, Config, ConfigError, loads_config
+from ...io.checkpoint import row_counts
+from ...io.file_access import open_for_reading
+from ...io.reference import Comparison, compare
+from ...solvers.methods import METHODS
+from ..finite_heads.chaos import fit_power_law
 
 ACCURACY_MARGIN = 10.0      # the reference must be this many times more accurate than the finest run
 ORDER_TOL = 0.2             # default: |observed order - expected| allowed
@@ -215,7 +216,7 @@ def run_tighter(reference: str | Path, folder: Path) -> tuple[Path, str]:
     import pdeflow.solvers  # noqa: F401 - registers the methods tighter_config reads
     from pdeflow.solvers.driver import run
 
-    from ..core.problem import Problem
+    from ...core.problem import Problem
 
     cfg, how = tighter_config(stored_config(reference), step_size(reference).largest)
     out = folder / "tighter-reference.h5"

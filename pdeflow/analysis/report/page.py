@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .report import CONTRADICTED, HOLDS, Section
+from .sections import CONTRADICTED, HOLDS, Section
 
 STYLE = """
 body { font-family: "DejaVu Serif", Georgia, serif; max-width: 1100px; margin: 2em auto; padding: 0 1em;

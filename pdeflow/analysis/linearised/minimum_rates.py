@@ -2,14 +2,15 @@
 
 At a stationary measure ``(omega*, m)`` that is a strict local minimum (``M = diag(m)``), the flow is, to first
 order, ``dv/dt = -S v`` in mass-weighted coordinates ``v = M^(1/2) (omega - omega*)``, with
-``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` off the symmetry directions (:mod:`pdeflow.analysis.spectrum`). Along the slowest
+``S = M^(1/2) (M^-1 Hess E) M^(-1/2)`` off the symmetry directions (:mod:`pdeflow.analysis.hessian.spectrum`). Along
+the slowest
 eigenvector, ``v = eps e^(-lambda_min t) u``: ``|v|`` decays at ``lambda_min``, ``E - E* = lambda_min |v|^2 / 2`` at
 ``2 lambda_min``, and the PL ratio ``I / (2 (E - E*))`` equals ``lambda_min``; from any other direction these are the
 late-time rates and ``I / (2 (E - E*)) >= lambda_min`` throughout (docs/model.md, "Rates at a local minimum").
 :func:`minimum_rates` perturbs the polished point along the slowest direction and random ones, integrates the
-flow through the shared time loop (:func:`pdeflow.analysis.stability.simulate`) and fits the rates
-(:func:`pdeflow.analysis.stability.fit_rate`): ``pdeflow stability --stationary RESULT``
-(:mod:`pdeflow.interface.cli_stability`), the Dirac check of :mod:`pdeflow.analysis.stability` generalised to any
+flow through the shared time loop (:func:`pdeflow.analysis.dirac.stability.simulate`) and fits the rates
+(:func:`pdeflow.analysis.dirac.stability.fit_rate`): ``pdeflow stability --stationary RESULT``
+(:mod:`pdeflow.interface.cli_stability`), the Dirac check of :mod:`pdeflow.analysis.dirac.stability` generalised to any
 stationary measure.
 """
 from __future__ import annotations
@@ -21,14 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.config import Config, ConfigError
-from ..core.lanczos import krylov_ritz
-from ..core.problem import Problem, gradient_equivalents
-from ..io.result_schema import RATES
-from ..solvers.base import COST_COLUMN, State, Stepper
-from ..solvers.loop import Observer, Step, Stop
-from .certificate import BY_LANCZOS, DENSE_LIMIT, Certificate, certify
-from .spectrum import (
+from ...core.config import Config, ConfigError
+from ...core.lanczos import krylov_ritz
+from ...core.problem import Problem, gradient_equivalents
+from ...io.result_schema import RATES
+from ...solvers.base import COST_COLUMN, State, Stepper
+from ...solvers.loop import Observer, Step, Stop
+from ..certificate.certificate import BY_LANCZOS, DENSE_LIMIT, Certificate, certify
+from ..dirac.stability import MIN_STEPS, fit_rate, simulate
+from ..hessian.spectrum import (
     HessianOperator,
     SpectrumEnds,
     head_symmetries,
@@ -37,8 +39,7 @@ from .spectrum import (
     spectrum_ends,
     symmetry_basis,
 )
-from .stability import MIN_STEPS, fit_rate, simulate
-from .stationary import polish
+from ..stationary.stationary import polish
 
 Progress = Callable[[str], None]
 
@@ -46,7 +47,8 @@ Progress = Callable[[str], None]
 SLOWEST = "slowest"
 # the engines (MinimumRates.engine): "frozen" polishes, resolves the spectrum and predicts on the live heads by exact
 # products, with the heads at the origin by their dense block, and integrates the runs with ROS2 on S frozen at the
-# minimum (pdeflow.analysis.frozen_jacobian); "products" (the first engine) does all of it on the whole measure by
+# minimum (pdeflow.analysis.hessian.frozen_jacobian); "products" (the first engine) does all of it on the whole
+# measure by
 # exact products, proves the point by the dense certificate, and integrates with rkc or RK4
 FROZEN = "frozen"
 PRODUCTS = "products"
@@ -230,7 +232,8 @@ class MinimumRates:
     slowest direction u, to first order), ``offset_bound`` (``sqrt(I) / lambda_min``: at most that far in all,
     mass-weighted), the polished point ``omega_star`` [N, k] with its ``mass`` [N], and ``excess_check`` [S, 3]: at
     perturbations of sizes ``EXCESS_CHECK_SIZES x eps`` along the slowest direction, (size, direct E - E*, gradient
-    form); ``certificate``: what proves the point a minimum (:meth:`pdeflow.analysis.certificate.Certificate.describe`),
+    form); ``certificate``: what proves the point a minimum
+    (:meth:`pdeflow.analysis.certificate.certificate.Certificate.describe`),
     ``lambda_min_lower`` its lower bound on lambda_min; ``engine``: :data:`FROZEN` or :data:`PRODUCTS`."""
     e_star: float
     i_star: float
@@ -268,8 +271,10 @@ class MinimumRates:
 def lowest_certified(problem: Problem, omega: np.ndarray, mass: np.ndarray, basis: np.ndarray, *,
                      dense_limit: int = DENSE_LIMIT,
                      **ends) -> tuple[SpectrumEnds, Certificate, np.ndarray, np.ndarray, np.ndarray]:
-    """The spectrum ends at the point (:func:`pdeflow.analysis.spectrum.spectrum_ends` with ``ends``, ``basis`` [N k,
-    r] the symmetry directions), their certificate (:func:`pdeflow.analysis.certificate.certify`, ``dense_limit``),
+    """The spectrum ends at the point (:func:`pdeflow.analysis.hessian.spectrum.spectrum_ends` with ``ends``,
+    ``basis`` [N k,
+    r] the symmetry directions), their certificate (:func:`pdeflow.analysis.certificate.certificate.certify`,
+    ``dense_limit``),
     and the certificate's lowest dense eigenpairs: values [a], their error bound [a] (``delta``) and unit vectors
     [N k, a]. ConfigError, naming what was established instead, unless the certificate proves every eigenvalue of
     S off the symmetry directions positive (the rates of a minimum are predicted at a minimum only)."""
@@ -330,7 +335,7 @@ def run_stepper(problem: Problem, method: str, duration: float, lam_max: float, 
     0.65) gradients per step h, error-controlled against ``RKC_TOLERANCE x scale``, the rms entry of the
     perturbation; the step at most the sample spacing). ``method`` ``auto``: rkc when RK4 would take more than
     :data:`RK4_MAX_STEPS` steps. Returns (stepper, first step, name)."""
-    from ..solvers.chebyshev import RKC
+    from ...solvers.chebyshev import RKC
 
     dt = min(STEPS_PER_FASTEST_AT_MINIMUM / lam_max, duration / MIN_STEPS)
     if method == "auto":
@@ -362,10 +367,10 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     ``2 lambda_min``, ``lambda_min`` and ``lambda_min``; a random direction's are those of the linear flow from the
     same start (:func:`linear_flow`, ``prediction_dims`` Lanczos steps, 0: ``PREDICTION_FACTOR sqrt(lambda_max T)
     + 50``), fitted over the same window. The point is first polished by Newton-Krylov
-    (:func:`pdeflow.analysis.stationary.polish`) until ``sqrt(I) / lambda_min``, the most it can be off the
+    (:func:`pdeflow.analysis.stationary.stationary.polish`) until ``sqrt(I) / lambda_min``, the most it can be off the
     minimum, is :data:`POLISH_OFFSET` of the smallest perturbation (a point certified at ``I <= 1e-12 I(0)`` on a
     stiff minimum is off by more than eps along its slow directions); ``ends`` go to
-    :func:`pdeflow.analysis.spectrum.spectrum_ends`, once at the given point (for lambda_min) and again at the
+    :func:`pdeflow.analysis.hessian.spectrum.spectrum_ends`, once at the given point (for lambda_min) and again at the
     polished one, with their certificate (:func:`lowest_certified`, ``dense_limit``): ConfigError unless it proves
     every eigenvalue off the symmetry directions positive. lambda_min and the slowest direction are the dense
     eigenpair of the certificate. That is the :data:`PRODUCTS` engine; ``engine`` :data:`FROZEN` (the default) is
@@ -477,10 +482,12 @@ def _excess_check(problem: Problem, omega: np.ndarray, mass: np.ndarray, slowest
 def split_linear_flow(problem: Problem, omega: np.ndarray, mass: np.ndarray, live: np.ndarray, v0: np.ndarray,
                       times: np.ndarray, dims: int, origin: tuple[np.ndarray, np.ndarray] | None = None,
                       tol: float = PREDICTION_TOL) -> LinearPrediction:
-    """:func:`linear_flow` where S decouples (``live`` [N] from :func:`pdeflow.analysis.frozen_jacobian.live_heads`):
+    """:func:`linear_flow` where S decouples (``live`` [N] from
+    :func:`pdeflow.analysis.hessian.frozen_jacobian.live_heads`):
     on the live heads by Lanczos on their exact products (their symmetry directions projected), on each head at the
     origin exactly, ``exp(-H0 t)`` from the eigendecomposition of the origin block ``H0 = Hess Phi(0; rho)``
-    (:func:`pdeflow.analysis.spectrum.origin_block`; ``origin``: its (values, vectors) when computed). The squared
+    (:func:`pdeflow.analysis.hessian.spectrum.origin_block`; ``origin``: its (values, vectors) when computed). The
+    squared
     distances, excesses and dissipations add; so do the error bounds (the origin part has none). The Lanczos run
     stops before ``dims`` once its error bound is ``tol`` of the live part's distance (:func:`linear_flow`)."""
     V0 = np.asarray(v0, dtype=float).reshape(omega.shape)
@@ -506,22 +513,32 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
     """:func:`minimum_rates` by the :data:`FROZEN` engine, the same runs, fits and predictions:
 
     - the heads exactly at the origin (where it is stationary) are split off
-      (:func:`pdeflow.analysis.frozen_jacobian.live_heads`): the polish (:func:`pdeflow.analysis.stationary.polish`)
+      (:func:`pdeflow.analysis.hessian.frozen_jacobian.live_heads`): the polish
+      (:func:`pdeflow.analysis.stationary.stationary.polish`)
       runs on the live heads, the spectrum's ends are those of the live heads' Lanczos run plus the origin block
-      (:func:`pdeflow.analysis.spectrum.spectrum_ends` with ``split_origin``), computed once, at the polished point
+      (:func:`pdeflow.analysis.hessian.spectrum.spectrum_ends` with ``split_origin``), computed once, at the polished
+      point
       (the polish's target from ``lambda_hint``, the source's lambda_min; without it a first spectrum at the given
       point), and a random direction's prediction is :func:`split_linear_flow`;
     - the point is certified by the dense bound (:func:`lowest_certified`) when its live unknowns are at most
       ``dense_limit``; above it the certificate is the source's (``source_certificate``, at the unpolished point;
       ConfigError when empty), named as such;
     - the runs are integrated together by ROS2 on S frozen at the polished point
-      (:func:`pdeflow.analysis.frozen_jacobian.ros2_paths`, :func:`~pdeflow.analysis.frozen_jacobian.frozen_solver`
+      (:func:`pdeflow.analysis.hessian.frozen_jacobian.ros2_paths`,
+      :func:`~pdeflow.analysis.hessian.frozen_jacobian.frozen_solver`
       with its live block factorised in ``factor_dtype``), the step ``STEP_FRACTION x`` the earliest fitted time of
       a random run (``RANDOM_FIT_SKIP x`` the duration), cut to divide the sample spacing, then halved (all runs
       again, at most :data:`MAX_HALVINGS` times) until Richardson's estimate of the measured rates' relative error,
       :func:`integration_error`, is at most :data:`INTEGRATION_TOL`; each run reports its estimate and the
       gradients of every pass."""
-    from .frozen_jacobian import GAMMA, STEP_FRACTION, frozen_solver, live_heads, mass_weighted_field, ros2_paths
+    from ..hessian.frozen_jacobian import (
+        GAMMA,
+        STEP_FRACTION,
+        frozen_solver,
+        live_heads,
+        mass_weighted_field,
+        ros2_paths,
+    )
 
     say = progress or (lambda msg: None)
     mass = np.asarray(mass, dtype=float)
@@ -699,7 +716,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
     ``steps``, ``integration_error``, ``relative_error`` [R, 3] (energy, distance, PL ratio); ``runs/r<j>``:
     ``times``, ``excess``, ``excess_direct``, ``distance``, ``pl_ratio``, ``trusted``, ``predicted_excess``,
     ``predicted_distance`` [F]."""
-    from ..io.result_files import new_result_file, text_array
+    from ...io.result_files import new_result_file, text_array
 
     with new_result_file(path, SCHEMA_MINIMUM, RATES.version, cfg, problem=problem) as f:
         g = f.create_group("rates")

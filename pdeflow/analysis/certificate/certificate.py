@@ -1,11 +1,12 @@
 """Whether a stationary measure is a local minimum: the one rule that every verdict on the sign of S follows.
 
-``S`` is the mass-weighted Hessian off the symmetry directions (:mod:`pdeflow.analysis.spectrum`). Two facts decide:
+``S`` is the mass-weighted Hessian off the symmetry directions (:mod:`pdeflow.analysis.hessian.spectrum`). Two facts
+decide:
 
 - **Index by interlacing.** The j-th lowest Ritz value of any Rayleigh-Ritz projection of S (a Lanczos block on the
   live heads, the dense block of the heads at the origin) is no lower than the j-th lowest eigenvalue (Cauchy
   interlacing), converged or not: every negative Ritz value of a block proves one more negative eigenvalue there
-  (:attr:`pdeflow.analysis.spectrum.SpectrumEnds.morse_index_lower`). A negative lowest Ritz value of ANY block
+  (:attr:`pdeflow.analysis.hessian.spectrum.SpectrumEnds.morse_index_lower`). A negative lowest Ritz value of ANY block
   means index >= 1, whatever a converged value of another block says.
 - **Positivity only by a proof.** A positive lowest Ritz value is an upper bound on ``lambda_min``: it proves
   nothing below it absent. :func:`certify` assembles ``C = B^T S B`` densely on the live heads (``B`` [n, n - r]
@@ -15,7 +16,7 @@
   each lies within ``delta = n eps |A|_F + |C - C^T|_F`` of an eigenvalue of ``A`` (``p(n) = n`` taken, the
   Frobenius norms bounding the 2-norms; the asymmetry of the assembled ``C`` is the measured part of the JVP's
   rounding, added as the estimate of the assembly error, which is not otherwise bounded). The heads exactly at the
-  origin add the [k, k] block ``Hess Phi(0; rho)`` (:func:`pdeflow.analysis.spectrum.origin_block`), bounded the
+  origin add the [k, k] block ``Hess Phi(0; rho)`` (:func:`pdeflow.analysis.hessian.spectrum.origin_block`), bounded the
   same way. ``lambda_min`` then lies in ``[lowest - delta, min(lowest, lowest Ritz value) + delta]``, and the point
   is a **certified** local minimum when that lower bound is positive.
 
@@ -64,10 +65,10 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse.linalg
 
-from ..core.hessian_assembly import assemble_hessian
-from ..core.lanczos import lowest_eigenvector_shift_invert
-from ..core.problem import Problem
-from .spectrum import SpectrumEnds, head_symmetries, hessian_operator, origin_block, origin_is_stationary
+from ...core.hessian_assembly import assemble_hessian
+from ...core.lanczos import lowest_eigenvector_shift_invert
+from ...core.problem import Problem
+from ..hessian.spectrum import SpectrumEnds, head_symmetries, hessian_operator, origin_block, origin_is_stationary
 
 DENSE_LIMIT = 4096      # unknowns on the live heads assembled densely at most: 4,096 products, ~6 n^2 doubles
 BY_DENSE = "dense eigenvalue bound"          # the proof: eigh of the assembled C with the Weyl bound
@@ -162,7 +163,7 @@ def not_stationary(ends: SpectrumEnds | None, n: int, dense_limit: int = DENSE_L
 
 
 def stored_lambda_min(result: dict) -> tuple[float, bool]:
-    """``lambda_min`` of a stationary result (:func:`pdeflow.analysis.stationary.read_stationary`'s dict) and
+    """``lambda_min`` of a stationary result (:func:`pdeflow.analysis.stationary.stationary.read_stationary`'s dict) and
     whether it had to be taken from the certificate: the stored value when it lies in the certificate's bracket
     ``[lambda_min_lower, lambda_min_upper]`` (or there is no finite bracket), else the bracket's upper end, the
     certificate's Rayleigh value. Files written before the certificate's value was stored as ``lambda_min`` hold
@@ -382,7 +383,8 @@ def cholesky_bound(A: np.ndarray, estimate: float | None = None) -> CholeskyBoun
 def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: SpectrumEnds, *,
             dense_limit: int = DENSE_LIMIT, method: str = "auto") -> Certificate:
     """The verdict on the sign of S at ``omega`` [N, k] (``mass`` [N]) from its Lanczos ends ``ends``
-    (:func:`pdeflow.analysis.spectrum.spectrum_ends`) and, when no Ritz value is negative and the live heads have at
+    (:func:`pdeflow.analysis.hessian.spectrum.spectrum_ends`) and, when no Ritz value is negative and the live heads
+    have at
     most ``dense_limit`` unknowns, a bound from the assembled ``C`` (module docstring; heads exactly at the origin
     split off when the origin is stationary for every head). ``method`` (:data:`METHODS`): ``"dense"`` assembles C
     from ``n`` exact products and takes the dense eigenvalue bound; ``"cholesky"`` assembles C from S's structure

@@ -1,0 +1,1 @@
+"""Dirac stationary measures: H0 / Htr spectra, verdicts, rates checked by simulation, their figures."""

@@ -1,0 +1,1 @@
+"""The figures of a trajectory and the one figure-saving path."""
