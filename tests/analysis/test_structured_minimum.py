@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pdeflow.analysis.stationary.stationary.block_preconditioner import BlockPreconditioner
+from pdeflow.analysis.stationary.block_preconditioner import BlockPreconditioner
 
 from pdeflow import Problem, loads_config
 from pdeflow.analysis.search.lbfgs import lbfgs
