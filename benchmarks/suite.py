@@ -119,39 +119,67 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
         if checkpoint is not None:
             checkpoint(res)
 
-    import numba
-
     p = PRESETS[preset] if isinstance(preset, str) else preset
     res: dict[str, Any] = {"preset": asdict(p), "config": str(config),
                            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
     res["machine"] = machine()
-    threads = numba.get_num_threads()
-
     problem, omega, mass = build(config, n=p.n, b=p.b, t=p.t)
     p32 = build(config, n=p.n, b=p.b, t=p.t, precision="float32")[0]
-    sz = sizes(problem, omega)
-    res["sizes"] = sz
-    fl = _flops.grad_phi_flops(**sz)
-    res["flops"] = fl
+    res["sizes"] = sizes(problem, omega)
+    res["flops"] = _flops.grad_phi_flops(**res["sizes"])
+    _tuning_section(res, p, problem, p32, omega, mass, log)
+    done()
+    _kernel_section(res, p, problem, p32, omega, mass, log)
+    done()
+    _scaling_section(res, p, config, log, done)
+    done()
+    _thread_section(res, p, config, log)
+    done()
+    log(f"[bench] peak memory at N={p.memory_n}, B={p.memory_b} (subprocesses)")
+    mem_step = spawn("memory-step", config=config, n=p.memory_n, b=p.memory_b, t=p.t, repeats=1)
+    mem_kernel = spawn("memory-kernel", config=config, n=p.memory_n, b=p.memory_b, t=p.t, repeats=1)
+    res["memory"] = {"step": mem_step, "kernel": mem_kernel}
+    res["peak_memory_mib"] = mem_step["peak_rss_mib"]
+    done()
+    _baseline_section(res, p, config, problem, omega, mass, log, done)
+    done()
+    try:
+        res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    res["targets"] = {k: {"value": res.get(k), "target": f"{op} {bound}", "met": _met(k, res.get(k))}
+                      for k, (op, bound) in TARGETS.items()}
+    return res
 
-    # ---- the kernel variants (pdeflow.core.tuner): measured here, remembered for this CPU ------------------
+
+def _tuning_section(res: dict[str, Any], p: Preset, problem, p32, omega: np.ndarray, mass: np.ndarray,
+                    log: Callable[[str], None]) -> None:
+    """The kernel variants (pdeflow.core.tuner): measured here, remembered for this CPU."""
     from pdeflow.core import tuner
 
     from .tuning import in_use as variant_in_use
     from .tuning import tune_problem
 
+    n = res["sizes"]["N"]
     if tuner.tuning_off() or os.environ.get("PDEFLOW_VARIANT"):
         why = "PDEFLOW_TUNE=off" if tuner.tuning_off() else "PDEFLOW_VARIANT set"
-        res["tuning"] = {"skipped": why, "float64": {"in_use": variant_in_use(problem, sz["N"])},
-                         "float32": {"in_use": variant_in_use(p32, sz["N"])}}
+        res["tuning"] = {"skipped": why, "float64": {"in_use": variant_in_use(problem, n)},
+                         "float32": {"in_use": variant_in_use(p32, n)}}
     else:
         log(f"[bench] kernel variants: {len(tuner.candidates())} candidates timed on grad Phi, float64 and float32")
         res["tuning"] = {"float64": tune_problem(problem, omega, mass, p.tune_repeats),
                          "float32": tune_problem(p32, omega, mass, p.tune_repeats)}
     res["tuning"]["plans"] = tuner.summary()
-    done()
 
-    # ---- grad Phi, the explicit step and float32, interleaved ---------------------------------------
+
+def _kernel_section(res: dict[str, Any], p: Preset, problem, p32, omega: np.ndarray, mass: np.ndarray,
+                    log: Callable[[str], None]) -> None:
+    """grad Phi, the explicit step and float32, interleaved with the matmul rates (their fractions are ratios of
+    one run)."""
+    import numba
+
+    threads = numba.get_num_threads()
+    sz, fl = res["sizes"], res["flops"]
     log(f"[bench] grad Phi at {sz}: float64, float32, explicit Euler step, and float64 and float32 matrix "
         f"multiplies {p.matmul_n}x{p.matmul_n} with BLAS on {threads} threads ({p.repeats} interleaved runs)")
     dt = 1e-3
@@ -204,9 +232,11 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     ref_grad = problem.grad_phi(omega, omega, mass)
     res["float32_rel_error"] = _rel(p32.grad_phi(omega, omega, mass), ref_grad)
 
-    done()
 
-    # ---- scaling ------------------------------------------------------------------------------------
+
+def _scaling_section(res: dict[str, Any], p: Preset, config: str | Path, log: Callable[[str], None],
+                     done: Callable[[], None]) -> None:
+    """grad Phi's time against N, B and T: the fitted exponents."""
     res["scaling"] = {}
     for axis, values in (("N", p.scale_n), ("B", p.scale_b), ("T", p.scale_t)):
         log(f"[bench] scaling in {axis}: {list(values)}")
@@ -225,9 +255,10 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
         res[f"exponent_{axis}"] = res["scaling"][axis]["exponent"]
         done()
 
-    done()
 
-    # ---- threads (subprocesses) -------------------------------------------------------------------
+
+def _thread_section(res: dict[str, Any], p: Preset, config: str | Path, log: Callable[[str], None]) -> None:
+    """1 against 2 threads, alternated call by call in subprocesses, and the Amdahl bound of the 1-thread split."""
     log("[bench] 1 vs 2 threads (alternated call by call, in subprocesses)")
     # each process alternates 1 and 2 threads call by call (worker.thread_pairs): the speedup is the median of
     # the per-round ratios, which a machine whose speed drifts between and within processes slows alike
@@ -255,17 +286,14 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     # chunks of heads)
     res["thread_speedup_passes"] = {k: median(pairs[k]) for k in ("logits_pass", "gradient_pass")}
 
-    done()
 
-    # ---- peak memory (subprocesses) ---------------------------------------------------------------
-    log(f"[bench] peak memory at N={p.memory_n}, B={p.memory_b} (subprocesses)")
-    mem_step = spawn("memory-step", config=config, n=p.memory_n, b=p.memory_b, t=p.t, repeats=1)
-    mem_kernel = spawn("memory-kernel", config=config, n=p.memory_n, b=p.memory_b, t=p.t, repeats=1)
-    res["memory"] = {"step": mem_step, "kernel": mem_kernel}
-    res["peak_memory_mib"] = mem_step["peak_rss_mib"]
-    done()
 
-    # ---- baselines --------------------------------------------------------------------------------
+def _baseline_section(res: dict[str, Any], p: Preset, config: str | Path, problem, omega: np.ndarray,
+                      mass: np.ndarray, log: Callable[[str], None], done: Callable[[], None]) -> None:
+    """PyTorch autograd (own process) and the plain numpy gradient against pdeflow's."""
+    import numba
+
+    threads = numba.get_num_threads()
     log(f"[bench] PyTorch autograd float64 and float32, {threads} threads ({p.baseline_repeats} runs, own process)")
     res["torch"] = spawn("torch", threads=threads, config=config, n=p.n, b=p.b, t=p.t, repeats=p.baseline_repeats)
     if "skipped" in res["torch"]:
@@ -282,17 +310,8 @@ def run(preset: str | Preset = "full", config: str | Path = REFERENCE_CONFIG,
     tn = interleaved({"numpy": lambda: numpy_grad_phi(arrays, omega, mass),
                       "pdeflow": lambda: problem.grad_phi(omega, omega, mass)}, p.numpy_repeats, warmup=0)
     res["numpy"] = {"time": summary(tn["numpy"]), "speedup": ratio(tn["numpy"], tn["pdeflow"]),
-                    "rel_error": _rel(numpy_grad_phi(arrays, omega, mass), ref_grad)}
+                    "rel_error": _rel(numpy_grad_phi(arrays, omega, mass), problem.grad_phi(omega, omega, mass))}
 
-    done()
-
-    try:
-        res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        pass
-    res["targets"] = {k: {"value": res.get(k), "target": f"{op} {bound}", "met": _met(k, res.get(k))}
-                      for k, (op, bound) in TARGETS.items()}
-    return res
 
 
 def _fmt(x: Any, spec: str = ".3g") -> str:

@@ -394,6 +394,9 @@ def _sequence_parts(n_chunks: int, n_blocks: int) -> int:
     return int(max(1, min(n_blocks, -(-GRADIENT_ITEMS // n_chunks))))
 
 
+# one function: the per-thread worker `run` closes over the chunk plan, the shared parts' sums and their lock, and
+# its per-thread buffers are reused across items; splitting it would hand some twenty arrays to every block call
+# on the kernels' hot path, where the profile (docs/performance.md) counts every Python-level call
 def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: bool,
               tangent: tuple[np.ndarray, np.ndarray] | None = None):
     """Phi_data [Q] and (``with_grad``) its gradient [Q, p]; the threads' items are (chunk of heads, part of the
@@ -430,6 +433,7 @@ def _evaluate(theta: np.ndarray, G: np.ndarray, data: AttentionData, with_grad: 
     finished: dict[int, list] = {}  # chunk -> its parts' sums, until the last part is done
     lock = threading.Lock()
 
+    # one function: see _evaluate's note (the worker is the hot loop over a thread's items)
     def run(items: Iterator[int], kernel_threads: int) -> None:
         proj = _Projections(data, x, n, bc, dtype)
         c_buf = np.empty(bc * T * dh * n, dtype=dtype)
