@@ -63,14 +63,18 @@ def test_the_recipes_page_names_what_this_test_follows():
         assert name in text, name
 
 
+def central_difference(problem: pdeflow.Problem, omega: np.ndarray, mass: np.ndarray, h: float = 1e-5) -> float:
+    """``(M2(omega - h grad Phi) - M2(omega + h grad Phi)) / (2 h)``: dM2/dt along the flow to O(h^2)."""
+    g = problem.grad_phi(omega, omega, mass)
+    return (second_moment(problem, omega - h * g, mass).value
+            - second_moment(problem, omega + h * g, mass).value) / (2 * h)
+
+
 def test_a_new_diagnostic_is_checked_against_finite_differences(measure):
     """The recipe's step 3: the rate against a central difference of M2 along -grad Phi (second order in h)."""
     _, problem, omega, mass = measure
     m = second_moment(problem, omega, mass)
-    g = problem.grad_phi(omega, omega, mass)
-    h = 1e-5
-    difference = (second_moment(problem, omega - h * g, mass).value
-                  - second_moment(problem, omega + h * g, mass).value) / (2 * h)
+    difference = central_difference(problem, omega, mass)
     assert m.rate == pytest.approx(difference, rel=1e-7)
     assert m.value == pytest.approx(float(np.sum(mass[:, None] * omega ** 2)), rel=1e-14)
 
@@ -98,10 +102,7 @@ def test_a_new_file_kind_is_validated_and_summarised_with_no_other_code(measure,
 def test_a_new_report_section_is_rendered_everywhere(measure, tmp_path):
     _, problem, omega, mass = measure
     m = second_moment(problem, omega, mass)
-    g = problem.grad_phi(omega, omega, mass)
-    h = 1e-5
-    measured = (second_moment(problem, omega - h * g, mass).value
-                - second_moment(problem, omega + h * g, mass).value) / (2 * h)
+    measured = central_difference(problem, omega, mass)
     agrees = abs(measured - m.rate) <= 1e-6 * abs(m.rate)
     section = Section("moment", "The second moment's rate", "dM2/dt = -2 ∫ <ω, ∇Φ> dρ along the flow",
                       rows=[("M2", f"{m.value:.6g}", m.what), ("dM2/dt", f"{m.rate:.6g}", m.what),
