@@ -531,58 +531,19 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
       again, at most :data:`MAX_HALVINGS` times) until Richardson's estimate of the measured rates' relative error,
       :func:`integration_error`, is at most :data:`INTEGRATION_TOL`; each run reports its estimate and the
       gradients of every pass."""
-    from ..hessian.frozen_jacobian import (
-        GAMMA,
-        STEP_FRACTION,
-        frozen_solver,
-        live_heads,
-        mass_weighted_field,
-        ros2_paths,
-    )
+    from ..hessian.frozen_jacobian import live_heads
 
     say = progress or (lambda msg: None)
     mass = np.asarray(mass, dtype=float)
     omega = np.array(omega, dtype=float)
     live = live_heads(problem, omega, mass)
     smallest = min(0.5 * eps if linearity else eps, (eps_random or eps) if n_random else math.inf)
-    products = 0
-    found = None
-    if not (lambda_hint > 0):
-        found = spectrum_ends(problem, omega, mass, split_origin=True, **ends)
-        products += found.products
-        if not (found.lowest.size and found.lowest[0] > 0):
-            raise ConfigError("no converged positive lowest eigenvalue at the given point (raise --krylov-dim)")
-        lambda_hint = float(found.lowest[0])
-    target = (POLISH_OFFSET * lambda_hint * smallest) ** 2
-    polished, e_star, i_star, taken, newton_products, why = polish(problem, omega[live], mass[live], target)
-    omega[live] = polished
-    products += newton_products
-    say(f"{int((~live).sum())} of {len(live)} heads at the origin split off; polished on the live heads by {taken} "
-        f"Newton step(s) ({why}): E* = {e_star:.12g}, I = {i_star:.3e} (target {target:.1e}); {products} JVPs")
-    if found is None or taken:
-        found = spectrum_ends(problem, omega, mass, split_origin=True, **ends)
-        products += found.products
-    if not (found.lowest.size and found.morse_index_lower == 0 and found.lowest[0] > 0):
-        raise ConfigError(f"the spectrum at the polished point shows no converged positive lambda_min (index >= "
-                          f"{found.morse_index_lower}; raise --krylov-dim)")
+    e_star, i_star, taken, found, products = _polish_live_heads(problem, omega, mass, live, lambda_hint, smallest,
+                                                                say, ends)
     n_live = int(live.sum()) * omega.shape[1]
-    if n_live <= dense_limit:
-        cert = certify(problem, omega, mass, found, dense_limit=dense_limit)
-        if not cert.proven_minimum:
-            raise ConfigError(f"not a certified local minimum: {cert.describe()}; its rates are those of a minimum "
-                              "only with a proof")
-        products += cert.products
-        certificate, lower = cert.describe(), cert.lower
-        lam, lam_residual, slowest = float(cert.values[0]), float(cert.delta), cert.vectors[:, 0]
-    else:
-        if not source_certificate:
-            raise ConfigError(f"the live heads' {n_live} unknowns exceed the dense limit {dense_limit} and no "
-                              "certificate was given (raise --dense-limit, or start from a certified result)")
-        certificate = (f"the source's, at the point before the polish (not re-proven here: {n_live} live unknowns "
-                       f"> --dense-limit {dense_limit}): {source_certificate}")
-        lower = math.nan
-        lam, lam_residual, slowest = (float(found.lowest[0]), float(found.lowest_residual[0]),
-                                      found.lowest_vectors[:, 0])
+    certificate, lower, lam, lam_residual, slowest, certify_products = _frozen_certificate(
+        problem, omega, mass, found, n_live, dense_limit, source_certificate)
+    products += certify_products
     lam_max = float(found.highest[-1])
     slowest = slowest / np.linalg.norm(slowest)
     root = np.sqrt(mass)[:, None]
@@ -609,9 +570,84 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
         else:
             pred = eigenvector_prediction(times, lam, size)
         predictions.append(pred)
-    spacing = duration / max(samples - 1, 1)
+    runs, spent_steps = _frozen_runs(problem, omega, mass, directions, predictions, times, origin, n_live,
+                                     factor_dtype, e_star, grad_star, symmetry.project, lam, say)
+    for r, (name, _, _) in zip(runs, directions):
+        say(f"{name}: E - E* decays at {r.energy_rate:.6g} (predicted {r.predicted_energy_rate:.6g}), distance at "
+            f"{r.distance_rate:.6g} (predicted {r.predicted_distance_rate:.6g}), PL ratio >= {r.pl_ratio_min:.6g} "
+            f"(predicted {r.predicted_pl_ratio_min:.6g}); ros2-w, step {r.dt:.6g}, integration error "
+            f"{r.integration_error:.1e}; {spent_steps} steps and {r.gradients} gradients in all")
+    return MinimumRates(e_star=e_star, i_star=i_star, lambda_min=lam, lambda_min_residual=lam_residual,
+                        lambda_max=lam_max, morse_index_lower=0, n_symmetry=symmetry.size, eps=float(eps), runs=runs,
+                        products=int(products), polish_steps=taken, prediction_products=int(prediction_products),
+                        offset=offset, offset_bound=offset_bound, omega_star=omega, mass=mass, excess_check=check,
+                        certificate=certificate, lambda_min_lower=lower, engine=FROZEN)
+
+
+def _polish_live_heads(problem: Problem, omega: np.ndarray, mass: np.ndarray, live: np.ndarray, lambda_hint: float,
+                       smallest: float, say: Progress, ends: dict) -> tuple[float, float, int, SpectrumEnds, int]:
+    """Newton's polish of the live heads (``omega`` [N, k] edited in place) to ``I <= (POLISH_OFFSET lambda
+    smallest)^2``, lambda the hint or a first spectrum's lowest value; then the spectrum's ends at the polished
+    point, the origin block split off. Returns E*, I*, the Newton steps taken, the ends and the JVPs spent."""
+    products = 0
+    found = None
+    if not (lambda_hint > 0):
+        found = spectrum_ends(problem, omega, mass, split_origin=True, **ends)
+        products += found.products
+        if not (found.lowest.size and found.lowest[0] > 0):
+            raise ConfigError("no converged positive lowest eigenvalue at the given point (raise --krylov-dim)")
+        lambda_hint = float(found.lowest[0])
+    target = (POLISH_OFFSET * lambda_hint * smallest) ** 2
+    polished, e_star, i_star, taken, newton_products, why = polish(problem, omega[live], mass[live], target)
+    omega[live] = polished
+    products += newton_products
+    say(f"{int((~live).sum())} of {len(live)} heads at the origin split off; polished on the live heads by {taken} "
+        f"Newton step(s) ({why}): E* = {e_star:.12g}, I = {i_star:.3e} (target {target:.1e}); {products} JVPs")
+    if found is None or taken:
+        found = spectrum_ends(problem, omega, mass, split_origin=True, **ends)
+        products += found.products
+    if not (found.lowest.size and found.morse_index_lower == 0 and found.lowest[0] > 0):
+        raise ConfigError(f"the spectrum at the polished point shows no converged positive lambda_min (index >= "
+                          f"{found.morse_index_lower}; raise --krylov-dim)")
+    return e_star, i_star, taken, found, products
+
+
+def _frozen_certificate(problem: Problem, omega: np.ndarray, mass: np.ndarray, found: SpectrumEnds, n_live: int,
+                        dense_limit: int, source_certificate: str
+                        ) -> tuple[str, float, float, float, np.ndarray, int]:
+    """The certificate at the polished point: the dense bound up to ``dense_limit`` live unknowns, else the source's
+    (named as such). Returns its text, lambda_min's lower bound (NaN: not re-proven), lambda_min, its residual, the
+    slowest direction and the products spent."""
+    if n_live <= dense_limit:
+        cert = certify(problem, omega, mass, found, dense_limit=dense_limit)
+        if not cert.proven_minimum:
+            raise ConfigError(f"not a certified local minimum: {cert.describe()}; its rates are those of a minimum "
+                              "only with a proof")
+        return (cert.describe(), cert.lower, float(cert.values[0]), float(cert.delta), cert.vectors[:, 0],
+                cert.products)
+    if not source_certificate:
+        raise ConfigError(f"the live heads' {n_live} unknowns exceed the dense limit {dense_limit} and no "
+                          "certificate was given (raise --dense-limit, or start from a certified result)")
+    certificate = (f"the source's, at the point before the polish (not re-proven here: {n_live} live unknowns "
+                   f"> --dense-limit {dense_limit}): {source_certificate}")
+    return (certificate, math.nan, float(found.lowest[0]), float(found.lowest_residual[0]),
+            found.lowest_vectors[:, 0], 0)
+
+
+def _frozen_runs(problem: Problem, omega: np.ndarray, mass: np.ndarray, directions: list, predictions: list,
+                 times: np.ndarray, origin, n_live: int, factor_dtype: str, e_star: float, grad_star: np.ndarray,
+                 project: Callable[[np.ndarray], np.ndarray], lam: float,
+                 say: Progress) -> tuple[list[MinimumRun], int]:
+    """Every run of ``directions`` integrated together by ROS2 on S frozen at ``omega``, the step halved until
+    Richardson's estimate of the measured rates' error is at most :data:`INTEGRATION_TOL` (at most
+    :data:`MAX_HALVINGS` times). Returns the runs of the last pass and the steps of all passes."""
+    from ..hessian.frozen_jacobian import GAMMA, STEP_FRACTION, frozen_solver, mass_weighted_field, ros2_paths
+
+    duration = float(times[-1])
+    spacing = duration / max(len(times) - 1, 1)
     h = spacing / math.ceil(spacing / (STEP_FRACTION * RANDOM_FIT_SKIP * duration) - 1e-9)
     field = mass_weighted_field(problem, omega, mass)
+    root = np.sqrt(mass)[:, None]
     starts = np.stack([size * d for _, d, size in directions])
     coarse: list[MinimumRun] | None = None
     spent_steps = spent_gradients = 0
@@ -629,7 +665,7 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
             counter.steps, counter.counts["gradient"] = paths.steps, float(spent_gradients)
             path = omega[None] + paths.samples[j].reshape(len(times), *omega.shape) / root[None]
             skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
-            runs.append(_minimum_run(problem, name, size, path, mass, omega, symmetry.project, e_star, grad_star,
+            runs.append(_minimum_run(problem, name, size, path, mass, omega, project, e_star, grad_star,
                                      times, skip, pred, lam, "ros2-w", h, counter))
         if coarse is not None:
             for r, c in zip(runs, coarse):
@@ -641,16 +677,7 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
                 break
         if halving < MAX_HALVINGS:
             coarse, h = runs, h / 2
-    for r, (name, _, _) in zip(runs, directions):
-        say(f"{name}: E - E* decays at {r.energy_rate:.6g} (predicted {r.predicted_energy_rate:.6g}), distance at "
-            f"{r.distance_rate:.6g} (predicted {r.predicted_distance_rate:.6g}), PL ratio >= {r.pl_ratio_min:.6g} "
-            f"(predicted {r.predicted_pl_ratio_min:.6g}); ros2-w, step {r.dt:.6g}, integration error "
-            f"{r.integration_error:.1e}; {spent_steps} steps and {r.gradients} gradients in all")
-    return MinimumRates(e_star=e_star, i_star=i_star, lambda_min=lam, lambda_min_residual=lam_residual,
-                        lambda_max=lam_max, morse_index_lower=0, n_symmetry=symmetry.size, eps=float(eps), runs=runs,
-                        products=int(products), polish_steps=taken, prediction_products=int(prediction_products),
-                        offset=offset, offset_bound=offset_bound, omega_star=omega, mass=mass, excess_check=check,
-                        certificate=certificate, lambda_min_lower=lower, engine=FROZEN)
+    return runs, spent_steps
 
 
 def _fit_or_nan(times: np.ndarray, values: np.ndarray, select: np.ndarray) -> float:
