@@ -50,6 +50,12 @@ that value is the shift's estimate and one factorisation does both: Rump's test 
 inverse iteration with its factor for the Rayleigh vector (:func:`cholesky_bound`, ``estimate``; a wrong estimate
 falls back to the two factorisations).
 
+**At the point, and about the minimum.** Both brackets bound lambda_min of S at the point given, which a search
+leaves with ``I > 0``, off the minimum it approximates. At a proven minimum :func:`certify` also estimates how far
+lambda_min can move to that minimum (:mod:`pdeflow.analysis.certificate.about_minimum`: the distance ``sqrt(I) /
+lower`` times the measured slope of the lowest Rayleigh quotient) and widens the bracket into
+:attr:`Certificate.minimum_bracket`; :meth:`Certificate.describe` states both, labelled.
+
 Dense assembly stops at :data:`DENSE_LIMIT` unknowns on the live heads (``n`` products; S, C, its symmetric part,
 the eigenvectors and LAPACK's workspace: measured 8.6 GB peak at n = 13,594, about ``6 n^2`` doubles;
 ``dense_limit`` raises it). Above, the verdict is what Lanczos shows: :data:`LANCZOS_VERDICT` ("no negative
@@ -59,7 +65,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.linalg
@@ -69,6 +75,7 @@ from ...core.hessian_assembly import assemble_hessian
 from ...core.lanczos import lowest_eigenvector_shift_invert
 from ...core.problem import Problem
 from ..hessian.spectrum import SpectrumEnds, head_symmetries, hessian_operator, origin_block, origin_is_stationary
+from .about_minimum import drift_to_minimum
 
 DENSE_LIMIT = 4096      # unknowns on the live heads assembled densely at most: 4,096 products, ~6 n^2 doubles
 BY_DENSE = "dense eigenvalue bound"          # the proof: eigh of the assembled C with the Weyl bound
@@ -100,7 +107,10 @@ class Certificate:
     ``products``: JVPs of the assembly (Cholesky: its 2 k forward passes over the live heads; plus k for the origin
     block); ``lanczos_steps``: of the spectrum it started from; ``values`` [a] and ``vectors`` [N k, a]: the lowest
     dense eigenpairs (unit, v-coordinates; empty unless dense; Cholesky: the Rayleigh pair and the origin block's);
-    ``dense_limit``: the limit in force."""
+    ``dense_limit``: the limit in force. ``[lower, upper]`` bounds lambda_min of S *at the point certified*; at a
+    proven minimum :func:`certify` also estimates how far it can move to the minimum the point approximates
+    (:mod:`pdeflow.analysis.certificate.about_minimum`): ``distance`` (``sqrt(I) / lower``, mass-weighted), ``drift``
+    (the bracket's widening; NaN when not estimated) and the ``drift_products`` it cost (not in ``products``)."""
     kind: str
     lower: float
     upper: float
@@ -112,6 +122,9 @@ class Certificate:
     values: np.ndarray
     vectors: np.ndarray
     dense_limit: int = DENSE_LIMIT
+    distance: float = math.nan
+    drift: float = math.nan
+    drift_products: int = 0
 
     @property
     def estimate(self) -> float:
@@ -123,6 +136,23 @@ class Certificate:
         if self.kind not in PROOFS or not self.values.size:
             return math.nan
         return min(max(float(self.values[0]), self.lower), self.upper)
+
+    @property
+    def minimum_bracket(self) -> tuple[float, float]:
+        """``[lower - drift, upper + drift]``: lambda_min at the minimum the point approximates, an estimate (first
+        order in ``distance``); NaN when the drift was not estimated."""
+        return self.lower - self.drift, self.upper + self.drift
+
+    def about_minimum(self) -> str:
+        """What the certificate says of the minimum the point approximates (empty when nothing was estimated)."""
+        if not math.isfinite(self.drift):
+            return ""
+        low, high = self.minimum_bracket
+        if self.drift == 0.0:
+            return "; the point is stationary to rounding (I = 0): the bracket is the minimum's"
+        resolved = "" if low > 0 else ", not resolved from 0 at this distance (polish the point)"
+        return (f"; at the minimum it approximates (within sqrt(I) / lambda_min = {self.distance:.2g}) lambda_min "
+                f"in [{low:.6g}, {high:.6g}] (estimate, first order in that distance{resolved})")
 
     @property
     def proven_minimum(self) -> bool:
@@ -143,11 +173,13 @@ class Certificate:
             return (LANCZOS_VERDICT.format(m=self.lanczos_steps) + f": the live heads' {self.size} unknowns exceed "
                     f"the dense limit {self.dense_limit}; lambda_min <= {self.upper:.6g} (lowest Ritz value)")
         if self.proven_minimum and self.kind == BY_CHOLESKY:
-            return (f"certified by the Cholesky bound: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] "
-                    f"(Rump's test on S off the symmetry directions, n = {self.size}, delta = {self.delta:.1e})")
+            return (f"certified by the Cholesky bound: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] at this "
+                    f"point (Rump's test on S off the symmetry directions, n = {self.size}, delta = "
+                    f"{self.delta:.1e}){self.about_minimum()}")
         if self.proven_minimum:
             return (f"certified by the dense eigenvalue bound: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] "
-                    f"(eigh of S off the symmetry directions, n = {self.size}, delta = {self.delta:.1e})")
+                    f"at this point (eigh of S off the symmetry directions, n = {self.size}, delta = "
+                    f"{self.delta:.1e}){self.about_minimum()}")
         return (f"not established: lambda_min in [{self.lower:.6g}, {self.upper:.6g}] contains 0 (dense, n = "
                 f"{self.size}, delta = {self.delta:.1e})")
 
@@ -381,7 +413,20 @@ def cholesky_bound(A: np.ndarray, estimate: float | None = None) -> CholeskyBoun
 
 
 def certify(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: SpectrumEnds, *,
-            dense_limit: int = DENSE_LIMIT, method: str = "auto") -> Certificate:
+            dense_limit: int = DENSE_LIMIT, method: str = "auto", about_minimum: bool = True) -> Certificate:
+    """:func:`sign_of_s` (the verdict at the point) and, for a proven minimum with ``about_minimum``, how far its
+    lambda_min can move to the minimum the point approximates
+    (:func:`pdeflow.analysis.certificate.about_minimum.drift_to_minimum`: five JVPs and a gradient, counted in
+    ``drift_products``), which widens the bracket into :attr:`Certificate.minimum_bracket`."""
+    cert = sign_of_s(problem, omega, mass, ends, dense_limit=dense_limit, method=method)
+    if not (about_minimum and cert.proven_minimum and cert.vectors.shape[1]):
+        return cert
+    drift = drift_to_minimum(problem, omega, mass, cert.lower, cert.vectors[:, 0])
+    return replace(cert, distance=drift.distance, drift=drift.change, drift_products=drift.products)
+
+
+def sign_of_s(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: SpectrumEnds, *,
+              dense_limit: int = DENSE_LIMIT, method: str = "auto") -> Certificate:
     """The verdict on the sign of S at ``omega`` [N, k] (``mass`` [N]) from its Lanczos ends ``ends``
     (:func:`pdeflow.analysis.hessian.spectrum.spectrum_ends`) and, when no Ritz value is negative and the live heads
     have at
@@ -495,4 +540,4 @@ def _cholesky_certificate(bound: CholeskyBound, asymmetry: float, size: int, liv
 __all__ = ["BY_CHOLESKY", "BY_DENSE", "BY_INTERLACING", "BY_LANCZOS", "DENSE_LIMIT", "LANCZOS_VERDICT", "METHODS",
            "NOT_STATIONARY", "PROOFS", "Certificate", "CholeskyBound", "certify", "cholesky_bound", "complement_basis",
            "eigenvalue_bound", "embedded", "not_stationary", "perron_bound", "projected", "shifted_cholesky_bound",
-           "stored_lambda_min", "symmetric_part"]
+           "sign_of_s", "stored_lambda_min", "symmetric_part"]

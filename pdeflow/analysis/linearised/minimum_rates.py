@@ -234,7 +234,9 @@ class MinimumRates:
     perturbations of sizes ``EXCESS_CHECK_SIZES x eps`` along the slowest direction, (size, direct E - E*, gradient
     form); ``certificate``: what proves the point a minimum
     (:meth:`pdeflow.analysis.certificate.certificate.Certificate.describe`),
-    ``lambda_min_lower`` its lower bound on lambda_min; ``engine``: :data:`FROZEN` or :data:`PRODUCTS`."""
+    ``lambda_min_lower`` its lower bound on lambda_min at the polished point and ``bracket_at_minimum`` (lower,
+    upper) its bracket widened to the minimum (:attr:`pdeflow.analysis.certificate.certificate.Certificate.
+    minimum_bracket`; NaN when the certificate is the source's); ``engine``: :data:`FROZEN` or :data:`PRODUCTS`."""
     e_star: float
     i_star: float
     lambda_min: float
@@ -255,6 +257,7 @@ class MinimumRates:
     certificate: str = ""
     lambda_min_lower: float = math.nan
     engine: str = PRODUCTS
+    bracket_at_minimum: tuple[float, float] = (math.nan, math.nan)
 
     @property
     def gradients(self) -> int:
@@ -390,7 +393,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     basis = symmetry_basis(problem, omega, mass)
     ends_found, cert, lowest, residual, vectors = lowest_certified(problem, omega, mass, basis,
                                                                    dense_limit=dense_limit, **ends)
-    products = ends_found.products + cert.products
+    products = ends_found.products + cert.products + cert.drift_products
     smallest = min(0.5 * eps if linearity else eps, (eps_random or eps) if n_random else math.inf)
     target = (POLISH_OFFSET * float(lowest[0]) * smallest) ** 2
     omega, e_star, i_star, taken, newton_products, why = polish(problem, omega, mass, target)
@@ -402,7 +405,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
         basis = symmetry_basis(problem, omega, mass)
         ends_found, cert, lowest, residual, vectors = lowest_certified(problem, omega, mass, basis,
                                                                        dense_limit=dense_limit, **ends)
-        products += ends_found.products + cert.products
+        products += ends_found.products + cert.products + cert.drift_products
     lam, lam_max = float(lowest[0]), float(ends_found.highest[-1])
     root = np.sqrt(mass)[:, None]
     g = (root * problem.grad_phi(omega, omega, mass)).ravel()
@@ -450,7 +453,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                         morse_index_lower=int(np.sum(lowest + residual < 0)), n_symmetry=int(basis.shape[1]),
                         eps=float(eps), runs=runs, products=int(products), polish_steps=taken, offset=offset,
                         offset_bound=offset_bound, omega_star=omega, mass=mass, certificate=cert.describe(),
-                        lambda_min_lower=cert.lower,
+                        lambda_min_lower=cert.lower, bracket_at_minimum=cert.minimum_bracket,
                         prediction_products=int(op.products), excess_check=check, engine=PRODUCTS)
 
 
@@ -541,7 +544,7 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
     e_star, i_star, taken, found, products = _polish_live_heads(problem, omega, mass, live, lambda_hint, smallest,
                                                                 say, ends)
     n_live = int(live.sum()) * omega.shape[1]
-    certificate, lower, lam, lam_residual, slowest, certify_products = _frozen_certificate(
+    certificate, (lower, bracket), lam, lam_residual, slowest, certify_products = _frozen_certificate(
         problem, omega, mass, found, n_live, dense_limit, source_certificate)
     products += certify_products
     lam_max = float(found.highest[-1])
@@ -581,7 +584,7 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
                         lambda_max=lam_max, morse_index_lower=0, n_symmetry=symmetry.size, eps=float(eps), runs=runs,
                         products=int(products), polish_steps=taken, prediction_products=int(prediction_products),
                         offset=offset, offset_bound=offset_bound, omega_star=omega, mass=mass, excess_check=check,
-                        certificate=certificate, lambda_min_lower=lower, engine=FROZEN)
+                        certificate=certificate, lambda_min_lower=lower, engine=FROZEN, bracket_at_minimum=bracket)
 
 
 def _polish_live_heads(problem: Problem, omega: np.ndarray, mass: np.ndarray, live: np.ndarray, lambda_hint: float,
@@ -614,23 +617,23 @@ def _polish_live_heads(problem: Problem, omega: np.ndarray, mass: np.ndarray, li
 
 def _frozen_certificate(problem: Problem, omega: np.ndarray, mass: np.ndarray, found: SpectrumEnds, n_live: int,
                         dense_limit: int, source_certificate: str
-                        ) -> tuple[str, float, float, float, np.ndarray, int]:
+                        ) -> tuple[str, tuple[float, tuple[float, float]], float, float, np.ndarray, int]:
     """The certificate at the polished point: the dense bound up to ``dense_limit`` live unknowns, else the source's
-    (named as such). Returns its text, lambda_min's lower bound (NaN: not re-proven), lambda_min, its residual, the
-    slowest direction and the products spent."""
+    (named as such). Returns its text, (lambda_min's lower bound, its bracket about the minimum) (NaN: not
+    re-proven), lambda_min, its residual, the slowest direction and the products spent."""
     if n_live <= dense_limit:
         cert = certify(problem, omega, mass, found, dense_limit=dense_limit)
         if not cert.proven_minimum:
             raise ConfigError(f"not a certified local minimum: {cert.describe()}; its rates are those of a minimum "
                               "only with a proof")
-        return (cert.describe(), cert.lower, float(cert.values[0]), float(cert.delta), cert.vectors[:, 0],
-                cert.products)
+        return (cert.describe(), (cert.lower, cert.minimum_bracket), float(cert.values[0]), float(cert.delta),
+                cert.vectors[:, 0], cert.products + cert.drift_products)
     if not source_certificate:
         raise ConfigError(f"the live heads' {n_live} unknowns exceed the dense limit {dense_limit} and no "
                           "certificate was given (raise --dense-limit, or start from a certified result)")
     certificate = (f"the source's, at the point before the polish (not re-proven here: {n_live} live unknowns "
                    f"> --dense-limit {dense_limit}): {source_certificate}")
-    return (certificate, math.nan, float(found.lowest[0]), float(found.lowest_residual[0]),
+    return (certificate, (math.nan, (math.nan, math.nan)), float(found.lowest[0]), float(found.lowest_residual[0]),
             found.lowest_vectors[:, 0], 0)
 
 
@@ -735,7 +738,8 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
     """Write ``/rates`` (one result file, all or nothing, with ``/model`` and ``/data``): attributes ``e_star``,
     ``i_star``, ``lambda_min``, ``lambda_min_residual``, ``lambda_max``, ``morse_index_lower``, ``n_symmetry``, ``eps``,
     ``products``, ``prediction_products``, ``gradients``, ``polish_steps``, ``offset``, ``offset_bound``,
-    ``certificate`` and ``lambda_min_lower`` (what proves the point a minimum), ``engine``, ``source``
+    ``certificate`` and ``lambda_min_lower`` (what proves the point a minimum), ``lambda_min_lower_at_minimum`` and
+    ``lambda_min_upper_at_minimum`` (its bracket about the minimum), ``engine``, ``source``
     (the stationary result); ``omega_star`` [N, k] and ``mass`` [N], the polished point; ``excess_check`` [S, 3] (size,
     direct E - E*, gradient form); datasets over runs [R]: ``direction`` (str), ``stepper`` (str), ``eps``,
     ``energy_rate``, ``distance_rate``, ``pl_ratio_min``, ``pl_ratio_least``, ``predicted_energy_rate``,
@@ -751,6 +755,7 @@ def write_minimum_rates(path: str | Path, result: MinimumRates, cfg: Config, pro
                     "n_symmetry", "eps", "products", "prediction_products", "gradients", "polish_steps", "offset",
                     "offset_bound", "certificate", "lambda_min_lower", "engine"):
             g.attrs[key] = getattr(result, key)
+        g.attrs["lambda_min_lower_at_minimum"], g.attrs["lambda_min_upper_at_minimum"] = result.bracket_at_minimum
         g.attrs["source"] = source
         g["excess_check"] = np.asarray(result.excess_check, dtype=float).reshape(-1, 3)
         g["omega_star"] = np.asarray(result.omega_star, dtype=float)

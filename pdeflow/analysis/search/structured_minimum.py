@@ -236,7 +236,7 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
         spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim, split_origin=True)
         c.gradients += 1  # the spectrum's start vector
         certificate = certify(problem, c.omega(v), c.mass, spectrum, dense_limit=dense_limit, method="cholesky")
-        certify_products += spectrum.products + certificate.products
+        certify_products += spectrum.products + certificate.products + certificate.drift_products
         certify_wall += time.perf_counter() - t0
         say(f"certificate: {certificate.describe()}")
         found = (spectrum, certificate)

@@ -572,7 +572,8 @@ def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int, say: 
     c.gradients += 1  # the spectrum's start vector
     certificate = certify(problem, c.omega(v), c.mass, spectrum, dense_limit=dense_limit)
     say(f"spectrum: lowest {spectrum.lowest[:3]}, {spectrum.products} Lanczos steps; {certificate.describe()}")
-    return spectrum, certificate, spectrum.products + certificate.products, time.perf_counter() - t0
+    products = spectrum.products + certificate.products + certificate.drift_products
+    return spectrum, certificate, products, time.perf_counter() - t0
 
 
 def no_spectrum(n: int) -> SpectrumEnds:
@@ -625,6 +626,7 @@ SCALARS = ("kind", "source", "frame", "time", "energy", "dissipation", "start_en
            "initial_dissipation", "ratio", "target", "converged", "certified", "verdict", "morse_index_lower",
            "n_symmetry", "lambda_min", "lambda_max", "lowest_ritz", "lowest_ritz_residual", "certificate",
            "certificate_text", "lambda_min_lower", "lambda_min_upper", "certificate_size", "certificate_delta",
+           "distance_to_minimum", "lambda_min_lower_at_minimum", "lambda_min_upper_at_minimum",
            "lanczos_steps", "dense_limit", "iterations",
            "gradients", "products", "certify_products", "gradient_equivalents", "jvp_gradients", "wall",
            "certify_wall", "message", "route", "start_rule")
@@ -644,7 +646,10 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
     :data:`SCALARS` (``source``, ``frame``, ``time``: the trajectory and frame the search started from; costs in
     gradients, JVP products and wall seconds, the certification's separately; ``certificate``: its kind,
     :data:`pdeflow.analysis.certificate.certificate.PROOFS` the proofs, ``certificate_text`` what it establishes,
-    ``lambda_min_lower`` / ``lambda_min_upper`` the bounds on lambda_min, ``certificate_size`` the dense order,
+    ``lambda_min_lower`` / ``lambda_min_upper`` the bounds on lambda_min at the point, ``distance_to_minimum``
+    (``sqrt(I) / lambda_min_lower``) and ``lambda_min_lower_at_minimum`` / ``lambda_min_upper_at_minimum`` the
+    bracket widened to the minimum the point approximates (an estimate, NaN when not made:
+    :mod:`pdeflow.analysis.certificate.about_minimum`), ``certificate_size`` the dense order,
     ``certificate_delta`` its eigenvalue bound, ``lanczos_steps``, ``dense_limit``; ``route``: the search taken,
     :data:`ROUTES` (a nearest point's: ``"newton"``); ``start_rule``: what fixed the start frame)."""
     from ...io.result_files import new_result_file
@@ -659,6 +664,8 @@ def write_stationary(path: str | Path, point: StationaryPoint, cfg: Config, prob
               "lowest_ritz": s.lowest_ritz, "lowest_ritz_residual": s.lowest_ritz_residual,
               "certificate": cert.kind, "certificate_text": cert.describe(), "lambda_min_lower": cert.lower,
               "lambda_min_upper": cert.upper, "certificate_size": cert.size, "certificate_delta": cert.delta,
+              "distance_to_minimum": cert.distance, "lambda_min_lower_at_minimum": cert.minimum_bracket[0],
+              "lambda_min_upper_at_minimum": cert.minimum_bracket[1],
               "lanczos_steps": cert.lanczos_steps, "dense_limit": cert.dense_limit,
               "iterations": point.iterations, "gradients": point.gradients, "products": point.products,
               "certify_products": point.certify_products, "gradient_equivalents": point.gradient_equivalents,
@@ -747,7 +754,12 @@ def lambda_min_text(r: dict[str, Any]) -> str:
     if not math.isfinite(lam):
         return "not computed (no Ritz value converged)"
     if math.isfinite(lower):
-        return f"{lam:.10g}, in the certificate's bracket [{lower:.10g}, {upper:.10g}]"
+        low, high = (float(r.get(key, math.nan)) for key in ("lambda_min_lower_at_minimum",
+                                                             "lambda_min_upper_at_minimum"))
+        about = (f"; at the minimum the point approximates in [{low:.10g}, {high:.10g}] (estimate: the bracket "
+                 f"widened over the distance sqrt(I) / lambda_min = {float(r['distance_to_minimum']):.2g})"
+                 if math.isfinite(low) else "")
+        return f"{lam:.10g}, in the certificate's bracket [{lower:.10g}, {upper:.10g}] at this point{about}"
     return f"{lam:.10g} (the lowest converged Ritz value: an upper bound)"
 
 
