@@ -10,6 +10,7 @@ real-axis stability bound (2, 2, 2.7853). Details: docs/solvers.md, "Particles: 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -19,6 +20,7 @@ from pdeflow.core.problem import Problem
 
 from .base import State, Stepper
 from .controller import AdaptiveStepper
+from .step_size import StepSizeController
 
 
 class ExplicitRK(Stepper):
@@ -124,6 +126,13 @@ class RK4(ExplicitRK):
     stability_bound = 2.785293563405282
 
 
+@dataclass
+class _Stages:
+    """The plan of one step of an embedded pair: the stages of its latest attempt (the accepted one's give the
+    step's quadrature)."""
+    stages: list[np.ndarray] = field(default_factory=list)
+
+
 class EmbeddedRK(AdaptiveStepper, ExplicitRK):
     """An embedded explicit Runge-Kutta pair with first-same-as-last reuse, given by its tableau: ``A`` (its last
     row is ``b``, the stage at the new state), ``b`` (last weight 0) and ``e = b - b_hat`` (the embedded solution's
@@ -135,21 +144,25 @@ class EmbeddedRK(AdaptiveStepper, ExplicitRK):
     step_columns = ("rejected",)
     e: ClassVar[tuple[float, ...]] = ()
 
-    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+    def _begin_step(self, state: State, columns: dict[str, float]) -> _Stages:
+        return _Stages()
+
+    def _step_impl(self, state: State, h: float, plan: _Stages, columns: dict[str, float]) -> tuple[State, float,
+                                                                                                  float]:
         y = self._solution(state)
         n = len(self.A) - 1  # stages before the last, which is the rate at the new state
         stages = self._stages(state, h, n)
         y_new = self._combine(y, h, self.b[:n], stages)
         new = state.advanced(self._fields(y_new, state), h)
         stages.append(self._rate_at(new))
-        self._last_stages = stages
+        plan.stages = stages
         return new, h, self.error_norm(self._combine(np.zeros_like(y), h, self.e, stages), y, y_new)
 
-    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+    def _accept_step(self, state: State, new: State, h: float, plan: _Stages,
+                     columns: dict[str, float]) -> dict[str, float]:
         n = len(self.A) - 1
-        new.dissipation_integral = self._quadrature(state, h, self.b[:n], self._last_stages[:n])
-        self._last_stages = []
-        return counts
+        new.dissipation_integral = self._quadrature(state, h, self.b[:n], plan.stages[:n])
+        return columns
 
 
 class DormandPrince(EmbeddedRK):
@@ -161,7 +174,6 @@ class DormandPrince(EmbeddedRK):
     use_when = "the particle flow accurately without tuning a step, while the step is set by accuracy, not stability"
     order = 5
     error_order = 4  # the embedded fourth-order solution's error: err ~ h^5
-    pi_control = False
     stages = 6  # new evaluations per accepted attempt (first-same-as-last)
     A = ((),
          (1 / 5,),
@@ -173,6 +185,11 @@ class DormandPrince(EmbeddedRK):
     b = (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0.0)
     # b - b_hat: the embedded fourth-order solution's difference, as in the published pair
     e = (71 / 57600, 0.0, -71 / 16695, 71 / 1920, -17253 / 339200, 22 / 525, -1 / 40)
+
+    @classmethod
+    def default_controller(cls, **settings: float) -> StepSizeController:
+        """The elementary controller ``0.9 err^(-1/5)`` (class docstring)."""
+        return StepSizeController.elementary(**{key: float(value) for key, value in settings.items()})
 
     def likely_cause(self, state: State) -> str:
         return (f"the adaptive stepper's tolerances (solver.rtol = {self.rtol:g}, "
