@@ -57,16 +57,16 @@ def _always(stepper: Stepper) -> bool:
 
 @dataclass(frozen=True)
 class Carried:
-    """A value an accepted step hands to the next step (beyond the :class:`State`), kept in checkpoints under its
-    ``name``. Its ``shape``: ``"scalar"`` (a float), ``"int"``, ``"vector"`` ([n], n the measure's size,
-    ``omega.size``), ``"values"`` ([m] at most) or ``"columns"`` ([n, m] at most), m the stepper's attribute named
-    ``count``; ``like``: the ``"values"`` item whose held entries say which columns of a ``"columns"`` item are held
-    (eigenvalues and their vectors); ``order``: the memory order (``"C"`` or ``"F"``) a ``"columns"`` item has
-    while the stepper runs, given back by :meth:`unpack` (BLAS sums the products on it in an order that depends on
-    it: a resumed run repeats the uninterrupted one bit for bit only with the same); ``when(stepper)``: whether this
-    stepper carries it at all (its settings). A
-    checkpoint holds it as a float array of the declared shape, nan where nothing is known (past the held entries,
-    or no value): None in the carry it is restored to."""
+    """A value an accepted step hands to the next step (in :attr:`State.carry <pdeflow.core.state.State.carry>`),
+    kept in checkpoints under its ``name``. Its ``shape``: ``"scalar"`` (a float), ``"int"``, ``"vector"`` ([n], n
+    the measure's size, ``omega.size``), ``"values"`` ([m] at most) or ``"columns"`` ([n, m] at most), m the
+    stepper's attribute named ``count``; ``like``: the ``"values"`` item whose held entries say which columns of a
+    ``"columns"`` item are held (eigenvalues and their vectors); ``order``: the memory order (``"C"`` or ``"F"``) a
+    ``"columns"`` item has while the stepper runs, given back by :meth:`unpack` (BLAS sums the products on it in an
+    order that depends on it: a resumed run repeats the uninterrupted one bit for bit only with the same);
+    ``when(stepper)``: whether this stepper carries it at all (its settings). A checkpoint holds it as a float array
+    of the declared shape, nan where nothing is known (past the held entries, or no value): None in the carry it is
+    restored to."""
     name: str
     shape: str = "scalar"
     count: str = ""
@@ -146,16 +146,20 @@ class Stepper(abc.ABC):
        grad Phi evaluations, exact and difference products) are the base's, counted by the Problem around each
        step (:meth:`cost_since`), for every stepper alike; a stepper's own tallies (``jvps`` of rkc, rosenbrock,
        cvode: what its decisions or its breakdown use) are columns of its own, not its cost.
-    8. :attr:`carried`: what an accepted step hands to the next beyond the :class:`State` (:class:`Carried`: names
-       and shapes), handed on by :meth:`hand_on` and read back by :meth:`carry`; the base keeps it in checkpoints
-       (:meth:`extra_state`) and restores it (:meth:`restore`), so a resumed run repeats the uninterrupted one bit
-       for bit. A stepper whose carry cannot be restored (cvode's solver memory) overrides :meth:`restore`.
+    8. :attr:`carried`: what an accepted step hands to the next (:class:`Carried`: names and shapes), the solver
+       state: the step reads it from the state it is given (``state.carry``, by name) and leaves its own on the
+       state it returns (``new.carry``), so nothing of it lives on the stepper (the step takes the state in and
+       returns it, as diffrax's ``step`` its solver state). The base keeps it in checkpoints (:meth:`extra_state`)
+       and restores it (:meth:`restore`), so a resumed run repeats the uninterrupted one bit for bit. An entry not
+       declared there (cvode's running solver) lives in memory only: a resumed run starts it afresh.
     9. :meth:`evaluate`, :meth:`diagnostics`, :meth:`frame_attrs`: how its measure is evaluated and described (grids).
     10. :attr:`energy_identity`, :meth:`identity_note`, :attr:`quadrature`, :meth:`dissipation_integral`,
         :meth:`defect_sources`: its energy-identity check (:mod:`pdeflow.solvers.accuracy`); a stepper whose
         :meth:`diagnostics` give the ``energy`` and ``dissipation`` gets the check with no code of its own.
     11. :attr:`stability_bound`, :attr:`stability_column`, :attr:`stages`: the ``lambda_max * dt`` check of a
-        fixed-step explicit method, or the column where a stepper guarding its own stability records its margin.
+        fixed-step explicit method, or the column where a stepper guarding its own stability records its margin
+        (an explicit Runge-Kutta method's ``stages`` is derived from its tableau,
+        :class:`pdeflow.solvers.explicit.ExplicitRK`).
     12. :attr:`sharded`: True when it runs split across MPI ranks.
     13. :meth:`likely_cause`, :meth:`is_finite`: what a non-finite state most likely came from.
     """
@@ -171,7 +175,7 @@ class Stepper(abc.ABC):
     summary: ClassVar[str] = ""
     use_when: ClassVar[str] = ""
     step_columns: ClassVar[tuple[str, ...]] = ()
-    # what an accepted step hands to the next beyond the State, checkpointed by the base (item 8)
+    # what an accepted step hands to the next in State.carry, checkpointed by the base (item 8)
     carried: ClassVar[tuple[Carried, ...]] = ()
     # True when a step needs of the other ranks' particles only what Problem sums over ranks (the aggregate
     # output, confinement, dissipation) and sum_over_ranks: the stepper runs split across MPI ranks
@@ -211,8 +215,6 @@ class Stepper(abc.ABC):
         self.dt = math.nan
         # the initial measure's fields when initial_state() is called without (make_stepper: the config's)
         self.initial_fields: Callable[[], dict[str, np.ndarray]] | None = None
-        # (the state an accepted step produced, the values of carried it handed on to the step from it)
-        self._carry: tuple[State, dict[str, Any]] | None = None
 
     @classmethod
     def key_values(cls, cfg: Config) -> dict[str, Any]:
@@ -233,7 +235,8 @@ class Stepper(abc.ABC):
     # ---- state --------------------------------------------------------------------------------
     def initial_state(self, fields: dict[str, np.ndarray] | None = None) -> State:
         """The state at t = 0 holding the measure ``fields`` (default: :attr:`initial_fields`, which
-        :func:`pdeflow.solvers.make_stepper` sets from the config's ``init.*``), first step ``dt``."""
+        :func:`pdeflow.solvers.make_stepper` sets from the config's ``init.*``), first step ``dt``, an empty carry
+        (the first step starts afresh)."""
         if fields is None:
             if self.initial_fields is None:
                 raise ValueError(f"{type(self).__name__}.initial_state: no initial measure given (pass its fields)")
@@ -245,41 +248,26 @@ class Stepper(abc.ABC):
         return {}
 
     # ---- the carry ----------------------------------------------------------------------------
-    def hand_on(self, state: State, **values: Any) -> None:
-        """Hand ``values`` (names of :attr:`carried`; None: not known) on to the step from ``state``, with what was
-        already handed on to it (a new state's carry starts empty)."""
-        if self._carry is None or self._carry[0] is not state:
-            self._carry = (state, {})
-        self._carry[1].update(values)
-
-    def carry(self, state: State) -> dict[str, Any] | None:
-        """What was handed on to the step from ``state`` (:meth:`hand_on`, or a restored checkpoint's), by name;
-        None when nothing was: ``state`` is not the one the last accepted step produced (the step starts afresh)."""
-        return self._carry[1] if self._carry is not None and self._carry[0] is state else None
-
     def kept(self) -> tuple[Carried, ...]:
         """The items of :attr:`carried` this stepper carries (its settings: :attr:`Carried.when`)."""
         return tuple(c for c in self.carried if c.when(self))
 
     def extra_state(self, state: State) -> dict[str, np.ndarray]:
-        """What a checkpoint keeps at ``state`` beyond the ``State``: each kept item of :attr:`carried` as a float
-        array of its declared shape (:meth:`Carried.pack`), nan where not known at ``state``. The names and shapes
-        depend only on the stepper's parameters and the measure's shape, so those at the start fix the file's
-        datasets."""
-        values = self.carry(state) or {}
-        return {c.name: c.pack(values.get(c.name), c.size(self, state)) for c in self.kept()}
+        """What a checkpoint keeps at ``state`` beyond its fields: each kept item of :attr:`carried` of
+        ``state.carry`` as a float array of its declared shape (:meth:`Carried.pack`), nan where not known. The
+        names and shapes depend only on the stepper's parameters and the measure's shape, so those at the start fix
+        the file's datasets."""
+        return {c.name: c.pack(state.carry.get(c.name), c.size(self, state)) for c in self.kept()}
 
     def restore(self, state: State, extra: dict[str, np.ndarray] | None = None) -> State:
-        """Continue from ``state`` (a resumed file's, :func:`pdeflow.io.resume.state_of`) with the named arrays
-        ``extra`` of :meth:`extra_state`: the carry handed on to the step from it (nothing when no value is
-        known)."""
-        self._carry = None
+        """``state`` (a resumed file's, :func:`pdeflow.io.resume.state_of`) with the carry the named arrays ``extra``
+        of :meth:`extra_state` hold (empty when no value is known: the next step starts afresh)."""
+        values: dict[str, Any] = {}
         if extra:
             values = {c.name: c.unpack(extra[c.name], np.isfinite(np.asarray(extra[c.like], dtype=float))
                                        if c.like else None)
                       for c in self.kept() if c.name in extra}
-            if any(v is not None for v in values.values()):
-                self._carry = (state, values)
+        state.carry = values if any(v is not None for v in values.values()) else {}
         return state
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -334,16 +322,15 @@ class Stepper(abc.ABC):
         """Advance by at most ``dt_limit``; return the new state and the stepper's /steps columns."""
 
     def cost_mark(self) -> dict[str, int]:
-        """The Problem's counts of calls so far (:attr:`pdeflow.core.problem.Problem.counts`), for
-        :meth:`cost_since`."""
-        return dict(self.problem.counts)
+        """The Problem's counts of calls so far (:meth:`pdeflow.core.problem.Problem.mark`), for :meth:`cost_since`."""
+        return self.problem.mark()
 
     def cost_since(self, mark: dict[str, int]) -> dict[str, float]:
         """The :data:`COST_COLUMNS`: the Problem's calls since ``mark`` (:meth:`cost_mark`) by kind; the loop marks
         before a step and reads after it and the new state's diagnostics (:mod:`pdeflow.solvers.loop`), so a step's
         cost includes the evaluation of its new state whoever makes it.
         :func:`pdeflow.core.problem.gradient_equivalents` of them is the cost in grad Phi evaluations."""
-        return {COST_COLUMN[kind]: float(self.problem.counts[kind] - mark[kind]) for kind in COST_KINDS}
+        return {COST_COLUMN[kind]: float(calls) for kind, calls in self.problem.since(mark).items()}
 
     def likely_cause(self, state: State) -> str:
         """What most likely made the state non-finite, named with the config key to change."""

@@ -17,11 +17,12 @@ class BogackiShampine(EmbeddedRK):
     use_when = "as `adaptive` at loose tolerances: order 3, three new evaluations a step against six"
     order = 3
     error_order = 2  # the embedded second-order solution's error: err ~ h^3
-    stages = 3  # new evaluations per accepted attempt (first-same-as-last)
+    fsal = True  # three new evaluations per attempt
     A = ((),
          (1 / 2,),
          (0.0, 3 / 4),
          (2 / 9, 1 / 3, 4 / 9))
     b = (2 / 9, 1 / 3, 4 / 9, 0.0)
+    c = (0.0, 1 / 2, 3 / 4, 1.0)
     # b - b_hat, b_hat = (7/24, 1/4, 1/3, 1/8) the embedded second-order solution
     e = (-5 / 72, 1 / 12, 1 / 9, -1 / 8)

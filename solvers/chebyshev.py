@@ -20,7 +20,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from .base import Carried, State
 from .controller import CONTROLLER_PARAMS, AdaptiveStepper
 from .dissipation import hermite_dissipation, state_jacobian
 from .parameters import Param
+from .step_size import StepSizeController
 
 # the damping of the stability polynomial: |R_s| <= 1 - eps/3 or so inside the interval (a margin against rounding
 # and a slightly wrong rho), at the price of beta(s) ~ 0.65 s^2 instead of 2 s^2
@@ -119,14 +120,16 @@ def error_estimate(y: np.ndarray, y_new: np.ndarray, fy: np.ndarray, f_new: np.n
 
 
 @dataclass
-class _Radius:
-    """The spectral radius estimate ``rho``, its Ritz vector [n], its ``age`` and the ``interval`` to the next
-    estimate in steps; ``slope = dI/dt`` at the step's start."""
+class RadiusPlan:
+    """The plan of one step: the spectral radius estimate ``rho``, its Ritz vector [n], its ``age`` and the
+    ``interval`` to the next estimate in steps; ``slope = dI/dt`` at the step's start; ``pairs``: eserk4's deflated
+    pairs for the step (None: none)."""
     rho: float
-    vector: np.ndarray
+    vector: np.ndarray | None
     age: int
     interval: int
     slope: float
+    pairs: Any = None
 
 
 class RKC(AdaptiveStepper):
@@ -140,103 +143,102 @@ class RKC(AdaptiveStepper):
     error_order: ClassVar[int] = ERROR_ORDER
     step_columns = ("rejected", "stages", "jvps", "spectral_radius", "stability_margin")
     # what an accepted step hands to the next besides the controller's memory: the radius estimate ``rho``, its Ritz
-    # ``vector`` [N k], its ``age`` and the ``interval`` to the next estimate in steps (:class:`_Radius`), and
+    # ``vector`` [N k], its ``age`` and the ``interval`` to the next estimate in steps (:class:`RadiusPlan`), and
     # ``slope = dI/dt`` at the new state
     carried = (*AdaptiveStepper.carried, Carried("rho"), Carried("vector", "vector"), Carried("age", "int"),
                Carried("interval", "int"), Carried("slope"))
     stability_column = "stability_margin"
     params = (*CONTROLLER_PARAMS, RADIUS_EVERY)
 
-    _step_radius: _Radius  # the radius estimate of the step being taken (_begin_step), renewed by a rejection
-
-    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
-                 max_growth: float, radius_every: int) -> None:
-        """``dt`` the first step; the error controller as for ``adaptive``; ``radius_every`` steps between
-        estimates of the spectral radius (``solver.*`` of the same names)."""
-        super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
+    def __init__(self, problem: Problem, dt: float, *, controller: StepSizeController, radius_every: int) -> None:
+        """``dt`` the first step; ``controller`` the run's step-size controller (as for ``adaptive``);
+        ``radius_every`` steps between estimates of the spectral radius (``solver.radius_every``)."""
+        super().__init__(problem, dt, controller=controller)
         self.radius_every = int(radius_every)
 
-    def _velocity(self, omega: np.ndarray, mass: np.ndarray, counts: dict[str, float]) -> np.ndarray:
-        counts["gradient_evals"] += 1
+    def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         return self.problem.velocity(omega, mass)
 
-    def _jacobian(self, state: State, counts: dict[str, float]) -> SystemJacobian:
-        """The system Jacobian at the state on difference products (one grad Phi each), counted in ``jvps``."""
-        return state_jacobian(self, state, "difference", counts)
+    def _jacobian(self, state: State) -> SystemJacobian:
+        """The system Jacobian at the state on difference products (one grad Phi each)."""
+        return state_jacobian(self, state, "difference")
 
-    def _radius(self, state: State, start: np.ndarray | None, counts: dict[str, float]) -> tuple[float, np.ndarray]:
+    def _radius(self, state: State, start: np.ndarray | None, plan: RadiusPlan) -> tuple[float, np.ndarray]:
         """``(rho, x)``: the largest eigenvalue of ``S = M^{1/2} (-J) M^{-1/2}`` at the state by
         :meth:`pdeflow.core.system_jacobian.SystemJacobian.top_pair` on difference products (one grad Phi each),
-        warm from ``start`` or cold from a fixed random vector (:data:`RADIUS_START`); a lower bound, at least 0."""
-        value, vector = self._jacobian(state, counts).top_pair(start, RADIUS_START)
+        warm from ``start`` or cold from a fixed random vector (:data:`RADIUS_START`); a lower bound, at least 0.
+        ``plan``: the step's (rkc's estimate uses nothing of it)."""
+        value, vector = self._jacobian(state).top_pair(start, RADIUS_START)
         return max(value, 0.0), vector
 
     def _reestimate(self, state: State, rho: float, vector: np.ndarray, interval: int,
-                    counts: dict[str, float]) -> tuple[float, np.ndarray, int]:
+                    plan: RadiusPlan) -> tuple[float, np.ndarray, int]:
         """A new radius estimate from the old one's vector, and the steps to the next: half the interval when rho
         grew by more than :data:`RADIUS_GROWTH`, else twice it, within ``[1, radius_every]``."""
-        new_rho, new_vector = self._radius(state, vector, counts)
+        new_rho, new_vector = self._radius(state, vector, plan)
         grown = new_rho > RADIUS_GROWTH * rho
         interval = max(1, interval // 2) if grown else min(self.radius_every, 2 * interval)
         return new_rho, new_vector, interval
 
-    def _begin_step(self, state: State) -> dict[str, float]:
+    def _new_plan(self, state: State) -> RadiusPlan:
+        """The step's plan before its radius is known (eserk4 adds the pairs the state's carry holds)."""
+        return RadiusPlan(math.nan, None, 0, 1, math.nan)
+
+    def _begin_step(self, state: State, columns: dict[str, float]) -> RadiusPlan:
         """The radius estimate for the step (carried, renewed when its interval is up, or cold) and dI/dt."""
-        counts = {"rejected": 0.0, "gradient_evals": 0.0, "jvps": 0.0}
-        carry = self.carry(state)
-        if carry is None or carry.get("rho") is None:
-            carry = None
-            rho, vector = self._radius(state, None, counts)
-            age, interval = 0, 1
-        elif carry["age"] >= carry["interval"]:
-            rho, vector, interval = self._reestimate(state, carry["rho"], carry["vector"], carry["interval"], counts)
-            age = 0
+        carry = state.carry
+        plan = self._new_plan(state)
+        if carry.get("rho") is None:
+            plan.rho, plan.vector = self._radius(state, None, plan)
+            plan.slope = self._jacobian(state).slope()
         else:
-            rho, vector, age, interval = carry["rho"], carry["vector"], carry["age"], carry["interval"]
-        slope = carry["slope"] if carry is not None else self._jacobian(state, counts).slope()
-        self._step_radius = _Radius(rho, vector, age, interval, slope)
-        return counts
+            if carry["age"] >= carry["interval"]:
+                plan.rho, plan.vector, plan.interval = self._reestimate(state, carry["rho"], carry["vector"],
+                                                                        carry["interval"], plan)
+            else:
+                plan.rho, plan.vector, plan.age, plan.interval = (carry["rho"], carry["vector"], carry["age"],
+                                                                  carry["interval"])
+            plan.slope = carry["slope"]
+        return plan
 
     def _stage_rule(self) -> tuple[Callable[[float], int], Callable[[int], float], int]:
         """The method's stages: the fewest stable ones for ``x = h rho`` (:func:`stages_for`), the stable length
         ``beta(s)`` of s stages, and the most one step takes (:data:`MAX_STAGES`)."""
         return stages_for, lambda s: chebyshev(s).beta, MAX_STAGES
 
-    def _stages(self, h: float) -> tuple[int, float, float]:
-        """(stages, step, stability margin) for the step ``h``: the fewest stable stages for ``RADIUS_SAFETY rho
-        h``, cut to the most the method takes with ``h`` shortened to their stable length ``beta / (RADIUS_SAFETY
-        rho)``; the margin ``h rho / beta(stages)``."""
+    def _stages(self, h: float, rho: float) -> tuple[int, float, float]:
+        """(stages, step, stability margin) for the step ``h`` at the radius ``rho``: the fewest stable stages for
+        ``RADIUS_SAFETY rho h``, cut to the most the method takes with ``h`` shortened to their stable length
+        ``beta / (RADIUS_SAFETY rho)``; the margin ``h rho / beta(stages)``."""
         fewest, beta, most = self._stage_rule()
-        rho = self._step_radius.rho
         stages = fewest(RADIUS_SAFETY * rho * h)
         if stages > most:
             stages, h = most, beta(most) / (RADIUS_SAFETY * rho)
         return stages, h, h * rho / beta(stages)
 
-    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+    def _step_impl(self, state: State, h: float, plan: RadiusPlan, columns: dict[str, float]) -> tuple[State, float,
+                                                                                                  float]:
         """An RKC step with the fewest stable stages for ``h``, cut to ``beta(MAX_STAGES)`` when longer."""
         omega, mass = state.fields["omega"], state.fields["mass"]
-        stages, h, margin = self._stages(h)
+        stages, h, margin = self._stages(h, plan.rho)
         fy = -self.evaluate(state).grad_phi
-        y_new = rkc_step(lambda y: self._velocity(y, mass, counts), omega, fy, h, stages)
+        y_new = rkc_step(lambda y: self._velocity(y, mass), omega, fy, h, stages)
         new = state.advanced({"omega": y_new, "mass": mass}, h)
         f_new = -self.evaluate(new).grad_phi  # the next step's first stage and the step's diagnostics
-        counts["gradient_evals"] += 1
-        counts.update(stages=float(stages), spectral_radius=self._step_radius.rho, stability_margin=margin)
+        columns.update(stages=float(stages), spectral_radius=plan.rho, stability_margin=margin)
         return new, h, self.error_norm(error_estimate(omega, y_new, fy, f_new, h), omega, y_new)
 
-    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+    def _accept_step(self, state: State, new: State, h: float, plan: RadiusPlan,
+                     columns: dict[str, float]) -> dict[str, float]:
         """The Hermite quadrature (one product for dI/dt at the new state) and the carried radius."""
-        r = self._step_radius
-        new_slope = hermite_dissipation(self, state, new, h, r.slope, "difference", counts)
-        self.hand_on(new, rho=r.rho, vector=r.vector, age=r.age + 1, interval=r.interval, slope=new_slope)
-        return counts
+        new_slope = hermite_dissipation(self, state, new, h, plan.slope, "difference")
+        new.carry.update(rho=plan.rho, vector=plan.vector, age=plan.age + 1, interval=plan.interval, slope=new_slope)
+        return columns
 
-    def _reject_step(self, state: State, counts: dict[str, float]) -> None:
+    def _reject_step(self, state: State, plan: RadiusPlan, columns: dict[str, float]) -> None:
         """A rejection may come from a radius that grew since it was estimated: estimate it again."""
-        r = self._step_radius
-        r.rho, r.vector, r.interval = self._reestimate(state, r.rho, r.vector, r.interval, counts)
-        r.age = 0
+        plan.rho, plan.vector, plan.interval = self._reestimate(state, plan.rho, plan.vector, plan.interval, plan)
+        plan.age = 0
 
     def likely_cause(self, state: State) -> str:
         return (f"the rkc stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) are too "

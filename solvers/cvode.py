@@ -148,6 +148,85 @@ def block_inverse(r: np.ndarray, values: np.ndarray, vectors: np.ndarray, gamma:
     return np.einsum("nij,nj->ni", vectors, c).ravel()
 
 
+class Integration:
+    """One running CVODE solver, started at a state (:meth:`Cvode.start`), and what its callbacks need: the shape
+    and masses of the measure, the preconditioner's data (the deflation pairs, or the per-head blocks) and the
+    count of preconditioner setups of the current step. CVODE's memory advances with each step, so only the state
+    it has reached (``step``, its step count) may continue it: it is that state's carry (``state.carry["cvode"]``),
+    in memory only (a resumed run starts a new one)."""
+
+    def __init__(self, stepper: Cvode, state: State) -> None:
+        omega, mass = state.fields["omega"], state.fields["mass"]
+        self.problem, self.kind, self.deflate = stepper.problem, stepper.kind, stepper.deflate
+        self.shape, self.mass = omega.shape, mass
+        self.root = np.repeat(np.sqrt(mass), omega.shape[1])
+        self.pairs: tuple[np.ndarray, np.ndarray] | None = None
+        self.blocks: tuple[np.ndarray, np.ndarray] | None = None
+        self.setups = 0
+        self.step = state.step
+        module = stepper.module
+        options: dict[str, Any] = {
+            "method": "BDF", "linsolver": "gmres", "krylov_dim": KRYLOV_DIM, "rtol": stepper.rtol,
+            "atol": stepper.atol, "first_step": stepper.dt if state.step == 0 else 0.0, "min_step": stepper.dt_min,
+            "max_step": min(stepper.dt_max, np.finfo(float).max)}
+        if stepper.jacobian != "cvode":
+            options["jactimes"] = module.CVODEJacTimes(None, self._jtimes)
+        if stepper.preconditioner == "heads":
+            options["precond"] = module.CVODEPrecond(self._psetup_heads, self._psolve_heads)
+        elif self.deflate > 0 and self.deflate < omega.size - 1:
+            options["precond"] = module.CVODEPrecond(self._psetup, self._psolve)
+        self.solver = module.CVODE(self._rhs, **options)
+        result = self.solver.init_step(state.t, omega.ravel().copy())
+        self.counters = Counters(self.solver, result.nfev)
+
+    # ---- the callbacks CVODE calls (y, fy, v flat [N k], read-only) ------------------------------------------
+    def _omega(self, y: np.ndarray) -> np.ndarray:
+        return np.array(y, dtype=float).reshape(self.shape)
+
+    def _rhs(self, t: float, y: np.ndarray, yp: np.ndarray) -> None:
+        omega = self._omega(y)
+        yp[:] = -self.problem.grad_phi(omega, omega, self.mass).ravel()
+
+    def _jacobian_at(self, y: np.ndarray, fy: np.ndarray) -> SystemJacobian:
+        """The system Jacobian at ``y`` (``fy = f(y)``; pdeflow's own products of ``solver.jacobian``'s kind)."""
+        return SystemJacobian(self.problem, self._omega(y), self.mass, -self._omega(fy), self.kind)
+
+    def _jtimes(self, t: float, y: np.ndarray, fy: np.ndarray, v: np.ndarray, Jv: np.ndarray) -> None:
+        Jv[:] = -self._jacobian_at(y, fy).product(self._omega(v)).ravel()
+
+    def _psetup(self, t: float, y: np.ndarray, fy: np.ndarray, jok: bool, jnew: list, gamma: float) -> None:
+        if jok and self.pairs is not None:
+            jnew[0] = 0
+            return
+        self.setups += 1
+        lam, V = self._jacobian_at(y, fy).top_eigenpairs(self.deflate)
+        keep = lam > 0  # P stays positive definite
+        self.pairs = (lam[keep], V[:, keep])
+        jnew[0] = 1
+
+    def _psetup_heads(self, t: float, y: np.ndarray, fy: np.ndarray, jok: bool, jnew: list, gamma: float) -> None:
+        """The per-head blocks ``H_i`` (:func:`pdeflow.core.hessian_assembly.frozen_blocks`: k forward-mode passes,
+        counted by the Problem as k exact products) and their eigen-decompositions when CVODE asks for new Jacobian
+        data; ``gamma`` enters only at the solve."""
+        if jok and self.blocks is not None:
+            jnew[0] = 0
+            return
+        self.setups += 1
+        blocks = frozen_blocks(self.problem, self._omega(y), self.mass)
+        values, vectors = np.linalg.eigh(0.5 * (blocks + blocks.transpose(0, 2, 1)))
+        self.blocks = (np.maximum(values, 0.0), vectors)  # P stays positive definite
+        jnew[0] = 1
+
+    def _psolve_heads(self, t: float, y: np.ndarray, fy: np.ndarray, r: np.ndarray, z: np.ndarray, gamma: float,
+                      delta: float, lr: int) -> None:
+        z[:] = block_inverse(np.asarray(r), *self.blocks, gamma)
+
+    def _psolve(self, t: float, y: np.ndarray, fy: np.ndarray, r: np.ndarray, z: np.ndarray, gamma: float,
+                delta: float, lr: int) -> None:
+        lam, V = self.pairs
+        z[:] = deflation_inverse(np.asarray(r), self.root, lam, V, gamma)
+
+
 class Cvode(Stepper):
     """``solver.method = "cvode"``: SUNDIALS CVODE, BDF with preconditioned matrix-free GMRES (module docstring)."""
     name = "cvode"
@@ -179,9 +258,7 @@ class Cvode(Stepper):
         self.dt_min, self.dt_max = float(dt_min), float(dt_max)
         self.jacobian, self.deflate, self.preconditioner = jacobian, int(deflate), preconditioner
         # the kind of pdeflow's own products (dI/dt, eigenpairs): CVODE's quotients are no product of pdeflow's
-        self._kind = "difference" if jacobian == "cvode" else jacobian
-        self._solver: Any = None
-        self._current: State | None = None
+        self.kind = "difference" if jacobian == "cvode" else jacobian
 
     @classmethod
     def from_config(cls, problem: Problem, cfg: Config) -> Cvode:
@@ -194,114 +271,46 @@ class Cvode(Stepper):
         if cfg.solver.preconditioner == "heads" and cfg.solver.deflate > 0:
             raise ConfigError("solver.preconditioner = 'heads' takes no solver.deflate (the blocks alone)")
 
-    def restore(self, state: State, extra: np.ndarray | None = None) -> State:
-        self._solver, self._current = None, None  # the next step restarts CVODE from the state
-        return state
-
-    # ---- the callbacks CVODE calls (y, fy, v flat [N k], read-only) ------------------------------------------
-    def _omega(self, y: np.ndarray) -> np.ndarray:
-        return np.array(y, dtype=float).reshape(self._shape)
-
-    def _rhs(self, t: float, y: np.ndarray, yp: np.ndarray) -> None:
-        self._counts["gradient_evals"] += 1
-        omega = self._omega(y)
-        yp[:] = -self.problem.grad_phi(omega, omega, self._mass).ravel()
-
-    def _jacobian_at(self, y: np.ndarray, fy: np.ndarray) -> SystemJacobian:
-        """The system Jacobian at ``y`` (``fy = f(y)``; pdeflow's own products of ``solver.jacobian``'s kind),
-        counted in ``jvps``."""
-        return SystemJacobian(self.problem, self._omega(y), self._mass, -self._omega(fy), self._kind,
-                              lambda: self._counts.__setitem__("jvps", self._counts["jvps"] + 1))
-
-    def _jtimes(self, t: float, y: np.ndarray, fy: np.ndarray, v: np.ndarray, Jv: np.ndarray) -> None:
-        Jv[:] = -self._jacobian_at(y, fy).product(self._omega(v)).ravel()
-
-    def _psetup(self, t: float, y: np.ndarray, fy: np.ndarray, jok: bool, jnew: list, gamma: float) -> None:
-        if jok and self._pairs is not None:
-            jnew[0] = 0
-            return
-        self._counts["preconditioner_setups"] += 1
-        lam, V = self._jacobian_at(y, fy).top_eigenpairs(self.deflate)
-        keep = lam > 0  # P stays positive definite
-        self._pairs = (lam[keep], V[:, keep])
-        jnew[0] = 1
-
-    def _psetup_heads(self, t: float, y: np.ndarray, fy: np.ndarray, jok: bool, jnew: list, gamma: float) -> None:
-        """The per-head blocks ``H_i`` (:func:`pdeflow.core.hessian_assembly.frozen_blocks`: k forward-mode passes,
-        counted as k exact products) and their eigen-decompositions when CVODE asks for new Jacobian data; ``gamma``
-        enters only at the solve."""
-        if jok and self._blocks is not None:
-            jnew[0] = 0
-            return
-        self._counts["preconditioner_setups"] += 1
-        blocks = frozen_blocks(self.problem, self._omega(y), self._mass)
-        self.problem.counts["jvp_exact"] += self.problem.k
-        self._counts["jvps"] += self.problem.k
-        values, vectors = np.linalg.eigh(0.5 * (blocks + blocks.transpose(0, 2, 1)))
-        self._blocks = (np.maximum(values, 0.0), vectors)  # P stays positive definite
-        jnew[0] = 1
-
-    def _psolve_heads(self, t: float, y: np.ndarray, fy: np.ndarray, r: np.ndarray, z: np.ndarray, gamma: float,
-                      delta: float, lr: int) -> None:
-        z[:] = block_inverse(np.asarray(r), *self._blocks, gamma)
-
-    def _psolve(self, t: float, y: np.ndarray, fy: np.ndarray, r: np.ndarray, z: np.ndarray, gamma: float,
-                delta: float, lr: int) -> None:
-        lam, V = self._pairs
-        z[:] = deflation_inverse(np.asarray(r), self._root, lam, V, gamma)
-
     # ---- stepping ------------------------------------------------------------------------------------------
-    def _start(self, state: State) -> None:
+    def start(self, state: State) -> Integration:
         """A new CVODE solver at the state (order 1; its first step ``dt`` from t = 0, else CVODE's estimate)."""
-        omega, mass = state.fields["omega"], state.fields["mass"]
-        if not np.all(mass > 0):
+        if not np.all(state.fields["mass"] > 0):
             raise SolverError("solver.method = 'cvode' needs positive masses (its preconditioner is symmetrized "
                               "with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
-        self._shape, self._mass = omega.shape, mass
-        self._root = np.repeat(np.sqrt(mass), omega.shape[1])
-        self._pairs, self._blocks = None, None
-        module = self.module
-        options: dict[str, Any] = {
-            "method": "BDF", "linsolver": "gmres", "krylov_dim": KRYLOV_DIM, "rtol": self.rtol, "atol": self.atol,
-            "first_step": self.dt if state.step == 0 else 0.0, "min_step": self.dt_min,
-            "max_step": min(self.dt_max, np.finfo(float).max)}
-        if self.jacobian != "cvode":
-            options["jactimes"] = module.CVODEJacTimes(None, self._jtimes)
-        if self.preconditioner == "heads":
-            options["precond"] = module.CVODEPrecond(self._psetup_heads, self._psolve_heads)
-        elif self.deflate > 0 and self.deflate < omega.size - 1:
-            options["precond"] = module.CVODEPrecond(self._psetup, self._psolve)
-        self._solver = module.CVODE(self._rhs, **options)
-        result = self._solver.init_step(state.t, omega.ravel().copy())
-        self._counters = Counters(self._solver, result.nfev)
+        return Integration(self, state)
 
     def step(self, state: State, dt_limit: float) -> tuple[State, dict[str, float]]:
-        self._counts = counts = {"gradient_evals": 0.0, "jvps": 0.0, "preconditioner_setups": 0.0}
-        if self._solver is None or self._current is not state:
-            self._start(state)
-            self._slope_value = state_jacobian(self, state, self._kind, counts).slope()
+        """One CVODE internal step from ``state``: continuing the solver of its carry when it has reached this state,
+        else a new one started there."""
+        mark = self.problem.mark()
+        live = state.carry.get("cvode")
+        if live is None or live.step != state.step:
+            live = self.start(state)
+            slope = state_jacobian(self, state, self.kind).slope()
+        else:
+            slope, live.setups = state.carry["slope"], 0
         target = state.t + dt_limit
-        before = self._counters.read()
-        result = self._solver.step(target, method="onestep", tstop=target)
+        before = live.counters.read()
+        result = live.solver.step(target, method="onestep", tstop=target)
         if not result.success:
             raise SolverError(f"CVODE stopped at t = {state.t:.6g}: {result.message} (flag {result.status}); "
                               f"loosen solver.rtol/atol or lower solver.dt_min")
-        after = self._counters.read()
+        after = live.counters.read()
         h = float(result.t) - state.t
-        new = state.advanced({"omega": np.array(result.y, dtype=float).reshape(self._shape),
+        new = state.advanced({"omega": np.array(result.y, dtype=float).reshape(live.shape),
                               "mass": state.fields["mass"]}, h)
         new.dt = h
         self.evaluate(new)  # the step's diagnostics (CVODE's last f is at a Newton iterate, not at y_{n+1})
-        counts["gradient_evals"] += 1
-        self._slope_value = hermite_dissipation(self, state, new, h, self._slope_value, self._kind, counts)
-        self._current = new
-        counts["order"] = after["order"]
+        new.carry.update(cvode=live, slope=hermite_dissipation(self, state, new, h, slope, self.kind))
+        live.step = new.step
+        columns = {"order": after["order"], "jvps": float(self.problem.products_since(mark)),
+                   "preconditioner_setups": float(live.setups)}
         for key in ("rejected", "nonlinear_iters", "nonlinear_failures", "linear_iters", "linear_failures"):
-            counts[key] = after[key] - before[key]
+            columns[key] = after[key] - before[key]
         # CVODE's right-hand-side calls: its Newton iterations' and its difference quotients' (jacobian = "cvode")
-        counts["rhs_evals"] = after["rhs"] - before["rhs"]
-        counts["linear_rhs_evals"] = after["linear_rhs"] - before["linear_rhs"]
-        return new, counts
+        columns["rhs_evals"] = after["rhs"] - before["rhs"]
+        columns["linear_rhs_evals"] = after["linear_rhs"] - before["linear_rhs"]
+        return new, columns
 
     def likely_cause(self, state: State) -> str:
         return (f"the cvode stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) are "

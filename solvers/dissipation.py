@@ -20,23 +20,18 @@ JACOBIAN = Param("jacobian", str, "exact", "Jacobian-vector products in forward 
                  "CVODE's own difference quotients on its right-hand side", choices=("exact", "difference", "cvode"))
 
 
-def state_jacobian(stepper: Stepper, state: State, kind: str, counts: dict[str, float]) -> SystemJacobian:
+def state_jacobian(stepper: Stepper, state: State, kind: str) -> SystemJacobian:
     """The system Jacobian at ``state`` (grad Phi from the stepper's evaluation cache) on ``kind`` products
-    ("exact" or "difference"), each counted in ``counts["jvps"]``."""
+    ("exact" or "difference"; the Problem counts each)."""
     grad = stepper.evaluate(state).grad_phi
-
-    def count() -> None:
-        counts["jvps"] += 1
-
-    return SystemJacobian(stepper.problem, state.fields["omega"], state.fields["mass"], grad, kind, count)
+    return SystemJacobian(stepper.problem, state.fields["omega"], state.fields["mass"], grad, kind)
 
 
-def hermite_dissipation(stepper: Stepper, state: State, new: State, h: float, slope0: float, kind: str,
-                        counts: dict[str, float]) -> float:
+def hermite_dissipation(stepper: Stepper, state: State, new: State, h: float, slope0: float, kind: str) -> float:
     """Leaves on ``new`` (``h`` after ``state``) the step's ``dissipation_integral`` by the Hermite rule from ``I``
     at both ends and the slopes ``slope0`` (``dI/dt`` at ``state``, carried) and ``dI/dt`` at ``new`` (one product of
-    ``kind``, counted in ``counts["jvps"]``); returns the latter, the next step's ``slope0``."""
-    slope1 = state_jacobian(stepper, new, kind, counts).slope()
+    ``kind``); returns the latter, the next step's ``slope0``."""
+    slope1 = state_jacobian(stepper, new, kind).slope()
     new.dissipation_integral = hermite(h, stepper.evaluate(state).dissipation, stepper.evaluate(new).dissipation,
                                        slope0, slope1)
     return slope1

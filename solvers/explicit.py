@@ -4,13 +4,18 @@ The particle system of docs/model.md, ``d omega_i/dt = -grad Phi(omega_i; rho_N)
 ODE ``y' = f(y)`` in ``y = omega`` [N, k]; every stage evaluates the velocity at all particles at once.
 ``euler``, ``heun``, ``rk4`` (orders 1, 2, 4) take the fixed step ``solver.dt``; ``adaptive`` is the Dormand-Prince
 5(4) pair with first-same-as-last reuse (:class:`EmbeddedRK`, any such pair as tableau data), its error control that of
-:mod:`pdeflow.solvers.controller`. Each step leaves on the new state its quadrature of the
-dissipation, ``Q = h sum_i b_i I(Y_i)`` (:mod:`pdeflow.solvers.accuracy`); fixed-step methods declare their
-real-axis stability bound (2, 2, 2.7853). Details: docs/solvers.md, "Particles: euler, heun, rk4, adaptive".
+:mod:`pdeflow.solvers.controller`. A method is its tableau (``A``, ``b``, ``c``, ``order``; a pair adds ``e = b -
+b_hat``, ``error_order`` and ``fsal``), checked when its class is defined (:mod:`pdeflow.solvers.tableau`: row sums,
+the order conditions of b and b_hat, first-same-as-last): a tableau that fails what it declares is a
+:class:`~pdeflow.solvers.tableau.TableauError` there, and ``stages`` (new gradient evaluations per step) is derived
+from it. Each step leaves on the new state its quadrature of the dissipation, ``Q = h sum_i b_i I(Y_i)``
+(:mod:`pdeflow.solvers.accuracy`); fixed-step methods declare their real-axis stability bound (2, 2, 2.7853).
+Details: docs/solvers.md, "Particles: euler, heun, rk4, adaptive".
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -19,15 +24,43 @@ from pdeflow.core.problem import Problem
 
 from .base import State, Stepper
 from .controller import AdaptiveStepper
+from .step_size import StepSizeController
+from .tableau import TableauError, check
 
 
 class ExplicitRK(Stepper):
-    """A fixed-step explicit Runge-Kutta method given by its Butcher tableau (``A``, ``b``)."""
+    """A fixed-step explicit Runge-Kutta method given by its Butcher tableau: ``A`` (its rows, row i the i entries
+    left of the diagonal), ``b``, ``c`` and the ``order`` b has; ``fsal`` True when the last row of ``A`` is ``b``
+    (first-same-as-last: the last stage is ``f(y_{n+1})``, the next step's first). A class that declares a tableau
+    has it checked when defined (:func:`pdeflow.solvers.tableau.check`; :class:`~pdeflow.solvers.tableau.TableauError`
+    naming the method and the failed condition) and gets ``stages``, its new gradient evaluations per step, from it:
+    ``s``, less one with ``fsal``."""
     sharded = True
     explicit_flow = True
     A: ClassVar[tuple[tuple[float, ...], ...]] = ()
     b: ClassVar[tuple[float, ...]] = ()
+    c: ClassVar[tuple[float, ...]] = ()
     order: ClassVar[int] = 1
+    fsal: ClassVar[bool] = False
+    # a pair's embedded weights' difference e = b - b_hat (EmbeddedRK, with its error_order)
+    embedded: ClassVar[bool] = False
+    e: ClassVar[tuple[float, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Check the tableau a class declares, and derive ``stages`` from it, before the class registers
+        (:meth:`Stepper.__init_subclass__ <pdeflow.solvers.base.Stepper.__init_subclass__>`)."""
+        if cls.b:
+            what = f"{cls.__name__}" + (f" (solver.method = {cls.name!r})" if cls.__dict__.get("name") else "")
+            if "stages" in cls.__dict__:
+                raise TableauError(f"tableau of {what}: stages is derived from the tableau, not declared")
+            failed = check(cls.A, cls.b, cls.c, cls.order, fsal=cls.fsal, e=cls.e,
+                           error_order=getattr(cls, "error_order", 0))
+            if cls.embedded and not cls.e:
+                failed = "an embedded pair declares e = b - b_hat"
+            if failed:
+                raise TableauError(f"tableau of {what}: {failed}")
+            cls.stages = len(cls.b) - (1 if cls.fsal else 0)
+        super().__init_subclass__(**kwargs)
 
     def __init__(self, problem: Problem, dt: float) -> None:
         """``dt``: the step (``solver.dt``)."""
@@ -95,6 +128,7 @@ class Euler(ExplicitRK):
     use_when = "a fixed, reproducible step sequence (order studies, comparisons with other codes)"
     A = ((),)
     b = (1.0,)
+    c = (0.0,)
     order = 1
     stability_bound = 2.0
 
@@ -106,8 +140,8 @@ class Heun(ExplicitRK):
     use_when = "a fixed, reproducible step sequence (order studies, comparisons with other codes)"
     A = ((), (1.0,))
     b = (0.5, 0.5)
+    c = (0.0, 1.0)
     order = 2
-    stages = 2
     stability_bound = 2.0
 
 
@@ -118,38 +152,51 @@ class RK4(ExplicitRK):
     use_when = "a fixed, reproducible step sequence (convergence studies, comparisons with other codes)"
     A = ((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
     b = (1 / 6, 1 / 3, 1 / 3, 1 / 6)
+    c = (0.0, 0.5, 0.5, 1.0)
     order = 4
-    stages = 4
     # the real root of 1 - x + x^2/2 - x^3/6 + x^4/24 = 1 besides 0 (|R(-x)| = 1 there)
     stability_bound = 2.785293563405282
 
 
+@dataclass
+class _Stages:
+    """The plan of one step of an embedded pair: the stages of its latest attempt (the accepted one's give the
+    step's quadrature)."""
+    stages: list[np.ndarray] = field(default_factory=list)
+
+
 class EmbeddedRK(AdaptiveStepper, ExplicitRK):
-    """An embedded explicit Runge-Kutta pair with first-same-as-last reuse, given by its tableau: ``A`` (its last
-    row is ``b``, the stage at the new state), ``b`` (last weight 0) and ``e = b - b_hat`` (the embedded solution's
-    difference); error control by :class:`~pdeflow.solvers.controller.AdaptiveStepper` with the estimate's order
-    :attr:`error_order` (that of ``b_hat``).
+    """An embedded explicit Runge-Kutta pair, given by its tableau: ``A``, ``b``, ``c``, ``e = b - b_hat`` (the
+    embedded solution's difference), ``order`` (of b) and ``error_order`` (of b_hat), all checked when the class is
+    defined (:class:`ExplicitRK`); error control by :class:`~pdeflow.solvers.controller.AdaptiveStepper` with the
+    estimate's order :attr:`error_order`. With first-same-as-last reuse (``fsal``: the last row of ``A`` is ``b``)
+    the last stage is the rate at the new state, which is also the next step's first.
 
     The integrated vector ``y`` is the particles' positions with velocity ``-grad Phi``; a flow of more variables
     (wfr: ``(omega, m)``) overrides :meth:`_solution`, :meth:`_rate_at`, :meth:`_velocity` and :meth:`_fields`."""
     step_columns = ("rejected",)
-    e: ClassVar[tuple[float, ...]] = ()
+    embedded = True
 
-    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+    def _begin_step(self, state: State, columns: dict[str, float]) -> _Stages:
+        return _Stages()
+
+    def _step_impl(self, state: State, h: float, plan: _Stages, columns: dict[str, float]) -> tuple[State, float,
+                                                                                                  float]:
         y = self._solution(state)
-        n = len(self.A) - 1  # stages before the last, which is the rate at the new state
+        n = len(self.b) - 1 if self.fsal else len(self.b)  # the stages before the new state's rate
         stages = self._stages(state, h, n)
         y_new = self._combine(y, h, self.b[:n], stages)
         new = state.advanced(self._fields(y_new, state), h)
-        stages.append(self._rate_at(new))
-        self._last_stages = stages
+        if self.fsal:
+            stages.append(self._rate_at(new))
+        plan.stages = stages
         return new, h, self.error_norm(self._combine(np.zeros_like(y), h, self.e, stages), y, y_new)
 
-    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
-        n = len(self.A) - 1
-        new.dissipation_integral = self._quadrature(state, h, self.b[:n], self._last_stages[:n])
-        self._last_stages = []
-        return counts
+    def _accept_step(self, state: State, new: State, h: float, plan: _Stages,
+                     columns: dict[str, float]) -> dict[str, float]:
+        n = len(self.b) - 1 if self.fsal else len(self.b)
+        new.dissipation_integral = self._quadrature(state, h, self.b[:n], plan.stages[:n])
+        return columns
 
 
 class DormandPrince(EmbeddedRK):
@@ -161,8 +208,7 @@ class DormandPrince(EmbeddedRK):
     use_when = "the particle flow accurately without tuning a step, while the step is set by accuracy, not stability"
     order = 5
     error_order = 4  # the embedded fourth-order solution's error: err ~ h^5
-    pi_control = False
-    stages = 6  # new evaluations per accepted attempt (first-same-as-last)
+    fsal = True
     A = ((),
          (1 / 5,),
          (3 / 40, 9 / 40),
@@ -171,8 +217,14 @@ class DormandPrince(EmbeddedRK):
          (9017 / 3168, -355 / 33, 46732 / 5247, 49 / 176, -5103 / 18656),
          (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84))
     b = (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0.0)
+    c = (0.0, 1 / 5, 3 / 10, 4 / 5, 8 / 9, 1.0, 1.0)
     # b - b_hat: the embedded fourth-order solution's difference, as in the published pair
     e = (71 / 57600, 0.0, -71 / 16695, 71 / 1920, -17253 / 339200, 22 / 525, -1 / 40)
+
+    @classmethod
+    def default_controller(cls, **settings: float) -> StepSizeController:
+        """The elementary controller ``0.9 err^(-1/5)`` (class docstring)."""
+        return StepSizeController.elementary(**{key: float(value) for key, value in settings.items()})
 
     def likely_cause(self, state: State) -> str:
         return (f"the adaptive stepper's tolerances (solver.rtol = {self.rtol:g}, "

@@ -42,9 +42,10 @@ from pdeflow.core.problem import Problem
 from pdeflow.core.system_jacobian import SystemJacobian, complement_projection, deflation_inverse
 
 from .base import Carried, State
-from .chebyshev import RADIUS_EVERY, RADIUS_START, RKC
+from .chebyshev import RADIUS_EVERY, RADIUS_START, RKC, RadiusPlan
 from .controller import CONTROLLER_PARAMS
 from .parameters import Param
+from .step_size import StepSizeController
 
 # the damping of the first-order Chebyshev polynomials: |P_s| <= 1 / T_s(w0) ~ 0.27 inside [-beta(s), 0], small
 # enough that the extrapolation's weights (sum of moduli 28.3) keep |R| <= 1 there
@@ -175,37 +176,34 @@ class ESERK4(RKC):
                        when=lambda stepper: stepper.deflate > 0),
                Carried("rho_pairs", when=lambda stepper: stepper.deflate > 0))
 
-    _pairs: _Pairs | None = None  # those of the step being taken (_begin_step), renewed by the radius estimates
-
-    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
-                 max_growth: float, radius_every: int, deflate: int) -> None:
+    def __init__(self, problem: Problem, dt: float, *, controller: StepSizeController, radius_every: int,
+                 deflate: int) -> None:
         """As :class:`~pdeflow.solvers.chebyshev.RKC`; ``deflate`` eigenpairs treated linearly implicitly (0:
         none) (``solver.*`` of the same names)."""
-        super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth,
-                         radius_every=radius_every)
+        super().__init__(problem, dt, controller=controller, radius_every=radius_every)
         self.deflate = int(deflate)
 
     # ---- the carry: rkc's, and the deflated pairs ---------------------------------------------------------------
-    def _begin_step(self, state: State) -> dict[str, float]:
-        """The pairs handed on to the step from ``state`` (none held: empty), then rkc's radius and dI/dt."""
-        carry = self.carry(state)
-        self._pairs = None
-        if self.deflate and carry is not None and carry.get("rho_pairs") is not None:
+    def _new_plan(self, state: State) -> RadiusPlan:
+        """rkc's plan with the pairs the state's carry holds (none held: empty ones; no carry: None)."""
+        plan = super()._new_plan(state)
+        carry = state.carry
+        if self.deflate and carry.get("rho_pairs") is not None:
             lam, V = carry["lam"], carry["V"]
-            self._pairs = _Pairs(np.zeros(0) if lam is None else lam,
-                                 np.zeros((state.fields["omega"].size, 0)) if V is None else V, carry["rho_pairs"])
-        return super()._begin_step(state)
+            plan.pairs = _Pairs(np.zeros(0) if lam is None else lam,
+                                np.zeros((state.fields["omega"].size, 0)) if V is None else V, carry["rho_pairs"])
+        return plan
 
     # ---- the radius: of the whole spectrum, or of its complement to the deflated pairs ----------------------------
-    def _radius(self, state: State, start: np.ndarray | None, counts: dict[str, float]) -> tuple[float, np.ndarray]:
-        """Without deflation rkc's ``rho``. With it, the largest eigenvalue of S outside span V (:class:`_Pairs`)
-        and its Ritz vector; the pairs recomputed (ARPACK,
+    def _radius(self, state: State, start: np.ndarray | None, plan: RadiusPlan) -> tuple[float, np.ndarray]:
+        """Without deflation rkc's ``rho``. With it, the largest eigenvalue of S outside span V (the step's
+        :class:`_Pairs`, ``plan.pairs``) and its Ritz vector; the pairs recomputed (ARPACK,
         :meth:`pdeflow.core.system_jacobian.SystemJacobian.top_eigenpairs`) at a cold start or when that value grew
         by :data:`PAIRS_DRIFT` since they were computed."""
         if not self.deflate:
-            return super()._radius(state, start, counts)
-        jacobian = self._jacobian(state, counts)
-        pairs = None if start is None else self._pairs
+            return super()._radius(state, start, plan)
+        jacobian = self._jacobian(state)
+        pairs = None if start is None else plan.pairs
         if pairs is not None:
             rho, vector = self._complement(jacobian, pairs.V, start)
             if rho <= PAIRS_DRIFT * pairs.rho:
@@ -213,7 +211,7 @@ class ESERK4(RKC):
         lam, V = jacobian.top_eigenpairs(min(self.deflate, jacobian.n - 2))
         keep = lam > 0
         rho, vector = self._complement(jacobian, V[:, keep], start)
-        self._pairs = _Pairs(lam[keep], V[:, keep], rho)
+        plan.pairs = _Pairs(lam[keep], V[:, keep], rho)
         return rho, vector
 
     @staticmethod
@@ -229,33 +227,34 @@ class ESERK4(RKC):
         :data:`MAX_STAGES`."""
         return stages_for, lambda s: serk(s).beta, MAX_STAGES
 
-    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+    def _step_impl(self, state: State, h: float, plan: RadiusPlan, columns: dict[str, float]) -> tuple[State, float,
+                                                                                                  float]:
         """An ESERK4 step with the fewest stable stages for ``h`` in each sub-integration, cut to
         ``beta(MAX_STAGES)`` when longer."""
         omega, mass = state.fields["omega"], state.fields["mass"]
-        stages, h, margin = self._stages(h)
+        stages, h, margin = self._stages(h, plan.rho)
         precondition = None
-        if self.deflate and self._pairs is not None and self._pairs.lam.size:
-            lam, V = self._pairs.lam, self._pairs.V
+        if self.deflate and plan.pairs is not None and plan.pairs.lam.size:
+            lam, V = plan.pairs.lam, plan.pairs.V
             root = np.repeat(np.sqrt(mass), omega.shape[1])
 
             def precondition(r: np.ndarray, tau: float) -> np.ndarray:
                 return deflation_inverse(r.ravel(), root, lam, V, tau).reshape(r.shape)
         fy = -self.evaluate(state).grad_phi
-        y4, y3 = eserk4_step(lambda y: self._velocity(y, mass, counts), omega, fy, h, stages, precondition)
+        y4, y3 = eserk4_step(lambda y: self._velocity(y, mass), omega, fy, h, stages, precondition)
         new = state.advanced({"omega": y4, "mass": mass}, h)
-        counts.update(stages=float(stages), spectral_radius=self._step_radius.rho, stability_margin=margin)
+        columns.update(stages=float(stages), spectral_radius=plan.rho, stability_margin=margin)
         return new, h, self.error_norm(y4 - y3, omega, y4)
 
-    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+    def _accept_step(self, state: State, new: State, h: float, plan: RadiusPlan,
+                     columns: dict[str, float]) -> dict[str, float]:
         """The new state's evaluation (the next step's first stage and the step's diagnostics), then rkc's
         Hermite quadrature and carry, and the pairs handed on."""
         self.evaluate(new)
-        counts["gradient_evals"] += 1
-        counts = super()._accept_step(state, new, h, counts)
-        if self._pairs is not None:
-            self.hand_on(new, lam=self._pairs.lam, V=self._pairs.V, rho_pairs=self._pairs.rho)
-        return counts
+        columns = super()._accept_step(state, new, h, plan, columns)
+        if plan.pairs is not None:
+            new.carry.update(lam=plan.pairs.lam, V=plan.pairs.V, rho_pairs=plan.pairs.rho)
+        return columns
 
     def likely_cause(self, state: State) -> str:
         return (f"the eserk4 stepper's tolerances (solver.rtol = {self.rtol:g}, solver.atol = {self.atol:g}) are "

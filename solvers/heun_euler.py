@@ -20,10 +20,11 @@ class HeunEuler(EmbeddedRK):
     use_when = "loose tolerances at the least cost per step: two evaluations, order 2"
     order = 2
     error_order = 1  # the embedded Euler solution's error: err ~ h^2
-    stages = 2  # new evaluations per attempt
+    fsal = True  # two new evaluations per attempt
     A = ((),
          (1.0,),
          (0.5, 0.5))
     b = (0.5, 0.5, 0.0)
+    c = (0.0, 1.0, 1.0)
     # b - b_hat, b_hat = (1, 0, 0) the embedded Euler solution
     e = (-0.5, 0.5, 0.0)

@@ -1,21 +1,19 @@
 """The step-size controller of the error-controlled steppers: an object of its own (as diffrax's ``PIDController``),
-built by :class:`pdeflow.solvers.controller.AdaptiveStepper` from the method's declared orders and the ``[solver]``
-tolerances and step bounds.
-
-It holds the order p of the solution the method advances (:attr:`StepSizeController.order`) apart from the order q of
-the solution its local error estimate measures (:attr:`StepSizeController.error_order`, scipy's
-``error_estimator_order``): the estimate is ``O(h^(q+1))``, so the step-size exponent is ``1 / k``, ``k = q + 1``
-(:attr:`StepSizeController.exponent`, the one place it is formed). For an embedded pair that advances its
-higher-order solution ``q = p - 1``; rkc's estimate measures the error of ``y_{n+1}`` itself, ``O(h^3)`` for a
-method of order 2, so ``q = p = 2`` and its exponent is 1/3, not the 1/2 of its order.
+passed to a stepper when it is built for a run (:meth:`pdeflow.solvers.controller.AdaptiveStepper.from_config` builds
+it from the ``[solver]`` tolerances and step bounds), every parameter of the rule on it.
 
 With the error norm ``err = rms_i (e_i / (atol + rtol max(|y_i|, |y_new,i|)))`` (:meth:`StepSizeController.norm`) of
-an attempt, the next step is ``h factor``, the PI controller (Hairer & Wanner II, IV.2)
+an attempt whose estimate is ``O(h^k)`` (``k = q + 1``, q the order of the solution the estimate measures, the
+stepper's ``error_order``: the method supplies k), the next step is ``h factor``, the PI controller
+(Hairer & Wanner II, IV.2)
 
-    ``factor = 0.9 err^(-0.7/k) err_prev^(0.4/k)``   (``err <= 1`` and the previous accepted error known),
-    ``factor = 0.9 err^(-1/k)``                         (else: a rejection, the first step, or no PI memory),
+    ``factor = safety err^(-alpha/k) err_prev^(beta/k)``   (``err <= 1`` and the previous accepted error known),
+    ``factor = safety err^(-1/k)``                          (else: a rejection, the first step),
 
-clipped to ``[0.2, max_growth]`` (:func:`pi_factor`), and the step stays within ``[dt_min, dt_max]``.
+clipped to ``[shrink_floor, max_growth]`` (:meth:`StepSizeController.factor`; defaults 0.9, 0.7, 0.4, 0.2 and
+``solver.max_growth``), and the step stays within ``[dt_min, dt_max]``. ``beta = 0`` is the elementary controller
+``safety err^(-1/k)`` (:meth:`StepSizeController.elementary`, ``adaptive``'s and ``wfr``'s): it remembers nothing, so
+nothing of it is carried from step to step or checkpointed (:attr:`StepSizeController.remembers`).
 """
 from __future__ import annotations
 
@@ -25,45 +23,45 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# the PI controller's exponents times k (Hairer & Wanner II, IV.2: 0.7 / k and 0.4 / k), the factor's safety and its
-# lower clip
-PI_ALPHA, PI_BETA, SAFETY_FACTOR, SHRINK_FLOOR = 0.7, 0.4, 0.9, 0.2
-# the PI controller's memory of an accepted step's error is at least this (an err of 0 would freeze the step size)
-ERROR_MEMORY_FLOOR = 1e-4
-
-
-def pi_factor(err: float, previous: float, k: int, max_growth: float) -> float:
-    """The next step's size over this one's from the error norm ``err`` (<= 1 accepted) of an estimate ``~ h^k``: the
-    PI controller ``0.9 err^(-0.7/k) previous^(0.4/k)`` when the previous accepted step's error ``previous`` is known
-    (finite, > 0) and ``err <= 1``, else ``0.9 err^(-1/k)``; clipped to ``[0.2, max_growth]`` (``max_growth`` when
-    ``err = 0``)."""
-    if err == 0.0:
-        return max_growth
-    if math.isfinite(previous) and previous > 0.0 and err <= 1.0:
-        factor = SAFETY_FACTOR * err ** (-PI_ALPHA / k) * previous ** (PI_BETA / k)
-    else:
-        factor = SAFETY_FACTOR * err ** (-1.0 / k)
-    return min(max_growth, max(SHRINK_FLOOR, factor))
-
 
 @dataclass(frozen=True)
 class StepSizeController:
-    """The error control of one stepper (module docstring): the method's ``order`` p and its estimate's
-    ``error_order`` q, the tolerances ``rtol`` and ``atol``, the step bounds ``[dt_min, dt_max]``, the growth limit
-    ``max_growth`` per step, and ``pi``: whether the previous accepted step's error enters the factor."""
-    order: int
-    error_order: int
+    """The error control of one run (module docstring): the tolerances ``rtol`` and ``atol``, the step bounds
+    ``[dt_min, dt_max]``, the clip ``[shrink_floor, max_growth]`` of the factor per step, its ``safety`` factor,
+    the PI exponents ``alpha`` and ``beta`` (times k) and ``memory_floor``, the least error an accepted step leaves
+    for the next (an err of 0 would freeze the step size). ValueError (one line) for parameters outside their
+    ranges."""
     rtol: float
     atol: float
-    dt_min: float
-    dt_max: float
-    max_growth: float
-    pi: bool = True
+    dt_min: float = 1e-10
+    dt_max: float = math.inf
+    max_growth: float = 5.0
+    safety: float = 0.9
+    shrink_floor: float = 0.2
+    alpha: float = 0.7
+    beta: float = 0.4
+    memory_floor: float = 1e-4
+
+    def __post_init__(self) -> None:
+        checks = (("rtol", self.rtol >= 0), ("atol", self.atol >= 0 and self.atol + self.rtol > 0),
+                  ("dt_min", self.dt_min > 0),
+                  ("dt_max", self.dt_max > 0), ("max_growth", self.max_growth > 1), ("safety", 0 < self.safety <= 1),
+                  ("shrink_floor", 0 < self.shrink_floor < 1), ("alpha", self.alpha > 0), ("beta", self.beta >= 0),
+                  ("memory_floor", self.memory_floor > 0))
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"StepSizeController: {name} = {getattr(self, name)!r} is out of range")
+
+    @classmethod
+    def elementary(cls, **settings: float) -> StepSizeController:
+        """The controller ``safety err^(-1/k)`` without memory (``beta = 0``), with ``settings`` (tolerances,
+        bounds, clip)."""
+        return cls(**{**settings, "alpha": 1.0, "beta": 0.0})
 
     @property
-    def exponent(self) -> int:
-        """``k = q + 1``, the power of h in the error estimate (``err ~ h^k``): the factor goes like ``err^(-1/k)``."""
-        return self.error_order + 1
+    def remembers(self) -> bool:
+        """Whether the previous accepted step's error enters the factor (``beta > 0``): a stepper then carries it."""
+        return self.beta > 0.0
 
     def norm(self, error: np.ndarray, y: np.ndarray, y_new: np.ndarray,
              sum_over_ranks: Callable[..., tuple[float, ...]]) -> float:
@@ -74,15 +72,24 @@ class StepSizeController:
         err = math.sqrt(squares / count) if count else 0.0
         return err if np.isfinite(err) else np.inf
 
-    def factor(self, err: float, previous: float = math.nan, max_growth: float | None = None) -> float:
-        """:func:`pi_factor` with this controller's exponent; ``previous`` ignored without :attr:`pi`;
-        ``max_growth`` (default: the controller's) the upper clip."""
-        return pi_factor(err, previous if self.pi else math.nan, self.exponent,
-                         self.max_growth if max_growth is None else max_growth)
+    def factor(self, err: float, previous: float, k: int, max_growth: float | None = None) -> float:
+        """The next step's size over this one's from the error norm ``err`` (<= 1 accepted) of an estimate
+        ``~ h^k``: ``safety err^(-alpha/k) previous^(beta/k)`` when the controller :attr:`remembers` and the previous
+        accepted step's error ``previous`` is known (finite, > 0) and ``err <= 1``, else ``safety err^(-1/k)``;
+        clipped to ``[shrink_floor, max_growth]`` (``max_growth``: the controller's unless given; it when
+        ``err = 0``)."""
+        top = self.max_growth if max_growth is None else max_growth
+        if err == 0.0:
+            return top
+        if self.remembers and math.isfinite(previous) and previous > 0.0 and err <= 1.0:
+            factor = self.safety * err ** (-self.alpha / k) * previous ** (self.beta / k)
+        else:
+            factor = self.safety * err ** (-1.0 / k)
+        return min(top, max(self.shrink_floor, factor))
 
     def remembered(self, err: float) -> float:
-        """The error an accepted step leaves for the next step's PI term: at least :data:`ERROR_MEMORY_FLOOR`."""
-        return max(err, ERROR_MEMORY_FLOOR)
+        """The error an accepted step leaves for the next step's PI term: at least :attr:`memory_floor`."""
+        return max(err, self.memory_floor)
 
     def proposal(self, dt: float, h_taken: float, factor: float) -> float:
         """The next step after an accepted step of ``h_taken`` (``dt`` the controller's own proposal for it, the step
@@ -95,5 +102,4 @@ class StepSizeController:
         return float(np.clip(dt, self.dt_min, self.dt_max))
 
 
-__all__ = ["StepSizeController", "pi_factor", "PI_ALPHA", "PI_BETA", "SAFETY_FACTOR", "SHRINK_FLOOR",
-           "ERROR_MEMORY_FLOOR"]
+__all__ = ["StepSizeController"]

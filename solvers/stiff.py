@@ -26,6 +26,7 @@ from .base import Carried, SolverError, State
 from .controller import CONTROLLER_PARAMS, AdaptiveStepper, StageFailed
 from .dissipation import JACOBIAN, hermite_dissipation, state_jacobian
 from .parameters import Param
+from .step_size import StepSizeController
 
 # ROS34PW2 (Rang & Angermann 2005): alpha_ij, gamma_ij (i > j), the diagonal gamma, b and b_hat.
 GAMMA = 0.435866521508459
@@ -119,7 +120,7 @@ class _SolveFailed(StageFailed):
 
 @dataclass
 class _Carry:
-    """What an accepted step hands to the next besides the measure (:attr:`Rosenbrock.carried`, checkpointed by the
+    """What an accepted step hands to the next in the state's carry (:attr:`Rosenbrock.carried`, checkpointed by the
     base): ``slope = dI/dt`` at the state, the carried eigenpairs ``lam`` [m], ``V`` [n, m] of ``S`` (None: none
     yet) and ``age``, the steps since they were computed or refined; ``top`` [n] the complement's top eigenvector
     (Krylov-free steps) and ``minres_cost`` the products of the last MINRES step. The PI controller's memory is
@@ -132,10 +133,10 @@ class _Carry:
     minres_cost: float = DEFAULT_MINRES_COST
 
     @classmethod
-    def handed_on(cls, values: dict | None) -> _Carry | None:
-        """The carry of the values handed on to a step (:meth:`~pdeflow.solvers.base.Stepper.carry`); None when
-        dI/dt is not among them (the step starts afresh)."""
-        if values is None or values.get("slope") is None:
+    def handed_on(cls, values: dict) -> _Carry | None:
+        """The carry of the values handed on to a step (:attr:`pdeflow.core.state.State.carry`); None when dI/dt is
+        not among them (the step starts afresh)."""
+        if values.get("slope") is None:
             return None
         age = values.get("age")
         return cls(values["slope"], values.get("lam"), values.get("V"), 0 if age is None else age, values.get("top"),
@@ -146,14 +147,16 @@ class _Carry:
 class _Plan:
     """What a step decides before its attempts (:meth:`Rosenbrock._begin_step`): ``slope = dI/dt`` at its start,
     the eigenpairs ``eigen`` (lam, V, age) and their positive part ``pairs``, the longest Krylov-free step
-    ``h_stable``, the complement's top vector ``top`` and the products a MINRES step was measured to cost; and of
-    the current attempt: ``krylov`` (MINRES stage solves) and its ``margin`` to the explicit bound."""
+    ``h_stable``, the complement's top vector ``top``, the products a MINRES step was measured to cost and
+    ``mark``, the Problem's counts when the step began (what it costs is counted from there); and of the current
+    attempt: ``krylov`` (MINRES stage solves) and its ``margin`` to the explicit bound."""
     slope: float
     eigen: tuple[np.ndarray, np.ndarray, int] | None
     pairs: tuple[np.ndarray, np.ndarray] | None
     h_stable: float
     top: np.ndarray | None
     minres_cost: float
+    mark: dict[str, int]
     krylov: bool = True
     margin: float = math.nan
 
@@ -179,16 +182,13 @@ class Rosenbrock(AdaptiveStepper):
                Carried("age", "int", when=lambda stepper: stepper.deflate > 0),
                Carried("top", "vector", when=lambda stepper: stepper.stage_solve == "auto"))
 
-    _step_plan: _Plan
-
-    def __init__(self, problem: Problem, dt: float, *, rtol: float, atol: float, dt_min: float, dt_max: float,
-                 max_growth: float, jacobian: str, krylov_tol: float, krylov_maxiter: int, deflate: int,
-                 deflate_every: int, stage_solve: str) -> None:
-        """``dt`` the first step; the error controller as for ``adaptive``; ``jacobian`` "exact" or
-        "difference" products; the stage solves' ``krylov_tol`` and ``krylov_maxiter``; ``deflate`` carried
-        eigenpairs refined every ``deflate_every`` steps; ``stage_solve`` "minres" or "auto" (``solver.*`` of
-        the same names)."""
-        super().__init__(problem, dt, rtol=rtol, atol=atol, dt_min=dt_min, dt_max=dt_max, max_growth=max_growth)
+    def __init__(self, problem: Problem, dt: float, *, controller: StepSizeController, jacobian: str,
+                 krylov_tol: float, krylov_maxiter: int, deflate: int, deflate_every: int, stage_solve: str) -> None:
+        """``dt`` the first step; ``controller`` the run's step-size controller (as for ``adaptive``); ``jacobian``
+        "exact" or "difference" products; the stage solves' ``krylov_tol`` and ``krylov_maxiter``; ``deflate``
+        carried eigenpairs refined every ``deflate_every`` steps; ``stage_solve`` "minres" or "auto" (``solver.*``
+        of the same names)."""
+        super().__init__(problem, dt, controller=controller)
         self.jacobian, self.krylov_tol, self.krylov_maxiter = jacobian, float(krylov_tol), int(krylov_maxiter)
         self.deflate, self.deflate_every, self.stage_solve = int(deflate), int(deflate_every), stage_solve
 
@@ -203,16 +203,15 @@ class Rosenbrock(AdaptiveStepper):
     def _velocity(self, omega: np.ndarray, mass: np.ndarray) -> np.ndarray:
         return self.problem.velocity(omega, mass)
 
-    def _jacobian(self, state: State, counts: dict[str, float]) -> SystemJacobian:
-        """The system Jacobian at the state (``solver.jacobian``'s products), counted in ``jvps``."""
-        return state_jacobian(self, state, self.jacobian, counts)
+    def _jacobian(self, state: State) -> SystemJacobian:
+        """The system Jacobian at the state (``solver.jacobian``'s products)."""
+        return state_jacobian(self, state, self.jacobian)
 
     def _solve(self, jacobian: SystemJacobian, root: np.ndarray, shift: float, rhs: np.ndarray, target: float,
-               counts: dict[str, float], tighten: list[float],
+               columns: dict[str, float], tighten: list[float],
                basis: list[tuple[np.ndarray, np.ndarray]], precond: LinearOperator | None = None) -> np.ndarray:
-        """``U`` [N, k] with ``(shift I - J) U = rhs`` (``jacobian``: J at the state, its products counted): true
-        residual (in ``v = M^{1/2} U``)
-        <= target.
+        """``U`` [N, k] with ``(shift I - J) U = rhs`` (``jacobian``: J at the state): true residual (in
+        ``v = M^{1/2} U``) <= target; its MINRES iterations added to ``columns["krylov_iters"]``.
 
         The step's earlier solutions ``v_j`` and their images ``A v_j`` (``basis``, extended here) give the start
         ``v0 = V c``, ``c`` minimizing ``|b - (A V) c|``: the stage right-hand sides share the part ``f(y_n) + O(h)``,
@@ -255,7 +254,7 @@ class Rosenbrock(AdaptiveStepper):
             rtol = max(min(0.1, target / norm_rest) / tighten[0], FLOOR["exact"])
             v, _ = minres(op, rest, x0=v, rtol=rtol, maxiter=budget, M=precond,
                           callback=lambda _: iterations.__setitem__(0, iterations[0] + 1))
-            counts["krylov_iters"] += iterations[0]
+            columns["krylov_iters"] += iterations[0]
             budget -= iterations[0]
             image = apply(v)
             residual = float(np.linalg.norm(rest - image))
@@ -269,7 +268,7 @@ class Rosenbrock(AdaptiveStepper):
             tighten[0] *= 2.0 * residual / target
             previous = residual
 
-    def _attempt(self, state: State, h: float, counts: dict[str, float],
+    def _attempt(self, state: State, h: float, columns: dict[str, float],
                  pairs: tuple[np.ndarray, np.ndarray] | None = None,
                  krylov: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """One ROS34PW2 step of size h from ``state``: (y_{n+1}, error vector); ``pairs`` the deflated
@@ -285,7 +284,7 @@ class Rosenbrock(AdaptiveStepper):
         rms = float(np.sqrt(np.mean((weights / root) ** 2)))
         target = s.krylov_tol * math.sqrt(omega.size) / (h * GAMMA * rms)
         U: list[np.ndarray] = []
-        jacobian = self._jacobian(state, counts)
+        jacobian = self._jacobian(state)
         precond = None
         if pairs is not None:
             lam, V = pairs
@@ -306,7 +305,6 @@ class Rosenbrock(AdaptiveStepper):
                     if A_T[i, j] != 0.0:
                         y += A_T[i, j] * U[j]
                 f = self._velocity(y, mass)
-                counts["gradient_evals"] += 1
             rhs = f.copy()
             for j in range(i):
                 rhs += (C_T[i, j] / h) * U[j]
@@ -314,14 +312,14 @@ class Rosenbrock(AdaptiveStepper):
                 b = (root * rhs).ravel()
                 U.append((b / shift if precond is None else precond.matvec(b)).reshape(rhs.shape) / root)
                 continue
-            U.append(self._solve(jacobian, root, shift, rhs, target, counts, tighten, basis, precond))
+            U.append(self._solve(jacobian, root, shift, rhs, target, columns, tighten, basis, precond))
         y_new, err = omega.copy(), np.zeros_like(omega)
         for i in range(len(B)):
             y_new += M_T[i] * U[i]
             err += E_T[i] * U[i]
         return y_new, err
 
-    def _eigenpairs(self, state: State, carry: _Carry | None, counts: dict[str, float],
+    def _eigenpairs(self, state: State, carry: _Carry | None,
                     refine: bool = False) -> tuple[np.ndarray, np.ndarray, int] | None:
         """``(lam [m], V [n, m], age)``: approximate top eigenpairs of ``S = M^{1/2} (-J) M^{-1/2}`` for the step
         from ``state`` (module docstring, Deflation): the carried ones while younger than
@@ -335,60 +333,63 @@ class Rosenbrock(AdaptiveStepper):
             return None
         if carry is not None and carry.V is not None and carry.age < self.deflate_every and not refine:
             return carry.lam, carry.V, carry.age
-        jacobian = self._jacobian(state, counts)
+        jacobian = self._jacobian(state)
         if carry is not None and carry.V is not None and carry.V.shape[1] >= 1:
             lam, V = jacobian.refine_pairs(carry.V, REFINE_ITERATIONS, 1e-3 * carry.lam.max())
             return lam, V, 0
         lam, V = jacobian.top_eigenpairs(m)
         return lam, V, 0
 
-    def _operator(self, state: State, counts: dict[str, float]) -> LinearOperator:
-        """``S = M^{1/2} (-J) M^{-1/2}`` at the state as counted products (blocks column by column)."""
-        return self._jacobian(state, counts).operator()
+    def _operator(self, state: State) -> LinearOperator:
+        """``S = M^{1/2} (-J) M^{-1/2}`` at the state as products (blocks column by column)."""
+        return self._jacobian(state).operator()
 
-    def _complement_top(self, state: State, V: np.ndarray | None, start: np.ndarray | None,
-                        counts: dict[str, float]) -> tuple[float, np.ndarray]:
+    def _complement_top(self, state: State, V: np.ndarray | None,
+                        start: np.ndarray | None) -> tuple[float, np.ndarray]:
         """``(rho_c, x)``: the largest eigenvalue of ``S`` on the orthogonal complement of span V (0 if negative)
         and its Ritz vector: :meth:`pdeflow.core.system_jacobian.SystemJacobian.top_pair` of ``C = Pi S Pi``
         (``Pi = I - V V^T``, V orthonormal; C is zero on span V) with :data:`COMPLEMENT_KRYLOV` products from
         ``start`` (the previous step's vector) or :data:`COMPLEMENT_COLD` from a fixed random vector
         (:data:`COMPLEMENT_START`). A lower bound of the true value."""
-        value, vector = self._jacobian(state, counts).top_pair(start, COMPLEMENT_START, complement_projection(V))
+        value, vector = self._jacobian(state).top_pair(start, COMPLEMENT_START, complement_projection(V))
         return max(value, 0.0), vector
 
-    def _begin_step(self, state: State) -> dict[str, float]:
+    def _begin_step(self, state: State, columns: dict[str, float]) -> _Plan:
         """dI/dt, the deflation eigenpairs and, for ``stage_solve = "auto"``, the complement's top eigenvalue that
         bounds a Krylov-free step."""
         s = self
         if not np.all(state.fields["mass"] > 0):
             raise SolverError("solver.method = 'rosenbrock' needs positive masses (its stage systems are "
                               "symmetrized with sqrt(m_i)); use 'adaptive' for zero-mass tracers")
-        counts = {"rejected": 0.0, "failed_solves": 0.0, "krylov_iters": 0.0, "jvps": 0.0, "gradient_evals": 0.0}
-        carry = _Carry.handed_on(self.carry(state))
-        slope = carry.slope if carry is not None else self._jacobian(state, counts).slope()
-        eigen = self._eigenpairs(state, carry, counts)
+        columns.update(failed_solves=0.0, krylov_iters=0.0)
+        # the first stage, f at the state, is the state's evaluation (the previous step's): a MINRES step's cost
+        # (minres_cost) counts from after it
+        self.evaluate(state)
+        mark = self.problem.mark()
+        carry = _Carry.handed_on(state.carry)
+        slope = carry.slope if carry is not None else self._jacobian(state).slope()
+        eigen = self._eigenpairs(state, carry)
         pairs = _positive(eigen)
         h_stable, top = math.inf, None
         minres_cost = carry.minres_cost if carry is not None else DEFAULT_MINRES_COST
         if s.stage_solve == "auto" and eigen is not None:
             rho, top = self._complement_top(state, None if pairs is None else pairs[1],
-                                            carry.top if carry is not None else None, counts)
+                                            carry.top if carry is not None else None)
             if eigen[2] > 0 and pairs is not None and rho > DRIFT * pairs[0].min():
                 # V has drifted off the top of the spectrum (an eigenvalue well above its smallest outside it):
                 # refine it now. Not at rho just above lam_min: on a continuous spectrum the complement's top is
                 # about the m-th eigenvalue, and refining would not move it
-                eigen = self._eigenpairs(state, carry, counts, refine=True)
+                eigen = self._eigenpairs(state, carry, refine=True)
                 pairs = _positive(eigen)
-                rho, top = self._complement_top(state, None if pairs is None else pairs[1], top, counts)
+                rho, top = self._complement_top(state, None if pairs is None else pairs[1], top)
             h_stable = SAFETY * EXPLICIT_BOUND / rho if rho > 0 else math.inf
-        self._step_plan = _Plan(slope, eigen, pairs, h_stable, top, minres_cost)
-        return counts
+        return _Plan(slope, eigen, pairs, h_stable, top, minres_cost, mark)
 
-    def _step_impl(self, state: State, h: float, counts: dict[str, float]) -> tuple[State, float, float]:
+    def _step_impl(self, state: State, h: float, plan: _Plan, columns: dict[str, float]) -> tuple[State, float,
+                                                                                                float]:
         """A ROS34PW2 step: Krylov-free (cut to the explicit bound) when that costs less per unit time, else with
         MINRES stage solves (:class:`_SolveFailed`, a :class:`~pdeflow.solvers.controller.StageFailed`, when one
         misses its tolerance)."""
-        plan = self._step_plan
         # Krylov-free when the step fits the explicit bound, or when capping it there costs less per unit time
         plan.krylov = plan.top is None or not (h <= plan.h_stable
                                                or plan.h_stable / EXPLICIT_COST >= h / plan.minres_cost)
@@ -397,7 +398,7 @@ class Rosenbrock(AdaptiveStepper):
             h = min(h, plan.h_stable)
             plan.margin = SAFETY * h / plan.h_stable if math.isfinite(plan.h_stable) else 0.0
         omega = state.fields["omega"]
-        y_new, err_vec = self._attempt(state, h, counts, plan.pairs, plan.krylov)
+        y_new, err_vec = self._attempt(state, h, columns, plan.pairs, plan.krylov)
         new = state.advanced({"omega": y_new, "mass": state.fields["mass"]}, h)
         return new, h, self.error_norm(err_vec, omega, y_new)
 
@@ -405,20 +406,20 @@ class Rosenbrock(AdaptiveStepper):
         """A step cut to the explicit bound: the error of the short step says how long an accurate step could be
         (err ~ h^3), the choice against a MINRES step of that size needs it (growth up to CAPPED_GROWTH)."""
         if h_taken < h:
-            return max(dt, h_taken * self.controller.factor(err, math.nan, CAPPED_GROWTH))
+            return max(dt, h_taken * self.controller.factor(err, math.nan, self.exponent, CAPPED_GROWTH))
         return super()._proposal(dt, h, h_taken, err, factor)
 
-    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
+    def _accept_step(self, state: State, new: State, h: float, plan: _Plan,
+                     columns: dict[str, float]) -> dict[str, float]:
         """The new state's evaluation (the next step's first stage), the Hermite quadrature and the carry."""
-        plan = self._step_plan
         self.evaluate(new)  # the next step's first stage and the step's diagnostics
-        counts["gradient_evals"] += 1
-        new_slope = hermite_dissipation(self, state, new, h, plan.slope, self.jacobian, counts)
-        minres_cost = counts["jvps"] + counts["gradient_evals"] if plan.krylov else plan.minres_cost
+        new_slope = hermite_dissipation(self, state, new, h, plan.slope, self.jacobian)
+        # the step's gradients and products, all attempts', as the Problem counted them since the step began
+        minres_cost = float(sum(self.problem.since(plan.mark).values())) if plan.krylov else plan.minres_cost
         lam, V, age = (plan.eigen[0], plan.eigen[1], plan.eigen[2] + 1) if plan.eigen is not None else (None, None, 0)
-        self.hand_on(new, slope=new_slope, minres_cost=minres_cost, lam=lam, V=V, age=age, top=plan.top)
-        counts["explicit_margin"] = plan.margin
-        return counts
+        new.carry.update(slope=new_slope, minres_cost=minres_cost, lam=lam, V=V, age=age, top=plan.top)
+        columns["explicit_margin"] = plan.margin
+        return columns
 
     def likely_cause(self, state: State) -> str:
         return (f"the rosenbrock stepper's tolerances (solver.rtol = {self.rtol:g}, "

@@ -12,6 +12,7 @@ Masses below ``solver.mass_floor`` times the total are removed (``/steps/removed
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from .base import SolverError, State
 from .controller import CONTROLLER_PARAMS
 from .explicit import DormandPrince
 from .parameters import Param
+from .step_size import StepSizeController
 
 # the [solver] keys of the Wasserstein-Fisher-Rao flow (alpha, gamma: also of fv and wfr_jko)
 ALPHA = Param("alpha", float, 1.0, "transport speed alpha in d omega/dt = -alpha grad Phi", ge=0)
@@ -43,12 +45,12 @@ class WassersteinFisherRao(DormandPrince):
     params = (*CONTROLLER_PARAMS, ALPHA, GAMMA, TOTAL_MASS, MASS_FLOOR)
     sharded = True  # the rho-averages are sums over ranks, like the energy
 
-    def __init__(self, problem: Problem, dt: float, *, alpha: float, gamma: float, mass_floor: float,
-                 total_mass: str = "fixed", **controller: float) -> None:
+    def __init__(self, problem: Problem, dt: float, *, controller: StepSizeController, alpha: float, gamma: float,
+                 mass_floor: float, total_mass: str = "fixed") -> None:
         """The transport rate ``alpha``, the Fisher-Rao rate ``gamma``, the removal threshold ``mass_floor`` and
         ``total_mass`` (``"fixed"`` or ``"free"``), ``solver.*`` of the same names; ``dt`` and ``controller``
         as for :class:`~pdeflow.solvers.explicit.DormandPrince`."""
-        super().__init__(problem, dt, **controller)
+        super().__init__(problem, dt, controller=controller)
         self.alpha, self.gamma, self.mass_floor = float(alpha), float(gamma), float(mass_floor)
         self.fixed_mass = total_mass == "fixed"
         # Dormand-Prince on the joint state y = (omega, m), or on omega alone for the Wasserstein flow (gamma = 0,
@@ -114,8 +116,9 @@ class WassersteinFisherRao(DormandPrince):
             return None
         return super()._quadrature(state, h, weights, stages)
 
-    def _accept_step(self, state: State, new: State, h: float, counts: dict[str, float]) -> dict[str, float]:
-        columns = super()._accept_step(state, new, h, counts)
+    def _accept_step(self, state: State, new: State, h: float, plan: Any,
+                     columns: dict[str, float]) -> dict[str, float]:
+        columns = super()._accept_step(state, new, h, plan, columns)
         removed, removed_mass = self._remove_underflow(new) if self.gamma else (0, 0.0)
         return {**columns, "removed": float(removed), "removed_mass": removed_mass}
 

@@ -68,10 +68,11 @@ def frozen_blocks(problem: Problem, omega: np.ndarray, mass: np.ndarray,
                   heads: np.ndarray | list[int] | None = None) -> np.ndarray:
     """``H_i = Hess_q Phi(omega_i; rho)`` [h, k, k] for the chosen heads (module docstring; all when None): column
     ``a`` of every block from one forward-mode pass of the gradient with the residual features G frozen, plus
-    ``lam e_a``. Not symmetrised."""
+    ``lam e_a``. Not symmetrised. The k passes are counted by the Problem as k exact products."""
     omega, mass, index = _select(problem, omega, mass, heads)
     data = problem.data64
     k = problem.k
+    problem.count("jvp_exact", k)
     G = mean_field.cross_entropy(_logits(problem, omega, mass), data)[1]
     zero = np.zeros_like(G)
     theta = np.asarray(problem.coords.theta(omega[index]), dtype=float)

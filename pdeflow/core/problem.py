@@ -9,9 +9,12 @@ this rank's block and the results equal the serial values. Details: docs/design.
 
 Cost: a Problem counts what it is asked (:attr:`Problem.counts`, by kind of :data:`COST_KINDS`): ``gradient``, one
 evaluation of grad Phi (:meth:`Problem.grad_phi_field`, which :meth:`Problem.evaluate`, :meth:`Problem.grad_phi` and
-:meth:`Problem.velocity` call once each); ``jvp_exact``, one forward-mode product (:meth:`Problem.system_jvp`);
-``jvp_difference``, one forward-difference product (:meth:`Problem.system_jvp_difference`, one real grad Phi).
-:func:`gradient_equivalents` is the one formula that turns counts into grad Phi evaluations.
+:meth:`Problem.velocity` call once each); ``jvp_exact``, one forward-mode product (:meth:`Problem.system_jvp`, and
+each pass a kernel makes on the Problem's data itself, recorded by :meth:`Problem.count`); ``jvp_difference``, one
+forward-difference product (:meth:`Problem.system_jvp_difference`, one real grad Phi). It is the one counter: a
+caller's share is the calls between :meth:`Problem.mark` and :meth:`Problem.since` (no tally of its own,
+tests/meta/test_one_counter.py). :func:`gradient_equivalents` is the one formula that turns counts into grad Phi
+evaluations.
 """
 from __future__ import annotations
 
@@ -108,6 +111,25 @@ class Problem:
                                      self.head_dim, float(a["score_scale"]),
                                      np.ascontiguousarray(a["tokens"], dtype=np.int64), E, P)
         self._data = self._data64 if self.dtype == np.float64 else self._data64.astype(self.dtype)
+
+    # ---- the counter ----------------------------------------------------------------------------
+    def mark(self) -> dict[str, int]:
+        """The counts of calls so far by kind (module docstring), for :meth:`since`."""
+        return dict(self.counts)
+
+    def since(self, mark: Mapping[str, int]) -> dict[str, int]:
+        """The calls by kind of :data:`COST_KINDS` made since ``mark`` (:meth:`mark`)."""
+        return {kind: self.counts[kind] - mark[kind] for kind in COST_KINDS}
+
+    def products_since(self, mark: Mapping[str, int]) -> int:
+        """The Jacobian-vector products (exact and difference) made since ``mark`` (:meth:`mark`)."""
+        calls = self.since(mark)
+        return calls["jvp_exact"] + calls["jvp_difference"]
+
+    def count(self, kind: str, calls: int = 1) -> None:
+        """Record ``calls`` of ``kind`` made on the Problem's data without its methods (the forward-mode passes of
+        :func:`pdeflow.core.hessian_assembly.frozen_blocks`, one exact product each)."""
+        self.counts[kind] += calls
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod

@@ -145,11 +145,10 @@ def lambda_max(problem: Problem, omega: np.ndarray, mass: np.ndarray, start: np.
     ``start`` [N k] (a nearby estimate's vector), :data:`LAMBDA_MAX_COLD` from a fixed random vector when
     ``start`` is None or of another size; ``tol > 0``: restarted until an eigenvalue lies within ``tol`` (relative)
     of the value (at most :data:`LAMBDA_MAX_PRODUCTS` products)."""
-    count = [0]
-    jacobian = SystemJacobian(problem, np.asarray(omega, dtype=float), np.asarray(mass, dtype=float),
-                              counter=lambda: count.__setitem__(0, count[0] + 1))
+    mark = problem.mark()
+    jacobian = SystemJacobian(problem, np.asarray(omega, dtype=float), np.asarray(mass, dtype=float))
     value, vector = jacobian.top_pair(start, LAMBDA_MAX_START, tol=tol, max_products=LAMBDA_MAX_PRODUCTS)
-    return TopPair(value, vector, count[0])
+    return TopPair(value, vector, problem.products_since(mark))
 
 
 def euler_stability_limit(problem: Problem, omega: np.ndarray, mass: np.ndarray, tol: float = 1e-4) -> float:

@@ -163,20 +163,25 @@ def test_counters_agree_with_pdeflow_counts(sundials, reference):
     cfg, problem, _ = reference
     stepper = make_stepper(problem, cfg.replace(solver={"method": "cvode", "rtol": 1e-6, "atol": 1e-9, "dt": 0.01}))
     state = stepper.initial_state()
+    stepper.evaluate(state)  # the start's evaluation, as a run makes it before its first step
     rows = []
     while state.t < 1.0 - 1e-12:
-        steps_before = stepper._counters.read()["steps"] if stepper._solver is not None else 0.0
+        live = state.carry.get("cvode")  # the running solver the state carries (none at the start)
+        steps_before = live.counters.read()["steps"] if live is not None else 0.0
+        mark = stepper.cost_mark()
         state, extra = stepper.step(state, 1.0 - state.t)
-        assert stepper._counters.read()["steps"] - steps_before == 1
-        rows.append(extra)
+        live = state.carry["cvode"]
+        assert live.counters.read()["steps"] - steps_before == 1
+        rows.append({**extra, **stepper.cost_since(mark)})  # with the Problem's counts, as the loop adds them
     assert all(1 <= r["order"] <= 5 for r in rows) and max(r["order"] for r in rows) >= 3
     newton = sum(r["nonlinear_iters"] for r in rows)
     rhs = sum(r["gradient_evals"] for r in rows) - len(rows)
-    assert stepper._counters.read()["rhs"] == rhs
+    assert live.counters.read()["rhs"] == rhs
     assert len(rows) <= newton <= rhs
     slopes = len(rows) + 1
     assert sum(r["jvps"] for r in rows) - slopes == sum(r["linear_iters"] for r in rows)
-    assert isinstance(stepper._counters, Counters)
+    assert sum(r["jvps"] for r in rows) == sum(r["jvps_exact"] + r["jvps_difference"] for r in rows)
+    assert isinstance(live.counters, Counters)
 
 
 def test_counters_layout_mismatch_fails_loudly(sundials, reference, monkeypatch):
@@ -189,8 +194,9 @@ def test_counters_layout_mismatch_fails_loudly(sundials, reference, monkeypatch)
     cfg, problem, _ = reference
     stepper = make_stepper(problem, cfg.replace(solver={"method": "cvode", "rtol": 1e-6, "atol": 1e-9, "dt": 0.01}))
     state, _ = stepper.step(stepper.initial_state(), 0.1)
-    inner, nfev = stepper._solver._CVODE__CVODE, int(stepper._counters.read()["rhs"])
-    libraries = [stepper._counters.lib._name]
+    live = state.carry["cvode"]
+    inner, nfev = live.solver._CVODE__CVODE, int(live.counters.read()["rhs"])
+    libraries = [live.counters.lib._name]
     assert cvode.layout_mismatch(inner, libraries, nfev) == ""
     assert "right-hand-side" in cvode.layout_mismatch(inner, libraries, nfev + 1)
     assert "libraries" in cvode.layout_mismatch(inner, [], nfev)

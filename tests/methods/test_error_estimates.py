@@ -6,6 +6,8 @@ rtol 1e-13; the embedded solutions from published coefficients), and its power o
 the slope test, as does a controller whose exponent is not ``1 / (q + 1)``."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from pdeflow.solvers import make_stepper
@@ -105,9 +107,8 @@ def attempt(small, method, h):
     solver = {"method": method, "dt": h, "rtol": RTOL, "atol": ATOL, **(WFR if method == "wfr" else {})}
     stepper = make_stepper(problem, cfg.replace(solver=solver))
     state = stepper.initial_state()
-    counts = stepper._begin_step(state)
-    counts.setdefault("rejected", 0.0)
-    new, h_taken, err = stepper._step_impl(state, h, counts)
+    counts = {"rejected": 0.0}
+    new, h_taken, err = stepper._step_impl(state, h, stepper._begin_step(state, counts), counts)
     assert h_taken == h
     mass = state.fields["mass"]
     if method == "wfr":
@@ -136,7 +137,7 @@ def test_estimate_has_the_declared_order(small, method):
     assert isinstance(stepper, AdaptiveStepper)
     slope = np.log2(errs[0] / errs[1])
     assert abs(slope - (stepper.error_order + 1)) < 0.35, (method, errs, slope)
-    assert stepper.controller.exponent == stepper.error_order + 1
+    assert stepper.exponent == stepper.error_order + 1
 
 
 def reversals(states) -> int:
@@ -152,7 +153,7 @@ def test_rkc_controller_follows_the_estimates_order(small, monkeypatch):
     cfg, problem = small
     solver = {"method": "rkc", "dt": 0.05, "rtol": 1e-4, "atol": 1e-7}
     _, states, stepper, totals = integrate(cfg, problem, 2.0, **solver)
-    assert stepper.controller.exponent == 3
+    assert stepper.exponent == 3
     good = reversals(states), totals["rejected"]
     monkeypatch.setattr(type(stepper), "error_order", 1)
     _, states, _, totals = integrate(cfg, problem, 2.0, **solver)
@@ -177,7 +178,7 @@ def test_global_error_is_proportional_to_the_tolerance_to_the_expected_power(sma
     for rtol in (1e-4, 1e-5, 1e-6):
         final, _, stepper, _ = integrate(cfg, problem, 1.0, method=method, dt=0.05, rtol=rtol, atol=rtol * 1e-3)
         errors.append(np.max(np.abs(final.fields["omega"] - reference)) / np.max(np.abs(reference)))
-    power = stepper.order / stepper.controller.exponent
+    power = stepper.order / stepper.exponent
     slopes = -np.diff(np.log10(errors))
     assert np.all(np.abs(slopes - power) < 0.25), (method, errors, slopes, power)
     constants = np.array(errors) / np.array([1e-4, 1e-5, 1e-6]) ** power
@@ -185,24 +186,50 @@ def test_global_error_is_proportional_to_the_tolerance_to_the_expected_power(sma
 
 
 def test_the_step_size_controller_lands_on_its_target_for_an_estimate_of_its_order():
-    """The controller object alone: for an estimate ``err = C h^k`` of the power its ``error_order`` declares
-    (``k = q + 1``), the elementary factor takes the next step to ``err = 0.9^k`` (the safety factor's target), for any
-    C and h within its clip; declared one order too low it misses the target by ``err^(-1/(k-1))`` (over 1 from an err
-    well below 1: the zigzag of issue 42); the step stays within [dt_min, dt_max] and grows by max_growth at most."""
+    """The controller object alone: for an estimate ``err = C h^k`` of the power the method's ``error_order`` declares
+    (``k = q + 1``), the elementary factor takes the next step to ``err = safety^k`` (the safety factor's target), for
+    any C and h within its clip; told one order too low it misses the target by ``err^(-1/(k-1))`` (over 1 from an
+    err well below 1: the zigzag of issue 42); the step stays within [dt_min, dt_max] and grows by max_growth at
+    most. Every parameter is the controller's: another safety factor moves the target, another clip the bounds."""
     from pdeflow.solvers.step_size import StepSizeController
 
     for q in (1, 2, 4):
         k = q + 1
-        right = StepSizeController(order=q, error_order=q, rtol=1e-6, atol=1e-9, dt_min=1e-6, dt_max=10.0,
-                                   max_growth=5.0, pi=False)
-        wrong = StepSizeController(order=q, error_order=q - 1, rtol=1e-6, atol=1e-9, dt_min=1e-6, dt_max=10.0,
-                                   max_growth=5.0, pi=False)
-        assert right.exponent == k and wrong.exponent == q
-        for err, h in ((0.5, 0.1), (3.0, 0.02), (0.01, 0.3)):
-            c = err / h ** k
-            if 0.2 < 0.9 * err ** (-1 / k) < 5.0:  # within the clip
-                np.testing.assert_allclose(c * (h * right.factor(err)) ** k, 0.9 ** k, rtol=1e-12)
-            if q > 1 and err < 0.1 and 0.9 * err ** (-1 / q) < 5.0:
-                assert c * (h * wrong.factor(err)) ** k > 1.0
-        assert right.factor(0.0) == 5.0 and right.factor(1e-30) == 5.0 and right.factor(1e30) == 0.2
-        assert right.bounded(1e-9) == 1e-6 and right.bounded(20.0) == 10.0
+        for safety, shrink_floor in ((0.9, 0.2), (0.8, 0.1)):
+            right = StepSizeController.elementary(rtol=1e-6, atol=1e-9, dt_min=1e-6, dt_max=10.0, max_growth=5.0,
+                                                  safety=safety, shrink_floor=shrink_floor)
+            assert not right.remembers
+            for err, h in ((0.5, 0.1), (3.0, 0.02), (0.01, 0.3)):
+                c = err / h ** k
+                if shrink_floor < safety * err ** (-1 / k) < 5.0:  # within the clip
+                    np.testing.assert_allclose(c * (h * right.factor(err, math.nan, k)) ** k, safety ** k,
+                                               rtol=1e-12)
+                if q > 1 and err < 0.1 and safety * err ** (-1 / q) < 5.0:
+                    assert c * (h * right.factor(err, math.nan, q)) ** k > 1.0
+                # a controller without memory ignores the previous error
+                assert right.factor(err, 0.5, k) == right.factor(err, math.nan, k)
+            assert right.factor(0.0, math.nan, k) == 5.0 and right.factor(1e-30, math.nan, k) == 5.0
+            assert right.factor(1e30, math.nan, k) == shrink_floor
+            assert right.bounded(1e-9) == 1e-6 and right.bounded(20.0) == 10.0
+
+
+def test_the_pi_controller_is_hairer_wanners_with_its_own_exponents():
+    """The PI factor ``safety err^(-alpha/k) err_prev^(beta/k)`` (Hairer & Wanner II, IV.2) written out, with the
+    controller's own exponents; a rejection (err > 1) or an unknown previous error takes the elementary factor; the
+    memory an accepted step leaves is at least memory_floor; parameters out of range are refused in one line."""
+    from pdeflow.solvers.step_size import StepSizeController
+
+    for alpha, beta in ((0.7, 0.4), (0.6, 0.2)):
+        pi = StepSizeController(rtol=1e-6, atol=1e-9, alpha=alpha, beta=beta)
+        assert pi.remembers
+        for err, previous, k in ((0.3, 0.5, 3), (0.9, 0.05, 5), (0.01, 0.8, 2)):
+            np.testing.assert_allclose(pi.factor(err, previous, k),
+                                       min(5.0, max(0.2, 0.9 * err ** (-alpha / k) * previous ** (beta / k))),
+                                       rtol=1e-15)
+            assert pi.factor(err, math.nan, k) == min(5.0, max(0.2, 0.9 * err ** (-1 / k)))
+        assert pi.factor(2.0, 0.5, 3) == 0.9 * 2.0 ** (-1 / 3)
+        assert pi.remembered(1e-9) == 1e-4 and pi.remembered(0.3) == 0.3
+    for bad in ({"safety": 1.5}, {"shrink_floor": 1.0}, {"max_growth": 1.0}, {"beta": -0.1}, {"rtol": -1.0},
+                {"atol": 0.0, "rtol": 0.0}):
+        with pytest.raises(ValueError, match=f"StepSizeController: {next(iter(bad))} = .* is out of range"):
+            StepSizeController(**{"rtol": 1e-6, "atol": 1e-9, **bad})

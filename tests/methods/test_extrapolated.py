@@ -189,8 +189,9 @@ def test_complement_radius_against_the_dense_spectrum(reference):
     apply = SystemJacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass)).apply
     dense = np.column_stack([apply(e) for e in np.eye(omega.size)])
     eigenvalues = np.linalg.eigvalsh(0.5 * (dense + dense.T))
-    rho, _ = stepper._radius(start, None, {"jvps": 0.0})
-    np.testing.assert_allclose(np.sort(stepper._pairs.lam), eigenvalues[-3:], rtol=1e-2)
+    plan = stepper._new_plan(start)
+    rho, _ = stepper._radius(start, None, plan)
+    np.testing.assert_allclose(np.sort(plan.pairs.lam), eigenvalues[-3:], rtol=1e-2)
     assert 0.95 * eigenvalues[-4] < rho <= eigenvalues[-4] * (1 + 1e-2) < eigenvalues[-1]
 
 

@@ -12,6 +12,7 @@ from pdeflow.solvers.finite_volume import FiniteVolume, GridEvaluator
 from pdeflow.solvers.jko import GridJKO, ParticleJKO
 from pdeflow.solvers.loop import Frames, Loop, MaxSteps, Observer, Stationary, advance, frame_times
 from pdeflow.solvers.sgd import SGD
+from pdeflow.solvers.step_size import StepSizeController
 from pdeflow.solvers.stiff import Rosenbrock
 from pdeflow.solvers.unbalanced_jko import UnbalancedJKO
 from pdeflow.solvers.wfr import WassersteinFisherRao
@@ -140,13 +141,16 @@ def test_particle_steppers_from_parameters_equal_the_configured_ones():
         (Euler(problem, dt=0.05), {"method": "euler", "dt": 0.05}),
         (Heun(problem, dt=0.05), {"method": "heun", "dt": 0.05}),
         (RK4(problem, dt=0.05), {"method": "rk4", "dt": 0.05}),
-        (DormandPrince(problem, 0.05, **control), {"method": "adaptive", "dt": 0.05, **control}),
-        (WassersteinFisherRao(problem, 0.05, alpha=1.0, gamma=0.5, mass_floor=1e-12, **control),
+        # the step-size controller an object passed in: the elementary one for Dormand-Prince, else PI
+        (DormandPrince(problem, 0.05, controller=StepSizeController.elementary(**control)),
+         {"method": "adaptive", "dt": 0.05, **control}),
+        (WassersteinFisherRao(problem, 0.05, controller=StepSizeController.elementary(**control), alpha=1.0,
+                              gamma=0.5, mass_floor=1e-12),
          {"method": "wfr", "dt": 0.05, "gamma": 0.5, **control}),
         (ParticleJKO(problem, tau=0.2, inner_tol=1e-9), {"method": "jko", "tau": 0.2, "inner_tol": 1e-9}),
         (SGD(problem, 0.05, batch_size=2, seed=11), {"method": "sgd", "dt": 0.05}),
-        (Rosenbrock(problem, 0.05, jacobian="exact", krylov_tol=0.01,
-                    krylov_maxiter=200, deflate=2, deflate_every=3, stage_solve="auto", **control),
+        (Rosenbrock(problem, 0.05, controller=StepSizeController(**control), jacobian="exact", krylov_tol=0.01,
+                    krylov_maxiter=200, deflate=2, deflate_every=3, stage_solve="auto"),
          {"method": "rosenbrock", "dt": 0.05, "krylov_maxiter": 200, "deflate": 2, "deflate_every": 3,
           "stage_solve": "auto", **control}),
     ]

@@ -100,7 +100,8 @@ def test_a_stepper_class_that_breaks_the_contract_is_refused_when_defined() -> N
 
             @classmethod
             def from_config(cls, problem: Problem, cfg: Config) -> Stepper:
-                return cls(problem, 0.1, rtol=1e-3, atol=1e-6, dt_min=1e-9, dt_max=1.0, max_growth=5.0)
+                return cls(problem, 0.1, controller=cls.default_controller(rtol=1e-3, atol=1e-6, dt_min=1e-9,
+                                                                           dt_max=1.0, max_growth=5.0))
     assert "unconfigured" not in STEPPERS and "unestimated" not in STEPPERS and "unestimated" not in METHODS
 
     class Stepless(Stepper):
@@ -293,10 +294,11 @@ def test_declarations_of_one_key_that_disagree_are_refused() -> None:
 
 
 def test_a_declared_carry_is_checkpointed_and_restored_by_the_base() -> None:
-    """Item 8 of the contract: a stepper declares what it carries (:class:`pdeflow.solvers.base.Carried`) and hands
-    it on; the base writes it as nan-padded float arrays of the declared shapes (only what the stepper's settings
-    keep) and restores the same values, in the declared memory order, to the same state; a state the carry was not
-    handed on to has none, and a checkpoint that knows nothing restores none."""
+    """Item 8 of the contract: a stepper declares what it carries (:class:`pdeflow.solvers.base.Carried`) and a step
+    leaves it on the state it returns (``State.carry``); the base writes it as nan-padded float arrays of the
+    declared shapes (only what the stepper's settings keep) and restores the same values, in the declared memory
+    order, to the state it is given; a state whose carry is empty has none, a new state from a step starts with an
+    empty one, and a checkpoint that knows nothing restores none."""
     from pdeflow.solvers.base import Carried, State
 
     class Carrying(Stepper):  # no name: a base, not a method
@@ -316,9 +318,9 @@ def test_a_declared_carry_is_checkpointed_and_restored_by_the_base() -> None:
     state, other = State(0.0, 0, 0.1, dict(fields)), State(0.0, 0, 0.1, dict(fields))
     stepper = Carrying(None)
     V = np.arange(8.0).reshape(4, 2)
-    stepper.hand_on(state, rho=2.5, age=4, vector=np.arange(4.0))
-    stepper.hand_on(state, lam=np.array([3.0, 1.0]), V=V)  # adds to what the step from `state` carries
-    assert stepper.carry(other) is None and stepper.carry(state)["rho"] == 2.5
+    state.carry.update(rho=2.5, age=4, vector=np.arange(4.0))
+    state.carry.update(lam=np.array([3.0, 1.0]), V=V)
+    assert other.carry == {} and state.advanced(dict(fields), 0.1).carry == {}
     extra = stepper.extra_state(state)
     assert list(extra) == ["rho", "age", "vector", "lam", "V"]  # "off": not kept with these settings
     assert extra["lam"].shape == (3,) and np.isnan(extra["lam"][2]) and extra["V"].shape == (4, 3)
@@ -327,11 +329,12 @@ def test_a_declared_carry_is_checkpointed_and_restored_by_the_base() -> None:
 
     fresh = Carrying(None)
     assert fresh.restore(other, extra) is other
-    back = fresh.carry(other)
+    back = other.carry
     assert back["rho"] == 2.5 and back["age"] == 4 and isinstance(back["age"], int)
     np.testing.assert_array_equal(back["vector"], np.arange(4.0))
     np.testing.assert_array_equal(back["lam"], [3.0, 1.0])
     np.testing.assert_array_equal(back["V"], V)
     assert back["V"].flags["F_CONTIGUOUS"]
-    fresh.restore(other, stepper.extra_state(other))
-    assert fresh.carry(other) is None
+    nothing = State(0.0, 0, 0.1, dict(fields))
+    fresh.restore(other, stepper.extra_state(nothing))
+    assert other.carry == {}

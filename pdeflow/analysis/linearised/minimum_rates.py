@@ -348,8 +348,9 @@ def run_stepper(problem: Problem, method: str, duration: float, lam_max: float, 
     if method != "rkc":
         raise ConfigError(f"unknown stepper {method!r} for the rate check: auto, rk4 or rkc")
     spacing = duration / max(samples - 1, 1)
-    stepper = RKC(problem, dt, rtol=0.0, atol=RKC_TOLERANCE * scale, dt_min=1e-12 * duration, dt_max=spacing,
-                  max_growth=5.0, radius_every=RKC_RADIUS_EVERY)
+    stepper = RKC(problem, dt, controller=RKC.default_controller(rtol=0.0, atol=RKC_TOLERANCE * scale,
+                                                                 dt_min=1e-12 * duration, dt_max=spacing,
+                                                                 max_growth=5.0), radius_every=RKC_RADIUS_EVERY)
     return stepper, dt, "rkc"
 
 
