@@ -101,7 +101,7 @@ def plot_energy(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
             ax_e.semilogy(analysis.time[gf], np.where(analysis.gap[gf] > 0, analysis.gap[gf], np.nan), "s",
                           mfc="none", label="gap $G$")
         ax_e.set_ylabel(r"$E - E^*$")
-        ax_e.set_title(f"$E^*$ = {e_star:.10g} ({analysis.e_star_source})", fontsize=9)
+        ax_e.set_title(f"$E^*$ = {e_star:.10g} ({analysis.e_star_text})", fontsize=9)
     else:
         ax_e.plot(t, e, lw=1.2, label="$E$")
         ax_e.set_ylabel("energy $E$")
@@ -214,7 +214,7 @@ def plot_pl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     ax.set_xlabel("t")
     ax.set_ylabel(r"$\mu = I\,/\,(2\,(E - E^*))$")
     ax.legend(fontsize=7)
-    fig.suptitle(_title(traj, f"PL ratio (E* = {analysis.e_star:.10g}, {analysis.e_star_source})"))
+    fig.suptitle(_title(traj, f"PL ratio ($E^*$ = {analysis.e_star:.10g}, {analysis.e_star_text})"))
     return _save(fig, path)
 
 

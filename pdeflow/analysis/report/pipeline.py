@@ -80,6 +80,7 @@ class Stages:
             except (OSError, ValueError):
                 self.done = {}
         self.quiet = quiet
+        self.spent = 0.0   # the wall time of the stages run by this invocation (already in their records)
 
     def run(self, name: str, argv: list[str], output: Path, *, rerun: bool = False) -> bool:
         """Run ``pdeflow argv`` unless ``output`` exists from an earlier stage (or ``rerun``); True when the
@@ -90,6 +91,7 @@ class Stages:
         proc = subprocess.run([sys.executable, "-m", "pdeflow", *argv], capture_output=True, text=True,
                               env=dict(os.environ))
         wall = time.perf_counter() - start
+        self.spent += wall
         last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]
         self.done[name] = {"stage": name, "command": "pdeflow " + " ".join(argv), "wall_s": wall,
                            "status": "ok" if proc.returncode == 0 else f"exit {proc.returncode}: {last[:300]}",
@@ -98,6 +100,7 @@ class Stages:
         return proc.returncode == 0 and output.exists()
 
     def note(self, name: str, command: str, wall: float, status: str = "ok") -> None:
+        self.spent += wall
         self.done[name] = {"stage": name, "command": command, "wall_s": wall, "status": status}
         self.save()
 
@@ -333,8 +336,10 @@ def build_report(req: ReportRequest) -> Report:
     _stage_costs(traj, stationary, found["minimum"], stages)
     provenance = {"pdeflow_version": __version__, "cpu": cpu_model(), "cores": os.cpu_count(),
                   "python": platform.python_version(), "target": str(req.target),
+                  # every stage's recorded wall once (this invocation's or an earlier one's), and this
+                  # invocation's time outside its stages: a fresh report's own elapsed time
                   "total_wall_s": round(sum(s.get("wall_s", 0.0) for s in stages.done.values())
-                                        + time.perf_counter() - started, 1),
+                                        + time.perf_counter() - started - stages.spent, 1),
                   "stages": [stages.done[s] for s in STAGES if s in stages.done],
                   "config": config_file.read_text(encoding="utf-8")}
     write_report(out, f"pdeflow report: {req.target.name}", sections, provenance)
@@ -343,7 +348,7 @@ def build_report(req: ReportRequest) -> Report:
     e_star_line = None
     if analysis is not None:
         source = (f"the energy of the certified local minimum in {stationary_file.name}" if certified
-                  else analysis.e_star_source)
+                  else analysis.e_star_text)
         e_star_line = (f"E* = {analysis.e_star:.10g} ({source})" if analysis.e_star == analysis.e_star
                        else "E* not established: no certified local minimum, and diagnose found no limit of E(t)")
     return Report(sections, e_star_line, out / "index.html", stages.done)
