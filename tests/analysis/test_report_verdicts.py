@@ -53,13 +53,15 @@ TINY = dict(model={"coordinates": "gain2"}, init={"n_particles": 6}, solver={"me
             diagnostics={"enabled": False})
 
 
-def tiny_run(folder: Path, t_end: float = 30.0) -> tuple[Path, Path]:
-    """The tiny problem run to ``t_end`` and its certified minimum: (trajectory, stationary result)."""
-    cfg = build_config(**TINY, run={"t_end": t_end, "frame_interval": 1.0})
-    path, minimum = folder / "run.h5", folder / "min.h5"
+def tiny_run(folder: Path, t_end: float = 30.0, minimum: bool = True, **sections) -> tuple[Path, Path]:
+    """The tiny problem (its config's ``sections`` replaced) run to ``t_end``, and its certified minimum when
+    ``minimum``: (trajectory, stationary result)."""
+    cfg = build_config(**{**TINY, **sections}, run={"t_end": t_end, "frame_interval": 1.0})
+    path, point = folder / "run.h5", folder / "min.h5"
     assert run(cfg, Problem.from_config(cfg), path, quiet=True).status == "finished"
-    assert main(["stationary", str(path), "--kind", "minimum", "-o", str(minimum), "--quiet"]) == 0
-    return path, minimum
+    if minimum:
+        assert main(["stationary", str(path), "--kind", "minimum", "-o", str(point), "--quiet"]) == 0
+    return path, point
 
 
 @pytest.fixture(scope="module")

@@ -220,7 +220,9 @@ def plot_pl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     ax.set_xlabel("$t$")
     ax.set_ylabel(r"$\mu = I\,/\,(2\,(E - E^*))$")
     ax.legend(fontsize=7)
-    fig.suptitle(_title(traj, f"PL ratio ($E^*$ = {analysis.e_star:.10g}, {analysis.e_star_text})"))
+    if not ax.get_title():
+        ax.set_title(f"$E^*$ = {analysis.e_star:.10g} ({analysis.e_star_text})", fontsize=9)
+    fig.suptitle(_title(traj, "PL ratio"))
     return _save(fig, path)
 
 

@@ -25,7 +25,7 @@ from ...core.config import ConfigError, load_config
 from ...core.tuner import cpu_model
 from ...io.file_access import TrajectoryError
 from ...io.trajectory import Trajectory, open_trajectory
-from .sections import Section
+from .sections import FIGURE_FORMATS, Section
 
 STAGES = ("run", "stationary", "diagnose", "minimum", "dirac", "chaos")
 SKIPPABLE = ("stationary", "minimum", "dirac", "chaos", "gap")
@@ -164,14 +164,15 @@ def read_analysis_ok(path: Path) -> bool:
 
 
 def adopt(folder: Path, figures: Path, stems: list[str]) -> list[str]:
-    """Move the PNG figures a wrapped command wrote beside its file (``<stem>.png``) into ``figures``; returns the
-    stems present there."""
+    """Move the figures a wrapped command wrote beside its file (``<stem>.<fmt>`` for each of FIGURE_FORMATS) into
+    ``figures``; returns the stems present there in every format (the page shows the PNG and links the PDF)."""
     found = []
     for stem in stems:
-        src, dst = folder / f"{stem}.png", figures / f"{stem}.png"
-        if src.exists():
-            shutil.move(str(src), dst)
-        if dst.exists():
+        for fmt in FIGURE_FORMATS:
+            src = folder / f"{stem}.{fmt}"
+            if src.exists():
+                shutil.move(str(src), figures / src.name)
+        if all((figures / f"{stem}.{fmt}").exists() for fmt in FIGURE_FORMATS):
             found.append(stem)
     return found
 
@@ -251,7 +252,8 @@ def _experiment_stages(req: ReportRequest, stages: Stages, out: Path, certified:
         if name in req.skip or not wanted[name]:
             continue
         path = out / filename
-        if stages.run(name, [*argv, "-o", str(path), "--quiet", "--format", "png", "--force"], path):
+        formats = ",".join(FIGURE_FORMATS)   # the page shows the PNG and links the PDF
+        if stages.run(name, [*argv, "-o", str(path), "--quiet", "--format", formats, "--force"], path):
             found[name] = h5_group(path, group)
     return found
 
