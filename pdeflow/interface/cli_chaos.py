@@ -52,11 +52,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         progress.close()
     chaos.write_result(out, result, cfg, problem, quick=args.quick)
     work.unlink(missing_ok=True)
-    png = out.with_suffix("." + args.format)
+    figures = [out.with_suffix("." + fmt) for fmt in args.format]
     with figure_output(dpi):
-        plot_result(png, result)
+        for figure in figures:
+            plot_result(figure, result)
     print(chaos.summary(result))
-    print(f"pdeflow: chaos: finished in {result.attrs['wall_time']:.0f} s -> {out}, {png}")
+    print(f"pdeflow: chaos: finished in {result.attrs['wall_time']:.0f} s -> {out}, {', '.join(map(str, figures))}")
     return EXIT_OK
 
 
@@ -92,12 +93,12 @@ def add_command(subparsers) -> None:
                               description=__doc__.split("\n\n")[1])
     add_config_arguments(p, "TOML config file (sections [chaos], [sgd], [solver], [run])",
                          "HDF5 result file (default: <config>-chaos.h5); the figure is written beside it with "
-                         "the suffix of --format")
+                         "the suffix of each --format")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted experiment from OUT.h5.work (finished (N, seed) blocks are kept)")
     p.add_argument("--quick", action="store_true",
                    help="a smaller experiment for a smoke test: three smallest N, two seeds, two largest eta, "
                         "a quarter of chaos.n_ref")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_figure_arguments(p)
+    add_figure_arguments(p, several=True)
     p.set_defaults(func=cmd_chaos)

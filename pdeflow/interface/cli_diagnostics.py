@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.convergence.predictions import PointPrediction, prediction_at
+from ..analysis.convergence.predictions import PL_TOL, PointPrediction, prediction_at  # noqa: F401
 from ..analysis.convergence.rates import THETA_TOL, e_star_refusal
 from ..analysis.convergence.spectral import format_spectral_record
 from ..analysis.diagnostics import Analysis, analyse, check_editable, read_analysis, write_analysis
@@ -25,7 +25,6 @@ from ..io.trajectory import Trajectory, open_trajectory
 from .cli_figures import add_figure_arguments, figure_dpi
 
 MAX_TABLE_ROWS = 16
-PL_TOL = 0.05   # the PL ratio within this relative distance of the predicted lambda_min: the slowest mode dominates
 DIAGNOSE_HELP = f"""Analyse a trajectory and store the result as /analysis (replacing only that group):
 the energy identity residual E(t) - E(0) + int I, the time stationarity is reached, the optimality gap
 G = int Phi d rho - min_Omega Phi at chosen frames (certified for k <= 3, where E - G_bound is a lower bound;
@@ -104,23 +103,6 @@ def _ratio(measured: float, predicted: float) -> str:
     return _fmt(measured / predicted, ".4g") if math.isfinite(measured) and predicted else "-"
 
 
-def asymptotic_verdict(a: Analysis) -> str:
-    """What the measured PL ratio says about the window, given the theory's ``lambda_min`` at a nondegenerate
-    minimum ("" when it agrees, or nothing is predicted): the window is pre-asymptotic for that point while
-    ``mu / lambda_min - 1 > PL_TOL`` at its end (the slowest mode does not dominate yet, whatever theta(t) does);
-    ``mu < (1 - PL_TOL) lambda_min`` contradicts the linear regime of that point."""
-    mu, lam = a.pl_mu_last, a.predicted_mu
-    if not (math.isfinite(mu) and math.isfinite(lam) and lam > 0):
-        return ""
-    if a.pl_mu_min < (1.0 - PL_TOL) * lam:
-        return (f"mu falls to {a.pl_mu_min / lam:.3g} x lambda_min, below the bound: the window is not in the linear "
-                "regime of this point (or E* is not this flow's limit)")
-    if mu / lam - 1.0 > PL_TOL:
-        return (f"pre-asymptotic for this point: mu is still {mu / lam:.3g} x lambda_min at the window's end (more "
-                f"than {PL_TOL:g} above it), so the slowest mode does not dominate yet")
-    return ""
-
-
 def rate_lines(a: Analysis) -> list[str]:
     """The report's lines on the rates: the KL verdict (one line), the PL ratio with its drift, and the theory's
     predictions at a given stationary point beside the measurements, with their ratio."""
@@ -146,10 +128,9 @@ def rate_lines(a: Analysis) -> list[str]:
         return lines
     if not math.isfinite(a.predicted_theta):
         return lines + [f"theory        {a.prediction}"]
-    if math.isfinite(a.kl_theta):
-        measured, what = a.kl_theta, "theta"
-    else:
-        measured, what = a.kl_theta_last, "the local exponent at the window's end"
+    # the KL line above states the theory's exponent and the spectral test (mu against lambda_min) on the measured
+    # local exponent; here the local exponent at the window's end beside 1/2
+    measured, what = a.kl_theta_last, "local exponent at the window's end"
     lines.append(f"theory        at the stationary point: {a.prediction}")
     lines.append(f"theory theta  {a.predicted_theta:g} (the Lojasiewicz exponent there; theta(t) <= 1/2 in the linear "
                  f"regime, -> 1/2): measured {what} {_fmt(measured, '.4f')}, "
@@ -158,8 +139,7 @@ def rate_lines(a: Analysis) -> list[str]:
                  f"point: measured {_fmt(a.pl_mu_last, '.4g')} at the window's end (ratio "
                  f"{_ratio(a.pl_mu_last, a.predicted_mu)}), least {_fmt(a.pl_mu_min, '.4g')} (ratio "
                  f"{_ratio(a.pl_mu_min, a.predicted_mu)})")
-    verdict = asymptotic_verdict(a)
-    return lines + ([f"theory        {verdict}"] if verdict else [])
+    return lines
 
 
 def format_analysis(traj: Trajectory, a: Analysis, e_star_label: str | None = None) -> str:
@@ -181,9 +161,10 @@ def format_analysis(traj: Trajectory, a: Analysis, e_star_label: str | None = No
     if a.e_star_source == "none":
         lines.append("E*            unknown")
     else:
-        known = {"given": e_star_label or "given", "lower_bound": "certified lower bound; E* in",
-                 "fit": "fitted from the tail; 95% in"}
-        span = "" if a.e_star_source == "given" else f" [{_fmt(a.e_star_low, '.14g')}, {_fmt(a.e_star_high, '.14g')}]"
+        known = {"given": e_star_label or "given", "stationary": e_star_label or a.e_star_text,
+                 "lower_bound": "certified lower bound; E* in", "fit": "fitted from the tail; 95% in"}
+        span = ("" if a.e_star_source in ("given", "stationary")
+                else f" [{_fmt(a.e_star_low, '.14g')}, {_fmt(a.e_star_high, '.14g')}]")
         lines.append(f"E*            {_fmt(a.e_star, '.12g')} ({known.get(a.e_star_source, a.e_star_source)}{span})")
     lines.extend(rate_lines(a))
     if a.gap_computed:

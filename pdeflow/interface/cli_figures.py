@@ -7,10 +7,26 @@ import argparse
 from ..analysis.plots.figures import DEFAULT_DPI, FORMATS
 
 
-def add_figure_arguments(p: argparse.ArgumentParser) -> None:
-    """Register ``--format`` and ``--dpi`` on ``p``."""
-    p.add_argument("--format", choices=FORMATS, default="png",
-                   help="file format of the figures (default png; pdf and svg are vector graphics for a paper)")
+def figure_formats(text: str) -> tuple[str, ...]:
+    """``--format`` of a command that writes each figure in several formats: ``png``, ``pdf,png``, ...; an
+    argparse error naming the choices otherwise."""
+    formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",")))
+    if not formats or any(f not in FORMATS for f in formats):
+        raise argparse.ArgumentTypeError(f"{text!r}: each format must be one of {', '.join(FORMATS)} "
+                                         "(comma-separated for several)")
+    return formats
+
+
+def add_figure_arguments(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """Register ``--format`` and ``--dpi`` on ``p``; with ``several``, ``--format`` takes a comma-separated list
+    (``args.format`` a tuple: each figure written in each format)."""
+    if several:
+        p.add_argument("--format", type=figure_formats, default=("png",), metavar="FMT[,FMT...]",
+                       help="file formats of the figures, comma-separated: each figure in each (default png; pdf "
+                            "and svg are vector graphics for a paper; png,pdf writes both)")
+    else:
+        p.add_argument("--format", choices=FORMATS, default="png",
+                       help="file format of the figures (default png; pdf and svg are vector graphics for a paper)")
     p.add_argument("--dpi", type=float, default=DEFAULT_DPI,
                    help=f"resolution of raster figures and of the images inside vector ones (default {DEFAULT_DPI})")
 
@@ -24,4 +40,4 @@ def figure_dpi(args: argparse.Namespace) -> float:
     return float(args.dpi)
 
 
-__all__ = ["add_figure_arguments", "figure_dpi"]
+__all__ = ["add_figure_arguments", "figure_dpi", "figure_formats"]

@@ -52,7 +52,7 @@ def cmd_stability(args: argparse.Namespace) -> int:
     result = run_stability(cfg, problem, progress=say)
     write_stability(out, result, cfg, problem.k, problem)
     with figure_output(figure_dpi(args)):
-        figures = [] if args.no_plots else plot_stability(result, cfg, out, args.format)
+        figures = [] if args.no_plots else [f for fmt in args.format for f in plot_stability(result, cfg, out, fmt)]
     print(summary(result), file=sys.stdout)
     print(f"pdeflow: stability: {len(result.points)} point(s) -> {out}"
           + (f" (figures: {', '.join(p.name for p in figures)})" if figures else ""))
@@ -123,8 +123,8 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
     write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
     if not args.no_plots:
         with figure_output(figure_dpi(args)):
-            figure = plot_minimum_rates(result, figure_paths(out, args.format)["rates"])
-        print(f"pdeflow: stability: figure {figure}")
+            figures = [plot_minimum_rates(result, figure_paths(out, fmt)["rates"]) for fmt in args.format]
+        print(f"pdeflow: stability: figure {', '.join(map(str, figures))}")
     print(rates_table(result))
     print(f"pdeflow: stability: rates at the minimum of {args.stationary} -> {out}")
     return EXIT_OK
@@ -204,6 +204,6 @@ def add_command(subparsers) -> None:
     p.add_argument("--no-linearity", action="store_true",
                    help="--stationary: skip the run along the slowest direction at eps/2 (the linearity check)")
     p.add_argument("--no-plots", action="store_true", help="do not write the figures")
-    add_figure_arguments(p)
+    add_figure_arguments(p, several=True)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_stability)

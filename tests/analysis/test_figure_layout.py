@@ -69,10 +69,43 @@ def test_the_checker_finds_overlap_clipping_and_undrawn_legend_entries():
     ax.plot([], [], "o", label="nothing")
     ax.set_yscale("log")
     ax.plot([1, 2], [-1, -2], "s", label="only negative values on a log axis")
+    ax.set_ylabel("$y$")
     ax.legend()
     problems = layout_problems(fig)
     assert problems == ["legend entry 'nothing' names nothing drawn",
                         "legend entry 'only negative values on a log axis' names nothing drawn"]
+
+
+def test_the_checker_finds_what_made_the_report_figures_hard_to_read():
+    """Issue 51, finding 11, each defect made on a small figure: a title whose subscript below min reaches the frame
+    (gap.png), a panel drawing data without a y label (gap.png), the time written upright (pl.png, kl.png), fractional
+    ticks on an eigenvalue index (stability-spectra.png), points against the top edge of a symlog axis from 0 with no
+    labelled tick near them (spectrum.png); and the same figures made right pass."""
+    def problems(title=r"$G = \int \Phi\, d\rho - \min_\Omega \Phi$", ylabel="$G$", xlabel="$t$", scale=None,
+                 y=(0.0451, 0.0462, 0.047), x=(0.0, 1.0, 2.0), integer=False):
+        from matplotlib.ticker import MaxNLocator
+
+        fig, ax = new_figure(4.0, 3.0)
+        ax.plot(x, y, "o-")
+        if integer:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel(xlabel)
+        if scale == "symlog":
+            ax.axhline(0.0, color="k", lw=0.6)
+            ax.set_yscale("symlog", linthresh=0.045)
+        return layout_problems(fig)
+
+    assert any("collides with the frame" in p for p in problems())
+    assert problems(title=r"$G = \int \Phi\, d\rho - \min\,\Phi$, the minimum over $\Omega$") == []
+    assert any("no y label" in p for p in problems(title="", ylabel=""))
+    assert any("writes a symbol upright" in p for p in problems(title="", xlabel="t"))
+    assert any("writes the time t upright" in p for p in problems(title="drifts over t in [0.25, 0.5]"))
+    assert any("fractional ticks" in p for p in problems(title="", xlabel="eigenvalue index", x=(0.0, 1.0, 1.0)))
+    assert problems(title="", xlabel="eigenvalue index", x=(0.0, 1.0, 1.0), integer=True) == []
+    assert any("from every labelled tick" in p for p in problems(title="", scale="symlog"))
+    assert problems(title="") == []
 
 
 def test_every_figure_of_plot_is_laid_out_for_a_paper(text_file, tmp_path, saved_figures):
@@ -81,6 +114,7 @@ def test_every_figure_of_plot_is_laid_out_for_a_paper(text_file, tmp_path, saved
     assert len(saved_figures) == len(written)
     problems = {path.name: layout_problems(fig) for path, fig in zip(written, saved_figures)}
     assert {name: p for name, p in problems.items() if p} == {}
+    assert all(fig.get_suptitle() for fig in saved_figures)
     assert {p.name for p in written} >= {"energy.png", "identity.png", "gap.png", "pl.png", "kl.png",
                                         "particles.png", "attention.png"}
 
@@ -139,11 +173,18 @@ def test_the_rates_at_a_minimum_figure_is_laid_out_and_draws_each_run(tmp_path, 
                           morse_index_lower=0, n_symmetry=0, eps=1e-4, runs=runs, products=0, polish_steps=0)
     plot_minimum_rates(result, tmp_path / "rates.pdf")
     fig = saved_figures[-1]
-    assert layout_problems(fig) == []
+    assert layout_problems(fig) == [] and fig.get_suptitle()
     handles, labels = fig.axes[0].get_legend_handles_labels()
-    assert labels == ["slowest", "predicted rate 0.6", "random 1"]
+    assert labels == ["slowest", "predicted (black dashes)", "random 1"]
     # the slowest run's prediction is the line of slope 2 lambda through its first sample: here the run itself
     assert np.allclose(handles[1].get_ydata(), 1e-8 * np.exp(-2 * lam * t), rtol=1e-12)
+    # where prediction and measurement agree (here exactly), the dashed prediction is drawn over the run, visible
+    # (issue 51, finding 11: hidden under the measured lines of the same colour)
+    for ax in fig.axes:
+        measured = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+        predicted = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+        assert len(measured) == len(predicted) == 2
+        assert min(p.get_zorder() for p in predicted) > max(m.get_zorder() for m in measured)
     assert (tmp_path / "rates.pdf").read_bytes()[:4] == b"%PDF"
 
 
@@ -157,9 +198,12 @@ def test_the_dirac_and_chaos_figures_are_laid_out(tmp_path, saved_figures):
     stability.write_text(TINY)
     assert main(["stability", str(stability), "-o", str(tmp_path / "s.h5"), "--quiet", "--format", "pdf"]) == 0
     assert main(["chaos", str(write_config(tmp_path, tiny_config())), "-o", str(tmp_path / "c.h5"), "--quiet",
-                 "--format", "pdf"]) == 0
-    assert len(saved_figures) >= 3 and all(p.suffix == ".pdf" for p in tmp_path.glob("*.*") if p.suffix in
-                                           (".png", ".svg", ".pdf"))
+                 "--format", "pdf,png"]) == 0
+    written = {p.name for p in tmp_path.glob("*.*") if p.suffix in (".png", ".svg", ".pdf")}
+    assert written == {"s-spectra.pdf", "s-rates.pdf", "s-sweep.pdf", "c.pdf", "c.png"}
     problems = {f"figure {i} ({fig.axes[0].get_title() if fig.axes else ''})": layout_problems(fig)
                 for i, fig in enumerate(saved_figures)}
     assert {name: p for name, p in problems.items() if p} == {}
+    assert all(fig.get_suptitle() for fig in saved_figures)
+    # each figure in each format asked for, and a format that is none is refused in one line
+    assert main(["stability", str(stability), "-o", str(tmp_path / "b.h5"), "--quiet", "--format", "pdf,bmp"]) == 2

@@ -19,6 +19,9 @@ import numpy as np
 from ..certificate.certificate import PROOFS, stored_lambda_min
 
 KL_AT_MINIMUM = 0.5   # the Lojasiewicz exponent of E at a nondegenerate local minimum
+PL_TOL = 0.05   # the PL ratio within this relative distance of the predicted lambda_min: the slowest mode dominates
+# what the spectral test (:func:`spectral_test`) calls the measured local exponent at a claimed minimum
+APPROACHING, PRE_ASYMPTOTIC, OFF_REGIME = "approaching", "pre-asymptotic", "not in the linear regime"
 
 
 @dataclass(frozen=True)
@@ -76,4 +79,41 @@ def prediction_at(result: dict[str, Any]) -> PointPrediction:
                                                        f"(proven >= {lower:.6g}), certificate: {proof}")
 
 
-__all__ = ["KL_AT_MINIMUM", "PointPrediction", "prediction_at", "stated_proof"]
+@dataclass(frozen=True)
+class SpectralTest:
+    """What the measured PL ratio says of the window at a claimed nondegenerate minimum (:func:`spectral_test`):
+    ``state`` APPROACHING, PRE_ASYMPTOTIC or OFF_REGIME ("" when nothing is predicted or measured) and ``text``, one
+    line with the ratios it rests on."""
+    state: str
+    text: str
+
+
+def spectral_test(mu_last: float, mu_min: float, lambda_min: float) -> SpectralTest:
+    """The theory's own test of the window at a nondegenerate minimum with lowest eigenvalue ``lambda_min`` of S:
+    near it ``mu = I / (2 (E - E*)) >= lambda_min`` and ``mu -> lambda_min`` along the slowest mode, while the local
+    exponent tends to 1/2. With the PL ratio ``mu_last`` at the window's end and its least ``mu_min`` over the window:
+
+    - ``mu_min < (1 - PL_TOL) lambda_min``: OFF_REGIME (the bound fails: the window is not in the linear regime of
+      this point, or E* is not this flow's limit);
+    - ``mu_last > (1 + PL_TOL) lambda_min``: PRE_ASYMPTOTIC (the slowest mode does not dominate yet, whatever the
+      local exponent's drift);
+    - otherwise APPROACHING (the slowest mode dominates: the local exponent approaches 1/2).
+
+    A fixed tolerance on the local exponent's drift decides none of these: near a minimum the exponent drifts slowly
+    however far mu is from its limit."""
+    if not (math.isfinite(mu_last) and math.isfinite(mu_min) and math.isfinite(lambda_min) and lambda_min > 0):
+        return SpectralTest("", "")
+    if mu_min < (1.0 - PL_TOL) * lambda_min:
+        return SpectralTest(OFF_REGIME, f"{OFF_REGIME} of this point: mu falls to {mu_min / lambda_min:.3g} x "
+                                        "lambda_min, below the bound (or E* is not this flow's limit)")
+    ratio = mu_last / lambda_min
+    if ratio - 1.0 > PL_TOL:
+        return SpectralTest(PRE_ASYMPTOTIC, f"{PRE_ASYMPTOTIC}: mu is still {ratio:.3g} x lambda_min at the "
+                                            f"window's end (more than {PL_TOL:g} above it), so the slowest mode does "
+                                            "not dominate yet")
+    return SpectralTest(APPROACHING, f"{APPROACHING} it: mu = {ratio:.3g} x lambda_min at the window's end (within "
+                                     f"{PL_TOL:g}), the slowest mode dominates")
+
+
+__all__ = ["KL_AT_MINIMUM", "PL_TOL", "APPROACHING", "PRE_ASYMPTOTIC", "OFF_REGIME", "PointPrediction",
+           "SpectralTest", "prediction_at", "spectral_test", "stated_proof"]

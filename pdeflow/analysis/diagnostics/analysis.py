@@ -13,9 +13,10 @@ from ...core.config import ConfigError, DiagnosticsConfig
 from ...core.problem import Problem
 from ...io import schema
 from ...io.trajectory import Trajectory
-from ..convergence.predictions import PointPrediction
+from ..convergence.predictions import PointPrediction, spectral_test
 from ..convergence.rates import (
     THETA_TOL,
+    KLFit,
     e_star_refusal,
     energy_identity_residual,
     fit_e_star_interval,
@@ -106,6 +107,16 @@ class Analysis:
     def gap_frames(self) -> np.ndarray:
         """Indices of the frames where the gap was computed."""
         return np.flatnonzero(np.isfinite(self.gap))
+
+    @property
+    def e_star_text(self) -> str:
+        """Where E* comes from, in words: given, the energy of a given stationary point (a proven nondegenerate
+        minimum where the theory's rates are claimed there), the certified lower bound, a fit, or unknown."""
+        if self.e_star_source == "stationary":
+            return ("the energy of the certified local minimum" if math.isfinite(self.predicted_theta)
+                    else "the energy of the given stationary point (no proven nondegenerate minimum)")
+        return {"given": "given", "lower_bound": "certified lower bound", "fit": "fitted from the tail",
+                "none": "unknown"}.get(self.e_star_source, self.e_star_source)
 
 
 # the names of /analysis, declared with their shapes and types in the trajectory's table (pdeflow.io.schema)
@@ -387,6 +398,20 @@ def saddle_refusal(rec: SpectralRecord | None, start: float) -> str:
             "there passes a saddle, it is no KL rate of the limit")
 
 
+def theory_exponent_status(a: Analysis, fit: KLFit) -> str:
+    """The KL line at a proven nondegenerate minimum (``a.predicted_theta`` = 1/2, ``a.predicted_mu`` = lambda_min):
+    the theory's exponent, the range of the measured local exponent over the window, and what the spectral test
+    (:func:`pdeflow.analysis.convergence.predictions.spectral_test`) calls it: approaching 1/2, pre-asymptotic, or
+    not in the linear regime of the point. One line."""
+    theory = f"theta = {a.predicted_theta:g}, the theory's at this nondegenerate minimum"
+    test = spectral_test(a.pl_mu_last, a.pl_mu_min, a.predicted_mu)
+    if fit.local is None or not test.state:
+        return f"{theory}; the window measures no local exponent ({fit.reason or 'no trusted sample'})"
+    lo, hi = a.kl_theta_range
+    return (f"{theory}; the measured local exponent theta(t) = 1 - (1/2) d ln I / d ln(E - E*) lies in "
+            f"[{lo:.4f}, {hi:.4f}] over t in [{fit.local.t_first:.6g}, {fit.local.t_last:.6g}]: {test.text}")
+
+
 def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.ndarray, st_i: np.ndarray,
            point: PointPrediction | None = None) -> None:
     """E*, the PL ratio at the frames and over the window, and the local exponent over the window (on the /steps rows
@@ -414,7 +439,9 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
             a.kl_status = saddle or f"no KL regime in this window: {refused}"
             a.notes.append(f"{refused}: not used (no PL/KL)")
             return
-        candidates.append(("given", float(settings.e_star), float(settings.e_star), float(settings.e_star)))
+        # E* given as the energy of the stationary point of --stationary is that point's, not the user's number
+        given = "stationary" if point is not None and point.energy == float(settings.e_star) else "given"
+        candidates.append((given, float(settings.e_star), float(settings.e_star), float(settings.e_star)))
     else:
         bounds = np.isfinite(a.lower_bound)
         if bounds.any():
@@ -461,6 +488,12 @@ def _rates(a: Analysis, settings: DiagnosticsConfig, st_t: np.ndarray, st_e: np.
     if fit.local is not None:
         a.kl_theta_first, a.kl_theta_last = float(fit.local.theta[0]), float(fit.local.theta[-1])
         a.kl_t_first, a.kl_t_last = fit.local.t_first, fit.local.t_last
+    if point is not None and point.claimed:
+        # at a proven nondegenerate minimum the exponent is the theory's 1/2; the window's local exponent is
+        # measured against it by the theory's own test (mu against lambda_min), never named by a drift tolerance
+        a.kl_theta, a.kl_constant = math.nan, math.nan
+        a.kl_status = theory_exponent_status(a, fit)
+        return
     if fit.pre_asymptotic:
         a.kl_status = fit.reason
     elif fit.reason:

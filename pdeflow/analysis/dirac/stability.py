@@ -25,6 +25,7 @@ from ...solvers.base import State, Stepper
 from ...solvers.explicit import RK4
 from ...solvers.loop import Observer, advance
 from ..hessian.local_geometry import dense_hessian, symmetry_tangents
+from ..optimality.verdict import NOT_ESTABLISHED, gap_verdict  # noqa: F401 (NOT_ESTABLISHED: imported from here)
 
 MEAN, SPREAD = 0, 1                 # axis 1 of the rate arrays: the mean (Htr) mode and the spread (H0) mode
 FIT_SKIP = 0.1                      # fraction of a run left out of the rate fit (start-up transients)
@@ -211,22 +212,12 @@ class DiracAnalysis:
     global_minimizer: str = ""         # "yes" / "no" / "not established" (:func:`global_minimizer`)
 
 
-NOT_ESTABLISHED = "not established"
-
-
 def global_minimizer(a: DiracAnalysis, gap_tol: float) -> str:
-    """Is ``delta_w*`` a global minimizer of E over measures on Omega? ``"yes"``, ``"no"`` or ``"not established"``.
-
-    The gap found, ``Phi(w*) - Phi(w)`` at a point w of Omega, is a lower bound on the true gap: above
-    ``gap_tol`` it proves "no" (Phi is lower at w, so the support condition fails). "yes" needs the certified
-    upper bound on the gap (exhaustive grid plus derivative bounds, k <= 3) within ``gap_tol``; without a
-    certificate, or with one too loose to decide, the answer is "not established".
-    """
-    if math.isfinite(a.gap) and a.gap > gap_tol:
-        return "no"
-    if math.isfinite(a.gap_bound) and a.gap_bound <= gap_tol:
-        return "yes"
-    return NOT_ESTABLISHED
+    """Is ``delta_w*`` a global minimizer of E over measures on Omega? ``"yes"``, ``"no"`` or ``"not established"``:
+    the one rule :func:`pdeflow.analysis.optimality.verdict.gap_verdict` on the gap found ``a.gap`` (a lower bound
+    on G: above ``gap_tol`` it proves "no") and the certified upper bound ``a.gap_bound`` (within ``gap_tol`` it
+    proves "yes"; without a certificate, or with one too loose to decide, "not established")."""
+    return gap_verdict(a.gap, a.gap_bound, gap_tol).answer
 
 
 def analyse_point(problem: Problem, point: np.ndarray, tol: float, htr: np.ndarray | None = None) -> DiracAnalysis:

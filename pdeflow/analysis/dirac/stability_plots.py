@@ -7,11 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from ...core.config import Config
 from ..linearised.minimum_rates import MinimumRates
 from ..plots.figures import check_format, new_figure, save_figure
 from .stability import MEAN, SPREAD, StabilityResult
+
+# the predictions are drawn over the measurements: a dashed line under a solid one of the same path is hidden
+MEASURED_Z, PREDICTED_Z = 2.0, 3.0
 
 
 def figure_paths(out: Path, fmt: str = "png") -> dict[str, Path]:
@@ -40,8 +44,10 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path, fmt: str = "
             ax.axhline(0.0, color="k", lw=0.6)
             ax.set_title(f"point {i} ({a.origin}): {a.verdict}", fontsize=8)
             ax.set_xlabel("eigenvalue index")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # an index: no fractional ticks
             ax.set_ylabel("eigenvalue")
             ax.legend(fontsize=7)
+        fig.suptitle(r"spectra of $H_0$ and $H_{\mathrm{tr}}$ at the stationary Diracs", fontsize=10)
         save(fig, "spectra")
     pairs = [(r.predicted[ax], r.measured[ax], ax) for runs in result.runs for r in runs for ax in (MEAN, SPREAD)]
     if result.sweep is not None:
@@ -64,6 +70,7 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path, fmt: str = "
         ax.set_ylabel("measured rate")
         ax.set_title("exponential rates of perturbations", fontsize=9)
         ax.legend(fontsize=7)
+        fig.suptitle("Dirac measures: measured against predicted rates", fontsize=10)
         save(fig, "rates")
     if result.sweep is not None and len(result.sweep.weight_decay):
         sw = result.sweep
@@ -76,15 +83,17 @@ def plot_stability(result: StabilityResult, cfg: Config, out: Path, fmt: str = "
         ax.set_xlabel(r"weight decay $\lambda$")
         ax.set_ylabel("growth rate of the zero head's perturbation")
         ax.legend(fontsize=7)
+        fig.suptitle("the zero head against the weight decay", fontsize=10)
         save(fig, "sweep")
     return written
 
 
 def plot_minimum_rates(result: MinimumRates, path: Path) -> Path:
     """The perturbations of a local minimum (``pdeflow stability --stationary``): ``E - E*`` and the distance to the
-    minimum against time for every run, each with the slope its prediction gives (``2 lambda_min`` and
-    ``lambda_min`` for the slowest direction, the linear flow's curve for a random one) as a dashed line."""
-    fig, (ax_e, ax_d) = new_figure(10.0, 4.0, 1, 2)
+    minimum against time for every run (a broad coloured line), each with its prediction drawn over it as a black
+    dashed line (``2 lambda_min`` and ``lambda_min`` for the slowest direction, the linear flow's curve for a random
+    one): where measurement and prediction agree the dashes lie on the run, visible."""
+    fig, (ax_e, ax_d) = new_figure(10.0, 4.2, 1, 2)
     for j, run in enumerate(result.runs):
         color = f"C{j % 10}"
         t = np.asarray(run.times, dtype=float)
@@ -94,23 +103,25 @@ def plot_minimum_rates(result: MinimumRates, path: Path) -> Path:
             ok = np.isfinite(y) & (y > 0)
             if not ok.any():
                 continue
-            ax.semilogy(t[ok], y[ok], "-", color=color, lw=1.2, label=run.direction)
+            ax.semilogy(t[ok], y[ok], "-", color=color, lw=3.0, alpha=0.6, zorder=MEASURED_Z, label=run.direction)
             predicted = np.asarray(curve, dtype=float)
+            first_prediction = not any(line.get_zorder() == PREDICTED_Z for line in ax.get_lines())
+            label = "predicted (black dashes)" if first_prediction else None
             if predicted.shape == t.shape and np.any(predicted > 0):
                 good = np.isfinite(predicted) & (predicted > 0)
-                ax.semilogy(t[good], predicted[good], "--", color=color, lw=1,
-                            label="predicted (dashed)" if j == 0 else None)
+                ax.semilogy(t[good], predicted[good], "--", color="k", lw=1.0, zorder=PREDICTED_Z, label=label)
             elif np.isfinite(rate):
                 first = int(np.argmax(ok))
-                ax.semilogy(t, y[first] * np.exp(-rate * (t - t[first])), "--", color=color, lw=1,
-                            label=f"predicted rate {rate:.3g}")
+                ax.semilogy(t, y[first] * np.exp(-rate * (t - t[first])), "--", color="k", lw=1.0,
+                            zorder=PREDICTED_Z, label=label)
     lam = result.lambda_min
-    ax_e.set_title(rf"$E - E^*$: predicted decay $e^{{-2\lambda_{{\min}} t}}$, $\lambda_{{\min}}$ = {lam:.4g}",
-                   fontsize=9)
-    ax_d.set_title(r"distance to the minimum: predicted $e^{-\lambda_{\min} t}$", fontsize=9)
+    ax_e.set_title(r"$E - E^*$: predicted decay $e^{-2\lambda_{\min} t}$ along the slowest mode", fontsize=9)
+    ax_d.set_title(r"distance to the minimum: predicted $e^{-\lambda_{\min} t}$ along the slowest mode", fontsize=9)
     for ax, label in ((ax_e, r"$E - E^*$"), (ax_d, "distance (mass-weighted)")):
         ax.set_xlabel("$t$")
         ax.set_ylabel(label)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+    fig.suptitle(rf"perturbations of the local minimum ($\lambda_{{\min}}$ = {lam:.4g}): measured and predicted "
+                 "rates", fontsize=10)
     return save_figure(fig, path)

@@ -58,7 +58,8 @@ def plot_result(path: str | Path, result: ChaosResult) -> None:
     predicted(a, n.astype(float), float(geomean(d["coupling"][:, :, -1], 1)[0]))
     ticks(a, n)
     a.set_xlabel("$N$ (heads)")
-    a.set_title(f"N heads against the mean-field limit at t = {result.times[-1]:g}")
+    a.set_ylabel("distance to the mean-field limit")
+    a.set_title(f"$N$ heads against the mean-field limit at $t$ = {result.times[-1]:g}")
     a.legend(fontsize=7)
     a = ax[0, 1]
     for k, nn in enumerate(n):
@@ -74,7 +75,7 @@ def plot_result(path: str | Path, result: ChaosResult) -> None:
     ticks(a, eta)
     a.set_xlabel(r"$\eta$ (SGD step, mean-field time)")
     a.set_ylabel("SGD excess over the flow (geometric mean over seeds)")
-    a.set_title(f"SGD against the finite-head flow at t = {result.times[-1]:g}")
+    a.set_title(f"SGD against the finite-head flow at $t$ = {result.times[-1]:g}")
     a.legend(fontsize=7)
     a = ax[1, 1]
     g = d["static_gap"]
@@ -89,6 +90,7 @@ def plot_result(path: str | Path, result: ChaosResult) -> None:
     ticks(a, n)
     a.set_xlabel("$N$ (heads)")
     a.set_ylabel(r"$E(\hat\rho_N) - E(\rho_{\mathrm{ref}})$")
-    a.set_title(f"static approximation at t = {result.attrs.get('converge_time', float('nan')):g}")
+    a.set_title(f"static approximation at $t$ = {result.attrs.get('converge_time', float('nan')):g}")
     a.legend(fontsize=7)
+    fig.suptitle("propagation of chaos: finite heads and SGD against the mean-field flow")
     save_figure(fig, path)

@@ -12,6 +12,7 @@ canvas, legend entries naming an artist with nothing drawn inside its axes.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,12 +163,83 @@ def _has_drawn_data(artist, ax) -> bool:
     return bool(np.any(inside))
 
 
+def _data_lines(ax) -> list[Line2D]:
+    """The lines of ``ax`` that draw data (not a reference line spanning the axes: axhline, axvline)."""
+    lines = []
+    for line in ax.get_lines():
+        if not line.get_visible() or line.get_transform() != ax.transData:
+            continue
+        if _has_drawn_data(line, ax):
+            lines.append(line)
+    return lines
+
+
+def _outside_math(text: str) -> str:
+    """``text`` with its mathtext (``$...$``) removed."""
+    return re.sub(r"\$[^$]*\$", " ", text)
+
+
+def upright_time(text: str) -> bool:
+    """Whether ``text`` writes the time ``t`` as a word outside mathtext (the figures write ``$t$``, italic)."""
+    return bool(re.search(r"(?<![\w\\'])t(?![\w'])", _outside_math(text)))
+
+
+def axis_problems(ax) -> list[str]:
+    """What makes the axes ``ax`` hard to read, one line each, after a draw:
+
+    - its title's box reaches its frame (a subscript below ``min`` collides with the top edge);
+    - it draws data lines but has no y label;
+    - an axis label writes the time ``t`` (or any single-letter symbol) upright outside mathtext, where the
+      figures write ``$t$``;
+    - an axis labelled an "index" or a count shows a fractional tick;
+    - a drawn point of a data line lies farther from every labelled y tick than the widest gap between two labelled
+      ticks (the points sit against an edge with no readable value near them), or fewer than two y ticks are
+      labelled on a linear axis."""
+    problems = []
+    renderer = ax.figure.canvas.get_renderer()
+    title = ax.title
+    if title.get_visible() and title.get_text().strip():
+        # a title's box ends a few points above the frame (matplotlib's pad); one touching it has a descender
+        if title.get_window_extent(renderer).y0 < ax.bbox.y1 + 2 * TOLERANCE_PX:
+            problems.append(f"title {title.get_text()!r} collides with the frame of its axes")
+    lines = _data_lines(ax)
+    if lines and not ax.get_ylabel().strip():
+        problems.append(f"axes {ax.get_title() or ax.get_xlabel()!r} draw data but have no y label")
+    if upright_time(ax.get_title()):
+        problems.append(f"title {ax.get_title()!r} writes the time t upright (write $t$)")
+    for axis in (ax.xaxis, ax.yaxis):
+        label = axis.get_label().get_text()
+        if upright_time(label) or re.fullmatch(r"\s*[A-Za-z]\s*", _outside_math(label)):
+            problems.append(f"axis label {label!r} writes a symbol upright (write it as mathtext, e.g. $t$)")
+        if re.search(r"\b(index|count)$", label.strip()):
+            lo, hi = sorted(axis.get_view_interval())
+            ticks = [v for v in axis.get_majorticklocs() if lo - 1e-9 <= v <= hi + 1e-9]
+            if any(abs(v - round(v)) > 1e-9 for v in ticks):
+                problems.append(f"axis {label!r} counts but shows fractional ticks")
+    if lines:
+        labelled = [t.get_transform().transform(t.get_position())[1] for t in _drawn_tick_labels(ax.yaxis)]
+        labelled = sorted(set(np.round(labelled, 1)))
+        if len(labelled) < 2 and ax.get_yscale() == "linear":
+            problems.append(f"y axis {ax.get_ylabel()!r} labels fewer than two ticks")
+        elif len(labelled) >= 2:
+            gap = float(np.max(np.diff(labelled)))
+            ys = np.concatenate([line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float))[:, 1]
+                                 for line in lines])
+            ys = ys[np.isfinite(ys) & (ys >= ax.bbox.y0 - TOLERANCE_PX) & (ys <= ax.bbox.y1 + TOLERANCE_PX)]
+            far = np.min(np.abs(ys[:, None] - np.asarray(labelled)[None, :]), axis=1) if ys.size else ys
+            if far.size and float(far.max()) > gap + TOLERANCE_PX:
+                problems.append(f"y axis {ax.get_ylabel()!r}: drawn points lie {far.max():.0f} px from every "
+                                f"labelled tick (ticks {gap:.0f} px apart)")
+    return problems
+
+
 def layout_problems(fig: Figure) -> list[str]:
     """What makes ``fig`` unfit for a paper, one line each (empty when fit), after a draw:
 
     - two texts (titles, axis and tick labels, legend entries, annotations) whose rendered boxes overlap;
     - a text whose box leaves the canvas (a clipped colorbar label);
-    - a legend entry whose artist draws no finite point inside its axes."""
+    - a legend entry whose artist draws no finite point inside its axes;
+    - an axes hard to read (:func:`axis_problems`)."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     problems = []
@@ -191,8 +263,14 @@ def layout_problems(fig: Figure) -> list[str]:
             artist = by_label.get(text.get_text())
             if artist is not None and not _has_drawn_data(artist, ax):
                 problems.append(f"legend entry {text.get_text()!r} names nothing drawn")
+    for ax in fig.axes:
+        problems += axis_problems(ax)
+    suptitle = fig.get_suptitle() if hasattr(fig, "get_suptitle") else getattr(fig, "_suptitle", None)
+    text = suptitle if isinstance(suptitle, str) else (suptitle.get_text() if suptitle is not None else "")
+    if upright_time(text):
+        problems.append(f"title {text!r} writes the time t upright (write $t$)")
     return problems
 
 
 __all__ = ["FORMATS", "DEFAULT_DPI", "new_figure", "save_figure", "figure_output", "current_dpi", "check_format",
-           "thin_tick_labels", "layout_problems"]
+           "thin_tick_labels", "layout_problems", "axis_problems", "upright_time"]

@@ -23,6 +23,7 @@ suffix (PDF, PNG or SVG; :mod:`pdeflow.analysis.plots.figures`, the one saving p
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -79,6 +80,13 @@ def time_axis(ax, t: np.ndarray) -> str:
     return "linear"
 
 
+def math_t(text: str) -> str:
+    """A command's sentence (``over t in [a, b]``) as a figure writes it: the time ``t`` as mathtext ``$t$``
+    outside what is already mathtext."""
+    parts = re.split(r"(\$[^$]*\$)", text)
+    return "".join(p if p.startswith("$") else re.sub(r"(?<![\w\\'])t(?![\w'])", "$t$", p) for p in parts)
+
+
 def _title(traj: Trajectory, what: str) -> str:
     return f"{what} - {traj.path.name} ({traj.attrs.get('method', '?')}, {traj.measure})"
 
@@ -96,12 +104,9 @@ def plot_energy(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
         if np.any(analysis.kl_predicted > 0):
             ax_e.semilogy(analysis.time, np.where(analysis.kl_predicted > 0, analysis.kl_predicted, np.nan), "--",
                           color="C3", label=rf"KL prediction ($\theta$ = {analysis.kl_theta:.3f})")
-        gf = analysis.gap_frames
-        if gf.size and np.any(analysis.gap[gf] > 0):
-            ax_e.semilogy(analysis.time[gf], np.where(analysis.gap[gf] > 0, analysis.gap[gf], np.nan), "s",
-                          mfc="none", label="gap $G$")
+        # the gap G is drawn on its own axis (gap.png): it bounds E - E* only where certified, and is no E - E*
         ax_e.set_ylabel(r"$E - E^*$")
-        ax_e.set_title(f"$E^*$ = {e_star:.10g} ({analysis.e_star_source})", fontsize=9)
+        ax_e.set_title(f"$E^*$ = {e_star:.10g} ({analysis.e_star_text})", fontsize=9)
     else:
         ax_e.plot(t, e, lw=1.2, label="$E$")
         ax_e.set_ylabel("energy $E$")
@@ -140,7 +145,7 @@ def plot_gap(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
             ax_g.plot(tg[drawn], values[drawn], marker, ls="none", label=label)
     ax_g.set_xlabel("$t$")
     ax_g.set_ylabel("$G$")
-    ax_g.set_title(r"$G = \int \Phi\, d\rho - \min_\Omega \Phi$", fontsize=9)
+    ax_g.set_title(r"$G = \int \Phi\, d\rho - \min\,\Phi$, the minimum over $\Omega$", fontsize=9)
     if ax_g.get_legend_handles_labels()[0]:
         ax_g.legend(fontsize=8)
     ax_b.plot(analysis.time, analysis.energy, "-", label="$E$")
@@ -148,6 +153,7 @@ def plot_gap(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     if np.any(np.isfinite(lower)):
         ax_b.plot(tg, lower, "s", ls="none", label=r"$E - G$ (certified lower bound on $\Omega$)")
     ax_b.set_xlabel("$t$")
+    ax_b.set_ylabel(r"energy $E$ and $E - G$")
     ax_b.legend(fontsize=8)
     radius = f" {analysis.gap_radius:g}" if math.isfinite(analysis.gap_radius) else ""
     fig.suptitle(_title(traj, rf"optimality gap, $\Omega$ = {analysis.gap_domain}{radius}"))
@@ -210,11 +216,13 @@ def plot_pl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
                    label=rf"theory: $\lambda_{{\min}}$ = {analysis.predicted_mu:.4g} (limit, bound near the point)"
                          + ratio)
     elif analysis.prediction:
-        ax.set_title(analysis.prediction, fontsize=7, wrap=True)
-    ax.set_xlabel("t")
+        ax.set_title(math_t(analysis.prediction), fontsize=7, wrap=True)
+    ax.set_xlabel("$t$")
     ax.set_ylabel(r"$\mu = I\,/\,(2\,(E - E^*))$")
     ax.legend(fontsize=7)
-    fig.suptitle(_title(traj, f"PL ratio (E* = {analysis.e_star:.10g}, {analysis.e_star_source})"))
+    if not ax.get_title():
+        ax.set_title(f"$E^*$ = {analysis.e_star:.10g} ({analysis.e_star_text})", fontsize=9)
+    fig.suptitle(_title(traj, "PL ratio"))
     return _save(fig, path)
 
 
@@ -248,11 +256,11 @@ def plot_kl(traj: Trajectory, analysis: Analysis, path: str | Path) -> Path:
     if math.isfinite(analysis.predicted_theta):
         ax_t.axhline(analysis.predicted_theta, color="C3", ls="--",
                      label=f"theory: {analysis.predicted_theta:g} at the stationary point")
-    ax_t.set_xlabel("t")
+    ax_t.set_xlabel("$t$")
     ax_t.set_ylabel(r"local exponent $\theta(t)$")
     if ax_t.lines:
         ax_t.legend(fontsize=7)
-    ax_t.set_title(analysis.kl_status or "not computed", fontsize=7, wrap=True)
+    ax_t.set_title(math_t(analysis.kl_status) or "not computed", fontsize=7, wrap=True)
     fig.suptitle(_title(traj, "Kurdyka-Lojasiewicz exponent"))
     return _save(fig, path)
 
@@ -312,7 +320,7 @@ def plot_particles(traj: Trajectory, analysis: Analysis | None, path: str | Path
         ax.set_xlabel(labels[0])
         ax.set_ylabel(labels[1])
     fig.colorbar(sc, ax=ax, label=r"$\Phi(\omega_i; \rho)$")
-    fig.suptitle(_title(traj, f"particles at t = {traj.time[index]:.4g}"))
+    fig.suptitle(_title(traj, f"particles at $t$ = {traj.time[index]:.4g}"))
     return _save(fig, path)
 
 
@@ -347,7 +355,7 @@ def plot_density(traj: Trajectory, path: str | Path, frame: int = -1) -> Path:
     im = _draw_density(ax, traj, index)
     if im is not None:
         fig.colorbar(im, ax=ax, label="density")
-    fig.suptitle(_title(traj, f"density at t = {traj.time[index]:.4g}"))
+    fig.suptitle(_title(traj, f"density at $t$ = {traj.time[index]:.4g}"))
     return _save(fig, path)
 
 
@@ -517,8 +525,15 @@ def plot_spectrum(traj: Trajectory, analysis: Analysis, path: str | Path) -> Pat
     for x, y, n in zip(ts[shown], drawn[shown], rec.morse_index_lower[shown]):
         if n > 0:
             axes[2].annotate(f"{n}", (x, y), textcoords="offset points", xytext=(0, -10), fontsize=6, ha="center")
-    axes[2].axhline(0.0, color="k", lw=0.6)
-    axes[2].set_yscale("symlog", linthresh=max(1e-8, float(np.nanmin(np.abs(drawn[shown])))) if shown.any() else 1e-3)
+    values = drawn[shown]
+    if values.size and np.all(values > 0):
+        # near a minimum every value is positive: a linear axis (log over two decades) with ticks among the points;
+        # a symlog axis from 0 squeezed them against its top edge, no tick near them
+        if values.max() > 100.0 * values.min():
+            axes[2].set_yscale("log")
+    else:
+        axes[2].axhline(0.0, color="k", lw=0.6)
+        axes[2].set_yscale("symlog", linthresh=max(1e-8, float(np.min(np.abs(values)))) if values.size else 1e-3)
     axes[2].set_ylabel(r"$\lambda_{\min}(S)$ (Morse index $\geq n$ marked)")
     spans = phase_spans(ts, rec.phases)
     edges = _span_edges(ts, float(t[-1]))

@@ -1,12 +1,15 @@
-"""The files of ``pdeflow report``: ``index.html`` (one self-contained page, no script, no network: figures beside it
-as PNG, math as Unicode text), ``report.json``, and every section's table as ``tables/<key>.csv`` and
-``tables/<key>.tex``.
+"""The files of ``pdeflow report``: ``index.html`` (one self-contained page, no script, no network: each figure shown
+as PNG and linked as PDF, both in ``figures/``, math as Unicode text), ``report.json``, and every section's table as
+``tables/<key>.csv`` (UTF-8) and ``tables/<key>.tex`` (ASCII: math as LaTeX macros, for ``\\input`` with no package
+beyond LaTeX's own).
 """
 from __future__ import annotations
 
 import csv
 import html
 import json
+import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -25,27 +28,71 @@ code, pre { background: #f6f6f6; } pre { padding: 0.6em; overflow-x: auto; }
 """
 
 
-def _latex_escape(text: str) -> str:
-    out = text
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
-                 ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
-        out = out.replace(a, b)
-    return out
+# the Unicode of the sections' texts as LaTeX math (merged into one $...$ where they touch): pdflatex typesets the
+# tables with no package beyond LaTeX's own
+LATEX_MATH = {"λ_min": r"\lambda_{\min}", "ρ̂": r"\hat\rho", "±": r"\pm", "²": "^{2}", "·": r"\cdot", "×": r"\times",
+              "Φ": r"\Phi", "Ω": r"\Omega", "δ": r"\delta", "θ": r"\theta", "λ": r"\lambda", "μ": r"\mu", "ρ": r"\rho",
+              "ω": r"\omega", "ᵗ": "^{t}", "₀": "_{0}", "∇": r"\nabla", "∈": r"\in", "−": "-", "∫": r"\int",
+              "≈": r"\approx", "≤": r"\le", "≥": r"\ge", "⪰": r"\succeq", "→": r"\to", "∞": r"\infty",
+              "<": "<", ">": ">", "|": "|"}
+LATEX_TEXT = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+              "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}", "Ł": r"\L{}", "ł": r"\l{}"}
+
+
+# the words the commands' ASCII sentences write for the same symbols
+LATEX_WORDS = {"lambda_min": r"\lambda_{\min}", "lambda": r"\lambda", "theta": r"\theta", "mu": r"\mu",
+               "Phi": r"\Phi", ">=": r"\ge", "<=": r"\le"}
+_TOKENS = re.compile(r"λ_min|ρ̂|\b(?:lambda_min|lambda|theta|mu|Phi)\b|>=|<=|.", re.DOTALL)
+
+
+def latex_text(text: str) -> str:
+    """``text`` (the sections' plain text with Unicode math, or a command's ASCII sentence) as LaTeX: the symbols of
+    LATEX_MATH and LATEX_WORDS as math macros (touching ones in one ``$...$``), LaTeX's special characters escaped,
+    any other non-ASCII character by its Unicode name in brackets (never a character pdflatex cannot typeset)."""
+    pieces: list[tuple[bool, str]] = []   # (math?, LaTeX)
+    for match in _TOKENS.finditer(text):
+        key, j = match.group(), match.end()
+        if key in LATEX_MATH or key in LATEX_WORDS:
+            pieces.append((True, LATEX_MATH.get(key) or LATEX_WORDS[key]))
+        elif key == "-" and text[j:j + 1].isdigit() and (j == 1 or text[j - 2] in " ([,=:"):
+            pieces.append((True, "-"))   # a negative number: a minus sign, not a hyphen
+        elif key == "-":
+            pieces.append((False, "-{}" if text[j:j + 1] == "-" else "-"))   # "--" stays two hyphens
+        elif key in LATEX_TEXT:
+            pieces.append((False, LATEX_TEXT[key]))
+        elif key in "\n\r\t":
+            pieces.append((False, " "))
+        elif ord(key) < 128:
+            pieces.append((False, key))
+        else:
+            pieces.append((False, f"[{unicodedata.name(key, hex(ord(key))).lower()}]"))
+    out, math_run = [], []
+    for is_math, latex in pieces + [(False, "")]:
+        if is_math:
+            math_run.append(latex)
+            continue
+        if math_run:
+            out.append("$" + " ".join(math_run) + "$")
+            math_run = []
+        out.append(latex)
+    return "".join(out)
 
 
 def write_tables(folder: Path, section: Section) -> list[Path]:
-    """``<key>.csv`` (quantity, value, what) and ``<key>.tex`` (a booktabs tabular, UTF-8) of a section's table."""
+    """``<key>.csv`` (quantity, value, what) and ``<key>.tex`` (a tabular of three paragraph columns for
+    ``\\input``, ASCII: math as LaTeX macros, :func:`latex_text`) of a section's table."""
     folder.mkdir(parents=True, exist_ok=True)
     csv_path, tex_path = folder / f"{section.key}.csv", folder / f"{section.key}.tex"
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["quantity", "value", "what"])
         w.writerows(section.rows)
-    lines = [f"% {section.title}: verdict {section.verdict} ({section.reason})", r"\begin{tabular}{lll}", r"\toprule",
-             r"quantity & value & what \\", r"\midrule"]
-    lines += [" & ".join(_latex_escape(c) for c in row) + r" \\" for row in section.rows]
-    lines += [r"\bottomrule", r"\end{tabular}", ""]
-    tex_path.write_text("\n".join(lines), encoding="utf-8")
+    lines = [f"% {latex_text(section.title)}: verdict {section.verdict} ({latex_text(section.reason)})",
+             r"\begin{tabular}{p{0.26\linewidth}p{0.3\linewidth}p{0.34\linewidth}}", r"\hline",
+             r"quantity & value & what \\", r"\hline"]
+    lines += [" & ".join(latex_text(c) for c in row) + r" \\" for row in section.rows]
+    lines += [r"\hline", r"\end{tabular}", ""]
+    tex_path.write_text("\n".join(lines), encoding="ascii")
     return [csv_path, tex_path]
 
 
@@ -102,4 +149,4 @@ def write_report(folder: Path, title: str, sections: list[Section], provenance: 
     return [folder / "index.html", folder / "report.json", *written]
 
 
-__all__ = ["write_report", "write_tables", "render_html"]
+__all__ = ["write_report", "write_tables", "render_html", "latex_text", "LATEX_MATH", "LATEX_WORDS"]

@@ -25,7 +25,7 @@ from ...core.config import ConfigError, load_config
 from ...core.tuner import cpu_model
 from ...io.file_access import TrajectoryError
 from ...io.trajectory import Trajectory, open_trajectory
-from .sections import Section
+from .sections import FIGURE_FORMATS, Section
 
 STAGES = ("run", "stationary", "diagnose", "minimum", "dirac", "chaos")
 SKIPPABLE = ("stationary", "minimum", "dirac", "chaos", "gap")
@@ -80,6 +80,7 @@ class Stages:
             except (OSError, ValueError):
                 self.done = {}
         self.quiet = quiet
+        self.spent = 0.0   # the wall time of the stages run by this invocation (already in their records)
 
     def run(self, name: str, argv: list[str], output: Path, *, rerun: bool = False) -> bool:
         """Run ``pdeflow argv`` unless ``output`` exists from an earlier stage (or ``rerun``); True when the
@@ -90,6 +91,7 @@ class Stages:
         proc = subprocess.run([sys.executable, "-m", "pdeflow", *argv], capture_output=True, text=True,
                               env=dict(os.environ))
         wall = time.perf_counter() - start
+        self.spent += wall
         last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]
         self.done[name] = {"stage": name, "command": "pdeflow " + " ".join(argv), "wall_s": wall,
                            "status": "ok" if proc.returncode == 0 else f"exit {proc.returncode}: {last[:300]}",
@@ -98,6 +100,7 @@ class Stages:
         return proc.returncode == 0 and output.exists()
 
     def note(self, name: str, command: str, wall: float, status: str = "ok") -> None:
+        self.spent += wall
         self.done[name] = {"stage": name, "command": command, "wall_s": wall, "status": status}
         self.save()
 
@@ -161,14 +164,15 @@ def read_analysis_ok(path: Path) -> bool:
 
 
 def adopt(folder: Path, figures: Path, stems: list[str]) -> list[str]:
-    """Move the PNG figures a wrapped command wrote beside its file (``<stem>.png``) into ``figures``; returns the
-    stems present there."""
+    """Move the figures a wrapped command wrote beside its file (``<stem>.<fmt>`` for each of FIGURE_FORMATS) into
+    ``figures``; returns the stems present there in every format (the page shows the PNG and links the PDF)."""
     found = []
     for stem in stems:
-        src, dst = folder / f"{stem}.png", figures / f"{stem}.png"
-        if src.exists():
-            shutil.move(str(src), dst)
-        if dst.exists():
+        for fmt in FIGURE_FORMATS:
+            src = folder / f"{stem}.{fmt}"
+            if src.exists():
+                shutil.move(str(src), figures / src.name)
+        if all((figures / f"{stem}.{fmt}").exists() for fmt in FIGURE_FORMATS):
             found.append(stem)
     return found
 
@@ -248,7 +252,8 @@ def _experiment_stages(req: ReportRequest, stages: Stages, out: Path, certified:
         if name in req.skip or not wanted[name]:
             continue
         path = out / filename
-        if stages.run(name, [*argv, "-o", str(path), "--quiet", "--format", "png", "--force"], path):
+        formats = ",".join(FIGURE_FORMATS)   # the page shows the PNG and links the PDF
+        if stages.run(name, [*argv, "-o", str(path), "--quiet", "--format", formats, "--force"], path):
             found[name] = h5_group(path, group)
     return found
 
@@ -333,8 +338,10 @@ def build_report(req: ReportRequest) -> Report:
     _stage_costs(traj, stationary, found["minimum"], stages)
     provenance = {"pdeflow_version": __version__, "cpu": cpu_model(), "cores": os.cpu_count(),
                   "python": platform.python_version(), "target": str(req.target),
+                  # every stage's recorded wall once (this invocation's or an earlier one's), and this
+                  # invocation's time outside its stages: a fresh report's own elapsed time
                   "total_wall_s": round(sum(s.get("wall_s", 0.0) for s in stages.done.values())
-                                        + time.perf_counter() - started, 1),
+                                        + time.perf_counter() - started - stages.spent, 1),
                   "stages": [stages.done[s] for s in STAGES if s in stages.done],
                   "config": config_file.read_text(encoding="utf-8")}
     write_report(out, f"pdeflow report: {req.target.name}", sections, provenance)
@@ -343,7 +350,7 @@ def build_report(req: ReportRequest) -> Report:
     e_star_line = None
     if analysis is not None:
         source = (f"the energy of the certified local minimum in {stationary_file.name}" if certified
-                  else analysis.e_star_source)
+                  else analysis.e_star_text)
         e_star_line = (f"E* = {analysis.e_star:.10g} ({source})" if analysis.e_star == analysis.e_star
                        else "E* not established: no certified local minimum, and diagnose found no limit of E(t)")
     return Report(sections, e_star_line, out / "index.html", stages.done)
