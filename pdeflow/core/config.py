@@ -173,9 +173,12 @@ class ChaosConfig:
     probe_size: int = spec(32, "fresh task sequences in the logit probe set", ge=1)
     static_draws: int = spec(32, "static approximation: i.i.d. draws of N heads from the converged reference, "
                                      "per N", ge=2)
-    converge_time: float = spec(0.0, "static approximation: time the reference flow runs to (0: run.t_end; "
-                                      "else >= run.t_end)",
+    converge_time: float = spec(0.0, "static approximation: time the reference flow runs to (0: the horizon; "
+                                      "else >= the horizon)",
                                 ge=0)
+    t_end: float = spec(0.0, "horizon of the coupling, where its rates are fitted (0: run.t_end): a long run's "
+                             "config keeps the experiment's cost (the reference flow of n_ref particles) at a short "
+                             "horizon", ge=0)
 
 
 @dataclass(frozen=True)
