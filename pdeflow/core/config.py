@@ -121,7 +121,8 @@ class OutputConfig:
 @dataclass(frozen=True)
 class DiagnosticsConfig:
     enabled: bool = spec(True, "write the rate analysis into the trajectory when a run ends")
-    gap: bool = spec(True, "search min Phi for the optimality gap (off for huge runs)")
+    gap: bool = spec(True, "search min Phi for the optimality gap in pdeflow diagnose and report, once (a run's own "
+                           "analysis leaves it to them; off for huge runs)")
     gap_frames: int = spec(3, "frames where the gap is computed, spread evenly (the last always, the first from 2 on)",
                            ge=0)
     domain: str = spec("ball", "parameter set Omega of the gap search (grid: the box of a grid run)",
