@@ -1,7 +1,7 @@
 """The analysis at the cost of its work: ``pdeflow run`` leaves the optimality gap (a certified search of min Phi that
 cost ~94 % of a short run's wall time) to ``diagnose`` and ``report``, which compute it once: a stored gap whose inputs
 (:func:`pdeflow.analysis.diagnostics.gap_inputs`) are unchanged is reused, any change of them recomputes it. The share
-of the post-run analysis in ``pdeflow run`` is measured by benchmarks/analysis_cost.py."""
+of the post-run analysis in ``pdeflow run`` is measured by studies/report/analysis_cost.py (ANALYSIS_COST.md)."""
 from __future__ import annotations
 
 import shutil

@@ -90,7 +90,7 @@ def analyse_run(path: str | Path, cfg: Config, *, gap: bool = False) -> None:
     ``diagnostics.gap``): after ``pdeflow run`` it is left to ``diagnose`` and ``report``, which ask for it and
     compute it once (:func:`pdeflow.analysis.diagnostics.analysis.analyse` reuses a stored gap whose inputs are
     unchanged). On a 6-head gain2 problem on a 77-character text the search was ~94 % of ``pdeflow run``'s wall time
-    at t_end = 1 (benchmarks/analysis_cost.py records the share now).
+    at t_end = 1 (studies/report/analysis_cost.py measures the share now: studies/report/ANALYSIS_COST.md).
     """
     if not cfg.diagnostics.enabled:
         return
