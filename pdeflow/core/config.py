@@ -121,7 +121,8 @@ class OutputConfig:
 @dataclass(frozen=True)
 class DiagnosticsConfig:
     enabled: bool = spec(True, "write the rate analysis into the trajectory when a run ends")
-    gap: bool = spec(True, "search min Phi for the optimality gap (off for huge runs)")
+    gap: bool = spec(True, "search min Phi for the optimality gap in pdeflow diagnose and report, once (a run's own "
+                           "analysis leaves it to them; off for huge runs)")
     gap_frames: int = spec(3, "frames where the gap is computed, spread evenly (the last always, the first from 2 on)",
                            ge=0)
     domain: str = spec("ball", "parameter set Omega of the gap search (grid: the box of a grid run)",
@@ -173,9 +174,12 @@ class ChaosConfig:
     probe_size: int = spec(32, "fresh task sequences in the logit probe set", ge=1)
     static_draws: int = spec(32, "static approximation: i.i.d. draws of N heads from the converged reference, "
                                      "per N", ge=2)
-    converge_time: float = spec(0.0, "static approximation: time the reference flow runs to (0: run.t_end; "
-                                      "else >= run.t_end)",
+    converge_time: float = spec(0.0, "static approximation: time the reference flow runs to (0: the horizon; "
+                                      "else >= the horizon)",
                                 ge=0)
+    t_end: float = spec(0.0, "horizon of the coupling, where its rates are fitted (0: run.t_end): a long run's "
+                             "config keeps the experiment's cost (the reference flow of n_ref particles) at a short "
+                             "horizon", ge=0)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from typing import Any
 
 # pdeflow runs many short parallel kernels back to back, often on machines shared with other jobs.
 # OpenMP's default active waiting makes idle worker threads spin between kernels and steal the cores the
-# busy ones need: measured 30 s against 17 s wall for a short quickstart run at load 5, and 216 s against
-# 9 s for `pdeflow chaos --quick` at load 10. Passive waiting costs a futex wake-up per kernel, negligible
-# next to a kernel. Read by the OpenMP runtime when it starts; a user's own setting wins.
+# busy ones need: measured 30 s against 17 s wall for a short run of full.toml (then the quickstart) at load 5,
+# and 216 s against 9 s for `pdeflow chaos --quick` at load 10. Passive waiting costs a futex wake-up per kernel,
+# negligible next to a kernel. Read by the OpenMP runtime when it starts; a user's own setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # BLAS on one thread unless the user says otherwise: pdeflow's own threads (pdeflow.core.workers) each run
 # whole chunks - products and kernels - so the cores are already busy, and OpenBLAS's threads spin between

@@ -35,7 +35,7 @@ from .tasks import TASKS, TaskError, make_task
 
 COMPLEX_STEP = 1e-30
 # a whole-system Jacobian-vector product in forward mode costs about this many grad Phi evaluations (measured on the
-# quickstart and the benchmark reference problem: 2.2-2.5, studies/race/HVP_COST.md)
+# full.toml (then the quickstart) and the benchmark reference problem: 2.2-2.5, studies/race/HVP_COST.md)
 JVP_COST = 2.5
 # the cost of one call of each kind the Problem counts, in grad Phi evaluations at all particles: a difference product
 # is one grad Phi call (plus vector arithmetic)

@@ -118,7 +118,7 @@ def deflation_inverse(r: np.ndarray, root: np.ndarray, lam: np.ndarray, V: np.nd
 
 
 # Krylov dimensions of a lambda_max estimate: warm-started from a nearby estimate's vector, and cold (a fixed
-# random start). Measured on the quickstart (N = 128, k = 256), against the value converged to 1e-10: cold at t = 0
+# random start). Measured on full.toml (N = 128, k = 256), against the value converged to 1e-10: cold at t = 0
 # 1.7e-6 low; warm from t = 0's vector after 1 and 10 RK4 steps of 0.2, 2.0e-3 and 6.9e-5 low with 6 products
 # (4 products: 0.14 and 0.025 low, as scipy's LOBPCG with 2 iterations was)
 LAMBDA_MAX_WARM = 6

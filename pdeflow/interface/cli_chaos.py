@@ -79,10 +79,12 @@ class _Progress:
 
 
 def _progress(cfg, quiet: bool) -> _Progress:
+    from ..analysis.finite_heads import chaos
+
     c = cfg.chaos
     heads = sum(int(n) for n in set(int(v) for v in c.n_list)) * c.seeds
     etas = len(set(c.eta_list))
-    t = cfg.run.t_end
+    t = chaos.horizon_config(cfg).run.t_end
     total = (c.n_ref + heads) * t + heads * t * (1 + etas) + c.n_ref * max(0.0, c.converge_time - t)
     return _Progress(total, quiet)
 

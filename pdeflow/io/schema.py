@@ -100,7 +100,7 @@ ANALYSIS_SCALARS: dict[str, str] = {
                      "kl_t_first", "kl_t_last", "kl_tolerance", "pl_mu_min", "pl_mu_first", "pl_mu_last",
                      "predicted_theta", "predicted_mu"), "float"),
     "prediction": "text", "stationary_time": "float", "stationary_tol": "float", "gap_computed": "bool",
-    "gap_is_estimate": "bool", "gap_domain": "text", "gap_radius": "float"}
+    "gap_is_estimate": "bool", "gap_domain": "text", "gap_radius": "float", "gap_inputs": "text"}
 ANALYSIS_CLUSTER_ARRAYS: dict[str, tuple[tuple[str, ...], str]] = {
     "labels": (("h",), "number"), "mass": (("C",), "float"), "size": (("C",), "number"),
     "centre": (("C", "k"), "float"), "representative": (("C",), "number"), "attention": (("Am", "Tp", "Tp"), "float"),

@@ -3,7 +3,8 @@
 ``python -m studies.race.time_to_solution --hvp`` measures the exact JVP (forward mode, and the complex step
 it replaced) against grad Phi at N = 128 and N = 1024 (``hvp_cost.json``/``.md``).
 ``python -m studies.race.time_to_solution [--n N] [--out DIR] [--wall SECONDS]`` integrates the quickstart's
-problem (data/configs/quickstart.toml, ``--n`` particles and sequences, default 128: the quickstart itself) and
+problem (data/configs/full.toml since the main job moved to reduced coordinates; the quickstart when these records
+were made; ``--n`` particles and sequences, default 128: the problem itself) and
 writes ``time_to_solution.json`` and ``time_to_solution.md``:
 
 - **cost of a product**: seconds of one grad Phi at all particles (``Problem.grad_phi``), of one exact
@@ -40,8 +41,8 @@ from typing import Any
 import numpy as np
 from pdeflow.benchmarks.common import REFERENCE_CONFIG, RESULTS, interleaved, loglog_exponent, machine, median
 
-# a study of the shipped quickstart problem: run from a checkout
-QUICKSTART = Path(__file__).resolve().parents[2] / "data" / "configs" / "quickstart.toml"
+# a study of the shipped full-coordinate problem (the quickstart of the records): run from a checkout
+QUICKSTART = Path(__file__).resolve().parents[2] / "data" / "configs" / "full.toml"
 MARKS = (40.0, 200.0)
 STATIONARY = 1e-9  # dissipation relative to its initial value
 # /steps columns that are a per-step value rather than a count (rkc): the runs keep their largest

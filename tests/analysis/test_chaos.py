@@ -220,6 +220,33 @@ def test_full_batch_sgd_excess_is_first_order_in_eta(tmp_path):
     assert result.fits["sgd_eta"].slope == pytest.approx(1.0, abs=0.1)
 
 
+def test_the_horizon_chaos_t_end_is_the_experiments_whatever_run_t_end(tmp_path):
+    """chaos.t_end = 0.4 on a config whose run goes to t = 40 (a long main job's config): the experiment is the one
+    of run.t_end = 0.4, measurement for measurement, with its frames ending at 0.4."""
+    short = tiny_config(chaos={"seeds": 1})
+    long = tiny_config(chaos={"seeds": 1, "t_end": 0.4}, run={"t_end": 40.0})
+    problem = Problem.from_config(short)
+    a, b = chaos.run_chaos(short, problem), chaos.run_chaos(long, problem)
+    np.testing.assert_array_equal(b.times, [0.0, 0.2, 0.4])
+    np.testing.assert_array_equal(a.times, b.times)
+    for name in ("coupling", "sgd_excess", "energy_gap", "static_gap"):
+        np.testing.assert_array_equal(a.data[name], b.data[name])
+    assert a.attrs["fit_time"] == b.attrs["fit_time"] == 0.4
+
+
+@pytest.mark.parametrize("override,key", [(["chaos.t_end=0.1"], "chaos.t_end"),
+                                          (["chaos.t_end=0.8", "chaos.converge_time=0.6"], "chaos.converge_time")])
+def test_a_horizon_without_frames_or_beyond_the_static_time_is_refused(tmp_path, capsys, override, key):
+    out = tmp_path / "out.h5"
+    args = ["chaos", str(write_config(tmp_path, tiny_config())), "-o", str(out), "--quiet"]
+    for o in override:
+        args += ["--set", o]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and key in err[0], err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("override,key", [(["solver.method='sgd'"], "solver.method"),
                                           (["chaos.n_list=[4, 8]"], "chaos.n_list"),
                                           (["chaos.eta_list=[0.1]"], "chaos.eta_list"),

@@ -6,6 +6,7 @@ the KKT conditions of the constrained minimum, and energies of other runs and ra
 """
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -34,6 +35,10 @@ def one_numba_thread():
     numba.set_num_threads(1)
     yield
     numba.set_num_threads(old)
+
+
+# the analysis with the gap search, as pdeflow diagnose stores it (a finished run's own analysis leaves the gap out)
+ANALYSE_WITH_GAP = functools.partial(D.analyse_run, gap=True)
 
 
 def run_config(tmp_path: Path, name: str, on_finish=None, **overrides) -> tuple[Config, Path]:
@@ -228,7 +233,7 @@ def test_output_gain_long_run_reaches_the_support_condition(tmp_path):
     Particles uniform on Omega = [-4, 4] converge; the gap falls below 1e-3 and equals the closed form,
     and the PL ratio tends to lam (the spread contracts at rate lam)."""
     lam, R = 0.2, 4.0
-    cfg, path = run_config(tmp_path, "gain", on_finish=D.analyse_run,
+    cfg, path = run_config(tmp_path, "gain", on_finish=ANALYSE_WITH_GAP,
                            model={"coordinates": "output_gain", "weight_decay": lam},
                            init={"n_particles": 24, "distribution": "uniform", "scale": R},
                            solver={"method": "rk4", "dt": 0.5}, run={"t_end": 40.0, "frame_interval": 4.0},
@@ -261,7 +266,7 @@ def test_output_gain_grid_run_reaches_the_support_condition(tmp_path):
     """The same family on a finite-volume grid whose density covers Omega (the grid box [-4, 4]): G falls
     below 1e-3 (down to the grid's resolution) and equals (lam/2) sum_c m_c (c - w*)^2 over the cells."""
     lam = 0.2
-    _, path = run_config(tmp_path, "fv", on_finish=D.analyse_run,
+    _, path = run_config(tmp_path, "fv", on_finish=ANALYSE_WITH_GAP,
                          model={"coordinates": "output_gain", "weight_decay": lam},
                          init={"measure": "grid", "distribution": "uniform", "scale": 3.9},
                          grid={"n": 64, "radius": 4.0}, solver={"method": "fv", "dt": 0.5},
@@ -305,7 +310,7 @@ def test_lower_bound_never_exceeds_the_energy_of_any_run(tmp_path):
               "diagnostics": {"gap_frames": 4, "n_starts": 4, "grid_points": 24, "radius": R}}
     lower, lowest, final = [], math.inf, []
     for method, seed, dt in [("rk4", 0, 0.2), ("heun", 1, 0.1), ("adaptive", 2, 0.2)]:
-        _, path = run_config(tmp_path, method, on_finish=D.analyse_run, **common,
+        _, path = run_config(tmp_path, method, on_finish=ANALYSE_WITH_GAP, **common,
                              init={"n_particles": 12, "seed": seed, "scale": 0.8}, solver={"method": method, "dt": dt})
         traj = open_trajectory(path)
         a = D.read_analysis(traj)
@@ -335,7 +340,7 @@ def test_omega_is_enlarged_to_hold_the_support_so_the_gap_is_never_negative(tmp_
     common = {"model": {"coordinates": "gain2", "weight_decay": 0.2},
               "run": {"t_end": 4.0, "frame_interval": 1.0},
               "diagnostics": {"gap_frames": 3, "n_starts": 4, "grid_points": 16, "radius": 0.05}}
-    _, path = run_config(tmp_path, "small", on_finish=D.analyse_run, **common,
+    _, path = run_config(tmp_path, "small", on_finish=ANALYSE_WITH_GAP, **common,
                          init={"n_particles": 8, "seed": 0, "scale": 0.8}, solver={"method": "rk4", "dt": 0.2})
     traj = open_trajectory(path)
     a = D.read_analysis(traj)
@@ -405,7 +410,11 @@ def test_analyse_run_writes_only_analysis_and_respects_settings(tmp_path):
     a = D.read_analysis(open_trajectory(path))
     # gap off: E* could only come from the tail fit, which this early window (t <= 2) does not support
     assert not a.gap_computed and np.all(np.isnan(a.gap)) and a.e_star_source in ("fit", "none")
+    # after a run the gap is left to diagnose and report, whatever diagnostics.gap says
     D.analyse_run(path, cfg.replace(diagnostics={"gap_frames": 2, "n_starts": 2, "grid_points": 8}))
+    a = D.read_analysis(open_trajectory(path))
+    assert not a.gap_computed and np.all(np.isnan(a.gap)) and D.GAP_ON_REQUEST in a.notes
+    D.analyse_run(path, cfg.replace(diagnostics={"gap_frames": 2, "n_starts": 2, "grid_points": 8}), gap=True)
     traj = open_trajectory(path)
     a = D.read_analysis(traj)
     assert list(a.gap_frames) == [0, len(traj.time) - 1] and a.gap_computed

@@ -265,11 +265,11 @@ def test_finite_beta_particles_are_refused_with_a_note(tmp_path, capsys):
     assert D.ENTROPY_MISSING in stored.notes and stored.kl_status == D.ENTROPY_MISSING
 
 
-# ---- the command on a quickstart-like run -------------------------------------------------------
-def test_diagnose_labels_a_quickstart_like_run(tmp_path, capsys):
-    """The quickstart's model (d = 16, dh = 4: k = 256) with 8 heads and t <= 4: `diagnose --set gap=true`
-    labels the gap an estimate, stores no lower bound, and never takes E* from E - G."""
-    qs = Path(__file__).resolve().parents[2] / "data" / "configs" / "quickstart.toml"
+# ---- the command on a run of the full-coordinate problem ------------------------------------------
+def test_diagnose_labels_a_full_coordinate_run(tmp_path, capsys):
+    """The full-coordinate problem's model (data/configs/full.toml: d = 16, dh = 4, k = 256) with 8 heads and t <= 4:
+    `diagnose --set gap=true` labels the gap an estimate, stores no lower bound, and never takes E* from E - G."""
+    qs = Path(__file__).resolve().parents[2] / "data" / "configs" / "full.toml"
     from pdeflow.core.config import load_config
 
     cfg = load_config(qs, ["init.n_particles=8", "run.t_end=4.0", "run.frame_interval=1.0", "task.n_samples=16",

@@ -385,8 +385,8 @@ def test_an_iteration_limit_over_several_starts_is_reported_whole(monkeypatch):
 
     import pdeflow.analysis.stationary.stationary as st
 
-    quickstart = Path(__file__).resolve().parents[2] / "data" / "configs" / "quickstart.toml"
-    problem = Problem.from_config(loads_config(quickstart.read_text()))
+    full = Path(__file__).resolve().parents[2] / "data" / "configs" / "full.toml"   # k = 256
+    problem = Problem.from_config(loads_config(full.read_text()))
     omega = np.random.default_rng(0).standard_normal((16, problem.k)) * 0.5
     mass = np.full(16, 1.0 / 16.0)
     monkeypatch.setattr(st, "FREEZE_GAIN", 0)

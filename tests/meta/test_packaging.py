@@ -223,7 +223,7 @@ def test_the_benchmark_module_writes_its_record_and_drops_the_partial_one(bench,
 @pytest.mark.slow
 def test_run_works_outside_the_checkout(installed) -> None:
     _, _, bindir, work = installed
-    shutil.copy(REPO / "data" / "configs" / "quickstart.toml", work / "quickstart.toml")
+    shutil.copy(REPO / "data" / "configs" / "full.toml", work / "quickstart.toml")
     small = ["--set", "init.n_particles=4", "--set", "task.n_samples=8", "--set", "run.t_end=0.4",
              "--set", "run.frame_interval=0.2"]
     run = subprocess.run([str(bindir / "pdeflow"), "run", "quickstart.toml", "-o", "tiny.h5", "--quiet", *small],

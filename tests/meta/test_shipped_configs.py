@@ -1,5 +1,6 @@
 """Every shipped run-config holds its own accuracy check at its shipped settings (no false alarms), and the
-quickstart at the old settings (RK4, dt = 0.25, to t = 40) reports its loss of accuracy near t = 21.
+full-coordinate problem (data/configs/full.toml) at the old settings (RK4, dt = 0.25, to t = 40) reports its loss
+of accuracy near t = 21.
 
 Run here: every config of data/configs that `pdeflow run` runs, at its shipped settings; the only change is
 ``diagnostics.enabled = false`` (the analysis a finished run appends, e.g. the gap search, is not part of the
@@ -40,7 +41,7 @@ def pdeflow(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
 
 def test_the_list_of_shipped_configs_is_complete():
     names = {p.stem for p in SHIPPED}
-    assert {"quickstart", "markov", "jko", "jko-grid", "grid2d"} <= names
+    assert {"quickstart", "full", "markov", "jko", "jko-grid", "grid2d"} <= names
     assert len(SHIPPED) + len(EXPERIMENTS) == len(list((ROOT / "data" / "configs").glob("*.toml")))
 
 
@@ -59,7 +60,7 @@ def test_a_shipped_config_keeps_its_accuracy(config, tmp_path, capsys, monkeypat
     verdict = traj.attrs["accuracy"]
     print(f"{config.stem}: {verdict}")
     assert verdict.startswith(("held", "not checked")), verdict
-    if config.stem == "quickstart":
+    if config.stem in ("quickstart", "full"):
         # the energy identity over the whole run, with the steps' own quadrature: <= 1e-3 of the decrease
         e, q = traj.steps["energy"], traj.steps["dissipation_integral"]
         residual = abs(e[-1] - e[0] + np.sum(q[1:]))
@@ -68,12 +69,12 @@ def test_a_shipped_config_keeps_its_accuracy(config, tmp_path, capsys, monkeypat
 
 
 @pytest.mark.slow
-def test_the_quickstart_at_the_old_step_stops_where_rk4_loses_stability(tmp_path, capsys, monkeypatch):
+def test_the_full_problem_at_the_old_step_stops_where_rk4_loses_stability(tmp_path, capsys, monkeypatch):
     """RK4 with dt = 0.25 to t = 40: lambda_max dt crosses 2.785 at t ~ 20 (lambda_max = 11.1); with
     run.accuracy = "stop" the run ends there, exit 3, the loss in the file, on the terminal and in info."""
     monkeypatch.chdir(ROOT)
     out = tmp_path / "q.h5"
-    code, _, err = pdeflow(capsys, "run", "data/configs/quickstart.toml", "-o", str(out), "--quiet",
+    code, _, err = pdeflow(capsys, "run", "data/configs/full.toml", "-o", str(out), "--quiet",
                            "--set", "solver.dt=0.25", "--set", "solver.method=rk4", "--set", "run.t_end=40",
                            "--set", "run.accuracy=stop", "--set", "diagnostics.enabled=false")
     assert code == 3, err

@@ -143,7 +143,7 @@ def energy_identity_residual(states, stepper, simpson: bool = False) -> float:
     return abs(e[-1] - e[0] + integral) / abs(e[0])
 
 
-QUICK = "data/configs/quickstart.toml"
+QUICK = "data/configs/full.toml"   # the full-coordinate problem (k = 256)
 
 
 @pytest.fixture(scope="module")

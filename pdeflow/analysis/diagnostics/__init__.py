@@ -28,8 +28,16 @@ from ..convergence.rates import (
 from ..optimality.certify import certified_min_phi, grad_phi_bound, hess_phi_bound
 from ..optimality.domain import Domain
 from ..optimality.gap import GapResult, entropic_gap, minimize_phi, optimality_gap
-from .analysis import ENTROPY_MISSING, SUPPORT_MARGIN, Analysis, analyse, gap_frame_indices, support_reach
-from .analysis_file import analyse_run, check_editable, read_analysis, write_analysis
+from .analysis import (
+    ENTROPY_MISSING,
+    SUPPORT_MARGIN,
+    Analysis,
+    analyse,
+    gap_frame_indices,
+    gap_inputs,
+    support_reach,
+)
+from .analysis_file import GAP_ON_REQUEST, analyse_run, check_editable, read_analysis, write_analysis
 from .clusters import HeadClusters, attention_pattern, frame_measure, head_clusters, probe_sequence, trajectory_grid
 
 __all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "certified_min_phi", "grad_phi_bound",
@@ -38,4 +46,4 @@ __all__ = ["GapResult", "optimality_gap", "entropic_gap", "minimize_phi", "certi
            "kl_exponent", "kl_fit", "KLFit", "fit_e_star", "attention_pattern", "probe_sequence", "HeadClusters",
            "head_clusters", "frame_measure", "trajectory_grid", "Analysis", "analyse", "analyse_run", "write_analysis",
            "read_analysis", "check_editable", "gap_frame_indices", "LocalExponent", "local_exponent", "e_star_refusal",
-           "PointPrediction", "prediction_at", "SUPPORT_MARGIN", "support_reach"]
+           "PointPrediction", "prediction_at", "SUPPORT_MARGIN", "support_reach", "GAP_ON_REQUEST", "gap_inputs"]

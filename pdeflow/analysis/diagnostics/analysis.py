@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -46,7 +48,8 @@ class Analysis:
     ``kl_predicted`` (E - E* predicted by the KL exponent over its window, where one is established). Scalars:
     ``e_star``, where it came from and the interval ``[e_star_low, e_star_high]`` known (given, certified) or
     estimated (fit) to hold it; ``kl_status``: "KL regime", "pre-asymptotic: ..." or why the window shows no KL
-    regime, in one line; the local exponent theta(t) over the window ``[kl_window_start, kl_window_end]``
+    regime, in one line; ``gap_inputs``: the digest of what the gap was computed from (:func:`gap_inputs`); the
+    local exponent theta(t) over the window ``[kl_window_start, kl_window_end]``
     (:func:`pdeflow.analysis.convergence.rates.local_exponent`, on its trusted samples from ``kl_t_first`` to
     ``kl_t_last``): its first and last secants ``kl_theta_first``, ``kl_theta_last``, the interval
     ``kl_theta_range`` (:attr:`~pdeflow.analysis.convergence.rates.LocalExponent.extended`), ``kl_theta`` (only
@@ -99,6 +102,7 @@ class Analysis:
     gap_is_estimate: bool = False
     gap_domain: str = ""
     gap_radius: float = math.nan
+    gap_inputs: str = ""
     clusters: HeadClusters | None = None
     spectrum: SpectralRecord | None = None      # the ends of the spectrum of S at analysed frames (spectral.py)
     notes: list[str] = field(default_factory=list)
@@ -206,14 +210,60 @@ def _kept(a: Analysis, previous: Analysis | None, settings: DiagnosticsConfig) -
     if previous is None or previous.time.shape != a.time.shape or not np.array_equal(previous.time, a.time):
         return
     if not settings.gap and previous.gap_computed:
-        for name in ("gap", "lower_bound", "min_phi", "mean_phi", "outside_mass", "minimizer", "gap_exhaustive",
-                     "gap_bound", "gap_certified"):
-            setattr(a, name, np.array(getattr(previous, name), copy=True))
-        for name in ("gap_computed", "gap_is_estimate", "gap_domain", "gap_radius"):
-            setattr(a, name, getattr(previous, name))
+        _copy_gap(a, previous)
         certified = int(np.count_nonzero(a.gap_certified))
         a.notes.append(f"the gap stored by the earlier analysis is kept, not recomputed (diagnostics.gap = false): "
                        f"{a.gap_frames.size} frames, {certified} certified")
+
+
+GAP_ARRAYS = ("gap", "lower_bound", "min_phi", "mean_phi", "outside_mass", "minimizer", "gap_exhaustive", "gap_bound",
+              "gap_certified")
+GAP_SCALARS = ("gap_computed", "gap_is_estimate", "gap_domain", "gap_radius", "gap_inputs")
+
+
+def _copy_gap(a: Analysis, previous: Analysis) -> None:
+    """The gap of ``previous`` (same frames) into ``a``: its arrays and its scalars."""
+    for name in GAP_ARRAYS:
+        setattr(a, name, np.array(getattr(previous, name), copy=True))
+    for name in GAP_SCALARS:
+        setattr(a, name, getattr(previous, name))
+
+
+def gap_inputs(traj: Trajectory, frames: np.ndarray, settings: DiagnosticsConfig) -> str:
+    """The SHA-256 (hex) of everything the gap at ``frames`` is computed from: the pdeflow version, the search's
+    ``[diagnostics]`` settings (domain, radius, starts, grid points, seed, gap_frames), the stored problem (/model
+    and /data arrays, beta), and at each frame its time and measure (particles and masses, or the density)."""
+    from ... import __version__
+
+    h = hashlib.sha256()
+    keys = ("gap_frames", "domain", "radius", "n_starts", "grid_points", "seed")
+    h.update(json.dumps({"version": __version__, **{k: getattr(settings, k) for k in keys},
+                         "beta": repr(float(traj.model_attrs.get("beta", math.inf)))}, sort_keys=True).encode())
+    for name in sorted(traj.arrays):
+        value = np.ascontiguousarray(traj.arrays[name])
+        h.update(f"{name}{value.dtype.str}{value.shape}".encode())
+        h.update(value.tobytes())
+    for f in frames:
+        h.update(np.float64(traj.time[f]).tobytes())
+        for name in ("omega", "mass", "density"):
+            if name in traj.frames:
+                h.update(name.encode())
+                h.update(np.ascontiguousarray(traj.frames[name][int(f)], dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def _reused(a: Analysis, previous: Analysis | None) -> bool:
+    """Whether ``previous`` holds a gap computed from the same inputs (:func:`gap_inputs`, ``a.gap_inputs``) on the
+    same frames; if so it is copied into ``a`` with a note, and the search is not run again."""
+    if (previous is None or not previous.gap_computed or previous.gap_inputs != a.gap_inputs
+            or previous.time.shape != a.time.shape or not np.array_equal(previous.time, a.time)):
+        return False
+    _copy_gap(a, previous)
+    certified = int(np.count_nonzero(a.gap_certified[a.gap_frames]))
+    a.notes.append(f"the gap stored by the earlier analysis is reused, not recomputed: its inputs (the frames, the "
+                   f"problem, the [diagnostics] search settings, the pdeflow version) are unchanged; "
+                   f"{a.gap_frames.size} frames, {certified} certified")
+    return True
 
 
 def _analyse(traj: Trajectory, settings: DiagnosticsConfig, previous: Analysis | None,
@@ -233,7 +283,10 @@ def _analyse(traj: Trajectory, settings: DiagnosticsConfig, previous: Analysis |
         a.notes.append("no frames")
         return a
     if settings.gap:
-        _gaps(a, traj, problem, settings, previous)
+        a.gap_inputs = gap_inputs(traj, gap_frame_indices(F, settings.gap_frames), settings)
+        if not _reused(a, previous):
+            _gap_search(a, traj, problem, settings, previous)
+        _gap_summary(a, traj, problem, settings)
     _kept(a, previous, settings)
     if "omega" in traj.frames and not math.isinf(problem.beta):
         # the stored energy and dissipation of noisy particles lack the entropy term (no density to take it
@@ -273,8 +326,10 @@ def _clusters(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnos
                                seed=settings.seed, frame=last, **cells)
 
 
-def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig,
-          previous: Analysis | None) -> None:
+def _gap_search(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig,
+                previous: Analysis | None) -> None:
+    """The search for min Phi at the gap frames (:func:`gap_frame_indices`), seeded by ``previous``'s minimizers:
+    the gap arrays of ``a``, its domain and radius (Omega enlarged to hold the support)."""
     grid = trajectory_grid(traj)
     bounds = None if grid is None else (np.array(grid.lower), np.array(grid.upper))
     if settings.domain == "grid" and grid is None:
@@ -286,12 +341,7 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
     radius = settings.radius
     if not entropic and settings.domain in ("ball", "box"):
         reach = support_reach(traj, frames, settings.domain)
-        if SUPPORT_MARGIN * reach > radius:
-            radius = SUPPORT_MARGIN * reach
-            a.notes.append(f"Omega enlarged from the {settings.domain} {settings.radius:g} (diagnostics.radius) to "
-                           f"{radius:.4g}, {SUPPORT_MARGIN:g} x the farthest particle analysed ({reach:.4g}): the "
-                           "support condition compares Phi off the support with its mean on it, so Omega holds the "
-                           "support")
+        radius = max(radius, SUPPORT_MARGIN * reach)
     for f in frames:
         if entropic:
             res = entropic_gap(problem, grid, traj.frames["density"][f])
@@ -310,6 +360,18 @@ def _gaps(a: Analysis, traj: Trajectory, problem: Problem, settings: Diagnostics
     a.gap_is_estimate = bool(a.gap_computed and not a.gap_certified[computed].all())
     a.gap_domain = "grid, entropic" if entropic else settings.domain
     a.gap_radius = radius if settings.domain in ("ball", "box") and not entropic else math.nan
+
+
+def _gap_summary(a: Analysis, traj: Trajectory, problem: Problem, settings: DiagnosticsConfig) -> None:
+    """What the gap found or reused in ``a`` means: the lower bound ``E - gap_bound`` where it is one, and the
+    notes (Omega enlarged, entropic, no bound, an estimate, mass outside Omega)."""
+    entropic = a.gap_domain == "grid, entropic"
+    computed = np.isfinite(a.gap)
+    if math.isfinite(a.gap_radius) and a.gap_radius > settings.radius:
+        a.notes.append(f"Omega enlarged from the {settings.domain} {settings.radius:g} (diagnostics.radius) to "
+                       f"{a.gap_radius:.4g}, {SUPPORT_MARGIN:g} x the farthest particle analysed "
+                       f"({a.gap_radius / SUPPORT_MARGIN:.4g}): the support condition compares Phi off the support "
+                       "with its mean on it, so Omega holds the support")
     if entropic:
         a.notes.append("beta < inf on a grid: G = E_h - min E_h over grid densities (relative entropy to the Gibbs "
                        "density of Phi, divided by beta)")

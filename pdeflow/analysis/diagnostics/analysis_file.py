@@ -64,7 +64,7 @@ def read_analysis(traj: Trajectory) -> Analysis | None:
     kwargs.setdefault("gap_bound", np.full(F, np.nan))
     kwargs.setdefault("gap_certified", np.zeros(F, dtype=bool))
     kwargs.update({key: d[key] for key in SCALARS if key in d})
-    for key in ("kl_status", "prediction"):
+    for key in ("kl_status", "prediction", "gap_inputs"):
         kwargs[key] = str(kwargs.get(key, ""))
     for key in ("gap_computed", "gap_is_estimate"):
         kwargs[key] = bool(kwargs.get(key, False))
@@ -79,12 +79,24 @@ def read_analysis(traj: Trajectory) -> Analysis | None:
     return Analysis(**kwargs)
 
 
-def analyse_run(path: str | Path, cfg: Config) -> None:
+GAP_ON_REQUEST = ("the optimality gap is not searched after a run (its certified search of min Phi costs many times "
+                  "a short run): pdeflow diagnose and pdeflow report compute it (diagnostics.gap), once")
+
+
+def analyse_run(path: str | Path, cfg: Config, *, gap: bool = False) -> None:
     """Write the analysis of a finished run into its trajectory (the driver's ``on_finish``).
 
-    Does nothing when ``diagnostics.enabled`` is false; the gap search follows ``diagnostics.gap``.
+    Does nothing when ``diagnostics.enabled`` is false. The gap search runs only with ``gap`` (and
+    ``diagnostics.gap``): after ``pdeflow run`` it is left to ``diagnose`` and ``report``, which ask for it and
+    compute it once (:func:`pdeflow.analysis.diagnostics.analysis.analyse` reuses a stored gap whose inputs are
+    unchanged). On a 6-head gain2 problem on a 77-character text the search was ~94 % of ``pdeflow run``'s wall time
+    at t_end = 1 (studies/report/analysis_cost.py measures the share now: studies/report/ANALYSIS_COST.md).
     """
     if not cfg.diagnostics.enabled:
         return
     traj = open_trajectory(path)
-    write_analysis(path, analyse(traj, cfg.diagnostics, run_stationary_tol=cfg.run.stationary_tol))
+    settings = cfg.diagnostics if gap else cfg.replace(diagnostics={"gap": False}).diagnostics
+    analysis = analyse(traj, settings, run_stationary_tol=cfg.run.stationary_tol)
+    if cfg.diagnostics.gap and not gap:
+        analysis.notes.append(GAP_ON_REQUEST)
+    write_analysis(path, analysis)

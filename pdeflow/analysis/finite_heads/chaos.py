@@ -158,8 +158,20 @@ class ChaosError(RuntimeError):
 
 
 
+def horizon_config(cfg: Config) -> Config:
+    """``cfg`` with ``run.t_end`` set to the experiment's horizon ``chaos.t_end`` (when it is > 0): the frames of
+    every trajectory of the experiment end there. ConfigError when ``run.frame_interval`` exceeds it."""
+    if cfg.chaos.t_end <= 0:
+        return cfg
+    if cfg.run.frame_spacing != "log" and cfg.run.frame_interval > cfg.chaos.t_end:
+        raise ConfigError(f"chaos.t_end = {cfg.chaos.t_end:g} is shorter than run.frame_interval = "
+                          f"{cfg.run.frame_interval:g}: the coupling needs frames inside its horizon")
+    return cfg.replace(run={"t_end": cfg.chaos.t_end})
+
+
 def check_config(cfg: Config) -> None:
-    """The rules of a chaos experiment beyond the schema; ConfigError naming the key."""
+    """The rules of a chaos experiment beyond the schema (on :func:`horizon_config`'s config); ConfigError naming
+    the key."""
     c = cfg.chaos
     if cfg.solver.method not in explicit_flows():  # the table is full: this module imports pdeflow.solvers
         raise ConfigError(f"solver.method must be one of {', '.join(explicit_flows())} for a chaos experiment "
@@ -171,8 +183,10 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"chaos.n_list must hold at least 3 distinct head counts to fit a rate, got {c.n_list!r}")
     if len(set(c.eta_list)) < 2:
         raise ConfigError(f"chaos.eta_list must hold at least 2 distinct steps to fit a rate, got {c.eta_list!r}")
-    if 0 < c.converge_time < cfg.run.t_end:
-        raise ConfigError(f"chaos.converge_time must be >= run.t_end = {cfg.run.t_end:g}, got {c.converge_time:g}")
+    horizon, name = (c.t_end, "chaos.t_end") if c.t_end > 0 else (cfg.run.t_end, "run.t_end")
+    if 0 < c.converge_time < horizon:
+        raise ConfigError(f"chaos.converge_time must be >= {name} = {horizon:g}, got {c.converge_time:g}")
+    horizon_config(cfg)
 
 
 
@@ -278,14 +292,15 @@ def run_chaos(cfg: Config, problem: Problem, times: np.ndarray | None = None,
               progress: Callable[[str, float], None] | None = None, work: str | Path | None = None) -> ChaosResult:
     """The whole experiment of the module docstring on ``problem``.
 
-    ``times`` [F] are the frame times, 0 first and ``run.t_end`` last (default
-    :func:`pdeflow.solvers.loop.frame_times`); ``progress(label, units)``
+    ``times`` [F] are the frame times, 0 first and the horizon last (default :func:`pdeflow.solvers.loop.frame_times`
+    of :func:`horizon_config`: ``chaos.t_end``, or ``run.t_end`` when that is 0); ``progress(label, units)``
     is called as work completes (units: particle-time, a rough cost measure). ``work``: a work file
     (:func:`write_work`) rewritten after every finished (N, seed) block; if it exists, its blocks are
     taken as done and skipped (a resumed experiment recomputes the reference flow, which is deterministic,
     and gives the uninterrupted experiment's numbers bit for bit). ConfigError for a config the experiment
     cannot run or a work file of another config, ChaosError for a non-finite state."""
     check_config(cfg)
+    cfg = horizon_config(cfg)
     wall0 = time.perf_counter()
     c, i = cfg.chaos, cfg.init
     report = progress or (lambda label, units: None)

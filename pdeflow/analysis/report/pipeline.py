@@ -29,7 +29,7 @@ from .sections import FIGURE_FORMATS, Section
 
 STAGES = ("run", "stationary", "diagnose", "minimum", "dirac", "chaos")
 SKIPPABLE = ("stationary", "minimum", "dirac", "chaos", "gap")
-# the default report of the quickstart (k = 256) leaves dirac and chaos out: see --max-k
+# the default report of full.toml (k = 256) leaves dirac and chaos out: see --max-k
 MAX_K = 64
 # the stationary search's default budget in gradient equivalents: a count, so the same config gives the same
 # verdict on every machine (a wall limit would not)
