@@ -8,6 +8,7 @@ findings 2 and 3; tests/mutations/run_mutations.py applies those mutations). No 
 called on hand-made records, their figures stubbed."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -69,6 +70,22 @@ def test_no_kl_exponent_is_not_a_verdict(no_figures, theta, status):
     s = rates_section(None, kl_analysis(theta, (math.nan, math.nan) if math.isnan(theta) else (0.3, 0.5), status),
                       no_figures)
     assert s.verdict == NOT_ESTABLISHED and "nan in" not in s.reason and s.reason
+
+
+@pytest.mark.parametrize("mu_last,mu_min,expected", [
+    (1.01, 0.99, HOLDS),               # approaching: the slowest mode dominates, mu -> lambda_min
+    (2.0, 1.2, HOLDS),                 # pre-asymptotic, but I >= 2 lambda_min (E - E*) holds over the window
+    (1.01, 0.5, NOT_ESTABLISHED),      # mu falls to half lambda_min: the bound fails, no verdict of "holds"
+    (math.nan, math.nan, NOT_ESTABLISHED),
+])
+def test_the_rates_verdict_at_a_minimum_follows_the_pl_bound(no_figures, mu_last, mu_min, expected):
+    """At a proven minimum (diagnose --stationary: theta = 1/2 and lambda_min predicted) the rates verdict holds when
+    the measured PL ratio stays at or above lambda_min (within PL_TOL) over the window, and is not "holds" when it
+    falls to half of it or was not measured (mu given in units of lambda_min = 1e-3)."""
+    lam = 1e-3
+    a = dataclasses.replace(kl_analysis(math.nan, (0.45, 0.5)), predicted_theta=0.5, predicted_mu=lam,
+                            prediction="a certified minimum", pl_mu_last=mu_last * lam, pl_mu_min=mu_min * lam)
+    assert rates_section(None, a, no_figures).verdict == expected
 
 
 def minimum_rates(relative_error: np.ndarray) -> dict:

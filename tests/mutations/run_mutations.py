@@ -104,16 +104,20 @@ MUTATIONS: tuple[Mutation, ...] = (
              "the distance to the minimum 10x too small"),
     # ---- the report's verdict rules (finding 2)
     Mutation("rates-forced-holds", SECTIONS,
-             '    if math.isfinite(analysis.kl_theta) and not status.startswith(("no ", "pre-asymptotic")):\n'
-             "        lo, hi = analysis.kl_theta_range\n        if lo <= 0.5 + 1e-9 and hi >= 0:",
-             "    if True:\n        lo, hi = analysis.kl_theta_range\n        if True:",
+             '        if math.isfinite(analysis.kl_theta) and not status.startswith(("no ", "pre-asymptotic")):\n'
+             "            if lo <= 0.5 + 1e-9 and hi >= 0:",
+             "        if True:\n            if True:",
              (f"{RULES}::test_the_rates_verdict_follows_the_kl_interval",
               f"{RULES}::test_no_kl_exponent_is_not_a_verdict"),
              "the rates verdict forced to holds"),
     Mutation("rates-interval-ignored", SECTIONS,
-             "        if lo <= 0.5 + 1e-9 and hi >= 0:", "        if True:",
+             "            if lo <= 0.5 + 1e-9 and hi >= 0:", "            if True:",
              (f"{RULES}::test_the_rates_verdict_follows_the_kl_interval",),
              "any KL exponent holds"),
+    Mutation("rates-at-minimum-forced-holds", SECTIONS,
+             "    if test.state in (APPROACHING, PRE_ASYMPTOTIC):", "    if True:",
+             (f"{RULES}::test_the_rates_verdict_at_a_minimum_follows_the_pl_bound",),
+             "the rates verdict at a proven minimum holding when the PL bound fails"),
     Mutation("rate-verdict-forced-holds", SECTIONS,
              "    if float(errors.max()) <= RATE_TOLERANCE:", "    if True:",
              (f"{RULES}::test_the_minimum_rates_verdict_follows_the_tolerance",
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     known = {m.name: m for m in MUTATIONS}
     if args.list:
         for m in MUTATIONS:
-            print(f"{m.name:28} {m.file}: {m.what}")
+            print(f"{m.name:30} {m.file}: {m.what}")
         return 0
     unknown = [n for n in args.names if n not in known]
     if unknown:
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in chosen:
         verdict, last, seconds = apply(m)
         results.append(verdict)
-        print(f"{m.name:28} {verdict:9} {seconds:6.1f} s  {m.what}  [{last}]", flush=True)
+        print(f"{m.name:30} {verdict:9} {seconds:6.1f} s  {m.what}  [{last}]", flush=True)
     caught = results.count("caught")
     print(f"{caught}/{len(results)} caught" + ("" if caught == len(results) else
                                                 f"; {len(results) - caught} survived or failed to run"))
