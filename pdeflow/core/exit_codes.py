@@ -8,6 +8,7 @@ EXIT_BAD_INPUT = 2      # config, files, arguments: one line on stderr, no outpu
 EXIT_FAILED = 3         # non-finite state, failed inner solve, write error, accuracy lost (run.accuracy = "stop")
 EXIT_SIGINT = 130       # 128 + SIGINT: the state is checkpointed
 EXIT_SIGTERM = 143      # 128 + SIGTERM: the state is checkpointed
+EXIT_PIPE = 141         # 128 + SIGPIPE: the reader of the output went away; the work and its files are complete
 
 HELP = f"""exit codes:
   {EXIT_OK:<4d} done
@@ -17,6 +18,9 @@ HELP = f"""exit codes:
        (disk full), or accuracy was lost with run.accuracy = "stop"; every frame committed before is
        kept, continue with --resume
   {EXIT_SIGINT:<4d} interrupted by SIGINT, {EXIT_SIGTERM} by SIGTERM; the state is checkpointed, continue with --resume
+  {EXIT_PIPE:<4d} the reader of the output went away (| head): the rest of the output is dropped; the command
+       still did all its work and wrote its files whole
 """
 
-__all__ = ["EXIT_OK", "EXIT_CHECK_FAILED", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_SIGINT", "EXIT_SIGTERM", "HELP"]
+__all__ = ["EXIT_OK", "EXIT_CHECK_FAILED", "EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_SIGINT", "EXIT_SIGTERM", "EXIT_PIPE",
+           "HELP"]
