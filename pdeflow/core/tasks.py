@@ -28,6 +28,8 @@ __all__ = [
     "TaskError",
     "enumerate_task",
     "make_task",
+    "reads_file",
+    "sample_data_set",
     "sample_task",
 ]
 
@@ -635,3 +637,21 @@ def make_task(
     return sample_task(
         name, vocab_size=vocab_size, seq_len=seq_len, n_samples=n_samples, seed=seed, **params
     )
+
+
+def reads_file(name: str) -> bool:
+    """Whether task ``name`` reads its data from a file (``task.path``): such a task's sequences can be drawn only
+    where that file is, while a problem stored in a pdeflow file (``/data``) travels with the file."""
+    return "path" in TASKS[name].params
+
+
+def sample_data_set(data: TaskData, *, n_samples: int, seed: int) -> TaskData:
+    """``n_samples`` sequences drawn i.i.d. from the weighted set ``data`` (row ``b`` with probability ``w_b``, with
+    replacement), each of weight ``1 / n_samples``: fresh sequences of the distribution ``data`` holds (exactly the
+    task's when ``data`` is an exact enumeration, its empirical law when ``data`` was sampled). What a command that
+    re-runs a stored problem draws for a task whose file it cannot read (:func:`reads_file`). Shapes as
+    :func:`sample_task`; the generator as :func:`sample_task`'s for ``seed``."""
+    B = _as_int("n_samples", n_samples, 1)
+    index = _sampling_rng(_as_int("seed", seed, 0)).choice(len(data.weights), size=B, p=data.weights)
+    return TaskData(data.tokens[index], data.targets[index], data.mask[index], np.full(B, 1.0 / B),
+                    data.vocab_size, data.alphabet)

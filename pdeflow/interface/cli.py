@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import __version__
 from ..core.config import Config, ConfigError, load_config
-from ..core.exit_codes import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_SIGINT, HELP
+from ..core.exit_codes import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_PIPE, EXIT_SIGINT, HELP
 from ..core.parallel import abort_ranks, failed_alike, launcher_rank, world
 from ..io.file_access import TrajectoryError
 from ..io.recovery import recovery_hint
@@ -353,8 +353,6 @@ def main(argv: Sequence[str] | None = None, exiting: bool = False) -> int:
     except KeyboardInterrupt:
         print("pdeflow: interrupted", file=sys.stderr)
         return EXIT_SIGINT
-    except BrokenPipeError:
-        raise   # the reader of the output went away (pdeflow info FILE | head): entry() ends quietly
     except Exception as exc:
         if args is not None and args.command in UNTRUSTED_FILES and not os.environ.get(DEBUG_VARIABLE):
             # the last resort for files that passed the screen but hold values no reader expected; the same line
@@ -373,19 +371,50 @@ def _one_line(text: str) -> str:
     return " ".join(text.split("\n")).strip()
 
 
+class PipeGuard:
+    """A text stream (stdout, stderr) whose reader may go away (``pdeflow stationary ... | head -2``): the first write
+    or flush that meets the closed pipe points the stream's descriptor at /dev/null (as the signal module's note on
+    SIGPIPE recommends: Python flushes again at exit) and everything after is dropped, so the command finishes its
+    work and writes its files whole. :attr:`broken` says whether output was lost."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._lost()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._lost()
+
+    def _lost(self) -> None:
+        self.broken = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 def entry() -> None:
     """The console script ``pdeflow`` (and ``python -m pdeflow``). A reader of the output that goes away
-    (``pdeflow info FILE | head -3``) ends the command quietly with 141 (128 + SIGPIPE), as a killed pipe would."""
-    import os
-
-    try:
-        code = main(exiting=True)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Python flushes stdout again at exit: point it at /dev/null so that no second error is printed
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 141
-    sys.exit(code)
+    (``pdeflow info FILE | head -3``) loses the rest of the output, never the work: the command runs to its end and
+    writes its files (:class:`PipeGuard`), then exits with 141 (128 + SIGPIPE, as a killed pipe would) if it
+    succeeded, else with its own code."""
+    sys.stdout, sys.stderr = out, err = PipeGuard(sys.stdout), PipeGuard(sys.stderr)
+    code = main(exiting=True)
+    sys.stdout.flush()
+    sys.exit(EXIT_PIPE if code == EXIT_OK and (out.broken or err.broken) else code)
 
 
 __all__ = ["main", "build_parser", "output_path", "config_difference", "check_file", "EXIT_CODES"]

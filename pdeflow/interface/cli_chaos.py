@@ -1,8 +1,9 @@
-"""``pdeflow chaos CONFIG -o OUT.h5 [--quick]``: propagation of chaos and the static approximation.
+"""``pdeflow chaos CONFIG|FILE -o OUT.h5 [--quick]``: propagation of chaos and the static approximation.
 
 Runs the experiment of pdeflow.analysis.finite_heads.chaos (N heads, their SGD training and the mean-field
-characteristics from
-the same initial points; the static approximation), writes the measurements and fitted rates to OUT.h5
+characteristics from the same initial points; the static approximation) on a CONFIG, or on the problem a pdeflow
+FILE stores with its stored config (a task that reads a file, text, then draws its fresh sequences from the file's
+/data), writes the measurements and fitted rates to OUT.h5
 (group /chaos), the figure to OUT.png beside it, and prints one line per rate. Every finished (N, seed)
 block is kept in OUT.h5.work until the end: after a kill, --resume continues from there.
 """
@@ -12,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..core.config import load_config
 from ..core.exit_codes import EXIT_FAILED, EXIT_OK, HELP
+from ..io.problem_file import config_and_problem
 from .cli import UsageError, add_config_arguments, check_output_file
 from .cli_figures import add_figure_arguments, figure_dpi
 
@@ -24,10 +25,9 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from ..analysis.finite_heads import chaos
     from ..analysis.finite_heads.chaos_plots import plot_result
     from ..analysis.plots.figures import figure_output
-    from ..core.problem import Problem
 
     dpi = figure_dpi(args)
-    cfg = load_config(args.config, args.set)
+    cfg, problem, stored = config_and_problem(args.config, args.set)
     if args.quick:
         cfg = chaos.quick_config(cfg)
     out = check_output_file(Path(args.output) if args.output else Path(Path(args.config).stem + "-chaos.h5"),
@@ -38,13 +38,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     if work.exists() and not (args.resume or args.force):
         raise UsageError(f"{str(work)!r} holds an unfinished experiment: --resume continues it, --force starts over")
     chaos.check_config(cfg)
-    problem = Problem.from_config(cfg)
     make_stepper(problem, cfg)  # a bad solver setting fails here, before any work
     if work.exists() and not args.resume:  # --force: start over
         work.unlink()
     progress = _progress(cfg, quiet=args.quiet)
     try:
-        result = chaos.run_chaos(cfg, problem, progress=progress, work=work)
+        result = chaos.run_chaos(cfg, problem, progress=progress, work=work, stored=stored)
     except chaos.ChaosError as exc:
         print(f"pdeflow: error: chaos: {exc}; no output written", file=sys.stderr)
         return EXIT_FAILED
@@ -93,7 +92,8 @@ def add_command(subparsers) -> None:
     p = subparsers.add_parser("chaos", help="propagation of chaos: N heads and SGD against the mean-field limit",
                               epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                               description=__doc__.split("\n\n")[1])
-    add_config_arguments(p, "TOML config file (sections [chaos], [sgd], [solver], [run])",
+    add_config_arguments(p, "TOML config file (sections [chaos], [sgd], [solver], [run]), or a pdeflow file "
+                         "(trajectory or result: its stored config on its stored problem)",
                          "HDF5 result file (default: <config>-chaos.h5); the figure is written beside it with "
                          "the suffix of each --format")
     p.add_argument("--resume", action="store_true",

@@ -5,14 +5,21 @@ Runs what is not yet computed, each stage as the pdeflow command a user would ty
 those commands say), writing its file into DIR: ``run`` (``pdeflow run``, or a copy of the given trajectory),
 ``stationary`` (``pdeflow stationary --kind minimum``), ``diagnose`` (``pdeflow diagnose``, with E* from the
 certified point when there is one), ``minimum`` (``pdeflow stability --stationary``), ``dirac``
-(``pdeflow stability``) and ``chaos`` (``pdeflow chaos --quick``). A stage whose file is already in DIR is not run
-again (``DIR/stages.json`` keeps what each cost), so a rerun is incremental and an interrupted report resumes.
-Then it writes DIR/index.html (no network needed), DIR/report.json, every table as CSV and LaTeX (DIR/tables) and
-every figure as PDF and PNG (DIR/figures).
+(``pdeflow stability DIR/run.h5``) and ``chaos`` (``pdeflow chaos DIR/run.h5 --quick``); the last two take the
+problem the run file stores, so relative paths in the config are read once, from the config's own folder.
+DIR/stages.json keeps each stage's command, cost and the hash of its inputs (the config after --set, the content
+of the config, its data files or the trajectory, the stage's options, the pdeflow version): a stage whose inputs
+are unchanged is reused, and the page and the summary say which; any change re-runs it and the stages that read it,
+and an interrupted report resumes. Then it writes DIR/index.html (no network needed), DIR/report.json, every table
+as CSV and LaTeX (DIR/tables) and every figure as PDF and PNG (DIR/figures).
+
+Bad input (exit 2) leaves no folder and no file of this invocation. A stage that fails is shown as failed, with its
+message, on the page, in report.json and in the summary, and the report exits with 3.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..analysis.report.pipeline import (
@@ -23,7 +30,7 @@ from ..analysis.report.pipeline import (
     ReportRequest,
     build_report,
 )
-from ..core.exit_codes import EXIT_OK, HELP
+from ..core.exit_codes import EXIT_FAILED, EXIT_OK, HELP
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -41,8 +48,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(report.e_star_line)
     for s in report.sections:
         print(f"{s.title}: {s.verdict} - {s.reason}")
-    print(f"pdeflow: report -> {report.index}")
-    return EXIT_OK
+    if report.reused:
+        print(f"reused from DIR (inputs unchanged): {', '.join(report.reused)}")
+    for why in report.failed.values():
+        print(f"pdeflow: error: {why}", file=sys.stderr)
+    print(f"pdeflow: report -> {report.index}" + (f" ({len(report.failed)} stage(s) failed)" if report.failed else ""))
+    return EXIT_FAILED if report.failed else EXIT_OK
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:

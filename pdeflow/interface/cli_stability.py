@@ -1,7 +1,8 @@
-"""``pdeflow stability CONFIG -o OUT.h5``: Dirac stationary measures, their stability, checked by simulation;
+"""``pdeflow stability CONFIG|FILE -o OUT.h5``: Dirac stationary measures, their stability, checked by simulation;
 ``pdeflow stability --stationary RESULT -o RATES.h5``: the rates at a certified local minimum (any measure).
 
-Finds the stationary Diracs of the config's problem, computes ``H0``, ``Htr``, verdicts and optimality gaps,
+Finds the stationary Diracs of the config's problem (or of the problem a pdeflow FILE stores, run with its stored
+config: the task's data from the file), computes ``H0``, ``Htr``, verdicts and optimality gaps,
 integrates perturbed particle systems (:func:`pdeflow.analysis.dirac.stability.simulate`: RK4 through the shared time
 loop)
 and compares the measured exponential rates with the predicted ones, then sweeps the zero head over
@@ -29,9 +30,8 @@ from ..analysis.linearised.minimum_rates import (
     SAMPLES_AT_MINIMUM,
 )
 from ..analysis.plots.figures import figure_output
-from ..core.config import load_config
 from ..core.exit_codes import EXIT_OK, HELP
-from ..core.problem import Problem
+from ..io.problem_file import config_and_problem
 from .cli_figures import add_figure_arguments, figure_dpi
 
 
@@ -42,9 +42,8 @@ def cmd_stability(args: argparse.Namespace) -> int:
         return cmd_minimum_rates(args)
     if args.config is None:
         raise UsageError("stability needs a CONFIG (Dirac measures) or --stationary RESULT (a certified minimum)")
-    cfg = load_config(args.config, args.set)
+    cfg, problem, _ = config_and_problem(args.config, args.set)
     out = new_output_path(cfg, args.config, args.output, args.force)
-    problem = Problem.from_config(cfg)
     if problem.k > 256:
         raise UsageError(f"stability needs k <= 256 coordinates for its dense Hessians, got k = {problem.k} "
                          f"(reduce model.d or model.head_dim, or use reduced coordinates)")
@@ -166,7 +165,8 @@ def add_command(subparsers) -> None:
 
     p = subparsers.add_parser("stability", help="stationary Dirac measures: stability analysis checked by simulation",
                               epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(p, "TOML config file ([stability] section); none with --stationary",
+    add_config_arguments(p, "TOML config file ([stability] section), or a pdeflow file (trajectory or result: its "
+                         "stored config on its stored problem, the task's data from the file); none with --stationary",
                          "output HDF5 file (default: output.path, else <config>.h5)", optional_config=True)
     p.add_argument("--stationary", metavar="RESULT",
                    help="a certified minimum (pdeflow stationary --kind minimum): check the rates predicted there")

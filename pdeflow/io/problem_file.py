@@ -1,16 +1,22 @@
 """The problem stored in a file (``/model`` and ``/data``, the layout of :data:`pdeflow.io.schema.ITEMS`): written by
-:func:`write_problem` into trajectories and result files, rebuilt from the file alone by :func:`stored_problem`.
+:func:`write_problem` into trajectories and result files, rebuilt from the file alone by :func:`stored_problem`;
+:func:`config_and_problem`: a command's CONFIG, or a pdeflow FILE whose stored config it re-runs on the stored problem.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
 
+from ..core.config import Config, ConfigError, load_config, loads_config, parse_override
 from . import schema
-from .file_access import TrajectoryError, error_reason, plain
+from .file_access import TrajectoryError, error_reason, open_for_reading, plain
+
+if TYPE_CHECKING:
+    from ..core.problem import Problem
 
 
 def write_problem(f: h5py.File, arrays: dict[str, Any], beta: float = np.inf, precision: str = "float64") -> None:
@@ -65,3 +71,35 @@ def stored_problem(path: str | Path):
             return problem_of(*read_problem(f))
     except (OSError, KeyError) as exc:
         raise TrajectoryError(f"{path}: no stored problem (/model and /data): {error_reason(exc)[:80]}") from None
+
+
+
+# the sections of a config that describe the problem: a file's stored problem is not rebuilt from them
+PROBLEM_SECTIONS = ("task", "model")
+
+
+def config_and_problem(path: str | Path, overrides: Iterable[str] = ()) -> tuple[Config, Problem, bool]:
+    """The config and problem a command runs: a TOML ``path`` (with ``overrides``, ``section.key=value``) and the
+    problem it describes (relative paths resolved against the config's folder), or, for a pdeflow file (a trajectory
+    or a result holding ``/model`` and ``/data``), the config it was run with and the problem it stores: the task's
+    data come from the file, so a relative ``task.path`` need not exist where the command runs. The last item is
+    True for a file. ConfigError (one line) for a bad config, an override of ``[task]`` or ``[model]`` on a file (its
+    problem is fixed), or a file without a stored config; TrajectoryError for a file without a stored problem."""
+    from ..core.problem import Problem
+
+    p = Path(path)
+    if p.suffix.lower() == ".toml" or not p.is_file() or not h5py.is_hdf5(p):
+        cfg = load_config(p, overrides)
+        return cfg, Problem.from_config(cfg), False
+    for item in overrides:
+        if parse_override(item)[0] in PROBLEM_SECTIONS:
+            raise ConfigError(f"--set {item}: the problem of {p} is the one it stores (/model, /data); "
+                              f"[{'], ['.join(PROBLEM_SECTIONS)}] cannot change")
+    try:
+        with open_for_reading(p) as f:
+            text = plain(f.attrs.get("config", ""))
+    except OSError as exc:
+        raise TrajectoryError(f"{p}: cannot be read: {error_reason(exc)[:80]}") from None
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"{p}: holds no pdeflow config (root attribute 'config')")
+    return loads_config(text, overrides, source=None), stored_problem(p), True

@@ -212,15 +212,22 @@ def stored_config(path: str | Path) -> Config:
 
 
 def run_tighter(reference: str | Path, folder: Path) -> tuple[Path, str]:
-    """Run the reference's config tighter into ``folder``: the file and how it was tightened."""
+    """Run the reference's config tighter into ``folder``: the file and how it was tightened. The problem is the one
+    the reference stores (``/model``, ``/data``), not rebuilt from its config: a relative ``task.path`` names a file
+    beside the config the reference was run from, which need not be where this runs."""
     import pdeflow.solvers  # noqa: F401 - registers the methods tighter_config reads
     from pdeflow.solvers.driver import run
 
-    from ...core.problem import Problem
+    from ...io.file_access import TrajectoryError
+    from ...io.problem_file import stored_problem
 
     cfg, how = tighter_config(stored_config(reference), step_size(reference).largest)
+    try:
+        problem = stored_problem(reference)
+    except TrajectoryError as exc:
+        raise OrderRefused(f"{exc}; give --tighter FILE") from None
     out = folder / "tighter-reference.h5"
-    result = run(cfg, Problem.from_config(cfg), out, quiet=True)
+    result = run(cfg, problem, out, quiet=True)
     if result.exit_code != 0:
         raise OrderRefused(f"the tighter run of the reference's config ({how}) failed: {result.message}")
     return out, f"a pdeflow rerun of its config ({how})"

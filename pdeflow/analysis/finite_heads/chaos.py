@@ -24,6 +24,7 @@ from scipy import stats
 from ...core.config import Config, ConfigError
 from ...core.mean_field import loss_weights
 from ...core.problem import Problem, task_params
+from ...core.tasks import TaskData, TaskError, reads_file, sample_data_set, sample_task
 from ...io.result_schema import CHAOS, CHAOS_WORK
 from ...solvers import make_stepper
 from ...solvers.base import State, Stepper
@@ -260,14 +261,29 @@ def characteristics(stepper, omega_ref: np.ndarray, mass_ref: np.ndarray, tracer
 
 
 
-def probe_problem(problem: Problem, cfg: Config) -> Problem:
-    """The layer on ``chaos.probe_size`` fresh task sequences (seed: the ``probe`` stream)."""
-    from ...core.tasks import TaskError, sample_task
-
+def task_sampler(problem: Problem, cfg: Config, n_samples: int,
+                 stored: bool = False) -> Callable[[int], TaskData]:
+    """``sampler(seed)``: ``n_samples`` fresh sequences of the config's task. ``stored``: ``problem`` came from a
+    file's ``/data`` (``pdeflow chaos FILE``), so a task that reads its data from a file (``text``,
+    :func:`pdeflow.core.tasks.reads_file`) draws them from that data set
+    (:func:`pdeflow.core.tasks.sample_data_set`): the task's file may not exist where this runs."""
     t = cfg.task
+    if stored and reads_file(t.name):
+        a = problem.arrays()
+        data = TaskData(np.asarray(a["tokens"], dtype=np.int64), np.asarray(a["targets"], dtype=np.int64),
+                        np.asarray(a["mask"], dtype=float), np.asarray(a["weights"], dtype=float),
+                        problem.vocab_size)
+        return lambda seed: sample_data_set(data, n_samples=n_samples, seed=seed)
+    params = task_params(cfg)
+    return lambda seed: sample_task(t.name, vocab_size=t.vocab_size, seq_len=t.seq_len, n_samples=n_samples,
+                                    seed=seed, **params)
+
+
+def probe_problem(problem: Problem, cfg: Config, stored: bool = False) -> Problem:
+    """The layer on ``chaos.probe_size`` fresh task sequences (seed: the ``probe`` stream; ``stored``: as
+    :func:`task_sampler`)."""
     try:
-        data = sample_task(t.name, vocab_size=t.vocab_size, seq_len=t.seq_len, n_samples=cfg.chaos.probe_size,
-                           seed=child_seed(cfg, "probe"), **task_params(cfg))
+        data = task_sampler(problem, cfg, cfg.chaos.probe_size, stored)(child_seed(cfg, "probe"))
     except TaskError as exc:
         raise ConfigError(f"chaos.probe_size: task: {exc}") from None
     return problem.with_data(data.tokens, data.targets, data.mask, data.weights)
@@ -289,7 +305,8 @@ def static_gaps(problem: Problem, omega: np.ndarray, mass: np.ndarray, n_list: n
 
 
 def run_chaos(cfg: Config, problem: Problem, times: np.ndarray | None = None,
-              progress: Callable[[str, float], None] | None = None, work: str | Path | None = None) -> ChaosResult:
+              progress: Callable[[str, float], None] | None = None, work: str | Path | None = None,
+              stored: bool = False) -> ChaosResult:
     """The whole experiment of the module docstring on ``problem``.
 
     ``times`` [F] are the frame times, 0 first and the horizon last (default :func:`pdeflow.solvers.loop.frame_times`
@@ -297,8 +314,9 @@ def run_chaos(cfg: Config, problem: Problem, times: np.ndarray | None = None,
     is called as work completes (units: particle-time, a rough cost measure). ``work``: a work file
     (:func:`write_work`) rewritten after every finished (N, seed) block; if it exists, its blocks are
     taken as done and skipped (a resumed experiment recomputes the reference flow, which is deterministic,
-    and gives the uninterrupted experiment's numbers bit for bit). ConfigError for a config the experiment
-    cannot run or a work file of another config, ChaosError for a non-finite state."""
+    and gives the uninterrupted experiment's numbers bit for bit). ``stored``: ``problem`` came from a file's
+    ``/data`` (the probe set and fresh minibatches as :func:`task_sampler` draws them). ConfigError for a config
+    the experiment cannot run or a work file of another config, ChaosError for a non-finite state."""
     check_config(cfg)
     cfg = horizon_config(cfg)
     wall0 = time.perf_counter()
@@ -310,14 +328,14 @@ def run_chaos(cfg: Config, problem: Problem, times: np.ndarray | None = None,
     nN, S, nE, F = len(n_list), c.seeds, len(eta_list), len(times)
     flow = make_stepper(problem, cfg)
 
-    minibatches = SGD.parameters(cfg)
+    minibatches = {**SGD.parameters(cfg), "sampler": task_sampler(problem, cfg, cfg.sgd.batch_size, stored)}
 
     def sgd_stepper(n: int, s: int, e: int) -> SGD:
         """SGD with step eta_list[e] and the minibatches of [sgd], its generator seeded by the (N, seed, eta)."""
         return SGD(problem, float(eta_list[e]), **{**minibatches, "seed": child_seed(cfg, "sgd", n, s, e)})
 
     sgd_stepper(0, 0, 0)  # a bad [sgd] setting fails here, before any work
-    probe = probe_problem(problem, cfg)
+    probe = probe_problem(problem, cfg, stored)
     probe_lw = loss_weights(probe.arrays()["mask"], probe.arrays()["weights"])
 
     def initial(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

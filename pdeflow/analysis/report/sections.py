@@ -5,7 +5,7 @@ A section never computes a verdict of its own where a command states one: it sho
 (the run's accuracy record, the stationary search's verdict, the gap's certificate, the KL status, the stability
 verdicts, the chaos fits) and maps it to one of :data:`VERDICTS`: ``holds`` (the command measured what the theory
 predicts), ``contradicted`` (it measured the opposite) or ``not established`` (with the reason: not run, not
-converged, an estimate without a certificate).
+converged, an estimate without a certificate); the pipeline marks ``failed`` the statement of a stage that failed.
 
 Every section is a :class:`Section`; :mod:`pdeflow.analysis.report.page` writes them as HTML, JSON, CSV and LaTeX.
 """
@@ -29,7 +29,8 @@ from ..plots.plotting import _steps, plot_energy, plot_energy_identity, plot_gap
 from ..stationary.stationary import index_text, lambda_min_text
 
 HOLDS, CONTRADICTED, NOT_ESTABLISHED = "holds", "contradicted", "not established"
-VERDICTS = (HOLDS, CONTRADICTED, NOT_ESTABLISHED)
+FAILED = "failed"   # the stage that decides the statement failed (report.pipeline): its message says why
+VERDICTS = (HOLDS, CONTRADICTED, NOT_ESTABLISHED, FAILED)
 # every figure of the report is written in both formats: PDF for a paper, PNG for the page
 FIGURE_FORMATS = ("pdf", "png")
 # a measured exponential rate agrees with its prediction within this relative error (the linearisation's next order
@@ -343,7 +344,8 @@ def chaos_section(attrs: dict[str, Any] | None, figure_stems: list[str]) -> Sect
     return s
 
 
-__all__ = ["VERDICTS", "RATE_TOLERANCE", "HOLDS", "CONTRADICTED", "NOT_ESTABLISHED", "FIGURE_FORMATS", "Section",
+__all__ = ["VERDICTS", "RATE_TOLERANCE", "HOLDS", "CONTRADICTED", "NOT_ESTABLISHED", "FAILED", "FIGURE_FORMATS",
+           "Section",
            "draw",
            "energy_section", "stationary_section", "optimality_section", "rates_section", "minimum_section",
            "dirac_section", "chaos_section"]
