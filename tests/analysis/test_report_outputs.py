@@ -147,6 +147,8 @@ def test_the_latex_tables_use_macros_and_compile(report, tmp_path):
     written = {ch for module in REPORT.glob("*.py") for ch in module.read_text(encoding="utf-8") if ord(ch) > 127}
     every = "".join(sorted(written | set("".join(LATEX_MATH)))) + " λ_min ρ̂_N −0.5 a < b | c {x} 100% $5 #1 _ ^ ~ \\"
     assert not any(ord(ch) > 127 for ch in latex_text(every))
+    # each character the report writes has its macro: none falls back to its Unicode name
+    assert [ch for ch in written if latex_text(ch).startswith("[")] == []
     synthetic = write_tables(tmp_path, Section("every", "every character", "", rows=[("all", every, every)]))[1]
     if shutil.which("pdflatex") is None:
         pytest.skip("pdflatex is not installed (apt-get install texlive-latex-base)")

@@ -200,23 +200,25 @@ def rates_section(traj: Trajectory, analysis: Analysis, figure_dir: Path) -> Sec
                 if math.isfinite(lo) and math.isfinite(hi) else "not measured (too few trusted samples)")
     s.rows.append(("least μ over the window", _g(analysis.pl_mu_min, 4, "no trusted sample of the window"),
                    "measured PL ratio I / (2(E − E*)) where E − E* is trustworthy"))
+    status_row = ("KL status", analysis.kl_status or "not computed", "diagnose's statement of the fit")
+    s.figures += [draw(figure_dir, "pl", plot_pl, traj, analysis), draw(figure_dir, "kl", plot_kl, traj, analysis)]
     if math.isfinite(analysis.predicted_theta):
         _rates_at_minimum(s, analysis, measured)
-    else:
-        status = analysis.kl_status.lower()
-        theta = (_g(analysis.kl_theta) if math.isfinite(analysis.kl_theta)
-                 else f"not established ({analysis.kl_status or 'no fit'})")
-        s.rows += [("KL exponent θ", theta, "one θ only where the local exponent is constant over the window"),
-                   ("local exponent θ(t)", measured, "its range over the window and E*'s interval")]
-        if math.isfinite(analysis.kl_theta) and not status.startswith(("no ", "pre-asymptotic")):
-            if lo <= 0.5 + 1e-9 and hi >= 0:
-                s.verdict, s.reason = HOLDS, f"θ = {_g(analysis.kl_theta)} in (0, 1/2] within its interval"
-            else:
-                s.verdict, s.reason = CONTRADICTED, f"θ interval [{_g(lo)}, {_g(hi)}] outside (0, 1/2]"
+        s.rows.append(status_row)
+        return s
+    status = analysis.kl_status.lower()
+    theta = (_g(analysis.kl_theta) if math.isfinite(analysis.kl_theta)
+             else f"not established ({analysis.kl_status or 'no fit'})")
+    s.rows += [("KL exponent θ", theta, "one θ only where the local exponent is constant over the window"),
+               ("local exponent θ(t)", measured, "its range over the window and E*'s interval"), status_row]
+    if math.isfinite(analysis.kl_theta) and not status.startswith(("no ", "pre-asymptotic")):
+        lo, hi = analysis.kl_theta_range
+        if lo <= 0.5 + 1e-9 and hi >= 0:
+            s.verdict, s.reason = HOLDS, f"θ = {_g(analysis.kl_theta)} in (0, 1/2] within its interval"
         else:
-            s.reason = f"no KL regime established: {analysis.kl_status or 'no fit'}"
-    s.rows.append(("KL status", analysis.kl_status or "not computed", "diagnose's statement of the fit"))
-    s.figures += [draw(figure_dir, "pl", plot_pl, traj, analysis), draw(figure_dir, "kl", plot_kl, traj, analysis)]
+            s.verdict, s.reason = CONTRADICTED, f"θ interval [{_g(lo)}, {_g(hi)}] outside (0, 1/2]"
+    else:
+        s.reason = f"no KL regime established: {analysis.kl_status or 'no fit'}"
     return s
 
 
