@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pdeflow.analysis.stationary.block_preconditioner import BlockPreconditioner
 
 from pdeflow import Problem, loads_config
 from pdeflow.analysis.search.lbfgs import lbfgs
 from pdeflow.analysis.search.structured_minimum import ROUTE, pcg, structured_minimum
+from pdeflow.analysis.stationary.block_preconditioner import BlockPreconditioner
 from pdeflow.analysis.stationary.stationary import minimum, read_stationary
 from pdeflow.interface.cli import main
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates
