@@ -126,13 +126,15 @@ class Stepper(abc.ABC):
     2. :meth:`from_config` (a named class; checked when it is defined): the stepper a config's ``[solver]`` (and
        related) keys describe; its ``__init__`` takes the parameters explicitly, calls ``Stepper.__init__`` and
        sets ``dt``. An error-controlled stepper inherits :class:`~pdeflow.solvers.controller.AdaptiveStepper`'s:
-       ``solver.dt`` and its declared keys (item 5), passed by name.
+       ``solver.dt``, its step-size controller (an object, built from the controller's keys) and its other
+       declared keys (item 5), passed by name.
     3. :meth:`step` (abstract: a class without it cannot be instantiated): advance a :class:`State` by at most
-       ``dt_limit``, returning the new state (``state.advanced``) and its /steps columns. An error-controlled method
-       subclasses :class:`pdeflow.solvers.controller.AdaptiveStepper` instead and defines ``order``,
-       ``error_order`` (of its error estimate: the exponent of its
-       :class:`~pdeflow.solvers.step_size.StepSizeController`) and ``_step_impl`` (checked when a named class is
-       defined).
+       ``dt_limit``, returning the new state (``state.advanced``, with what it hands the next step in its carry,
+       item 8) and its /steps columns. An error-controlled method subclasses
+       :class:`pdeflow.solvers.controller.AdaptiveStepper` instead and defines ``order``, ``error_order`` (of its
+       error estimate: the exponent its :class:`~pdeflow.solvers.step_size.StepSizeController` uses) and
+       ``_step_impl`` (checked when a named class is defined); an explicit Runge-Kutta method, only its tableau
+       (:class:`pdeflow.solvers.explicit.ExplicitRK`, checked when the class is defined).
 
     It MAY override:
 

@@ -24,7 +24,8 @@ class ProximalResult:
 
     ``omega`` [N, k] the new cloud, ``evaluation`` the Problem evaluation there, ``residual`` the
     Euler-Lagrange residual r (module docstring), ``iterations`` (L-BFGS-B iterations plus Newton steps),
-    ``evaluations`` (gradient evaluations plus Hessian-vector products), ``converged`` whether
+    ``evaluations`` (the inner solves' gradient evaluations plus Hessian-vector products, as the Problem counted
+    them), ``converged`` whether
     ``residual <= tol``, ``message`` the optimizer's last status.
     """
     omega: np.ndarray
@@ -43,7 +44,8 @@ class _Objective:
     ``energy(y) -> (value, grad, info)`` is the part of F besides ``|z|^2 / 2`` with its gradient
     divided by the masses (``grad Phi`` at the particles); ``jvp(y, u)`` is that gradient's derivative in
     the direction ``u``. ``scale`` [N', 1] holds ``sqrt(tau / m_i)`` (so ``y = omega + scale * z``),
-    ``weight`` [N', 1] holds ``sqrt(tau m_i)`` (so ``dF/dz = weight * grad Phi + z``). The last point is cached.
+    ``weight`` [N', 1] holds ``sqrt(tau m_i)`` (so ``dF/dz = weight * grad Phi + z``). The last point is cached
+    (a repeated point costs no evaluation).
     """
 
     def __init__(self, energy: Callable[[np.ndarray], tuple[float, np.ndarray, Any]],
@@ -54,7 +56,6 @@ class _Objective:
         self.value = 0.0
         self.grad = np.zeros(omega.size)
         self.info: Any = None
-        self.evaluations = 0
 
     def y(self, z: np.ndarray) -> np.ndarray:
         return self.omega + self.scale * z.reshape(self.omega.shape)
@@ -66,12 +67,10 @@ class _Objective:
             self.value = value + 0.5 * float(z @ z)
             self.grad = (self.weight * grad_phi).ravel() + z
             self.key, self.info = key, info
-            self.evaluations += 1
         return self.value, self.grad.copy()
 
     def hvp(self, z: np.ndarray, v: np.ndarray) -> np.ndarray:
         """``Hess_z F @ v = v + weight * J(scale * v)``: symmetric, ``I + O(tau)``."""
-        self.evaluations += 1
         u = self.scale * v.reshape(self.omega.shape)
         return (self.weight * self.jvp(self.y(z), u)).ravel() + v
 
@@ -137,6 +136,9 @@ def proximal_step(problem: Problem, omega: np.ndarray, mass: np.ndarray, tau: fl
     omega = np.asarray(omega, dtype=float)
     mass = np.asarray(mass, dtype=float)
     start = start if start is not None else problem.evaluate(omega, mass)
+    # the inner solves' cost: each evaluation of an objective or its Hessian-vector product is one Problem call
+    # (a gradient, or an exact product; a tracer's complex-step product is a gradient)
+    mark = problem.mark()
     heavy = mass > 0
     om_h, m_h = omega[heavy], mass[heavy]
     energy0 = start.energy
@@ -155,7 +157,6 @@ def proximal_step(problem: Problem, omega: np.ndarray, mass: np.ndarray, tau: fl
     z0 = predictor if objective(predictor)[0] < objective(zero)[0] else zero
     z, iterations, message = _minimize(objective, z0, tol_z, maxiter, abs(energy0))
     residual = float(np.linalg.norm(objective.grad)) / np.sqrt(tau)
-    evaluations = objective.evaluations
     y = omega.copy()
     y[heavy] = objective.y(z)
     evaluation = objective.info
@@ -178,9 +179,12 @@ def proximal_step(problem: Problem, omega: np.ndarray, mass: np.ndarray, tau: fl
         zt, it_t, msg_t = _minimize(tracers, np.zeros(om_t.size), tol_z, maxiter, 0.0)
         y[~heavy] = tracers.y(zt)
         residual = float(np.hypot(residual, np.linalg.norm(tracers.grad) / np.sqrt(tau)))
-        iterations, evaluations = iterations + it_t, evaluations + tracers.evaluations
+        iterations += it_t
         message = f"{message}; tracers: {msg_t}"
-        evaluation = problem.evaluate(y, mass)
+    calls = problem.since(mark)
+    evaluations = calls["gradient"] + calls["jvp_exact"]
+    if not np.all(heavy):
+        evaluation = problem.evaluate(y, mass)  # the new measure's, not an inner solve's
     return ProximalResult(omega=y, evaluation=evaluation, residual=residual, iterations=iterations,
                           evaluations=evaluations, converged=residual <= tol, message=message)
 
