@@ -49,6 +49,7 @@ def kl_analysis(theta: float, interval: tuple[float, float], status: str = "KL r
     (0.3, (0.25, 0.35), HOLDS),            # inside (0, 1/2]
     (0.7, (0.65, 0.75), CONTRADICTED),     # every exponent of the interval above 1/2
     (0.62, (0.55, 0.9), CONTRADICTED),
+    (-0.1, (-0.2, 0.0), CONTRADICTED),     # theta > 0 in the theory: an interval that only reaches 0 misses (0, 1/2]
 ])
 def test_the_rates_verdict_follows_the_kl_interval(no_figures, theta, interval, expected):
     """holds exactly when theta's interval meets (0, 1/2]; an interval wholly above 1/2 is contradicted (a rule

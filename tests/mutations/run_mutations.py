@@ -105,13 +105,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     # ---- the report's verdict rules (finding 2)
     Mutation("rates-forced-holds", SECTIONS,
              '    if math.isfinite(analysis.kl_theta) and not status.startswith(("no ", "pre-asymptotic")):\n'
-             "        lo, hi = analysis.kl_theta_range\n        if lo <= 0.5 + 1e-9 and hi >= 0:",
+             "        lo, hi = analysis.kl_theta_range\n        if lo <= 0.5 + 1e-9 and hi > 0:",
              "    if True:\n        lo, hi = analysis.kl_theta_range\n        if True:",
              (f"{RULES}::test_the_rates_verdict_follows_the_kl_interval",
               f"{RULES}::test_no_kl_exponent_is_not_a_verdict"),
              "the rates verdict forced to holds"),
     Mutation("rates-interval-ignored", SECTIONS,
-             "        if lo <= 0.5 + 1e-9 and hi >= 0:", "        if True:",
+             "        if lo <= 0.5 + 1e-9 and hi > 0:", "        if True:",
              (f"{RULES}::test_the_rates_verdict_follows_the_kl_interval",),
              "any KL exponent holds"),
     Mutation("rates-at-minimum-forced-holds", SECTIONS,

@@ -213,7 +213,7 @@ def rates_section(traj: Trajectory, analysis: Analysis, figure_dir: Path) -> Sec
                ("local exponent θ(t)", measured, "its range over the window and E*'s interval"), status_row]
     if math.isfinite(analysis.kl_theta) and not status.startswith(("no ", "pre-asymptotic")):
         lo, hi = analysis.kl_theta_range
-        if lo <= 0.5 + 1e-9 and hi >= 0:
+        if lo <= 0.5 + 1e-9 and hi > 0:
             s.verdict, s.reason = HOLDS, f"θ = {_g(analysis.kl_theta)} in (0, 1/2] within its interval"
         else:
             s.verdict, s.reason = CONTRADICTED, f"θ interval [{_g(lo)}, {_g(hi)}] outside (0, 1/2]"
