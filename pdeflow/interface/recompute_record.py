@@ -20,8 +20,8 @@ from ..io.trajectory import Trajectory
 # A recomputed energy, dissipation or risk agrees with the stored one within RECOMPUTE_ULPS units of the kernels'
 # machine epsilon, relative (dissipation: see tolerance()). The evaluation is bit for bit the same whatever the thread
 # count; another kernel variant (pdeflow.core.tuner: other chunks of heads and sequences, another grouping of the
-# sums) changed the frames of 15 shipped configs by at most 10 eps (2.2e-15), so 4096 eps (9.1e-13 in float64)
-# leaves a margin of 400 for other CPUs and MPI's sums over ranks (studies/robustness/RECOMPUTE_TOLERANCE.md).
+# sums) changed the frames of the 15 shipped configs by at most 41 eps (9.1e-15), so 4096 eps (9.1e-13 in float64)
+# leaves a margin of 100 for other CPUs and MPI's sums over ranks (studies/robustness/RECOMPUTE_TOLERANCE.md).
 RECOMPUTE_ULPS = 4096.0
 # validate recomputes by default the files up to this size; larger ones with --recompute (the cost is one
 # evaluation per frame, and a file's size grows with its frames)
