@@ -173,12 +173,18 @@ def _context():
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["pdeflow.interface.cli", "pdeflow.benchmarks.fuzz_files", "pdeflow.solvers.accuracy",
+                                "pdeflow.interface.recompute", "pdeflow.interface.recompute_analysis",
                                 *COMMAND_MODULES])
     return ctx
 
 
 def run_command(argv: list[str], timeout: float) -> str:
     """The outcome (one of :data:`OUTCOMES`) of ``pdeflow ARGV`` in a child process, given ``timeout`` seconds."""
+    return run_command_output(argv, timeout)[0]
+
+
+def run_command_output(argv: list[str], timeout: float) -> tuple[str, str, str]:
+    """(outcome, stdout, stderr) of ``pdeflow ARGV`` in a child process (:func:`run_command`)."""
     ctx = _context()
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_command, args=(argv, send))
@@ -188,18 +194,18 @@ def run_command(argv: list[str], timeout: float) -> str:
     if not ready:
         child.kill()
         child.join()
-        return "hang"
+        return "hang", "", ""
     try:
         code, err, out = receive.recv()
     except EOFError:
         child.join()
-        return "crash"
+        return "crash", "", ""
     child.join()
     if code == "traceback" or "Traceback" in err + out:
-        return "traceback"
+        return "traceback", out, err
     if code == 0:
-        return "ok"
-    return f"exit {code}" if answered(err, out, argv[1]) else "not one line"
+        return "ok", out, err
+    return (f"exit {code}" if answered(err, out, argv[1]) else "not one line"), out, err
 
 
 def answered(err: str, out: str, path: str) -> bool:

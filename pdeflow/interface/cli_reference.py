@@ -50,9 +50,15 @@ What is checked:
   2. every group, dataset and attribute the table requires is present, with its rank, type and shape (the sizes
      V, d, T, B, N, k, ... bound by the file itself; /frames and /steps hold at least their committed rows);
   3. for a trajectory, the rules on values: tokens and targets in [0, V), at least one 1 in every mask row,
-     weights >= 0 summing to 1 within 1e-9 (|sum - 1| <= 1e-9), frame times non-decreasing.
-Every departure is one line. Exit 0: valid; 1: the file was read and a check failed (also a damaged file or
-one that is not a pdeflow file); 2: bad input (no such file)."""
+     weights >= 0 summing to 1 within 1e-9 (|sum - 1| <= 1e-9), frame times non-decreasing;
+  4. for a trajectory up to 64 MiB (any size with --recompute; none with --no-recompute), the stored numbers:
+     copies equal bit for bit (a frame's energy in /frames, /steps and /analysis), relations between them
+     (/steps/dt, every step's identity defect, checkpoint SHA-256s, end-of-run attributes, the config), and each
+     frame's energy, dissipation and risk recomputed from its fields by the run's stepper within 4096 eps
+     relative; what cannot be checked is listed as "unchecked:" with the reason (docs/schema.md, "Checking the
+     stored numbers").
+Every departure is one line naming the dataset and the frame or row. Exit 0: valid; 1: the file was read and a
+check failed (also a damaged file or one that is not a pdeflow file); 2: bad input (no such file)."""
 
 
 def _existing(paths: list[str]) -> None:
@@ -132,6 +138,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{args.file}: valid {kind.schema} file (schema version {kind.version}: {kind.title})")
         return EXIT_CHECK_FAILED if problems else EXIT_OK
     problems = validate(args.file)
+    if not problems:
+        problems = _recheck(args)
     for line in problems:
         print(f"{args.file}: {line}")
     if not problems:
@@ -140,6 +148,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if hint:
         print(hint)
     return EXIT_OK if not problems else EXIT_CHECK_FAILED
+
+
+def _recheck(args: argparse.Namespace) -> list[str]:
+    """The stored numbers recomputed (:func:`pdeflow.interface.recompute.recheck`) when ``--recompute`` or, without
+    ``--no-recompute``, when the file is at most :data:`~pdeflow.interface.recompute.RECOMPUTE_MAX_BYTES`; prints
+    what was checked and what was not; returns the disagreements."""
+    from .recompute import RECOMPUTE_MAX_BYTES, recheck
+
+    size = Path(args.file).stat().st_size
+    if args.recompute is False or (args.recompute is None and size > RECOMPUTE_MAX_BYTES):
+        why = "--no-recompute" if args.recompute is False else \
+            f"the file has {size / 2**20:.0f} MiB, more than {RECOMPUTE_MAX_BYTES >> 20} MiB: --recompute checks them"
+        print(f"{args.file}: unchecked: the stored numbers were not recomputed ({why})")
+        return []
+    found = recheck(args.file)
+    for line in found.checked:
+        print(f"{args.file}: checked: {line}")
+    for line in found.unchecked_lines():
+        print(f"{args.file}: {line}")
+    return found.problems
 
 
 def _positive(text: str) -> float:
@@ -175,4 +203,10 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check a file written by any code against schema version 1 (exit 0 or 1)",
                        description=VALIDATE_HELP, epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--recompute", dest="recompute", action="store_true", default=None,
+                       help="recompute the stored numbers whatever the file's size (default: files up to "
+                            "64 MiB)")
+    group.add_argument("--no-recompute", dest="recompute", action="store_false",
+                       help="check the schema and the stored bytes only")
     p.set_defaults(func=cmd_validate)

@@ -18,7 +18,7 @@ import numpy as np
 from ..core.config import Config
 from ..core.state import State, rng_from_state, rng_state
 from .checkpoint import Checkpoint
-from .file_access import TrajectoryError
+from .file_access import TrajectoryError, partial_path
 from .trajectory import Trajectory, open_trajectory
 
 # Keys that may differ between a file and the config resuming it (they extend or limit the run).
@@ -70,7 +70,10 @@ def open_resumable(path: Path, cfg: Config) -> Trajectory:
     trajectory and :func:`check_resumable` passes (the problem arrays are checked later, by
     :func:`check_same_problem`, once the config has built them)."""
     if not path.exists():
-        raise TrajectoryError(f"--resume: {str(path)!r} does not exist")
+        partial = partial_path(path)
+        left = (f" ({partial.name} is what a run killed before its first checkpoint left: nothing to continue; run "
+                f"without --resume, which removes it)") if partial.exists() else ""
+        raise TrajectoryError(f"--resume: {str(path)!r} does not exist{left}")
     stored = open_trajectory(path)
     check_resumable(stored, cfg, path)
     return stored

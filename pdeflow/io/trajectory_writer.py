@@ -1,7 +1,9 @@
 """The trajectory writer: appends frames, step rows and checkpoints to an HDF5 file in SWMR mode, surviving kills.
 
-A new file is built under ``<name>.partial`` from the schema table (:data:`pdeflow.io.schema.ITEMS`) and renamed into
-place in SWMR mode; rows become part of the trajectory only when a checkpoint slot that counts them is flipped active
+A new file is built under ``<name>.partial`` from the schema table (:data:`pdeflow.io.schema.ITEMS`), switched to SWMR
+mode, and renamed into place once its first checkpoint is committed (a kill before leaves no file, or the one
+``--force`` was replacing, and a ``.partial`` the next run removes); rows become part of the trajectory only when a
+checkpoint slot that counts them is flipped active
 (:mod:`pdeflow.io.checkpoint`); committed rows are never rewritten; a file whose writer died is rebuilt from its
 committed content (:mod:`pdeflow.io.recovery`) before it is resumed (docs/schema.md, "Crash safety").
 """
@@ -40,6 +42,7 @@ from .file_access import (
     fixed_text,
     open_swmr_write,
     partial_path,
+    writer_alive,
 )
 from .problem_file import write_problem
 from .recovery import rebuild
@@ -83,10 +86,12 @@ class TrajectoryWriter:
     :meth:`write_checkpoint` commits them (docs/schema.md, "Crash safety").
     """
 
-    def __init__(self, f: h5py.File, path: Path, lock: WriterLock) -> None:
+    def __init__(self, f: h5py.File, path: Path, lock: WriterLock, partial: Path | None = None) -> None:
         self.f = f
         self.path = path
         self.lock = lock
+        # the name a new file is built under until its first commit renames it onto path (None: it is there)
+        self.partial = partial
         # Every dataset the writer touches stays open until the file closes: closing a dataset flushes its
         # buffers, and a write failing there (a full disk) would surface as an ignored error in a
         # destructor instead of an exception the caller can handle.
@@ -102,8 +107,10 @@ class TrajectoryWriter:
                extra_shapes: dict[str, tuple[int, ...]] | None = None, measure: str = "particles", beta: float = np.inf,
                precision: str = "float64", compression: str | None = "gzip",
                overwrite: bool = False, steps_attrs: dict[str, Any] | None = None) -> TrajectoryWriter:
-        """Create a new file; an existing one is replaced only with ``overwrite`` (atomically, once the new
-        file is complete and in SWMR mode). TrajectoryError (one line) if it cannot be created.
+        """Create a new file, under ``<path>.partial`` until its first checkpoint is committed
+        (:meth:`write_checkpoint`), which renames it onto ``path``: a file at ``path`` is always whole, with a
+        committed checkpoint. An existing file is replaced only with ``overwrite``, and only by that rename.
+        TrajectoryError (one line) if it cannot be created, or another process is creating it.
 
         ``arrays`` is :meth:`pdeflow.Problem.arrays`; ``fields`` are the measure's arrays with their shapes
         (e.g. ``omega`` [N,k] and ``mass`` [N]); ``step_columns`` are the extra /steps columns,
@@ -118,8 +125,11 @@ class TrajectoryWriter:
             raise TrajectoryError(f"{path}: exists (pass overwrite=True to replace it)")
         check_no_writer(path)
         partial = partial_path(path)
+        if partial.exists() and writer_alive(partial):
+            raise TrajectoryError(f"{path}: another pdeflow process is creating it ({partial.name}); wait for it, or "
+                                  f"stop it")
         try:
-            partial.unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)    # left by a run killed while creating the file: never whole
             f = h5py.File(partial, "x", libver=LIBVER)
         except OSError as exc:
             raise TrajectoryError(f"cannot create {partial}: {error_reason(exc)}") from None
@@ -131,7 +141,6 @@ class TrajectoryWriter:
             f["steps"].attrs.update(steps_attrs or {})
             f.flush()
             f.swmr_mode = True
-            os.replace(partial, path)
         except BaseException as exc:
             discard_close(f)
             if lock is not None:
@@ -140,7 +149,7 @@ class TrajectoryWriter:
             if isinstance(exc, (OSError, RuntimeError)):
                 raise TrajectoryError(f"cannot create {path}: {error_reason(exc)}") from None
             raise
-        return cls(f, path, lock)
+        return cls(f, path, lock, partial)
 
     @staticmethod
     def _populate(f: h5py.File, cfg: Config, arrays: dict[str, Any], fields: dict[str, np.ndarray],
@@ -296,6 +305,17 @@ class TrajectoryWriter:
         self.f.flush()
         self.ds["checkpoint/active"][()] = slot_index
         self.f.flush()
+        if self.partial is not None:
+            # the first commit: the file is whole (the README's recipe reads it), so it takes its name now; a kill
+            # before this rename leaves the old file (--force) or none, and the .partial the next run removes
+            os.replace(self.partial, self.path)
+            self.partial = None
+
+    def _discard_unpublished(self) -> None:
+        """Remove the file of a writer closed before its first commit: it never was whole."""
+        if self.partial is not None:
+            self.partial.unlink(missing_ok=True)
+            self.partial = None
 
     def finish(self, status: str, message: str, attrs: dict[str, Any] | None = None) -> None:
         """Record how the run ended and close. Call after the final :meth:`write_checkpoint`.
@@ -315,17 +335,22 @@ class TrajectoryWriter:
             self.f.flush()
         finally:
             self.f.close()
+            self._discard_unpublished()
             self.lock.release()
 
     def close(self) -> None:
-        """Flush and close without recording a status (the file stays resumable)."""
+        """Flush and close without recording a status (the file stays resumable; a file with no commit yet is
+        removed)."""
         try:
             self.f.flush()
         finally:
             self.f.close()
+            self._discard_unpublished()
             self.lock.release()
 
     def abandon(self) -> None:
-        """Close after a failed write (:func:`discard_close`): the committed rows stay as they are."""
+        """Close after a failed write (:func:`discard_close`): the committed rows stay as they are (a file with no
+        commit yet is removed)."""
         discard_close(self.f)
+        self._discard_unpublished()
         self.lock.release()

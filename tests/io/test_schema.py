@@ -13,7 +13,7 @@ import pytest
 
 from pdeflow.core.config import loads_config
 from pdeflow.io import schema
-from pdeflow.io.checkpoint import row_counts
+from pdeflow.io.checkpoint import Checkpoint, row_counts
 from pdeflow.io.file_access import TrajectoryError
 from pdeflow.io.reference import validate
 from pdeflow.io.resume import RESUMABLE_KEYS
@@ -127,6 +127,8 @@ def test_the_writer_writes_exactly_the_table(tmp_path, measure):
                                     frame_attrs={"lower": -np.ones(3), "upper": np.ones(3), "shape": [2, 3, 4]})
         w.append_steps({"time": np.zeros(1)})
         w.append_frame({"density": density}, frame_scalars(0))
+        w.write_checkpoint(Checkpoint(fields={"density": density}, t=0.0, dt=0.1, step=0, n_frames=1, n_steps=1,
+                                      extra={"stepper": np.zeros(1), "accuracy": np.zeros((2, 2))}))
     w.close()
     entries = _file_entries(path)
     with h5py.File(path, "r") as f:
@@ -147,8 +149,9 @@ def test_a_row_added_to_the_table_is_written_and_checked(tmp_path, monkeypatch):
     index = schema.ITEMS.index(schema.item("/data/weights")) + 1
     monkeypatch.setattr(schema, "ITEMS", schema.ITEMS[:index] + (extra,) + schema.ITEMS[index:])
     arrays = dict(problem_arrays(), lengths=np.arange(6))
-    w = TrajectoryWriter.create(tmp_path / "t.h5", loads_config(""), arrays, {"omega": np.zeros((2, 3)),
-                                                                               "mass": np.ones(2) / 2})
+    fields = {"omega": np.zeros((2, 3)), "mass": np.ones(2) / 2}
+    w = TrajectoryWriter.create(tmp_path / "t.h5", loads_config(""), arrays, fields)
+    w.write_checkpoint(Checkpoint(fields=fields, t=0.0, dt=0.1, step=0, n_frames=0, n_steps=0))
     w.close()
     with h5py.File(tmp_path / "t.h5", "r") as f:
         np.testing.assert_array_equal(f["data/lengths"][()], np.arange(6))

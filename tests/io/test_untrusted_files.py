@@ -55,7 +55,8 @@ def test_a_byte_flipped_inside_a_stored_frame_or_the_problem_is_an_error_for_h5p
     with h5py.File(path, "r") as f:
         assert f[dataset].fletcher32
         before = f[dataset][()]
-    assert main(["validate", str(path)]) == 0
+    # the writer's test frames carry made-up energies: the schema and the stored bytes are checked, not the numbers
+    assert main(["validate", "--no-recompute", str(path)]) == 0
     capsys.readouterr()
     flip_in_chunk(path, dataset, row)
     with h5py.File(path, "r") as f, pytest.raises(OSError):
