@@ -26,6 +26,12 @@ the origin, as the L-BFGS route does):
    along its direction (:func:`pdeflow.analysis.stationary.stationary.descent_direction`), at most ``max_restarts``
    times.
 
+The search of step 1 is chosen by ``search`` (:data:`SEARCHES`, ``pdeflow stationary --search``): ``"lbfgs"``
+(the default), ``"float32"`` (the same L-BFGS with its gradients evaluated in float32,
+:func:`single_precision`, then float64 L-BFGS to the hand-over should it stall before, and step 2 in float64), or
+``"trust-region"`` (:func:`pdeflow.analysis.search.trust_region.trust_region_search` from the start to the target
+in place of steps 1 and 2). Which is faster where is measured in studies/minimum/NEW_SEARCHES.md.
+
 Every choice is a function of the state and fixed constants (no clock, no random draw but fixed seeds), so the
 route is deterministic for a given thread count (should Newton-PCG end above the target, L-BFGS goes on to it).
 Costs: gradients, JVP products, and the forward passes of the
