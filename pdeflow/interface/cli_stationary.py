@@ -22,6 +22,7 @@ import numpy as np
 
 from ..analysis.certificate.certificate import DENSE_LIMIT
 from ..analysis.hessian.spectrum import KRYLOV_DIM
+from ..analysis.search.structured_minimum import SEARCHES as STRUCTURED_SEARCHES
 from ..analysis.stationary.stationary import (
     DISSIPATION_RATIO,
     KINDS,
@@ -143,6 +144,9 @@ def cmd_stationary(args: argparse.Namespace) -> int:
     route = args.route or ("lbfgs" if args.method is not None else ROUTES[0])
     if args.method is not None and route != "lbfgs":
         raise UsageError("--method chooses the search of --route lbfgs; the structured route has its own")
+    if args.search is not None and (args.kind != "minimum" or route != "structured"):
+        raise UsageError("--search chooses the search of --kind minimum --route structured; --route lbfgs has "
+                         "--method")
     start = start_of(Path(args.file), args.frame)
     out = Path(args.output) if args.output else default_output(start.source, args.kind)
     if out.exists() and out.resolve() == start.source.resolve():
@@ -155,8 +159,9 @@ def cmd_stationary(args: argparse.Namespace) -> int:
         from ..analysis.search.structured_minimum import CERTIFY_KRYLOV, structured_minimum
         from ..analysis.search.structured_minimum import DENSE_LIMIT as STRUCTURED_LIMIT
 
-        say(f"route structured; start: {start.rule}")
+        say(f"route structured, search {args.search or STRUCTURED_SEARCHES[0]}; start: {start.rule}")
         point = structured_minimum(start.problem, start.omega, start.mass, start.initial,
+                                   search=args.search or STRUCTURED_SEARCHES[0],
                                    krylov_dim=args.krylov_dim or CERTIFY_KRYLOV,
                                    dense_limit=STRUCTURED_LIMIT if args.dense_limit is None else args.dense_limit,
                                    **limits)
@@ -185,6 +190,11 @@ def add_command(subparsers) -> None:
                         "= L-BFGS, Newton-PCG preconditioned by S's per-head blocks and a Cholesky certificate "
                         "from S's structure; "
                         "lbfgs = the descent search of --method with a Lanczos run and a dense certificate")
+    p.add_argument("--search", choices=STRUCTURED_SEARCHES, default=None,
+                   help=f"the search of --route structured (default {STRUCTURED_SEARCHES[0]}): lbfgs = L-BFGS then "
+                        "Newton-PCG; float32 = the same with L-BFGS's gradients in float32; trust-region = "
+                        "trust-region Newton-Krylov (Steihaug-Toint CG in the metric of S's per-head blocks) "
+                        "to the target")
     p.add_argument("--method", choices=METHODS, default=None,
                    help=f"the descent search of --route lbfgs (default {METHODS[0]})")
     p.add_argument("--frame", type=int, default=-1, help="frame to start from (default: the last)")

@@ -26,6 +26,12 @@ the origin, as the L-BFGS route does):
    along its direction (:func:`pdeflow.analysis.stationary.stationary.descent_direction`), at most ``max_restarts``
    times.
 
+The search of step 1 is chosen by ``search`` (:data:`SEARCHES`, ``pdeflow stationary --search``): ``"lbfgs"``
+(the default), ``"float32"`` (the same L-BFGS with its gradients evaluated in float32,
+:func:`single_precision`, then float64 L-BFGS to the hand-over should it stall before, and step 2 in float64), or
+``"trust-region"`` (:func:`pdeflow.analysis.search.trust_region.trust_region_search` from the start to the target
+in place of steps 1 and 2). Which is faster where is measured in studies/minimum/NEW_SEARCHES.md.
+
 Every choice is a function of the state and fixed constants (no clock, no random draw but fixed seeds), so the
 route is deterministic for a given thread count (should Newton-PCG end above the target, L-BFGS goes on to it).
 Costs: gradients, JVP products, and the forward passes of the
@@ -57,8 +63,11 @@ from ..stationary.stationary import (
     descent_direction,
     heads_at_origin,
 )
+from .trust_region import trust_region_search
 
 ROUTE = "structured"
+SEARCHES = ("lbfgs", "float32", "trust-region")  # the route's searches; the first is the default (studies/minimum/
+                                                 # NEW_SEARCHES.md: the measured choice)
 SWITCH = 1e-8          # the search hands over to the Newton endgame at I <= SWITCH I(0): measured on longtime.toml,
                        # from 8.5e-6 I(0) (99 live heads, still dying) CG meets negative curvature within 5-10
                        # steps and the steps are cut to 1/16-1/4; from the shipped minimum moved by 1e-4 four full
@@ -179,7 +188,14 @@ def _newton_pcg(c: Counter, v: np.ndarray, target: float, hist: _History, say: P
             f"{cg_steps} CG steps, {int(live.sum())} live heads, {c.products} products")
 
 
+def single_precision(problem: Problem) -> Problem:
+    """The same problem evaluated in float32 (:attr:`pdeflow.core.problem.Problem.precision`): the float32 search's
+    gradients."""
+    return Problem.from_arrays(problem.arrays(), precision="float32", beta=problem.beta).with_comm(problem.comm)
+
+
 def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
+                       search: str = SEARCHES[0],
                        ratio: float = DISSIPATION_RATIO, switch: float = SWITCH, max_iter: int = 0,
                        precondition_search: bool = PRECONDITION_SEARCH, eta: float = ETA,
                        max_restarts: int = 5, max_wall: float = math.inf, max_cost: float = math.inf,
@@ -188,13 +204,20 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
                        on_iterate: Callable[[np.ndarray], None] | None = None) -> StationaryPoint:
     """A certified local minimum of E from ``omega`` [N, k] (``mass`` [N]) by the structured route (module
     docstring) until ``I <= ratio * initial_dissipation``; the search hands over to Newton-PCG at ``I <= switch *
-    initial_dissipation``. ``max_iter``: L-BFGS iterations of each search (0: the L-BFGS route's); ``max_wall``,
+    initial_dissipation``; ``search`` (:data:`SEARCHES`): ``"lbfgs"`` as above, ``"float32"`` its L-BFGS search
+    evaluated in float32 (:func:`single_precision`; float64 L-BFGS goes on to the hand-over should it stall before),
+    ``"trust-region"`` the trust-region Newton-Krylov search
+    (:func:`pdeflow.analysis.search.trust_region.trust_region_search`) from the start to the target, in place of
+    L-BFGS and Newton-PCG. ``max_iter``: L-BFGS iterations of each search (0: the L-BFGS route's); ``max_wall``,
     ``max_cost``: the limits of :class:`pdeflow.analysis.stationary.stationary.Counter`; ``dense_limit``: the live
     unknowns
     the certificate assembles at most; ``krylov_dim``: the Lanczos steps before it. The point's ``route`` is
-    :data:`ROUTE`."""
+    :data:`ROUTE`, with the search named when it is not the default."""
+    if search not in SEARCHES:
+        raise ValueError(f"search must be one of {', '.join(SEARCHES)}, got {search!r}")
     say = progress or (lambda msg: None)
     c = Counter(problem, mass, np.shape(omega), max_wall=max_wall, max_cost=max_cost)
+    single = single_precision(problem) if search == "float32" else None
     target = ratio * initial_dissipation
     handover = max(switch * initial_dissipation, target)
     v = c.coordinates(omega)
@@ -208,26 +231,40 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
     found = None
     certify_products, certify_wall = 0, 0.0
     for attempt in range(max_restarts + 1):
+        parts = [message] if I <= target else []  # what each phase of this attempt did
         start = len(hist.rows)
-        if I > handover:
+        if search == "trust-region" and I > target:
+            v, E, g, I, _, region_message = trust_region_search(c, v, target, hist, say, awake=awake)
+            parts.append(f"trust region: {region_message}")
+        if single is not None and I > handover:
+            before = c.gradients
+            c.use(single)
+            result, v = _lbfgs_live_heads(c, v, handover, max_iter or MAX_ITER["lbfgs"], hist, on_iterate, say,
+                                          awake)
+            c.use(problem)
+            parts.append(f"float32 L-BFGS ({c.gradients - before} gradients): {result.message}")
+            E, g = c.energy_and_gradient(v)
+            I = float(g @ g)
+        if search != "trust-region" and I > handover:
             result, v = _lbfgs_live_heads(c, v, handover, max_iter or MAX_ITER["lbfgs"], hist, on_iterate, say,
                                           awake, precondition=precondition, refresh=REFRESH)
-            message = f"{'block-preconditioned ' if precondition_search else ''}L-BFGS: {result.message}"
+            parts.append(f"{'block-preconditioned ' if precondition_search else ''}L-BFGS: {result.message}")
         E, g = c.energy_and_gradient(v)
         I = float(g @ g)
-        if I > target and not c.exhausted:
+        if I > target and not c.exhausted and search != "trust-region":
             say(f"search: I = {I:.3e} after {len(hist.rows) - start} iterations: Newton-PCG")
             v, E, g, I, taken, newton_message = _newton_pcg(c, v, target, hist, say, MAX_NEWTON, eta)
-            message += f"; {taken} Newton-PCG steps: {newton_message}"
+            parts.append(f"{taken} Newton-PCG steps: {newton_message}")
             if I > target and not c.exhausted:
                 # outside Newton's basin after all: the search goes on to the target (the L-BFGS route's way)
                 say(f"Newton-PCG ended at I = {I:.3e} ({newton_message}): L-BFGS to the target")
                 result, v = _lbfgs_live_heads(c, v, target, max_iter or MAX_ITER["lbfgs"], hist, on_iterate, say,
                                               awake)
-                message += f"; L-BFGS: {result.message}"
+                parts.append(f"L-BFGS: {result.message}")
                 E, g = c.energy_and_gradient(v)
                 I = float(g @ g)
         iterations += len(hist.rows) - start
+        message = "; ".join(parts)
         if I > target and c.exhausted:
             message = f"{c.stopped()} ({iterations} iterations) at I = {I:.3g} > {target:.3g}"
         if I > target:
@@ -254,9 +291,9 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
         found = None
     point = _finish(problem, "minimum", c, v, E, I, I0, initial_dissipation, target, iterations, message, hist,
                     (krylov_dim, dense_limit), say, found=found, certify=(certify_products, certify_wall))
-    point.route = ROUTE
+    point.route = ROUTE if search == SEARCHES[0] else f"{ROUTE} ({search} search)"
     return point
 
 
-__all__ = ["CERTIFY_KRYLOV", "DENSE_LIMIT", "ROUTE", "SWITCH", "block_preconditioning", "pcg",
-           "structured_minimum"]
+__all__ = ["CERTIFY_KRYLOV", "DENSE_LIMIT", "ROUTE", "SEARCHES", "SWITCH", "block_preconditioning", "pcg",
+           "single_precision", "structured_minimum"]

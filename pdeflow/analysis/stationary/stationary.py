@@ -132,6 +132,12 @@ class Counter:
         self._last = (np.array(v, dtype=float), ev.energy, g.copy())
         return ev.energy, g
 
+    def use(self, problem: Problem) -> None:
+        """Evaluate with ``problem`` from now on (the same data in another precision: a float32 search before a
+        float64 polish); the remembered evaluation, made with the other, is forgotten."""
+        self.problem = problem
+        self._last = None
+
     def hessian(self, v: np.ndarray) -> HessianOperator:
         """``Pi S Pi`` at ``v`` (:func:`pdeflow.analysis.hessian.spectrum.hessian_operator`; its products are counted
         here)."""
