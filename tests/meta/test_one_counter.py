@@ -49,6 +49,8 @@ KNOWN: dict[tuple[str, str], str] = {
     ("pdeflow/analysis/search/structured_minimum.py", "c.direct_products"): "a block build counted as 2 k passes "
     "(the Problem sees k) and the live heads' exact products",
     ("pdeflow/analysis/search/structured_minimum.py", "c.gradients"): "the spectrum's start vector, added by hand",
+    ("pdeflow/analysis/search/trust_region.py", "c.direct_products"): "the trust-region subproblem's exact products "
+    "on the live heads, on the structured route's Counter (the same conventions as its endgame's)",
     ("pdeflow/analysis/search/structured_minimum.py", "certify_products"): "the certification's products, apart "
     "from the search's",
     ("pdeflow/analysis/linearised/minimum_rates.py", "products"): "the rates file's JVPs: the sum of the spectrum's, "
