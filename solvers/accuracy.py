@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from pdeflow.core.problem import JVP_COST
 from pdeflow.core.system_jacobian import TopPair, lambda_max
 from pdeflow.io import schema
 
-from .base import DefectSource, SolverError
+from .base import DefectSource, Setting, SolverError
 from .loop import Observer, Step, Stop
 
 if TYPE_CHECKING:
@@ -51,23 +52,177 @@ def remedy(stepper: Stepper) -> str:
     return f"reduce solver.dt = {stepper.dt:g}"
 
 
-def advice(stepper: Stepper, old: State, new: State, residual: float) -> str:
+# The advice after a loss aims at run.identity_tol / ADVICE_MARGIN up to t_end: its prediction is an estimate (the
+# defect's growth extrapolated, the scalings below), and a factor 2 covers a model wrong by as much.
+ADVICE_MARGIN = 2.0
+# the defect's growth rate is fitted to the logarithms of the defects of the last GROWTH_WINDOW steps (at least 3)
+GROWTH_WINDOW = 8
+MAX_FACTOR = 1e6
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """Where a run stands when a step loses the energy identity, for advice that ends the run: the loss at ``t``,
+    the run's ``t_end``, ``run.identity_tol`` and ``growth``, the rate at which the defect grew over the recent steps
+    (``delta(t) ~ exp(growth t)``, fitted to their logarithms; 0 when it did not grow or ``points`` < 3 steps give
+    no rate). Advice extrapolates the defect to t_end at that rate (:attr:`factor`): an estimate."""
+    t: float
+    t_end: float
+    tol: float
+    growth: float = 0.0
+    points: int = 0
+
+    @property
+    def target(self) -> float:
+        return self.tol / ADVICE_MARGIN
+
+    @property
+    def factor(self) -> float:
+        """How much the defect grows by t_end at its recent rate."""
+        return min(math.exp(min(self.growth * max(self.t_end - self.t, 0.0), 50.0)), MAX_FACTOR)
+
+    def words(self) -> str:
+        if self.t >= self.t_end:
+            return "the loss is at t_end"
+        if self.points < 3:
+            return "too few steps before it to measure how the defect grows: taken as not growing"
+        if self.growth <= 0.0:
+            return f"the defect did not grow over the last {self.points} steps"
+        return (f"the defect growing x{self.factor:.3g} by t_end = {self.t_end:g} at its rate over the last "
+                f"{self.points} steps")
+
+
+def growth_rate(times: list[float], defects: list[float]) -> float:
+    """The least-squares slope of ``log(defect)`` against time (>= 0; 0 for fewer than 3 points): [n], [n] -> rate."""
+    t, d = np.asarray(times, dtype=float), np.asarray(defects, dtype=float)
+    keep = np.isfinite(t) & np.isfinite(d) & (d > 0)
+    t, d = t[keep], d[keep]
+    if t.size < 3 or np.ptp(t) == 0:
+        return 0.0
+    return max(0.0, float(np.polyfit(t, np.log(d), 1)[0]))
+
+
+def step_setting(stepper: Stepper) -> Setting:
+    """The stepper's own accuracy setting (:func:`remedy`'s) and how the time step's share of the relative defect
+    scales with it: ``dt ** p`` for a method of order p (a minimizing movement's tau: first order; a finite-volume
+    method's cfl: its Runge-Kutta order), ``rtol ** (p / (q + 1))`` for an error-controlled method (its steps ~
+    ``rtol ** (1 / (q + 1))``, q the order of its error estimate)."""
+    order = float(getattr(stepper, "order", 1))
+    if hasattr(stepper, "rtol"):
+        return Setting("solver.rtol", float(stepper.rtol), order / (float(getattr(stepper, "error_order", order)) + 1))
+    if hasattr(stepper, "tau"):
+        return Setting("solver.tau", float(stepper.tau), 1.0)
+    if hasattr(stepper, "cfl"):
+        return Setting("solver.cfl", float(stepper.cfl), float(len(getattr(stepper, "alphas", (1, 1)))))
+    return Setting("solver.dt", float(stepper.dt), order)
+
+
+def _changed(stepper: Stepper, setting: Setting, ratio: float) -> str:
+    """The change of the stepper's own setting by ``ratio``, in words (error-controlled: both tolerances)."""
+    verb = "reduce" if ratio < 1 else "raise"
+    if setting.key == "solver.rtol":
+        return (f"tighten solver.rtol = {stepper.rtol:g} to {setting.times(ratio):g} and solver.atol = "
+                f"{stepper.atol:g} to {float(f'{stepper.atol * ratio:.2g}'):g}")
+    if setting.key == "solver.cfl":
+        return (f"lower solver.cfl = {stepper.cfl:g} to {setting.times(ratio):g} and solver.dt = {stepper.dt:g} to "
+                f"{float(f'{stepper.dt * ratio:.2g}'):g}")
+    return f"{verb} {setting.key} = {setting.value:g} to {setting.times(ratio):g}"
+
+
+def advice(stepper: Stepper, old: State, new: State, residual: float, change: float | None = None,
+           outlook: Outlook | None = None) -> str:
     """The setting to change after the step ``old -> new`` lost the energy identity with the signed residual
-    ``R = E1 - E0 + Q`` = ``residual``: that of its dominant contribution. The stepper's estimated sources other
-    than the time step (:meth:`~pdeflow.solvers.base.Stepper.defect_sources`: an entropic blur, inner solves, each
-    signed) are weighed against what they leave to the step's own error, ``R - sum of the sources``, whose remedy is
-    :func:`remedy`; the largest in magnitude names the setting (with no other source that is :func:`remedy`, as
-    before). The advice states the figures."""
+    ``R = E1 - E0 + Q`` = ``residual`` (``change`` = ``E1 - E0``), chosen so that the run, redone with it, reaches
+    its t_end (``outlook``), as an estimate that says what it rests on.
+
+    The stepper's estimated sources other than the time step (:meth:`~pdeflow.solvers.base.Stepper.defect_sources`:
+    an entropic blur, inner solves, each signed) are weighed against what they leave to the step's own error,
+    ``R - sum of the sources``, whose remedy is :func:`remedy`; the largest names the setting. The step's own error:
+    the setting scaled so that the defect, scaled by :func:`step_setting`'s power and grown at its recent rate to
+    t_end, is ``run.identity_tol / ADVICE_MARGIN``. A source fixed per step (an entropic blur, whose relative share
+    grows as the energy change per step shrinks, so that a longer step only postpones the loss): the step setting
+    whose trial steps (one from the lost step's start, grown to t_end; one from the initial state) stay below that
+    target, the nearest to the present one; if none does, the advice says so and names the setting that shrinks
+    the source (:attr:`~pdeflow.solvers.base.DefectSource.setting`: grid.n, solver.epsilon) with the value that
+    would, by the source's scaling."""
     try:
         sources = stepper.defect_sources(old, new, residual)
     except SolverError as exc:  # the estimate's own solve failed: the step's setting, and why no more is said
         return f"{remedy(stepper)} (the residual's other sources could not be estimated: {exc})"
-    if not sources:
-        return remedy(stepper)
+    if change is None or outlook is None or change == 0.0:
+        return remedy(stepper) if not sources else _ranked(stepper, sources, residual, _largest(stepper, sources,
+                                                                                                 residual))
+    defect = abs(residual / change)
+    own = step_setting(stepper)
+    fixed = [s for s in sources if s.trials]
+    if not fixed:
+        ratio = min(1.0, (outlook.target / (defect * outlook.factor)) ** (1.0 / own.power))
+        fix = (f"{_changed(stepper, own, ratio)}: an estimate that the run then reaches t_end = {outlook.t_end:g} with "
+               f"its defect at most {outlook.target:g} (the defect {defect:.3g} ~ {own.key}^{own.power:.3g}; "
+               f"{outlook.words()})")
+        if sources and abs(residual - sum(x.energy for x in sources)) < max(abs(x.energy) for x in sources):
+            fix = _largest(stepper, sources, residual)   # a source without trials dominates: its own remedy
+        return fix if not sources else _ranked(stepper, sources, residual, fix)
+    return _ranked(stepper, sources, residual, _fixed_source_advice(fixed[0], own, defect, residual, change, outlook))
+
+
+def _fixed_source_advice(source: DefectSource, own: Setting, defect: float, residual: float, change: float,
+                         outlook: Outlook) -> str:
+    """:func:`advice` for a source fixed per step that carries trial steps (module docstring of
+    :mod:`pdeflow.solvers.entropic_ot`)."""
+    target, grow = outlook.target, outlook.factor
+    measured = ", ".join(f"x{f:g}: {d:.3g}" for f, d, _ in source.trials)
+    good = [(f, d, first) for f, d, first in source.trials if d * grow <= target and not first > target]
+    if good:
+        f, d, first = min(good, key=lambda item: abs(math.log(item[0])))
+        verb = "raise" if f > 1 else "reduce"
+        start = f"; its first step from the initial state: {first:.3g}" if math.isfinite(first) else ""
+        return (f"{verb} {own.key} = {own.value:g} to {own.value * f:g}: an estimate that the run then reaches t_end = "
+                f"{outlook.t_end:g} with its defect at most {target:g} (one step of it from here: defect {d:.3g}; "
+                f"{outlook.words()}{start}); lowering {own.key} adds {source.name}")
+    # the shares of the defect: the source's, fixed per step (~ 1 / step, ~ finer.value ** finer.power), and the
+    # rest, the step's own (~ step ** own.power)
+    blur, rest = abs(source.energy / change), abs((residual - source.energy) / change)
+    shares = (f"the {source.name}'s share {blur:.3g} ~ 1/{own.key}, the step's own {rest:.3g} ~ "
+              f"{own.key}^{own.power:g}")
+    smaller = [r for r in (2.0 ** -k for k in range(2, 7)) if (rest * r ** own.power + blur / r) * grow <= target]
+    if smaller and rest > blur:
+        r = max(smaller)
+        return (f"reduce {own.key} = {own.value:g} to {own.value * r:g}: an estimate that the run then reaches t_end = "
+                f"{outlook.t_end:g} with its defect at most {target:g} ({shares}; {outlook.words()})")
+    head = (f"no {own.key} reaches t_end = {outlook.t_end:g} with the defect at most {target:g} (one step from here "
+            f"with {own.key} {measured}; {outlook.words()})")
+    finer = source.setting
+    if finer is None:
+        return f"{head}; {source.remedy}"
+    ratios = [2.0 ** k for k in range(-4, 5)]
+    room = {r: (target / grow - rest * r ** own.power) * r / blur for r in ratios}
+    r = max(ratios, key=lambda x: room[x])
+    if room[r] <= 0.0:
+        return f"{head}; nor does {finer.key}: the step's own share alone exceeds it ({shares})"
+    value = finer.times(room[r] ** (1.0 / finer.power))
+    reached = (rest * r ** own.power + blur / r * (value / finer.value) ** finer.power) * grow
+    with_step = "" if r == 1.0 else f" with {own.key} = {own.value * r:g}"
+    change_words = f"{'raise' if finer.power < 0 else 'lower'} {finer.key} = {finer.value:g} to {value:g}{with_step}"
+    if reached > target:
+        return (f"{head}; nor does {finer.key} up to {finer.largest:g}, what this method takes: {change_words} is "
+                f"predicted to end with the defect {reached:.2g} ({shares})")
+    return (f"{head}; {change_words}: an estimate that the run then reaches t_end with its defect at most {target:g} "
+            f"({shares}, ~ {finer.key}^{finer.power:g})")
+
+
+def _largest(stepper: Stepper, sources: list[DefectSource], residual: float) -> str:
+    """The remedy of the largest share of the residual: a source's, or the time step's (:func:`remedy`)."""
+    step = DefectSource("time step error", residual - sum(s.energy for s in sources), remedy(stepper))
+    return max([step, *sources], key=lambda s: abs(s.energy)).remedy
+
+
+def _ranked(stepper: Stepper, sources: list[DefectSource], residual: float, fix: str) -> str:
+    """``fix``, with the residual's shares: the step's own error and each source, the largest first."""
     step = DefectSource("time step error", residual - sum(s.energy for s in sources), remedy(stepper))
     ranked = sorted([step, *sources], key=lambda s: abs(s.energy), reverse=True)
     shares = ", ".join(f"{s.name} {s.energy:+.2g}" for s in ranked)
-    return f"{ranked[0].remedy} (the {ranked[0].name} dominates the residual {residual:+.2g} = {shares})"
+    return f"{fix} (the {ranked[0].name} dominates the residual {residual:+.2g} = {shares})"
 
 
 def identity_defect(energy0: float, energy1: float, integral: float, eps: float) -> float:
@@ -101,6 +256,8 @@ class AccuracyMonitor:
         ``n_particles``: of the whole measure (the size of the checkpointed eigenvector)."""
         self.stepper, self.problem, self.comm = stepper, stepper.problem, comm
         self.policy, self.tol = run.accuracy, run.identity_tol
+        self.t_end = float(run.t_end)
+        self.recent: deque[tuple[float, float]] = deque(maxlen=GROWTH_WINDOW - 1)  # (t, defect) of the last steps
         self.dt = stepper.dt  # the fixed step of the methods with a stability bound
         self.n_particles = int(n_particles)
         self.identity = bool(stepper.energy_identity)
@@ -193,7 +350,10 @@ class AccuracyMonitor:
             columns["identity_defect"] = identity_defect(diag0["energy"], diag1["energy"], q, self.eps)
             if columns["identity_defect"] > self.tol and self._reported("identity"):
                 # only a loss that is reported pays for the estimate of its sources (a stepper's extra solves)
-                fix = advice(self.stepper, old, new, diag1["energy"] - diag0["energy"] + q)
+                times, defects = zip(*self.recent, (new.t, columns["identity_defect"]))
+                outlook = Outlook(new.t, self.t_end, self.tol, growth_rate(times, defects), len(times))
+                change = diag1["energy"] - diag0["energy"]
+                fix = advice(self.stepper, old, new, change + q, change, outlook)
         eigen = None
         d0 = diag1["dissipation"] if diag0 is None else diag0["dissipation"]
         # zero-mass (tracer) particles have no place in M^{1/2} J M^{-1/2}: no check for such clouds
@@ -237,6 +397,7 @@ class AccuracyMonitor:
         defect, lam_dt = columns["identity_defect"], columns["lambda_max_dt"]
         if math.isfinite(defect):
             self.max_defect = defect if not defect <= self.max_defect else self.max_defect
+            self.recent.append((t, defect))
         if math.isfinite(lam_dt):
             ratio = lam_dt / self.bound
             self.max_ratio = ratio if not ratio <= self.max_ratio else self.max_ratio

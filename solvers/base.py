@@ -42,13 +42,35 @@ STEPPERS: dict[str, type[Stepper]] = {}
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A config key that scales a share of a step's energy-identity defect: the share ~ ``value ** power`` (an order-p
+    method's time step error ~ ``dt ** p`` relative to the step's energy change; an entropic blur ~ eps ~
+    ``grid.n ** -2``), within ``[smallest, largest]`` (what the method takes); ``integer``: a count (grid.n)."""
+    key: str
+    value: float
+    power: float
+    smallest: float = 0.0
+    largest: float = math.inf
+    integer: bool = False
+
+    def times(self, ratio: float) -> float:
+        """The value ``ratio`` times this one, within the method's range (a count rounded up)."""
+        value = min(max(self.value * ratio, self.smallest), self.largest)
+        return float(math.ceil(value - 1e-9)) if self.integer else float(f"{value:.2g}")
+
+
+@dataclass(frozen=True)
 class DefectSource:
     """One estimated contribution to a step's energy-identity residual ``E1 - E0 + Q``: its ``name``, its signed size
     ``energy`` (in units of E) and ``remedy``, the change of settings that shrinks it (one phrase naming the config
-    keys)."""
+    keys). A source fixed per step (an entropic blur) may carry ``setting`` (what shrinks it, and how) and
+    ``trials``: ``(factor, defect from the lost step's start, defect from the initial state)`` of single steps with
+    the step setting times ``factor`` (:func:`pdeflow.solvers.accuracy.advice` weighs them)."""
     name: str
     energy: float
     remedy: str
+    setting: Setting | None = None
+    trials: tuple[tuple[float, float, float], ...] = ()
 
 
 def _always(stepper: Stepper) -> bool:
@@ -245,6 +267,11 @@ class Stepper(abc.ABC):
             fields = self.initial_fields()
         return State(t=0.0, step=0, dt=self.dt, fields=fields)
 
+    def known_initial_state(self) -> State | None:
+        """The run's initial state when the stepper knows its initial measure (:func:`pdeflow.solvers.make_stepper`
+        sets it), else None."""
+        return None if self.initial_fields is None else self.initial_state()
+
     def frame_attrs(self) -> dict[str, Any]:
         """Attributes of ``/frames`` describing the measure (a grid's box and shape)."""
         return {}
@@ -341,5 +368,5 @@ class Stepper(abc.ABC):
 
 
 __all__ = ["COST_COLUMN", "COST_COLUMNS", "Carried",
-           "STEPPERS", "DefectSource", "SolverError", "State", "Stepper", "hermite", "rng_state",
+           "STEPPERS", "DefectSource", "Setting", "SolverError", "State", "Stepper", "hermite", "rng_state",
            "rng_from_state"]

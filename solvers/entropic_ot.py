@@ -7,13 +7,14 @@ over plans ``pi`` [M, M] between cell masses, by Newton on the semi-dual (CG on 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, cg
 from scipy.special import logsumexp
 
-from .base import DefectSource
+from .base import DefectSource, Setting, SolverError, State
 
 
 def entropic_epsilon(epsilon: float, cell_widths) -> float:
@@ -23,38 +24,68 @@ def entropic_epsilon(epsilon: float, cell_widths) -> float:
 
 
 
-def blur_source(energies: tuple[float, float], residual: float, double: tuple[float, float], h: float, tau: float,
-                finer: str) -> DefectSource:
+# the factors of solver.tau a lost step's trial steps try (one step each, from the lost step's start and from the
+# initial state): what a run with tau times the factor would take (pdeflow.solvers.accuracy.advice weighs them)
+TRIAL_FACTORS = (0.5, 2.0, 4.0, 8.0, 16.0)
+
+
+def step_defect(energy0: float, energy1: float, dissipation1: float, h: float) -> float:
+    """The relative energy-identity defect ``|E1 - E0 + h I1| / |E1 - E0|`` of a minimizing movement's step of h
+    (right-point quadrature; inf for no energy change)."""
+    change = energy1 - energy0
+    return abs(change + h * dissipation1) / abs(change) if change != 0.0 else math.inf
+
+
+def blur_source(trial: Callable[[State, float, float], tuple[float, float, float]], old: State, initial: State | None,
+                energies: tuple[float, float], residual: float, h: float, tau: float, eps: float,
+                finer: Setting) -> DefectSource:
     """The entropic blur's share of a lost step of h's signed energy-identity residual ``R = E1 - E0 + Q``
-    (= ``residual``; ``energies`` = ``(E0, E1)``), from the step of ``2 h`` from the same state with the same eps
-    (``double`` = its ``(E, I)``: what a run with twice the tau would take; right-point quadrature), with its advice.
+    (= ``residual``; ``energies`` = ``(E0, E1)``), and trial steps for the advice.
 
-    Per step, the plan's blur (a diffusion of variance ~ eps, and the transport error of a kernel about a cell
-    wide) is fixed by eps, not by h, while a first-order step's own error is ``~ h^2``: ``R(h) = A h^2 + B``, so
-    the step's share ``A h^2 = (R(2 h) - R(h)) / 3`` and the blur's ``B = R(h) - A h^2`` (an estimate: it assumes
-    these two terms over [h, 2 h]). The relative defect ``|R / dE|`` is then ``~ A h + B / h`` while ``dE ~ h``:
-    lowering tau grows the blur's part. Whether raising tau lowers it is not left to that model (``dE`` stops
-    growing with h near a stationary state): the advice compares the measured defects of the two steps, and names
-    tau (doubled) only when the longer step's is the smaller, else ``finer``, the setting that shrinks eps
-    (grid.n, or an explicit solver.epsilon)."""
-    change, change_double = energies[1] - energies[0], double[0] - energies[0]
-    residual_double = change_double + 2.0 * h * double[1]
+    ``trial(state, length, eps)`` gives ``(E, E', I')``: the energy at ``state`` and the energy and dissipation after
+    one step of ``length`` from it with the plan's entropic eps. Per step, the plan's blur (a diffusion of variance
+    ~ eps, and the transport error of a kernel about a cell wide) is fixed by eps, not by h, while a first-order
+    step's own error is ``~ h^2``: ``R(h) = A h^2 + B``, so from the step of ``2 h`` (same eps, as a run with twice
+    the tau takes it) the step's share is ``A h^2 = (R(2 h) - R(h)) / 3`` and the blur's ``B = R(h) - A h^2`` (an
+    estimate: it assumes these two terms over [h, 2 h]). ``trials``: for each of :data:`TRIAL_FACTORS`, the defect
+    of one step of factor x h from ``old`` (eps ``eps h / tau``, as the run takes a step of h) and of one step of
+    factor x tau from ``initial`` (eps ``eps``: the first step of a run with that tau; nan when ``initial`` is None).
+    ``finer``: the setting that shrinks eps (grid.n,
+    or an explicit solver.epsilon)."""
+    e0 = energies[0]
+    trials = []
+    for factor in TRIAL_FACTORS:
+        found = []
+        for state, length, width in ((old, factor * h, eps * h / tau), (initial, factor * tau, eps)):
+            if state is None:
+                found.append(math.nan)
+                continue
+            try:
+                found.append(step_defect(*trial(state, length, width), length))
+            except SolverError:      # the longer step's solve failed: no such step
+                found.append(math.inf)
+        trials.append((factor, found[0], found[1]))
+    _, double_energy, double_dissipation = trial(old, 2.0 * h, eps * h / tau)
+    residual_double = double_energy - e0 + 2.0 * h * double_dissipation
     step = (residual_double - residual) / 3.0
-    defect, defect_double = (abs(r / c) if c != 0.0 else math.inf for r, c in ((residual, change),
-                                                                              (residual_double, change_double)))
-    measured = f"one step of {2 * tau:g} from here: defect {defect_double:.3g} against {defect:.3g}"
-    if defect_double < defect:
-        fix = f"raise solver.tau = {tau:g} to {2 * tau:g} ({measured}) or {finer}"
-    else:
-        fix = f"{finer} (raising solver.tau does not help here: {measured})"
-    return DefectSource("entropic blur", residual - step, f"{fix}; lowering solver.tau adds blur")
+    return DefectSource("entropic blur", residual - step, f"{finer_text(finer)}; lowering solver.tau adds blur",
+                        finer, tuple(trials))
 
 
-def finer_blur(epsilon: float, grid_n: int) -> str:
-    """The setting besides tau that shrinks the blur: an explicit ``solver.epsilon`` (> 0) lowered, else grid.n
-    raised (the default eps ~ the cell width squared)."""
-    return (f"lower solver.epsilon = {epsilon:g}" if epsilon > 0 else
-            f"raise grid.n = {grid_n} (the default eps ~ cell width^2)")
+def blur_setting(epsilon: float, grid_n: int, k: int, max_cells: int) -> Setting:
+    """The setting besides tau that shrinks the blur: an explicit ``solver.epsilon`` (> 0; the blur ~ eps), else
+    grid.n (the default eps ~ the cell width squared: the blur ~ ``grid.n ** -2``, up to ``max_cells`` cells)."""
+    if epsilon > 0:
+        return Setting("solver.epsilon", epsilon, 1.0)
+    return Setting("grid.n", float(grid_n), -2.0, smallest=float(grid_n), largest=float(int(max_cells ** (1 / k))),
+                   integer=True)
+
+
+def finer_text(finer: Setting) -> str:
+    """The advice to shrink the blur by ``finer``, in words."""
+    if finer.key == "solver.epsilon":
+        return f"lower solver.epsilon = {finer.value:g}"
+    return f"raise grid.n = {finer.value:g} (the default eps ~ cell width^2)"
 
 
 @dataclass

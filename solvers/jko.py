@@ -23,7 +23,7 @@ from pdeflow.core.problem import Problem
 
 from .anderson import Anderson
 from .base import DefectSource, SolverError, State, Stepper
-from .entropic_ot import blur_source, entropic_epsilon, entropic_prox, finer_blur
+from .entropic_ot import blur_setting, blur_source, entropic_epsilon, entropic_prox
 from .finite_volume import LIMITER, SCHEME, GridEvaluator
 from .parameters import Param
 from .particle_proximal import coupling_gap, proximal_step
@@ -241,10 +241,14 @@ class GridJKO(JKO):
         return q, outer, newton, products, residual, sol
 
     def defect_sources(self, old: State, new: State, residual: float) -> list[DefectSource]:
-        """The entropic blur's share of the step's identity residual (:func:`~pdeflow.solvers.entropic_ot.blur_source`:
-        a step of twice the length from the same state with the same eps; the blur's diffusion ``eps / (4 tau)``)."""
-        h = new.t - old.t
-        double = self.evaluator(self.grid.density(self._solve(old, 2.0 * h, self.epsilon * h / self.tau)[0]))
-        return [blur_source((self.evaluate(old).energy, self.evaluate(new).energy), residual,
-                            (double.energy, double.dissipation), h, self.tau,
-                            finer_blur(self.epsilon_setting, self.grid.shape[0]))]
+        """The entropic blur's share of the step's identity residual and the trial steps of other taus
+        (:func:`~pdeflow.solvers.entropic_ot.blur_source`; the blur's diffusion ``eps / (4 tau)``)."""
+        def trial(state: State, length: float, eps: float) -> tuple[float, float, float]:
+            ev = self.evaluator(self.grid.density(self._solve(state, length, eps)[0]))
+            return self.evaluate(state).energy, ev.energy, ev.dissipation
+
+        energies = (self.evaluate(old).energy, self.evaluate(new).energy)
+        return [blur_source(trial, old, self.known_initial_state(), energies, residual, new.t - old.t, self.tau,
+                            self.epsilon,
+                            blur_setting(self.epsilon_setting, self.grid.shape[0], len(self.grid.shape),
+                                         MAX_GRID_CELLS))]

@@ -24,7 +24,7 @@ from pdeflow.core.problem import Problem
 
 from .base import DefectSource, SolverError, State
 from .controller import DT_MIN
-from .entropic_ot import blur_source, finer_blur
+from .entropic_ot import blur_setting, blur_source
 from .finite_volume import CFL, LIMITER, SCHEME, FiniteVolume
 from .jko import OUTER_MAXITER, TAU
 from .parameters import Param
@@ -171,13 +171,17 @@ class UnbalancedJKO(FiniteVolume):
                           f"raise solver.outer_maxiter")
 
     def defect_sources(self, old: State, new: State, residual: float) -> list[DefectSource]:
-        """The entropic blur's share of the step's identity residual (:func:`~pdeflow.solvers.entropic_ot.blur_source`:
-        a step of twice the length from the same state with the same eps; the blur's diffusion
-        ``~ alpha eps / (gamma tau)``, its kernel's variance ``2 delta^2 eps`` per step)."""
-        h = new.t - old.t
-        _, ev, _ = self._minimizer(old, 2.0 * h, self.eps * h / self.tau)
-        return [blur_source((self.evaluate(old).energy, self.evaluate(new).energy), residual,
-                            (ev.energy, ev.dissipation), h, self.tau, finer_blur(self.epsilon, self.grid.shape[0]))]
+        """The entropic blur's share of the step's identity residual and the trial steps of other taus
+        (:func:`~pdeflow.solvers.entropic_ot.blur_source`; the blur's diffusion ``~ alpha eps / (gamma tau)``, its
+        kernel's variance ``2 delta^2 eps`` per step)."""
+        def trial(state: State, length: float, eps: float) -> tuple[float, float, float]:
+            _, ev, _ = self._minimizer(state, length, eps)
+            return self.evaluate(state).energy, ev.energy, ev.dissipation
+
+        energies = (self.evaluate(old).energy, self.evaluate(new).energy)
+        return [blur_source(trial, old, self.known_initial_state(), energies, residual, new.t - old.t, self.tau,
+                            self.eps,
+                            blur_setting(self.epsilon, self.grid.shape[0], len(self.grid.shape), MAX_CELLS))]
 
     def likely_cause(self, state: State) -> str:
         return (f"the wfr_jko step (solver.tau = {self.tau:g}, solver.epsilon = {self.eps:g}) failed on grid.n = "
