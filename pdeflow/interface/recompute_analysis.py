@@ -17,6 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.convergence.rates import THETA_TOL
+from ..analysis.convergence.spectral import (
+    SPECTRAL_ARRAYS,
+    SPECTRAL_RITZ,
+    SPECTRAL_SCALARS,
+    read_spectral_record,
+    run_gradient_equivalents,
+    spectrum_frame_indices,
+)
 from ..analysis.diagnostics import (
     ENTROPY_MISSING,
     SUPPORT_MARGIN,
@@ -31,14 +40,6 @@ from ..analysis.diagnostics import (
     trusted_excess,
 )
 from ..analysis.diagnostics.analysis import GRID_CLUSTER_MASS, accurate_span, bound_refusal
-from ..analysis.diagnostics.rates import THETA_TOL
-from ..analysis.diagnostics.spectral import (
-    SPECTRAL_ARRAYS,
-    SPECTRAL_SCALARS,
-    read_spectral_record,
-    run_gradient_equivalents,
-    spectrum_frame_indices,
-)
 from ..core.clock import time_tolerance
 from ..core.problem import JVP_COST
 from ..io import schema
@@ -47,11 +48,39 @@ from .recompute_record import Recheck, Stored, _g, same, tolerance
 GAP_ARRAYS = ("gap", "min_phi", "mean_phi", "outside_mass", "gap_bound", "lower_bound")
 
 
+class _Watched(dict):
+    """/analysis as a dict that remembers which entries a check read."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        super().__init__(values)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+
 def check_analysis(st: Stored, out: Recheck) -> None:
-    """/analysis of ``st`` (module docstring); nothing when the file has none."""
-    d = st.traj.analysis
+    """/analysis of ``st`` (module docstring); nothing when the file has none. An entry no check read is listed as
+    unchecked."""
+    d = _Watched(st.traj.analysis)
     if not d or "time" not in d:
         return
+    _check(st, out, d)
+    listed = {u.path for u in out.unchecked}
+    attributes = set(schema.ANALYSIS_SCALARS) | set(SPECTRAL_SCALARS) | {
+        "kl_theta_range", "notes", "cluster_threshold", "cluster_frame", "spectrum_i0", "spectrum_cost_fraction"}
+    for name in sorted(set(d) - d.read):
+        path = f"/analysis.{name}" if name in attributes else f"/analysis/{name}"
+        if path not in listed:
+            out.unseen(path, "no check of validate's reads it (a setting, a digest or words)")
+
+
+def _check(st: Stored, out: Recheck, d: _Watched) -> None:
     F = st.n_frames
     for name in ("time", "energy", "dissipation"):
         stored = np.asarray(d.get(name, np.full(F, np.nan)), dtype=float)
@@ -367,7 +396,9 @@ def _spectrum(st: Stored, span: Any, out: Recheck, d: dict[str, Any]) -> None:
     if "lambda_min" not in d:
         return
     n = len(span.time)
-    rec = read_spectral_record({**d, "time": d["time"][:n], "dissipation": d["dissipation"][:n]})
+    names = {*SPECTRAL_ARRAYS, *(f"spectrum_{r}" for r in SPECTRAL_RITZ), *SPECTRAL_SCALARS, "spectrum_i0"}
+    rec = read_spectral_record({**{k: d[k] for k in names if k in d}, "time": d["time"][:n],
+                                "dissipation": d["dissipation"][:n]})
     every = int(rec.spectrum_every)
     frames = spectrum_frame_indices(len(span.time), every)
     if not np.array_equal(np.asarray(rec.spectrum_frame), frames):
@@ -381,8 +412,10 @@ def _spectrum(st: Stored, span: Any, out: Recheck, d: dict[str, Any]) -> None:
     if not same(float(rec.i0), float(dissipation[0])):
         out.problems.append(f"/analysis.spectrum_i0 = {_g(rec.i0)}, but I(0) = {_g(dissipation[0])}")
     descent = ~(dissipation[frames] <= rec.spectrum_near * dissipation[0])
-    values = {name: np.asarray(d[name], dtype=float) for name in SPECTRAL_ARRAYS
-              if name not in ("spectrum_frame", "spectrum_time", "morse_index_lower", "spectrum_products")}
+    counts = ("spectrum_frame", "spectrum_time", "morse_index_lower", "spectrum_products")
+    values = {name: np.asarray(d[name], dtype=float) for name in SPECTRAL_ARRAYS + tuple(f"spectrum_{r}" for r in
+                                                                                       SPECTRAL_RITZ)
+              if name in d and name not in counts}
     for a in np.flatnonzero(descent):
         held = [name for name, v in values.items() if np.isfinite(v[a])]
         if held or int(rec.spectrum_products[a]) or int(rec.morse_index_lower[a]):

@@ -15,7 +15,7 @@ from pdeflow.interface.cli import main
 from pdeflow.interface.recompute import RECOMPUTE_ULPS, recheck, tolerance
 
 REPO = Path(__file__).resolve().parents[2]
-QUICKSTART = REPO / "data" / "configs" / "quickstart.toml"
+FULL = REPO / "data" / "configs" / "full.toml"   # the quickstart of issue 52 (k = 256 per head)
 TINY = REPO / "data" / "configs" / "tiny.toml"
 
 
@@ -40,9 +40,10 @@ def validate(path: Path, capsys) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    """The documentation's tiny run with its analysis (gap, clusters, spectral record)."""
+    """The documentation's tiny run with its analysis (clusters, spectral record; the gap by diagnose)."""
     path = tmp_path_factory.mktemp("tiny") / "tiny.h5"
     assert main(["run", str(TINY), "-o", str(path), "--quiet"]) == 0
+    assert main(["diagnose", str(path)]) == 0
     return path
 
 
@@ -53,10 +54,10 @@ def copy(tiny, tmp_path) -> Path:
     return path
 
 
-def test_the_bit_that_doubles_the_first_energy_of_the_quickstart_is_found_and_named(tmp_path, capsys):
+def test_the_bit_that_doubles_the_first_energy_of_the_full_problem_is_found_and_named(tmp_path, capsys):
     """Issue 52, finding 4: one flipped bit of /frames/energy (E(0) = 2.1096 -> 4.2192) was called valid."""
-    path = tmp_path / "quickstart.h5"
-    assert main(["run", str(QUICKSTART), "-o", str(path), "--quiet", "--set", "run.t_end=0.4",
+    path = tmp_path / "full.h5"
+    assert main(["run", str(FULL), "-o", str(path), "--quiet", "--set", "run.t_end=0.4",
                  "--set", "run.frame_interval=0.2"]) == 0
     capsys.readouterr()
     assert validate(path, capsys)[0] == 0
@@ -141,6 +142,8 @@ def _slot(f: h5py.File, active: bool) -> str:
     (lambda f: f["analysis/cluster_mass"].write_direct(np.full(6, 0.2)), "/analysis/cluster_mass differs"),
     (lambda f: f["analysis"].attrs.modify("run_grad_equivalents", 199.0), "/analysis.run_grad_equivalents"),
     (lambda f: f["steps"].attrs.modify("identity_tol", 0.25), "attribute /steps.identity_tol = 0.25"),
+    (lambda f: f["analysis/spectrum_lowest_ritz"].write_direct(np.full(3, 0.5)),
+     "the spectral record holds spectrum_lowest_ritz where I > spectrum_near I(0)"),
 ])
 def test_checkpoints_attributes_and_the_analysis_are_checked(copy, capsys, edit, said):
     with h5py.File(copy, "r+") as f:
