@@ -311,6 +311,12 @@ class TrajectoryWriter:
             os.replace(self.partial, self.path)
             self.partial = None
 
+    def _publish_finished(self) -> None:
+        """An explicit finish names a file its writer calls whole (one that records frames without checkpoints)."""
+        if self.partial is not None:
+            os.replace(self.partial, self.path)
+            self.partial = None
+
     def _discard_unpublished(self) -> None:
         """Remove the file of a writer closed before its first commit: it never was whole."""
         if self.partial is not None:
@@ -335,7 +341,7 @@ class TrajectoryWriter:
             self.f.flush()
         finally:
             self.f.close()
-            self._discard_unpublished()
+            self._publish_finished()
             self.lock.release()
 
     def close(self) -> None:
