@@ -195,14 +195,14 @@ def test_accuracy_advice_names_the_methods_own_knob(method):
 
 def test_identity_loss_of_an_adaptive_run_advises_its_tolerances(tmp_path, capsys):
     """The message of an actual loss (the adaptive stepper at a tolerance far too loose for the identity tolerance
-    asked for) names rtol/atol and dt_max, not dt."""
+    asked for) names rtol/atol with the values estimated to reach t_end, not dt."""
     cfg = tmp_path / "loose.toml"
     cfg.write_text(TINY)
     code = main(["run", str(cfg), "-o", str(tmp_path / "loose.h5"), "--quiet", "--set", 'solver.method="adaptive"',
                  *(a for item in MEASURE[PARTICLES] for a in ("--set", item)), "--set", "solver.rtol=0.5",
                  "--set", "solver.atol=0.5", "--set", "run.identity_tol=1e-9"])
     err = capsys.readouterr().err
-    assert code == 3 and "tighten solver.rtol" in err and "solver.dt_max" in err and "reduce solver.dt" not in err
+    assert code == 3 and "tighten solver.rtol" in err and "reaches t_end" in err and "reduce solver.dt" not in err
 
 
 @pytest.mark.parametrize("rtol", ["1e-14", "0", "2.0"])
