@@ -325,8 +325,9 @@ def _load() -> list[float]:
 
 
 def study(flips: int, seed: int, config: Path, folder: Path, timeout: float = TIMEOUT,
-          progress: bool = False) -> dict[str, Any]:
-    """The flips (equal shares per class, in turn) and their verdicts; the record as a dict."""
+          progress: bool = False, partial: Path | None = None) -> dict[str, Any]:
+    """The flips (equal shares per class, in turn) and their verdicts; the record as a dict (``partial``: a file the
+    verdicts so far are written to every 50 flips)."""
     from pdeflow.interface.recompute import recheck
 
     started, load0 = time.time(), _load()
@@ -370,6 +371,8 @@ def study(flips: int, seed: int, config: Path, folder: Path, timeout: float = TI
                                      "")[:200]})
         if progress and (n + 1) % 50 == 0:
             print(f"{n + 1}/{flips}: {dict(sum(counts.values(), Counter()))}", flush=True)
+        if partial is not None and (n + 1) % 50 == 0:
+            partial.write_text(json.dumps({"done": n + 1, "flips_list": records}, default=str))
     total = sum(counts.values(), Counter())
     return {"date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "config": str(config),
             "file_bytes": size, "flips": flips, "seed": seed, "seconds": round(time.time() - started, 1),
@@ -398,8 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("."), help="folder of fuzz_numbers.json")
     parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per validate (a hang beyond)")
     args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        record = study(args.flips, args.seed, args.config, Path(tmp), args.timeout, progress=True)
+        record = study(args.flips, args.seed, args.config, Path(tmp), args.timeout, progress=True,
+                       partial=args.out / "fuzz_numbers.partial.json")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fuzz_numbers.json").write_text(json.dumps(record, indent=1, default=str))
     print(json.dumps({"counts": record["counts"], "bad": record["bad"]}, indent=1))
