@@ -176,7 +176,7 @@ def check_config(st: Stored, out: Recheck) -> None:
         checked.add("run.identity_tol")        # /steps.identity_tol
     if _schedule(st, out):
         checked |= {f"run.{k}" for k in SCHEDULE_KEYS}
-    checked |= {"solver.method"} | {f"diagnostics.{k}" for k in _analysis_keys(st)}
+    checked |= {"solver.method"}
     from pdeflow.solvers.methods import METHODS
 
     reads = METHODS[cfg.solver.method].reads if cfg.solver.method in METHODS else ()
@@ -190,7 +190,8 @@ def check_config(st: Stored, out: Recheck) -> None:
             if section not in checked and name not in checked:
                 out.unseen(f"/.config:{name}", _why_unchecked(section, key))
     out.checked.append("the config: parses back to its text; task, model and init build the stored problem and "
-                       "frame 0; method, seed, the /steps and /frames attributes and the frame schedule agree")
+                       "frame 0; method, seed, the solver keys the method does not read (at their defaults), the "
+                       "/steps and /frames attributes and the frame schedule agree")
 
 
 def _keyed_lines(text: str) -> set[tuple[str, str]]:
@@ -211,22 +212,16 @@ def _why_unchecked(section: str, key: str) -> str:
     if section == "run":
         return "it limits or steers the run (a resume may change it)"
     if section == "diagnostics":
-        return "a setting of the analysis that /analysis does not store"
+        return "a setting of the analysis (pdeflow diagnose may have used others, which the config does not keep)"
     if section == "output":
         return "where and how the file was written"
     return "this run does not read it"
 
 
-def _analysis_keys(st: Stored) -> tuple[str, ...]:
-    """The [diagnostics] keys /analysis mirrors (checked by :mod:`pdeflow.interface.recompute_analysis`)."""
-    if not st.traj.analysis:
-        return ()
-    return ("spectrum_every", "spectrum_near", "kl_window", "stationary_tol", "e_star", "domain", "gap_frames",
-            "cluster_tol", "attention_maps")
-
-
 def _problem_from_config(st: Stored, out: Recheck) -> None:
-    """Problem.from_config(cfg) gives the stored /model and /data; the config's initial measure is frame 0."""
+    """Problem.from_config(cfg) gives the stored /model and /data (and /model's beta and precision); the config's
+    initial measure is frame 0. A [task], [model] or [init] key whose change would give the same problem and frame 0
+    is one this run does not read (:func:`_unread`): listed as unchecked."""
     try:
         built = Problem.from_config(st.cfg)
     except (ConfigError, OSError, ValueError) as exc:
@@ -238,15 +233,54 @@ def _problem_from_config(st: Stored, out: Recheck) -> None:
     diff = array_difference(st.traj.arrays, built.arrays())
     if diff is not None:
         out.problems.append(f"root attribute config builds another problem than /model and /data ({diff} differs)")
-    if st.stepper is None or not st.n_frames:
-        return
-    from pdeflow.solvers import initial_fields
-
-    first = initial_fields(st.stepper, st.cfg)
-    for key, value in first.items():
+    attrs = st.traj.model_attrs
+    for key, value in (("beta", float(built.beta)), ("precision", built.precision)):
+        if key in attrs and not (same(float(attrs[key]), value) if key == "beta" else attrs[key] == value):
+            out.problems.append(f"attribute /model.{key} = {attrs[key]!r}, but the config has model.{key} = {value!r}")
+    first = _first_fields(st, st.cfg)
+    for key, value in (first or {}).items():
         stored = st.traj.frames.get(key)
         if stored is not None and not np.array_equal(np.asarray(stored[0]), value):
             out.problems.append(f"frame 0: /frames/{key} is not the initial measure the config's init.* sets")
+    for name in _unread(st, built, first):
+        out.unseen(f"/.config:{name}", "this run does not read it (another value builds the same problem and frame 0)")
+
+
+def _first_fields(st: Stored, cfg: Any) -> dict[str, np.ndarray] | None:
+    """The initial measure ``cfg`` sets, as the run's stepper holds it (None without a stepper or frames)."""
+    if st.stepper is None or not st.n_frames:
+        return None
+    from pdeflow.solvers import initial_fields
+
+    return initial_fields(st.stepper, cfg)
+
+
+def _unread(st: Stored, built: Problem, first: dict[str, np.ndarray] | None) -> list[str]:
+    """The numeric and true/false keys of [task], [model] and [init] that this run does not read: changed one at a
+    time (a number by a factor 1.5 or plus one, a flag negated), the config still builds the same problem arrays,
+    beta and precision, and the same frame 0."""
+    arrays, found = built.arrays(), []
+    for section in ("task", "model", "init"):
+        for key, value in st.cfg.to_dict()[section].items():
+            if isinstance(value, bool):
+                other = not value
+            elif isinstance(value, int):
+                other = value + 1
+            elif isinstance(value, float) and math.isfinite(value):
+                other = value * 1.5 if value else 0.5
+            else:
+                continue
+            try:
+                cfg = st.cfg.replace(**{section: {key: other}})
+                problem = Problem.from_config(cfg)
+                same_first = first is None or all(np.array_equal(v, first[k]) for k, v in
+                                                  (_first_fields(st, cfg) or {}).items())
+            except (ConfigError, OSError, ValueError, KeyError, IndexError):
+                continue
+            if same_first and array_difference(arrays, problem.arrays()) is None and \
+                    same(float(problem.beta), float(built.beta)) and problem.precision == built.precision:
+                found.append(f"{section}.{key}")
+    return found
 
 
 def _stepper_attributes(st: Stored, out: Recheck) -> None:

@@ -157,3 +157,25 @@ def test_validate_without_recomputing_says_so(copy, capsys):
         f["analysis/energy"][0] = 1.0
     assert main(["validate", "--no-recompute", str(copy)]) == 0
     assert "unchecked: the stored numbers were not recomputed (--no-recompute)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("section", "key", "value", "said"), [
+    ("model", "beta", 20.0, "attribute /model.beta = inf, but the config has model.beta = 20"),
+    ("model", "precision", "float32", "attribute /model.precision = 'float64'"),
+    ("model", "weight_decay", 0.06, "builds another problem than /model and /data (weight_decay differs)"),
+    ("init", "scale", 0.6, "frame 0: /frames/omega is not the initial measure"),
+    ("task", "n_samples", 300, None),     # not read with task.exact = true: listed as such
+])
+def test_a_changed_config_key_is_found_or_listed_as_unread(copy, section, key, value, said):
+    from pdeflow.core.config import loads_config
+
+    with h5py.File(copy, "r") as f:
+        text = f.attrs["config"]
+    with h5py.File(copy, "r+") as f:
+        f.attrs["config"] = loads_config(text).replace(**{section: {key: value}}).to_toml()
+    found = recheck(copy)
+    if said is None:
+        assert not found.problems and any(u.path == f"/.config:{section}.{key}" and "does not read it" in u.why
+                                          for u in found.unchecked)
+    else:
+        assert any(said in p for p in found.problems), found.problems
