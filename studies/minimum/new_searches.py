@@ -44,7 +44,7 @@ SAME_NORMS = 1e-6       # ... the sorted head norms to this share of the largest
 
 
 def _child(argv: list[str], threads: int, transcript: Path) -> dict[str, float]:
-    """``python -m pdeflow ARGV`` with NUMBA_NUM_THREADS = ``threads``, its output into ``transcript``: wall and CPU
+    """``python -m pdeflow ARGV`` with NUMBA_NUM_THREADS = ``threads``, its output into ``transcript``: the threads, wall and CPU
     seconds, the largest child's peak memory (MB) and the load average before and after."""
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -60,8 +60,8 @@ def _child(argv: list[str], threads: int, transcript: Path) -> dict[str, float]:
     if proc.returncode != 0:
         raise RuntimeError(f"pdeflow {' '.join(argv)} failed ({proc.returncode}): "
                            f"{transcript.read_text().splitlines()[-1:]}")
-    return {"process_wall": wall, "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-            "peak_mb": after.ru_maxrss / 1024, "load_before": load_before, "load_after": list(os.getloadavg())}
+    return {"threads": threads, "process_wall": wall,
+            "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), "peak_mb": after.ru_maxrss / 1024, "load_before": load_before, "load_after": list(os.getloadavg())}
 
 
 def head_norms(path: Path) -> list[float]:
@@ -168,7 +168,7 @@ def table(rec: dict[str, Any]) -> str:
     """The which-route table (markdown) of a record: per search and start, the search's gradients and products,
     its gradient equivalents, E*, the verdict, whether it is the lbfgs search's minimum, CPU and wall seconds."""
     lines = ["| search | start t | gradients | products | search gradient equivalents | E* | verdict | "
-             "same minimum as lbfgs | CPU s | wall s (load) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "same minimum as lbfgs | CPU s | wall s (threads, load) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for search in SEARCHES:
         for start in rec["starts"]:
             run = start["runs"].get(search)
@@ -181,7 +181,8 @@ def table(rec: dict[str, Any]) -> str:
             load = sum(run["load_before"][:1] + run["load_after"][:1]) / 2
             lines.append(f"| {search} | {start['t_start']:g} | {run['gradients']:,} | {run['products']:,} | "
                          f"{run['search_equivalents']:,.0f} | {run['energy']:.10f} | {verdict} | {same} | "
-                         f"{run['cpu']:.0f} | {run['process_wall']:.0f} ({load:.0f}) |")
+                         f"{run['cpu']:.0f} | {run['process_wall']:.0f} "
+                         f"({run.get('threads', start['threads'])}, {load:.0f}) |")
     return "\n".join(lines)
 
 
