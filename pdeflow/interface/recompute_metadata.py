@@ -380,6 +380,9 @@ def check_checkpoint(st: Stored, out: Recheck) -> None:
         if int(other["step"]) > int(mine["step"]):
             out.problems.append(f"/checkpoint/active = {active}, but slot{1 - active} holds a later commit (step "
                                 f"{int(other['step'])} > {int(mine['step'])})")
+        elif int(other["step"]) == int(mine["step"]):
+            out.unseen("/checkpoint/active", f"both slots commit step {int(mine['step'])} (each checked against "
+                       "the rows): a resume from either starts there, so which one it names cannot be told wrong")
     out.checked.append("/checkpoint: both slots' SHA-256, their rows and times against /frames and /steps, the active "
                        "slot at the end of the run")
 

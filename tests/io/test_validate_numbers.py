@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -150,6 +152,28 @@ def test_checkpoints_attributes_and_the_analysis_are_checked(copy, capsys, edit,
         edit(f)
     code, out = validate(copy, capsys)
     assert code == 1 and said in out, out
+
+
+def test_a_non_finite_stored_energy_is_named_in_one_line_each_and_nothing_else_is_printed(copy):
+    """The fuzz of issue 52: bit 6 of /steps/energy[14]'s top byte made it NaN, and numpy's warning about the
+    residuals computed from it reached stderr beside validate's lines."""
+    flip_bit(copy, "steps/energy", 14, 62)  # 1.0959 -> a signalling NaN, on which numpy's arithmetic warns
+    # the command itself: pytest would catch the warning in-process
+    proc = subprocess.run([sys.executable, "-m", "pdeflow", "validate", str(copy)], capture_output=True, text=True)
+    code, out, err = proc.returncode, proc.stdout, proc.stderr
+    assert code == 1 and err == "", err
+    assert "/steps row 14 (t = 1.4): identity_defect" in out and "/steps row 15 (t = 1.5): identity_defect" in out
+
+
+def test_which_slot_is_active_is_listed_as_unchecked_when_both_commit_the_same_step(copy, capsys):
+    """A finished run commits its last step to both slots: /checkpoint/active naming the other one changes no state a
+    resume reads, so validate cannot call it wrong - and says so rather than claiming it checked."""
+    with h5py.File(copy, "r+") as f:
+        steps = {int(f[f"checkpoint/slot{i}/step"][()]) for i in (0, 1)}
+        f["checkpoint/active"][()] = 1 - int(f["checkpoint/active"][()])
+    assert len(steps) == 1
+    code, out = validate(copy, capsys)
+    assert code == 0 and f"unchecked: /checkpoint/active: both slots commit step {steps.pop()}" in out
 
 
 def test_validate_without_recomputing_says_so(copy, capsys):

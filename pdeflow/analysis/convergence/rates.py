@@ -24,7 +24,8 @@ def energy_identity_residual(time: np.ndarray, energy: np.ndarray, dissipation: 
         own = np.asarray(integral, dtype=float)[1:]
         if own.shape == steps.shape and np.all(np.isfinite(own)):
             steps = own
-    return energy - energy[0] + np.concatenate([[0.0], np.cumsum(steps)])
+    with np.errstate(invalid="ignore", over="ignore"):  # a non-finite stored energy gives NaN residuals, no warning
+        return energy - energy[0] + np.concatenate([[0.0], np.cumsum(steps)])
 
 
 def pl_constant(energy: np.ndarray, dissipation: np.ndarray, e_star: float) -> np.ndarray:
