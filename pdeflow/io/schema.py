@@ -230,7 +230,8 @@ ITEMS: tuple[Item, ...] = (
     _data("/checkpoint/slot#/mass", ("N",), "float", PARTICLES, "particle masses of the state"),
     _data("/checkpoint/slot#/density", (GRID_AXES,), "float", GRID, "densities of the state"),
 
-    _group("/analysis", OPTIONAL, "the diagnostics of a finished run (pdeflow.analysis.diagnostics.Analysis)"),
+    _group("/analysis", OPTIONAL, "the diagnostics of a finished run (pdeflow.analysis.diagnostics.Analysis; "
+           "--resume drops it, the run's end writes it anew)"),
     *_analysis_items(),
 )
 SLOTS = ("slot0", "slot1")

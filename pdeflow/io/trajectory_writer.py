@@ -206,7 +206,8 @@ class TrajectoryWriter:
 
     @classmethod
     def reopen(cls, path: str | Path) -> tuple[TrajectoryWriter, Checkpoint]:
-        """Open an existing file to continue it: truncate to the active checkpoint and return it.
+        """Open an existing file to continue it: truncate to the active checkpoint, drop its /analysis (of the frames
+        before) and return it.
 
         A file whose writer died is first rebuilt from its committed content (docs/schema.md, "Crash safety", 4)."""
         path = Path(path)
@@ -235,6 +236,9 @@ class TrajectoryWriter:
                 f["frames"][key].resize(ck.n_frames, axis=0)
             for key in list(f["steps"].keys()):
                 f["steps"][key].resize(ck.n_steps, axis=0)
+            if "analysis" in f:
+                # it describes the frames up to the old end: the run's end writes it anew (pdeflow diagnose the gap)
+                del f["analysis"]
             f.attrs.modify("status", fixed_text(RUNNING, STATUS_BYTES))
             f.attrs.modify("message", fixed_text("", MESSAGE_BYTES))
             f.flush()

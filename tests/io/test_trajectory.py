@@ -583,3 +583,19 @@ def test_result_files_are_written_all_or_nothing(tmp_path):
             raise RuntimeError("midway")
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["result.h5"]
+
+
+def test_a_finished_run_continued_to_a_later_end_has_its_analysis_made_anew(tmp_path):
+    """A finished run with its analysis (the gap by diagnose) resumed to a later t_end: the old /analysis described
+    frames 0-2 and made the file invalid once frames 3-4 were appended (the resume exited 2); now it is dropped at
+    the resume and the run's end writes the analysis of all five frames."""
+    from pdeflow.interface.cli import main
+
+    out = tmp_path / "run.h5"
+    tiny = str(REPO / "data" / "configs" / "tiny.toml")
+    assert main(["run", tiny, "-o", str(out), "--quiet", "--set", "run.t_end=2"]) == 0
+    assert main(["diagnose", str(out)]) == 0
+    assert main(["run", tiny, "-o", str(out), "--quiet", "--set", "run.t_end=4", "--resume"]) == 0
+    assert main(["validate", str(out), "--no-recompute"]) == 0
+    traj = open_trajectory(out)
+    np.testing.assert_array_equal(traj.analysis["time"], [0.0, 1.0, 2.0, 3.0, 4.0])
