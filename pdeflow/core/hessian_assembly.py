@@ -88,13 +88,15 @@ def gauss_newton_factor(problem: Problem, omega: np.ndarray, mass: np.ndarray,
                         heads: np.ndarray | list[int] | None = None) -> np.ndarray:
     """``W`` [R, h, k] (module docstring) for the chosen heads: ``W.reshape(R, h k)^T W.reshape(R, h k)`` is the
     Gauss-Newton part ``sqrt(m_i m_j) J_i^T A J_j`` of S on them, head-major columns like S's. ``R`` = (positions
-    of positive loss weight) x V. Raises ValueError on a negative loss weight (A is then not a Gram matrix)."""
+    of positive loss weight) x V. Raises ValueError on a negative loss weight (A is then not a Gram matrix). The k
+    forward passes are counted by the Problem as k exact products."""
     omega, mass, index = _select(problem, omega, mass, heads)
     data = problem.data64
     k = problem.k
     lw = data.loss_weights
     if np.any(lw < 0):
         raise ValueError("negative loss weights: the cross-entropy's Hessian is no Gram matrix")
+    problem.count("jvp_exact", k)
     keep = (lw > 0).ravel()
     z = _logits(problem, omega, mass).reshape(-1, data.unembedding.shape[0])[keep]
     e = np.exp(z - z.max(axis=1, keepdims=True))

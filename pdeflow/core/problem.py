@@ -12,8 +12,10 @@ evaluation of grad Phi (:meth:`Problem.grad_phi_field`, which :meth:`Problem.eva
 :meth:`Problem.velocity` call once each); ``jvp_exact``, one forward-mode product (:meth:`Problem.system_jvp`, and
 each pass a kernel makes on the Problem's data itself, recorded by :meth:`Problem.count`); ``jvp_difference``, one
 forward-difference product (:meth:`Problem.system_jvp_difference`, one real grad Phi). It is the one counter: a
-caller's share is the calls between :meth:`Problem.mark` and :meth:`Problem.since` (no tally of its own,
-tests/meta/test_one_counter.py). :func:`gradient_equivalents` is the one formula that turns counts into grad Phi
+caller's share is the calls between :meth:`Problem.mark` and :meth:`Problem.since`, or inside the ``with`` blocks of
+a :class:`Share` (a part counted apart, as a search's certification), never a tally of its own
+(tests/meta/test_one_counter.py); the same problem in another precision (:meth:`Problem.in_precision`) counts on it
+too. :func:`gradient_equivalents` is the one formula that turns counts into grad Phi
 evaluations.
 """
 from __future__ import annotations
@@ -47,6 +49,36 @@ def gradient_equivalents(counts: Mapping[str, float]) -> float:
     """``sum_kind GRADIENT_EQUIVALENTS[kind] counts[kind]``: the cost of ``counts`` (kinds of :data:`COST_KINDS`; a
     kind left out counts 0) in grad Phi evaluations."""
     return float(sum(GRADIENT_EQUIVALENTS[kind] * counts.get(kind, 0.0) for kind in COST_KINDS))
+
+
+class Share:
+    """The calls a Problem makes inside ``with share:`` blocks (any number of them, not nested), summed: ``calls``
+    by kind of :data:`COST_KINDS`, read from the Problem's counter (:meth:`Problem.mark`, :meth:`Problem.since`) -
+    one part of a computation's cost counted apart from the rest (a search's certification beside its search)."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.calls: dict[str, int] = dict.fromkeys(COST_KINDS, 0)
+        self._mark: dict[str, int] | None = None
+
+    def __enter__(self) -> Share:
+        self._mark = self.problem.mark()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        spent = self.problem.since(self._mark)
+        self.calls = {kind: self.calls[kind] + spent[kind] for kind in COST_KINDS}
+        self._mark = None
+
+    @property
+    def gradients(self) -> int:
+        """The grad Phi evaluations inside the blocks."""
+        return self.calls["gradient"]
+
+    @property
+    def products(self) -> int:
+        """The Jacobian-vector products (exact and difference) inside the blocks."""
+        return self.calls["jvp_exact"] + self.calls["jvp_difference"]
 
 
 @dataclass(frozen=True)
@@ -128,8 +160,12 @@ class Problem:
 
     def count(self, kind: str, calls: int = 1) -> None:
         """Record ``calls`` of ``kind`` made on the Problem's data without its methods (the forward-mode passes of
-        :func:`pdeflow.core.hessian_assembly.frozen_blocks`, one exact product each)."""
+        :func:`pdeflow.core.hessian_assembly.frozen_blocks` and ``gauss_newton_factor``, one exact product each)."""
         self.counts[kind] += calls
+
+    def share(self) -> Share:
+        """A new :class:`Share`: the calls made inside its ``with`` blocks."""
+        return Share(self)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -172,6 +208,13 @@ class Problem:
         arrays = self.arrays()
         arrays["weight_decay"] = float(weight_decay)
         return Problem(arrays, precision=self.precision, beta=self.beta, comm=self.comm)
+
+    def in_precision(self, precision: str) -> Problem:
+        """The same problem evaluated in ``precision`` (float32 or float64); its calls are counted on this
+        Problem's counter (one search's cost, whichever precision each call used)."""
+        other = Problem(self.arrays(), precision=precision, beta=self.beta, comm=self.comm)
+        other.counts = self.counts
+        return other
 
     def with_comm(self, comm: SerialComm | None) -> Problem:
         """The same problem with measures split across the ranks of ``comm`` (None: serial); shares the arrays."""

@@ -31,17 +31,15 @@ class SystemJacobian:
     """``-J`` and ``S = M^{1/2} (-J) M^{-1/2}`` at ``omega`` [N, k] with masses ``mass`` [N] > 0 (``grad`` [N, k]
     = grad Phi there: the base of a "difference" product and the direction of ``dI/dt``). ``kind``: "exact"
     (forward mode, :meth:`Problem.system_jvp`) or "difference", ``(grad Phi(y + eps u) - grad Phi(y)) / eps`` with
-    ``eps = DIFFERENCE_STEP (1 + |y|) / |u|``. ``counter`` (optional) is called once per product, before it, on top
-    of the Problem's own count by kind."""
+    ``eps = DIFFERENCE_STEP (1 + |y|) / |u|``. Each product is counted by the Problem, by its kind."""
 
     def __init__(self, problem: Problem, omega: np.ndarray, mass: np.ndarray, grad: np.ndarray | None = None,
-                 kind: str = "exact", counter: Callable[[], None] | None = None) -> None:
+                 kind: str = "exact") -> None:
         if kind not in KINDS:
             raise ValueError(f"SystemJacobian: kind {kind!r} is not one of {KINDS}")
         if kind == "difference" and grad is None:
             raise ValueError("SystemJacobian: a difference product needs grad Phi at the state")
         self.problem, self.omega, self.mass, self.grad, self.kind = problem, omega, mass, grad, kind
-        self.counter = counter
         self._size = 1.0 + float(np.linalg.norm(omega)) if kind == "difference" else 0.0
         self._root = np.sqrt(mass)[:, None]
 
@@ -52,8 +50,6 @@ class SystemJacobian:
 
     def product(self, u: np.ndarray) -> np.ndarray:
         """``-J u`` [N, k] for ``u`` [N, k]: one product."""
-        if self.counter is not None:
-            self.counter()
         if self.kind == "exact":
             return self.problem.system_jvp(self.omega, self.mass, u)
         norm = float(np.linalg.norm(u))

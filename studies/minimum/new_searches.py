@@ -44,8 +44,8 @@ SAME_NORMS = 1e-6       # ... the sorted head norms to this share of the largest
 
 
 def _child(argv: list[str], threads: int, transcript: Path) -> dict[str, float]:
-    """``python -m pdeflow ARGV`` with NUMBA_NUM_THREADS = ``threads``, its output into ``transcript``: the threads, wall and CPU
-    seconds, the largest child's peak memory (MB) and the load average before and after."""
+    """``python -m pdeflow ARGV`` with NUMBA_NUM_THREADS = ``threads``, its output into ``transcript``: the threads,
+    wall and CPU seconds, the largest child's peak memory (MB) and the load average before and after."""
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load_before = list(os.getloadavg())
@@ -61,7 +61,8 @@ def _child(argv: list[str], threads: int, transcript: Path) -> dict[str, float]:
         raise RuntimeError(f"pdeflow {' '.join(argv)} failed ({proc.returncode}): "
                            f"{transcript.read_text().splitlines()[-1:]}")
     return {"threads": threads, "process_wall": wall,
-            "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), "peak_mb": after.ru_maxrss / 1024, "load_before": load_before, "load_after": list(os.getloadavg())}
+            "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "peak_mb": after.ru_maxrss / 1024, "load_before": load_before, "load_after": list(os.getloadavg())}
 
 
 def head_norms(path: Path) -> list[float]:

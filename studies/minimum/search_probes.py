@@ -95,7 +95,6 @@ def _trust_krylov(c, v: np.ndarray, radius: float, rows: list, say) -> None:
             return ops[-1][1].matvec(p)
 
         def callback(x: np.ndarray) -> None:
-            c.direct_products = base + sum(op.products for _, op in ops)
             E, g = fun(x)
             rows.append(_row(c, E, float(g @ g), int(live.sum())))
             say(rows[-1])
@@ -105,10 +104,8 @@ def _trust_krylov(c, v: np.ndarray, radius: float, rows: list, say) -> None:
                 died[0] = True
                 raise StopIteration
 
-        base = c.direct_products
         res = scipy.optimize.minimize(fun, v[cols], jac=True, hessp=hessp, method="trust-krylov", callback=callback,
                                       options={"gtol": 0.0, "maxiter": 10**6, "initial_trust_radius": radius})
-        c.direct_products = base + sum(op.products for _, op in ops)
         v = whole(res.x)
         if not died[0]:
             break

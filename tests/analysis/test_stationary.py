@@ -253,9 +253,12 @@ def test_classify_grows_one_lanczos_run_until_the_lowest_end_converges(saddle):
     problem, omega, _, _ = saddle
     dense = dense_spectrum(problem, omega, MASS)
     c = st.Counter(problem, MASS, omega.shape)
-    spectrum, certificate, products, _ = st.classify(problem, c, c.coordinates(omega), 11, lambda msg: None)
+    before = problem.counts["jvp_exact"]
+    spectrum, certificate = st.classify(problem, c, c.coordinates(omega), 11, lambda msg: None)
+    products = problem.counts["jvp_exact"] - before
     assert 11 < products < 11 * st.KRYLOV_GROWTH and products % 11 == 0  # stopped at a check before the longest
     assert c.gradients == 1 and products == spectrum.products  # one start vector, one run
+    assert c.certification.products == products and c.products == 0  # the certification's, not the search's
     assert certificate.index_lower >= 1 and certificate.products == 0  # a saddle by interlacing: nothing assembled
     assert spectrum.lowest[0] == spectrum.lowest_ritz  # the lowest Ritz value is the converged one
     np.testing.assert_allclose(spectrum.lowest[0], dense[0], atol=1e-9 * np.abs(dense).max())

@@ -1,6 +1,7 @@
 """The one construction of S (:mod:`pdeflow.core.system_jacobian`): its products against central differences of
-grad Phi with unequal masses, both kinds counted once per product (the caller's counter and the Problem's count by
-kind), and ``dI/dt`` against a central difference of the dissipation along the flow."""
+grad Phi with unequal masses, both kinds counted once per product by the Problem (the one counter: its shares and
+the same problem in float32 count on it too), and ``dI/dt`` against a central difference of the dissipation along
+the flow."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,17 +39,36 @@ def state() -> tuple[Problem, np.ndarray, np.ndarray]:
 def test_s_is_the_mass_weighted_jacobian_and_each_product_is_counted(kind, rel):
     problem, omega, mass = state()
     reference = symmetric_particle_jacobian(problem, omega, mass, 1e-5)   # M^{1/2} J M^{-1/2}, central differences
-    calls = []
     before = dict(problem.counts)
-    jacobian = SystemJacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass), kind,
-                              lambda: calls.append(1))
+    jacobian = SystemJacobian(problem, omega, mass, problem.grad_phi(omega, omega, mass), kind)
     S = np.column_stack([jacobian.apply(e) for e in np.eye(omega.size)])
     scale = np.abs(reference).max()
     assert np.abs(S - reference).max() <= rel * scale
-    assert len(calls) == omega.size
     assert problem.counts[f"jvp_{kind}"] - before[f"jvp_{kind}"] == omega.size
     block = jacobian.operator().matmat(np.eye(omega.size)[:, :2])
     np.testing.assert_array_equal(block, S[:, :2])
+
+
+def test_a_share_sums_the_calls_inside_its_blocks_and_float32_counts_on_the_same_counter():
+    """Two blocks of a Share hold 2 gradients and 3 exact products, made partly by the float32 copy of the problem;
+    the calls between them are the Problem's but not the Share's."""
+    problem, omega, mass = state()
+    single = problem.in_precision("float32")
+    share = problem.share()
+    mark = problem.mark()
+    jacobian = SystemJacobian(problem, omega, mass)
+    with share:
+        problem.grad_phi(omega, omega, mass)
+        jacobian.product(omega)
+    problem.grad_phi(omega, omega, mass)   # outside: the Problem's, not the share's
+    with share:
+        single.grad_phi(omega, omega, mass)
+        SystemJacobian(single, omega, mass).product(omega)
+        jacobian.product(omega)
+    assert single.dtype == np.float32 and single.counts is problem.counts
+    assert share.calls == {"gradient": 2, "jvp_exact": 3, "jvp_difference": 0}
+    assert (share.gradients, share.products) == (2, 3)
+    assert problem.since(mark) == {"gradient": 3, "jvp_exact": 3, "jvp_difference": 0}
 
 
 def test_slope_is_the_derivative_of_the_dissipation_along_the_flow():
@@ -62,9 +82,9 @@ def test_slope_is_the_derivative_of_the_dissipation_along_the_flow():
         return float(problem.evaluate(y, mass).dissipation)
 
     expected = (dissipation(omega - eps * grad) - dissipation(omega + eps * grad)) / (2 * eps)
-    calls = []
-    slope = SystemJacobian(problem, omega, mass, grad, "exact", lambda: calls.append(1)).slope()
-    assert slope == pytest.approx(expected, rel=1e-6) and len(calls) == 1
+    mark = problem.mark()
+    slope = SystemJacobian(problem, omega, mass, grad, "exact").slope()
+    assert slope == pytest.approx(expected, rel=1e-6) and problem.products_since(mark) == 1
 
 
 def test_a_difference_product_needs_the_gradient_and_a_kind_is_one_of_two():

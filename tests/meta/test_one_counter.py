@@ -19,48 +19,15 @@ COUNTER = Path("pdeflow/core/problem.py")
 # a word of a target's name that makes it a count of calls (names split at "_" and ".")
 WORDS = re.compile(r"^(counts?|products?|gradients?|grads|evals?|evaluations|jvps?|hvps?|tally|tallies)$")
 
-# (module, target as written): why it is not (yet) the Problem's count. The analysis sites are costs its result files
-# record under conventions the Problem does not share, so reading them from the Problem would change recorded
-# numbers (the files are to stay bit for bit): an origin block's k complex-step Hessian products are gradients to
-# the Problem and products to the certificate; a block build is 2 k passes to the searches where the Problem sees
-# k frozen_blocks passes and none of gauss_newton_factor's (k per group of heads); a search's products and its
-# certification's are counted apart inside one search, and its spectrum's start vector is a gradient added by hand
+# (module, target as written): why it is not the Problem's count. What remains counts things that are no call of
+# the Problem's (a data set's token occurrences, the grid JKO step's kernel products) or carries the Problem's counts
+# across a resumed run
 KNOWN: dict[tuple[str, str], str] = {
     ("pdeflow/core/tasks.py", "counts[rows, r]"): "token occurrences of a data set, not a cost",
     ("solvers/jko.py", "products"): "the grid JKO step's conjugate-gradient products with the entropic transport's "
     "kernel, no call of the Problem's",
     ("solvers/accuracy.py", "self.products"): "the run's total of the stability checks' products (each check's "
     "share is the Problem's, lambda_max's mark), checkpointed so that a resumed run continues it",
-    ("pdeflow/analysis/hessian/spectrum.py", "self.products"): "each HessianOperator counts its own products: the "
-    "stationary search keeps one alive while it makes other products (direct, the certificate's), which a Problem "
-    "mark at the operator would count too",
-    ("pdeflow/analysis/hessian/frozen_jacobian.py", "gradients"): "ROS2 on S frozen: two field evaluations a step, "
-    "summed over the runs a rates file records",
-    ("pdeflow/analysis/certificate/certificate.py", "products"): "the origin block's k complex-step products, "
-    "gradients to the Problem",
-    ("pdeflow/analysis/certificate/about_minimum.py", "products"): "the drift's JVPs beside the certificate's, "
-    "recorded apart",
-    ("pdeflow/analysis/stationary/stationary.py", "self.gradients"): "the search's gradients, its cache's repeats "
-    "uncounted, apart from the certification's calls in the same search",
-    ("pdeflow/analysis/stationary/stationary.py", "c.gradients"): "a search's gradients and its spectrum's start "
-    "vector, added by hand",
-    ("pdeflow/analysis/stationary/stationary.py", "certify_products"): "the certification's products, apart from "
-    "the search's in the same search",
-    ("pdeflow/analysis/search/structured_minimum.py", "c.direct_products"): "a block build counted as 2 k passes "
-    "(the Problem sees k) and the live heads' exact products",
-    ("pdeflow/analysis/search/structured_minimum.py", "c.gradients"): "the spectrum's start vector, added by hand",
-    ("pdeflow/analysis/search/trust_region.py", "c.direct_products"): "the trust-region subproblem's exact products "
-    "on the live heads, on the structured route's Counter (the same conventions as its endgame's)",
-    ("pdeflow/analysis/search/structured_minimum.py", "certify_products"): "the certification's products, apart "
-    "from the search's",
-    ("pdeflow/analysis/linearised/minimum_rates.py", "products"): "the rates file's JVPs: the sum of the spectrum's, "
-    "the certificate's and the polish's, each counted apart",
-    ("pdeflow/analysis/linearised/minimum_rates.py", "prediction_products"): "the Lanczos predictions' steps, "
-    "recorded apart",
-    ("pdeflow/analysis/linearised/minimum_rates.py", "spent_gradients"): "the ROS2 passes' field evaluations "
-    "(frozen_jacobian's)",
-    ("pdeflow/analysis/linearised/minimum_rates.py", "self.counts[kind]"): "a run's cost columns summed over its "
-    "steps (each step's the Problem's)",
 }
 
 

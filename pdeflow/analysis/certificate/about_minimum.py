@@ -64,23 +64,21 @@ def drift_to_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, lowe
     x = np.asarray(vector, dtype=float).ravel()
     x = x / np.linalg.norm(x)
     none = np.zeros((omega.size, 0))
-    products = 0
+    mark = problem.mark()
 
     def S_at(dv: np.ndarray) -> np.ndarray:
         """``S(v + dv) x``: one exact JVP at the moved point (no projection)."""
-        nonlocal products
-        products += 1
         return hessian_operator(problem, omega + dv.reshape(omega.shape) / root, mass, none).matvec(x)
 
     h = STEP * max(1.0, float(np.max(np.linalg.norm(root * omega, axis=1))))
     q = head_symmetries(problem, omega).project((S_at(h * x) - S_at(-h * x)) / (2.0 * h))
     slope = float(np.linalg.norm(q))
     if slope == 0.0:
-        return MinimumDrift(distance, 0.0, 0.0, products)
+        return MinimumDrift(distance, 0.0, 0.0, problem.products_since(mark))
     theta = float(x @ S_at(np.zeros(omega.size)))
     step = distance * q / slope
     change = max(abs(float(x @ S_at(sign * step)) - theta) for sign in (1.0, -1.0))
-    return MinimumDrift(distance, slope, change, products, q / slope)
+    return MinimumDrift(distance, slope, change, problem.products_since(mark), q / slope)
 
 
 __all__ = ["MinimumDrift", "STEP", "drift_to_minimum"]

@@ -100,17 +100,19 @@ N_PAIRS = 10            # the lowest dense eigenpairs kept
 class Certificate:
     """What is established about the sign of S at a measure (module docstring). ``kind``: :data:`BY_DENSE`,
     :data:`BY_CHOLESKY`, :data:`BY_INTERLACING`, :data:`BY_LANCZOS` or :data:`NOT_STATIONARY`
-    (:func:`not_stationary`); ``lower`` / ``upper``: bounds on
-    ``lambda_min`` (``lower`` is -inf unless dense or Cholesky); ``index_lower``: negative eigenvalues proven;
-    ``size``: the dense matrix's order (live complement plus k per origin block, 0 when not assembled); ``delta``:
-    the eigenvalue error bound (Cholesky: the rounding bound r of the shifted factorisation plus the asymmetry);
-    ``products``: JVPs of the assembly (Cholesky: its 2 k forward passes over the live heads; plus k for the origin
-    block); ``lanczos_steps``: of the spectrum it started from; ``values`` [a] and ``vectors`` [N k, a]: the lowest
-    dense eigenpairs (unit, v-coordinates; empty unless dense; Cholesky: the Rayleigh pair and the origin block's);
-    ``dense_limit``: the limit in force. ``[lower, upper]`` bounds lambda_min of S *at the point certified*; at a
-    proven minimum :func:`certify` also estimates how far it can move to the minimum the point approximates
-    (:mod:`pdeflow.analysis.certificate.about_minimum`): ``distance`` (``sqrt(I) / lower``, mass-weighted), ``drift``
-    (the bracket's widening; NaN when not estimated) and the ``drift_products`` it cost (not in ``products``)."""
+    (:func:`not_stationary`); ``lower`` / ``upper``: bounds on ``lambda_min`` (``lower`` is -inf unless dense or
+    Cholesky); ``index_lower``: negative eigenvalues proven; ``size``: the dense matrix's order (live complement
+    plus k per origin block, 0 when not assembled); ``delta``: the eigenvalue error bound (Cholesky: the rounding
+    bound r of the shifted factorisation plus the asymmetry); ``products``: the assembly's Jacobian-vector products,
+    the Problem's count (Cholesky: its 2 k forward passes over the live heads, k more per further group of heads;
+    the origin block's k complex-step columns are gradients to the Problem, not products); ``lanczos_steps``: of the
+    spectrum it started from; ``values`` [a] and ``vectors`` [N k, a]: the lowest dense eigenpairs (unit,
+    v-coordinates; empty unless dense; Cholesky: the Rayleigh pair and the origin block's); ``dense_limit``: the
+    limit in force. ``[lower, upper]`` bounds lambda_min of S *at the point certified*; at a proven minimum
+    :func:`certify` also estimates how far it can move to the minimum the point approximates
+    (:mod:`pdeflow.analysis.certificate.about_minimum`): ``distance`` (``sqrt(I) / lower``, mass-weighted),
+    ``drift`` (the bracket's widening; NaN when not estimated) and the ``drift_products`` it cost (not in
+    ``products``)."""
     kind: str
     lower: float
     upper: float
@@ -458,9 +460,9 @@ def sign_of_s(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: Spect
                            np.zeros(0), empty, dense_limit)
     sym = head_symmetries(problem, omega[live])
     B = [complement_basis(sym.blocks[i], int(sym.counts[i])) for i in range(int(live.sum()))]
+    mark = problem.mark()
     if method == "cholesky":
         C = assemble_hessian(problem, omega, mass, heads=np.flatnonzero(live), bases=B)
-        products = 2 * k
     else:
         op = hessian_operator(problem, omega[live], mass[live], np.zeros((n_live, 0)))
         S = np.empty((n_live, n_live))
@@ -471,12 +473,11 @@ def sign_of_s(problem: Problem, omega: np.ndarray, mass: np.ndarray, ends: Spect
             unit[j] = 0.0
         C = projected(S, B, k)
         del S  # the dense matrices of a large certificate are what its memory is
-        products = op.products
     n_dead = int(dead.sum())
     if n_dead:
         o_values, o_vectors, _ = origin_block(problem, omega, mass)
         o_delta = k * np.finfo(float).eps * float(np.linalg.norm(o_values))
-        products += k
+    products = problem.products_since(mark)
     asymmetry = 0.0  # of C as assembled, when symmetrised before eigenvalue_bound sees it
     if method == "cholesky":
         asymmetry = symmetric_part(C)

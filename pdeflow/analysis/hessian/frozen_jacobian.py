@@ -270,14 +270,12 @@ def mass_weighted_field(problem: Problem, omega_star: np.ndarray, mass: np.ndarr
 
 @dataclass
 class WPaths:
-    """The runs of :func:`ros2_paths`: ``samples`` [r, F, n] at the sample times, ``steps`` per run, ``gradients``
-    per run (right-hand-side evaluations), ``solves`` (batched, all runs at once) and ``error_estimate`` [r]: the
-    largest ``|v_(n+1) - (v_n + h k1)| / |v_n|`` over the steps (the embedded first-order solution: a local error
-    estimate, reported, not controlled)."""
+    """The runs of :func:`ros2_paths`: ``samples`` [r, F, n] at the sample times, ``steps`` per run and
+    ``error_estimate`` [r]: the largest ``|v_(n+1) - (v_n + h k1)| / |v_n|`` over the steps (the embedded
+    first-order solution: a local error estimate, reported, not controlled). A step is two evaluations of the field
+    per run and two batched solves (the method's; a field of the Problem's is counted by the Problem)."""
     samples: np.ndarray
     steps: int
-    gradients: int
-    solves: int
     error_estimate: np.ndarray
 
 
@@ -291,7 +289,7 @@ def ros2_paths(field: Callable[[np.ndarray], np.ndarray], solve: Callable[[np.nd
     r = V.shape[0]
     out = np.empty((r, len(times), V.shape[1]))
     out[:, 0] = V
-    steps = gradients = solves = 0
+    steps = 0
     worst = np.zeros(r)
     for f in range(1, len(times)):
         interval = float(times[f] - times[f - 1])
@@ -310,10 +308,8 @@ def ros2_paths(field: Callable[[np.ndarray], np.ndarray], solve: Callable[[np.nd
             worst = np.maximum(worst, np.where(norms > 0, error / np.where(norms > 0, norms, 1.0), 0.0))
             V += step.T
             steps += 1
-            gradients += 2
-            solves += 2
         out[:, f] = V
-    return WPaths(samples=out, steps=steps, gradients=gradients, solves=solves, error_estimate=worst)
+    return WPaths(samples=out, steps=steps, error_estimate=worst)
 
 
 __all__ = ["GAMMA", "PANEL_HEADS", "STEP_FRACTION", "FrozenSolver", "WPaths", "frozen_solver", "hessian_by_products",

@@ -136,8 +136,8 @@ def _as_symmetry(problem: Problem, omega: np.ndarray,
 
 
 class HessianOperator(scipy.sparse.linalg.LinearOperator):
-    """``Pi S Pi`` on flat [N k] vectors (:func:`hessian_operator`); ``products`` counts the JVPs spent and
-    ``symmetry`` holds the projected directions."""
+    """``Pi S Pi`` on flat [N k] vectors (:func:`hessian_operator`); ``symmetry`` holds the projected directions.
+    Its products are the Problem's to count (``problem``)."""
 
     def __init__(self, problem: Problem, omega: np.ndarray, mass: np.ndarray,
                  symmetry: Symmetry | DenseSymmetry) -> None:
@@ -145,13 +145,8 @@ class HessianOperator(scipy.sparse.linalg.LinearOperator):
         mass = np.asarray(mass, dtype=float)
         n = omega.size
         super().__init__(dtype=np.float64, shape=(n, n))
-        self.symmetry = symmetry
-        self.products = 0
-
-        def count() -> None:
-            self.products += 1
-
-        self._apply = SystemJacobian(problem, omega, mass, kind="exact", counter=count).apply
+        self.symmetry, self.problem = symmetry, problem
+        self._apply = SystemJacobian(problem, omega, mass, kind="exact").apply
 
     def _matvec(self, v: np.ndarray) -> np.ndarray:
         v = np.asarray(v, dtype=float).ravel()
@@ -164,8 +159,8 @@ class HessianOperator(scipy.sparse.linalg.LinearOperator):
 def hessian_operator(problem: Problem, omega: np.ndarray, mass: np.ndarray,
                      symmetry: Symmetry | DenseSymmetry | np.ndarray | None = None) -> HessianOperator:
     """``Pi S Pi`` (module docstring) as a scipy LinearOperator on flat [N k] vectors: ``S v`` is one exact
-    :meth:`pdeflow.Problem.system_jvp` (``M^-1 Hess E u`` at ``u = M^(-1/2) v``, scaled by ``M^(1/2)``), counted in
-    ``.products``. ``symmetry``: the directions to project out, a :class:`Symmetry`, a basis [N k, r] (as
+    :meth:`pdeflow.Problem.system_jvp` (``M^-1 Hess E u`` at ``u = M^(-1/2) v``, scaled by ``M^(1/2)``), counted by
+    the Problem. ``symmetry``: the directions to project out, a :class:`Symmetry`, a basis [N k, r] (as
     :func:`symmetry_basis` returns; [N k, 0] projects nothing) or None (the measure's own symmetries)."""
     omega = np.asarray(omega, dtype=float)
     return HessianOperator(problem, omega, mass, _as_symmetry(problem, omega, symmetry))
@@ -179,7 +174,8 @@ class SpectrumEnds:
     ``|C x - theta x|`` (an eigenvalue lies within the residual of each); ``morse_index_lower``: the negative
     eigenvalues proven by Cauchy interlacing, :func:`negative_ritz_count` of every block's Ritz values, converged or
     not (the j-th lowest Ritz value is no lower than the j-th lowest eigenvalue); ``n_symmetry`` symmetry
-    directions removed; ``products`` JVPs spent; ``lowest_vectors`` [N k, len(lowest)] their unit Ritz vectors in
+    directions removed; ``products`` the Jacobian-vector products spent (the Problem's count: the origin
+    block's complex-step columns are gradients to it); ``lowest_vectors`` [N k, len(lowest)] their unit Ritz vectors in
     v-coordinates; ``lowest_ritz`` and ``lowest_ritz_residual``: the lowest Ritz value of any block, converged or
     not, an upper bound on the lowest eigenvalue, and its residual; ``lowest_ritz_vector`` [N k] its unit vector
     (a direction of curvature ``lowest_ritz``: of negative curvature when that is negative, converged or not);
@@ -243,7 +239,8 @@ def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
                   max_dim: int = 0, split_origin: bool = False) -> SpectrumEnds:
     """Both ends of the spectrum of ``Pi S Pi`` at the measure (``omega`` [N, k], ``mass`` [N]) from one Lanczos
     run of ``krylov_dim`` steps with full reorthogonalisation (:func:`pdeflow.core.lanczos.krylov_ritz`) from
-    :func:`start_vector`: ``krylov_dim`` products (capped at ``N k - r``) and one gradient. A Ritz value counts
+    :func:`start_vector`: ``krylov_dim`` products (capped at ``N k - r``) and one gradient (k more with the origin split
+    off, its block's columns). A Ritz value counts
     as converged when its residual is at most ``tol * max(|theta_max|, |theta_min|)``; only converged values
     among the ``n_ends`` lowest and the ``n_ends`` highest are reported (:class:`SpectrumEnds`). With ``max_dim >
     krylov_dim`` the same run goes on, ``krylov_dim`` steps at a time, up to ``max_dim`` steps until the lowest Ritz
@@ -292,7 +289,7 @@ def spectrum_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
     index = live.morse_index_lower + int(np.sum(dead)) * negative_ritz_count(values)
     return SpectrumEnds(lowest=low_values[order], lowest_residual=low_residuals[order], highest=high_values[top],
                         highest_residual=high_residuals[top], morse_index_lower=index, n_symmetry=live.n_symmetry,
-                        products=live.products + k, lowest_vectors=low_vectors[:, order], lowest_ritz=lowest_ritz,
+                        products=live.products, lowest_vectors=low_vectors[:, order], lowest_ritz=lowest_ritz,
                         lowest_ritz_residual=lowest_ritz_residual, lowest_ritz_vector=lowest_ritz_vector,
                         lanczos_steps=live.lanczos_steps, unresolved_blocks=live.unresolved_blocks)
 
@@ -306,7 +303,8 @@ def origin_is_stationary(problem: Problem, omega: np.ndarray, mass: np.ndarray) 
 
 def origin_block(problem: Problem, omega: np.ndarray, mass: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The block of S at a head at the origin, ``Hess Phi(0; rho)`` [k, k], built column by column from the exact
-    Hessian-vector product (:meth:`pdeflow.core.problem.Problem.hvp`, k products), and its eigendecomposition:
+    Hessian-vector product (:meth:`pdeflow.core.problem.Problem.hvp`: k complex-step grad Phi evaluations at one
+    point, which the Problem counts as gradients), and its eigendecomposition:
     eigenvalues [k] ascending, unit vectors [k, k] and residuals ``|H x - lambda x|`` [k]."""
     k = np.shape(omega)[1]
     origin = np.zeros(k)
@@ -320,6 +318,7 @@ def _lanczos_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
                   tol: float, symmetry: Symmetry | DenseSymmetry | np.ndarray | None, max_dim: int) -> SpectrumEnds:
     """:func:`spectrum_ends` without the split: one Lanczos run on the whole measure (its docstring)."""
     omega = np.asarray(omega, dtype=float)
+    mark = problem.mark()
     op = hessian_operator(problem, omega, mass, symmetry)
     sym = op.symmetry
     room = omega.size - sym.size
@@ -340,7 +339,8 @@ def _lanczos_ends(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, kryl
     high = high[converged[high]]
     return SpectrumEnds(lowest=values[low], lowest_residual=residuals[low], highest=values[high],
                         highest_residual=residuals[high], morse_index_lower=negative_ritz_count(values),
-                        n_symmetry=sym.size, products=op.products, lowest_vectors=pairs.vectors[:, low],
+                        n_symmetry=sym.size, products=problem.products_since(mark),
+                        lowest_vectors=pairs.vectors[:, low],
                         lowest_ritz=float(values[0]), lowest_ritz_residual=float(residuals[0]),
                         lowest_ritz_vector=pairs.vectors[:, 0], lanczos_steps=int(values.size),
                         unresolved_blocks=int(not converged[0]))

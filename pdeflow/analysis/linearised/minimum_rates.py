@@ -16,7 +16,7 @@ stationary measure.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from ...core.config import Config, ConfigError
 from ...core.lanczos import krylov_ritz
 from ...core.problem import Problem, gradient_equivalents
 from ...io.result_schema import RATES
-from ...solvers.base import COST_COLUMN, State, Stepper
+from ...solvers.base import State, Stepper
 from ...solvers.loop import Observer, Step, Stop
 from ..certificate.certificate import BY_LANCZOS, DENSE_LIMIT, Certificate, certify
 from ..dirac.stability import MIN_STEPS, fit_rate, simulate
@@ -128,7 +128,7 @@ def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: in
     distance at every time (fewer products, and memory for fewer vectors)."""
     v0 = np.asarray(v0, dtype=float)
     times = np.asarray(times, dtype=float)
-    products0 = op.products
+    mark = op.problem.mark()
 
     def enough(pairs) -> bool:
         pred = _krylov_prediction(pairs, v0, times, 0)
@@ -136,7 +136,7 @@ def linear_flow(op: HessianOperator, v0: np.ndarray, times: np.ndarray, dims: in
 
     pairs = krylov_ritz(op.matvec, v0, dims, op.symmetry.project, check_every=check_every if tol > 0 else 0,
                         enough=enough if tol > 0 else None)
-    return _krylov_prediction(pairs, v0, times, op.products - products0)
+    return _krylov_prediction(pairs, v0, times, op.problem.products_since(mark))
 
 
 def _krylov_prediction(pairs, v0: np.ndarray, times: np.ndarray, products: int) -> LinearPrediction:
@@ -173,7 +173,8 @@ class MinimumRun:
     ``predicted_excess``, ``predicted_distance`` and ``prediction_error`` the relative Krylov error bound on the
     distance); ``excess_agreement``: the largest relative difference of the two forms of E - E* where the direct
     one is above :data:`EXCESS_FLOOR`; the ``stepper`` (``rk4`` or ``rkc``), its first step ``dt``, the
-    ``gradients`` it spent (the gradient equivalents of its counted calls, and one evaluation per sample), its
+    ``gradients`` it spent (the gradient equivalents of the Problem's calls for it: its steps and its samples'
+    evaluations; a ROS2 run its share of the passes integrating all runs together), its
     products (``jvps``, exact and difference) and its ``steps``; ``integration_error``: the estimated relative error
     of the measured rates from the integration (:func:`integration_error`; NaN where not estimated: rk4 and rkc
     control their own error against the perturbation)."""
@@ -299,14 +300,30 @@ def excess_from_gradient(omega: np.ndarray, omega_star: np.ndarray, mass: np.nda
 
 
 class _StepCount(Observer):
-    """Counts a run's steps and its calls by kind, the cost columns the Problem counts around each step of any
-    stepper (:data:`pdeflow.solvers.base.COST_COLUMNS`), and stops the run once their gradient equivalents
+    """A run's steps and its calls by kind of :data:`pdeflow.core.problem.COST_KINDS`, read from the Problem's
+    counter since the run began (``base``: calls made for it before, the shared passes of runs integrated
+    together), up to :meth:`close` (after its frames' evaluations); stops the run once their gradient equivalents
     (:func:`pdeflow.core.problem.gradient_equivalents`, the one formula) exceed ``budget`` (its later samples are then
     NaN, its rates not measured)."""
 
-    def __init__(self, budget: float = math.inf) -> None:
-        self.steps, self.budget = 0, budget
-        self.counts = dict.fromkeys(COST_COLUMN, 0.0)
+    def __init__(self, problem: Problem, budget: float = math.inf, base: Mapping[str, int] | None = None,
+                 steps: int = 0) -> None:
+        self.steps, self.budget = steps, budget
+        self._problem, self._mark = problem, problem.mark()
+        self._base = dict(base or {})
+        self._closed: dict[str, int] | None = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """The run's calls by kind so far (fixed at :meth:`close`)."""
+        if self._closed is not None:
+            return self._closed
+        spent = self._problem.since(self._mark)
+        return {kind: spent[kind] + self._base.get(kind, 0) for kind in spent}
+
+    def close(self) -> None:
+        """The run's cost is complete: later calls of the Problem's are not the run's."""
+        self._closed = self.counts
 
     @property
     def gradients(self) -> float:
@@ -324,11 +341,8 @@ class _StepCount(Observer):
         return None
 
     def accept(self, step: Step) -> None:
-        if step.old is step.new:
-            return
-        self.steps += 1
-        for kind, column in COST_COLUMN.items():
-            self.counts[kind] += step.stepper_columns[column]
+        if step.old is not step.new:
+            self.steps += 1
 
 
 def run_stepper(problem: Problem, method: str, duration: float, lam_max: float, samples: int,
@@ -391,22 +405,21 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     say = progress or (lambda msg: None)
     mass = np.asarray(mass, dtype=float)
     omega = np.array(omega, dtype=float)
+    mark = problem.mark()
     basis = symmetry_basis(problem, omega, mass)
     ends_found, cert, lowest, residual, vectors = lowest_certified(problem, omega, mass, basis,
                                                                    dense_limit=dense_limit, **ends)
-    products = ends_found.products + cert.products + cert.drift_products
     smallest = min(0.5 * eps if linearity else eps, (eps_random or eps) if n_random else math.inf)
     target = (POLISH_OFFSET * float(lowest[0]) * smallest) ** 2
-    omega, e_star, i_star, taken, newton_products, why = polish(problem, omega, mass, target)
-    products += newton_products
+    omega, e_star, i_star, taken, _, why = polish(problem, omega, mass, target)
     say(f"lambda_min = {lowest[0]:.6g} at the given point; polished by {taken} Newton step(s) ({why}): E* = "
         f"{e_star:.12g}, I = {i_star:.3e} (target {target:.1e}: sqrt(I) / lambda_min <= {POLISH_OFFSET:g} x the "
-        f"smallest eps, {smallest:g}); {products} JVPs")
+        f"smallest eps, {smallest:g}); {problem.products_since(mark)} JVPs")
     if taken:
         basis = symmetry_basis(problem, omega, mass)
         ends_found, cert, lowest, residual, vectors = lowest_certified(problem, omega, mass, basis,
                                                                        dense_limit=dense_limit, **ends)
-        products += ends_found.products + cert.products + cert.drift_products
+    products = problem.products_since(mark)
     lam, lam_max = float(lowest[0]), float(ends_found.highest[-1])
     root = np.sqrt(mass)[:, None]
     g = (root * problem.grad_phi(omega, omega, mass)).ravel()
@@ -426,11 +439,12 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
     duration = log_change / lam
     times = np.linspace(0.0, duration, samples)
     dims = prediction_dims or int(PREDICTION_FACTOR * math.sqrt(lam_max * duration)) + 50
-    runs = []
+    runs, predicting = [], problem.share()
     for name, d, size in directions:
         v0 = size * d
         if name.startswith("random"):
-            pred = linear_flow(op, v0, times, dims)
+            with predicting:
+                pred = linear_flow(op, v0, times, dims)
             say(f"{name}: linear flow predicted by {pred.products} Lanczos steps (Krylov error bound "
                 f"{np.max(pred.error_bound / pred.distance):.1e} of the distance)")
         else:
@@ -438,7 +452,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
         start = omega + v0.reshape(omega.shape) / root
         scale = float(np.sqrt(np.mean((v0.reshape(omega.shape) / root) ** 2)))
         stepper, dt, stepper_name = run_stepper(problem, method, duration, lam_max, samples, scale)
-        counter = _StepCount(RUN_MAX_GRADIENTS)
+        counter = _StepCount(problem, RUN_MAX_GRADIENTS)
         path = simulate(problem, start, mass, times, dt, stepper, [counter])
         skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
         runs.append(_minimum_run(problem, name, size, path, mass, omega, project, e_star, grad_star, times, skip,
@@ -455,7 +469,7 @@ def minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, *, eps:
                         eps=float(eps), runs=runs, products=int(products), polish_steps=taken, offset=offset,
                         offset_bound=offset_bound, omega_star=omega, mass=mass, certificate=cert.describe(),
                         lambda_min_lower=cert.lower, bracket_at_minimum=cert.minimum_bracket,
-                        prediction_products=int(op.products), excess_check=check, engine=PRODUCTS)
+                        prediction_products=predicting.products, excess_check=check, engine=PRODUCTS)
 
 
 def _directions(omega: np.ndarray, slowest: np.ndarray, project: Callable[[np.ndarray], np.ndarray], eps: float,
@@ -533,8 +547,8 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
       with its live block factorised in ``factor_dtype``), the step ``STEP_FRACTION x`` the earliest fitted time of
       a random run (``RANDOM_FIT_SKIP x`` the duration), cut to divide the sample spacing, then halved (all runs
       again, at most :data:`MAX_HALVINGS` times) until Richardson's estimate of the measured rates' relative error,
-      :func:`integration_error`, is at most :data:`INTEGRATION_TOL`; each run reports its estimate and the
-      gradients of every pass."""
+      :func:`integration_error`, is at most :data:`INTEGRATION_TOL`; each run reports its estimate and its share
+      of the gradients of every pass."""
     from ..hessian.frozen_jacobian import live_heads
 
     say = progress or (lambda msg: None)
@@ -542,12 +556,12 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
     omega = np.array(omega, dtype=float)
     live = live_heads(problem, omega, mass)
     smallest = min(0.5 * eps if linearity else eps, (eps_random or eps) if n_random else math.inf)
-    e_star, i_star, taken, found, products = _polish_live_heads(problem, omega, mass, live, lambda_hint, smallest,
-                                                                say, ends)
+    mark = problem.mark()
+    e_star, i_star, taken, found = _polish_live_heads(problem, omega, mass, live, lambda_hint, smallest, say, ends)
     n_live = int(live.sum()) * omega.shape[1]
-    certificate, (lower, bracket), lam, lam_residual, slowest, certify_products = _frozen_certificate(
+    certificate, (lower, bracket), lam, lam_residual, slowest = _frozen_certificate(
         problem, omega, mass, found, n_live, dense_limit, source_certificate)
-    products += certify_products
+    products = problem.products_since(mark)
     lam_max = float(found.highest[-1])
     slowest = slowest / np.linalg.norm(slowest)
     root = np.sqrt(mass)[:, None]
@@ -559,16 +573,16 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
         f"{symmetry.size} symmetry directions; certificate: {certificate}; off by {offset:.1e} along the slowest "
         f"direction, at most {offset_bound:.1e} in all; {products} JVPs")
     check = _excess_check(problem, omega, mass, slowest, eps, e_star)
-    origin = None if live.all() else origin_block(problem, omega, mass)[:2]   # once: k products of the measure
+    origin = None if live.all() else origin_block(problem, omega, mass)[:2]   # once: k Hessian-vector products
     directions = _directions(omega, slowest, symmetry.project, eps, eps_random, n_random, seed, linearity)
     duration = log_change / lam
     times = np.linspace(0.0, duration, samples)
     dims = prediction_dims or int(PREDICTION_FACTOR * math.sqrt(lam_max * duration)) + 50
-    predictions, prediction_products = [], 0
+    predictions, predicting = [], problem.share()
     for name, d, size in directions:
         if name.startswith("random"):
-            pred = split_linear_flow(problem, omega, mass, live, size * d, times, dims, origin)
-            prediction_products += pred.products
+            with predicting:
+                pred = split_linear_flow(problem, omega, mass, live, size * d, times, dims, origin)
             say(f"{name}: linear flow predicted by {pred.products} Lanczos steps on the live heads (Krylov error "
                 f"bound {np.max(pred.error_bound / pred.distance):.1e} of the distance)")
         else:
@@ -583,59 +597,57 @@ def frozen_minimum_rates(problem: Problem, omega: np.ndarray, mass: np.ndarray, 
             f"{r.integration_error:.1e}; {spent_steps} steps and {r.gradients} gradients in all")
     return MinimumRates(e_star=e_star, i_star=i_star, lambda_min=lam, lambda_min_residual=lam_residual,
                         lambda_max=lam_max, morse_index_lower=0, n_symmetry=symmetry.size, eps=float(eps), runs=runs,
-                        products=int(products), polish_steps=taken, prediction_products=int(prediction_products),
+                        products=int(products), polish_steps=taken, prediction_products=predicting.products,
                         offset=offset, offset_bound=offset_bound, omega_star=omega, mass=mass, excess_check=check,
                         certificate=certificate, lambda_min_lower=lower, engine=FROZEN, bracket_at_minimum=bracket)
 
 
 def _polish_live_heads(problem: Problem, omega: np.ndarray, mass: np.ndarray, live: np.ndarray, lambda_hint: float,
-                       smallest: float, say: Progress, ends: dict) -> tuple[float, float, int, SpectrumEnds, int]:
+                       smallest: float, say: Progress, ends: dict) -> tuple[float, float, int, SpectrumEnds]:
     """Newton's polish of the live heads (``omega`` [N, k] edited in place) to ``I <= (POLISH_OFFSET lambda
     smallest)^2``, lambda the hint or a first spectrum's lowest value; then the spectrum's ends at the polished
-    point, the origin block split off. Returns E*, I*, the Newton steps taken, the ends and the JVPs spent."""
-    products = 0
+    point, the origin block split off. Returns E*, I*, the Newton steps taken and the ends."""
+    mark = problem.mark()
     found = None
     if not (lambda_hint > 0):
         found = spectrum_ends(problem, omega, mass, split_origin=True, **ends)
-        products += found.products
         if not (found.lowest.size and found.lowest[0] > 0):
             raise ConfigError("no converged positive lowest eigenvalue at the given point (raise --krylov-dim)")
         lambda_hint = float(found.lowest[0])
     target = (POLISH_OFFSET * lambda_hint * smallest) ** 2
-    polished, e_star, i_star, taken, newton_products, why = polish(problem, omega[live], mass[live], target)
+    polished, e_star, i_star, taken, _, why = polish(problem, omega[live], mass[live], target)
     omega[live] = polished
-    products += newton_products
     say(f"{int((~live).sum())} of {len(live)} heads at the origin split off; polished on the live heads by {taken} "
-        f"Newton step(s) ({why}): E* = {e_star:.12g}, I = {i_star:.3e} (target {target:.1e}); {products} JVPs")
+        f"Newton step(s) ({why}): E* = {e_star:.12g}, I = {i_star:.3e} (target {target:.1e}); "
+        f"{problem.products_since(mark)} JVPs")
     if found is None or taken:
         found = spectrum_ends(problem, omega, mass, split_origin=True, **ends)
-        products += found.products
     if not (found.lowest.size and found.morse_index_lower == 0 and found.lowest[0] > 0):
         raise ConfigError(f"the spectrum at the polished point shows no converged positive lambda_min (index >= "
                           f"{found.morse_index_lower}; raise --krylov-dim)")
-    return e_star, i_star, taken, found, products
+    return e_star, i_star, taken, found
 
 
 def _frozen_certificate(problem: Problem, omega: np.ndarray, mass: np.ndarray, found: SpectrumEnds, n_live: int,
                         dense_limit: int, source_certificate: str
-                        ) -> tuple[str, tuple[float, tuple[float, float]], float, float, np.ndarray, int]:
+                        ) -> tuple[str, tuple[float, tuple[float, float]], float, float, np.ndarray]:
     """The certificate at the polished point: the dense bound up to ``dense_limit`` live unknowns, else the source's
     (named as such). Returns its text, (lambda_min's lower bound, its bracket about the minimum) (NaN: not
-    re-proven), lambda_min, its residual, the slowest direction and the products spent."""
+    re-proven), lambda_min, its residual and the slowest direction."""
     if n_live <= dense_limit:
         cert = certify(problem, omega, mass, found, dense_limit=dense_limit)
         if not cert.proven_minimum:
             raise ConfigError(f"not a certified local minimum: {cert.describe()}; its rates are those of a minimum "
                               "only with a proof")
         return (cert.describe(), (cert.lower, cert.minimum_bracket), float(cert.values[0]), float(cert.delta),
-                cert.vectors[:, 0], cert.products + cert.drift_products)
+                cert.vectors[:, 0])
     if not source_certificate:
         raise ConfigError(f"the live heads' {n_live} unknowns exceed the dense limit {dense_limit} and no "
                           "certificate was given (raise --dense-limit, or start from a certified result)")
     certificate = (f"the source's, at the point before the polish (not re-proven here: {n_live} live unknowns "
                    f"> --dense-limit {dense_limit}): {source_certificate}")
     return (certificate, (math.nan, (math.nan, math.nan)), float(found.lowest[0]), float(found.lowest_residual[0]),
-            found.lowest_vectors[:, 0], 0)
+            found.lowest_vectors[:, 0])
 
 
 def _frozen_runs(problem: Problem, omega: np.ndarray, mass: np.ndarray, directions: list, predictions: list,
@@ -654,19 +666,20 @@ def _frozen_runs(problem: Problem, omega: np.ndarray, mass: np.ndarray, directio
     root = np.sqrt(mass)[:, None]
     starts = np.stack([size * d for _, d, size in directions])
     coarse: list[MinimumRun] | None = None
-    spent_steps = spent_gradients = 0
+    spent_steps, integrating = 0, problem.share()
     for halving in range(MAX_HALVINGS + 1):
         solver = frozen_solver(problem, omega, mass, GAMMA * h, dtype=np.dtype(factor_dtype), origin=origin)
         say(f"I + {GAMMA * h:.4g} S factorised ({factor_dtype}, {n_live} live unknowns); ROS2 steps of {h:.6g} for "
             f"{len(directions)} runs together")
-        paths = ros2_paths(field, solver.solve, starts, times, h)
+        with integrating:
+            paths = ros2_paths(field, solver.solve, starts, times, h)
         del solver
         spent_steps += paths.steps
-        spent_gradients += paths.gradients
         runs = []
         for j, ((name, d, size), pred) in enumerate(zip(directions, predictions)):
-            counter = _StepCount()
-            counter.steps, counter.counts["gradient"] = paths.steps, float(spent_gradients)
+            # the runs are integrated together: each is charged its share of the passes' field evaluations
+            counter = _StepCount(problem, base={"gradient": round(integrating.gradients / len(directions))},
+                                 steps=paths.steps)
             path = omega[None] + paths.samples[j].reshape(len(times), *omega.shape) / root[None]
             skip = FIT_SKIP_AT_MINIMUM if not name.startswith("random") else RANDOM_FIT_SKIP
             runs.append(_minimum_run(problem, name, size, path, mass, omega, project, e_star, grad_star,
@@ -711,6 +724,7 @@ def _minimum_run(problem: Problem, name: str, eps: float, path: np.ndarray, mass
         direct[f] = difference if difference > EXCESS_FLOOR * max(1.0, abs(e_star)) else np.nan
         distance[f] = np.linalg.norm(project(v))
         pl[f] = ev.dissipation / (2.0 * excess[f]) if excess[f] > 0 else np.nan
+    counter.close()  # the run's cost: its steps and its frames' evaluations
     window = times >= times[0] + skip * (times[-1] - times[0])
     trusted = np.isfinite(excess) & (excess > TRUST_FACTOR * first_order)
     fitted = window & trusted
@@ -728,7 +742,7 @@ def _minimum_run(problem: Problem, name: str, eps: float, path: np.ndarray, mass
         predicted_distance=pred.distance, prediction_error=float(np.max(pred.error_bound / pred.distance)),
         excess_agreement=float(np.nanmax(agreement)) if np.isfinite(agreement).any() else math.nan,
         stepper=stepper, dt=float(dt),
-        gradients=int(counter.gradients) + len(times), jvps=int(counter.products), steps=counter.steps)
+        gradients=int(counter.gradients), jvps=int(counter.products), steps=counter.steps)
 
 
 SCHEMA_MINIMUM = RATES.schema  # the table: pdeflow.io.result_schema

@@ -34,8 +34,9 @@ in place of steps 1 and 2). Which is faster where is measured in studies/minimum
 
 Every choice is a function of the state and fixed constants (no clock, no random draw but fixed seeds), so the
 route is deterministic for a given thread count (should Newton-PCG end above the target, L-BFGS goes on to it).
-Costs: gradients, JVP products, and the forward passes of the
-structured assemblies counted as one product each (``2 k`` per :func:`head_blocks`).
+Costs, the Problem's count (:class:`pdeflow.analysis.stationary.stationary.Counter`): gradients, JVP products, and
+the forward passes of the structured assemblies counted as one product each (``2 k`` per :func:`head_blocks`, k more
+per further group of heads).
 """
 from __future__ import annotations
 
@@ -83,11 +84,10 @@ CERTIFY_KRYLOV = 40    # Lanczos steps before the certificate: lambda_max, and a
 DENSE_LIMIT = 20_000   # the live heads' unknowns the Cholesky certificate assembles at most (~4 n^2 doubles)
 
 
-def block_preconditioning(problem: Problem, c: Counter) -> Callable[[np.ndarray, np.ndarray], Callable]:
-    """The factory ``(omega_live [h, k], mass_live [h]) -> P^-1`` of the block preconditioner, its assembly's
-    ``2 k`` forward passes counted on ``c``."""
+def block_preconditioning(problem: Problem) -> Callable[[np.ndarray, np.ndarray], Callable]:
+    """The factory ``(omega_live [h, k], mass_live [h]) -> P^-1`` of the block preconditioner (its assembly's
+    forward passes, ``2 k`` and k more per further group of heads, are counted by the Problem)."""
     def build(omega: np.ndarray, mass: np.ndarray) -> BlockPreconditioner:
-        c.direct_products += 2 * problem.k
         return BlockPreconditioner.from_blocks(head_blocks(problem, omega, mass))
     return build
 
@@ -148,7 +148,6 @@ def _newton_pcg(c: Counter, v: np.ndarray, target: float, hist: _History, say: P
         cols = np.repeat(live, k)
         omega_live, mass_live = c.omega(v)[live], c.mass[live]
         if built is None or not np.array_equal(built[0], live):
-            c.direct_products += 2 * k
             built = (live, BlockPreconditioner.from_blocks(head_blocks(problem, omega_live, mass_live)))
         inverse = built[1]
         op = hessian_operator(problem, omega_live, mass_live)
@@ -156,7 +155,6 @@ def _newton_pcg(c: Counter, v: np.ndarray, target: float, hist: _History, say: P
         b = -project(g[cols])
         eta = min(eta_max, math.sqrt(math.sqrt(I) / g0))
         step, curved, cg_steps = pcg(op.matvec, b, inverse, project, eta, CG_MAXITER)
-        c.direct_products += op.products  # exact products on the live heads (no operator of the Counter's)
         p = np.zeros(n_heads * k)
         p[cols] = step
         slope = float(g @ p)
@@ -191,7 +189,7 @@ def _newton_pcg(c: Counter, v: np.ndarray, target: float, hist: _History, say: P
 def single_precision(problem: Problem) -> Problem:
     """The same problem evaluated in float32 (:attr:`pdeflow.core.problem.Problem.precision`): the float32 search's
     gradients."""
-    return Problem.from_arrays(problem.arrays(), precision="float32", beta=problem.beta).with_comm(problem.comm)
+    return problem.in_precision("float32")
 
 
 def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissipation: float, *,
@@ -225,11 +223,10 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
     I0 = I = float(g @ g)
     hist = _History(c)
     hist.add(E, I0)
-    precondition = block_preconditioning(problem, c) if precondition_search else None
+    precondition = block_preconditioning(problem) if precondition_search else None
     awake = np.zeros(c.shape[0], dtype=bool)
     iterations, message = 0, (f"I = {I0:.3g} <= {target:.3g} at the start" if I0 <= target else "")
     found = None
-    certify_products, certify_wall = 0, 0.0
     for attempt in range(max_restarts + 1):
         parts = [message] if I <= target else []  # what each phase of this attempt did
         start = len(hist.rows)
@@ -270,11 +267,10 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
         if I > target:
             break
         t0 = time.perf_counter()
-        spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim, split_origin=True)
-        c.gradients += 1  # the spectrum's start vector
-        certificate = certify(problem, c.omega(v), c.mass, spectrum, dense_limit=dense_limit, method="cholesky")
-        certify_products += spectrum.products + certificate.products + certificate.drift_products
-        certify_wall += time.perf_counter() - t0
+        with c.certification:
+            spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim, split_origin=True)
+            certificate = certify(problem, c.omega(v), c.mass, spectrum, dense_limit=dense_limit, method="cholesky")
+        c.certify_wall += time.perf_counter() - t0
         say(f"certificate: {certificate.describe()}")
         found = (spectrum, certificate)
         if max(spectrum.morse_index_lower, certificate.index_lower) == 0 or attempt == max_restarts:
@@ -290,7 +286,7 @@ def structured_minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, in
         I = float(g @ g)
         found = None
     point = _finish(problem, "minimum", c, v, E, I, I0, initial_dissipation, target, iterations, message, hist,
-                    (krylov_dim, dense_limit), say, found=found, certify=(certify_products, certify_wall))
+                    (krylov_dim, dense_limit), say, found=found)
     point.route = ROUTE if search == SEARCHES[0] else f"{ROUTE} ({search} search)"
     return point
 

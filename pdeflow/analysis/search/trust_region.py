@@ -96,9 +96,9 @@ def trust_region_search(c: Counter, v: np.ndarray, target: float, hist: _History
     """The search of the module docstring from ``v`` [N k] until ``I <= target``, ``max_iter`` iterations, the limits
     of ``c`` (:attr:`pdeflow.analysis.stationary.stationary.Counter.exhausted`) or a region shrunk to nothing;
     ``awake`` [N] (bool): heads that take part however small (an escape direction moves them; the L-BFGS search's
-    rule); ``precondition``: ``P`` the per-head blocks of S (else the identity). Products and the ``2 k`` forward
-    passes of a block build are counted on ``c``. Returns the point, E, g, I, the iterations and why they
-    stopped."""
+    rule); ``precondition``: ``P`` the per-head blocks of S (else the identity). Products and the forward passes of
+    a block build are counted by the Problem (read on ``c``). Returns the point, E, g, I, the iterations and why
+    they stopped."""
     problem, (n_heads, k) = c.problem, c.shape
     hold = origin_is_stationary(problem, c.omega(v), c.mass)
     awake = np.zeros(n_heads, dtype=bool) if awake is None else awake
@@ -124,7 +124,6 @@ def trust_region_search(c: Counter, v: np.ndarray, target: float, hist: _History
         inverse: Callable[[np.ndarray], np.ndarray] = lambda x: x  # noqa: E731
         if precondition:
             if built is None or np.any(live & ~built[0]):
-                c.direct_products += 2 * k
                 built = (live, BlockPreconditioner.from_blocks(head_blocks(problem, omega_live, mass_live)))
             elif not np.array_equal(built[0], live):  # heads died (a dead head stays dead): their blocks leave P
                 keep = live[built[0]]
@@ -138,7 +137,6 @@ def trust_region_search(c: Counter, v: np.ndarray, target: float, hist: _History
             radius = math.sqrt(float(b @ project(inverse(b))))
         eta = min(ETA, math.sqrt(math.sqrt(I) / g0))
         step, Hstep, status, cg_steps, length = steihaug_toint(op.matvec, b, inverse, project, radius, eta, CG_MAXITER)
-        c.direct_products += op.products
         predicted = -(float(b @ step) + 0.5 * float(step @ Hstep))
         p = np.zeros(n_heads * k)
         p[cols] = step

@@ -95,24 +95,35 @@ Preconditioning = Callable[[np.ndarray, np.ndarray], Callable[[np.ndarray], np.n
 
 
 class Counter:
-    """The energy and its mass-weighted gradient at ``v`` [N k] and the Hessian operators there, with the
-    evaluations and products counted (a repeated evaluation at the same ``v`` is served from memory, uncounted),
-    and the search's limits: ``max_wall`` seconds (machine-dependent) and ``max_cost`` gradient equivalents
-    (:attr:`cost`; the same count on every machine, so a search stopped by it stops at the same iterate)."""
+    """The energy and its mass-weighted gradient at ``v`` [N k] and the Hessian operators there (a repeated
+    evaluation at the same ``v`` is served from memory, no call of the Problem's), the search's cost read from the
+    Problem's counter since the Counter was made (:meth:`pdeflow.core.problem.Problem.mark`): :attr:`gradients` in
+    all, the search's :attr:`products` apart from the certification's (:attr:`certification`, a
+    :class:`pdeflow.core.problem.Share` that :func:`classify` enters, and its ``certify_wall`` seconds); and the
+    search's limits: ``max_wall`` seconds (machine-dependent) and ``max_cost`` gradient equivalents (:attr:`cost`;
+    the same count on every machine, so a search stopped by it stops at the same iterate)."""
 
     def __init__(self, problem: Problem, mass: np.ndarray, shape: tuple[int, int], *, max_wall: float = math.inf,
                  max_cost: float = math.inf) -> None:
         self.problem, self.mass, self.shape = problem, np.asarray(mass, dtype=float), shape
         self.max_wall, self.max_cost = max_wall, max_cost
         self.root = np.sqrt(self.mass)[:, None]
-        self.gradients = 0
-        # products counted here directly: the forward passes of a structured assembly (one product each, as
-        # pdeflow.analysis.certificate.certificate counts them) and exact JVPs of operators not made by hessian()
-        self.direct_products = 0
-        self._retired_products = 0
-        self._op: HessianOperator | None = None
+        self._mark = problem.mark()
+        self.certification = problem.share()
+        self.certify_wall = 0.0
         self._last: tuple[np.ndarray, float, np.ndarray] | None = None
         self.start = time.perf_counter()
+
+    def _search_calls(self) -> dict[str, int]:
+        """The Problem's calls since the Counter began, less the certification's products (its gradients stay:
+        :attr:`gradients` is the search's in all)."""
+        spent = self.problem.since(self._mark)
+        return {kind: spent[kind] - (self.certification.calls[kind] if kind != "gradient" else 0) for kind in spent}
+
+    @property
+    def gradients(self) -> int:
+        """The grad Phi evaluations since the Counter began, the certification's included."""
+        return self._search_calls()["gradient"]
 
     def omega(self, v: np.ndarray) -> np.ndarray:
         """``omega = M^(-1/2) v``: [N k] -> [N, k]."""
@@ -126,29 +137,29 @@ class Counter:
         """``E`` and ``g = M^(1/2) grad Phi`` [N k] (one grad Phi evaluation)."""
         if self._last is not None and np.array_equal(self._last[0], v):
             return self._last[1], self._last[2].copy()
-        self.gradients += 1
         ev = self.problem.evaluate(self.omega(v), self.mass)
         g = (self.root * ev.grad_phi).ravel()
         self._last = (np.array(v, dtype=float), ev.energy, g.copy())
         return ev.energy, g
 
     def use(self, problem: Problem) -> None:
-        """Evaluate with ``problem`` from now on (the same data in another precision: a float32 search before a
-        float64 polish); the remembered evaluation, made with the other, is forgotten."""
+        """Evaluate with ``problem`` from now on (the same data in another precision on the same counter,
+        :meth:`pdeflow.core.problem.Problem.in_precision`: a float32 search before a float64 polish); the
+        remembered evaluation, made with the other, is forgotten."""
+        if problem.counts is not self.problem.counts:
+            raise ValueError("Counter.use: the problem must count on the same counter (Problem.in_precision)")
         self.problem = problem
         self._last = None
 
     def hessian(self, v: np.ndarray) -> HessianOperator:
-        """``Pi S Pi`` at ``v`` (:func:`pdeflow.analysis.hessian.spectrum.hessian_operator`; its products are counted
-        here)."""
-        self._retired_products = self.products
-        self._op = hessian_operator(self.problem, self.omega(v), self.mass)
-        return self._op
+        """``Pi S Pi`` at ``v`` (:func:`pdeflow.analysis.hessian.spectrum.hessian_operator`)."""
+        return hessian_operator(self.problem, self.omega(v), self.mass)
 
     @property
     def products(self) -> int:
-        """The JVP products of every operator :meth:`hessian` made, and the :attr:`direct_products`."""
-        return self._retired_products + self.direct_products + (self._op.products if self._op is not None else 0)
+        """The search's Jacobian-vector products (exact and difference), the certification's apart."""
+        calls = self._search_calls()
+        return calls["jvp_exact"] + calls["jvp_difference"]
 
     @property
     def wall(self) -> float:
@@ -157,8 +168,8 @@ class Counter:
     @property
     def cost(self) -> float:
         """The search's cost so far in grad Phi evaluations (:func:`pdeflow.core.problem.gradient_equivalents` of
-        its gradients and exact products)."""
-        return gradient_equivalents({"gradient": self.gradients, "jvp_exact": self.products})
+        its gradients and products)."""
+        return gradient_equivalents(self._search_calls())
 
     @property
     def exhausted(self) -> bool:
@@ -400,7 +411,6 @@ def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, h
 
         def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
             if last[0] is None or not np.array_equal(last[0], x):
-                c.gradients += 1
                 ev = problem.evaluate(x.reshape(-1, k) / root, mass)
                 energy = float(ev.energy) if np.isfinite(ev.energy) else math.inf
                 last[:] = [x.copy(), energy, (root * ev.grad_phi).ravel()]
@@ -504,7 +514,6 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
     iterations, message = 0, ""
     awake = np.zeros(c.shape[0], dtype=bool)
     spectrum, certificate = None, None
-    certify_products, certify_wall = 0, 0.0
     for attempt in range(max_restarts + 1):
         start = len(hist.rows)
         if (I0 > target or attempt > 0) and method == "lbfgs":
@@ -531,9 +540,7 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         if I > target:
             break
         message = f"{method}: I = {I:.3g} <= {target:.3g}"
-        spectrum, certificate, products, wall = classify(problem, c, v, krylov_dim, say, dense_limit)
-        certify_products += products
-        certify_wall += wall
+        spectrum, certificate = classify(problem, c, v, krylov_dim, say, dense_limit)
         if max(spectrum.morse_index_lower, certificate.index_lower) == 0 or attempt == max_restarts:
             break
         lam, x = descent_direction(spectrum, certificate)
@@ -548,7 +555,7 @@ def minimum(problem: Problem, omega: np.ndarray, mass: np.ndarray, initial_dissi
         spectrum, certificate = None, None
     found = None if spectrum is None or certificate is None else (spectrum, certificate)
     return _finish(problem, "minimum", c, v, E, I, I0, initial_dissipation, target, iterations, message, hist,
-                   (krylov_dim, dense_limit), say, found=found, certify=(certify_products, certify_wall))
+                   (krylov_dim, dense_limit), say, found=found)
 
 
 def descent_direction(spectrum: SpectrumEnds, certificate: Certificate) -> tuple[float, np.ndarray]:
@@ -561,7 +568,7 @@ def descent_direction(spectrum: SpectrumEnds, certificate: Certificate) -> tuple
 
 
 def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int, say: Progress,
-             dense_limit: int = DENSE_LIMIT) -> tuple[SpectrumEnds, Certificate, int, float]:
+             dense_limit: int = DENSE_LIMIT) -> tuple[SpectrumEnds, Certificate]:
     """The spectrum ends at ``v`` (:func:`pdeflow.analysis.hessian.spectrum.spectrum_ends`, ``krylov_dim`` Lanczos
     steps), the
     run continued up to :data:`KRYLOV_GROWTH` times the steps until the lowest Ritz value has converged and is
@@ -569,17 +576,17 @@ def classify(problem: Problem, c: Counter, v: np.ndarray, krylov_dim: int, say: 
     minimum
     the lowest eigenvalues sit at 1e-6 of lambda_max and converge last (measured on longtime.toml: none of them
     in 300 steps, 7.4e-5 with residual 1e-14 in 900); then its certificate
-    (:func:`pdeflow.analysis.certificate.certificate.certify`, ``dense_limit``). Returns the spectrum, the
-    certificate, the
-    products of both and the wall seconds."""
+    (:func:`pdeflow.analysis.certificate.certificate.certify`, ``dense_limit``). Returns the spectrum and the
+    certificate; their calls are ``c``'s certification (:attr:`Counter.certification`), their seconds its
+    ``certify_wall``."""
     t0 = time.perf_counter()
-    spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim,
-                             max_dim=KRYLOV_GROWTH * krylov_dim, split_origin=True)
-    c.gradients += 1  # the spectrum's start vector
-    certificate = certify(problem, c.omega(v), c.mass, spectrum, dense_limit=dense_limit)
+    with c.certification:
+        spectrum = spectrum_ends(problem, c.omega(v), c.mass, krylov_dim=krylov_dim,
+                                 max_dim=KRYLOV_GROWTH * krylov_dim, split_origin=True)
+        certificate = certify(problem, c.omega(v), c.mass, spectrum, dense_limit=dense_limit)
     say(f"spectrum: lowest {spectrum.lowest[:3]}, {spectrum.products} Lanczos steps; {certificate.describe()}")
-    products = spectrum.products + certificate.products + certificate.drift_products
-    return spectrum, certificate, products, time.perf_counter() - t0
+    c.certify_wall += time.perf_counter() - t0
+    return spectrum, certificate
 
 
 def no_spectrum(n: int) -> SpectrumEnds:
@@ -591,11 +598,10 @@ def no_spectrum(n: int) -> SpectrumEnds:
 
 def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I: float, I_start: float,
             initial_dissipation: float, target: float, iterations: int, message: str, hist: _History,
-            spectral: tuple[int, int], say: Progress, found: tuple[SpectrumEnds, Certificate] | None = None,
-            certify: tuple[int, float] = (0, 0.0)) -> StationaryPoint:
+            spectral: tuple[int, int], say: Progress,
+            found: tuple[SpectrumEnds, Certificate] | None = None) -> StationaryPoint:
     """The point of a search with its spectrum and certificate (``found``, else computed with ``spectral`` =
     (Lanczos steps, dense limit))."""
-    certify_products, certify_wall = certify
     n = c.shape[0] * c.shape[1]
     if found is None and I > target and c.cost > c.max_cost:
         # the budget bounds the whole search: a point it stopped is "not converged" whatever its spectrum, so none
@@ -606,22 +612,18 @@ def _finish(problem: Problem, kind: str, c: Counter, v: np.ndarray, E: float, I:
     elif found is None and I > target:
         # the Lanczos ends still say whether the search stopped near a saddle; a dense certificate would only
         # restate "not converged" (measured on longtime.toml's 58 live heads: minutes of eigh and 8 GB)
-        spectrum, _, products, wall = classify(problem, c, v, spectral[0], say, dense_limit=0)
+        spectrum, _ = classify(problem, c, v, spectral[0], say, dense_limit=0)
         certificate = not_stationary(spectrum, n, spectral[1])
-        certify_products += products
-        certify_wall += wall
     elif found is None:
-        spectrum, certificate, products, wall = classify(problem, c, v, spectral[0], say, spectral[1])
-        certify_products += products
-        certify_wall += wall
+        spectrum, certificate = classify(problem, c, v, spectral[0], say, spectral[1])
     else:
         spectrum, certificate = found
     point = StationaryPoint(kind=kind, omega=c.omega(v), mass=c.mass.copy(), energy=E, dissipation=I,
                             start_energy=hist.rows[0][0], start_dissipation=I_start,
                             initial_dissipation=initial_dissipation, target=target, converged=bool(I <= target),
                             spectrum=spectrum, certificate=certificate, gradients=c.gradients,
-                            products=c.products, wall=c.wall, certify_products=certify_products,
-                            certify_wall=certify_wall, iterations=iterations, message=message, history=hist.arrays())
+                            products=c.products, wall=c.wall, certify_products=c.certification.products,
+                            certify_wall=c.certify_wall, iterations=iterations, message=message, history=hist.arrays())
     say(f"{kind}: {point.verdict}; E = {E:.12g}, I = {I:.3e}")
     return point
 
