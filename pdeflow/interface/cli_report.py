@@ -5,8 +5,8 @@ Runs what is not yet computed, each stage as the pdeflow command a user would ty
 those commands say), writing its file into DIR: ``run`` (``pdeflow run``, or a copy of the given trajectory),
 ``stationary`` (``pdeflow stationary --kind minimum``), ``diagnose`` (``pdeflow diagnose``, with E* from the
 certified point when there is one), ``minimum`` (``pdeflow stability --stationary``), ``dirac``
-(``pdeflow stability DIR/run.h5``) and ``chaos`` (``pdeflow chaos DIR/run.h5 --quick``); the last two take the
-problem the run file stores, so relative paths in the config are read once, from the config's own folder.
+(``pdeflow stability DIR/run.h5``) and ``chaos`` (``pdeflow chaos DIR/run.h5``, the config's ladder); the last two
+take the problem the run file stores, so relative paths in the config are read once, from the config's own folder.
 DIR/stages.json keeps each stage's command, cost and the hash of its inputs (the config after --set, the content
 of the config, its data files or the trajectory, the stage's options, the pdeflow version): a stage whose inputs
 are unchanged is reused, and the page and the summary say which; any change re-runs it and the stages that read it,

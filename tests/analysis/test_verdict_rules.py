@@ -142,10 +142,16 @@ def chaos_attrs(coupling: tuple[float, float, float], static: tuple[float, float
     ((-1.0, -1.2, -0.8), (-0.49, -0.55, -0.43), CONTRADICTED),   # a tight slope of -1: its interval holds it
     ((-0.52, -0.6, -0.44), (-0.25, -0.3, -0.2), CONTRADICTED),
     ((math.nan, math.nan, math.nan), (math.nan, math.nan, math.nan), NOT_ESTABLISHED),
+    # pdeflow chaos --quick on the quickstart problem: -1/2 inside, and so are 0 and positive slopes
+    ((-0.79, -2.63, 1.05), (-0.39, -3.55, 2.77), NOT_ESTABLISHED),
+    ((-0.52, -0.6, -0.44), (-0.45, -0.95, 0.05), NOT_ESTABLISHED),    # one interval reaches 0
+    ((-0.52, -0.6, -0.44), (math.nan, math.nan, math.nan), NOT_ESTABLISHED),   # one slope of two
+    ((-0.3, -0.45, -0.15), (-0.49, -0.55, -0.43), CONTRADICTED),       # below 0 but short of -1/2
 ])
 def test_the_chaos_verdict_asks_whether_minus_one_half_is_inside(coupling, static, expected):
-    """holds when -1/2 lies in every fitted slope's interval; a slope of -1 with the interval [-1.2, -0.8] is
-    contradicted, though it lies inside its own interval."""
+    """holds when -1/2 lies in every fitted slope's interval and each interval lies below 0 (a decay is measured); a
+    slope of -1 with the interval [-1.2, -0.8] is contradicted, though it lies inside its own interval; an interval
+    holding 0 too cannot tell N^(-1/2) from no decay: not established."""
     s = chaos_section(chaos_attrs(coupling, static), [])
     assert s.verdict == expected, s.reason
 

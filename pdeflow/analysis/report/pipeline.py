@@ -4,7 +4,8 @@ what those commands say), writing its file into the report's folder DIR, then th
 The stages, in order: ``run`` (``pdeflow run``, or a copy of the given trajectory), ``stationary``
 (``pdeflow stationary --kind minimum``), ``diagnose`` (``pdeflow diagnose``, with E* from the certified point when
 there is one), ``minimum`` (``pdeflow stability --stationary``), ``dirac`` (``pdeflow stability DIR/run.h5``) and
-``chaos`` (``pdeflow chaos DIR/run.h5 --quick``): the last two run the stored config on the problem the run file
+``chaos`` (``pdeflow chaos DIR/run.h5``, the config's whole ladder: ``--quick``'s two seeds and three N cannot
+tell a decay from none): the last two run the stored config on the problem the run file
 stores, so a relative ``task.path`` is read once, by the run, from the config's own folder.
 
 Each stage's record in ``DIR/stages.json`` holds the SHA-256 ``key`` of its inputs (:meth:`Stages.key`): its own
@@ -160,9 +161,8 @@ def check_request(req: ReportRequest) -> Plan:
                                    f"dense Hessians need k <= {DIRAC_MAX_K} (--skip dirac, or a smaller --max-k)")
         if "chaos" not in req.skip | set(sized_out):
             from ..finite_heads.chaos import check_config as check_chaos
-            from ..finite_heads.chaos import quick_config
 
-            check_chaos(quick_config(cfg))
+            check_chaos(cfg)
         return Plan(cfg, k, sized_out, _source(req, cfg))
     except (ConfigError, TrajectoryError) as exc:
         raise ReportInputError(str(exc)) from None
@@ -283,7 +283,7 @@ def _experiment_stages(req: ReportRequest, stages: Stages, out: Path, certified:
     commands = {
         "minimum": (["stability", "--stationary", str(stationary_file)], "minimum-rates.h5", "rates"),
         "dirac": (["stability", str(run_file)], "stability.h5", "stability"),
-        "chaos": (["chaos", str(run_file), "--quick"], "chaos.h5", "chaos"),
+        "chaos": (["chaos", str(run_file)], "chaos.h5", "chaos"),
     }
     found: dict[str, dict[str, Any] | None] = {}
     for name, (argv, filename, group) in commands.items():
