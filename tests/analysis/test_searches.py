@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from pdeflow import Problem, loads_config
+from pdeflow import Problem
 from pdeflow.analysis.search import structured_minimum as structured
 from pdeflow.analysis.search.trust_region import steihaug_toint
 from pdeflow.analysis.stationary.block_preconditioner import BlockPreconditioner
@@ -18,21 +18,13 @@ from pdeflow.analysis.stationary.stationary import read_stationary
 from pdeflow.interface.cli import main
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates
 from test_stationary import MASS, RUN, dense_spectrum, saddle  # noqa: F401  (saddle: the shared fixture)
+from test_structured_minimum import eight_heads  # noqa: F401  (the shared fixture)
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 @pytest.fixture(scope="module")
-def eight_heads(one_numba_thread):
-    """Eight heads of the tiny problem at random (scale 0.7): some die on the way to the minimum."""
-    problem = Problem.from_config(loads_config(TINY))
-    omega = np.random.default_rng(0).standard_normal((8, problem.k)) * 0.7
-    mass = np.full(8, 1.0 / 8.0)
-    return problem, omega, mass, problem.evaluate(omega, mass).dissipation
-
-
-@pytest.fixture(scope="module")
-def reached(eight_heads):
+def reached(eight_heads):  # noqa: F811
     """The route's point by each search from the eight heads."""
     problem, omega, mass, initial = eight_heads
     return {search: structured.structured_minimum(problem, omega, mass, initial, search=search)
@@ -98,7 +90,7 @@ def test_steihaug_toint_solves_inside_and_stops_on_the_boundary_of_the_p_norm():
 
 
 @pytest.mark.parametrize("search", ["trust-region", "float32"])
-def test_each_search_reaches_a_minimum_that_a_dense_eigh_confirms(eight_heads, reached, search):
+def test_each_search_reaches_a_minimum_that_a_dense_eigh_confirms(eight_heads, reached, search):  # noqa: F811
     problem, omega, mass, initial = eight_heads
     point = reached[search]
     assert point.converged and point.certified and point.verdict == "local minimum"
@@ -118,8 +110,8 @@ def test_the_trust_region_search_takes_second_order_steps_alone(reached):
     assert point.products > point.gradients  # every iteration a CG solve of several products and one gradient
 
 
-def test_the_float32_search_evaluates_in_float32_and_ends_at_the_float64_routes_minimum(eight_heads, reached,
-                                                                                     monkeypatch):
+def test_the_float32_search_evaluates_in_float32_and_ends_at_the_float64_routes_minimum(
+        eight_heads, reached, monkeypatch):  # noqa: F811
     """The L-BFGS phase's gradients are the float32 problem's (counted on the one counter, and here by a wrapper of
     its own); the float64 endgame takes the point to the same minimum as the default search's: E* to 1e-11, the
     heads' invariants to 1e-5."""
@@ -179,7 +171,7 @@ np.savez({out!r}, **out)
 """
 
 
-def test_one_and_two_threads_give_the_same_point_bit_for_bit(eight_heads, reached, tmp_path):
+def test_one_and_two_threads_give_the_same_point_bit_for_bit(eight_heads, reached, tmp_path):  # noqa: F811
     """The route's result does not depend on the thread count: the point, E* and the counts of each new search on 1
     thread (this process) and 2 (a process started with NUMBA_NUM_THREADS=2) are identical."""
     import os
