@@ -149,18 +149,20 @@ def run_start(t_start: float, searches: list[str], threads: int, out: Path, conf
 
 
 def record(dirs: list[Path], out: Path) -> dict[str, Any]:
-    """The starts' JSONs (each ``DIR/start-T/new_searches.json``, or a DIR holding several) in one record."""
+    """The starts' JSONs (each ``DIR/start-T/new_searches.json``, or a DIR holding several) in one record; what else
+    an existing record at ``out`` holds (the probes, its date and status) is kept."""
     starts = []
     for d in dirs:
         for f in [d] if d.is_file() else sorted(d.glob("**/new_searches.json")):
             start = json.loads(f.read_text())
             for search, run in start["runs"].items():
-                if "phases" not in run:  # a run made before the split was recorded: from its result file
+                if not run.get("phases"):  # a run made before the split was recorded: from its result file
                     run["phases"] = phases(f.parent / f"minimum-{search}.h5")
             starts.append(start)
     starts.sort(key=lambda s: s["t_start"])
-    rec = {"command": "python -m studies.minimum.new_searches run --start T (each start), then record",
-           "starts": starts}
+    kept = json.loads(out.read_text()) if out.exists() else {}
+    rec = kept | {"command": "python -m studies.minimum.new_searches run --start T (each start), then record",
+                  "starts": starts}
     out.write_text(json.dumps(rec, indent=2) + "\n")
     return rec
 
