@@ -1,5 +1,5 @@
 """The mutation check: named mutations of the code that decides (the certificate, the report's verdict rules,
-``compare --order``'s verdict), each applied in turn to the checkout with the tests that must catch it run against
+``compare --order``'s verdict, the counter's Share, a rule of validate's), each applied in turn to the checkout with the tests that must catch it run against
 it; a mutation none of them catches *survived*, and the test it names does not guard what it claims to.
 
     python tests/mutations/run_mutations.py              # every mutation; exit 0 when all are caught
@@ -36,6 +36,8 @@ ABOUT = "pdeflow/analysis/certificate/about_minimum.py"
 FAILURES = "tests/analysis/test_certificate_failures.py"
 RULES = "tests/analysis/test_verdict_rules.py"
 BRACKET = "tests/analysis/test_bracket_about_minimum.py"
+PROBLEM = "pdeflow/core/problem.py"
+METADATA = "pdeflow/interface/recompute_metadata.py"
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return float(self.orders[-1])", "        return float(self.slope)",
              (f"{RULES}::test_the_order_verdict_reads_the_finest_pair",),
              "the observed order taken from the least-squares slope"),
+    # ---- the one counter (issue 53) and validate's checkpoint rule (issue 52's fuzz)
+    Mutation("share-keeps-last-block", PROBLEM,
+             "self.calls = {kind: self.calls[kind] + spent[kind] for kind in COST_KINDS}", "self.calls = spent",
+             ("tests/core/test_system_jacobian.py::"
+              "test_a_share_sums_the_calls_inside_its_blocks_and_float32_counts_on_the_same_counter",),
+             "a Share holding its last block's calls only"),
+    Mutation("active-slot-claimed-checked", METADATA,
+             '        elif int(other["step"]) == int(mine["step"]):', "        elif False:",
+             ("tests/io/test_validate_numbers.py::"
+              "test_which_slot_is_active_is_listed_as_unchecked_when_both_commit_the_same_step",),
+             "validate claiming to check which of two slots of the same step is active"),
 )
 
 
