@@ -67,6 +67,8 @@ frame_interval = 1.0
 n_ref = 256
 n_list = [4, 8, 16]
 seeds = 2
+eta_list = [0.1, 0.05]
+static_draws = 8
 """
 SKIP_SLOW = "minimum,dirac,chaos,gap"
 
@@ -193,18 +195,19 @@ def test_a_failed_later_stage_is_shown_failed_and_the_others_decide(tiny, tmp_pa
     assert _json(out / "stages.json")["chaos"]["status"].startswith("failed (exit 3)")
 
 
-def test_a_relative_text_path_decides_the_dirac_and_chaos_statements(tmp_path, monkeypatch):
+def test_a_relative_text_path_reaches_the_dirac_and_chaos_stages(tmp_path, monkeypatch):
     """docs/your_own_problem.md's config shape (``task.path = "text.txt"`` beside it), reported from another folder:
     the run reads the text from the config's folder; the Dirac and chaos stages run on DIR/run.h5's stored problem
-    (DIR holds no text.txt, and neither does the working directory), and both statements are decided."""
+    (DIR holds no text.txt, and neither does the working directory): the Dirac statement is decided, and the chaos
+    stage fits its slopes (on a ladder of 2 seeds, 3 rungs, whether they decide is not this test's question)."""
     config = text_problem(tmp_path / "problem")
     monkeypatch.chdir(tmp_path)
     out = Path("R")
     assert main(["report", "problem/text.toml", "-o", str(out), "--skip", "stationary,gap", "--quiet"]) == 0
     assert not (out / "text.txt").exists() and not Path("text.txt").exists()
-    for key in ("dirac", "chaos"):
-        section = _section(out, key)
-        assert section["verdict"] in (HOLDS, CONTRADICTED), (key, section["reason"])
+    assert _section(out, "dirac")["verdict"] in (HOLDS, CONTRADICTED), _section(out, "dirac")["reason"]
+    chaos = _section(out, "chaos")
+    assert chaos["verdict"] != FAILED and "no slope" not in chaos["reason"], chaos["reason"]
     commands = {s: r["command"] for s, r in _json(out / "stages.json").items()}
     assert commands["dirac"].startswith(f"pdeflow stability {out / 'run.h5'} ")
     assert commands["chaos"].startswith(f"pdeflow chaos {out / 'run.h5'}") and "--quick" not in commands["chaos"]
