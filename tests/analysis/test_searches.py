@@ -18,7 +18,7 @@ from pdeflow.analysis.stationary.stationary import read_stationary
 from pdeflow.interface.cli import main
 from test_stability import TINY  # V = T = 3, d = 4, dh = 2: k = 32 full coordinates
 from test_stationary import MASS, RUN, dense_spectrum, saddle  # noqa: F401  (saddle: the shared fixture)
-from test_structured_minimum import eight_heads  # noqa: F401  (the shared fixture)
+from test_structured_minimum import eight_heads, on_two_threads  # noqa: F401  (eight_heads: the shared fixture)
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
@@ -174,18 +174,7 @@ np.savez({out!r}, **out)
 def test_one_and_two_threads_give_the_same_point_bit_for_bit(eight_heads, reached, tmp_path):  # noqa: F811
     """The route's result does not depend on the thread count: the point, E* and the counts of each new search on 1
     thread (this process) and 2 (a process started with NUMBA_NUM_THREADS=2) are identical."""
-    import os
-    import subprocess
-    import sys
-
-    problem, omega, mass, initial = eight_heads
-    np.save(tmp_path / "start.npy", omega)
-    script = tmp_path / "two.py"
-    script.write_text(TWO_THREADS.format(toml=TINY, start=str(tmp_path / "start.npy"), out=str(tmp_path / "two.npz")))
-    proc = subprocess.run([sys.executable, str(script)], env=dict(os.environ, NUMBA_NUM_THREADS="2"),
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr
-    two = np.load(tmp_path / "two.npz")
+    two = on_two_threads(TWO_THREADS, eight_heads[1], tmp_path, 900)
     for search in ("trust-region", "float32"):
         one = reached[search]
         np.testing.assert_array_equal(one.omega, two[search + "-omega"])

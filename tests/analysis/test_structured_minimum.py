@@ -186,23 +186,29 @@ np.savez({out!r}, omega=point.omega, energy=point.energy, certified=point.certif
 """
 
 
-def test_one_and_two_threads_reach_the_same_minimum(eight_heads, tmp_path):
-    """The kernels' parallel reductions round differently on 1 and 2 threads; the route still ends at the same
-    minimum (E* to 1e-12, the points to 1e-6), each certified. One thread: this process (the suite's workers run
-    one); two: a process started with NUMBA_NUM_THREADS=2."""
+def on_two_threads(script: str, omega: np.ndarray, tmp_path, timeout: float) -> dict:
+    """``script`` (a template of ``toml``, ``start`` and ``out``) run from ``omega`` in a process started with
+    NUMBA_NUM_THREADS=2: the arrays it saved."""
     import os
     import subprocess
     import sys
 
+    np.save(tmp_path / "start.npy", omega)
+    path = tmp_path / "two.py"
+    path.write_text(script.format(toml=TINY, start=str(tmp_path / "start.npy"), out=str(tmp_path / "two.npz")))
+    proc = subprocess.run([sys.executable, str(path)], env=dict(os.environ, NUMBA_NUM_THREADS="2"),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return dict(np.load(tmp_path / "two.npz"))
+
+
+def test_one_and_two_threads_reach_the_same_minimum(eight_heads, tmp_path):
+    """The kernels' parallel reductions round differently on 1 and 2 threads; the route still ends at the same
+    minimum (E* to 1e-12, the points to 1e-6), each certified. One thread: this process (the suite's workers run
+    one); two: a process started with NUMBA_NUM_THREADS=2."""
     problem, omega, mass, initial = eight_heads
     one = structured_minimum(problem, omega, mass, initial, max_restarts=0)
-    np.save(tmp_path / "start.npy", omega)
-    script = tmp_path / "two.py"
-    script.write_text(TWO_THREADS.format(toml=TINY, start=str(tmp_path / "start.npy"), out=str(tmp_path / "two.npz")))
-    proc = subprocess.run([sys.executable, str(script)], env=dict(os.environ, NUMBA_NUM_THREADS="2"),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    two = np.load(tmp_path / "two.npz")
+    two = on_two_threads(TWO_THREADS, omega, tmp_path, 600)
     assert one.certified and bool(two["certified"])
     assert abs(one.energy - float(two["energy"])) <= 1e-12
     np.testing.assert_allclose(one.omega, two["omega"], atol=1e-6)

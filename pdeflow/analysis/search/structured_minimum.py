@@ -63,6 +63,7 @@ from ..stationary.stationary import (
     _lbfgs_live_heads,
     descent_direction,
     heads_at_origin,
+    with_heads_at_origin,
 )
 from .trust_region import trust_region_search
 
@@ -175,10 +176,8 @@ def _newton_pcg(c: Counter, v: np.ndarray, target: float, hist: _History, say: P
         if not accepted:
             return v, E, g, I, it, f"the line search on E failed at I = {I:.3g} (Newton-PCG step {it})"
         v = v + alpha * p
-        if hold:  # heads the step sent below the threshold are dead: exactly at the origin
-            v = v.reshape(n_heads, k).copy()
-            v[heads_at_origin(c.omega(v.ravel()))] = 0.0
-            v = v.ravel()
+        if hold:
+            v = with_heads_at_origin(v, c.shape, heads_at_origin(c.omega(v)))
         E, g = c.energy_and_gradient(v)
         I = float(g @ g)
         hist.add(E, I)

@@ -30,7 +30,7 @@ import numpy as np
 from ...core.hessian_assembly import head_blocks
 from ..hessian.spectrum import hessian_operator, origin_is_stationary
 from ..stationary.block_preconditioner import BlockPreconditioner
-from ..stationary.stationary import Counter, Progress, _History, heads_at_origin
+from ..stationary.stationary import Counter, Progress, _History, heads_at_origin, with_heads_at_origin
 
 ETA = 0.1          # the loosest relative residual of a subproblem's CG solve inside the region
 CG_MAXITER = 300   # CG iterations (products) of one subproblem at most
@@ -155,10 +155,7 @@ def trust_region_search(c: Counter, v: np.ndarray, target: float, hist: _History
             if radius <= 1e-14 * max(1.0, float(np.linalg.norm(v))):
                 return v, E, g, I, it, f"the trust region shrank to {radius:.3g} at I = {I:.3g}"
             continue
-        v = v + p
-        w = v.reshape(n_heads, k).copy()
-        w[dead(v)] = 0.0  # heads the step sent below the threshold are dead: exactly at the origin
-        v = w.ravel()
+        v = with_heads_at_origin(v + p, c.shape, dead(v + p))
         E, g = c.energy_and_gradient(v)
         I = float(g @ g)
         hist.add(E, I)

@@ -380,6 +380,14 @@ def heads_at_origin(omega: np.ndarray) -> np.ndarray:
     return norms <= FREEZE * float(norms.max())
 
 
+def with_heads_at_origin(v: np.ndarray, shape: tuple[int, int], heads: np.ndarray) -> np.ndarray:
+    """``v`` [N k] with the chosen heads (``heads`` [N], bool) set exactly to 0: heads a step sent below the threshold
+    are dead, and a dead head sits at the origin (a new array)."""
+    w = np.array(v, dtype=float).reshape(shape)
+    w[heads] = 0.0
+    return w.ravel()
+
+
 def _lbfgs_live_heads(c: Counter, v: np.ndarray, target: float, max_iter: int, hist: _History,
                       on_iterate: Callable[[np.ndarray], None] | None, say: Progress,
                       awake: np.ndarray, precondition: Preconditioning | None = None,
