@@ -371,6 +371,16 @@ def check_checkpoint(st: Stored, out: Recheck) -> None:
                                     f"(/checkpoint/{name}/checksum)")
             continue
         commits[name] = arrays
+    if len(commits) == 2 and active in (0, 1) and not st.ended:
+        mine, other = commits[f"slot{active}"], commits[f"slot{1 - active}"]
+        if int(other["step"]) > int(mine["step"]):
+            # a kill between a commit's two flushes leaves this: the slot written, the flip to it never made
+            del commits[f"slot{1 - active}"]
+            out.unseen(f"/checkpoint/slot{1 - active}, /checkpoint/active",
+                       f"slot{1 - active} holds a later step ({int(other['step'])} > {int(mine['step'])}) than the "
+                       f"active slot of this unfinished run, as a kill after writing a slot and before making it "
+                       f"active leaves it: its rows are not part of the trajectory (a resume overwrites it), and "
+                       f"whether /checkpoint/active once named it cannot be told")
     for name, arrays in commits.items():
         _slot_against_rows(st, out, name, arrays)
     if active in (0, 1) and f"slot{active}" in commits and st.ended:

@@ -101,9 +101,11 @@ READ_PAUSE = 0.02
 def trusted_slot(f: h5py.File) -> tuple[int, dict[str, np.ndarray], str | None] | None:
     """(index, datasets, note) of the checkpoint slot a reader may trust, or None before the first commit.
 
-    The active slot when its checksum holds; else the other one (the previous commit) when its checksum
-    holds, with ``note`` the one line saying so; TrajectoryError naming both when neither holds (resuming
-    would continue from wrong data)."""
+    The active slot when its checksum holds; else the other one when its checksum holds and it is the previous
+    commit (its step below the one the damaged slot still holds), with ``note`` the one line saying so;
+    TrajectoryError naming both when neither holds, or when the other slot was written but never made active (a
+    kill between a commit's two flushes: the rows it counts may not all have reached the file). With the active
+    index itself damaged, the earlier of two intact slots (it was active once)."""
     grp = f["checkpoint"]
 
     def active_index() -> int:
@@ -137,14 +139,40 @@ def trusted_slot(f: h5py.File) -> tuple[int, dict[str, np.ndarray], str | None] 
                               f"safely; start again with --force")
     if active in (0, 1) and good[0] == active:
         return active, found[active][0], None
-    # the active slot failed (or the active index itself is damaged): the newest slot whose checksum holds
-    index = max(good, key=lambda i: int(found[i][0]["step"]))
+    if active in (0, 1):
+        # The other slot is the previous commit only if its step lies below the active one's. A slot written but
+        # never flipped active (a kill between the two flushes of a commit) holds a later step, and the rows it
+        # counts were in the flush the kill interrupted: they may not all be in the file.
+        index = 1 - active
+        before = _stored_step(grp[f"slot{active}"])
+        if before is None or int(found[index][0]["step"]) >= before:
+            order_known = "" if before is None else f", not below the active slot's step {before}"
+            raise TrajectoryError(
+                f"{f.filename}: checkpoint slot{active} is damaged ({found[active][1]}), and slot{index} holds a "
+                f"commit that was never made active (step {int(found[index][0]['step'])}{order_known}), whose "
+                f"rows may not all be in the file: nothing to resume from safely; start again with --force")
+        what = f"checkpoint slot{active} is damaged ({found[active][1]})"
+        label = "the checkpoint before it"
+    else:
+        # the active index itself is damaged: the earlier slot was active once, so its rows are all in the file;
+        # the later one may be a commit that was never made active
+        index = min(good, key=lambda i: int(found[i][0]["step"]))
+        what = "the active checkpoint index is damaged"
+        label = "the earlier of the two" if len(good) == 2 else "the one whose checksum holds"
     arrays = found[index][0]
-    what = f"checkpoint slot{active} is damaged ({found[active][1]})" if active in (0, 1) else \
-        "the active checkpoint index is damaged"
-    return index, arrays, (f"{f.filename}: {what}; resuming from slot{index}, the checkpoint before it "
+    return index, arrays, (f"{f.filename}: {what}; resuming from slot{index}, {label} "
                            f"(t = {float(arrays['t']):.6g}, step {int(arrays['step'])}): the steps since are "
                            f"recomputed")
+
+
+
+def _stored_step(slot: h5py.Group) -> int | None:
+    """The ``step`` a slot whose checksum fails still holds, or None when it cannot be read as one integer."""
+    try:
+        value = np.asarray(slot["step"][()])
+        return int(value) if value.shape == () and np.issubdtype(value.dtype, np.integer) else None
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError):
+        return None
 
 
 

@@ -326,10 +326,11 @@ def test_resume_falls_back_from_a_damaged_active_slot_and_refuses_two(killed, tm
         with open_for_reading(killed_path) as f:
             active = int(f["checkpoint/active"][()])
             offsets = [f[f"checkpoint/slot{i}/omega"].id.get_offset() for i in (active, 1 - active)]
-            previous_intact = _slot_arrays(f[f"checkpoint/slot{1 - active}"])[0] is not None
-        if previous_intact:
+            slots = [_slot_arrays(f[f"checkpoint/slot{i}"])[0] for i in (active, 1 - active)]
+        if slots[1] is not None and int(slots[1]["step"]) < int(slots[0]["step"]):
             break
-        # the kill landed while the previous checkpoint was being overwritten: nothing to fall back to, another kill
+        # the kill landed while the previous checkpoint was being overwritten, or before the flip to the one written
+        # (test_a_kill_between_a_commits_two_flushes_keeps_the_commit_before): no commit before to fall back to
         killed_path = tmp_path / "k.h5"
         killed_run(ref, killed_path, rnd)
     else:
@@ -348,6 +349,75 @@ def test_resume_falls_back_from_a_damaged_active_slot_and_refuses_two(killed, tm
     line = one_line(capsys.readouterr().err)
     assert "both checkpoint slots are damaged" in line and "slot0" in line and "slot1" in line
     assert out.read_bytes() == before
+
+
+# A run whose n-th commit is cut between its two flushes: the slot written and flushed, the process gone before
+# /checkpoint/active names it (what a kill in that instant leaves).
+KILL_BEFORE_FLIP = """
+import os, sys
+from pdeflow.interface.cli import main
+from pdeflow.io.trajectory_writer import TrajectoryWriter
+n = int(sys.argv[1])
+write = TrajectoryWriter.write_checkpoint
+count = [0]
+class NeverFlipped:
+    def __init__(self, ds):
+        self.ds = ds
+    def __getitem__(self, key):
+        return self.ds[key]
+    def __setitem__(self, key, value):
+        os._exit(9)
+def write_checkpoint(self, ck):
+    count[0] += 1
+    if count[0] == n:
+        self.ds["checkpoint/active"] = NeverFlipped(self.ds["checkpoint/active"])
+    return write(self, ck)
+TrajectoryWriter.write_checkpoint = write_checkpoint
+sys.exit(main(sys.argv[2:], exiting=True))
+"""
+
+
+def test_a_kill_between_a_commits_two_flushes_keeps_the_commit_before(refs, tmp_path, capsys, one_thread):
+    """The inactive slot holds a later step than the active one, its flip never made. validate calls the file
+    valid and names that slot unchecked; the trajectory is the active slot's rows. With the active slot damaged,
+    --resume refuses in one line (the later slot's rows were in the flush a kill may cut short) and leaves the
+    file alone; with the active index damaged it resumes from the earlier slot; recovered, it resumes; both end
+    bit for bit equal to the uninterrupted run."""
+    ref = refs["adaptive"]
+    killed = tmp_path / "k.h5"
+    proc = subprocess.run([sys.executable, "-c", KILL_BEFORE_FLIP, "6", "run", str(ref.config), "-o", str(killed),
+                           "--quiet"], env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 9, proc.stderr
+    with open_for_reading(killed) as f:
+        active = int(f["checkpoint/active"][()])
+        steps = [int(_slot_arrays(f[f"checkpoint/slot{i}"])[0]["step"]) for i in (active, 1 - active)]
+        offset = f[f"checkpoint/slot{active}/omega"].id.get_offset()
+    assert steps[1] > steps[0]
+    assert main(["validate", str(killed)]) == 0
+    out = capsys.readouterr().out
+    assert f"unchecked: /checkpoint/slot{1 - active}, /checkpoint/active: slot{1 - active} holds a later step" in out
+    assert assert_prefix(killed, ref.path)[1] == steps[0] + 1
+    damaged = tmp_path / "d.h5"
+    damaged.write_bytes(killed.read_bytes())
+    damage(damaged, offset)
+    before = damaged.read_bytes()
+    assert main(["run", str(ref.config), "-o", str(damaged), "--resume", "--quiet"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert f"slot{active} is damaged" in line and f"slot{1 - active} holds a commit that was never made active" in line
+    assert damaged.read_bytes() == before
+    no_index = tmp_path / "i.h5"
+    assert main(["recover", str(killed), "-o", str(no_index)]) == 0
+    with h5py.File(no_index, "r+") as f:
+        f["checkpoint/active"][()] = 7
+    capsys.readouterr()
+    assert main(["run", str(ref.config), "-o", str(no_index), "--resume", "--quiet"]) == 0
+    warning = one_line(capsys.readouterr().err)
+    assert f"resuming from slot{active}, the earlier of the two" in warning and f"step {steps[0]}" in warning
+    assert_same_run(no_index, ref.path)
+    assert main(["recover", str(killed)]) == 0
+    assert main(["validate", str(killed)]) == 0
+    assert main(["run", str(ref.config), "-o", str(killed), "--resume", "--quiet"]) == 0
+    assert_same_run(killed, ref.path)
 
 
 def damage(path: Path, offset: int) -> None:

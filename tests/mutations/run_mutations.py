@@ -39,6 +39,7 @@ RULES = "tests/analysis/test_verdict_rules.py"
 BRACKET = "tests/analysis/test_bracket_about_minimum.py"
 PROBLEM = "pdeflow/core/problem.py"
 METADATA = "pdeflow/interface/recompute_metadata.py"
+KILLS = "tests/methods/test_reliability.py"
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,21 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/io/test_validate_numbers.py::"
               "test_which_slot_is_active_is_listed_as_unchecked_when_both_commit_the_same_step",),
              "validate claiming to check which of two slots of the same step is active"),
+    # ---- the commit a kill cut between its two flushes (CI's flake of the session after issue 52)
+    Mutation("fallback-to-a-later-slot", "pdeflow/io/checkpoint.py",
+             "if before is None or int(found[index][0][\"step\"]) >= before:", "if before is None:",
+             (f"{KILLS}::test_a_kill_between_a_commits_two_flushes_keeps_the_commit_before",),
+             "a resume falling back from a damaged active slot to a later slot never made active"),
+    Mutation("index-damaged-takes-the-later", "pdeflow/io/checkpoint.py",
+             "index = min(good, key=lambda i: int(found[i][0][\"step\"]))",
+             "index = max(good, key=lambda i: int(found[i][0][\"step\"]))",
+             (f"{KILLS}::test_a_kill_between_a_commits_two_flushes_keeps_the_commit_before",),
+             "with the active index damaged, the later slot taken (it may never have been made active)"),
+    Mutation("interrupted-commit-invalid", METADATA,
+             "    if len(commits) == 2 and active in (0, 1) and not st.ended:",
+             "    if len(commits) == 2 and active in (0, 1) and st.ended and False:",
+             (f"{KILLS}::test_a_kill_between_a_commits_two_flushes_keeps_the_commit_before",),
+             "validate calling a commit a kill interrupted before its flip a damaged file"),
 )
 
 
