@@ -52,9 +52,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     chaos.write_result(out, result, cfg, problem, quick=args.quick)
     work.unlink(missing_ok=True)
     figures = [out.with_suffix("." + fmt) for fmt in args.format]
-    with figure_output(dpi):
-        for figure in figures:
-            plot_result(figure, result)
+    with figure_output(dpi, formats=args.format):
+        plot_result(figures[0], result)
     print(chaos.summary(result))
     print(f"pdeflow: chaos: finished in {result.attrs['wall_time']:.0f} s -> {out}, {', '.join(map(str, figures))}")
     return EXIT_OK

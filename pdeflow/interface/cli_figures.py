@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..analysis.plots.figures import DEFAULT_DPI, FORMATS
+from ..analysis.plots.formats import DEFAULT_DPI, FORMATS
 
 
 def figure_formats(text: str) -> tuple[str, ...]:

@@ -20,7 +20,6 @@ import numpy as np
 
 from ..analysis.certificate.certificate import DENSE_LIMIT
 from ..analysis.dirac.stability import MEAN, SPREAD, StabilityResult, run_stability, write_stability
-from ..analysis.dirac.stability_plots import figure_paths, plot_minimum_rates, plot_stability
 from ..analysis.hessian.spectrum import KRYLOV_DIM
 from ..analysis.linearised.minimum_rates import (
     ENGINES,
@@ -29,7 +28,6 @@ from ..analysis.linearised.minimum_rates import (
     RK4_MAX_STEPS,
     SAMPLES_AT_MINIMUM,
 )
-from ..analysis.plots.figures import figure_output
 from ..core.exit_codes import EXIT_OK, HELP
 from ..io.problem_file import config_and_problem
 from .cli_figures import add_figure_arguments, figure_dpi
@@ -50,8 +48,15 @@ def cmd_stability(args: argparse.Namespace) -> int:
     say = (lambda msg: None) if args.quiet else (lambda msg: print(f"stability: {msg}", flush=True))
     result = run_stability(cfg, problem, progress=say)
     write_stability(out, result, cfg, problem.k, problem)
-    with figure_output(figure_dpi(args)):
-        figures = [] if args.no_plots else [f for fmt in args.format for f in plot_stability(result, cfg, out, fmt)]
+    figures = []
+    if not args.no_plots:
+        # the figures' modules here, not at the top: the parser imports this module in every pdeflow process
+        from ..analysis.dirac.stability_plots import plot_stability
+        from ..analysis.plots.figures import figure_output
+
+        with figure_output(figure_dpi(args), formats=args.format):
+            figures = [f.with_suffix(f".{fmt}") for f in plot_stability(result, cfg, out, args.format[0])
+                       for fmt in args.format]
     print(summary(result), file=sys.stdout)
     print(f"pdeflow: stability: {len(result.points)} point(s) -> {out}"
           + (f" (figures: {', '.join(p.name for p in figures)})" if figures else ""))
@@ -121,8 +126,12 @@ def cmd_minimum_rates(args: argparse.Namespace) -> int:
                            krylov_dim=args.krylov_dim)
     write_minimum_rates(out, result, cfg, problem, source=str(args.stationary))
     if not args.no_plots:
-        with figure_output(figure_dpi(args)):
-            figures = [plot_minimum_rates(result, figure_paths(out, fmt)["rates"]) for fmt in args.format]
+        from ..analysis.dirac.stability_plots import figure_paths, plot_minimum_rates
+        from ..analysis.plots.figures import figure_output
+
+        with figure_output(figure_dpi(args), formats=args.format):
+            figure = plot_minimum_rates(result, figure_paths(out, args.format[0])["rates"])
+        figures = [figure.with_suffix(f".{fmt}") for fmt in args.format]
         print(f"pdeflow: stability: figure {', '.join(map(str, figures))}")
     print(rates_table(result))
     print(f"pdeflow: stability: rates at the minimum of {args.stationary} -> {out}")

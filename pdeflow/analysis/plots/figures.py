@@ -12,6 +12,7 @@ canvas, legend entries naming an artist with nothing drawn inside its axes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +27,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.text import Text
 
-FORMATS = ("png", "pdf", "svg")
-DEFAULT_DPI = 150
+from .formats import DEFAULT_DPI, FORMATS, check_format
+
 # a box this many pixels inside another's edge still counts as touching, not overlapping (antialiasing)
 TOLERANCE_PX = 1.0
 
@@ -51,27 +52,33 @@ def current_dpi() -> float:
     return DEFAULT_DPI if dpi == "figure" else float(dpi)
 
 
+# the formats every figure saved inside a figure_output block is also written in (beside it, the same stem)
+_ALSO_IN: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("also_in", default=())
+
+
 @contextlib.contextmanager
-def figure_output(dpi: float | None = None) -> Iterator[None]:
-    """The figures saved inside the block are rasterised at ``dpi`` (None: DEFAULT_DPI)."""
-    with mpl.rc_context({"savefig.dpi": float(dpi or DEFAULT_DPI)}):
-        yield
-
-
-def check_format(fmt: str) -> str:
-    """``fmt`` lower-cased when it is one of FORMATS; ValueError naming the choices otherwise."""
-    if fmt.lower() not in FORMATS:
-        raise ValueError(f"figure format {fmt!r} is not one of {', '.join(FORMATS)}")
-    return fmt.lower()
+def figure_output(dpi: float | None = None, formats: tuple[str, ...] = ()) -> Iterator[None]:
+    """The figures saved inside the block are rasterised at ``dpi`` (None: DEFAULT_DPI) and written in each of
+    ``formats`` besides their own path's (the same stem): a figure is built, laid out and thinned once, whatever
+    the number of formats."""
+    token = _ALSO_IN.set(tuple(check_format(f) for f in formats))
+    try:
+        with mpl.rc_context({"savefig.dpi": float(dpi or DEFAULT_DPI)}):
+            yield
+    finally:
+        _ALSO_IN.reset(token)
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` in the format of its suffix at :func:`current_dpi`, after hiding the tick labels
-    that would overlap a neighbour (:func:`thin_tick_labels`). Returns the path."""
+    that would overlap a neighbour (:func:`thin_tick_labels`), and in each further format a :func:`figure_output`
+    block names (``path`` with that suffix). Returns the path."""
     path = Path(path)
-    check_format(path.suffix.lstrip("."))
+    own = check_format(path.suffix.lstrip("."))
     thin_tick_labels(fig)
-    fig.savefig(path, dpi=current_dpi(), metadata={"Creator": "pdeflow"} if path.suffix != ".png" else None)
+    for fmt in dict.fromkeys((own, *_ALSO_IN.get())):
+        fig.savefig(path.with_suffix(f".{fmt}"), dpi=current_dpi(),
+                    metadata={"Creator": "pdeflow"} if fmt != "png" else None)
     return path
 
 

@@ -8,6 +8,8 @@ predicts), ``contradicted`` (it measured the opposite) or ``not established`` (w
 converged, an estimate without a certificate); the pipeline marks ``failed`` the statement of a stage that failed.
 
 Every section is a :class:`Section`; :mod:`pdeflow.analysis.report.page` writes them as HTML, JSON, CSV and LaTeX.
+The figures' module is imported by the functions that draw: through the command line's parser, every pdeflow
+process would otherwise pay matplotlib's import (about half a second).
 """
 from __future__ import annotations
 
@@ -24,8 +26,6 @@ from ..convergence.spectral import phase_spans
 from ..diagnostics import Analysis
 from ..linearised.minimum_rates import SLOWEST
 from ..optimality.verdict import REPORT_GAP_TOL, YES, gap_verdict
-from ..plots.figures import figure_output
-from ..plots.plotting import _steps, plot_energy, plot_energy_identity, plot_gap, plot_kl, plot_pl, plot_spectrum
 from ..stationary.stationary import index_text, lambda_min_text
 
 HOLDS, CONTRADICTED, NOT_ESTABLISHED = "holds", "contradicted", "not established"
@@ -61,9 +61,10 @@ class Section:
 
 def draw(figure_dir: Path, stem: str, plot, *args) -> str:
     """``plot(*args, path)`` written as ``stem.pdf`` and ``stem.png`` in ``figure_dir``; returns the stem."""
-    for fmt in FIGURE_FORMATS:
-        with figure_output():
-            plot(*args, figure_dir / f"{stem}.{fmt}")
+    from ..plots.figures import figure_output
+
+    with figure_output(formats=FIGURE_FORMATS):
+        plot(*args, figure_dir / f"{stem}.{FIGURE_FORMATS[0]}")
     return stem
 
 
@@ -76,6 +77,8 @@ def energy_section(traj: Trajectory, analysis: Analysis, figure_dir: Path) -> Se
     """Energy dissipation ``dE/dt = -I <= 0`` and the energy identity, as the run's accuracy record states them
     (the run's ``accuracy`` attribute: "held: ..." or "lost ..."), with the largest energy increase between steps and
     the identity residual of the steps (:func:`plot_energy_identity`)."""
+    from ..plots.plotting import _steps, plot_energy, plot_energy_identity
+
     t, e, i = _steps(traj)
     rise = float(np.max(np.diff(e), initial=0.0))
     drop = float(e[0] - e[-1]) if len(e) else math.nan
@@ -111,6 +114,8 @@ def stationary_section(traj: Trajectory, analysis: Analysis, stationary: dict[st
     """The stationary set and the point reached: the spectral phases over time (``diagnose``'s record), the saddles
     visited with their index lower bounds, and the certified point of ``pdeflow stationary --kind minimum`` with its
     spectrum (its ``verdict`` string shown as the command wrote it)."""
+    from ..plots.plotting import plot_spectrum
+
     s = Section("stationary", "The stationary set and the stationary point reached",
                 "The flow converges to the stationary set {∇Φ = 0 on supp ρ}; near a saddle the spectrum of S has "
                 "negative eigenvalues (the Morse index), at a local minimum λ_min(S) > 0.",
@@ -155,6 +160,8 @@ def optimality_section(traj: Trajectory, analysis: Analysis, figure_dir: Path) -
     """Optimality: ``rho`` is a global minimiser iff ``Phi >= int Phi d rho`` everywhere (the support condition),
     measured by the gap ``G``; certified where ``min Phi`` was certified (k <= 3 or a branch-and-bound box), an
     estimate of a non-exhaustive search otherwise."""
+    from ..plots.plotting import plot_gap
+
     s = Section("optimality", "Optimality: the support condition and the gap",
                 "ρ is a global minimiser of E iff Φ(ω; ρ) ≥ ∫Φ dρ for every ω (the support condition); the gap "
                 "G = ∫Φ dρ − min Φ ≥ 0 vanishes exactly there and E − E* ≤ G bounds the excess energy.",
@@ -187,6 +194,8 @@ def optimality_section(traj: Trajectory, analysis: Analysis, figure_dir: Path) -
 def rates_section(traj: Trajectory, analysis: Analysis, figure_dir: Path) -> Section:
     """PL and KL over time: ``I >= 2 mu (E - E*)`` and ``I >= c (E - E*)^(2 (1 - theta))``, as ``diagnose`` fitted
     them (its KL status string and its E* source shown as written)."""
+    from ..plots.plotting import plot_kl, plot_pl
+
     s = Section("rates", "Convergence rates: PL and KL",
                 "Near a minimiser the Łojasiewicz inequality I ≥ c (E − E*)^{2(1−θ)} holds with θ ∈ (0, 1/2]; "
                 "θ = 1/2 is the PL inequality I ≥ 2μ (E − E*), which gives E − E* ≤ (E(0) − E*) e^{−2μt}.",
