@@ -1,7 +1,7 @@
 """The mutation check: named mutations of the code that decides (the certificate, the report's verdict rules,
-``compare --order``'s verdict, the counter's Share, a rule of validate's), each applied in turn to the checkout with
-the tests that must catch it run against it; a mutation none of them catches *survived*, and the test it names does
-not guard what it claims to.
+``compare --order``'s verdict, the counter's Share, validate's checkpoint rules, the slot a resume falls back to),
+each applied in turn to the checkout with the tests that must catch it run against it; a mutation none of them
+catches *survived*, and the test it names does not guard what it claims to.
 
     python tests/mutations/run_mutations.py              # every mutation; exit 0 when all are caught
     python tests/mutations/run_mutations.py --list       # the names
