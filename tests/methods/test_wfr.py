@@ -448,6 +448,27 @@ def test_closed_form_plan_is_pots_semi_relaxed_transport(seed):
     np.testing.assert_allclose(closed_form_semi_relaxed_plan(a, cost, eps), pot, rtol=1e-12, atol=1e-15)
 
 
+def test_pots_semi_relaxed_scaling_repeats_itself_from_its_second_iteration():
+    """What lets wfr_jko ask POT for its plan without the log (solvers/unbalanced_jko.py, PLAN_TOL): called as the
+    step calls it (row-shifted, capped cost, a x 1 reference), POT's change between iterations is exactly 0 from
+    the second one, so it stops there, whatever the masses, costs (+inf too) and eps."""
+    import ot
+    from pdeflow.solvers.unbalanced_jko import COST_CAP, PLAN_MAXITER, PLAN_TOL, hk_cost, semi_relaxed_plan
+    rng = np.random.default_rng(3)
+    x = np.linspace(-4.0, 4.0, 64)
+    for eps in (1.0, 1e-2, 2.5e-4):
+        a = rng.random(64) ** 4 + 1e-15
+        cost = hk_cost(x[:, None], math.sqrt(0.5)) + np.log(1e-6 + 3.0 * rng.random(64))[None, :]
+        shift = np.min(cost, axis=1)
+        shifted = np.minimum(cost - shift[:, None], COST_CAP * eps)
+        ones = np.ones(64)
+        plan, log = ot.unbalanced.sinkhorn_unbalanced(a * np.exp(-shift), ones, shifted, eps, (1.0, 0.0),
+                                                      method="sinkhorn", reg_type="kl", c=np.outer(a, ones),
+                                                      numItermax=PLAN_MAXITER, stopThr=PLAN_TOL, log=True)
+        assert len(log["err"]) == 2 and log["err"][-1] == 0.0, (eps, log["err"])
+        np.testing.assert_array_equal(semi_relaxed_plan(a, cost, eps), plan)
+
+
 def test_wfr_jko_plan_is_the_closed_form_at_small_eps_and_infinite_costs():
     """POT in the step (row-shifted, capped cost) against the oracle where POT's plain kernel would over- and
     underflow: eps down to 2.5e-4, the HK cost with +inf beyond pi delta, a cost shift log(growth) down to -28, masses
