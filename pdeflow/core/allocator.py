@@ -4,8 +4,9 @@ A step, a plan of the grid's JKO or a Hessian's assembly makes temporaries of on
 at once, thousands of times. glibc's defaults hand them back to the kernel as soon as they are freed (a block above
 ``M_MMAP_THRESHOLD`` is its own mapping; a heap top above ``M_TRIM_THRESHOLD`` is trimmed), and the next temporary of
 the same size faults every one of its pages in again: the system time of a run then matched its compute. Measured on
-the 2-core machine (``python benchmarks/allocator_cost.py``): one wfr_jko plan on a 24 x 24 grid 8.2 ms -> 4.9 ms, its
-system time 1.0 s -> 0.01 s over 300 plans; the grid2d advice test of tests/methods/test_accuracy.py 65 s -> 39 s.
+the 2-core machine (``python -m pdeflow.benchmarks.allocator_cost``): a wfr_jko plan on a 24 x 24 grid 7.5 ms -> 3.8 ms,
+its page faults over 200 plans 641,600 -> 1; wfr_jko on grid2d (24 x 24, t_end 1, tests/methods/test_accuracy.py)
+65 s -> 39 s.
 
 :func:`keep_freed_memory` raises both thresholds (blocks below 32 MiB come from the heap; up to 128 MiB of freed heap
 is kept, 64 MiB of padding taken at each growth), so a process holds at most that much memory it no longer uses.
