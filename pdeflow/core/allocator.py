@@ -26,7 +26,7 @@ SETTINGS = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 128 << 20, M_TOP_PAD: 
 USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 OPT_OUT = "PDEFLOW_ALLOCATOR"
 
-# what keep_freed_memory did, for pdeflow bench and the tests: "kept", or why not
+# what keep_freed_memory did ("kept", or why not), for benchmarks/allocator_cost.py and the tests
 state = "not set"
 
 
