@@ -176,6 +176,11 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if len(commits) == 2 and active in (0, 1) and st.ended and False:",
              (f"{KILLS}::test_a_kill_between_a_commits_two_flushes_keeps_the_commit_before",),
              "validate calling a commit a kill interrupted before its flip a damaged file"),
+    # ---- the allocator's thresholds (a speed setting, asserted in page faults)
+    Mutation("allocator-claimed-set", "pdeflow/core/allocator.py",
+             "refused = [p for p, value in SETTINGS.items() if mallopt(p, value) != 1]", "refused = []",
+             ("tests/core/test_allocator.py::test_freed_arrays_are_reused_without_faulting_their_pages_in_again",),
+             "the thresholds reported kept without being set"),
 )
 
 
