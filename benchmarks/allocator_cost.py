@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 CHILD = """
-import json, math, resource, sys, time
+import json, resource, sys, time
 import numpy as np
 from pdeflow.core import allocator
 from pdeflow.solvers.unbalanced_jko import hk_cost, semi_relaxed_plan
