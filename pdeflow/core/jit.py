@@ -2,7 +2,7 @@
 
 Every numba kernel in pdeflow is compiled through :func:`jit`, so that caching (``cache=True``: a
 second process loads machine code from ``__pycache__`` instead of recompiling), error model and
-parallelism are chosen once. ``fastmath`` stays off: pdeflow is a reference solver and its results
+threading are chosen once. ``fastmath`` stays off: pdeflow is a reference solver and its results
 must not depend on reassociation choices of the compiler.
 """
 from __future__ import annotations
@@ -13,12 +13,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# pdeflow runs many short parallel kernels back to back, often on machines shared with other jobs.
-# OpenMP's default active waiting makes idle worker threads spin between kernels and steal the cores the
-# busy ones need: measured 30 s against 17 s wall for a short run of full.toml (then the quickstart) at load 5,
-# and 216 s against 9 s for `pdeflow chaos --quick` at load 10. Passive waiting costs a futex wake-up per kernel,
-# negligible next to a kernel. Read by the OpenMP runtime when it starts; a user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # BLAS on one thread unless the user says otherwise: pdeflow's own threads (pdeflow.core.workers) each run
 # whole chunks - products and kernels - so the cores are already busy, and OpenBLAS's threads spin between
 # products and fight them for the cores. Measured on the 2-core machine: grad Phi at N = 256 on
@@ -89,16 +83,20 @@ def _choose_vector_width() -> str:
 VECTOR_WIDTH_CHOICE = _choose_vector_width()
 
 import numba  # noqa: E402 - after the environment is set
-from numba import prange  # noqa: E402, F401  (re-exported so kernels import loops from one place)
 
 
-def jit(parallel: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator compiling a kernel with pdeflow's flags: ``nopython``, ``cache=True``, no fastmath, and one
-    compilation at a time per kernel across the processes that share its cache (:func:`compile_serially`).
+def jit() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator compiling a kernel with pdeflow's flags: ``nopython``, ``cache=True``, no fastmath, ``nogil``
+    (pdeflow's own threads run kernels side by side: :mod:`pdeflow.core.workers`), and one compilation at a time
+    per kernel across the processes that share its cache (:func:`compile_serially`).
 
-    ``parallel=True`` enables ``numba.prange`` loops; thread count follows ``NUMBA_NUM_THREADS``.
+    No kernel is ``parallel``: numba compiles a ``prange`` loop into a function of its own that takes in, and
+    optimizes again, every kernel the loop calls, so thread-splitting wrappers of the causal kernels would cost
+    more to compile than the kernels themselves (``python -m pdeflow.benchmarks.compile_cost``: a fresh install's
+    first evaluations took 2.39 times as long to compile on two threads as on one with them, 1.00 times without).
+    One item's work units are split over pdeflow's threads instead (:func:`pdeflow.core.workers.for_each_range`).
     """
-    decorate = numba.njit(cache=True, parallel=parallel, fastmath=False, error_model="numpy", nogil=True)
+    decorate = numba.njit(cache=True, parallel=False, fastmath=False, error_model="numpy", nogil=True)
 
     def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
         return compile_serially(decorate(fn))

@@ -16,7 +16,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 from numba.np.arrayobj import _empty_nd_impl
 
-from .jit import jit, prange
+from .jit import jit
+from .workers import for_each_range
 
 # ---- a vectorizable exponential ------------------------------------------------------------------
 
@@ -173,7 +174,7 @@ def _madd_overload(a, b, c):
     return None
 
 
-@jit(parallel=False)
+@jit()
 def exp_array(x: np.ndarray, out: np.ndarray) -> None:
     """``out = vexp(x)`` elementwise (1-d arrays); exposed for tests of :func:`vexp`."""
     for i in range(x.shape[0]):
@@ -218,7 +219,7 @@ def empty_aligned(typingctx, shape, like):
     return arrty(shape, like), codegen
 
 
-@jit(parallel=False)
+@jit()
 def _aligned_addresses(n: int, like: np.ndarray) -> np.ndarray:
     """Start addresses modulo CACHE_LINE of arrays of 1..n elements from :func:`empty_aligned` (for tests)."""
     out = np.empty(n, dtype=np.int64)
@@ -252,12 +253,7 @@ def scratch_bytes(T: int, dh: int, tile: int, itemsize: int) -> tuple[int, int]:
     return forward, backward
 
 
-@jit(parallel=False)
-def _unit_range(units: int, nth: int, t: int) -> tuple[int, int]:
-    return (units * t) // nth, (units * (t + 1)) // nth
-
-
-@jit(parallel=False)
+@jit()
 def _scores(qs: np.ndarray, ks: np.ndarray, l: int, w: int, s: np.ndarray) -> None:
     """s[j, ii] = sum_h q[l, h, ii] k[j, h, ii] for j <= l, ii < w.
 
@@ -303,7 +299,7 @@ def _scores(qs: np.ndarray, ks: np.ndarray, l: int, w: int, s: np.ndarray) -> No
         h += 1
 
 
-@jit(parallel=False)
+@jit()
 def _row_products(s: np.ndarray, v: np.ndarray, l: int, w: int, out: np.ndarray) -> None:
     """out[l, h, ii] = sum_{j<=l} s[j, ii] v[j, h, ii] for every h, ii < w.
 
@@ -339,7 +335,7 @@ def _row_products(s: np.ndarray, v: np.ndarray, l: int, w: int, out: np.ndarray)
         j += 1
 
 
-@jit(parallel=False)
+@jit()
 def _rows_dot(c: np.ndarray, j: int, x: np.ndarray, l0: int, h: int, ii: int, acc):
     """``acc + sum_{r < ROWS} c[r, j, ii] x[l0 + r, h, ii]``: one chain of fused multiply-adds in increasing r
     (ROWS = 8 written out, so that the chain stays in registers)."""
@@ -353,7 +349,7 @@ def _rows_dot(c: np.ndarray, j: int, x: np.ndarray, l0: int, h: int, ii: int, ac
     return madd(c[7, j, ii], x[l0 + 7, h, ii], acc)
 
 
-@jit(parallel=False)
+@jit()
 def _softmax_row(qs: np.ndarray, ks: np.ndarray, l: int, w: int, sc, one, s: np.ndarray, shift: np.ndarray,
                  inv: np.ndarray) -> None:
     """s[j, :w] = softmax_j(sc <q_l, k_j>) for j <= l (scratch [T, dh, tile] inputs)."""
@@ -361,7 +357,7 @@ def _softmax_row(qs: np.ndarray, ks: np.ndarray, l: int, w: int, sc, one, s: np.
     softmax_scores(l, w, sc, one, s, shift, inv)
 
 
-@jit(parallel=False)
+@jit()
 def softmax_scores(l: int, w: int, sc, one, s: np.ndarray, shift: np.ndarray, inv: np.ndarray) -> None:
     """s[j, :w] <- softmax_j(sc s[j, :w]) for j <= l, in place (shift by the largest real part, :func:`vexp`);
     leaves ``inv`` = 1 / the sum of the exponentials."""
@@ -411,7 +407,7 @@ def softmax_scores(l: int, w: int, sc, one, s: np.ndarray, shift: np.ndarray, in
             s[j, ii] = s[j, ii] * inv[ii]
 
 
-@jit(parallel=False)
+@jit()
 def _load(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray) -> None:
     """dst[l, h, :w] = src[b, l, which, h, i0:i0 + w]."""
     T, dh = dst.shape[0], dst.shape[1]
@@ -420,7 +416,7 @@ def _load(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray)
             dst[l, h, :w] = src[b, l, which, h, i0:i0 + w]
 
 
-@jit(parallel=False)
+@jit()
 def _store(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray) -> None:
     """dst[b, l, which, h, i0:i0 + w] = src[l, h, :w]."""
     T, dh = src.shape[0], src.shape[1]
@@ -429,7 +425,7 @@ def _store(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray
             dst[b, l, which, h, i0:i0 + w] = src[l, h, :w]
 
 
-@jit(parallel=False)
+@jit()
 def _put_unit(dqs: np.ndarray, dks: np.ndarray, dvs: np.ndarray, b: int, i0: int, w: int, tok: np.ndarray,
               grows: np.ndarray, gtable: np.ndarray, accumulate: bool) -> None:
     """The cotangents of q, k, v of a work unit: stored, ``grows[b T + l, 0|1|2, :, i0:i0 + w] = dq|dk|dv[l]``,
@@ -455,7 +451,7 @@ def _put_unit(dqs: np.ndarray, dks: np.ndarray, dvs: np.ndarray, b: int, i0: int
                 grows[r, 2, h, i0:i0 + w] = dvs[l, h, :w]
 
 
-@jit(parallel=False)
+@jit()
 def _load_unit(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, u: int, tile: int, qs: np.ndarray,
                ks: np.ndarray, vs: np.ndarray):
     """q, k, v of work unit ``u`` (sequence ``b = u // nblk``, heads ``i0 = (u % nblk) tile`` to ``i0 + w``)
@@ -478,7 +474,7 @@ def _load_unit(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, u: int, til
     return b, i0, w
 
 
-@jit(parallel=False)
+@jit()
 def _attention_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale: float, c5: np.ndarray, tile: int,
                      lo: int, hi: int) -> None:
     """Forward core of work units ``lo <= u < hi`` (sequence ``u // nblk``, tile ``u % nblk``); c5 is
@@ -506,17 +502,10 @@ def _attention_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale
         _store(cs, b, 0, i0, w, c5)
 
 
-@jit(parallel=True)
-def _causal_attention_threads(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale: float, c: np.ndarray,
-                              tile: int, n_threads: int) -> None:
-    """:func:`causal_attention` with the work units split into ``n_threads`` contiguous ranges (prange)."""
-    B, T, dh, n = c.shape
-    units = B * ((n + tile - 1) // tile)
-    nth = max(1, min(n_threads, units))
-    c5 = c.reshape(B, T, 1, dh, n)
-    for t in prange(nth):
-        lo, hi = _unit_range(units, nth, t)
-        _attention_units(rows, table, tok, scale, c5, tile, lo, hi)
+def work_units(B: int, n: int, tile: int) -> int:
+    """Number of work units (sequence, tile of ``tile`` heads) of ``B`` sequences and ``n`` heads: the items the
+    kernels' threads share, ``B ceil(n / tile)``, in contiguous ranges (:func:`pdeflow.core.workers.for_each_range`)."""
+    return B * ((n + tile - 1) // tile)
 
 
 def read_only(tok: np.ndarray) -> np.ndarray:
@@ -539,18 +528,18 @@ def causal_attention(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, scale
     inputs ``X W`` (R = B T, tok the row numbers, table zero) or, since ``x = E[tok] + P``, the projected
     tables ``E W`` (R = V) and ``P W`` - which spares the B T x d x 3 dh n product. c [B, T, dh, n] is
     overwritten. Work units (sequence, tile of ``tile`` heads) are independent: with ``n_threads > 1``
-    they are split into contiguous ranges over numba's threads; with 1 the call never enters numba's
-    thread pool, so several Python threads may run it at once.
+    they are split into contiguous ranges, one a thread of pdeflow's pool
+    (:func:`pdeflow.core.workers.for_each_range`; the kernels release the GIL); with 1 the call runs on the
+    caller's thread alone, so several Python threads may run it at once.
     """
     B, T, dh, n = c.shape
     tok = read_only(tok)
-    if n_threads > 1:
-        _causal_attention_threads(rows, table, tok, scale, c, tile, n_threads)
-    else:
-        _attention_units(rows, table, tok, scale, c.reshape(B, T, 1, dh, n), tile, 0, B * ((n + tile - 1) // tile))
+    c5 = c.reshape(B, T, 1, dh, n)
+    for_each_range(work_units(B, n, tile), n_threads,
+                   lambda lo, hi: _attention_units(rows, table, tok, scale, c5, tile, lo, hi))
 
 
-@jit(parallel=False)
+@jit()
 def _attention_vjp_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc5: np.ndarray, scale: float,
                          c5: np.ndarray, grows: np.ndarray, gtable: np.ndarray, accumulate: bool, tile: int,
                          lo: int, hi: int) -> None:
@@ -622,23 +611,6 @@ def _attention_vjp_units(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, d
         _put_unit(dqs, dks, dvs, b, i0, w, tok, grows, gtable, accumulate)
 
 
-@jit(parallel=True)
-def _causal_attention_vjp_threads(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc: np.ndarray,
-                                  scale: float, c: np.ndarray, grows: np.ndarray, accumulate: bool, tile: int,
-                                  n_threads: int) -> None:
-    """:func:`causal_attention_vjp` (storing, not accumulating) with the work units split into ``n_threads``
-    ranges (prange). ``accumulate`` is False; an argument rather than a constant, so that the units compile
-    to the one signature the one-thread call uses (a constant would be typed as a literal: a second compile)."""
-    B, T, dh, n = c.shape
-    units = B * ((n + tile - 1) // tile)
-    nth = max(1, min(n_threads, units))
-    c5 = c.reshape(B, T, 1, dh, n)
-    dc5 = dc.reshape(B, T, 1, dh, n)
-    for t in prange(nth):
-        lo, hi = _unit_range(units, nth, t)
-        _attention_vjp_units(rows, table, tok, dc5, scale, c5, grows, table, accumulate, tile, lo, hi)
-
-
 def causal_attention_vjp(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, dc: np.ndarray, scale: float,
                          c: np.ndarray, grows: np.ndarray, gtable: np.ndarray | None, tile: int,
                          n_threads: int) -> None:
@@ -659,10 +631,10 @@ def causal_attention_vjp(rows: np.ndarray, table: np.ndarray, tok: np.ndarray, d
     B, T, dh, n = c.shape
     accumulate = gtable is not None
     tok = read_only(tok)
-    if n_threads > 1:
-        if accumulate:
-            raise ValueError("causal_attention_vjp adds into grows on one thread only (n_threads = 1)")
-        _causal_attention_vjp_threads(rows, table, tok, dc, scale, c, grows, False, tile, n_threads)
-    else:
-        _attention_vjp_units(rows, table, tok, dc.reshape(B, T, 1, dh, n), scale, c.reshape(B, T, 1, dh, n), grows,
-                             gtable if accumulate else table, accumulate, tile, 0, B * ((n + tile - 1) // tile))
+    if n_threads > 1 and accumulate:
+        raise ValueError("causal_attention_vjp adds into grows on one thread only (n_threads = 1)")
+    c5, dc5 = c.reshape(B, T, 1, dh, n), dc.reshape(B, T, 1, dh, n)
+    gtable = gtable if accumulate else table  # unread when storing: one signature for both
+    for_each_range(work_units(B, n, tile), n_threads,
+                   lambda lo, hi: _attention_vjp_units(rows, table, tok, dc5, scale, c5, grows, gtable, accumulate,
+                                                       tile, lo, hi))

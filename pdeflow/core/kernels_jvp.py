@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import jit, prange
+from .jit import jit
 from .kernels import (
     ROWS,
     _load,
@@ -35,12 +35,13 @@ from .kernels import (
     _put_unit,
     _rows_dot,
     _store,
-    _unit_range,
     empty_aligned,
     madd,
     read_only,
     softmax_scores,
+    work_units,
 )
+from .workers import for_each_range
 
 
 def scratch_bytes(T: int, dh: int, tile: int, itemsize: int) -> tuple[int, int]:
@@ -52,7 +53,7 @@ def scratch_bytes(T: int, dh: int, tile: int, itemsize: int) -> tuple[int, int]:
     return forward, backward
 
 
-@jit(parallel=False)
+@jit()
 def _scores_tangent(qs: np.ndarray, ks: np.ndarray, dqs: np.ndarray, dks: np.ndarray, l: int, w: int,
                     s: np.ndarray, ds: np.ndarray) -> None:
     """s[j, ii] = sum_h q[l, h, ii] k[j, h, ii] and ds[j, ii] = sum_h q'[l, h, ii] k[j, h, ii] + q[l, h, ii]
@@ -83,7 +84,7 @@ def _scores_tangent(qs: np.ndarray, ks: np.ndarray, dqs: np.ndarray, dks: np.nda
         h += 1
 
 
-@jit(parallel=False)
+@jit()
 def _row_products_tangent(a: np.ndarray, da: np.ndarray, v: np.ndarray, dv: np.ndarray, l: int, w: int,
                           c: np.ndarray, dc: np.ndarray) -> None:
     """c[l, h, ii] = sum_{j<=l} a[j, ii] v[j, h, ii] and dc[l, h, ii] = sum_{j<=l} da[j, ii] v[j, h, ii] +
@@ -115,7 +116,7 @@ def _row_products_tangent(a: np.ndarray, da: np.ndarray, v: np.ndarray, dv: np.n
         j += 1
 
 
-@jit(parallel=False)
+@jit()
 def _row_products_pair(x: np.ndarray, k: np.ndarray, y: np.ndarray, dk: np.ndarray, l: int, w: int,
                        out: np.ndarray) -> None:
     """out[l, h, ii] = sum_{j<=l} x[j, ii] k[j, h, ii] + y[j, ii] dk[j, h, ii]: positions in blocks of 4
@@ -141,7 +142,7 @@ def _row_products_pair(x: np.ndarray, k: np.ndarray, y: np.ndarray, dk: np.ndarr
         j += 1
 
 
-@jit(parallel=False)
+@jit()
 def _softmax_tangent_row(qs: np.ndarray, ks: np.ndarray, dqs: np.ndarray, dks: np.ndarray, l: int, w: int, sc, one,
                          s: np.ndarray, ds: np.ndarray, shift: np.ndarray, inv: np.ndarray, mu: np.ndarray) -> None:
     """s[j, :w] = a_j = softmax_j(sc <q_l, k_j>) and ds[j, :w] = a'_j = a_j (s'_j - sum_i a_i s'_i) with
@@ -161,7 +162,7 @@ def _softmax_tangent_row(qs: np.ndarray, ks: np.ndarray, dqs: np.ndarray, dks: n
 
 # ---- forward: the logits pass and its tangent ---------------------------------------------------------
 
-@jit(parallel=False)
+@jit()
 def _attention_jvp_units(rows: np.ndarray, table: np.ndarray, drows: np.ndarray, dtable: np.ndarray, tok: np.ndarray,
                          scale: float, c5: np.ndarray, dc5: np.ndarray, tile: int, lo: int, hi: int) -> None:
     """Forward core and its tangent for work units ``lo <= u < hi``; c5, dc5 are c, c' reshaped
@@ -192,21 +193,6 @@ def _attention_jvp_units(rows: np.ndarray, table: np.ndarray, drows: np.ndarray,
         _store(dcs, b, 0, i0, w, dc5)
 
 
-@jit(parallel=True)
-def _causal_attention_jvp_threads(rows: np.ndarray, table: np.ndarray, drows: np.ndarray, dtable: np.ndarray,
-                                  tok: np.ndarray, scale: float, c: np.ndarray, dc: np.ndarray, tile: int,
-                                  n_threads: int) -> None:
-    """:func:`causal_attention_jvp` with the work units split into ``n_threads`` contiguous ranges (prange)."""
-    B, T, dh, n = c.shape
-    units = B * ((n + tile - 1) // tile)
-    nth = max(1, min(n_threads, units))
-    c5 = c.reshape(B, T, 1, dh, n)
-    dc5 = dc.reshape(B, T, 1, dh, n)
-    for t in prange(nth):
-        lo, hi = _unit_range(units, nth, t)
-        _attention_jvp_units(rows, table, drows, dtable, tok, scale, c5, dc5, tile, lo, hi)
-
-
 def causal_attention_jvp(rows: np.ndarray, table: np.ndarray, drows: np.ndarray, dtable: np.ndarray, tok: np.ndarray,
                          scale: float, c: np.ndarray, dc: np.ndarray, tile: int, n_threads: int) -> None:
     """Context ``c`` (as :func:`pdeflow.core.kernels.causal_attention`) and its tangent ``c' = a' v + a v'``.
@@ -218,16 +204,14 @@ def causal_attention_jvp(rows: np.ndarray, table: np.ndarray, drows: np.ndarray,
     """
     B, T, dh, n = c.shape
     tok = read_only(tok)
-    if n_threads > 1:
-        _causal_attention_jvp_threads(rows, table, drows, dtable, tok, scale, c, dc, tile, n_threads)
-    else:
-        _attention_jvp_units(rows, table, drows, dtable, tok, scale, c.reshape(B, T, 1, dh, n),
-                             dc.reshape(B, T, 1, dh, n), tile, 0, B * ((n + tile - 1) // tile))
+    c5, dc5 = c.reshape(B, T, 1, dh, n), dc.reshape(B, T, 1, dh, n)
+    for_each_range(work_units(B, n, tile), n_threads,
+                   lambda lo, hi: _attention_jvp_units(rows, table, drows, dtable, tok, scale, c5, dc5, tile, lo, hi))
 
 
 # ---- backward: the tangent of the gradient pass ---------------------------------------------------------
 
-@jit(parallel=False)
+@jit()
 def _attention_vjp_jvp_units(rows: np.ndarray, table: np.ndarray, drows: np.ndarray, dtable: np.ndarray,
                              tok: np.ndarray, g5: np.ndarray, dg5: np.ndarray, scale: float, c5: np.ndarray,
                              dc5: np.ndarray, grows: np.ndarray, gtable: np.ndarray, accumulate: bool, tile: int,
@@ -321,25 +305,6 @@ def _attention_vjp_jvp_units(rows: np.ndarray, table: np.ndarray, drows: np.ndar
         _put_unit(tq, tk, tv, b, i0, w, tok, grows, gtable, accumulate)
 
 
-@jit(parallel=True)
-def _causal_attention_vjp_jvp_threads(rows: np.ndarray, table: np.ndarray, drows: np.ndarray, dtable: np.ndarray,
-                                      tok: np.ndarray, g: np.ndarray, dg: np.ndarray, scale: float, c: np.ndarray,
-                                      dc: np.ndarray, grows: np.ndarray, accumulate: bool, tile: int,
-                                      n_threads: int) -> None:
-    """:func:`causal_attention_vjp_jvp` (storing: ``accumulate`` is False, an argument for the reason
-    :func:`pdeflow.core.kernels._causal_attention_vjp_threads` gives) with the work units split into ``n_threads``
-    ranges."""
-    B, T, dh, n = c.shape
-    units = B * ((n + tile - 1) // tile)
-    nth = max(1, min(n_threads, units))
-    shape5 = (B, T, 1, dh, n)
-    c5, dc5, g5, dg5 = c.reshape(shape5), dc.reshape(shape5), g.reshape(shape5), dg.reshape(shape5)
-    for t in prange(nth):
-        lo, hi = _unit_range(units, nth, t)
-        _attention_vjp_jvp_units(rows, table, drows, dtable, tok, g5, dg5, scale, c5, dc5, grows, table, accumulate,
-                                 tile, lo, hi)
-
-
 def causal_attention_vjp_jvp(rows: np.ndarray, table: np.ndarray, drows: np.ndarray, dtable: np.ndarray,
                              tok: np.ndarray, g: np.ndarray, dg: np.ndarray, scale: float, c: np.ndarray,
                              dc: np.ndarray, grows: np.ndarray, gtable: np.ndarray | None, tile: int,
@@ -356,13 +321,11 @@ def causal_attention_vjp_jvp(rows: np.ndarray, table: np.ndarray, drows: np.ndar
     B, T, dh, n = c.shape
     accumulate = gtable is not None
     tok = read_only(tok)
-    if n_threads > 1:
-        if accumulate:
-            raise ValueError("causal_attention_vjp_jvp adds into grows on one thread only (n_threads = 1)")
-        _causal_attention_vjp_jvp_threads(rows, table, drows, dtable, tok, g, dg, scale, c, dc, grows, False, tile,
-                                          n_threads)
-    else:
-        shape5 = (B, T, 1, dh, n)
-        _attention_vjp_jvp_units(rows, table, drows, dtable, tok, g.reshape(shape5), dg.reshape(shape5), scale,
-                                 c.reshape(shape5), dc.reshape(shape5), grows, gtable if accumulate else table,
-                                 accumulate, tile, 0, B * ((n + tile - 1) // tile))
+    if n_threads > 1 and accumulate:
+        raise ValueError("causal_attention_vjp_jvp adds into grows on one thread only (n_threads = 1)")
+    shape5 = (B, T, 1, dh, n)
+    c5, dc5, g5, dg5 = c.reshape(shape5), dc.reshape(shape5), g.reshape(shape5), dg.reshape(shape5)
+    gtable = gtable if accumulate else table  # unread when storing: one signature for both
+    for_each_range(work_units(B, n, tile), n_threads,
+                   lambda lo, hi: _attention_vjp_jvp_units(rows, table, drows, dtable, tok, g5, dg5, scale, c5, dc5,
+                                                           grows, gtable, accumulate, tile, lo, hi))

@@ -387,8 +387,8 @@ def grad_phi_data_jvp(theta: np.ndarray, dtheta: np.ndarray, G: np.ndarray, dG: 
 
 def _sequence_parts(n_chunks: int, n_blocks: int) -> int:
     """Parts of the sequences per chunk of heads in the gradient pass: enough for GRADIENT_ITEMS items
-    (chunks x parts), at most one per block of sequences; 1 for a single chunk (which runs on numba's threads
-    inside the kernel instead). A function of the shape only, so results do not depend on the thread count."""
+    (chunks x parts), at most one per block of sequences; 1 for a single chunk (whose kernels split their work
+    units over the threads instead). A function of the shape only, so results do not depend on the thread count."""
     if n_chunks == 1:
         return 1
     return int(max(1, min(n_blocks, -(-GRADIENT_ITEMS // n_chunks))))

@@ -454,7 +454,7 @@ THREAD_SCRIPT = textwrap.dedent("""
     np.save(os.path.join(out, "hvp.npy"), problem.hvp(query[0], query[1], omega, mass))
     # the whole-system JVP (Problem.system_jvp, tests/core/test_jvp.py): 150 heads in these small chunks (items over
     # threads), then 40 heads at the default chunks: one chunk of heads and one block of sequences, so each pass
-    # is one item and the kernels split their work units over numba's threads
+    # is one item and the kernels split their work units over the threads (pdeflow.core.workers.for_each_range)
     np.save(os.path.join(out, "jvp_items.npy"), problem.system_jvp(omega, mass, rng.standard_normal(omega.shape)))
     mean_field.CHUNK_BYTES = default_chunk
     omega = 0.7 * rng.standard_normal((40, problem.k))
@@ -488,7 +488,7 @@ def test_projections_of_the_tables_equal_projections_of_the_inputs():
 def test_results_do_not_depend_on_thread_count(tmp_path, monkeypatch):
     """phi, grad Phi, the energy, the HVP and the whole-system JVP on 1 and 2 numba threads are bit-identical. One
     thread: the script run in this process on one numba thread; two: in a process started with
-    NUMBA_NUM_THREADS=2 (one process for all of them: it compiles the parallel kernels once)."""
+    NUMBA_NUM_THREADS=2 (one process for all of them)."""
     NAMES = ("phi", "grad", "energy", "hvp", "jvp_items", "jvp_one_item")
     import numba
 
