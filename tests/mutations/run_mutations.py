@@ -1,5 +1,6 @@
 """The mutation check: named mutations of the code that decides (the certificate, the report's verdict rules,
-``compare --order``'s verdict, the counter's Share, validate's checkpoint rules, the slot a resume falls back to),
+``compare --order``'s verdict, the counter's Share, validate's checkpoint rules, the slot a resume falls back to, the
+split of one item's work units over threads),
 each applied in turn to the checkout with the tests that must catch it run against it; a mutation none of them
 catches *survived*, and the test it names does not guard what it claims to.
 
@@ -181,6 +182,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              "refused = [p for p, value in SETTINGS.items() if mallopt(p, value) != 1]", "refused = []",
              ("tests/core/test_allocator.py::test_freed_arrays_are_reused_without_faulting_their_pages_in_again",),
              "the thresholds reported kept without being set"),
+    # ---- one item's kernel work units over several threads (results bitwise those of one thread)
+    Mutation("range-split-overlaps", "pdeflow/core/workers.py",
+             "_together(lambda: run_range(0, n // w),", "_together(lambda: run_range(0, n // w + 1),",
+             ("tests/core/test_workers.py",), "the caller's range reaching into the next thread's"),
+    Mutation("helper-error-dropped", "pdeflow/core/workers.py",
+             "            raise error", "            pass",
+             ("tests/core/test_workers.py",), "an exception of a helper thread not reaching the caller"),
 )
 
 
