@@ -185,10 +185,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     # ---- one item's kernel work units over several threads (results bitwise those of one thread)
     Mutation("range-split-overlaps", "pdeflow/core/workers.py",
              "_together(lambda: run_range(0, n // w),", "_together(lambda: run_range(0, n // w + 1),",
-             ("tests/core/test_workers.py",), "the caller's range reaching into the next thread's"),
+             ("tests/core/test_workers.py::test_each_unit_goes_to_one_range_and_the_ranges_run_together",),
+             "the caller's range reaching into the next thread's"),
     Mutation("helper-error-dropped", "pdeflow/core/workers.py",
              "            raise error", "            pass",
-             ("tests/core/test_workers.py",), "an exception of a helper thread not reaching the caller"),
+             ("tests/core/test_workers.py::test_a_helpers_exception_reaches_the_caller_and_the_helpers_are_reused",),
+             "an exception of a helper thread not reaching the caller"),
 )
 
 
