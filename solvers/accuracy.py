@@ -270,6 +270,7 @@ class AccuracyMonitor:
         self.products = 0
         self.checks = 0
         self.last_checks: list[tuple[int, float]] = []  # (step, ratio) of the last two checks
+        self.first_check: tuple[float, float] | None = None  # (t, lambda_max dt) of the run's first stability check
         self.max_defect = math.nan
         self.max_ratio = math.nan
         self.lost_at = math.nan
@@ -380,10 +381,17 @@ class AccuracyMonitor:
                                     f"run.identity_tol = {self.tol:g} (the step's energy change and the integral of "
                                     f"the dissipation disagree); {fix or remedy(self.stepper)}"))
         if lam_dt > self.bound:
+            # the step that the bound allows at this lambda_max is necessary, not sufficient: lambda_max may keep
+            # rising along the rest of the run, as it did since the first check
+            rise = ""
+            if self.first_check is not None and lam_dt > self.first_check[1] > 0:
+                rise = (f"; lambda_max rose {lam_dt / self.first_check[1]:.3g}-fold since t = {self.first_check[0]:.6g}"
+                        f" and may rise further")
             out.append(("stability", f"at t = {t:.6g} lambda_max * dt = {lam_dt:.4g} exceeds {self.stepper.name}'s "
                                      f"stability bound {self.bound:.4g} (lambda_max = {lam_dt / self.dt:.4g}, "
-                                     f"solver.dt = {self.dt:g}); reduce solver.dt below "
-                                     f"{self.bound / (lam_dt / self.dt):.3g} or use solver.method = 'adaptive'"))
+                                     f"solver.dt = {self.dt:g}{rise}); reduce solver.dt below "
+                                     f"{self.bound / (lam_dt / self.dt):.3g}, the bound at this lambda_max, or use "
+                                     f"solver.method = 'adaptive'"))
         return out
 
     def accept(self, t: float, step: int, a: Assessment) -> list[str]:
@@ -399,6 +407,8 @@ class AccuracyMonitor:
             self.max_defect = defect if not defect <= self.max_defect else self.max_defect
             self.recent.append((t, defect))
         if math.isfinite(lam_dt):
+            if self.first_check is None:
+                self.first_check = (t, lam_dt)
             ratio = lam_dt / self.bound
             self.max_ratio = ratio if not ratio <= self.max_ratio else self.max_ratio
             self.last_checks = (self.last_checks + [(step, ratio)])[-2:]

@@ -83,6 +83,14 @@ def test_the_full_problem_at_the_old_step_stops_where_rk4_loses_stability(tmp_pa
     traj = open_trajectory(out)
     t_lost = traj.attrs["accuracy_lost_at"]
     assert 20.0 <= t_lost <= 22.0 and traj.attrs["status"] == "accuracy_lost"
+    # the step the bound allows at the loss is necessary only: the line says how far lambda_max rose since the first
+    # check (the /steps record: its first measured lambda_max dt against the one at the loss)
+    steps = traj.steps
+    checked = np.isfinite(steps["lambda_max_dt"])
+    first, at_loss = steps["lambda_max_dt"][checked][0], steps["lambda_max_dt"][steps["time"] == t_lost][0]
+    t_first = steps["time"][checked][0]
+    assert at_loss > 1.5 * first
+    assert f"lambda_max rose {at_loss / first:.3g}-fold since t = {t_first:.6g}" in line, line
     assert traj.checkpoint.t == t_lost
     assert np.array_equal(traj.time, np.arange(0.0, np.floor(t_lost) + 0.5, 1.0))   # every frame before it
     info = pdeflow(capsys, "info", str(out))[1]
