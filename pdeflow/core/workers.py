@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 
 class _Helper:
-    """A thread of pdeflow's that runs one task at a time, handed over through two locks: a hand-over and its
-    join cost about 14 us on the 2-core machine, where a ``ThreadPoolExecutor``'s submit and wait cost about
-    70 us - paid once per evaluation, and once per kernel call when one item has all the threads
-    (:func:`for_each_range`)."""
+    """A thread of pdeflow's that runs one task at a time, handed over through two locks. A hand-over and its join
+    are paid once per evaluation, and once per kernel call when one item has all the threads (:func:`for_each_range`):
+    18 us on the 2-core Xeon (``python -m pdeflow.benchmarks.compile_cost``), where a ``ThreadPoolExecutor``'s submit
+    and wait took about 70 us."""
 
     def __init__(self) -> None:
         self._go = threading.Lock()
