@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=1, help="pairs of cold processes, in alternation")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        print(f"compile_cost: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
+        return 2
     runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     for _ in range(args.repeats):
         for threads in (1, 2):
