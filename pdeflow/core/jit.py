@@ -187,8 +187,8 @@ THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")  # the user's choice
 
 
 def thread_environment(threads: int) -> dict[str, str]:
-    """Environment variables that give a new pdeflow process ``threads`` threads: numba's (and OpenMP's)
-    count, BLAS on one thread."""
+    """Environment variables that give a new pdeflow process ``threads`` threads: numba's count (pdeflow's thread
+    count, :func:`num_threads`) and OpenMP's (for any OpenMP library in the process), BLAS on one thread."""
     env = {var: str(int(threads)) for var in THREAD_VARIABLES}
     env.update({var: "1" for var in BLAS_VARIABLES})
     return env
