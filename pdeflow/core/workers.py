@@ -190,5 +190,8 @@ def for_each_range(n: int, threads: int, run_range: Callable[[int, int], None]) 
     single item). ``run_range`` must release the GIL (pdeflow's kernels are compiled ``nogil``). Not recorded by
     :func:`occupancy`: it runs inside an item of a recorded region."""
     w = max(1, min(int(threads), int(n)))
+    if w == 1:  # every kernel call of an item on one thread: no helper to take
+        run_range(0, n)
+        return
     _together(lambda: run_range(0, n // w),
               [functools.partial(run_range, n * t // w, n * (t + 1) // w) for t in range(1, w)])
