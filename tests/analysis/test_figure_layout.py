@@ -133,6 +133,41 @@ def test_attention_maps_read_in_characters_with_singular_titles(text_file, tmp_p
         assert title.endswith(" head" if size == 1 else " heads")
 
 
+def test_a_saved_figure_is_at_its_layouts_fixed_point_and_each_format_is_drawn_once(text_file, tmp_path,
+                                                                                    monkeypatch):
+    """The attention maps (a colorbar beside them, a two-line suptitle: the constrained layout engine moves their
+    axes again on its second, third and fourth pass) are saved as PNG and PDF: each format is drawn once, on one
+    layout, and that layout is the engine's own fixed point: given the engine back, one more layout moves no axes
+    by a pixel."""
+    traj = open_trajectory(text_file)
+    analysis = D.read_analysis(traj)
+    draws, per_format, figures = [], [], []
+    draw, savefig = Figure.draw, Figure.savefig
+
+    def counted_draw(self, renderer):
+        draws.append(1)
+        return draw(self, renderer)
+
+    def counted_savefig(self, *args, **kwargs):
+        before = len(draws)
+        figures.append(self)
+        savefig(self, *args, **kwargs)
+        per_format.append(len(draws) - before)
+
+    monkeypatch.setattr(Figure, "draw", counted_draw)
+    monkeypatch.setattr(Figure, "savefig", counted_savefig)
+    with figure_output(formats=("pdf",)):
+        P.plot_attention(traj, analysis, tmp_path / "attention.png")
+    (fig,) = set(figures)
+    assert per_format == [1, 1] and fig.get_layout_engine() is None
+    size = np.tile(fig.bbox.size, 2)
+    saved = np.array([ax.get_position().bounds for ax in fig.axes]) * size
+    fig.set_layout_engine("constrained")
+    fig.draw_without_rendering()
+    again = np.array([ax.get_position().bounds for ax in fig.axes]) * size
+    assert np.max(np.abs(again - saved)) <= 1.0
+
+
 @pytest.mark.parametrize("fmt", ["pdf", "svg"])
 def test_plot_writes_the_chosen_format(text_file, tmp_path, capsys, fmt):
     out = tmp_path / "figs"

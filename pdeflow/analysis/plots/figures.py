@@ -31,6 +31,8 @@ from .formats import DEFAULT_DPI, FORMATS, check_format
 
 # a box this many pixels inside another's edge still counts as touching, not overlapping (antialiasing)
 TOLERANCE_PX = 1.0
+# layouts run at most before a figure is saved, whether or not its axes have stopped moving (settle_layout)
+LAYOUT_PASSES = 6
 
 
 def new_figure(width: float = 6.4, height: float = 4.0, nrows: int = 1, ncols: int = 1, *,
@@ -72,14 +74,40 @@ def figure_output(dpi: float | None = None, formats: tuple[str, ...] = ()) -> It
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` in the format of its suffix at :func:`current_dpi`, after hiding the tick labels
     that would overlap a neighbour (:func:`thin_tick_labels`), and in each further format a :func:`figure_output`
-    block names (``path`` with that suffix). Returns the path."""
+    block names (``path`` with that suffix). The layout is settled once (:func:`settle_layout`) and then frozen:
+    ``fig`` leaves with no layout engine, every format drawn once on that one layout. Returns the path."""
     path = Path(path)
     own = check_format(path.suffix.lstrip("."))
+    # laid out at the raster resolution, so that the PNG's text is the one measured here (mathtext is parsed per dpi)
+    fig.set_dpi(current_dpi())
     thin_tick_labels(fig)
+    # frozen: every format gets the layout the tick labels were thinned on; without an engine (not even 'none')
+    # savefig does not lay the figure out again in a draw of its own before each format
+    with mpl.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+        fig.set_layout_engine(None)
     for fmt in dict.fromkeys((own, *_ALSO_IN.get())):
         fig.savefig(path.with_suffix(f".{fmt}"), dpi=current_dpi(),
                     metadata={"Creator": "pdeflow"} if fmt != "png" else None)
     return path
+
+
+def settle_layout(fig: Figure, passes: int = LAYOUT_PASSES) -> int:
+    """Lay ``fig`` out without rendering until no axes moves by more than :data:`TOLERANCE_PX` (at most
+    ``passes`` layouts; returns how many ran). One pass of the constrained layout engine is not always its fixed
+    point: the axes it resizes get other ticks, whose labels need other margins (a colorbar beside maps with a
+    suptitle above them settle on the fourth pass)."""
+    def positions() -> np.ndarray:
+        return np.array([ax.get_position().bounds for ax in fig.axes]).reshape(-1) * np.tile(
+            fig.bbox.size, 2 * len(fig.axes))
+
+    before = positions()
+    for count in range(1, passes + 1):
+        fig.draw_without_rendering()
+        after = positions()
+        if np.all(np.abs(after - before) <= TOLERANCE_PX):
+            return count
+        before = after
+    return passes
 
 
 def _drawn_tick_labels(axis) -> list[Text]:
@@ -105,7 +133,7 @@ def _overlap(a, b) -> bool:
 def thin_tick_labels(fig: Figure) -> None:
     """Hide every tick label that overlaps one kept before it along its axis (a symlog axis puts "0" and
     ``10^-2`` side by side; a long tick label runs into the next)."""
-    fig.canvas.draw()   # the layout and the tick labels of the final size
+    settle_layout(fig)   # the layout and the tick labels of the final size
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
