@@ -413,7 +413,8 @@ def _load(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray)
     T, dh = dst.shape[0], dst.shape[1]
     for l in range(T):
         for h in range(dh):
-            dst[l, h, :w] = src[b, l, which, h, i0:i0 + w]
+            for ii in range(w):
+                dst[l, h, ii] = src[b, l, which, h, i0 + ii]
 
 
 @jit()
@@ -422,7 +423,8 @@ def _store(src: np.ndarray, b: int, which: int, i0: int, w: int, dst: np.ndarray
     T, dh = src.shape[0], src.shape[1]
     for l in range(T):
         for h in range(dh):
-            dst[b, l, which, h, i0:i0 + w] = src[l, h, :w]
+            for ii in range(w):
+                dst[b, l, which, h, i0 + ii] = src[l, h, ii]
 
 
 @jit()
@@ -446,9 +448,12 @@ def _put_unit(dqs: np.ndarray, dks: np.ndarray, dvs: np.ndarray, b: int, i0: int
                     grows[r, 2, h, i0 + ii] += dvs[l, h, ii]
                     gtable[l, 2, h, i0 + ii] += dvs[l, h, ii]
             else:
-                grows[r, 0, h, i0:i0 + w] = dqs[l, h, :w]
-                grows[r, 1, h, i0:i0 + w] = dks[l, h, :w]
-                grows[r, 2, h, i0:i0 + w] = dvs[l, h, :w]
+                for ii in range(w):
+                    grows[r, 0, h, i0 + ii] = dqs[l, h, ii]
+                for ii in range(w):
+                    grows[r, 1, h, i0 + ii] = dks[l, h, ii]
+                for ii in range(w):
+                    grows[r, 2, h, i0 + ii] = dvs[l, h, ii]
 
 
 @jit()
