@@ -70,27 +70,60 @@ def semi_relaxed_plan(a: np.ndarray, cost: np.ndarray, eps: float) -> np.ndarray
             raise SolverError(f"wfr_jko: POT's unbalanced Sinkhorn failed ({warning}); raise solver.epsilon") from None
 
 
-def jko_masses(a: np.ndarray, cost: np.ndarray, xi: np.ndarray, c: float, eps: float) -> np.ndarray:
+def jko_masses(a: np.ndarray, cost: np.ndarray, xi: np.ndarray, c: float, eps: float,
+               guess: tuple[float, float] | None = None) -> tuple[np.ndarray, float]:
     """The minimizer b of ``<xi, b> + (1 / (2 c)) [min_pi <cost, pi> + eps KL(pi | a x 1)
     + KL(pi 1 | a) + KL(pi^T 1 | b)]``
-    over b >= 0 with ``sum b = sum a``: a [M], cost [M, M], xi [M] -> b [M] (module docstring)."""
+    over b >= 0 with ``sum b = sum a``: a [M], cost [M, M], xi [M] -> (b [M], the mass multiplier lambda) (module
+    docstring). lambda is the root of ``sum b(lambda) = sum a`` (increasing in lambda below ``min xi + 1 / c``),
+    found by Brent to 1e-15 in a bracket that starts at ``guess = (lambda, width)`` when given (the root of the
+    previous linearization of the same step and how far it moved: :func:`bracket`), else ``1 / c`` below the pole;
+    each plan is computed once."""
     occupied = a > 0
     a_occ, cost_occ, total = a[occupied], cost[occupied], float(np.sum(a))
+    computed: dict[float, np.ndarray] = {}
 
     def masses(lam: float) -> np.ndarray:
-        growth = 1.0 + c * (xi - lam)
-        return semi_relaxed_plan(a_occ, cost_occ + np.log(growth)[None, :], eps).sum(axis=0) / growth
+        if lam not in computed:
+            growth = 1.0 + c * (xi - lam)
+            computed[lam] = semi_relaxed_plan(a_occ, cost_occ + np.log(growth)[None, :], eps).sum(axis=0) / growth
+        return computed[lam]
+
+    def excess(lam: float) -> float:
+        return float(masses(lam).sum()) - total
 
     upper = float(np.min(xi)) + 1.0 / c  # 1 + c (xi - lam) > 0 on every cell
     upper -= 1e-12 * max(1.0, abs(upper))
-    width = 1.0 / c
-    while masses(upper - width).sum() > total:
+    lo, hi = bracket(excess, upper, 1.0 / c, guess)
+    lam = brentq(excess, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps)
+    b = masses(lam)
+    return b * (total / float(np.sum(b))), lam
+
+
+def bracket(excess, upper: float, scale: float, guess: tuple[float, float] | None) -> tuple[float, float]:
+    """``(lo, hi)`` with ``excess(lo) <= 0 < excess(hi)`` for the increasing ``excess`` on ``(-inf, upper]``, ``hi
+    <= upper`` (``excess(upper) > 0``: the pole). Without a guess: ``hi = upper`` and ``lo`` ``scale``, 2 ``scale``,
+    4 ``scale`` ... below it. With ``guess = (lam, width)``: ``lam`` and a point ``width`` from it on the side where
+    the root lies, the step doubled until the sign changes (at most up to ``upper``)."""
+    if guess is not None and guess[0] < upper:
+        lam, width = guess
+        width = max(abs(width), 1e-12 * max(1.0, abs(lam)))
+        if excess(lam) > 0.0:
+            hi = lam
+            while excess(lam - width) > 0.0:
+                width *= 2.0
+                if width > 1e12:
+                    raise SolverError("wfr_jko: no multiplier keeps the mass; lower solver.tau")
+            return lam - width, hi
+        while lam + width < upper and excess(lam + width) <= 0.0:
+            width *= 2.0
+        return lam, min(lam + width, upper)
+    width = scale
+    while excess(upper - width) > 0.0:
         width *= 2.0
         if width > 1e12:
             raise SolverError("wfr_jko: no multiplier keeps the mass; lower solver.tau")
-    lam = brentq(lambda x: masses(x).sum() - total, upper - width, upper, xtol=1e-15, rtol=4 * np.finfo(float).eps)
-    b = masses(lam)
-    return b * (total / float(np.sum(b)))
+    return upper - width, upper
 
 
 # what solver.epsilon and solver.inner_tol mean to wfr_jko
@@ -158,8 +191,10 @@ class UnbalancedJKO(FiniteVolume):
         a = grid.masses(state.fields["density"])
         total = float(np.sum(a))
         b, ev = a, self.evaluate(state)
+        guess = None  # the multiplier of the previous linearization, and its move: the next bracket's start
         for iteration in range(1, self.outer_maxiter + 1):
-            new_b = jko_masses(a, self.cost, ev.xi.ravel(), 0.5 * self.gamma * h, eps)
+            new_b, lam = jko_masses(a, self.cost, ev.xi.ravel(), 0.5 * self.gamma * h, eps, guess)
+            guess = (lam, 2.0 * (lam - guess[0]) if guess else 1e-6 * max(1.0, abs(lam)))
             change = float(np.sum(np.abs(new_b - b))) / total
             b = new_b
             ev = self.evaluate_density(grid.density(b))

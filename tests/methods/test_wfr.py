@@ -496,14 +496,47 @@ def test_wfr_jko_inner_problem_without_transport_is_the_implicit_reaction():
     rng = np.random.default_rng(0)
     a, xi, c = rng.random(8) + 0.1, rng.normal(size=8), 0.3
     diagonal = np.where(np.eye(8) > 0, 0.0, np.inf)
-    b = jko_masses(a, diagonal, xi, c, 1e-9)
+    b, _ = jko_masses(a, diagonal, xi, c, 1e-9)
     assert abs(b.sum() - a.sum()) < 1e-14 and np.all(b > 0)
     slope, _ = np.polyfit(xi, np.sqrt(a / b), 1)  # sqrt(a / b) = 1 + c (xi - lam): affine in xi with slope c
     assert slope == pytest.approx(c, rel=1e-6)
 
 
+def test_wfr_jko_multiplier_search_started_at_a_guess_finds_the_same_root_with_fewer_plans(monkeypatch):
+    """The mass multiplier's bracket (:func:`bracket`) from a guess on either side of the root, near or far, with a
+    too small or too large width, holds the root, and the step's masses and multiplier agree with the search from
+    the pole to 1e-13; a guess next to the root (what the step's next linearization has) costs fewer plans."""
+    import pdeflow.solvers.unbalanced_jko as module
+
+    rng = np.random.default_rng(3)
+    x = np.linspace(-2.0, 2.0, 40)
+    a = np.exp(-x**2) + 0.05
+    cost = module.hk_cost(x[:, None], 0.7)
+    xi, c, eps = rng.normal(size=40), 0.4, 2e-3
+    plans = [0]
+    original = module.semi_relaxed_plan
+
+    def counted(*args):
+        plans[0] += 1
+        return original(*args)
+
+    monkeypatch.setattr(module, "semi_relaxed_plan", counted)
+    b0, lam0 = module.jko_masses(a, cost, xi, c, eps)
+    cold = plans[0]
+    assert abs(b0.sum() - a.sum()) <= 1e-13 * a.sum()
+    for offset in (-3.0, -1e-3, -1e-9, 0.0, 1e-9, 1e-3):
+        for width in (1e-14, 1e-6, 10.0):
+            lam = min(lam0 + offset, float(np.min(xi)) + 0.999 / c)
+            plans[0] = 0
+            b, root = module.jko_masses(a, cost, xi, c, eps, (lam, width))
+            assert abs(root - lam0) <= 1e-13 * max(1.0, abs(lam0)), (offset, width, root, lam0)
+            np.testing.assert_allclose(b, b0, rtol=1e-12, atol=0)
+            if abs(offset) <= 1e-9 and width == 1e-6:
+                assert plans[0] < cold, (offset, plans[0], cold)
+
+
 def test_wfr_jko_steps_use_plans_equal_to_the_closed_form(monkeypatch):
-    """Every plan the stepper computes (tau = 0.2, eps = 4e-3, n = 128: 1233 plans) against the oracle at the same
+    """Every plan the stepper computes (tau = 0.2, eps = 4e-3, n = 128: 560 plans) against the oracle at the same
     inputs: the column sums (the masses b) and every entry above 1e-12 of its row's largest to 1e-14 / eps."""
     import pdeflow.solvers.unbalanced_jko as module
     pots = module.semi_relaxed_plan
@@ -517,7 +550,7 @@ def test_wfr_jko_steps_use_plans_equal_to_the_closed_form(monkeypatch):
 
     monkeypatch.setattr(module, "semi_relaxed_plan", checked)
     grid_run("grid.n=128", "solver.method='wfr_jko'", "solver.tau=0.2", "solver.epsilon=0.004")
-    assert worst[2] > 1000 and max(worst[:2]) < 1e-14 / 0.004, worst
+    assert worst[2] > 500 and max(worst[:2]) < 1e-14 / 0.004, worst
 
 
 def test_wfr_jko_keeps_mass_and_positivity_decreases_energy_and_approaches_fv():
