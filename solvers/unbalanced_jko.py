@@ -109,21 +109,20 @@ def bracket(excess, upper: float, scale: float, guess: tuple[float, float] | Non
         lam, width = guess
         width = max(abs(width), 1e-12 * max(1.0, abs(lam)))
         if excess(lam) > 0.0:
-            hi = lam
-            while excess(lam - width) > 0.0:
-                width *= 2.0
-                if width > 1e12:
-                    raise SolverError("wfr_jko: no multiplier keeps the mass; lower solver.tau")
-            return lam - width, hi
+            return _below(excess, lam, width), lam
         while lam + width < upper and excess(lam + width) <= 0.0:
             width *= 2.0
         return lam, min(lam + width, upper)
-    width = scale
-    while excess(upper - width) > 0.0:
+    return _below(excess, upper, scale), upper
+
+
+def _below(excess, hi: float, width: float) -> float:
+    """``hi - width``, ``hi - 2 width``, ... : the first point where ``excess <= 0``."""
+    while excess(hi - width) > 0.0:
         width *= 2.0
         if width > 1e12:
             raise SolverError("wfr_jko: no multiplier keeps the mass; lower solver.tau")
-    return upper - width, upper
+    return hi - width
 
 
 # what solver.epsilon and solver.inner_tol mean to wfr_jko

@@ -191,6 +191,16 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            raise error", "            pass",
              ("tests/core/test_workers.py::test_a_helpers_exception_reaches_the_caller_and_the_helpers_are_reused",),
              "an exception of a helper thread not reaching the caller"),
+    Mutation("multiplier-guess-ignored", "solvers/unbalanced_jko.py",
+             "    if guess is not None and guess[0] < upper:", "    if False and guess is not None:",
+             ("tests/methods/test_wfr.py::test_wfr_jko_multiplier_search_started_at_a_guess_finds_the_same_root_with_"
+              "fewer_plans",),
+             "wfr_jko's multiplier search starting at the pole whatever the guess"),
+    Mutation("layout-one-pass", "pdeflow/analysis/plots/figures.py",
+             "LAYOUT_PASSES = 6", "LAYOUT_PASSES = 1",
+             ("tests/analysis/test_figure_layout.py::test_a_saved_figure_is_at_its_layouts_fixed_point_and_each_format_"
+              "is_drawn_once",),
+             "a figure saved after one layout pass, before its axes stop moving"),
 )
 
 
