@@ -297,17 +297,19 @@ def _shifted_factor(A: np.ndarray, shift: float, work: np.ndarray) -> tuple[floa
 
 
 def perron_bound(R: np.ndarray, iterations: int = PERRON_STEPS, block: int = 1024) -> float:
-    """A proven upper bound on the Perron root of ``M = |R|^T |R|`` (``R`` [n, n]): the Collatz-Wielandt bound
+    """A proven upper bound on the Perron root of ``M = |R|^T |R|`` (``R`` [n, n] upper triangular, a Cholesky
+    factor: what lies left of a block's diagonal is not read): the Collatz-Wielandt bound
     ``rho(M) <= max_i (M x)_i / x_i`` for any ``x > 0`` (M is nonnegative), at ``x`` after ``iterations`` power
     steps from ones, each computed (nonnegative) sum rounded up by ``1 / (1 - gamma_{2n+2})``; inf when some
-    ``x_i`` is not positive. ``|R|`` is taken block by block (no second [n, n] array)."""
+    ``x_i`` is not positive. ``|R|`` is taken block by block of rows (no second [n, n] array), each from its
+    diagonal on: half the reads of whole rows."""
     n = R.shape[0]
 
     def product(x: np.ndarray) -> np.ndarray:
         z = np.zeros(n)
         for i in range(0, n, block):
-            rows = np.abs(R[i:i + block])
-            z += rows.T @ (rows @ x)
+            rows = np.abs(R[i:i + block, i:])
+            z[i:] += rows.T @ (rows @ x[i:])
         return z
 
     x = np.ones(n)
