@@ -89,7 +89,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files with a test marked ``slow`` run first (stable order otherwise): started early, the longest runs
-    overlap the many short tests of the other worker instead of ending the suite alone."""
+    overlap the many short tests of the other worker instead of ending the suite alone. A file of more than about
+    15 s marks its longest tests ``slow`` for this: a long file among the last ones kept one worker busy for up to
+    20 s after the other had finished."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
 

@@ -108,6 +108,7 @@ def test_the_checker_finds_what_made_the_report_figures_hard_to_read():
     assert problems(title="") == []
 
 
+@pytest.mark.slow
 def test_every_figure_of_plot_is_laid_out_for_a_paper(text_file, tmp_path, saved_figures):
     traj = open_trajectory(text_file)
     written = P.plot_all(traj, D.read_analysis(traj), tmp_path, movie=False)

@@ -106,6 +106,7 @@ def test_principal_axes_are_those_of_the_particle_cloud(particle_file):
     assert np.allclose(np.abs(top.T @ axes), np.eye(2), atol=1e-8)
 
 
+@pytest.mark.slow
 def test_plot_command_headless_and_bad_input(particle_file, tmp_path, capsys):
     out = tmp_path / "figs"
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND", "WAYLAND_DISPLAY")}

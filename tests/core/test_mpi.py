@@ -159,6 +159,7 @@ if comm.is_root:
 """
 
 
+@pytest.mark.slow
 def test_problem_on_two_ranks_equals_the_serial_problem(tmp_path):
     """Every Problem method on a rank's block of a measure with unequal masses: energy, risk, dissipation,
     confinement and Phi, grad Phi, Hessian-vector products at the rank's particles and at common query points,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
 from pdeflow.interface.cli import main
 
@@ -105,6 +106,7 @@ def kill_at(ctx, path: Path, delay: float) -> str:
     return "whole"
 
 
+@pytest.mark.slow
 def test_a_kill_at_any_instant_of_the_file_creation_leaves_no_file_or_a_whole_resumable_one(tmp_path):
     ctx = _context()
     window = creation_window(ctx, tmp_path)

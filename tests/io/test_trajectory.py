@@ -539,6 +539,7 @@ def test_sigkill_during_recovery_leaves_the_original(tmp_path):
     assert not (tmp_path / "t.h5.partial").exists()
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_of_a_writing_loop(tmp_path):
     """8 kills at seeded random delays of a loop that does nothing but commit frames (so the kills land
     inside writes and flushes): every file reads as an exact prefix of the frames and continues."""

@@ -79,6 +79,7 @@ def method_file(tmp_path_factory):
     return make
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_method_runs_holds_its_accuracy_and_its_file_answers_every_command(method, method_file, capsys,
                                                                               tmp_path):

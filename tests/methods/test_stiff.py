@@ -210,6 +210,7 @@ def resumed_run_matches(tmp_path: Path, options: list[str]):
     return a
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", [["deflate=0"], ["deflate=4"], ["deflate=4", "deflate_every=3"],
                                     ["deflate=4", "deflate_every=3", "stage_solve=\"auto\""]])
 def test_resume_is_bit_exact(tmp_path, solver):

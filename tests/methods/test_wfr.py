@@ -237,6 +237,7 @@ def test_bad_wfr_keys_are_one_line_errors(overrides, message):
         check_config(loads_config(SMALL, SMALL_WFR + overrides))
 
 
+@pytest.mark.slow
 def test_pdeflow_wfr_command_writes_both_runs_gaps_and_figure(tmp_path):
     """The experiment's command on a short version of data/configs/wfr.toml (t_end = 5, coarse gap grid)."""
     config = Path(__file__).resolve().parents[2] / "data" / "configs" / "wfr.toml"
