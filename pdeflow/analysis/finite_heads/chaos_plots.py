@@ -18,7 +18,8 @@ PREDICTED_SLOPE = -0.5
 
 def plot_result(path: str | Path, result: ChaosResult) -> None:
     """Four panels (format of ``path``'s suffix): the coupling distance, logit gap and sliced W2 against N at t_end
-    (every seed, the geometric mean over seeds - the level the log-log fits see - and the fits); D_N(t) per N; the
+    (every seed, the geometric mean over seeds - the level the log-log fits see - and the fits); D_N(t) per N (a
+    note instead where the horizon is the only time measured after t = 0); the
     SGD excess against eta per N; the static gap against N (every draw, the mean and RMS over draws, their fits).
     The predicted ``N^(-1/2)`` is a dotted reference line through the first N's level on the N panels."""
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
@@ -62,12 +63,18 @@ def plot_result(path: str | Path, result: ChaosResult) -> None:
     a.set_title(f"$N$ heads against the mean-field limit at $t$ = {result.times[-1]:g}")
     a.legend(fontsize=7)
     a = ax[0, 1]
-    for k, nn in enumerate(n):
-        a.semilogy(result.times[1:], geomean(d["coupling"][k, :, 1:], 0), "o-", ms=3, label=f"N = {nn}")
-    a.set_xlabel("$t$")
-    a.set_ylabel("coupling distance (geometric mean over seeds)")
+    if len(result.times) > 2:
+        for k, nn in enumerate(n):
+            a.semilogy(result.times[1:], geomean(d["coupling"][k, :, 1:], 0), "o-", ms=3, label=f"N = {nn}")
+        a.set_xlabel("$t$")
+        a.set_ylabel("coupling distance (geometric mean over seeds)")
+        a.legend(fontsize=7)
+    else:  # one point per N, the first panel's: no curve to draw, and an axis around one time would suggest one
+        a.set_axis_off()
+        a.text(0.5, 0.5, f"measured at one time only, t = {result.times[-1]:g}\n(the horizon, the first panel's)"
+               "\n\na curve over time needs frames before it:\nrun.frame_interval < chaos.t_end",
+               transform=a.transAxes, ha="center", va="center", fontsize=9)
     a.set_title("coupling distance over time")
-    a.legend(fontsize=7)
     a = ax[1, 0]
     for k, nn in enumerate(n):
         a.plot(eta, geomean(d["sgd_excess"][k, :, :, -1], 0), "o-", ms=3, label=f"N = {nn}")
