@@ -360,32 +360,3 @@ def test_chaos_killed_with_sigkill_resumes(tmp_path):
     a, b = chaos.read_result(out), chaos.read_result(whole)
     for name in chaos.BLOCK_DATA + ("static_gap",):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-
-
-@pytest.mark.parametrize("frame_interval", [0.2, 0.1])
-def test_the_figure_draws_the_coupling_over_time_only_where_more_than_one_time_was_measured(tmp_path, monkeypatch,
-                                                                                          frame_interval):
-    """Frames every 0.1 to the horizon 0.2: the over-time panel has a curve per N through both times. One frame at the
-    horizon (every 0.2): that panel would be one point per N on an axis around one time, so it says so in a note
-    instead, and names the setting that gives a curve. Either figure passes the layout check."""
-    from matplotlib.figure import Figure
-
-    from pdeflow.analysis.finite_heads.chaos_plots import plot_result
-    from pdeflow.analysis.plots.figures import layout_problems
-
-    cfg = tiny_config(chaos={"seeds": 1},
-                      run={"t_end": 0.2, "frame_interval": frame_interval})
-    result = chaos.run_chaos(cfg, Problem.from_config(cfg), frame_times(cfg))
-    saved: list[Figure] = []
-    original = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (saved.append(self), original(self, *a, **k))[1])
-    plot_result(tmp_path / "c.png", result)
-    (fig,) = saved
-    panel = fig.axes[1]
-    assert panel.get_title() == "coupling distance over time" and layout_problems(fig) == []
-    if frame_interval == 0.1:
-        assert [len(line.get_xdata()) for line in panel.get_lines()] == [2, 2, 2] and panel.axison
-    else:
-        assert not panel.get_lines() and not panel.axison
-        (note,) = panel.texts
-        assert "one time only, t = 0.2" in note.get_text() and "run.frame_interval < chaos.t_end" in note.get_text()

@@ -243,3 +243,29 @@ def test_the_dirac_and_chaos_figures_are_laid_out(tmp_path, saved_figures):
     assert all(fig.get_suptitle() for fig in saved_figures)
     # each figure in each format asked for, and a format that is none is refused in one line
     assert main(["stability", str(stability), "-o", str(tmp_path / "b.h5"), "--quiet", "--format", "pdf,bmp"]) == 2
+
+
+@pytest.mark.parametrize("frame_interval", [0.2, 0.1])
+def test_the_chaos_figure_draws_the_coupling_over_time_only_where_more_than_one_time_was_measured(
+        tmp_path, saved_figures, frame_interval):
+    """Frames every 0.1 to the horizon 0.2: the over-time panel has a curve per N through both times. One frame at the
+    horizon (every 0.2): that panel would be one point per N on an axis around one time, so it says so in a note
+    instead, and names the setting that gives a curve. Either figure passes the layout check."""
+    from pdeflow.solvers.loop import frame_times
+
+    from pdeflow import Problem
+    from pdeflow.analysis.finite_heads import chaos
+    from pdeflow.analysis.finite_heads.chaos_plots import plot_result
+    from test_chaos import tiny_config
+
+    cfg = tiny_config(chaos={"seeds": 1}, run={"t_end": 0.2, "frame_interval": frame_interval})
+    plot_result(tmp_path / "c.png", chaos.run_chaos(cfg, Problem.from_config(cfg), frame_times(cfg)))
+    (fig,) = saved_figures
+    panel = fig.axes[1]
+    assert panel.get_title() == "coupling distance over time" and layout_problems(fig) == []
+    if frame_interval == 0.1:
+        assert [len(line.get_xdata()) for line in panel.get_lines()] == [2, 2, 2] and panel.axison
+    else:
+        assert not panel.get_lines() and not panel.axison
+        (note,) = panel.texts
+        assert "one time only, t = 0.2" in note.get_text() and "run.frame_interval < chaos.t_end" in note.get_text()
